@@ -1,0 +1,46 @@
+"""Parallel ViT ports (NumPy float64 oracle, PyTorch, MLX, JAX/Flax NNX) sharing one config.
+
+Every port module exposes ``make(config, state)``: a *port factory* (see the README's
+"Port protocol"). Frameworks are imported only when their port is used.
+"""
+
+from impls.config import (
+    PRESETS,
+    ConfigError,
+    InputError,
+    ViTConfig,
+    check_images,
+    get_config,
+    tap_names,
+    tap_shapes,
+)
+
+# Port name -> "module:factory", the same form users pass to `--port`.
+PORTS = {
+    "numpy": "impls.numpy_vit:make",
+    "torch": "impls.torch_vit:make",
+    "mlx": "impls.mlx_vit:make",
+    "jax": "impls.jax_vit:make",
+}
+FRAMEWORK_PORTS = ("torch", "mlx", "jax")
+
+
+def load_factory(spec: str):
+    """Import ``pkg.module:callable`` (or a built-in port name) and return the callable."""
+    import importlib
+
+    spec = PORTS.get(spec, spec)
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"port {spec!r} must look like 'pkg.module:factory' or be one of {sorted(PORTS)}")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from None
+
+
+__all__ = [
+    "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "ViTConfig", "check_images",
+    "get_config", "load_factory", "tap_names", "tap_shapes",
+]

@@ -1,0 +1,289 @@
+"""The JAX port on Flax NNX: a timm-style VisionTransformer in float32.
+
+Parallel to numpy_vit.py (the spec), torch_vit.py and mlx_vit.py: same classes, same order.
+Flax convs take NHWC (kernel HWIO), dense kernels are (in, out), LayerNorm has ``scale``.
+Two Flax defaults are overridden on purpose: LayerNorm's ``use_fast_variance`` (E[x^2] - E[x]^2
+loses the variance of near-constant inputs in float32) and matmul precision, pinned to HIGHEST
+so a TPU or GPU does not quietly compute in bf16/TF32.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from impls.config import ViTConfig, check_images
+
+FRAMEWORK = "jax"
+PRECISION = jax.lax.Precision.HIGHEST
+
+
+# ----------------------------------------------------------------------------- functional
+
+def _matmul(a, b):
+    return jnp.matmul(a, b, precision=PRECISION)
+
+
+def _dead_rows(mask: jax.Array) -> jax.Array:
+    """Query rows in which the mask leaves no key."""
+    keep = mask if mask.dtype == jnp.bool_ else mask > -jnp.inf
+    return ~jnp.any(keep, axis=-1, keepdims=True)
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
+    """softmax(q k^T * scale + mask) v over the key axis; returns (out, weights).
+
+    ``mask`` broadcasts to (B, H, Nq, Nk): boolean keeps where True, float is added to the
+    logits. A query row with every key masked gives zero weights and a zero output.
+    The fused path returns no weights.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if fused:
+        # jax.nn.dot_product_attention takes (B, N, H, hd) and a (B, H, Nq, Nk) mask or bias.
+        bool_mask = mask if mask is not None and mask.dtype == jnp.bool_ else None
+        bias = mask if mask is not None and mask.dtype != jnp.bool_ else None
+        out = jax.nn.dot_product_attention(
+            q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), bias=bias, mask=bool_mask, scale=scale
+        ).swapaxes(1, 2)
+        return (out if mask is None else jnp.where(_dead_rows(mask), 0.0, out)), None
+    attn = _matmul(q * scale, k.swapaxes(-2, -1))
+    if mask is not None:
+        attn = jnp.where(mask, attn, -jnp.inf) if mask.dtype == jnp.bool_ else attn + mask
+    attn = jax.nn.softmax(attn, axis=-1)
+    if mask is not None:
+        attn = jnp.where(_dead_rows(mask), 0.0, attn)
+    return _matmul(attn, v), attn
+
+
+# ----------------------------------------------------------------------------- layers
+
+Linear = partial(nnx.Linear, precision=PRECISION)
+LayerNorm = partial(nnx.LayerNorm, use_fast_variance=False)
+
+
+class GELU(nnx.Module):
+    def __call__(self, x):
+        return jax.nn.gelu(x, approximate=False)  # jax defaults to the tanh form
+
+
+def Conv2d(in_chans, out_chans, kernel_size, stride, rngs):
+    return nnx.Conv(in_chans, out_chans, kernel_size=kernel_size, strides=stride, padding="VALID",
+                    precision=PRECISION, rngs=rngs)
+
+
+def _tap(taps, name, value):
+    if taps is not None:
+        taps[name] = value
+
+
+class PatchEmbed(nnx.Module):
+    """Non-overlapping p x p patches, each projected: a conv with stride = kernel = patch."""
+
+    def __init__(self, config: ViTConfig, *, rngs: nnx.Rngs):
+        self.patch_size = config.patch_size
+        self.grid_size = config.grid_size
+        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, config.patch_size, rngs)
+
+    def __call__(self, x):
+        x = self.proj(x.transpose(0, 2, 3, 1))  # NCHW -> NHWC -> (B, gh, gw, D)
+        return x.reshape(x.shape[0], -1, x.shape[-1])  # (B, gh * gw, D), row-major over the grid
+
+
+class Attention(nnx.Module):
+    """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False, *, rngs):
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = fused_attn
+        self.qkv = Linear(dim, dim * 3, use_bias=qkv_bias, rngs=rngs)
+        self.proj = Linear(dim, dim, rngs=rngs)
+
+    def __call__(self, x, taps=None, name="attn"):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        _tap(taps, f"{name}.q", q)
+        _tap(taps, f"{name}.k", k)
+        _tap(taps, f"{name}.v", v)
+        if self.fused_attn and taps is None:
+            x = jax.nn.dot_product_attention(
+                q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), scale=self.scale
+            ).swapaxes(1, 2)
+        else:
+            q = q * self.scale
+            attn = _matmul(q, k.swapaxes(-2, -1))
+            attn = jax.nn.softmax(attn, axis=-1)  # over keys
+            _tap(taps, f"{name}.weights", attn)
+            x = _matmul(attn, v)
+        x = x.transpose(0, 2, 1, 3).reshape(B, N, C)  # head-major merge
+        x = self.proj(x)
+        _tap(taps, name, x)
+        return x
+
+
+class MultiHeadAttention(nnx.Module):
+    """Self- or cross-attention: queries from ``x``, keys and values from ``context``.
+
+    Weights as timm's AttentionPoolLatent: ``q`` (H*hd, dim), ``kv`` (2*H*hd, context_dim)
+    with rows ordered (2, heads, head_dim), ``proj`` (dim, H*hd); here as (in, out) kernels.
+    """
+
+    def __init__(self, dim, context_dim=None, num_heads=8, head_dim=None, qkv_bias=True, fused_attn=False,
+                 *, rngs):
+        context_dim = dim if context_dim is None else context_dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads if head_dim is None else head_dim
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = fused_attn
+        inner = num_heads * self.head_dim
+        self.q = Linear(dim, inner, use_bias=qkv_bias, rngs=rngs)
+        self.kv = Linear(context_dim, inner * 2, use_bias=qkv_bias, rngs=rngs)
+        self.proj = Linear(inner, dim, rngs=rngs)
+
+    def __call__(self, x, context=None, mask=None, return_weights=False):
+        context = x if context is None else context
+        B, N, _ = x.shape
+        M = context.shape[1]
+        q = self.q(x).reshape(B, N, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        kv = self.kv(context).reshape(B, M, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        k, v = kv[0], kv[1]
+        fused = self.fused_attn and not return_weights
+        x, attn = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale, fused=fused)
+        x = x.transpose(0, 2, 1, 3).reshape(B, N, self.num_heads * self.head_dim)
+        x = self.proj(x)
+        return (x, attn) if return_weights else x
+
+
+class Mlp(nnx.Module):
+    def __init__(self, in_features: int, hidden_features: int, *, rngs):
+        self.fc1 = Linear(in_features, hidden_features, rngs=rngs)
+        self.act = GELU()
+        self.fc2 = Linear(hidden_features, in_features, rngs=rngs)
+
+    def __call__(self, x, taps=None, name="mlp"):
+        x = self.act(self.fc1(x))
+        _tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        _tap(taps, name, x)
+        return x
+
+
+class Block(nnx.Module):
+    """Pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x)); two distinct norms."""
+
+    def __init__(self, config: ViTConfig, fused_attn: bool = False, *, rngs):
+        dim = config.embed_dim
+        self.norm1 = LayerNorm(dim, epsilon=config.norm_eps, rngs=rngs)
+        self.attn = Attention(dim, config.num_heads, qkv_bias=config.qkv_bias, fused_attn=fused_attn, rngs=rngs)
+        self.norm2 = LayerNorm(dim, epsilon=config.norm_eps, rngs=rngs)
+        self.mlp = Mlp(dim, config.mlp_hidden_dim, rngs=rngs)
+
+    def __call__(self, x, taps=None, name="blocks.0"):
+        h = self.norm1(x)
+        _tap(taps, f"{name}.norm1", h)
+        x = x + self.attn(h, taps, f"{name}.attn")
+        h = self.norm2(x)
+        _tap(taps, f"{name}.norm2", h)
+        x = x + self.mlp(h, taps, f"{name}.mlp")
+        _tap(taps, name, x)
+        return x
+
+
+class VisionTransformer(nnx.Module):
+    def __init__(self, config: ViTConfig, fused_attn: bool = False, *, rngs: nnx.Rngs):
+        self.config = config
+        D = config.embed_dim
+        self.patch_embed = PatchEmbed(config, rngs=rngs)
+        if config.class_token:
+            self.cls_token = nnx.Param(jnp.zeros((1, 1, D)))
+        self.pos_embed = nnx.Param(jnp.zeros((1, config.num_tokens, D)))
+        self.blocks = nnx.List([Block(config, fused_attn=fused_attn, rngs=rngs) for _ in range(config.depth)])
+        if config.use_fc_norm:
+            self.fc_norm = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
+        else:
+            self.norm = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
+        if config.num_classes:
+            self.head = Linear(D, config.num_classes, rngs=rngs)
+
+    def _pos_embed(self, x):
+        if self.config.class_token:
+            cls = jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[2]))
+            x = jnp.concatenate([cls, x], axis=1)
+        return x + self.pos_embed[...]  # the cls token gets its own position entry, as in timm
+
+    def forward_features(self, x, taps=None):
+        x = self.patch_embed(x)
+        _tap(taps, "patch_embed", x)
+        x = self._pos_embed(x)
+        _tap(taps, "embed", x)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, taps, f"blocks.{i}")
+        if not self.config.use_fc_norm:
+            x = self.norm(x)
+            _tap(taps, "norm", x)
+        return x
+
+    def forward_head(self, x, taps=None):
+        if self.config.global_pool == "avg":
+            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(axis=1))
+        else:
+            x = x[:, 0]
+        _tap(taps, "pooled", x)
+        x = self.head(x) if self.config.num_classes else x
+        _tap(taps, "logits", x)
+        return x
+
+    def __call__(self, x, return_taps: bool = False):
+        check_images(tuple(x.shape), str(x.dtype), self.config)
+        taps = {} if return_taps else None
+        x = self.forward_head(self.forward_features(x, taps), taps)
+        return taps if return_taps else x
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_state_dict(model: nnx.Module, native: dict[str, np.ndarray]) -> None:
+    """Strict: every Param present, nothing extra, every shape equal (Flax's update is not)."""
+    from weights.canonical import check_exact_match
+
+    state = nnx.state(model, nnx.Param)
+    paths = {".".join(map(str, path)): (path, var) for path, var in nnx.to_flat_state(state)}
+    check_exact_match({k: tuple(var.shape) for k, (_, var) in paths.items()}, {k: np.shape(v) for k, v in native.items()})
+    pure: dict = {}
+    for key, value in native.items():
+        path = paths[key][0]
+        node = pure
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+        node[path[-1]] = jnp.asarray(np.asarray(value, dtype=np.float32))
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(model, state)
+
+
+def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False):
+    """Port factory: canonical float32 state -> forward(images) on NumPy arrays."""
+    from weights import to_native, validate_state
+
+    validate_state(state, config)
+    # An abstract model: no random init, every array comes from the state.
+    model = nnx.eval_shape(lambda: VisionTransformer(config, fused_attn=fused_attn, rngs=nnx.Rngs(0)))
+    load_state_dict(model, to_native(state, FRAMEWORK))
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def apply(params, images):
+        return nnx.merge(graphdef, params)(images, return_taps=taps)
+
+    def forward(images: np.ndarray):
+        images = np.asarray(images)
+        check_images(images.shape, str(images.dtype), config)
+        out = apply(params, images)
+        return {k: np.asarray(v) for k, v in out.items()} if taps else np.asarray(out)
+
+    return forward

@@ -1,0 +1,304 @@
+"""The float64 NumPy oracle: the ViT written as plainly as the math. This file is the spec.
+
+Parallel to torch_vit.py, mlx_vit.py and jax_vit.py: same classes, same order, same names.
+Everything is computed in float64; the weights are the canonical (timm) tensors upcast.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import erf
+
+from impls.config import ViTConfig, check_images
+
+FRAMEWORK = "numpy"
+
+
+# ----------------------------------------------------------------------------- functional
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    # A row that is -inf everywhere (fully masked) gives exp() = 0, not NaN.
+    e = np.exp(x - np.where(np.isfinite(m), m, 0.0))
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(s == 0.0, 1.0, s)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    # The exact (erf) form, as timm, torch and MLX use by default.
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
+    """softmax(q k^T * scale + mask) v over the key axis; returns (out, weights).
+
+    ``mask`` broadcasts to (B, H, Nq, Nk): boolean keeps where True, float is added to the
+    logits. A query row with every key masked gives zero weights and a zero output.
+    ``fused`` exists for parity with the other ports; the oracle has one path.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    attn = (q * scale) @ np.swapaxes(k, -2, -1)
+    if mask is not None:
+        mask = np.asarray(mask)
+        attn = np.where(mask, attn, -np.inf) if mask.dtype == np.bool_ else attn + mask
+    attn = softmax(attn, axis=-1)
+    return attn @ v, attn
+
+
+# ----------------------------------------------------------------------------- layers
+
+class Module:
+    """Just enough of a module system for strict loading: arrays are parameters."""
+
+    def named_parameters(self, prefix: str = ""):
+        for name, value in vars(self).items():
+            key = f"{prefix}{name}"
+            if isinstance(value, np.ndarray):
+                yield key, value
+            elif isinstance(value, Module):
+                yield from value.named_parameters(f"{key}.")
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    yield from item.named_parameters(f"{key}.{i}.")
+
+    def set_parameter(self, key: str, value: np.ndarray) -> None:
+        *path, leaf = key.split(".")
+        obj = self
+        for p in path:
+            obj = obj[int(p)] if isinstance(obj, list) else getattr(obj, p)
+        setattr(obj, leaf, value)
+
+
+class Linear(Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        self.weight = np.zeros((out_features, in_features))
+        if bias:
+            self.bias = np.zeros((out_features,))
+
+    def __call__(self, x):
+        y = x @ self.weight.T
+        return y + self.bias if hasattr(self, "bias") else y
+
+
+class LayerNorm(Module):
+    def __init__(self, dim: int, eps: float):
+        self.eps = eps
+        self.weight = np.zeros((dim,))
+        self.bias = np.zeros((dim,))
+
+    def __call__(self, x):
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)  # biased, as every framework
+        return (x - mean) / np.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class GELU(Module):
+    def __call__(self, x):
+        return gelu(x)
+
+
+class Conv2d(Module):
+    """A conv whose stride equals its kernel, the only kind a ViT uses."""
+
+    def __init__(self, in_chans: int, out_chans: int, kernel_size: tuple[int, int]):
+        self.weight = np.zeros((out_chans, in_chans, *kernel_size))  # OIHW
+        self.bias = np.zeros((out_chans,))
+
+    def __call__(self, x):
+        B, C, H, W = x.shape
+        _, _, ph, pw = self.weight.shape
+        patches = x.reshape(B, C, H // ph, ph, W // pw, pw)
+        # out[b, i, j, o] = sum_{c, u, v} x[b, c, i*ph + u, j*pw + v] * w[o, c, u, v] + b[o]
+        y = np.einsum("bciujv,ocuv->bijo", patches, self.weight) + self.bias
+        return y.reshape(B, -1, y.shape[-1])
+
+
+def _tap(taps, name, value):
+    if taps is not None:
+        taps[name] = value
+
+
+class PatchEmbed(Module):
+    """Non-overlapping p x p patches, each projected: a conv with stride = kernel = patch."""
+
+    def __init__(self, config: ViTConfig):
+        self.patch_size = config.patch_size
+        self.grid_size = config.grid_size
+        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size)
+
+    def __call__(self, x):
+        return self.proj(x)  # (B, gh * gw, D), row-major over the grid
+
+
+class Attention(Module):
+    """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False):
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = fused_attn
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = Linear(dim, dim)
+
+    def __call__(self, x, taps=None, name="attn"):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        _tap(taps, f"{name}.q", q)
+        _tap(taps, f"{name}.k", k)
+        _tap(taps, f"{name}.v", v)
+        q = q * self.scale
+        attn = q @ np.swapaxes(k, -2, -1)
+        attn = softmax(attn, axis=-1)  # over keys
+        _tap(taps, f"{name}.weights", attn)
+        x = attn @ v
+        x = x.transpose(0, 2, 1, 3).reshape(B, N, C)  # head-major merge
+        x = self.proj(x)
+        _tap(taps, name, x)
+        return x
+
+
+class MultiHeadAttention(Module):
+    """Self- or cross-attention: queries from ``x``, keys and values from ``context``.
+
+    Weights as timm's AttentionPoolLatent: ``q`` (H*hd, dim), ``kv`` (2*H*hd, context_dim)
+    with rows ordered (2, heads, head_dim), ``proj`` (dim, H*hd).
+    """
+
+    def __init__(self, dim, context_dim=None, num_heads=8, head_dim=None, qkv_bias=True, fused_attn=False):
+        context_dim = dim if context_dim is None else context_dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads if head_dim is None else head_dim
+        self.scale = self.head_dim ** -0.5
+        self.fused_attn = fused_attn
+        inner = num_heads * self.head_dim
+        self.q = Linear(dim, inner, bias=qkv_bias)
+        self.kv = Linear(context_dim, inner * 2, bias=qkv_bias)
+        self.proj = Linear(inner, dim)
+
+    def __call__(self, x, context=None, mask=None, return_weights=False):
+        context = x if context is None else context
+        B, N, _ = x.shape
+        M = context.shape[1]
+        q = self.q(x).reshape(B, N, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        kv = self.kv(context).reshape(B, M, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        k, v = kv[0], kv[1]
+        x, attn = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale)
+        x = x.transpose(0, 2, 1, 3).reshape(B, N, self.num_heads * self.head_dim)
+        x = self.proj(x)
+        return (x, attn) if return_weights else x
+
+
+class Mlp(Module):
+    def __init__(self, in_features: int, hidden_features: int):
+        self.fc1 = Linear(in_features, hidden_features)
+        self.act = GELU()
+        self.fc2 = Linear(hidden_features, in_features)
+
+    def __call__(self, x, taps=None, name="mlp"):
+        x = self.act(self.fc1(x))
+        _tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        _tap(taps, name, x)
+        return x
+
+
+class Block(Module):
+    """Pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x)); two distinct norms."""
+
+    def __init__(self, config: ViTConfig, fused_attn: bool = False):
+        dim = config.embed_dim
+        self.norm1 = LayerNorm(dim, eps=config.norm_eps)
+        self.attn = Attention(dim, config.num_heads, qkv_bias=config.qkv_bias, fused_attn=fused_attn)
+        self.norm2 = LayerNorm(dim, eps=config.norm_eps)
+        self.mlp = Mlp(dim, config.mlp_hidden_dim)
+
+    def __call__(self, x, taps=None, name="blocks.0"):
+        h = self.norm1(x)
+        _tap(taps, f"{name}.norm1", h)
+        x = x + self.attn(h, taps, f"{name}.attn")
+        h = self.norm2(x)
+        _tap(taps, f"{name}.norm2", h)
+        x = x + self.mlp(h, taps, f"{name}.mlp")
+        _tap(taps, name, x)
+        return x
+
+
+class VisionTransformer(Module):
+    def __init__(self, config: ViTConfig, fused_attn: bool = False):
+        self.config = config
+        D = config.embed_dim
+        self.patch_embed = PatchEmbed(config)
+        if config.class_token:
+            self.cls_token = np.zeros((1, 1, D))
+        self.pos_embed = np.zeros((1, config.num_tokens, D))
+        self.blocks = [Block(config, fused_attn=fused_attn) for _ in range(config.depth)]
+        if config.use_fc_norm:
+            self.fc_norm = LayerNorm(D, eps=config.norm_eps)
+        else:
+            self.norm = LayerNorm(D, eps=config.norm_eps)
+        if config.num_classes:
+            self.head = Linear(D, config.num_classes)
+
+    def _pos_embed(self, x):
+        if self.config.class_token:
+            cls = np.broadcast_to(self.cls_token, (x.shape[0], 1, x.shape[2]))
+            x = np.concatenate([cls, x], axis=1)
+        return x + self.pos_embed  # the cls token gets its own position entry, as in timm
+
+    def forward_features(self, x, taps=None):
+        x = self.patch_embed(x)
+        _tap(taps, "patch_embed", x)
+        x = self._pos_embed(x)
+        _tap(taps, "embed", x)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, taps, f"blocks.{i}")
+        if not self.config.use_fc_norm:
+            x = self.norm(x)
+            _tap(taps, "norm", x)
+        return x
+
+    def forward_head(self, x, taps=None):
+        if self.config.global_pool == "avg":
+            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(axis=1))
+        else:
+            x = x[:, 0]
+        _tap(taps, "pooled", x)
+        x = self.head(x) if self.config.num_classes else x
+        _tap(taps, "logits", x)
+        return x
+
+    def __call__(self, x, return_taps: bool = False):
+        check_images(x.shape, str(x.dtype), self.config)
+        taps = {} if return_taps else None
+        x = self.forward_head(self.forward_features(x.astype(np.float64), taps), taps)
+        return taps if return_taps else x
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_state_dict(model: Module, native: dict[str, np.ndarray]) -> None:
+    """Strict: every parameter present, nothing extra, every shape equal."""
+    from weights.canonical import check_exact_match
+
+    current = dict(model.named_parameters())
+    check_exact_match({k: v.shape for k, v in current.items()}, {k: np.shape(v) for k, v in native.items()})
+    for key, value in native.items():
+        model.set_parameter(key, np.asarray(value, dtype=np.float64))
+
+
+def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False):
+    """Port factory: canonical float32 state -> forward(images) on NumPy arrays."""
+    from weights import to_native, validate_state
+
+    validate_state(state, config)
+    model = VisionTransformer(config, fused_attn=fused_attn)
+    load_state_dict(model, to_native(state, FRAMEWORK))
+
+    def forward(images: np.ndarray):
+        return model(np.asarray(images), return_taps=taps)
+
+    return forward

@@ -1,0 +1,158 @@
+"""The canonical weight format: timm's state-dict names and layouts, float32, safetensors.
+
+Loading is always strict. A state that does not fit its config raises one WeightError that
+names every offending key, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from impls.config import ViTConfig
+
+CONFIG_METADATA_KEY = "vit_config"
+
+
+class WeightError(ValueError):
+    """A weight file or state dict that does not fit what is expected."""
+
+
+def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
+    """Every canonical key for ``config`` with its shape, in timm's state_dict order."""
+    D, C = config.embed_dim, config.in_chans
+    ph, pw = config.patch_size
+    hidden = config.mlp_hidden_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    if config.class_token:
+        shapes["cls_token"] = (1, 1, D)
+    shapes["pos_embed"] = (1, config.num_tokens, D)
+    shapes["patch_embed.proj.weight"] = (D, C, ph, pw)
+    shapes["patch_embed.proj.bias"] = (D,)
+    for i in range(config.depth):
+        b = f"blocks.{i}."
+        shapes[b + "norm1.weight"] = (D,)
+        shapes[b + "norm1.bias"] = (D,)
+        shapes[b + "attn.qkv.weight"] = (3 * D, D)
+        if config.qkv_bias:
+            shapes[b + "attn.qkv.bias"] = (3 * D,)
+        shapes[b + "attn.proj.weight"] = (D, D)
+        shapes[b + "attn.proj.bias"] = (D,)
+        shapes[b + "norm2.weight"] = (D,)
+        shapes[b + "norm2.bias"] = (D,)
+        shapes[b + "mlp.fc1.weight"] = (hidden, D)
+        shapes[b + "mlp.fc1.bias"] = (hidden,)
+        shapes[b + "mlp.fc2.weight"] = (D, hidden)
+        shapes[b + "mlp.fc2.bias"] = (D,)
+    norm = "fc_norm" if config.use_fc_norm else "norm"
+    shapes[f"{norm}.weight"] = (D,)
+    shapes[f"{norm}.bias"] = (D,)
+    if config.num_classes:
+        shapes["head.weight"] = (config.num_classes, D)
+        shapes["head.bias"] = (config.num_classes,)
+    return shapes
+
+
+def mha_shapes(dim: int, context_dim: int | None, num_heads: int, head_dim: int, qkv_bias: bool = True):
+    """Canonical keys of the standalone MultiHeadAttention (timm AttentionPoolLatent names)."""
+    context_dim = dim if context_dim is None else context_dim
+    inner = num_heads * head_dim
+    shapes = {"q.weight": (inner, dim), "kv.weight": (2 * inner, context_dim), "proj.weight": (dim, inner), "proj.bias": (dim,)}
+    if qkv_bias:
+        shapes.update({"q.bias": (inner,), "kv.bias": (2 * inner,)})
+    return shapes
+
+
+def _raise(problems: list[str], what: str) -> None:
+    if problems:
+        raise WeightError(f"{what} does not fit ({len(problems)} problem(s)):\n  " + "\n  ".join(problems))
+
+
+def shape_problems(expected: Mapping[str, tuple], found: Mapping[str, tuple]) -> list[str]:
+    problems = []
+    for key in expected:
+        if key not in found:
+            problems.append(f"missing key {key!r}: expected shape {tuple(expected[key])}")
+    for key in found:
+        if key not in expected:
+            problems.append(f"unexpected key {key!r} with shape {tuple(found[key])}: not a parameter here")
+        elif tuple(found[key]) != tuple(expected[key]):
+            problems.append(f"key {key!r}: expected shape {tuple(expected[key])}, found {tuple(found[key])}")
+    return problems
+
+
+def check_exact_match(expected: Mapping[str, tuple], found: Mapping[str, tuple], what: str = "state") -> None:
+    """Raise WeightError unless ``found`` has exactly the keys and shapes of ``expected``."""
+    _raise(shape_problems(expected, found), what)
+
+
+def validate_state(state: Mapping[str, np.ndarray], config: ViTConfig | None = None, *, expected=None,
+                   what: str = "state") -> None:
+    """Check keys, shapes, dtypes and values of a canonical state against ``config``."""
+    if expected is None:
+        expected = expected_shapes(config)
+    if not isinstance(state, Mapping):
+        raise WeightError(f"{what} must be a mapping of names to arrays, got {type(state).__name__}")
+    problems = []
+    shapes = {}
+    for key, value in state.items():
+        if not isinstance(value, np.ndarray):
+            problems.append(f"key {key!r}: expected a NumPy array, found {type(value).__name__}")
+            continue
+        shapes[key] = value.shape
+        if not np.issubdtype(value.dtype, np.floating):
+            problems.append(f"key {key!r}: expected a float dtype (float32), found {value.dtype}")
+        elif not np.all(np.isfinite(value)):
+            n_nan, n_inf = int(np.isnan(value).sum()), int(np.isinf(value).sum())
+            problems.append(f"key {key!r}: expected finite values, found {n_nan} NaN and {n_inf} Inf")
+    _raise(shape_problems(expected, shapes) + problems, what)
+
+
+def to_float32(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
+
+
+def save_state(state: Mapping[str, np.ndarray], path: str | os.PathLike, config: ViTConfig | None = None) -> None:
+    """Write canonical float32 tensors to safetensors, with the config in the metadata."""
+    from safetensors.numpy import save_file
+
+    if config is not None:
+        validate_state(state, config)
+    metadata = {CONFIG_METADATA_KEY: json.dumps(config.to_dict())} if config is not None else None
+    save_file(to_float32(state), str(path), metadata=metadata)
+
+
+def read_config(path: str | os.PathLike) -> ViTConfig | None:
+    """The ViTConfig stored in a canonical file's metadata, or None."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata() or {}
+    if CONFIG_METADATA_KEY not in meta:
+        return None
+    return ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
+
+
+def load_state(path: str | os.PathLike, config: ViTConfig | None = None) -> dict[str, np.ndarray]:
+    """Read a canonical safetensors file and validate it against ``config``.
+
+    ``config`` defaults to the one stored in the file; a file with neither is refused.
+    """
+    from safetensors.numpy import load_file
+
+    path = str(path)
+    if not os.path.isfile(path):
+        raise WeightError(f"weight file {path!r} does not exist")
+    try:
+        state = load_file(path)
+    except Exception as e:  # safetensors raises its own error types for a bad header
+        raise WeightError(f"{path!r} is not a readable safetensors file: {e}") from None
+    if config is None:
+        config = read_config(path)
+        if config is None:
+            raise WeightError(f"{path!r} has no {CONFIG_METADATA_KEY!r} metadata: pass the config")
+    validate_state(state, config, what=path)
+    return to_float32(state)

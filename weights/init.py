@@ -1,0 +1,58 @@
+"""A seeded random initialiser with timm's distributions, made to expose porting bugs.
+
+Deviations from timm's init, each so that a bug cannot hide behind a trivial value:
+* every LayerNorm weight is 1 +/- U(0.25, 0.75) and every bias +/- U(0.05, 0.3), drawn
+  per norm: with timm's ones/zeros a block that reuses one norm computes the same thing;
+* every Linear bias is drawn N(0, 0.02) rather than zero, so a dropped qkv bias shows;
+* the cls token is N(0, 0.02) rather than N(0, 1e-6), so cls-token handling shows.
+``scale`` multiplies the spread of every weight matrix and embedding (not the norms): large
+scales give large attention logits, the stress regime for softmax.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from impls.config import ViTConfig
+from weights.canonical import expected_shapes
+from weights.native import _kind
+
+
+def _trunc_normal(rng: np.random.Generator, shape, std: float) -> np.ndarray:
+    # timm's trunc_normal_(std, a=-2, b=2) cuts at +/-2 absolute: at std 0.02 that is 100 sigma,
+    # so it only matters for large scales; resample the tails like torch does.
+    x = rng.normal(0.0, std, size=shape)
+    bad = np.abs(x) > 2.0
+    while bad.any():
+        x[bad] = rng.normal(0.0, std, size=int(bad.sum()))
+        bad = np.abs(x) > 2.0
+    return x
+
+
+def init_params(shapes: dict[str, tuple[int, ...]], seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
+    """Draw every tensor of ``shapes`` (canonical names) from a seeded generator."""
+    rng = np.random.default_rng(seed)
+    state = {}
+    for key, shape in shapes.items():
+        kind = _kind(key)
+        if kind == "norm":
+            sign = rng.choice([-1.0, 1.0], size=shape)
+            if key.endswith(".weight"):
+                value = 1.0 + sign * rng.uniform(0.25, 0.75, size=shape)
+            else:
+                value = sign * rng.uniform(0.05, 0.3, size=shape)
+        elif kind == "conv":
+            fan_in = int(np.prod(shape[1:]))  # PyTorch's default conv init, which timm keeps
+            bound = scale / np.sqrt(fan_in)
+            value = rng.uniform(-bound, bound, size=shape)
+        elif kind == "dense" or key in ("pos_embed", "cls_token"):
+            value = _trunc_normal(rng, shape, 0.02 * scale)
+        else:  # biases
+            value = rng.normal(0.0, 0.02, size=shape)
+        state[key] = value.astype(np.float32)
+    return state
+
+
+def init_state(config: ViTConfig, seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
+    """A canonical float32 state for ``config``."""
+    return init_params(expected_shapes(config), seed=seed, scale=scale)
