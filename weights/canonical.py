@@ -155,4 +155,4 @@ def load_state(path: str | os.PathLike, config: ViTConfig | None = None) -> dict
         if config is None:
             raise WeightError(f"{path!r} has no {CONFIG_METADATA_KEY!r} metadata: pass the config")
     validate_state(state, config, what=path)
-    return to_float32(state)
+    return to_float32({k: state[k] for k in expected_shapes(config)})  # timm's order, not the file's

@@ -1,0 +1,84 @@
+"""Measure the error of the correct ports against the float64 oracle and write the policy data.
+
+    python -m conformance.calibrate [--examples 400] [--seed 0] [--out conformance/calibration.json]
+
+Draws cases with the suite's own strategies (configs, images of every kind, weights at normal
+and stress scales), runs every built-in framework port with taps, and records for each stage
+kind, regime and port the distribution of rel_err = max|port - oracle| / max|oracle|.
+conformance/tolerances.py turns the per-kind maximum into a threshold with a margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
+
+from conformance import strategies as S
+from conformance.compare import error, stage_kind
+from impls import FRAMEWORK_PORTS, load_factory
+
+DEFAULT_OUT = Path(__file__).with_name("calibration.json")
+
+
+def measure(examples: int, seed: int, ports=FRAMEWORK_PORTS) -> dict:
+    factories = {p: load_factory(p) for p in ("numpy", *ports)}
+    errors: dict = defaultdict(list)  # (regime, kind, port) -> [rel_err]
+    worst: dict = {}
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(config=S.configs(), weights=S.weight_cases(), images=S.image_cases())
+    def run(config, weights, images):
+        state = weights.make(config)
+        x = images.make(config)
+        oracle = factories["numpy"](config, state)(x)
+        for port in ports:
+            out = factories[port](config, state)(x)
+            for name, ref in oracle.items():
+                _, rel = error(out[name], ref)
+                key = (weights.regime, stage_kind(name), port)
+                errors[key].append(rel)
+                if rel >= max(errors[key]):
+                    worst[key] = {"config": config.to_dict(), "weights": vars(weights), "images": vars(images),
+                                  "stage": name}
+
+    run()
+    table: dict = {}
+    for (regime, kind, port), values in sorted(errors.items()):
+        v = np.asarray(values)
+        entry = table.setdefault(regime, {}).setdefault(kind, {})
+        entry[port] = {"n": int(v.size), "p50": float(np.median(v)), "p99": float(np.quantile(v, 0.99)),
+                       "max": float(v.max()), "worst_case": worst[(regime, kind, port)]}
+    return table
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    table = measure(args.examples, args.seed)
+    payload = {"examples": args.examples, "seed": args.seed, "seconds": round(time.perf_counter() - t0, 1),
+               "metric": "max|port - oracle| / max|oracle| per stage tensor, float32 ports",
+               "errors": table}
+    args.out.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    print(f"{'regime':8} {'stage kind':14} " + " ".join(f"{p + ' max':>11}" for p in FRAMEWORK_PORTS))
+    for regime, kinds in table.items():
+        for kind, ports in kinds.items():
+            print(f"{regime:8} {kind:14} " + " ".join(f"{ports[p]['max']:11.3e}" for p in FRAMEWORK_PORTS))
+    print(f"wrote {args.out} in {payload['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""Independent oracles built by the libraries that define the behaviour, with random weights.
+
+timm's ``VisionTransformer`` is the reference of this project's canonical layout; its stages
+are read through forward hooks on timm's own modules, not recomputed here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from impls.config import ViTConfig
+
+
+def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None):
+    """timm's VisionTransformer for ``config`` in eval mode, with ``state`` loaded strictly."""
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(
+        img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans,
+        num_classes=config.num_classes, global_pool=config.global_pool, class_token=config.class_token,
+        embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
+        mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias,
+    )
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = config.norm_eps
+    if state is not None:
+        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def timm_state(model) -> dict[str, np.ndarray]:
+    return {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
+    """Run timm's model and collect every stage of the tap protocol from its modules."""
+    import torch
+
+    taps: dict[str, torch.Tensor] = {}
+    hooks = []
+
+    def out(name):
+        return lambda module, args, output: taps.__setitem__(name, output)
+
+    hooks.append(model.patch_embed.register_forward_hook(out("patch_embed")))
+    hooks.append(model.pos_drop.register_forward_hook(out("embed")))
+    for i, blk in enumerate(model.blocks):
+        p = f"blocks.{i}"
+        blk.attn.fused_attn = False  # the explicit path, whose weights pass through attn_drop
+        hooks.append(blk.norm1.register_forward_hook(out(f"{p}.norm1")))
+        hooks.append(blk.attn.q_norm.register_forward_hook(out(f"{p}.attn.q")))
+        hooks.append(blk.attn.k_norm.register_forward_hook(out(f"{p}.attn.k")))
+        hooks.append(blk.attn.qkv.register_forward_hook(
+            lambda m, a, o, p=p, attn=blk.attn: taps.__setitem__(
+                f"{p}.attn.v", o.reshape(o.shape[0], o.shape[1], 3, attn.num_heads, attn.head_dim)[:, :, 2]
+                .transpose(1, 2))))
+        hooks.append(blk.attn.attn_drop.register_forward_hook(out(f"{p}.attn.weights")))
+        hooks.append(blk.attn.register_forward_hook(out(f"{p}.attn")))
+        hooks.append(blk.norm2.register_forward_hook(out(f"{p}.norm2")))
+        hooks.append(blk.mlp.act.register_forward_hook(out(f"{p}.mlp.act")))
+        hooks.append(blk.mlp.register_forward_hook(out(f"{p}.mlp")))
+        hooks.append(blk.register_forward_hook(out(p)))
+    if model.global_pool != "avg":
+        hooks.append(model.norm.register_forward_hook(out("norm")))
+    hooks.append(model.head.register_forward_pre_hook(lambda m, args: taps.__setitem__("pooled", args[0])))
+    try:
+        with torch.no_grad():
+            dtype = next(model.parameters()).dtype
+            taps["logits"] = model(torch.from_numpy(np.asarray(images)).to(dtype))
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: v.detach().numpy() for k, v in taps.items()}

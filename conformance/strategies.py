@@ -1,0 +1,161 @@
+"""Hypothesis strategies for the conformance suite, apart from the tests.
+
+Sizes are kept small where size adds nothing (a 2-head, 3x2-patch model exposes a head or
+H/W mix-up as well as ViT-B does); what is drawn wide is what hides bugs: non-square grids
+and patches, channel counts, poolings, bias on/off, image scales, near-constant images,
+weight scales, masks and context shapes. Large arrays come from a NumPy generator whose
+seed hypothesis draws, which is fast and replays exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+from impls.config import ViTConfig
+from weights import init_params, init_state
+
+IMAGE_KINDS = ("ordinary", "tiny", "huge", "constant", "near_constant")
+# Weight scales (multiplying timm's init spread): "normal" ones, and "stress" ones where
+# attention logits reach tens to hundreds and softmax saturates.
+NORMAL_SCALES = (0.5, 1.0, 4.0, 16.0)
+STRESS_SCALES = (64.0, 128.0)
+
+
+@st.composite
+def configs(draw, max_depth: int = 3, max_heads: int = 4, head_dims=(2, 4, 8), max_patch: int = 8,
+            max_grid: int = 4, pools=("token", "avg")) -> ViTConfig:
+    """Small ViT configs with non-square grids and patches, 1 to 4 channels, both poolings."""
+    num_heads = draw(st.integers(1, max_heads))
+    head_dim = draw(st.sampled_from(head_dims))
+    ph = draw(st.integers(1, max_patch))
+    pw = draw(st.one_of(st.just(ph), st.integers(1, max_patch)))
+    gh = draw(st.integers(1, max_grid))
+    gw = draw(st.integers(1, max_grid))
+    pool = draw(st.sampled_from(pools))
+    class_token = True if pool == "token" else draw(st.booleans())
+    return ViTConfig(
+        img_size=(gh * ph, gw * pw),
+        patch_size=(ph, pw),
+        in_chans=draw(st.integers(1, 4)),
+        num_classes=draw(st.integers(1, 6)),
+        global_pool=pool,
+        class_token=class_token,
+        embed_dim=num_heads * head_dim,
+        depth=draw(st.integers(1, max_depth)),
+        num_heads=num_heads,
+        mlp_ratio=draw(st.sampled_from([1.0, 2.0, 4.0])),
+        qkv_bias=draw(st.booleans()),
+    )
+
+
+@dataclass(frozen=True)
+class ImageCase:
+    kind: str
+    seed: int
+    batch: int
+
+    def make(self, config: ViTConfig) -> np.ndarray:
+        return make_images(config, self.batch, self.kind, self.seed)
+
+
+def make_images(config: ViTConfig, batch: int, kind: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    shape = (batch, config.in_chans, *config.img_size)
+    if kind == "ordinary":
+        x = rng.normal(0.0, 1.0, shape)
+    elif kind == "tiny":
+        x = rng.normal(0.0, 1e-3, shape)
+    elif kind == "huge":
+        x = rng.normal(0.0, 1e3, shape)
+    elif kind == "constant":
+        x = np.broadcast_to(rng.normal(0.0, 1.0, (batch, config.in_chans, 1, 1)), shape)
+    elif kind == "near_constant":
+        # The variance LayerNorm sees is tiny, where an epsilon mismatch shows.
+        x = rng.normal(0.0, 1.0, (batch, config.in_chans, 1, 1)) + rng.normal(0.0, 1e-4, shape)
+    else:
+        raise ValueError(f"unknown image kind {kind!r}; kinds: {IMAGE_KINDS}")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def image_cases(kinds=IMAGE_KINDS, max_batch: int = 3) -> st.SearchStrategy[ImageCase]:
+    return st.builds(ImageCase, kind=st.sampled_from(kinds), seed=st.integers(0, 2**31 - 1),
+                     batch=st.integers(1, max_batch))
+
+
+@dataclass(frozen=True)
+class WeightCase:
+    seed: int
+    scale: float
+
+    @property
+    def regime(self) -> str:
+        return "stress" if self.scale in STRESS_SCALES else "normal"
+
+    def make(self, config: ViTConfig) -> dict[str, np.ndarray]:
+        return init_state(config, seed=self.seed, scale=self.scale)
+
+    def make_params(self, shapes) -> dict[str, np.ndarray]:
+        return init_params(shapes, seed=self.seed, scale=self.scale)
+
+
+def weight_cases(scales=NORMAL_SCALES + STRESS_SCALES) -> st.SearchStrategy[WeightCase]:
+    return st.builds(WeightCase, seed=st.integers(0, 2**31 - 1), scale=st.sampled_from(scales))
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """Inputs of a standalone multi-head (cross-)attention."""
+
+    batch: int
+    num_heads: int
+    head_dim: int
+    dim: int
+    q_len: int
+    kv_len: int
+    context_dim: int
+    qkv_bias: bool
+    seed: int
+
+    def inputs(self, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        x = rng.normal(0.0, scale, (self.batch, self.q_len, self.dim)).astype(np.float32)
+        ctx = rng.normal(0.0, scale, (self.batch, self.kv_len, self.context_dim)).astype(np.float32)
+        return x, ctx
+
+
+@st.composite
+def attention_cases(draw, cross: bool | None = None, min_len: int = 1, max_len: int = 7) -> AttentionCase:
+    """Shapes for MultiHeadAttention; cross=True forces another context length and width."""
+    num_heads = draw(st.integers(1, 4))
+    head_dim = draw(st.sampled_from([2, 4, 8]))
+    dim = draw(st.sampled_from([4, 8, 12]))
+    q_len = draw(st.integers(min_len, max_len))
+    cross = draw(st.booleans()) if cross is None else cross
+    if cross:
+        kv_len = draw(st.integers(min_len, max_len).filter(lambda n: n != q_len))
+        context_dim = draw(st.sampled_from([3, 6, 10]))
+    else:
+        kv_len, context_dim = q_len, dim
+    return AttentionCase(batch=draw(st.integers(1, 3)), num_heads=num_heads, head_dim=head_dim, dim=dim,
+                         q_len=q_len, kv_len=kv_len, context_dim=context_dim, qkv_bias=draw(st.booleans()),
+                         seed=draw(st.integers(0, 2**31 - 1)))
+
+
+@st.composite
+def masks(draw, case: AttentionCase, kind: str | None = None, allow_dead_rows: bool = True) -> np.ndarray:
+    """A boolean keep-mask or an additive float mask broadcastable to (B, H, Nq, Nk)."""
+    kind = draw(st.sampled_from(["bool", "additive"])) if kind is None else kind
+    b = draw(st.sampled_from([1, case.batch]))
+    h = draw(st.sampled_from([1, case.num_heads]))
+    shape = (b, h, case.q_len, case.kv_len)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    keep = rng.random(shape) < draw(st.sampled_from([0.3, 0.6, 0.9]))
+    if not allow_dead_rows:
+        keep[..., 0] = True
+    if kind == "bool":
+        return keep
+    bias = rng.normal(0.0, 2.0, shape)
+    return np.where(keep, bias, -np.inf).astype(np.float32)

@@ -1,0 +1,41 @@
+"""Shared plumbing of the tests: cached port factories and the assertion that says where."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from hypothesis import settings
+
+from conformance.compare import compare_outputs, describe_failures
+from impls import load_factory
+
+
+@lru_cache(maxsize=None)
+def factory(port: str):
+    return load_factory(port)
+
+
+def budget(divisor: int = 1, minimum: int = 3) -> int:
+    """A share of the active profile's max_examples, for tests that run whole models."""
+    return max(minimum, settings.default.max_examples // divisor)
+
+
+def run(port: str, config, state, images, **kwargs):
+    return factory(port)(config, state, **kwargs)(images)
+
+
+def assert_matches_oracle(port: str, config, state, images, *, regime: str = "normal", oracle=None, **context):
+    """Every tap of ``port`` within tolerance of the oracle; the message names port, stage and case."""
+    oracle = run("numpy", config, state, images) if oracle is None else oracle
+    out = run(port, config, state, images)
+    results = compare_outputs(out, oracle, config, batch=images.shape[0], regime=regime)
+    assert len(results) == len(oracle), f"{port} emitted {len(results)} of the {len(oracle)} stages"
+    bad = [r for r in results if not r.ok]
+    assert not bad, describe_failures(results, port, config=config, **context)
+    return out
+
+
+def max_rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))

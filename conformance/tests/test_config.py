@@ -1,0 +1,81 @@
+"""ViTConfig: timm's names and semantics, presets equal to timm's, and clear errors."""
+
+import pytest
+
+from impls import PRESETS, ConfigError, ViTConfig, get_config, tap_names, tap_shapes
+from weights import expected_shapes
+
+
+def timm_model(config: ViTConfig):
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(
+        img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans,
+        num_classes=config.num_classes, global_pool=config.global_pool, class_token=config.class_token,
+        embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
+        mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias,
+    )
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])
+def test_timm_preset_has_timm_keys_and_shapes(name):
+    import timm
+
+    model = timm.create_model(name, pretrained=False)
+    timm_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert expected_shapes(get_config(name)) == timm_shapes
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_matches_a_timm_model_built_from_its_options(name):
+    config = get_config(name)
+    timm_shapes = {k: tuple(v.shape) for k, v in timm_model(config).state_dict().items()}
+    assert list(expected_shapes(config)) == list(timm_shapes)  # same keys, same order
+    assert expected_shapes(config) == timm_shapes
+
+
+def test_int_img_size_means_square():
+    assert ViTConfig(img_size=32, patch_size=8).img_size == (32, 32)
+    assert ViTConfig(img_size=(32, 16), patch_size=8).grid_size == (4, 2)
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (dict(embed_dim=10, num_heads=3), ["embed_dim 10", "num_heads 3"]),
+        (dict(img_size=(30, 32), patch_size=16), ["img_size (30, 32)", "patch_size (16, 16)"]),
+        (dict(global_pool="max"), ["global_pool", "'max'"]),
+        (dict(class_token=False, global_pool="token"), ["class_token=False", "avg"]),
+        (dict(depth=0), ["depth", "0"]),
+        (dict(in_chans=2.5), ["in_chans", "2.5"]),
+        (dict(num_classes=-1), ["num_classes", "-1"]),
+        (dict(norm_eps=0.0), ["norm_eps"]),
+        (dict(mlp_ratio=0.0), ["mlp_ratio"]),
+        (dict(img_size=(1, 2, 3)), ["img_size", "(1, 2, 3)"]),
+    ],
+)
+def test_invalid_config_raises_a_clear_error(options, words):
+    with pytest.raises(ConfigError) as info:
+        ViTConfig(**options)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_unknown_preset_names_the_known_ones():
+    with pytest.raises(ConfigError, match="vit_tiny_patch16_224"):
+        get_config("vit_huge_patch99")
+
+
+def test_config_round_trips_through_dict():
+    for config in PRESETS.values():
+        assert ViTConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="depht"):
+        ViTConfig.from_dict({"depht": 3})
+
+
+def test_avg_pool_has_no_final_norm_stage_and_every_tap_has_a_shape():
+    for config in PRESETS.values():
+        names = tap_names(config)
+        assert ("norm" in names) == (config.global_pool == "token")
+        assert set(names) == set(tap_shapes(config, 2))
+        assert names[0] == "patch_embed" and names[-2:] == ["pooled", "logits"]

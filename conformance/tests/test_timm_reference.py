@@ -1,0 +1,82 @@
+"""Every port against an implementation nobody here wrote: timm's VisionTransformer, built
+locally with random weights, its stages read through hooks on its own modules."""
+
+import numpy as np
+import pytest
+import torch
+
+from conformance.compare import error, stage_kind
+from conformance.references import timm_state, timm_taps, timm_vit
+from conformance.tests.helpers import run
+from conformance.tolerances import tolerance
+from impls import get_config, tap_names
+from weights import init_state
+
+CONFIGS = ["vit_test_token", "vit_test_avg", "vit_test_avg_nocls", "vit_test_deep"]
+
+
+def images_for(config, batch=2, seed=0):
+    return np.random.default_rng(seed).normal(size=(batch, config.in_chans, *config.img_size)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_oracle_equals_timm_in_float64_at_every_stage(name):
+    """The spec in code and timm agree to float64 rounding: the oracle means what timm means."""
+    config = get_config(name)
+    state = init_state(config, seed=11)
+    x = images_for(config)
+    ref = timm_taps(timm_vit(config, state, dtype=torch.float64), x)
+    oracle = run("numpy", config, state, x)
+    assert sorted(ref) == sorted(tap_names(config))
+    for stage in tap_names(config):
+        _, rel = error(oracle[stage], ref[stage])
+        assert rel < 1e-12, f"{stage}: oracle vs timm float64 rel_err {rel:.3e}"
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("weights", ["timm_init", "project_init"])
+def test_port_equals_timm_at_every_stage(port, name, weights):
+    """timm's own init (ones/zeros norms, zero biases) and the project's; timm's state_dict is
+    fed to the port through the canonical format. Both run in float32, so each is within the
+    tolerance of the truth and they are within twice that of each other."""
+    config = get_config(name)
+    torch.manual_seed(3)
+    model = timm_vit(config, None if weights == "timm_init" else init_state(config, seed=4))
+    state = timm_state(model)
+    x = images_for(config, seed=1)
+    ref = timm_taps(model, x)
+    out = run(port, config, state, x)
+    for stage in tap_names(config):
+        _, rel = error(out[stage], ref[stage])
+        tol = 2 * tolerance(stage_kind(stage))
+        assert rel <= tol, f"[{port}] {stage}: rel_err vs timm {rel:.3e} > {tol:.3e} ({name}, {weights})"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224"])
+def test_port_logits_equal_timm_on_a_full_size_model(port, name):
+    """A real-size ViT with timm's own init: the max abs logit error is reported in the README."""
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).eval()
+    config = get_config(name)
+    x = images_for(config, batch=2, seed=2)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    out = run(port, config, timm_state(model), x)
+    max_abs, rel = error(out["logits"], ref)
+    assert rel <= 2 * tolerance("logits"), f"[{port}] logits vs timm: max_abs {max_abs:.3e}, rel {rel:.3e}"
+
+
+def test_timm_comparison_fails_on_a_port_fed_swapped_norms(port):
+    """Companion: the comparison above is not vacuous; norm1/norm2 swapped shows at blocks.0.norm1."""
+    config = get_config("vit_test_token")
+    model = timm_vit(config, init_state(config, seed=4))
+    state = timm_state(model)
+    for p in ("weight", "bias"):
+        state[f"blocks.0.norm1.{p}"], state[f"blocks.0.norm2.{p}"] = state[f"blocks.0.norm2.{p}"], state[f"blocks.0.norm1.{p}"]
+    x = images_for(config, seed=1)
+    ref, out = timm_taps(model, x), run(port, config, state, x)
+    failing = [s for s in tap_names(config) if error(out[s], ref[s])[1] > 2 * tolerance(stage_kind(s))]
+    assert failing and failing[0] == "blocks.0.norm1"
