@@ -287,3 +287,22 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
         return {k: np.asarray(v) for k, v in out.items()} if taps else np.asarray(out)
 
     return forward
+
+
+def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False):
+    """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
+    on NumPy arrays, returning (out, weights); weights are None on the fused path."""
+    from weights import mha_shapes, to_native, validate_state
+
+    model = nnx.eval_shape(lambda: MultiHeadAttention(dim, context_dim, num_heads, head_dim, qkv_bias,
+                                                      fused_attn=fused_attn, rngs=nnx.Rngs(0)))
+    validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
+    load_state_dict(model, to_native(state, FRAMEWORK))
+
+    def forward(x, context=None, mask=None):
+        context = None if context is None else jnp.asarray(context)
+        mask = None if mask is None else jnp.asarray(mask)
+        out, attn = (model(jnp.asarray(x), context, mask), None) if fused_attn else model(jnp.asarray(x), context, mask, return_weights=True)
+        return np.asarray(out), None if attn is None else np.asarray(attn)
+
+    return forward

@@ -256,3 +256,23 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
         return {k: np.array(v) for k, v in out.items()} if taps else np.array(out)
 
     return forward
+
+
+def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False):
+    """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
+    on NumPy arrays, returning (out, weights); weights are None on the fused path."""
+    from weights import mha_shapes, to_native, validate_state
+
+    model = MultiHeadAttention(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
+    validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
+    load_state_dict(model, to_native(state, FRAMEWORK))
+    model.eval()
+
+    def forward(x, context=None, mask=None):
+        context = None if context is None else mx.array(context)
+        mask = None if mask is None else mx.array(mask)
+        out, attn = (model(mx.array(x), context, mask), None) if fused_attn else model(mx.array(x), context, mask, return_weights=True)
+        mx.eval(out, attn)
+        return np.array(out), None if attn is None else np.array(attn)
+
+    return forward

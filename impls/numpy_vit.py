@@ -302,3 +302,19 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
         return model(np.asarray(images), return_taps=taps)
 
     return forward
+
+
+def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False):
+    """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
+    on NumPy arrays, returning (out, weights); weights are None on the fused path."""
+    from weights import mha_shapes, to_native, validate_state
+
+    model = MultiHeadAttention(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
+    validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
+    load_state_dict(model, to_native(state, FRAMEWORK))
+
+    def forward(x, context=None, mask=None):
+        context = None if context is None else np.asarray(context, np.float64)
+        return model(np.asarray(x, np.float64), context, mask, return_weights=True)
+
+    return forward

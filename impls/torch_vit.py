@@ -253,3 +253,23 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
         return {k: v.numpy() for k, v in out.items()} if taps else out.numpy()
 
     return forward
+
+
+def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False):
+    """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
+    on NumPy arrays, returning (out, weights); weights are None on the fused path."""
+    from weights import mha_shapes, to_native, validate_state
+
+    with torch.device("meta"):
+        model = MultiHeadAttention(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
+    validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
+    load_state_dict(model, to_native(state, FRAMEWORK))
+
+    @torch.inference_mode()
+    def forward(x, context=None, mask=None):
+        context = None if context is None else torch.as_tensor(context)
+        mask = None if mask is None else torch.as_tensor(mask)
+        out, attn = (model(torch.as_tensor(x), context, mask), None) if fused_attn else model(torch.as_tensor(x), context, mask, return_weights=True)
+        return out.numpy(), None if attn is None else attn.numpy()
+
+    return forward

@@ -1,9 +1,7 @@
-import pytest
-
 from impls import FRAMEWORK_PORTS
 
 
-@pytest.fixture(params=FRAMEWORK_PORTS)
-def port(request):
-    """Each framework port by name: torch, mlx, jax."""
-    return request.param
+def pytest_generate_tests(metafunc):
+    # Direct parametrisation, not a fixture: hypothesis re-runs the test body per example.
+    if "port" in metafunc.fixturenames:
+        metafunc.parametrize("port", FRAMEWORK_PORTS)

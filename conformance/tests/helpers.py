@@ -39,3 +39,34 @@ def assert_matches_oracle(port: str, config, state, images, *, regime: str = "no
 def max_rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def framework(port: str):
+    """(module, to_framework, to_numpy) for a built-in port."""
+    import importlib
+
+    module = importlib.import_module(f"impls.{port}_vit")
+    if port == "torch":
+        import torch
+
+        return module, torch.as_tensor, lambda t: t.numpy()
+    if port == "mlx":
+        import mlx.core as mx
+
+        return module, mx.array, np.array
+    if port == "jax":
+        import jax.numpy as jnp
+
+        return module, jnp.asarray, np.asarray
+    return module, np.asarray, np.asarray
+
+
+def attention(port: str, case, weights, fused: bool = False):
+    """A MultiHeadAttention forward for an AttentionCase with drawn canonical weights."""
+    from weights import mha_shapes
+
+    shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
+    state = weights.make_params(shapes)
+    return framework(port)[0].make_attention(
+        state, dim=case.dim, context_dim=case.context_dim, num_heads=case.num_heads, head_dim=case.head_dim,
+        qkv_bias=case.qkv_bias, fused_attn=fused)
