@@ -223,5 +223,6 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
         raise InputError(f"images must have {C} channels (in_chans) on axis 1, got shape {tuple(shape)}")
     if tuple(shape[2:]) != (H, W):
         raise InputError(f"images must be {H}x{W} (img_size) on axes 2, 3, got shape {tuple(shape)}")
-    if "float32" not in str(dtype):
+    dtype = str(dtype).rsplit(".", 1)[-1]  # torch.float32, mlx.core.float32 -> float32
+    if dtype != "float32":
         raise InputError(f"images must be float32, got dtype {dtype}")

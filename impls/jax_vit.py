@@ -9,7 +9,7 @@ so a TPU or GPU does not quietly compute in bf16/TF32.
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -266,19 +266,33 @@ def load_state_dict(model: nnx.Module, native: dict[str, np.ndarray]) -> None:
     nnx.update(model, state)
 
 
+def _abstract_model(config: ViTConfig, fused_attn: bool) -> VisionTransformer:
+    # No random init: every array comes from the state.
+    return nnx.eval_shape(lambda: VisionTransformer(config, fused_attn=fused_attn, rngs=nnx.Rngs(0)))
+
+
+@lru_cache(maxsize=256)
+def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool):
+    """One jitted forward per config, shared by every state loaded for it: a new state does not
+    recompile, and jax.jit itself caches per input shape."""
+    graphdef, _ = nnx.split(_abstract_model(config, fused_attn))
+
+    @jax.jit
+    def apply(params, images):
+        return nnx.merge(graphdef, params)(images, return_taps=taps)
+
+    return apply
+
+
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays."""
     from weights import to_native, validate_state
 
     validate_state(state, config)
-    # An abstract model: no random init, every array comes from the state.
-    model = nnx.eval_shape(lambda: VisionTransformer(config, fused_attn=fused_attn, rngs=nnx.Rngs(0)))
+    model = _abstract_model(config, fused_attn)
     load_state_dict(model, to_native(state, FRAMEWORK))
-    graphdef, params = nnx.split(model)
-
-    @jax.jit
-    def apply(params, images):
-        return nnx.merge(graphdef, params)(images, return_taps=taps)
+    _, params = nnx.split(model)
+    apply = _compiled_forward(config, taps, fused_attn)
 
     def forward(images: np.ndarray):
         images = np.asarray(images)
@@ -298,11 +312,15 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
                                                       fused_attn=fused_attn, rngs=nnx.Rngs(0)))
     validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
     load_state_dict(model, to_native(state, FRAMEWORK))
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def apply(params, x, context, mask):
+        model = nnx.merge(graphdef, params)
+        return (model(x, context, mask), None) if fused_attn else model(x, context, mask, return_weights=True)
 
     def forward(x, context=None, mask=None):
-        context = None if context is None else jnp.asarray(context)
-        mask = None if mask is None else jnp.asarray(mask)
-        out, attn = (model(jnp.asarray(x), context, mask), None) if fused_attn else model(jnp.asarray(x), context, mask, return_weights=True)
+        out, attn = apply(params, x, context, mask)
         return np.asarray(out), None if attn is None else np.asarray(attn)
 
     return forward

@@ -122,23 +122,23 @@ def test_every_problem_is_listed_in_one_error():
     assert "2 problem(s)" in str(info.value) and "'head.weight'" in str(info.value) and "'extra'" in str(info.value)
 
 
-@pytest.mark.parametrize("port", ["numpy", "torch", "mlx", "jax"])
-def test_every_port_refuses_a_bad_state_before_loading(port):
+@pytest.mark.parametrize("impl", ["numpy", "torch", "mlx", "jax"])
+def test_every_port_refuses_a_bad_state_before_loading(impl):
     from conformance.tests.helpers import factory
 
     with pytest.raises(WeightError, match="missing key 'blocks.0.attn.qkv.bias'"):
-        factory(port)(CONFIG, _broken(lambda s: s.pop("blocks.0.attn.qkv.bias")))
+        factory(impl)(CONFIG, _broken(lambda s: s.pop("blocks.0.attn.qkv.bias")))
 
 
-@pytest.mark.parametrize("port", ["numpy", "torch", "mlx", "jax"])
-def test_every_port_loader_is_strict_on_native_tensors(port):
+@pytest.mark.parametrize("impl", ["numpy", "torch", "mlx", "jax"])
+def test_every_port_loader_is_strict_on_native_tensors(impl):
     """Below validation, each framework's own loading path refuses a mis-converted state."""
     import importlib
 
-    module = importlib.import_module(f"impls.{port}_vit")
+    module = importlib.import_module(f"impls.{impl}_vit")
     native = to_native(init_state(CONFIG), module.FRAMEWORK)
     key = next(k for k in native if k.startswith("blocks.0.attn.qkv."))
-    if port == "jax":
+    if impl == "jax":
         model = module.nnx.eval_shape(lambda: module.VisionTransformer(CONFIG, rngs=module.nnx.Rngs(0)))
     else:
         model = module.VisionTransformer(CONFIG)

@@ -1,0 +1,71 @@
+"""python -m conformance [agree] | verify | zoo | bench
+
+``agree`` (the default): build a preset with seeded weights, run the PyTorch, MLX and JAX ports
+and the float64 oracle on the same images, and print a per-stage agreement table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from conformance.compare import compare_outputs, first_divergence
+from conformance.report import table
+from conformance.strategies import make_images
+from impls import FRAMEWORK_PORTS, PRESETS, get_config, load_factory
+from weights import init_state
+
+
+def agree(args) -> int:
+    config = get_config(args.preset)
+    state = init_state(config, seed=args.seed)
+    images = make_images(config, args.batch, "ordinary", args.seed)
+    t0 = time.perf_counter()
+    oracle = load_factory("numpy")(config, state)(images)
+    results = {}
+    for port in args.ports:
+        results[port] = {r.name: r for r in compare_outputs(load_factory(port)(config, state)(images), oracle,
+                                                             config, batch=args.batch)}
+    seconds = time.perf_counter() - t0
+    print(f"{args.preset}: seeded weights (seed {args.seed}), {args.batch} images {config.in_chans}x"
+          f"{config.img_size[0]}x{config.img_size[1]}; float32 ports against the float64 oracle")
+    print("rel_err = max|port - oracle| / max|oracle| per stage; tol from conformance/tolerances.py\n")
+    rows = []
+    for name in oracle:
+        rs = [results[p].get(name) for p in args.ports]
+        tol = next(r.tol for r in rs if r is not None)
+        rows.append([name, *[None if r is None else r.rel_err for r in rs], tol, all(r is None or r.ok for r in rs)])
+    print(table(["stage", *[f"{p} rel_err" for p in args.ports], "tol", "ok"], rows))
+    bad = {p: first_divergence(list(r.values())) for p, r in results.items() if first_divergence(list(r.values()))}
+    worst = max(((r.rel_err, p, n) for p, rs in results.items() for n, r in rs.items() if r.rel_err is not None))
+    print()
+    if bad:
+        for port, stage in bad.items():
+            print(f"{port}: diverges first at {stage}")
+        return 1
+    print(f"all {len(args.ports)} ports agree with the oracle at all {len(oracle)} stages; largest rel_err "
+          f"{worst[0]:.2e} ({worst[1]}, {worst[2]}); {seconds:.1f} s")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    p = sub.add_parser("agree", help="per-stage agreement of the built-in ports (the default)")
+    for target in (parser, p):
+        target.add_argument("--preset", default="vit_tiny_patch16_224", choices=sorted(PRESETS))
+        target.add_argument("--seed", type=int, default=0)
+        target.add_argument("--batch", type=int, default=2)
+        target.add_argument("--ports", nargs="+", default=list(FRAMEWORK_PORTS), choices=list(FRAMEWORK_PORTS))
+    args = parser.parse_args(argv)
+    if args.command in (None, "agree"):
+        return agree(args)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
