@@ -177,12 +177,13 @@ class Mlp(nnx.Module):
 class Block(nnx.Module):
     """Pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x)); two distinct norms."""
 
-    def __init__(self, config: ViTConfig, fused_attn: bool = False, *, rngs):
+    def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None, *, rngs):
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, epsilon=config.norm_eps, rngs=rngs)
-        self.attn = Attention(dim, config.num_heads, qkv_bias=config.qkv_bias, fused_attn=fused_attn, rngs=rngs)
+        self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
+                                              fused_attn=fused_attn, rngs=rngs)
         self.norm2 = LayerNorm(dim, epsilon=config.norm_eps, rngs=rngs)
-        self.mlp = Mlp(dim, config.mlp_hidden_dim, rngs=rngs)
+        self.mlp = (mlp_layer or Mlp)(dim, config.mlp_hidden_dim, rngs=rngs)
 
     def __call__(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
@@ -196,14 +197,17 @@ class Block(nnx.Module):
 
 
 class VisionTransformer(nnx.Module):
-    def __init__(self, config: ViTConfig, fused_attn: bool = False, *, rngs: nnx.Rngs):
+    def __init__(self, config: ViTConfig, fused_attn: bool = False, embed_layer=None, block_fn=None,
+                 attn_layer=None, mlp_layer=None, *, rngs: nnx.Rngs):
         self.config = config
         D = config.embed_dim
-        self.patch_embed = PatchEmbed(config, rngs=rngs)
+        self.patch_embed = (embed_layer or PatchEmbed)(config, rngs=rngs)
         if config.class_token:
             self.cls_token = nnx.Param(jnp.zeros((1, 1, D)))
         self.pos_embed = nnx.Param(jnp.zeros((1, config.num_tokens, D)))
-        self.blocks = nnx.List([Block(config, fused_attn=fused_attn, rngs=rngs) for _ in range(config.depth)])
+        self.blocks = nnx.List([
+            (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, rngs=rngs) for _ in range(config.depth)
+        ])
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
         else:
@@ -266,16 +270,16 @@ def load_state_dict(model: nnx.Module, native: dict[str, np.ndarray]) -> None:
     nnx.update(model, state)
 
 
-def _abstract_model(config: ViTConfig, fused_attn: bool) -> VisionTransformer:
+def _abstract_model(config: ViTConfig, fused_attn: bool, layers: tuple = ()) -> VisionTransformer:
     # No random init: every array comes from the state.
-    return nnx.eval_shape(lambda: VisionTransformer(config, fused_attn=fused_attn, rngs=nnx.Rngs(0)))
+    return nnx.eval_shape(lambda: VisionTransformer(config, fused_attn, **dict(layers), rngs=nnx.Rngs(0)))
 
 
 @lru_cache(maxsize=256)
-def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool):
+def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool, layers: tuple = ()):
     """One jitted forward per config, shared by every state loaded for it: a new state does not
     recompile, and jax.jit itself caches per input shape."""
-    graphdef, _ = nnx.split(_abstract_model(config, fused_attn))
+    graphdef, _ = nnx.split(_abstract_model(config, fused_attn, layers))
 
     @jax.jit
     def apply(params, images):
@@ -284,15 +288,21 @@ def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool):
     return apply
 
 
-def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False):
-    """Port factory: canonical float32 state -> forward(images) on NumPy arrays."""
+def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
+         **layers):
+    """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
+
+    ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other module classes, as
+    timm's VisionTransformer allows.
+    """
     from weights import to_native, validate_state
 
     validate_state(state, config)
-    model = _abstract_model(config, fused_attn)
+    layers = tuple(sorted(layers.items()))
+    model = _abstract_model(config, fused_attn, layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
     _, params = nnx.split(model)
-    apply = _compiled_forward(config, taps, fused_attn)
+    apply = _compiled_forward(config, taps, fused_attn, layers)
 
     def forward(images: np.ndarray):
         images = np.asarray(images)

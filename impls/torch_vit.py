@@ -154,13 +154,14 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x)); two distinct norms."""
 
-    def __init__(self, config: ViTConfig, fused_attn: bool = False):
+    def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
         super().__init__()
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, eps=config.norm_eps)
-        self.attn = Attention(dim, config.num_heads, qkv_bias=config.qkv_bias, fused_attn=fused_attn)
+        self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
+                                              fused_attn=fused_attn)
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = Mlp(dim, config.mlp_hidden_dim)
+        self.mlp = (mlp_layer or Mlp)(dim, config.mlp_hidden_dim)
 
     def forward(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
@@ -174,15 +175,18 @@ class Block(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, config: ViTConfig, fused_attn: bool = False):
+    def __init__(self, config: ViTConfig, fused_attn: bool = False, embed_layer=None, block_fn=None,
+                 attn_layer=None, mlp_layer=None):
         super().__init__()
         self.config = config
         D = config.embed_dim
-        self.patch_embed = PatchEmbed(config)
+        self.patch_embed = (embed_layer or PatchEmbed)(config)
         if config.class_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         self.pos_embed = nn.Parameter(torch.zeros(1, config.num_tokens, D))
-        self.blocks = nn.ModuleList([Block(config, fused_attn=fused_attn) for _ in range(config.depth)])
+        self.blocks = nn.ModuleList([
+            (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)
+        ])
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, eps=config.norm_eps)
         else:
@@ -237,13 +241,18 @@ def load_state_dict(model: nn.Module, native: dict[str, np.ndarray]) -> None:
     model.load_state_dict(tensors, strict=True, assign=True)
 
 
-def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False):
-    """Port factory: canonical float32 state -> forward(images) on NumPy arrays."""
+def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
+         **layers):
+    """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
+
+    ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other module classes, as
+    timm's VisionTransformer allows.
+    """
     from weights import to_native, validate_state
 
     validate_state(state, config)
     with torch.device("meta"):  # no random init: every tensor comes from the state
-        model = VisionTransformer(config, fused_attn=fused_attn)
+        model = VisionTransformer(config, fused_attn, **layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
     model.eval()
 
