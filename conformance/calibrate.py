@@ -3,8 +3,10 @@
     python -m conformance.calibrate [--examples 400] [--seed 0] [--out conformance/calibration.json]
 
 Draws cases with the suite's own strategies (configs, images of every kind, weights at normal
-and stress scales), runs every built-in framework port with taps, and records for each stage
-kind, regime and port the distribution of rel_err = max|port - oracle| / max|oracle|.
+and stress scales and with a large common offset), then runs the timm presets at 224 (whose
+reductions are wider than any drawn config), through every built-in framework port with taps,
+and records for each stage kind, regime and port the distribution of
+rel_err = max|port - oracle| / max|oracle|.
 conformance/tolerances.py turns the per-kind maximum into a threshold with a margin.
 """
 
@@ -22,12 +24,13 @@ from hypothesis import seed as hypothesis_seed
 
 from conformance import strategies as S
 from conformance.compare import error, stage_kind
-from impls import FRAMEWORK_PORTS, load_factory
+from impls import FRAMEWORK_PORTS, get_config, load_factory
 
 DEFAULT_OUT = Path(__file__).with_name("calibration.json")
+PRESET_NAMES = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 
 
-def measure(examples: int, seed: int, ports=FRAMEWORK_PORTS) -> dict:
+def measure(examples: int, seed: int, ports=FRAMEWORK_PORTS, presets=PRESET_NAMES) -> dict:
     factories = {p: load_factory(p) for p in ("numpy", *ports)}
     errors: dict = defaultdict(list)  # (regime, kind, port) -> [rel_err]
     worst: dict = {}
@@ -51,6 +54,19 @@ def measure(examples: int, seed: int, ports=FRAMEWORK_PORTS) -> dict:
                                   "stage": name}
 
     run()
+    for name in presets:  # full-size shapes: wider reductions than the drawn configs
+        config = get_config(name)
+        state = S.WeightCase(seed, 1.0).make(config)
+        for kind in ("ordinary", "near_constant"):
+            x = S.make_images(config, 2, kind, seed)
+            oracle = factories["numpy"](config, state)(x)
+            for port in ports:
+                out = factories[port](config, state)(x)
+                for stage, ref in oracle.items():
+                    key = ("normal", stage_kind(stage), port)
+                    errors[key].append(error(out[stage], ref)[1])
+                    if errors[key][-1] >= max(errors[key]):
+                        worst[key] = {"preset": name, "images": kind, "stage": stage}
     table: dict = {}
     for (regime, kind, port), values in sorted(errors.items()):
         v = np.asarray(values)

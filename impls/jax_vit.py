@@ -272,7 +272,9 @@ def load_state_dict(model: nnx.Module, native: dict[str, np.ndarray]) -> None:
 
 def _abstract_model(config: ViTConfig, fused_attn: bool, layers: tuple = ()) -> VisionTransformer:
     # No random init: every array comes from the state.
-    return nnx.eval_shape(lambda: VisionTransformer(config, fused_attn, **dict(layers), rngs=nnx.Rngs(0)))
+    layers = dict(layers)
+    model_cls = layers.pop("model_cls", VisionTransformer)
+    return nnx.eval_shape(lambda: model_cls(config, fused_attn, **layers, rngs=nnx.Rngs(0)))
 
 
 @lru_cache(maxsize=256)
@@ -289,16 +291,16 @@ def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool, layers: t
 
 
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         **layers):
+         model_cls=None, **layers):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
 
-    ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other module classes, as
-    timm's VisionTransformer allows.
+    ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
+    module classes, as timm's VisionTransformer allows.
     """
     from weights import to_native, validate_state
 
     validate_state(state, config)
-    layers = tuple(sorted(layers.items()))
+    layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
     model = _abstract_model(config, fused_attn, layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
     _, params = nnx.split(model)
@@ -313,21 +315,38 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     return forward
 
 
-def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False):
-    """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
-    on NumPy arrays, returning (out, weights); weights are None on the fused path."""
-    from weights import mha_shapes, to_native, validate_state
+def _abstract_attention(options: tuple, model_cls) -> MultiHeadAttention:
+    return nnx.eval_shape(lambda: model_cls(**dict(options), rngs=nnx.Rngs(0)))
 
-    model = nnx.eval_shape(lambda: MultiHeadAttention(dim, context_dim, num_heads, head_dim, qkv_bias,
-                                                      fused_attn=fused_attn, rngs=nnx.Rngs(0)))
-    validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
-    load_state_dict(model, to_native(state, FRAMEWORK))
-    graphdef, params = nnx.split(model)
+
+@lru_cache(maxsize=256)
+def _compiled_attention(options: tuple, model_cls):
+    """One jitted attention per set of options, shared by every state loaded for it."""
+    graphdef, _ = nnx.split(_abstract_attention(options, model_cls))
+    fused = dict(options)["fused_attn"]
 
     @jax.jit
     def apply(params, x, context, mask):
         model = nnx.merge(graphdef, params)
-        return (model(x, context, mask), None) if fused_attn else model(x, context, mask, return_weights=True)
+        return (model(x, context, mask), None) if fused else model(x, context, mask, return_weights=True)
+
+    return apply
+
+
+def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,
+                   model_cls=None):
+    """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
+    on NumPy arrays, returning (out, weights); weights are None on the fused path."""
+    from weights import mha_shapes, to_native, validate_state
+
+    options = (("dim", dim), ("context_dim", context_dim), ("num_heads", num_heads), ("head_dim", head_dim),
+               ("qkv_bias", qkv_bias), ("fused_attn", fused_attn))
+    model_cls = model_cls or MultiHeadAttention
+    model = _abstract_attention(options, model_cls)
+    validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
+    load_state_dict(model, to_native(state, FRAMEWORK))
+    _, params = nnx.split(model)
+    apply = _compiled_attention(options, model_cls)
 
     def forward(x, context=None, mask=None):
         out, attn = apply(params, x, context, mask)

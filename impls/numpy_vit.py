@@ -295,16 +295,16 @@ def load_state_dict(model: Module, native: dict[str, np.ndarray]) -> None:
 
 
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         **layers):
+         model_cls=None, **layers):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
 
-    ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other module classes, as
-    timm's VisionTransformer allows.
+    ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
+    module classes, as timm's VisionTransformer allows.
     """
     from weights import to_native, validate_state
 
     validate_state(state, config)
-    model = VisionTransformer(config, fused_attn, **layers)
+    model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
 
     def forward(images: np.ndarray):
@@ -313,12 +313,13 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     return forward
 
 
-def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False):
+def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,
+                   model_cls=None):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
     from weights import mha_shapes, to_native, validate_state
 
-    model = MultiHeadAttention(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
+    model = (model_cls or MultiHeadAttention)(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
     validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
     load_state_dict(model, to_native(state, FRAMEWORK))
 

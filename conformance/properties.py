@@ -1,0 +1,385 @@
+"""The properties a correct ViT port satisfies, as plain functions.
+
+Each ``check_*`` takes a port factory (``make(config, state) -> forward``) or an attention
+factory (``make_attention(state, dim=..., ...)``) and one drawn case, and raises
+``PropertyFailure`` with a message naming the port, the stage, the case and the errors
+against the tolerance. The tests run them on the built-in ports, the ``--port`` plugin on
+a user's ports, and the bug zoo on its mutants, so all three exercise the same code.
+
+A property that needs taps the port does not emit raises ``NotApplicable``; a port that
+returns only logits is still checked end to end by ``check_matches_oracle``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from einops import rearrange
+
+from conformance.compare import compare_array, compare_outputs, describe_failures, error, stage_kind
+from conformance.tolerances import tolerance
+from impls import numpy_vit as oracle_impl
+from impls.config import ViTConfig, tap_shapes
+
+
+class PropertyFailure(AssertionError):
+    """A port violates a property; the message says where."""
+
+
+class NotApplicable(Exception):
+    """The property needs a tap the port does not emit."""
+
+
+@dataclass
+class ModelCase:
+    config: ViTConfig
+    state: dict[str, np.ndarray]
+    images: np.ndarray
+    regime: str = "normal"
+    info: dict = field(default_factory=dict)  # how it was drawn, for messages
+
+    def describe(self) -> dict:
+        return {"config": self.config, **self.info}
+
+
+@dataclass
+class AttentionCase:
+    """A standalone attention: its constructor options, canonical state and inputs."""
+
+    options: dict  # dim, context_dim, num_heads, head_dim, qkv_bias
+    state: dict[str, np.ndarray]
+    x: np.ndarray
+    context: np.ndarray | None
+    regime: str = "normal"
+    info: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        return {"attention": self.options, "x": self.x.shape,
+                "context": None if self.context is None else self.context.shape, **self.info}
+
+
+def _fail(port: str, what: str, case, **details) -> PropertyFailure:
+    lines = [f"[{port}] {what}"]
+    lines += [f"  {k}: {v}" for k, v in details.items()]
+    lines += [f"  {k}: {v}" for k, v in case.describe().items()]
+    return PropertyFailure("\n".join(lines))
+
+
+def _call(port: str, fn: Callable, *args, case=None):
+    """Run a port; an exception or a malformed result is a finding, not a crash."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - anything a port raises is reported
+        raise _fail(port, f"the port raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                    case) from e
+
+
+def run_model(port: str, make: Callable, case: ModelCase, images=None, state=None) -> dict:
+    """Build and run a port; return its outputs as a dict with at least 'logits'."""
+    forward = _call(port, make, case.config, case.state if state is None else state, case=case)
+    out = _call(port, forward, case.images if images is None else images, case=case)
+    if not isinstance(out, Mapping):
+        out = {"logits": out}
+    if "logits" not in out:
+        raise _fail(port, "the port returned no 'logits'", case, returned=sorted(out))
+    return dict(out)
+
+
+def _oracle(case: ModelCase, images=None, state=None) -> dict:
+    return oracle_impl.make(case.config, case.state if state is None else state)(
+        case.images if images is None else images)
+
+
+def _needs(out: Mapping, *names: str) -> None:
+    missing = [n for n in names if n not in out]
+    if missing:
+        raise NotApplicable(f"needs taps {missing}")
+
+
+def _within(port, what, case, name, actual, expected, kind=None) -> None:
+    tol = tolerance(kind or stage_kind(name), regime=case.regime)
+    r = compare_array(name, actual, expected, tol)
+    if not r.ok:
+        raise _fail(port, what, case, stage=name, error=r.reason if r.max_abs_err is None else
+                    f"max_abs_err {r.max_abs_err:.3e}, rel_err {r.rel_err:.3e} > tol {tol:.3e}")
+
+
+# ----------------------------------------------------------------------------- whole model
+
+def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
+    """Every stage the port emits (at least the logits) is within tolerance of the oracle."""
+    out = run_model(port, make, case)
+    results = compare_outputs(out, _oracle(case), case.config, batch=case.images.shape[0], regime=case.regime)
+    if any(not r.ok for r in results):
+        raise PropertyFailure(describe_failures(results, port, **case.describe()))
+    return results
+
+
+def check_batch_elements_independent(port: str, make: Callable, case: ModelCase, other_images: np.ndarray) -> None:
+    """Element 0's outputs do not depend on the other elements of the batch."""
+    if case.images.shape[0] < 2:
+        raise NotApplicable("needs a batch of 2 or more")
+    a = run_model(port, make, case)
+    changed = case.images.copy()
+    changed[1:] = other_images[: changed.shape[0] - 1]
+    b = run_model(port, make, case, images=changed)
+    for name in a:
+        if name in b:
+            _within(port, "element 0 changed when the other batch elements changed", case, name,
+                    np.asarray(b[name])[:1], np.asarray(a[name])[:1])
+
+
+def check_batch_size_invariant(port: str, make: Callable, case: ModelCase) -> None:
+    """Each element alone gives what it gives inside the batch."""
+    full = run_model(port, make, case)
+    for i in range(case.images.shape[0]):
+        alone = run_model(port, make, case, images=case.images[i:i + 1])
+        for name in full:
+            if name in alone:
+                _within(port, f"element {i} run alone differs from element {i} in a batch of "
+                        f"{case.images.shape[0]}", case, name, np.asarray(alone[name]), np.asarray(full[name])[i:i + 1])
+
+
+def check_deterministic(port: str, make: Callable, case: ModelCase) -> None:
+    """Two calls give bitwise-identical outputs (no dropout or other randomness at inference)."""
+    forward = _call(port, make, case.config, case.state, case=case)
+    first = _call(port, forward, case.images, case=case)
+    second = _call(port, forward, case.images, case=case)
+    first = first if isinstance(first, Mapping) else {"logits": first}
+    second = second if isinstance(second, Mapping) else {"logits": second}
+    for name in first:
+        a, b = np.asarray(first[name]), np.asarray(second[name])
+        if a.shape != b.shape or a.tobytes() != b.tobytes():
+            diff = float(np.abs(a - b).max()) if a.shape == b.shape else "shape changed"
+            raise _fail(port, "two calls on the same input differ", case, stage=name, max_abs_diff=diff)
+
+
+def _layer_norm(x, weight, bias, eps):
+    x = np.asarray(x, np.float64)
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def check_layernorms_in_place(port: str, make: Callable, case: ModelCase) -> None:
+    """In every block, norm1 normalises the block input with norm1's weights and norm2 the
+    residual after attention with norm2's; computed from the port's own taps."""
+    out = run_model(port, make, case)
+    eps, s = case.config.norm_eps, case.state
+    for i in range(case.config.depth):
+        b = f"blocks.{i}"
+        prev = "embed" if i == 0 else f"blocks.{i - 1}"
+        _needs(out, prev, f"{b}.norm1", f"{b}.attn", f"{b}.norm2")
+        x = np.asarray(out[prev], np.float64)
+        expected1 = _layer_norm(x, s[f"{b}.norm1.weight"], s[f"{b}.norm1.bias"], eps)
+        _within(port, "norm1 is not LayerNorm(block input; norm1 weights)", case, f"{b}.norm1", out[f"{b}.norm1"], expected1)
+        resid = x + np.asarray(out[f"{b}.attn"], np.float64)
+        expected2 = _layer_norm(resid, s[f"{b}.norm2.weight"], s[f"{b}.norm2.bias"], eps)
+        _within(port, "norm2 is not LayerNorm(x + attn; norm2 weights)", case, f"{b}.norm2", out[f"{b}.norm2"], expected2)
+
+
+def check_attention_weights_are_softmax_over_keys(port: str, make: Callable, case: ModelCase) -> None:
+    """weights = softmax(q k^T * head_dim^-0.5) over the key axis, from the port's own q and k;
+    so every row sums to 1 over keys (and, in general, not over queries)."""
+    out = run_model(port, make, case)
+    hd = case.config.head_dim
+    for i in range(case.config.depth):
+        b = f"blocks.{i}.attn"
+        _needs(out, f"{b}.q", f"{b}.k", f"{b}.weights")
+        w = np.asarray(out[f"{b}.weights"], np.float64)
+        sums = w.sum(-1)
+        _within(port, "attention weights do not sum to 1 over keys", case, f"{b}.weights", sums, np.ones_like(sums))
+        q, k = np.asarray(out[f"{b}.q"], np.float64), np.asarray(out[f"{b}.k"], np.float64)
+        expected = oracle_impl.softmax(q @ np.swapaxes(k, -2, -1) * hd ** -0.5, axis=-1)
+        _within(port, "attention weights are not softmax(q k^T / sqrt(head_dim)) over keys", case,
+                f"{b}.weights", w, expected)
+
+
+def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, head: int) -> None:
+    """With block 0's proj set to the identity, perturbing head ``head``'s value rows of the
+    fused qkv weight changes only that head's slice [head*hd, (head+1)*hd) of the merged
+    output: heads merge head-major, as timm's proj weights expect."""
+    cfg = case.config
+    D, hd = cfg.embed_dim, cfg.head_dim
+    head = head % cfg.num_heads
+    state = dict(case.state)
+    state["blocks.0.attn.proj.weight"] = np.eye(D, dtype=np.float32)
+    state["blocks.0.attn.proj.bias"] = np.zeros(D, np.float32)
+    base = run_model(port, make, case, state=state)
+    _needs(base, "blocks.0.attn")
+    w = state["blocks.0.attn.qkv.weight"].copy()
+    rows = slice(2 * D + head * hd, 2 * D + (head + 1) * hd)  # (qkv=v, head, head_dim)
+    w[rows] += np.random.default_rng(head).normal(0.0, 0.5, w[rows].shape).astype(np.float32)
+    perturbed = run_model(port, make, case, state=dict(state, **{"blocks.0.attn.qkv.weight": w}))
+    a = np.asarray(base["blocks.0.attn"], np.float64)
+    b = np.asarray(perturbed["blocks.0.attn"], np.float64)
+    inside = np.zeros(D, bool)
+    inside[head * hd:(head + 1) * hd] = True
+    _within(port, f"perturbing head {head}'s value weights changed other heads' slices of the merged output",
+            case, "blocks.0.attn", b[..., ~inside], a[..., ~inside])
+    if np.abs(b[..., inside] - a[..., inside]).max() <= tolerance("attn") * np.abs(a).max():
+        raise _fail(port, f"perturbing head {head}'s value weights did not change its own slice", case,
+                    stage="blocks.0.attn")
+
+
+def check_patch_embed_is_rearrange_then_linear(port: str, make: Callable, case: ModelCase) -> None:
+    """The conv formulation equals the einops one: rearrange 'b c (h p1) (w p2) -> b (h w)
+    (c p1 p2)', then a linear layer whose weight is the conv kernel flattened (c, p1, p2)."""
+    out = run_model(port, make, case)
+    _needs(out, "patch_embed")
+    ph, pw = case.config.patch_size
+    patches = rearrange(case.images.astype(np.float64), "b c (h p1) (w p2) -> b (h w) (c p1 p2)", p1=ph, p2=pw)
+    w = case.state["patch_embed.proj.weight"].astype(np.float64)
+    expected = patches @ w.reshape(w.shape[0], -1).T + case.state["patch_embed.proj.bias"]
+    _within(port, "patch_embed differs from rearrange + linear", case, "patch_embed", out["patch_embed"], expected)
+
+
+def check_patch_shift_shifts_tokens(port: str, make: Callable, case: ModelCase) -> None:
+    """With a zero patch bias, an image shifted right (down) by one patch gives the token grid
+    shifted right (down) by one, zeros entering: tokens are row-major over a (gh, gw) grid."""
+    cfg = case.config
+    (gh, gw), (ph, pw) = cfg.grid_size, cfg.patch_size
+    state = dict(case.state, **{"patch_embed.proj.bias": np.zeros(cfg.embed_dim, np.float32)})
+    base = run_model(port, make, case, state=state)
+    _needs(base, "patch_embed")
+    grid = np.asarray(base["patch_embed"], np.float64).reshape(-1, gh, gw, cfg.embed_dim)
+    for axis, p, name in ((3, pw, "right"), (2, ph, "down")):
+        shifted = np.zeros_like(case.images)
+        if axis == 3:
+            shifted[..., pw:] = case.images[..., :-pw]
+            expected = np.concatenate([np.zeros_like(grid[:, :, :1]), grid[:, :, :-1]], axis=2)
+        else:
+            shifted[..., ph:, :] = case.images[..., :-ph, :]
+            expected = np.concatenate([np.zeros_like(grid[:, :1]), grid[:, :-1]], axis=1)
+        out = run_model(port, make, case, images=shifted, state=state)
+        _within(port, f"shifting the image {name} by one patch did not shift the token grid {name} by one",
+                case, "patch_embed", out["patch_embed"], expected.reshape(grid.shape[0], -1, cfg.embed_dim))
+
+
+def check_tokens_row_major(port: str, make: Callable, case: ModelCase, patch: tuple[int, int]) -> None:
+    """An image that is zero but for patch (i, j) lights only token i * gw + j (zero bias)."""
+    cfg = case.config
+    (gh, gw), (ph, pw) = cfg.grid_size, cfg.patch_size
+    i, j = patch[0] % gh, patch[1] % gw
+    images = np.zeros_like(case.images)
+    images[:, :, i * ph:(i + 1) * ph, j * pw:(j + 1) * pw] = case.images[:, :, i * ph:(i + 1) * ph, j * pw:(j + 1) * pw]
+    state = dict(case.state, **{"patch_embed.proj.bias": np.zeros(cfg.embed_dim, np.float32)})
+    out = run_model(port, make, case, images=images, state=state)
+    _needs(out, "patch_embed")
+    tokens = np.asarray(out["patch_embed"], np.float64)
+    lit = np.flatnonzero(np.abs(tokens).max(axis=(0, 2)) > 0)
+    if list(lit) != [i * gw + j] and not (lit.size == 0 and not images.any()):
+        raise _fail(port, f"patch ({i}, {j}) of a {gh}x{gw} grid should light token {i * gw + j} only",
+                    case, stage="patch_embed", lit_tokens=list(lit))
+
+
+# ----------------------------------------------------------------------------- attention
+
+def run_attention(port: str, make_attention: Callable, case: AttentionCase, x=None, context="same", mask=None,
+                  state=None):
+    forward = _call(port, lambda: make_attention(case.state if state is None else state, **case.options), case=case)
+    ctx = case.context if isinstance(context, str) else context
+    out, weights = _call(port, forward, case.x if x is None else x, ctx, mask, case=case)
+    return np.asarray(out), (None if weights is None else np.asarray(weights))
+
+
+def _oracle_attention(case: AttentionCase, x=None, context="same", mask=None):
+    ctx = case.context if isinstance(context, str) else context
+    return oracle_impl.make_attention(case.state, **case.options)(case.x if x is None else x, ctx, mask)
+
+
+def check_attention_matches_oracle(port: str, make_attention: Callable, case: AttentionCase, mask=None) -> None:
+    out, w = run_attention(port, make_attention, case, mask=mask)
+    ref, ref_w = _oracle_attention(case, mask=mask)
+    _within(port, "attention output differs from the oracle", case, "attn", out, ref)
+    if w is not None:
+        _within(port, "attention weights differ from the oracle", case, "attn.weights", w, ref_w)
+
+
+def check_cross_attention_weights_sum_to_one_over_keys(port: str, make_attention: Callable, case: AttentionCase) -> None:
+    """With Nq != Nk, weights (B, H, Nq, Nk) sum to 1 over keys; over queries they do not."""
+    _, w = run_attention(port, make_attention, case)
+    if w is None:
+        raise NotApplicable("the port returns no attention weights")
+    nq, nk = case.x.shape[1], (case.context if case.context is not None else case.x).shape[1]
+    if w.shape[-2:] != (nq, nk):
+        raise _fail(port, "attention weights have the wrong shape", case, shape=w.shape, expected=f"(B, H, {nq}, {nk})")
+    sums = w.sum(-1)
+    _within(port, "attention weights do not sum to 1 over keys", case, "attn.weights", sums, np.ones_like(sums))
+
+
+def check_query_constant_changes_nothing(port: str, make_attention: Callable, case: AttentionCase, shift: np.ndarray):
+    """Adding a constant to all logits of one query (an additive mask constant along keys)
+    leaves the output unchanged: softmax is over keys."""
+    nq = case.x.shape[1]
+    nk = (case.context if case.context is not None else case.x).shape[1]
+    bias = np.broadcast_to(shift.reshape(1, 1, nq, 1), (1, 1, nq, nk)).astype(np.float32)
+    base, _ = run_attention(port, make_attention, case)
+    moved, _ = run_attention(port, make_attention, case, mask=np.ascontiguousarray(bias))
+    _within(port, "adding a constant to a query's logits changed the output", case, "attn", moved, base)
+
+
+def check_key_value_permutation_invariant(port: str, make_attention: Callable, case: AttentionCase, perm) -> None:
+    """Permuting the context tokens (keys and values together) leaves the output unchanged."""
+    ctx = case.context if case.context is not None else case.x
+    base, _ = run_attention(port, make_attention, case, context=ctx)
+    permuted, _ = run_attention(port, make_attention, case, context=np.ascontiguousarray(ctx[:, perm]))
+    _within(port, "permuting keys and values together changed the output", case, "attn", permuted, base)
+
+
+def check_query_permutation_equivariant(port: str, make_attention: Callable, case: AttentionCase, perm) -> None:
+    """Permuting the queries permutes the output the same way (cross-attention: the context stays)."""
+    if case.context is None:
+        raise NotApplicable("needs a separate context")
+    base, _ = run_attention(port, make_attention, case)
+    permuted, _ = run_attention(port, make_attention, case, x=np.ascontiguousarray(case.x[:, perm]))
+    _within(port, "permuting queries did not permute the output", case, "attn", permuted, base[:, perm])
+
+
+def check_multihead_is_single_heads_concatenated(port: str, make_attention: Callable, case: AttentionCase) -> None:
+    """With proj = identity, H-head attention equals H single-head attentions on the heads'
+    slices of q, k and v, concatenated head-major."""
+    o = case.options
+    H, hd = o["num_heads"], o["head_dim"]
+    inner = H * hd
+    if o["dim"] != inner:
+        raise NotApplicable("needs dim == num_heads * head_dim for an identity proj")
+    state = dict(case.state, **{"proj.weight": np.eye(inner, dtype=np.float32),
+                                "proj.bias": np.zeros(inner, np.float32)})
+    out, _ = run_attention(port, make_attention, case, state=state)
+    ctx = (case.context if case.context is not None else case.x).astype(np.float64)
+    x = case.x.astype(np.float64)
+    q = x @ state["q.weight"].T.astype(np.float64) + state.get("q.bias", 0)
+    kv = ctx @ state["kv.weight"].T.astype(np.float64) + state.get("kv.bias", 0)
+    heads = []
+    for h in range(H):
+        sl = slice(h * hd, (h + 1) * hd)
+        k, v = kv[..., :inner][..., sl], kv[..., inner:][..., sl]
+        heads.append(oracle_impl.scaled_dot_product_attention(q[..., sl], k, v)[0])
+    _within(port, "multi-head attention is not its single heads concatenated head-major", case, "attn",
+            out, np.concatenate(heads, axis=-1))
+
+
+def check_large_logits_finite_and_match_oracle(port: str, make_attention: Callable, case: AttentionCase) -> None:
+    """Inputs scaled until logits are in the hundreds: outputs stay finite and match the oracle."""
+    big = AttentionCase(case.options, case.state, case.x * 30.0,
+                        None if case.context is None else case.context * 30.0, "stress", case.info)
+    out, w = run_attention(port, make_attention, big)
+    ref, ref_w = _oracle_attention(big)
+    if not np.isfinite(out).all():
+        raise _fail(port, "large logits gave non-finite outputs", big, non_finite=int((~np.isfinite(out)).sum()))
+    _within(port, "attention with large logits differs from the oracle", big, "attn", out, ref)
+    if w is not None:
+        _within(port, "attention weights with large logits differ from the oracle", big, "attn.weights", w, ref_w)
+
+
+def tap_shape_problems(out: Mapping, config: ViTConfig, batch: int) -> list[str]:
+    shapes = tap_shapes(config, batch)
+    return [f"{k}: shape {np.shape(v)}, expected {shapes[k]}" for k, v in out.items()
+            if k in shapes and tuple(np.shape(v)) != shapes[k]]
+
+
+__all__ = [name for name in dir() if name.startswith(("check_", "run_"))] + [
+    "AttentionCase", "ModelCase", "NotApplicable", "PropertyFailure", "error"]

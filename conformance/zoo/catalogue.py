@@ -1,0 +1,96 @@
+"""Every mutant with what it breaks, where the bug comes from, and where it first diverges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    framework: str
+    factory: str  # "module:callable", exactly what a user passes to --port
+    description: str
+    source: str
+    first_divergence: str  # the first stage that diverges; for attention mutants, "attn" or "attn.weights"
+    level: str = "model"  # "model": a port factory; "attention": an attention factory
+    note: str = ""  # what a case must have to expose the bug
+
+
+_T, _M, _J = "conformance.zoo.torch_mutants", "conformance.zoo.mlx_mutants", "conformance.zoo.jax_mutants"
+
+_ALL = [
+    Mutant("mlx_shared_layernorm", "mlx", f"{_M}:shared_layernorm",
+           "one LayerNorm (norm1) reused before the MLP", "seed post 000 (MLX ViT); allenai/OLMo#222",
+           "blocks.0.norm2", note="norms must differ: the initialiser draws them distinct"),
+    Mutant("torch_layernorm_eps_1e5", "torch", f"{_T}:layernorm_eps_1e5",
+           "LayerNorm eps 1e-5 (nn.LayerNorm's default) instead of timm's 1e-6",
+           "huggingface/transformers#15332, kornia/kornia#2786", "blocks.0.norm1",
+           note="needs a small normalised variance: near-constant or constant images"),
+    Mutant("jax_gelu_tanh", "jax", f"{_J}:gelu_tanh", "jax.nn.gelu's default tanh approximation",
+           "jax-ml/jax#4428, apple/coremltools#2863", "blocks.0.mlp.act"),
+    Mutant("jax_layernorm_fast_variance", "jax", f"{_J}:layernorm_fast_variance",
+           "Flax LayerNorm's default use_fast_variance=True (E[x^2] - E[x]^2)", "Flax default",
+           "blocks.0.norm1", note="needs a token whose mean is large against its spread: huge constant images"),
+    Mutant("mlx_dropout_left_active", "mlx", f"{_M}:dropout_left_active",
+           "nn.Dropout(0.1) in the MLP with the model never put in eval mode",
+           "seed post 000; FluxML/Metalhead.jl#238", "blocks.0.mlp.act"),
+    Mutant("torch_fused_attention_dropout", "torch", f"{_T}:fused_attention_dropout",
+           "dropout_p=0.1 passed to F.scaled_dot_product_attention, which ignores eval()",
+           "pytorch/pytorch#124464", "blocks.0.attn"),
+    Mutant("torch_attention_projects_input", "torch", f"{_T}:attention_projects_input",
+           "`out = self.to_out(x)`: the attention result discarded, the input projected",
+           "seed post 001 (PyTorch attention)", "blocks.0.attn"),
+    Mutant("torch_scale_after_softmax", "torch", f"{_T}:scale_after_softmax",
+           "softmax(q k^T) / sqrt(emb_size): scaled after the softmax, by the wrong size",
+           "seed post 002 (einops ViT); FrancescoSaverioZuppichini/ViT#2", "blocks.0.attn.weights"),
+    Mutant("torch_scale_by_embed_dim", "torch", f"{_T}:scale_by_embed_dim",
+           "logits scaled by embed_dim^-0.5 instead of head_dim^-0.5", "omihub777/ViT-CIFAR#11",
+           "blocks.0.attn.weights", note="invisible with one head"),
+    Mutant("mlx_attention_scale_missing", "mlx", f"{_M}:attention_scale_missing",
+           "the 1/sqrt(head_dim) scale forgotten", "nerminnuraydogan/vision-transformer#1",
+           "blocks.0.attn.weights"),
+    Mutant("mlx_softmax_over_queries", "mlx", f"{_M}:softmax_over_queries",
+           "softmax over the query axis (-2) instead of keys", "labmlai/annotated_deep_learning_paper_implementations#146",
+           "blocks.0.attn.weights"),
+    Mutant("torch_qkv_heads_first", "torch", f"{_T}:qkv_heads_first",
+           "fused qkv rows read as (heads, 3, head_dim) instead of (3, heads, head_dim)",
+           "Oneflow-Inc/libai#146", "blocks.0.attn.q", note="invisible with one head"),
+    Mutant("torch_qkv_einops_h_d_qkv", "torch", f"{_T}:qkv_einops_h_d_qkv",
+           "rearrange 'b n (h d qkv) -> qkv b h n d': not timm's (qkv h d)", "seed post 002", "blocks.0.attn.q"),
+    Mutant("jax_heads_merged_head_dim_first", "jax", f"{_J}:heads_merged_head_dim_first",
+           "heads merged as (head_dim, heads) instead of head-major", "FluxML/Metalhead.jl#231",
+           "blocks.0.attn", note="invisible with one head"),
+    Mutant("mlx_conv_kernel_hw_swapped", "mlx", f"{_M}:conv_kernel_hw_swapped",
+           "conv kernel converted OIHW -> OWHI: H and W of each patch swapped",
+           "huggingface/transformers#11883, Blaizzy/mlx-vlm#1545", "patch_embed",
+           note="non-square patches do not even load (reported as a finding)"),
+    Mutant("torch_tokens_column_major", "torch", f"{_T}:tokens_column_major",
+           "patch tokens flattened column-major (w, h)", "lyuwenyu/RT-DETR#14", "patch_embed",
+           note="invisible on a 1xN or Nx1 grid"),
+    Mutant("torch_patch_linear_s1s2c", "torch", f"{_T}:patch_linear_s1s2c",
+           "linear patch embedding over (s1 s2 c) fed a conv kernel flattened (c s1 s2)",
+           "seed post 002", "patch_embed", note="invisible with one channel"),
+    Mutant("torch_mean_pool_instead_of_cls", "torch", f"{_T}:mean_pool_instead_of_cls",
+           "mean over all tokens where timm pools the class token", "huggingface/pytorch-image-models#2543",
+           "pooled", note="token pooling only"),
+    Mutant("mlx_extra_layernorm_in_mlp", "mlx", f"{_M}:extra_layernorm_in_mlp",
+           "an extra LayerNorm(hidden) inside the MLP, at its default init", "seed post 000", "blocks.0.mlp"),
+    Mutant("jax_qkv_bias_dropped", "jax", f"{_J}:qkv_bias_dropped",
+           "qkv bias dropped by a non-strict load", "keras-team/keras-cv#1014, vllm-project/vllm#40160",
+           "blocks.0.attn.q", note="qkv_bias=True configs only"),
+    Mutant("jax_cls_token_without_pos_embed", "jax", f"{_J}:cls_token_without_pos_embed",
+           "class token prepended after the position embedding (big_vision order) on a timm checkpoint",
+           "huggingface/pytorch-image-models#2543, facebookresearch/dinov2#378", "embed",
+           note="class-token configs only"),
+    Mutant("torch_mask_ignored", "torch", f"{_T}:mask_ignored",
+           "`energy.masked_fill(...)` never assigned: the mask never masks", "seed post 002; lucidrains/x-transformers#160",
+           "attn.weights", level="attention"),
+    Mutant("mlx_mask_inverted", "mlx", f"{_M}:mask_inverted", "boolean mask read as True = masked",
+           "ml-explore/mlx#2395", "attn.weights", level="attention"),
+    Mutant("jax_mask_after_softmax", "jax", f"{_J}:mask_after_softmax",
+           "mask multiplied into the weights after softmax, not renormalised",
+           "facebookresearch/fairseq#1682", "attn.weights", level="attention"),
+]
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}

@@ -1,0 +1,136 @@
+"""MLX mutants: bugs as they are written in MLX ports (the seed MLX ViT post, MLX defaults)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from impls import mlx_vit as M
+
+
+class BlockSharedNorm(M.Block):
+    """One LayerNorm before attention and before the MLP: the seed MLX post's bug."""
+
+    def __call__(self, x, taps=None, name="blocks.0"):
+        h = self.norm1(x)
+        M._tap(taps, f"{name}.norm1", h)
+        x = x + self.attn(h, taps, f"{name}.attn")
+        h = self.norm1(x)
+        M._tap(taps, f"{name}.norm2", h)
+        x = x + self.mlp(h, taps, f"{name}.mlp")
+        M._tap(taps, name, x)
+        return x
+
+
+class MlpWithDropout(M.Mlp):
+    """The seed post's MLP keeps nn.Dropout(0.1) after GELU, and the model is never put in eval
+    mode (MLX modules start in training mode)."""
+
+    def __init__(self, in_features, hidden_features):
+        super().__init__(in_features, hidden_features)
+        self.drop = nn.Dropout(0.1)
+
+    def __call__(self, x, taps=None, name="mlp"):
+        x = self.drop(self.act(self.fc1(x)))
+        M._tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        M._tap(taps, name, x)
+        return x
+
+
+class MlpExtraNorm(M.Mlp):
+    """The seed post's MLP: Linear, GELU, Dropout, LayerNorm(hidden), Linear. The extra norm
+    has no weights in a timm checkpoint, so it keeps MLX's default init."""
+
+    def __init__(self, in_features, hidden_features):
+        super().__init__(in_features, hidden_features)
+        self._extra_norm = nn.LayerNorm(hidden_features)  # "_": not a parameter MLX loads or lists
+
+    def __call__(self, x, taps=None, name="mlp"):
+        x = self.act(self.fc1(x))
+        M._tap(taps, f"{name}.act", x)
+        x = self.fc2(self._extra_norm(x))
+        M._tap(taps, name, x)
+        return x
+
+
+class AttentionSoftmaxOverQueries(M.Attention):
+    """mx.softmax(attn, axis=-2): normalised over queries instead of keys."""
+
+    def __call__(self, x, taps=None, name="attn"):
+        return _attend(self, x, taps, name, axis=-2, scale=self.scale)
+
+
+class AttentionNoScale(M.Attention):
+    """The 1/sqrt(head_dim) scale forgotten."""
+
+    def __call__(self, x, taps=None, name="attn"):
+        return _attend(self, x, taps, name, axis=-1, scale=1.0)
+
+
+def _attend(self, x, taps, name, axis, scale):
+    B, N, C = x.shape
+    qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        M._tap(taps, f"{name}.{n}", t)
+    attn = mx.softmax((q * scale) @ k.swapaxes(-2, -1), axis=axis)
+    M._tap(taps, f"{name}.weights", attn)
+    x = self.proj((attn @ v).transpose(0, 2, 1, 3).reshape(B, N, C))
+    M._tap(taps, name, x)
+    return x
+
+
+def conv_kernel_hw_swapped(config, state, **kw):
+    """The conv kernel converted OIHW -> OWHI (transpose(0, 3, 2, 1)) instead of OHWI: H and W
+    of every patch swapped. Square patches load and compute the wrong thing; non-square ones
+    do not even load."""
+    from weights import to_native, validate_state
+
+    validate_state(state, config)
+    model = M.VisionTransformer(config)
+    native = to_native(state, M.FRAMEWORK)
+    native["patch_embed.proj.weight"] = np.ascontiguousarray(state["patch_embed.proj.weight"].transpose(0, 3, 2, 1))
+    M.load_state_dict(model, native)
+    model.eval()
+    return _forward(model, config, kw.get("taps", True))
+
+
+def _forward(model, config, taps):
+    def forward(images):
+        out = model(mx.array(np.asarray(images)), return_taps=taps)
+        mx.eval(out)
+        return {k: np.array(v) for k, v in out.items()} if taps else np.array(out)
+
+    return forward
+
+
+def dropout_left_active(config, state, **kw):
+    from weights import to_native, validate_state
+
+    validate_state(state, config)
+    model = M.VisionTransformer(config, mlp_layer=MlpWithDropout)
+    M.load_state_dict(model, to_native(state, M.FRAMEWORK))  # and no model.eval()
+    return _forward(model, config, kw.get("taps", True))
+
+
+shared_layernorm = partial(M.make, block_fn=BlockSharedNorm)
+extra_layernorm_in_mlp = partial(M.make, mlp_layer=MlpExtraNorm)
+softmax_over_queries = partial(M.make, attn_layer=AttentionSoftmaxOverQueries)
+attention_scale_missing = partial(M.make, attn_layer=AttentionNoScale)
+
+
+# ----------------------------------------------------------------------------- attention level
+
+class MultiHeadAttentionMaskInverted(M.MultiHeadAttention):
+    """A boolean mask read as True = masked (the other common convention)."""
+
+    def __call__(self, x, context=None, mask=None, return_weights=False):
+        mask = None if mask is None or mask.dtype != mx.bool_ else mx.logical_not(mask)
+        return super().__call__(x, context, mask, return_weights)
+
+
+mask_inverted = partial(M.make_attention, model_cls=MultiHeadAttentionMaskInverted)

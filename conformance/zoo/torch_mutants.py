@@ -1,0 +1,147 @@
+"""PyTorch mutants: bugs as they are written in PyTorch ports (the seed posts' attention and
+einops ViT code, and public reports). Each is the correct port with one thing changed."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+from impls import torch_vit as T
+
+
+class AttentionProjectsInput(T.Attention):
+    """`out = self.to_out(x)`: proj applied to the block's input, the attention result dropped."""
+
+    def forward(self, x, taps=None, name="attn"):
+        inp = x
+        super().forward(x, taps, name)  # computes (and taps) q, k, v, weights
+        x = self.proj(inp)
+        T._tap(taps, name, x)
+        return x
+
+
+class AttentionScaleAfterSoftmax(T.Attention):
+    """`att = F.softmax(energy, dim=-1) / scaling` with scaling = sqrt(emb_size) (seed post 002)."""
+
+    def forward(self, x, taps=None, name="attn"):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        for t, n in ((q, "q"), (k, "k"), (v, "v")):
+            T._tap(taps, f"{name}.{n}", t)
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1) / C ** 0.5
+        T._tap(taps, f"{name}.weights", attn)
+        x = self.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
+        T._tap(taps, name, x)
+        return x
+
+
+class AttentionScaleByEmbedDim(T.Attention):
+    """Scale by embed_dim^-0.5 instead of head_dim^-0.5 (d_model for d_k)."""
+
+    def __init__(self, dim, *args, **kwargs):
+        super().__init__(dim, *args, **kwargs)
+        self.scale = dim ** -0.5
+
+
+class AttentionQkvHeadsFirst(T.Attention):
+    """Fused qkv rows read as (heads, 3, head_dim) instead of timm's (3, heads, head_dim)."""
+
+    def forward(self, x, taps=None, name="attn"):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, self.num_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
+        return _attend(self, x, qkv.unbind(0), taps, name)
+
+
+class AttentionEinopsHdQkv(T.Attention):
+    """rearrange(qkv, 'b n (h d qkv) -> qkv b h n d') from seed post 002: not timm's layout."""
+
+    def forward(self, x, taps=None, name="attn"):
+        qkv = rearrange(self.qkv(x), "b n (h d qkv) -> qkv b h n d", h=self.num_heads, qkv=3)
+        return _attend(self, x, (qkv[0], qkv[1], qkv[2]), taps, name)
+
+
+def _attend(self, x, qkv, taps, name):
+    B, N, C = x.shape
+    q, k, v = qkv
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        T._tap(taps, f"{name}.{n}", t)
+    attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    T._tap(taps, f"{name}.weights", attn)
+    x = self.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
+    T._tap(taps, name, x)
+    return x
+
+
+class AttentionFusedDropout(T.Attention):
+    """dropout_p=0.1 handed to the fused kernel, which ignores eval() (pytorch/pytorch#124464)."""
+
+    def forward(self, x, taps=None, name="attn"):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        x = self.proj(x.transpose(1, 2).reshape(B, N, C))
+        T._tap(taps, name, x)
+        return x
+
+
+class PatchEmbedColumnMajor(T.PatchEmbed):
+    """Tokens flattened column-major: flatten over (w, h) instead of (h, w)."""
+
+    def forward(self, x):
+        return self.proj(x).transpose(2, 3).flatten(2).transpose(1, 2)
+
+
+class PatchEmbedRearrangeS1S2C(T.PatchEmbed):
+    """Seed post 002's linear patch embedding, 'b c (h s1) (w s2) -> b (h w) (s1 s2 c)', fed the
+    conv kernel flattened as (c, s1, s2): the orders disagree as soon as in_chans > 1."""
+
+    def forward(self, x):
+        ph, pw = self.patch_size
+        patches = rearrange(x, "b c (h s1) (w s2) -> b (h w) (s1 s2 c)", s1=ph, s2=pw)
+        w = self.proj.weight.reshape(self.proj.weight.shape[0], -1)
+        return patches @ w.T + self.proj.bias
+
+
+class VisionTransformerMeanPoolsAll(T.VisionTransformer):
+    """Mean pooling over every token (cls included) where timm takes the class token."""
+
+    def forward_head(self, x, taps=None):
+        x = x.mean(dim=1)
+        T._tap(taps, "pooled", x)
+        x = self.head(x)
+        T._tap(taps, "logits", x)
+        return x
+
+
+def layernorm_eps_1e5(config, state, **kw):
+    """PyTorch's nn.LayerNorm default eps=1e-5 where timm uses 1e-6."""
+    return T.make(config.replace(norm_eps=1e-5), state, **kw)
+
+
+attention_projects_input = partial(T.make, attn_layer=AttentionProjectsInput)
+scale_after_softmax = partial(T.make, attn_layer=AttentionScaleAfterSoftmax)
+scale_by_embed_dim = partial(T.make, attn_layer=AttentionScaleByEmbedDim)
+qkv_heads_first = partial(T.make, attn_layer=AttentionQkvHeadsFirst)
+qkv_einops_h_d_qkv = partial(T.make, attn_layer=AttentionEinopsHdQkv)
+fused_attention_dropout = partial(T.make, attn_layer=AttentionFusedDropout)
+tokens_column_major = partial(T.make, embed_layer=PatchEmbedColumnMajor)
+patch_linear_s1s2c = partial(T.make, embed_layer=PatchEmbedRearrangeS1S2C)
+mean_pool_instead_of_cls = partial(T.make, model_cls=VisionTransformerMeanPoolsAll)
+
+
+# ----------------------------------------------------------------------------- attention level
+
+class MultiHeadAttentionMaskNotAssigned(T.MultiHeadAttention):
+    """`energy.masked_fill(~mask, fill)` whose result is never assigned: the mask never masks
+    (seed post 002)."""
+
+    def forward(self, x, context=None, mask=None, return_weights=False):
+        return super().forward(x, context, None, return_weights)
+
+
+mask_ignored = partial(T.make_attention, model_cls=MultiHeadAttentionMaskNotAssigned)
