@@ -41,7 +41,7 @@ def measure(examples: int, seed: int, ports=FRAMEWORK_PORTS, presets=PRESET_NAME
     @given(config=S.configs(), weights=S.weight_cases(), images=S.image_cases())
     def run(config, weights, images):
         state = weights.make(config)
-        x = images.make(config)
+        x = (S.ImageCase("ordinary", images.seed, images.batch) if weights.offset else images).make(config)
         oracle = factories["numpy"](config, state)(x)
         for port in ports:
             out = factories[port](config, state)(x)

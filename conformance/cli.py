@@ -1,4 +1,4 @@
-"""python -m conformance [agree] | verify | zoo | bench
+"""python -m conformance [agree] | verify PORT
 
 ``agree`` (the default): build a preset with seeded weights, run the PyTorch, MLX and JAX ports
 and the float64 oracle on the same images, and print a per-stage agreement table.
@@ -60,9 +60,30 @@ def main(argv=None) -> int:
         target.add_argument("--seed", type=int, default=0)
         target.add_argument("--batch", type=int, default=2)
         target.add_argument("--ports", nargs="+", default=list(FRAMEWORK_PORTS), choices=list(FRAMEWORK_PORTS))
+    v = sub.add_parser("verify", help="check a port factory against the oracle, stage by stage",
+                       description="Run a port and the float64 oracle on drawn inputs and report, per stage, "
+                                   "the error against the tolerance and the first divergent stage. "
+                                   "Exit 0: conforms; 1: does not; 2: usage error.")
+    v.add_argument("port", help="the port factory, 'pkg.module:make' (or a built-in: torch, mlx, jax, numpy)")
+    group = v.add_mutually_exclusive_group()
+    group.add_argument("--preset", choices=sorted(PRESETS), help="a named config (default: vit_test_token, or the "
+                                                                  "config stored in --weights)")
+    group.add_argument("--config", help="a ViTConfig as JSON, inline or a file path")
+    v.add_argument("--weights", help="a canonical safetensors file (default: seeded weights)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--json", help="write the report as JSON here")
+    v.add_argument("--plot", help="save a plot of error against stage here (PNG, SVG, PDF)")
     args = parser.parse_args(argv)
     if args.command in (None, "agree"):
         return agree(args)
+    if args.command == "verify":
+        from conformance.verify import UsageError, main as verify_main
+
+        try:
+            return verify_main(args)
+        except UsageError as e:
+            print(f"usage error: {e}", file=sys.stderr)
+            return 2
     parser.error(f"unknown command {args.command!r}")
     return 2
 

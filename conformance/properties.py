@@ -35,8 +35,8 @@ class NotApplicable(Exception):
 @dataclass
 class ModelCase:
     config: ViTConfig
-    state: dict[str, np.ndarray]
-    images: np.ndarray
+    state: dict[str, np.ndarray] = field(repr=False)
+    images: np.ndarray = field(repr=False)
     regime: str = "normal"
     info: dict = field(default_factory=dict)  # how it was drawn, for messages
 
@@ -49,9 +49,9 @@ class AttentionCase:
     """A standalone attention: its constructor options, canonical state and inputs."""
 
     options: dict  # dim, context_dim, num_heads, head_dim, qkv_bias
-    state: dict[str, np.ndarray]
-    x: np.ndarray
-    context: np.ndarray | None
+    state: dict[str, np.ndarray] = field(repr=False)
+    x: np.ndarray = field(repr=False)
+    context: np.ndarray | None = field(repr=False)
     regime: str = "normal"
     info: dict = field(default_factory=dict)
 

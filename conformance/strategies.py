@@ -108,16 +108,18 @@ class WeightCase:
         return init_params(shapes, seed=self.seed, scale=self.scale)
 
 
-# A large common mean in every token ("massive activations"): float32 cannot hold the token's
-# spread as finely, so these cases have their own tolerances; it is where a LayerNorm that
-# computes E[x^2] - E[x]^2 fails.
-OFFSET = 100.0
+# A large common mean in every token ("massive activations"), about 100 to 400 times the
+# token's spread (weight scale 4 or 16 on ordinary images): float32 holds the spread less
+# finely, so these cases have their own tolerances; it is where a LayerNorm that computes
+# E[x^2] - E[x]^2 fails, its error growing with the square of that ratio.
+OFFSET = 1000.0
+OFFSET_SCALES = (4.0, 16.0)
 
 
 @st.composite
 def weight_cases(draw, scales=NORMAL_SCALES + STRESS_SCALES, offsets: bool = True) -> WeightCase:
     scale = draw(st.sampled_from(scales))
-    offset = OFFSET if offsets and scale not in STRESS_SCALES and draw(st.integers(0, 3)) == 0 else 0.0
+    offset = OFFSET if offsets and scale in OFFSET_SCALES and draw(st.integers(0, 2)) == 0 else 0.0
     return WeightCase(draw(st.integers(0, 2**31 - 1)), scale, offset)
 
 
@@ -186,7 +188,8 @@ def model_cases(draw, config_strategy=None, images=None, weights=None, min_batch
     w = draw(weight_cases() if weights is None else weights)
     img = draw(image_cases() if images is None else images)
     batch = draw(st.integers(min_batch, max_batch))
-    img = ImageCase(img.kind, img.seed, batch)
+    # The offset's ratio to the token spread is calibrated on ordinary images.
+    img = ImageCase("ordinary" if w.offset else img.kind, img.seed, batch)
     return ModelCase(config, w.make(config), img.make(config), w.regime, {"weights": w, "images": img})
 
 

@@ -23,6 +23,18 @@ def _dead_rows(mask: mx.array) -> mx.array:
     return mx.logical_not(mx.any(keep, axis=-1, keepdims=True))
 
 
+def split_heads(x, num_heads: int):
+    """(B, N, H * hd) -> (B, H, N, hd)."""
+    B, N, _ = x.shape
+    return x.reshape(B, N, num_heads, -1).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x):
+    """(B, H, N, hd) -> (B, N, H * hd), head-major: column h * hd + d, as timm's proj expects."""
+    B, H, N, hd = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, N, H * hd)
+
+
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
     """softmax(q k^T * scale + mask) v over the key axis; returns (out, weights).
 
@@ -98,7 +110,7 @@ class Attention(nn.Module):
             attn = mx.softmax(attn, axis=-1)  # over keys
             _tap(taps, f"{name}.weights", attn)
             x = attn @ v
-        x = x.transpose(0, 2, 1, 3).reshape(B, N, C)  # head-major merge
+        x = merge_heads(x)  # head-major
         x = self.proj(x)
         _tap(taps, name, x)
         return x
@@ -125,14 +137,13 @@ class MultiHeadAttention(nn.Module):
 
     def __call__(self, x, context=None, mask=None, return_weights=False):
         context = x if context is None else context
-        B, N, _ = x.shape
-        M = context.shape[1]
-        q = self.q(x).reshape(B, N, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        B, M, _ = context.shape
+        q = split_heads(self.q(x), self.num_heads)
         kv = self.kv(context).reshape(B, M, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         k, v = kv[0], kv[1]
         fused = self.fused_attn and not return_weights
         x, attn = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale, fused=fused)
-        x = x.transpose(0, 2, 1, 3).reshape(B, N, self.num_heads * self.head_dim)
+        x = merge_heads(x)
         x = self.proj(x)
         return (x, attn) if return_weights else x
 

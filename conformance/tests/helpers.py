@@ -61,12 +61,58 @@ def framework(port: str):
     return module, np.asarray, np.asarray
 
 
+BUILTIN = ("numpy", "torch", "mlx", "jax")
+
+
 def attention(port: str, case, weights, fused: bool = False):
     """A MultiHeadAttention forward for an AttentionCase with drawn canonical weights."""
     from weights import mha_shapes
 
     shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
-    state = weights.make_params(shapes)
-    return framework(port)[0].make_attention(
-        state, dim=case.dim, context_dim=case.context_dim, num_heads=case.num_heads, head_dim=case.head_dim,
-        qkv_bias=case.qkv_bias, fused_attn=fused)
+    options = dict(dim=case.dim, context_dim=case.context_dim, num_heads=case.num_heads, head_dim=case.head_dim,
+                   qkv_bias=case.qkv_bias)
+    if fused:
+        options["fused_attn"] = True  # built-in ports only: not part of the attention protocol
+    return attention_factory(port)(weights.make_params(shapes), **options)
+
+
+def mutant(name: str):
+    """A zoo mutant's factory, loaded through the same door as a user's port."""
+    from conformance.zoo import MUTANTS
+
+    return load_factory(MUTANTS[name].factory)
+
+
+def attention_factory(port: str):
+    """A built-in port's make_attention, or a user's attention factory given as 'pkg.module:make'."""
+    return framework(port)[0].make_attention if port in BUILTIN else load_factory(port)
+
+
+def check(prop, port: str, *args):
+    """Run a property; one that needs taps a user's port does not emit is skipped for that port
+    (a built-in port emits every tap, so for it that is a failure)."""
+    import pytest
+
+    from conformance.properties import NotApplicable
+
+    try:
+        return prop(port, *args)
+    except NotApplicable as e:
+        if port in BUILTIN:
+            raise AssertionError(f"built-in port {port} should support {prop.__name__}: {e}") from None
+        pytest.skip(f"{prop.__name__} does not apply to {port}: {e}")
+
+
+def expect_failure(check, *args, match: str | None = None):
+    """Companion checks: the property must fail on a deliberately broken input."""
+    import re
+
+    import pytest
+
+    from conformance.properties import PropertyFailure
+
+    with pytest.raises(PropertyFailure) as info:
+        check(*args)
+    if match is not None:
+        assert re.search(match, str(info.value)), str(info.value)
+    return info.value

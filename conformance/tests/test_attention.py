@@ -33,52 +33,52 @@ def check(port, name, actual, expected, kind, regime="normal"):
 
 
 @given(case=S.attention_cases(), data=st.data(), scale=st.sampled_from([0.3, 1.0, 3.0]))
-def test_explicit_attention_equals_the_frameworks_fused_kernel(port, case, data, scale):
+def test_explicit_attention_equals_the_frameworks_fused_kernel(framework_port, case, data, scale):
     """Our explicit softmax(q k^T * scale + mask) v against F.scaled_dot_product_attention,
     mx.fast.scaled_dot_product_attention and jax.nn.dot_product_attention (no dead rows: there
     the kernels disagree with each other, see the fully-masked test)."""
-    module, to_fw, to_np = framework(port)
+    module, to_fw, to_np = framework(framework_port)
     mask = data.draw(st.one_of(st.none(), S.masks(case, allow_dead_rows=False)))
     q, k, v = qkv_arrays(case, scale)
     args = [to_fw(a) for a in (q, k, v)] + [None if mask is None else to_fw(mask)]
     explicit, weights = module.scaled_dot_product_attention(*args, scale=case.head_dim ** -0.5)
-    fused = FUSED[port](module, *args, case.head_dim ** -0.5)
+    fused = FUSED[framework_port](module, *args, case.head_dim ** -0.5)
     oracle, oracle_w = framework("numpy")[0].scaled_dot_product_attention(
         q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask=mask, scale=case.head_dim ** -0.5)
-    check(port, "explicit vs fused kernel", to_np(explicit), to_np(fused), "attn.weights")
-    check(port, "explicit vs oracle", to_np(explicit), oracle, "attn.weights")
-    check(port, "weights vs oracle", to_np(weights), oracle_w, "attn.weights")
+    check(framework_port, "explicit vs fused kernel", to_np(explicit), to_np(fused), "attn.weights")
+    check(framework_port, "explicit vs oracle", to_np(explicit), oracle, "attn.weights")
+    check(framework_port, "weights vs oracle", to_np(weights), oracle_w, "attn.weights")
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["explicit", "fused"])
 @given(case=S.attention_cases(), weights=S.weight_cases(S.NORMAL_SCALES, offsets=False), data=st.data())
-def test_multihead_attention_matches_oracle_with_and_without_mask(port, fused, case, weights, data):
+def test_multihead_attention_matches_oracle_with_and_without_mask(framework_port, fused, case, weights, data):
     mask = data.draw(st.one_of(st.none(), S.masks(case)))
     x, ctx = case.inputs()
     ctx = None if (case.kv_len, case.context_dim) == (case.q_len, case.dim) and data.draw(st.booleans()) else ctx
-    out, attn = attention(port, case, weights, fused)(x, ctx, mask)
+    out, attn = attention(framework_port, case, weights, fused)(x, ctx, mask)
     ref, ref_w = attention("numpy", case, weights)(x, ctx, mask)
-    check(port, "output", out, ref, "attn")
+    check(framework_port, "output", out, ref, "attn")
     if not fused:
-        check(port, "weights", attn, ref_w, "attn.weights")
+        check(framework_port, "weights", attn, ref_w, "attn.weights")
 
 
 @given(case=S.attention_cases(cross=True), weights=S.weight_cases(S.NORMAL_SCALES, offsets=False))
-def test_cross_attention_takes_context_of_another_length_and_width(port, case, weights):
+def test_cross_attention_takes_context_of_another_length_and_width(attention_port, case, weights):
     x, ctx = case.inputs()
-    out, attn = attention(port, case, weights)(x, ctx)
+    out, attn = attention(attention_port, case, weights)(x, ctx)
     ref, ref_w = attention("numpy", case, weights)(x, ctx)
     assert out.shape == (case.batch, case.q_len, case.dim)
     assert attn.shape == (case.batch, case.num_heads, case.q_len, case.kv_len)
-    check(port, "output", out, ref, "attn")
-    check(port, "weights", attn, ref_w, "attn.weights")
+    check(attention_port, "output", out, ref, "attn")
+    check(attention_port, "weights", attn, ref_w, "attn.weights")
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["explicit", "fused"])
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @given(case=S.attention_cases(), weights=S.weight_cases(S.NORMAL_SCALES, offsets=False), row=st.integers(0, 6))
-def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(port, fused, kind, case, weights, row):
-    """The documented behaviour in every port: a query that may attend to no key gets zero
+def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(framework_port, fused, kind, case, weights, row):
+    """The documented behaviour in every framework_port: a query that may attend to no key gets zero
     weights and a zero attention output, so after ``proj`` it equals proj's bias. (Left to
     themselves torch's kernel gives NaN there and MLX's the mean of the values.)"""
     row = row % case.q_len
@@ -86,7 +86,7 @@ def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(p
     keep[..., row, :] = False
     mask = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float32)
     x, ctx = case.inputs()
-    state_out, attn = attention(port, case, weights, fused)(x, ctx, mask)
+    state_out, attn = attention(framework_port, case, weights, fused)(x, ctx, mask)
     bias = weights.make_params(__import__("weights").mha_shapes(
         case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias))["proj.bias"]
     assert np.isfinite(state_out).all()
@@ -94,26 +94,26 @@ def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(p
     if attn is not None:
         assert np.array_equal(attn[:, :, row], np.zeros_like(attn[:, :, row]))
     ref, _ = attention("numpy", case, weights)(x, ctx, mask)
-    check(port, "output", state_out, ref, "attn")
+    check(framework_port, "output", state_out, ref, "attn")
 
 
 @given(case=S.attention_cases(), weights=S.weight_cases(S.NORMAL_SCALES, offsets=False), data=st.data())
-def test_boolean_mask_equals_additive_zero_or_minus_inf_mask(port, case, weights, data):
+def test_boolean_mask_equals_additive_zero_or_minus_inf_mask(attention_port, case, weights, data):
     keep = data.draw(S.masks(case, kind="bool"))
     additive = np.where(keep, 0.0, -np.inf).astype(np.float32)
     x, ctx = case.inputs()
-    fwd = attention(port, case, weights)
+    fwd = attention(attention_port, case, weights)
     out_b, w_b = fwd(x, ctx, keep)
     out_a, w_a = fwd(x, ctx, additive)
-    check(port, "output", out_b, out_a, "attn")
-    check(port, "weights", w_b, w_a, "attn.weights")
+    check(attention_port, "output", out_b, out_a, "attn")
+    check(attention_port, "weights", w_b, w_a, "attn.weights")
 
 
 @given(case=S.attention_cases(cross=True), weights=S.weight_cases(S.NORMAL_SCALES, offsets=False), data=st.data())
-def test_masked_keys_do_not_influence_the_output(port, case, weights, data):
+def test_masked_keys_do_not_influence_the_output(attention_port, case, weights, data):
     keep = data.draw(S.masks(case, kind="bool", allow_dead_rows=False))
     x, ctx = case.inputs()
-    fwd = attention(port, case, weights)
+    fwd = attention(attention_port, case, weights)
     out, attn = fwd(x, ctx, keep)
     assert np.all(attn[~np.broadcast_to(keep, attn.shape)] == 0.0)
     # Changing the context at a key masked for every query changes nothing.
@@ -122,4 +122,4 @@ def test_masked_keys_do_not_influence_the_output(port, case, weights, data):
         ctx2 = ctx.copy()
         ctx2[:, dead_keys] += 10.0
         out2, _ = fwd(x, ctx2, keep)
-        check(port, "output", out2, out, "attn")
+        check(attention_port, "output", out2, out, "attn")

@@ -134,3 +134,19 @@ class MultiHeadAttentionMaskInverted(M.MultiHeadAttention):
 
 
 mask_inverted = partial(M.make_attention, model_cls=MultiHeadAttentionMaskInverted)
+
+
+class MultiHeadAttentionSoftmaxOverQueries(M.MultiHeadAttention):
+    """mx.softmax(..., axis=-2) in a standalone attention: normalised over queries."""
+
+    def __call__(self, x, context=None, mask=None, return_weights=False):
+        context = x if context is None else context
+        B, L, _ = context.shape
+        q = M.split_heads(self.q(x), self.num_heads)
+        kv = self.kv(context).reshape(B, L, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        attn = mx.softmax((q * self.scale) @ kv[0].swapaxes(-2, -1), axis=-2)
+        x = self.proj(M.merge_heads(attn @ kv[1]))
+        return (x, attn) if return_weights else x
+
+
+mha_softmax_over_queries = partial(M.make_attention, model_cls=MultiHeadAttentionSoftmaxOverQueries)

@@ -145,3 +145,51 @@ class MultiHeadAttentionMaskNotAssigned(T.MultiHeadAttention):
 
 
 mask_ignored = partial(T.make_attention, model_cls=MultiHeadAttentionMaskNotAssigned)
+
+
+class AttentionSoftmaxOverBatch(T.Attention):
+    """softmax(dim=0): the axis counted from the front, normalising across the batch."""
+
+    def forward(self, x, taps=None, name="attn"):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        for t, n in ((q, "q"), (k, "k"), (v, "v")):
+            T._tap(taps, f"{name}.{n}", t)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=0)
+        T._tap(taps, f"{name}.weights", attn)
+        x = self.proj(T.merge_heads(attn @ v))
+        T._tap(taps, name, x)
+        return x
+
+
+class AttentionCausal(T.Attention):
+    """is_causal=True, copied from a decoder's attention into an encoder."""
+
+    def forward(self, x, taps=None, name="attn"):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        x = self.proj(T.merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        T._tap(taps, name, x)
+        return x
+
+
+class MultiHeadAttentionCausal(T.MultiHeadAttention):
+    def forward(self, x, context=None, mask=None, return_weights=False):
+        causal = torch.ones(x.shape[1], (x if context is None else context).shape[1], dtype=torch.bool).tril()
+        return super().forward(x, context, causal if mask is None else mask & causal, return_weights)
+
+
+class MultiHeadAttentionScaleByDim(T.MultiHeadAttention):
+    """Scaled by dim^-0.5 (the model width) instead of head_dim^-0.5."""
+
+    def __init__(self, dim, *args, **kwargs):
+        super().__init__(dim, *args, **kwargs)
+        self.scale = dim ** -0.5
+
+
+softmax_over_batch = partial(T.make, attn_layer=AttentionSoftmaxOverBatch)
+causal_mask = partial(T.make, attn_layer=AttentionCausal)
+mha_causal_mask = partial(T.make_attention, model_cls=MultiHeadAttentionCausal)
+mha_scale_by_dim = partial(T.make_attention, model_cls=MultiHeadAttentionScaleByDim)

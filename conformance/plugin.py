@@ -1,0 +1,73 @@
+"""pytest plugin: run the conformance suite against your own ports.
+
+    pytest --pyargs conformance.tests --port mypkg.mymodule:make [--port ...] [--only-given-ports]
+    pytest --pyargs conformance.tests --attention-port mypkg.mymodule:make_attention
+
+Registered through the ``pytest11`` entry point, so it is active wherever the package is
+installed. Tests that apply to a whole model take the ``port`` argument and run for every
+given port factory (beside the built-in torch, mlx and jax ports, or instead of them with
+``--only-given-ports``); attention tests take ``attention_port``; tests of a framework's
+internals (``framework_port``) run for the built-in ports only.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+BUILTIN = ("torch", "mlx", "jax")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("vit-conformance", "ViT conformance suite")
+    group.addoption("--port", action="append", default=[], metavar="PKG.MODULE:MAKE",
+                    help="a port factory make(config, state) -> forward(images) to test (repeatable)")
+    group.addoption("--attention-port", action="append", default=[], metavar="PKG.MODULE:MAKE_ATTENTION",
+                    help="an attention factory make_attention(state, dim=..., context_dim=..., num_heads=..., "
+                         "head_dim=..., qkv_bias=...) -> forward(x, context, mask) -> (out, weights) (repeatable)")
+    group.addoption("--only-given-ports", action="store_true",
+                    help="run only the given ports, not the built-in torch, mlx and jax ones")
+
+
+def pytest_configure(config):
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from conformance import profiles
+
+    profiles.register()
+    config.addinivalue_line("markers", "vit_no_port: no port applies (deselected)")
+    config.addinivalue_line("markers", "slow: builds full-size models")
+
+
+def _parametrize(metafunc, name: str, values: list[str]) -> None:
+    if values:
+        metafunc.parametrize(name, values, ids=values)
+    else:
+        metafunc.parametrize(name, [pytest.param(None, marks=pytest.mark.vit_no_port)], ids=["no-port"])
+
+
+def pytest_generate_tests(metafunc):
+    # Direct parametrisation, not fixtures: hypothesis re-runs the test body per example.
+    opts = metafunc.config.option
+    builtin = [] if opts.only_given_ports else list(BUILTIN)
+    if "port" in metafunc.fixturenames:
+        _parametrize(metafunc, "port", builtin + list(opts.port))
+    if "attention_port" in metafunc.fixturenames:
+        _parametrize(metafunc, "attention_port", builtin + list(opts.attention_port))
+    if "framework_port" in metafunc.fixturenames:
+        _parametrize(metafunc, "framework_port", builtin)
+
+
+def pytest_collection_modifyitems(config, items):
+    deselected = [item for item in items if item.get_closest_marker("vit_no_port")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("vit_no_port")]
+
+
+def pytest_report_header(config):
+    opts = config.option
+    given = list(opts.port) + list(opts.attention_port)
+    if given:
+        return f"vit-conformance: ports {given}" + (" only" if opts.only_given_ports else " and the built-in ones")
+    return None

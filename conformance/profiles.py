@@ -1,0 +1,25 @@
+"""Hypothesis profiles of the suite (registered by the root conftest.py and by the plugin).
+
+  ci        derandomised, fixed example counts, no deadline, no example database: the same
+            cases on every run (.ci/run uses it)
+  dev       the default: random cases, failures remembered in the local example database
+  thorough  many more examples, for a nightly job
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+
+
+def register() -> None:
+    settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
+    settings.register_profile("dev", max_examples=20, **_COMMON)
+    settings.register_profile("thorough", max_examples=300, **_COMMON)
+
+
+def load_default() -> None:
+    """HYPOTHESIS_PROFILE chooses; hypothesis's own --hypothesis-profile overrides it later."""
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

@@ -1,0 +1,67 @@
+"""Head split and merge: split then merge is the identity bitwise, merges are head-major (one
+head's weights move only its slice of the merged output, as timm's proj expects), and
+multi-head attention is single-head attentions side by side."""
+
+import numpy as np
+from einops import rearrange
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance import properties as P
+from conformance import strategies as S
+from conformance.tests.helpers import attention_factory, budget, check, expect_failure, factory, framework, mutant
+
+
+@given(b=st.integers(1, 3), n=st.integers(1, 9), h=st.integers(1, 4), hd=st.sampled_from([1, 2, 4, 8]),
+       seed=st.integers(0, 2**31 - 1))
+def test_split_then_merge_is_the_identity_bitwise(framework_port, b, n, h, hd, seed):
+    module, to_fw, to_np = framework(framework_port)
+    x = np.random.default_rng(seed).normal(size=(b, n, h * hd)).astype(np.float32)
+    split = module.split_heads(to_fw(x), h)
+    assert to_np(split).tobytes() == rearrange(x, "b n (h d) -> b h n d", h=h).tobytes()
+    assert to_np(module.merge_heads(split)).tobytes() == x.tobytes()
+
+
+@given(b=st.integers(1, 3), n=st.integers(1, 9), h=st.integers(1, 4), hd=st.sampled_from([1, 2, 4, 8]),
+       seed=st.integers(0, 2**31 - 1))
+def test_merged_layout_is_head_major(framework_port, b, n, h, hd, seed):
+    module, to_fw, to_np = framework(framework_port)
+    x = np.random.default_rng(seed).normal(size=(b, h, n, hd)).astype(np.float32)
+    assert to_np(module.merge_heads(to_fw(x))).tobytes() == rearrange(x, "b h n d -> b n (h d)").tobytes()
+
+
+@settings(max_examples=budget(2))
+@given(case=S.model_cases(S.configs(max_depth=1).filter(lambda c: c.num_heads > 1),
+                          weights=S.weight_cases(S.NORMAL_SCALES, offsets=False)),
+       head=st.integers(0, 3))
+def test_perturbing_one_heads_weights_changes_only_its_slice(port, case, head):
+    check(P.check_heads_merge_head_major, port, factory(port), case, head)
+
+
+@given(case=S.attention_property_cases(square_heads=True))
+def test_multihead_attention_is_single_heads_side_by_side(attention_port, case):
+    P.check_multihead_is_single_heads_concatenated(attention_port, attention_factory(attention_port), case)
+
+
+# ----------------------------------------------------------------------------- companions
+
+def _model_case():
+    from impls import get_config
+
+    config = get_config("vit_test_token")
+    return P.ModelCase(config, S.WeightCase(3, 4.0).make(config), S.make_images(config, 2, "ordinary", 1))
+
+
+def test_head_slice_check_fails_on_heads_merged_head_dim_first():
+    expect_failure(P.check_heads_merge_head_major, "mutant", mutant("jax_heads_merged_head_dim_first"),
+                   _model_case(), 1, match="other heads' slices")
+
+
+def test_single_heads_check_fails_on_a_scale_by_the_model_width():
+    from weights import mha_shapes
+
+    options = dict(dim=8, context_dim=8, num_heads=2, head_dim=4, qkv_bias=True)
+    rng = np.random.default_rng(0)
+    case = P.AttentionCase(options, S.WeightCase(0, 16.0).make_params(mha_shapes(**options)),
+                           rng.normal(size=(1, 4, 8)).astype(np.float32), None)
+    expect_failure(P.check_multihead_is_single_heads_concatenated, "mutant", mutant("torch_mha_scale_by_dim"), case)

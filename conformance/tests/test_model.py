@@ -1,0 +1,87 @@
+"""Blocks and the whole model: every tap of every port against the oracle, batch elements
+independent, batch size irrelevant, two calls bitwise identical, each LayerNorm where it belongs."""
+
+import numpy as np
+from hypothesis import given, settings
+
+from conformance import properties as P
+from conformance import strategies as S
+from conformance.tests.helpers import budget, check, expect_failure, factory, mutant
+from impls import get_config
+
+
+@given(case=S.model_cases())
+def test_every_tap_of_every_port_matches_the_oracle(port, case):
+    P.check_matches_oracle(port, factory(port), case)
+
+
+@settings(max_examples=budget(2))
+@given(case=S.model_cases(min_batch=2), other=S.image_cases())
+def test_a_batch_elements_output_does_not_depend_on_the_others(port, case, other):
+    P.check_batch_elements_independent(port, factory(port), case, S.make_images(case.config, 3, other.kind, other.seed))
+
+
+@settings(max_examples=budget(2))
+@given(case=S.model_cases(min_batch=2))
+def test_batch_size_does_not_change_per_element_results(port, case):
+    P.check_batch_size_invariant(port, factory(port), case)
+
+
+@settings(max_examples=budget(2))
+@given(case=S.model_cases())
+def test_two_calls_give_bitwise_identical_results(port, case):
+    P.check_deterministic(port, factory(port), case)
+
+
+@settings(max_examples=budget(2))
+@given(case=S.model_cases())
+def test_each_layernorm_is_used_where_it_belongs(port, case):
+    check(P.check_layernorms_in_place, port, factory(port), case)
+
+
+# ----------------------------------------------------------------------------- companions
+
+def _case(kind="ordinary", seed=0, scale=4.0):
+    config = get_config("vit_test_token")
+    return P.ModelCase(config, S.WeightCase(seed, scale).make(config), S.make_images(config, 3, kind, seed))
+
+
+def test_oracle_check_fails_on_a_shared_layernorm_and_names_the_stage():
+    failure = expect_failure(P.check_matches_oracle, "mlx_shared_layernorm", mutant("mlx_shared_layernorm"), _case(),
+                             match="first divergent stage: blocks.0.norm2")
+    assert "config: ViTConfig(" in str(failure) and "rel_err" in str(failure) and "tol" in str(failure)
+
+
+def test_shared_layernorm_hides_behind_default_norm_weights():
+    """Why the initialiser draws distinct norms: with timm's ones/zeros the bug is invisible."""
+    case = _case()
+    for k in case.state:
+        if "norm" in k:
+            case.state[k] = (np.ones_like if k.endswith("weight") else np.zeros_like)(case.state[k])
+    P.check_matches_oracle("mlx_shared_layernorm", mutant("mlx_shared_layernorm"), case)
+
+
+def test_batch_checks_fail_on_a_softmax_across_the_batch():
+    expect_failure(P.check_batch_elements_independent, "mutant", mutant("torch_softmax_over_batch"), _case(),
+                   S.make_images(get_config("vit_test_token"), 3, "ordinary", 9))
+    expect_failure(P.check_batch_size_invariant, "mutant", mutant("torch_softmax_over_batch"), _case())
+
+
+def test_determinism_check_fails_on_dropout_left_active():
+    expect_failure(P.check_deterministic, "mutant", mutant("mlx_dropout_left_active"), _case(),
+                   match="two calls on the same input differ")
+
+
+def test_layernorm_check_fails_on_a_shared_norm_and_on_the_wrong_epsilon():
+    expect_failure(P.check_layernorms_in_place, "mutant", mutant("mlx_shared_layernorm"), _case(), match="norm2")
+    expect_failure(P.check_layernorms_in_place, "mutant", mutant("torch_layernorm_eps_1e5"),
+                   _case("near_constant", scale=1.0), match="norm1")
+
+
+def test_a_crashing_port_is_a_finding_not_a_crash():
+    def make(config, state):
+        def forward(images):
+            raise RuntimeError("out of memory")
+        return forward
+
+    expect_failure(P.check_matches_oracle, "crashy", make, _case(), match="raised RuntimeError: out of memory")
