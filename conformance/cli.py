@@ -1,4 +1,4 @@
-"""python -m conformance [agree] | verify PORT
+"""python -m conformance [agree] | verify PORT | zoo
 
 ``agree`` (the default): build a preset with seeded weights, run the PyTorch, MLX and JAX ports
 and the float64 oracle on the same images, and print a per-stage agreement table.
@@ -73,7 +73,16 @@ def main(argv=None) -> int:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--json", help="write the report as JSON here")
     v.add_argument("--plot", help="save a plot of error against stage here (PNG, SVG, PDF)")
+    z = sub.add_parser("zoo", help="run the bug zoo through verify and the --port plugin, one row per mutant")
+    z.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
+    z.add_argument("--no-plugin", action="store_true", help="verify only, skip the sampled pytest run")
+    z.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the sampled run")
+    z.add_argument("--json", help="write the rows as JSON here")
     args = parser.parse_args(argv)
+    if args.command == "zoo":
+        from conformance.zoo.run import main as zoo_main
+
+        return zoo_main(args)
     if args.command in (None, "agree"):
         return agree(args)
     if args.command == "verify":

@@ -16,7 +16,10 @@ import os
 
 import pytest
 
+from conformance import profiles
+
 BUILTIN = ("torch", "mlx", "jax")
+profiles.register()  # at import, so --hypothesis-profile can name them from any directory
 
 
 def pytest_addoption(parser):
@@ -32,9 +35,6 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from conformance import profiles
-
-    profiles.register()
     config.addinivalue_line("markers", "vit_no_port: no port applies (deselected)")
     config.addinivalue_line("markers", "slow: builds full-size models")
 

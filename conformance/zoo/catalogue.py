@@ -90,7 +90,7 @@ _ALL = [
            "blocks.0.attn"),
     Mutant("torch_mha_causal_mask", "torch", f"{_T}:mha_causal_mask",
            "a causal mask always applied in a standalone attention", "decoder attention reused in an encoder",
-           "attn", level="attention"),
+           "attn.weights", level="attention"),
     Mutant("torch_mha_scale_by_dim", "torch", f"{_T}:mha_scale_by_dim",
            "standalone attention scaled by dim^-0.5 instead of head_dim^-0.5", "omihub777/ViT-CIFAR#11",
            "attn.weights", level="attention"),

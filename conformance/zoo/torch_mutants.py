@@ -178,7 +178,9 @@ class AttentionCausal(T.Attention):
 class MultiHeadAttentionCausal(T.MultiHeadAttention):
     def forward(self, x, context=None, mask=None, return_weights=False):
         causal = torch.ones(x.shape[1], (x if context is None else context).shape[1], dtype=torch.bool).tril()
-        return super().forward(x, context, causal if mask is None else mask & causal, return_weights)
+        if mask is not None:
+            causal = mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, -torch.inf)
+        return super().forward(x, context, causal, return_weights)
 
 
 class MultiHeadAttentionScaleByDim(T.MultiHeadAttention):
