@@ -212,3 +212,20 @@ def attention_property_cases(draw, cross: bool | None = None, weights=None, squa
     x, ctx = case.inputs()
     self_attention = case.kv_len == case.q_len and case.context_dim == case.dim and draw(st.booleans())
     return Case(options, state, x, None if self_attention else ctx, w.regime, {"weights": w, "seed": case.seed})
+
+
+def hard_model_cases():
+    """Fixed cases that every profile runs first (hypothesis @example), one per regime where a
+    subtle bug shows: near-constant images (LayerNorm epsilon), weights at 4x (activations of
+    order 1 to 3: tanh GELU), and a large common offset (E[x^2] - E[x]^2 LayerNorm)."""
+    from conformance.properties import ModelCase
+    from impls import get_config
+
+    config = get_config("vit_test_token")
+    cases = []
+    for weights, kind in ((WeightCase(7, 1.0), "near_constant"), (WeightCase(7, 4.0), "ordinary"),
+                          (WeightCase(7, 4.0, OFFSET), "ordinary")):
+        img = ImageCase(kind, 7, 2)
+        cases.append(ModelCase(config, weights.make(config), img.make(config), weights.regime,
+                               {"weights": weights, "images": img}))
+    return cases

@@ -207,7 +207,7 @@ def plot_report(report: Report, path: str | Path) -> None:
 
 def load_config(preset: str | None, config_json: str | None, weights: str | None) -> ViTConfig:
     from impls import ConfigError, get_config
-    from weights import read_config
+    from weights import WeightError, read_config
 
     try:
         if config_json:
@@ -220,6 +220,8 @@ def load_config(preset: str | None, config_json: str | None, weights: str | None
             if config is not None:
                 return config
         return get_config("vit_test_token")
+    except WeightError as e:
+        raise UsageError(str(e)) from None
     except (ConfigError, ValueError, TypeError) as e:
         raise UsageError(f"bad config: {e}") from None
 

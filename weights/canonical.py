@@ -125,12 +125,21 @@ def save_state(state: Mapping[str, np.ndarray], path: str | os.PathLike, config:
     save_file(to_float32(state), str(path), metadata=metadata)
 
 
+def _check_file(path) -> None:
+    if not os.path.isfile(str(path)):
+        raise WeightError(f"weight file {str(path)!r} does not exist")
+
+
 def read_config(path: str | os.PathLike) -> ViTConfig | None:
     """The ViTConfig stored in a canonical file's metadata, or None."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="numpy") as f:
-        meta = f.metadata() or {}
+    _check_file(path)
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error types for a bad header
+        raise WeightError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
     if CONFIG_METADATA_KEY not in meta:
         return None
     return ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
@@ -144,8 +153,7 @@ def load_state(path: str | os.PathLike, config: ViTConfig | None = None) -> dict
     from safetensors.numpy import load_file
 
     path = str(path)
-    if not os.path.isfile(path):
-        raise WeightError(f"weight file {path!r} does not exist")
+    _check_file(path)
     try:
         state = load_file(path)
     except Exception as e:  # safetensors raises its own error types for a bad header

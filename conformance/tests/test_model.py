@@ -2,7 +2,7 @@
 independent, batch size irrelevant, two calls bitwise identical, each LayerNorm where it belongs."""
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 from conformance import properties as P
 from conformance import strategies as S
@@ -10,6 +10,12 @@ from conformance.tests.helpers import budget, check, expect_failure, factory, mu
 from impls import get_config
 
 
+HARD = S.hard_model_cases()
+
+
+@example(case=HARD[0])
+@example(case=HARD[1])
+@example(case=HARD[2])
 @given(case=S.model_cases())
 def test_every_tap_of_every_port_matches_the_oracle(port, case):
     P.check_matches_oracle(port, factory(port), case)
@@ -34,6 +40,8 @@ def test_two_calls_give_bitwise_identical_results(port, case):
 
 
 @settings(max_examples=budget(2))
+@example(case=HARD[0])
+@example(case=HARD[2])
 @given(case=S.model_cases())
 def test_each_layernorm_is_used_where_it_belongs(port, case):
     check(P.check_layernorms_in_place, port, factory(port), case)

@@ -1,0 +1,119 @@
+"""`python -m conformance verify`: verdict, exit code, first divergent stage, JSON and plot, on
+user ports written outside the project; a misbehaving port is a finding, never a traceback."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.verify import verify
+from impls import get_config, load_factory, tap_names
+from weights import init_state, save_state
+
+DATA = Path(__file__).with_name("data") / "user_ports.py"
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory):
+    """A directory outside the repository holding the user's port module."""
+    d = tmp_path_factory.mktemp("user")
+    shutil.copy(DATA, d / "user_ports.py")
+    return d
+
+
+def run_cli(user_dir, *args):
+    env = dict(os.environ, PYTHONPATH=str(user_dir))
+    proc = subprocess.run([sys.executable, "-m", "conformance", "verify", *args], cwd=user_dir, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def load(user_dir):
+    sys.path.insert(0, str(user_dir))
+    yield lambda name: load_factory(f"user_ports:{name}")
+    sys.path.remove(str(user_dir))
+
+
+CONFIG = get_config("vit_test_token")
+
+
+@pytest.mark.parametrize(
+    "user_port, conformant, first, reason",
+    [
+        ("correct", True, None, None),
+        ("logits_only", True, None, None),
+        ("shared_norm", False, "blocks.0.norm2", None),
+        ("softmax_wrong_axis", False, "blocks.0.attn.weights", None),
+        ("crashing", False, None, "the port raised RuntimeError: boom"),
+        ("nan_logits", False, "logits", "non-finite values"),
+        ("misshaped_tap", False, "blocks.0.attn.weights", "shape (2, 25, 3, 25), expected (2, 3, 25, 25)"),
+        ("no_logits", False, "logits", "the port returned no 'logits'"),
+    ],
+)
+def test_verify_gives_the_verdict_and_first_divergent_stage(load, user_port, conformant, first, reason):
+    report = verify(load(user_port), CONFIG, port=user_port)
+    assert report.conformant is conformant
+    assert report.first_divergence == first
+    if reason:
+        reasons = [f["reason"] for f in report.failures] + [s.reason for s in report.stages]
+        assert any(reason in r for r in reasons), reasons
+
+
+def test_cli_exit_0_for_a_conformant_port_with_json_and_plot(user_dir):
+    code, out = run_cli(user_dir, "user_ports:correct", "--json", "r.json", "--plot", "r.png")
+    assert code == 0, out
+    assert "CONFORMANT" in out and "Traceback" not in out
+    report = json.loads((user_dir / "r.json").read_text())
+    assert report["port"] == "user_ports:correct" and report["conformant"] is True
+    assert report["first_divergence"] is None and report["failures"] == []
+    assert {"name", "max_abs_err", "rel_err", "tol", "ok"} <= set(report["stages"][0])
+    assert [s["name"] for s in report["stages"]][:2] == ["patch_embed", "embed"]
+    assert (user_dir / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_exit_1_names_the_first_divergent_stage(user_dir):
+    code, out = run_cli(user_dir, "user_ports:shared_norm", "--json", "s.json")
+    assert code == 1, out
+    assert "NOT CONFORMANT: first divergent stage blocks.0.norm2" in out
+    assert json.loads((user_dir / "s.json").read_text())["first_divergence"] == "blocks.0.norm2"
+
+
+def test_cli_reports_a_crashing_port_without_a_traceback(user_dir):
+    code, out = run_cli(user_dir, "user_ports:crashing", "--json", "c.json")
+    assert code == 1 and "Traceback" not in out, out
+    failures = json.loads((user_dir / "c.json").read_text())["failures"]
+    assert failures and failures[0]["reason"] == "the port raised RuntimeError: boom"
+
+
+def test_cli_takes_a_weight_file_and_a_json_config(user_dir):
+    config = get_config("vit_test_avg")
+    save_state(init_state(config, seed=3), user_dir / "w.safetensors", config)
+    code, out = run_cli(user_dir, "user_ports:correct", "--weights", "w.safetensors")
+    assert code == 0, out
+    code, out = run_cli(user_dir, "user_ports:correct", "--config", json.dumps(config.to_dict()))
+    assert code == 0, out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no_such_module:make"], "cannot load port 'no_such_module:make'"),
+        (["user_ports"], "must look like 'pkg.module:factory'"),
+        (["user_ports:correct", "--config", '{"embed_dim": 10, "num_heads": 3}'], "embed_dim 10"),
+        (["user_ports:correct", "--weights", "missing.safetensors"], "does not exist"),
+    ],
+)
+def test_cli_exit_2_on_a_usage_error(user_dir, args, message):
+    code, out = run_cli(user_dir, *args)
+    assert code == 2 and message in out and "Traceback" not in out, out
+
+
+def test_builtin_ports_pass_verify(framework_port):
+    report = verify(load_factory(framework_port), CONFIG, port=framework_port)
+    assert report.conformant, [(s.name, s.reason) for s in report.stages if not s.ok] + report.failures
+    assert [s.name for s in report.stages] == tap_names(CONFIG)
