@@ -26,6 +26,9 @@ ZOO_CONFIG = "vit_test_token"  # 3 heads, 3 channels, square patches on a non-sq
 
 CORRECT_MODEL = ("impls.torch_vit:make", "impls.mlx_vit:make", "impls.jax_vit:make")
 CORRECT_ATTENTION = ("impls.torch_vit:make_attention", "impls.mlx_vit:make_attention", "impls.jax_vit:make_attention")
+CORRECT_SAMPLE_MODEL = ("test_every_tap_of_every_port_matches_the_oracle",)
+CORRECT_SAMPLE_ATTENTION = ("test_cross_attention_takes_context_of_another_length_and_width",
+                            "test_masked_keys_do_not_influence_the_output")
 
 
 @dataclass
@@ -114,8 +117,10 @@ def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2) -> tuple[l
     correct: dict = {}
     if with_plugin:
         selection = [(test, m.factory, m.level) for m in mutants for test in m.sample]
-        for level, specs in (("model", CORRECT_MODEL), ("attention", CORRECT_ATTENTION)):
-            tests = sorted({t for m in mutants if m.level == level for t in m.sample})
+        # The correct ports, wrapped as user ports, run the main tests here; the main suite runs
+        # them (as built-ins) through every sampled test.
+        for level, specs, tests in (("model", CORRECT_MODEL, CORRECT_SAMPLE_MODEL),
+                                    ("attention", CORRECT_ATTENTION, CORRECT_SAMPLE_ATTENTION)):
             selection += [(test, spec, level) for spec in specs for test in tests]
         outcome = run_plugin(selection, workers)
         for row, m in zip(rows, mutants):
