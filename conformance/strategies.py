@@ -180,7 +180,7 @@ def masks(draw, case: AttentionCase, kind: str | None = None, allow_dead_rows: b
 
 
 @st.composite
-def model_cases(draw, config_strategy=None, images=None, weights=None, min_batch: int = 1, max_batch: int = 3):
+def model_cases(draw, config_strategy=None, images=None, weights=None, min_batch: int = 1, max_batch: int = 2):
     """A whole-model case: config, seeded weights and images, as a properties.ModelCase."""
     from conformance.properties import ModelCase
 

@@ -78,9 +78,9 @@ def test_permutation_checks_fail_on_a_causal_mask():
     expect_failure(P.check_query_permutation_equivariant, "mutant", mutant("torch_mha_causal_mask"), case, [2, 1, 0])
 
 
-def test_large_logit_check_fails_on_a_scale_by_the_model_width():
-    expect_failure(P.check_large_logits_finite_and_match_oracle, "mutant", mutant("torch_mha_scale_by_dim"),
-                   _cross_case())
+def test_large_logit_check_fails_on_a_softmax_without_the_max_subtracted():
+    expect_failure(P.check_large_logits_finite_and_match_oracle, "mutant", mutant("torch_mha_naive_softmax"),
+                   _cross_case(), match="non-finite")
 
 
 def test_model_softmax_check_fails_on_query_axis_scale_after_softmax_and_wrong_scale():

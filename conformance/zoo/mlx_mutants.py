@@ -144,7 +144,10 @@ class MultiHeadAttentionSoftmaxOverQueries(M.MultiHeadAttention):
         B, L, _ = context.shape
         q = M.split_heads(self.q(x), self.num_heads)
         kv = self.kv(context).reshape(B, L, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
-        attn = mx.softmax((q * self.scale) @ kv[0].swapaxes(-2, -1), axis=-2)
+        attn = (q * self.scale) @ kv[0].swapaxes(-2, -1)
+        if mask is not None:
+            attn = mx.where(mask, attn, -mx.inf) if mask.dtype == mx.bool_ else attn + mask
+        attn = mx.softmax(attn, axis=-2)
         x = self.proj(M.merge_heads(attn @ kv[1]))
         return (x, attn) if return_weights else x
 

@@ -191,7 +191,25 @@ class MultiHeadAttentionScaleByDim(T.MultiHeadAttention):
         self.scale = dim ** -0.5
 
 
+class MultiHeadAttentionNaiveSoftmax(T.MultiHeadAttention):
+    """A hand-written softmax, exp(l) / sum(exp(l)), without subtracting the row maximum:
+    exact in real arithmetic, inf / inf = NaN in float32 once logits pass ~88."""
+
+    def forward(self, x, context=None, mask=None, return_weights=False):
+        context = x if context is None else context
+        B, M, _ = context.shape
+        q = T.split_heads(self.q(x), self.num_heads)
+        k, v = self.kv(context).reshape(B, M, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        logits = (q * self.scale) @ k.transpose(-2, -1)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, -torch.inf) if mask.dtype == torch.bool else logits + mask
+        attn = logits.exp() / logits.exp().sum(dim=-1, keepdim=True)
+        x = self.proj(T.merge_heads(attn @ v))
+        return (x, attn) if return_weights else x
+
+
 softmax_over_batch = partial(T.make, attn_layer=AttentionSoftmaxOverBatch)
+mha_naive_softmax = partial(T.make_attention, model_cls=MultiHeadAttentionNaiveSoftmax)
 causal_mask = partial(T.make, attn_layer=AttentionCausal)
 mha_causal_mask = partial(T.make_attention, model_cls=MultiHeadAttentionCausal)
 mha_scale_by_dim = partial(T.make_attention, model_cls=MultiHeadAttentionScaleByDim)

@@ -1,0 +1,34 @@
+"""Meta-tests: every mutant in the zoo is caught and located, through the front door (verify
+and the --port plugin), with its error at least 10 times the tolerance; the correct ports,
+wrapped the same way, pass."""
+
+import pytest
+
+from conformance.zoo import MUTANTS
+from conformance.zoo.run import run_zoo, verify_mutant
+
+MODEL = [m for m in MUTANTS.values() if m.level == "model"]
+ATTENTION = [m for m in MUTANTS.values() if m.level == "attention"]
+MIN_RATIO = 10.0
+
+
+def test_the_zoo_holds_at_least_20_model_mutants_and_every_declared_bug_class():
+    assert len(MODEL) >= 20 and len(MUTANTS) >= 25
+    assert {m.framework for m in MUTANTS.values()} == {"torch", "mlx", "jax"}
+    assert all(m.description and m.source and m.first_divergence for m in MUTANTS.values())
+
+
+@pytest.mark.parametrize("mutant", MODEL + ATTENTION, ids=lambda m: m.name)
+def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
+    report = verify_mutant(mutant)
+    assert not report.conformant
+    assert report.first_divergence == mutant.first_divergence, (report.first_divergence, report.failures)
+    assert report.separation() >= mutant.min_ratio, f"{mutant.name}: error only {report.separation():.3g}x the tolerance"
+    assert mutant.min_ratio >= MIN_RATIO or mutant.note, "a ratio below 10 needs a reason"
+
+
+def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_ports_pass():
+    rows, correct = run_zoo(with_plugin=True, workers=1)
+    missed = {r.name: r.missed for r in rows if not r.caught}
+    assert not missed, missed
+    assert correct and not any(correct.values()), correct
