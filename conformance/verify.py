@@ -160,7 +160,7 @@ def format_report(report: Report) -> str:
 
     rows = [[s.name, s.max_abs_err, s.rel_err, s.tol, s.ok] for s in report.stages]
     lines = [f"port {report.port}: {report.config.name or 'config'} {report.config.to_dict()}",
-             f"cases: {', '.join(report.cases)}",
+             f"cases: {'; '.join(report.cases)}",
              "each row: the case with the largest rel_err / tol; rel_err = max|port - oracle| / max|oracle|", "",
              table(["stage", "max_abs_err", "rel_err", "tol", "ok"], rows), ""]
     for f in report.failures:

@@ -117,3 +117,17 @@ def test_builtin_ports_pass_verify(framework_port):
     report = verify(load_factory(framework_port), CONFIG, port=framework_port)
     assert report.conformant, [(s.name, s.reason) for s in report.stages if not s.ok] + report.failures
     assert [s.name for s in report.stages] == tap_names(CONFIG)
+
+
+README_PORT = Path(__file__).with_name("data") / "mlx_user_port.py"
+
+
+def test_the_readme_example_port_is_this_tested_file_and_conforms():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert README_PORT.read_text().strip() in readme, "README's example port differs from tests/data/mlx_user_port.py"
+    sys.path.insert(0, str(README_PORT.parent))
+    try:
+        report = verify(load_factory("mlx_user_port:make"), CONFIG, port="mlx_user_port:make")
+    finally:
+        sys.path.remove(str(README_PORT.parent))
+    assert report.conformant and [s.name for s in report.stages] == ["logits"], report.failures
