@@ -21,7 +21,7 @@ from einops import rearrange
 from conformance.compare import compare_array, compare_outputs, describe_failures, error, stage_kind
 from conformance.tolerances import tolerance
 from impls import numpy_vit as oracle_impl
-from impls.config import ViTConfig, tap_shapes
+from impls.config import ViTConfig
 
 
 class PropertyFailure(AssertionError):
@@ -373,12 +373,6 @@ def check_large_logits_finite_and_match_oracle(port: str, make_attention: Callab
     _within(port, "attention with large logits differs from the oracle", big, "attn", out, ref)
     if w is not None:
         _within(port, "attention weights with large logits differ from the oracle", big, "attn.weights", w, ref_w)
-
-
-def tap_shape_problems(out: Mapping, config: ViTConfig, batch: int) -> list[str]:
-    shapes = tap_shapes(config, batch)
-    return [f"{k}: shape {np.shape(v)}, expected {shapes[k]}" for k, v in out.items()
-            if k in shapes and tuple(np.shape(v)) != shapes[k]]
 
 
 __all__ = [name for name in dir() if name.startswith(("check_", "run_"))] + [

@@ -15,7 +15,7 @@ import numpy as np
 
 from impls.config import ViTConfig
 from weights.canonical import expected_shapes
-from weights.native import _kind
+from weights.native import tensor_kind
 
 
 def _trunc_normal(rng: np.random.Generator, shape, std: float) -> np.ndarray:
@@ -34,7 +34,7 @@ def init_params(shapes: dict[str, tuple[int, ...]], seed: int = 0, scale: float 
     rng = np.random.default_rng(seed)
     state = {}
     for key, shape in shapes.items():
-        kind = _kind(key)
+        kind = tensor_kind(key)
         if kind == "norm":
             sign = rng.choice([-1.0, 1.0], size=shape)
             if key.endswith(".weight"):

@@ -25,7 +25,7 @@ _NORM = re.compile(r"(^|\.)(fc_)?norm\d*\.(weight|bias)$")
 _CONV = re.compile(r"(^|\.)patch_embed\.proj\.weight$")
 
 
-def _kind(key: str) -> str:
+def tensor_kind(key: str) -> str:
     if _CONV.search(key):
         return "conv"
     if _NORM.search(key):
@@ -44,7 +44,7 @@ def to_native(state: Mapping[str, np.ndarray], framework: str) -> dict[str, np.n
     _check_framework(framework)
     out = {}
     for key, value in state.items():
-        kind = _kind(key)
+        kind = tensor_kind(key)
         if framework == "numpy":
             out[key] = np.asarray(value, dtype=np.float64)
         elif framework == "torch":
@@ -72,10 +72,10 @@ def from_native(native: Mapping[str, np.ndarray], framework: str) -> dict[str, n
         elif framework == "torch":
             out[key] = value
         elif framework == "mlx":
-            out[key] = value.transpose(0, 3, 1, 2) if _kind(key) == "conv" else value  # OHWI -> OIHW
+            out[key] = value.transpose(0, 3, 1, 2) if tensor_kind(key) == "conv" else value  # OHWI -> OIHW
         elif key.endswith(".kernel"):
             ckey = key[: -len("kernel")] + "weight"
-            out[ckey] = value.transpose(3, 2, 0, 1) if _kind(ckey) == "conv" else value.T
+            out[ckey] = value.transpose(3, 2, 0, 1) if tensor_kind(ckey) == "conv" else value.T
         elif key.endswith(".scale"):
             out[key[: -len("scale")] + "weight"] = value
         else:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from conformance import strategies as S
 from conformance.tests.helpers import attention, framework, max_rel
 from conformance.tolerances import tolerance
+from weights import mha_shapes
 
 FUSED = {
     "torch": lambda m, q, k, v, mask, scale: m.F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale),
@@ -91,8 +92,8 @@ def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(f
     mask = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float32)
     x, ctx = case.inputs()
     state_out, attn = attention(framework_port, case, weights, fused)(x, ctx, mask)
-    bias = weights.make_params(__import__("weights").mha_shapes(
-        case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias))["proj.bias"]
+    bias = weights.make_params(mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim,
+                                          case.qkv_bias))["proj.bias"]
     assert np.isfinite(state_out).all()
     assert np.array_equal(state_out[:, row], np.broadcast_to(bias, state_out[:, row].shape))
     if attn is not None:

@@ -1,0 +1,236 @@
+"""Real checkpoint layouts, checked against the libraries that define them, all offline:
+timm and transformers build and save their own models with random weights here."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conformance.compare import error
+from conformance.references import timm_state, timm_vit
+from conformance.tests.helpers import factory
+from conformance.tolerances import tolerance
+from impls import ViTConfig, get_config
+from weights import WeightError, init_state
+from weights import formats
+from weights.convert import LAYOUTS, detect, read, write
+from weights.resample import resample_abs_pos_embed, resample_state
+
+TIMM_CONFIGS = ["vit_test_token", "vit_test_avg", "vit_test_avg_nocls", "vit_test_deep"]
+
+
+def images(config, batch=2, seed=0):
+    return np.random.default_rng(seed).normal(size=(batch, config.in_chans, *config.img_size)).astype(np.float32)
+
+
+def assert_logits_close(port, config, state, x, ref, what):
+    out = factory(port)(config, state, taps=False)(x)
+    _, rel = error(out, ref)
+    assert rel <= 2 * tolerance("logits"), f"[{port}] {what}: rel_err {rel:.3e}"
+
+
+# ----------------------------------------------------------------------------- timm
+
+@pytest.mark.parametrize("name", TIMM_CONFIGS)
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_timm_checkpoint_imports_and_every_port_matches_timms_forward(framework_port, name, suffix, tmp_path):
+    config = get_config(name)
+    torch.manual_seed(1)
+    model = timm_vit(config)
+    path = tmp_path / f"m{suffix}"
+    if suffix == ".pth":
+        torch.save(model.state_dict(), path)
+    else:
+        from safetensors.torch import save_file
+
+        save_file(model.state_dict(), str(path))
+    assert detect(str(path)) == "timm"
+    got_config, state = read(str(path), "timm", num_heads=config.num_heads, img_size=config.img_size)
+    assert got_config == config
+    x = images(config)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    assert_logits_close(framework_port, config, state, x, ref, f"timm {name} {suffix}")
+
+
+def test_a_pth_holding_arbitrary_objects_is_refused_not_unpickled(tmp_path):
+    path = tmp_path / "evil.pth"
+    torch.save({"patch_embed.proj.weight": torch.zeros(1), "note": object()}, path)
+    with pytest.raises(WeightError, match="refusing to unpickle"):
+        formats.read_timm(path)
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+def hf_model(eps, seed=0):
+    from transformers import ViTConfig as HFConfig, ViTForImageClassification
+
+    torch.manual_seed(seed)
+    cfg = HFConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96, image_size=16,
+                   patch_size=4, num_channels=3, num_labels=5, layer_norm_eps=eps, qkv_bias=True)
+    model = ViTForImageClassification(cfg).eval()
+    with torch.no_grad():  # transformers' init leaves norms at ones/zeros and biases at zero: draw them
+        for name, p in model.named_parameters():
+            if "layernorm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("eps", [1e-12, 1e-6])
+def test_hf_checkpoint_imports_with_its_config_and_every_port_matches_transformers(framework_port, eps, tmp_path):
+    model = hf_model(eps)
+    model.save_pretrained(tmp_path)
+    assert detect(str(tmp_path)) == "hf"
+    config, state = read(str(tmp_path), "hf")
+    assert config.norm_eps == eps and config.num_heads == 3 and config.num_classes == 5
+    x = images(config)
+    with torch.no_grad():
+        ref = model(pixel_values=torch.from_numpy(x)).logits.numpy()
+    assert_logits_close(framework_port, config, state, x, ref, f"transformers eps={eps}")
+
+
+def test_hf_export_loads_in_transformers_and_gives_the_ports_logits(tmp_path):
+    from transformers import ViTForImageClassification
+
+    config = get_config("vit_test_token").replace(img_size=16)
+    state = init_state(config, seed=2)
+    write(state, config, str(tmp_path / "hf"), "hf")
+    model = ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
+    x = images(config)
+    with torch.no_grad():
+        ref = model(pixel_values=torch.from_numpy(x)).logits.numpy()
+    assert_logits_close("torch", config, state, x, ref, "our hf export in transformers")
+
+
+def test_hf_config_settings_are_taken_not_assumed():
+    hf = formats.vit_config_to_hf(get_config("vit_test_token"))
+    assert formats.hf_config_to_vit(hf) == get_config("vit_test_token")
+    with pytest.raises(WeightError, match="gelu_new"):
+        formats.hf_config_to_vit({**hf, "hidden_act": "gelu_new"})
+    with pytest.raises(WeightError, match="avg"):
+        formats.vit_config_to_hf(get_config("vit_test_avg"))
+
+
+# ----------------------------------------------------------------------------- big_vision / original ViT
+
+@pytest.mark.parametrize("flavour", ["vit", "big_vision"])
+def test_npz_export_loads_in_timms_load_weights_and_matches_the_ports(flavour, tmp_path):
+    from timm.models.vision_transformer import VisionTransformer, _load_weights
+
+    config = get_config("vit_test_token").replace(img_size=(16, 16))
+    state = init_state(config, seed=3)
+    if flavour == "big_vision":
+        state["pos_embed"][:, 0] = 0.0  # big_vision gives the class token no position
+    path = tmp_path / "w.npz"
+    formats.write_npz(state, config, path, flavour)
+    model = VisionTransformer(img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2,
+                              num_heads=3, no_embed_class=flavour == "big_vision").eval()
+    _load_weights(model, str(path))
+    x = images(config)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    for port in ("torch", "mlx", "jax"):
+        assert_logits_close(port, config, state, x, ref, f"timm _load_weights of our {flavour} npz")
+
+
+def test_npz_of_a_timm_model_round_trips_to_the_same_canonical_tensors(tmp_path):
+    config = get_config("vit_test_token").replace(img_size=(16, 16))
+    torch.manual_seed(4)
+    state = timm_state(timm_vit(config, init_state(config, seed=4)))
+    write(state, config, str(tmp_path / "w.npz"), "big_vision")
+    assert detect(str(tmp_path / "w.npz")) == "big_vision"
+    got_config, back = read(str(tmp_path / "w.npz"), "big_vision")
+    assert got_config == config
+    assert list(back) == list(state) and all(back[k].tobytes() == state[k].tobytes() for k in state)
+
+
+def test_npz_refuses_a_pooling_it_cannot_hold():
+    with pytest.raises(WeightError, match="fc_norm"):
+        formats.to_npz(init_state(get_config("vit_test_avg")), get_config("vit_test_avg"))
+
+
+# ----------------------------------------------------------------------------- round trips and the command
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path):
+    config = get_config("vit_test_token").replace(img_size=(16, 16))
+    state = init_state(config, seed=5)
+    src = tmp_path / "src.safetensors"
+    write(state, config, str(src), "canonical")
+    out = tmp_path / ("out" if layout == "hf" else "out.npz" if layout == "big_vision" else "out.safetensors")
+    run = subprocess.run([sys.executable, "-m", "weights", "convert", str(src), str(out), "--to", layout],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got_config, back = read(str(out), detect(str(out)), None if layout != "timm" else config)
+    assert got_config == config
+    assert list(back) == list(state) and all(back[k].tobytes() == state[k].tobytes() for k in state), layout
+
+
+@pytest.mark.parametrize(
+    "make_file, message",
+    [
+        (lambda d: (d / "x.txt").write_text("hello") and d / "x.txt", "matches no known layout"),
+        (lambda d: _npz(d, {"foo": np.zeros(2)}), "neither 'embedding/kernel'"),
+        (lambda d: _safetensors(d, {"blocks.0.attn.qkv.weight": np.zeros((3, 1), np.float32)}), "matches no known layout"),
+        (lambda d: _safetensors(d, {"patch_embed.proj.weight": np.zeros((8, 3, 4, 4), np.float32),
+                                    "pos_embed": np.zeros((1, 5, 8), np.float32)}), "missing"),
+        (lambda d: d / "nope.safetensors", "does not exist"),
+    ],
+    ids=["unknown-file", "unknown-npz", "unknown-keys", "missing-key", "missing-file"],
+)
+def test_convert_gives_a_clear_error_and_exit_2(make_file, message, tmp_path):
+    src = make_file(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "weights", "convert", str(src), str(tmp_path / "o.safetensors"),
+                          "--to", "canonical"], capture_output=True, text=True)
+    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_convert_names_the_key_whose_shape_does_not_fit(tmp_path):
+    config = get_config("vit_test_token")
+    state = init_state(config)
+    state["blocks.1.mlp.fc1.weight"] = state["blocks.1.mlp.fc1.weight"][:, :10]
+    from safetensors.numpy import save_file
+
+    save_file(state, str(tmp_path / "bad.safetensors"))
+    run = subprocess.run([sys.executable, "-m", "weights", "convert", str(tmp_path / "bad.safetensors"),
+                          str(tmp_path / "o.safetensors"), "--to", "mlx", "--config", json.dumps(config.to_dict())],
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "'blocks.1.mlp.fc1.weight': expected shape (96, 24), found (96, 10)" in run.stderr
+
+
+def _npz(d, arrays):
+    np.savez(d / "w.npz", **arrays)
+    return d / "w.npz"
+
+
+def _safetensors(d, arrays):
+    from safetensors.numpy import save_file
+
+    save_file(arrays, str(d / "w.safetensors"))
+    return d / "w.safetensors"
+
+
+# ----------------------------------------------------------------------------- resampling
+
+@pytest.mark.parametrize("old, new, prefix", [((4, 4), (6, 6), 1), ((14, 14), (7, 9), 1), ((3, 5), (5, 3), 0),
+                                              ((8, 8), (8, 8), 1)])
+def test_pos_embed_resampling_equals_timms(old, new, prefix):
+    from timm.layers import resample_abs_pos_embed as timm_resample
+
+    pos = np.random.default_rng(0).normal(size=(1, prefix + old[0] * old[1], 16)).astype(np.float32)
+    ours = resample_abs_pos_embed(pos, new, old, num_prefix_tokens=prefix)
+    ref = timm_resample(torch.from_numpy(pos), new_size=list(new), old_size=list(old), num_prefix_tokens=prefix,
+                        interpolation="bicubic", antialias=True).numpy()
+    assert ours.shape == ref.shape and np.array_equal(ours, ref)
+
+
+def test_resampled_state_runs_in_every_port_at_the_new_size():
+    config = get_config("vit_test_token")
+    new_config, state = resample_state(init_state(config), config, (24, 32))
+    x = images(new_config)
+    ref = factory("numpy")(new_config, state)(x)["logits"]
+    for port in ("torch", "mlx", "jax"):
+        assert_logits_close(port, new_config, state, x, ref, "resampled")

@@ -1,0 +1,5 @@
+import sys
+
+from weights.convert import main
+
+sys.exit(main())

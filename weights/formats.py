@@ -1,0 +1,348 @@
+"""The checkpoint layouts people hold, to and from the canonical (timm) state.
+
+* timm: a ``state_dict`` in ``.safetensors``, or ``.pth``/``.bin`` read only through
+  ``torch.load(weights_only=True)``: nothing here unpickles arbitrary objects.
+* Hugging Face ``ViTForImageClassification``: separate query/key/value, ``layernorm_before``
+  and ``layernorm_after``, settings (``layer_norm_eps`` among them) from ``config.json``.
+* big_vision and the original ViT ``.npz``: HWIO conv kernel, (D, H, hd) q/k/v kernels and an
+  (H, hd, D) out kernel; the two key layouts timm's ``_load_weights`` tells apart.
+
+Every importer is exact (transposes, reshapes and concatenations), so a round trip through
+any exporter returns the canonical tensors bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from impls.config import ViTConfig
+from weights.canonical import WeightError, expected_shapes, validate_state
+
+# ----------------------------------------------------------------------------- timm
+
+
+def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """A timm state dict from .safetensors, or from .pth/.bin with torch.load(weights_only=True)."""
+    path = str(path)
+    if not os.path.isfile(path):
+        raise WeightError(f"weight file {path!r} does not exist")
+    if path.endswith(".safetensors"):
+        from safetensors.numpy import load_file
+
+        try:
+            return dict(load_file(path))
+        except Exception as e:  # noqa: BLE001 - safetensors' own error types
+            raise WeightError(f"{path!r} is not a readable safetensors file: {e}") from None
+    if path.endswith((".pth", ".pt", ".bin")):
+        import pickle
+
+        import torch
+
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise WeightError(f"{path!r} holds objects other than tensors; refusing to unpickle them "
+                              f"(torch.load(weights_only=True): {str(e).splitlines()[0]})") from None
+        except Exception as e:  # noqa: BLE001
+            raise WeightError(f"{path!r} is not a readable torch checkpoint: {e}") from None
+        for wrapper in ("state_dict", "model", "module"):  # the usual training-script wrappers
+            if isinstance(obj, Mapping) and wrapper in obj and isinstance(obj[wrapper], Mapping):
+                obj = obj[wrapper]
+        if not isinstance(obj, Mapping):
+            raise WeightError(f"{path!r} holds a {type(obj).__name__}, expected a state dict")
+        return {k: v.detach().float().numpy() if hasattr(v, "detach") else np.asarray(v) for k, v in obj.items()}
+    raise WeightError(f"{path!r}: expected .safetensors, .pth, .pt or .bin for a timm checkpoint")
+
+
+def infer_timm_config(state: Mapping[str, np.ndarray], num_heads: int | None = None,
+                      img_size=None, norm_eps: float = 1e-6) -> ViTConfig:
+    """A ViTConfig from a timm state dict's shapes. Heads are not in the shapes: ``num_heads``
+    defaults to timm's convention for its presets, embed_dim // 64."""
+    try:
+        D, C, ph, pw = state["patch_embed.proj.weight"].shape
+        depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
+        hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
+        n_pos = state["pos_embed"].shape[1]
+    except (KeyError, ValueError) as e:
+        raise WeightError(f"not a timm ViT state dict: missing {e}") from None
+    class_token = "cls_token" in state
+    n_patches = n_pos - (1 if class_token else 0)
+    if img_size is None:
+        side = int(round(n_patches ** 0.5))
+        if side * side != n_patches:
+            raise WeightError(f"pos_embed has {n_patches} patch positions, not a square grid: pass img_size")
+        img_size = (side * ph, side * pw)
+    return ViTConfig(
+        img_size=img_size, patch_size=(ph, pw), in_chans=C,
+        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
+        global_pool="avg" if "fc_norm.weight" in state else "token", class_token=class_token,
+        embed_dim=D, depth=depth, num_heads=num_heads or max(1, D // 64), mlp_ratio=hidden / D,
+        qkv_bias="blocks.0.attn.qkv.bias" in state, norm_eps=norm_eps,
+    )
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+_HF_BLOCK = {
+    "layernorm_before": "norm1", "attention.output.dense": "attn.proj", "layernorm_after": "norm2",
+    "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2",
+}
+
+
+def hf_config_to_vit(hf: Mapping) -> ViTConfig:
+    """ViTConfig from a Hugging Face ViT config.json: every setting taken, none assumed."""
+    if hf.get("model_type") != "vit":
+        raise WeightError(f"config.json has model_type {hf.get('model_type')!r}, expected 'vit'")
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise WeightError(f"hidden_act {hf['hidden_act']!r} is not supported: the ports use exact GELU ('gelu')")
+    D = hf["hidden_size"]
+    num_labels = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 2)
+    img = hf.get("image_size", 224)
+    patch = hf.get("patch_size", 16)
+    return ViTConfig(
+        img_size=tuple(img) if isinstance(img, list) else img, patch_size=tuple(patch) if isinstance(patch, list) else patch,
+        in_chans=hf.get("num_channels", 3), num_classes=num_labels, global_pool="token", class_token=True,
+        embed_dim=D, depth=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+        mlp_ratio=hf.get("intermediate_size", 4 * D) / D, qkv_bias=hf.get("qkv_bias", True),
+        norm_eps=hf.get("layer_norm_eps", 1e-12),
+    )
+
+
+def vit_config_to_hf(config: ViTConfig) -> dict:
+    if config.global_pool != "token" or not config.class_token:
+        raise WeightError("Hugging Face ViTForImageClassification pools the class token: "
+                          "global_pool='avg' has no Hugging Face layout")
+    return {
+        "architectures": ["ViTForImageClassification"], "model_type": "vit", "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth, "num_attention_heads": config.num_heads,
+        "intermediate_size": config.mlp_hidden_dim, "hidden_act": "gelu", "layer_norm_eps": config.norm_eps,
+        "image_size": list(config.img_size), "patch_size": list(config.patch_size),
+        "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
+        "id2label": {str(i): f"LABEL_{i}" for i in range(config.num_classes)},
+        "label2id": {f"LABEL_{i}": i for i in range(config.num_classes)},
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+    }
+
+
+def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
+    s = {k.removeprefix("vit."): v for k, v in state.items() if not k.startswith("vit.pooler.")}
+    out = {}
+    try:
+        out["cls_token"] = s["embeddings.cls_token"]
+        out["pos_embed"] = s["embeddings.position_embeddings"]
+        out["patch_embed.proj.weight"] = s["embeddings.patch_embeddings.projection.weight"]
+        out["patch_embed.proj.bias"] = s["embeddings.patch_embeddings.projection.bias"]
+        for i in range(config.depth):
+            hf, b = f"encoder.layer.{i}.", f"blocks.{i}."
+            att = hf + "attention.attention."
+            # timm's fused rows are (3, heads, head_dim): q rows, then k rows, then v rows.
+            out[b + "attn.qkv.weight"] = np.concatenate([s[att + n + ".weight"] for n in ("query", "key", "value")])
+            if config.qkv_bias:
+                out[b + "attn.qkv.bias"] = np.concatenate([s[att + n + ".bias"] for n in ("query", "key", "value")])
+            for hf_name, timm_name in _HF_BLOCK.items():
+                out[f"{b}{timm_name}.weight"] = s[f"{hf}{hf_name}.weight"]
+                out[f"{b}{timm_name}.bias"] = s[f"{hf}{hf_name}.bias"]
+        out["norm.weight"], out["norm.bias"] = s["layernorm.weight"], s["layernorm.bias"]
+        if config.num_classes:
+            out["head.weight"], out["head.bias"] = state["classifier.weight"], state["classifier.bias"]
+    except KeyError as e:
+        raise WeightError(f"Hugging Face checkpoint is missing key {e.args[0]!r} for {config}") from None
+    return {k: out[k] for k in expected_shapes(config)}
+
+
+def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
+    vit_config_to_hf(config)  # refuses layouts Hugging Face cannot hold
+    D = config.embed_dim
+    out = {"vit.embeddings.cls_token": state["cls_token"], "vit.embeddings.position_embeddings": state["pos_embed"],
+           "vit.embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
+           "vit.embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"]}
+    for i in range(config.depth):
+        hf, b = f"vit.encoder.layer.{i}.", f"blocks.{i}."
+        for j, n in enumerate(("query", "key", "value")):
+            out[f"{hf}attention.attention.{n}.weight"] = state[b + "attn.qkv.weight"][j * D:(j + 1) * D]
+            if config.qkv_bias:
+                out[f"{hf}attention.attention.{n}.bias"] = state[b + "attn.qkv.bias"][j * D:(j + 1) * D]
+        for hf_name, timm_name in _HF_BLOCK.items():
+            out[f"{hf}{hf_name}.weight"] = state[f"{b}{timm_name}.weight"]
+            out[f"{hf}{hf_name}.bias"] = state[f"{b}{timm_name}.bias"]
+    out["vit.layernorm.weight"], out["vit.layernorm.bias"] = state["norm.weight"], state["norm.bias"]
+    if config.num_classes:
+        out["classifier.weight"], out["classifier.bias"] = state["head.weight"], state["head.bias"]
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
+    """A save_pretrained directory (config.json + model.safetensors or pytorch_model.bin)."""
+    d = Path(path)
+    if not (d / "config.json").is_file():
+        raise WeightError(f"{str(d)!r} has no config.json: not a Hugging Face checkpoint directory")
+    config = hf_config_to_vit(json.loads((d / "config.json").read_text()))
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (d / name).is_file():
+            return from_hf(read_timm(d / name), config), config
+    raise WeightError(f"{str(d)!r} has neither model.safetensors nor pytorch_model.bin")
+
+
+def write_hf(state, config: ViTConfig, path) -> None:
+    from safetensors.numpy import save_file
+
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(vit_config_to_hf(config), indent=2) + "\n")
+    save_file(to_hf(state, config), str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+# ----------------------------------------------------------------------------- big_vision / original ViT
+
+def _npz_names(config: ViTConfig, flavour: str) -> dict:
+    if flavour == "big_vision":
+        return {"prefix": "params/", "pos": "pos_embedding", "mha": "MultiHeadDotProductAttention_0",
+                "ln2": "LayerNorm_1", "mlp": "MlpBlock_0"}
+    return {"prefix": "", "pos": "Transformer/posembed_input/pos_embedding", "mha": "MultiHeadDotProductAttention_1",
+            "ln2": "LayerNorm_2", "mlp": "MlpBlock_3"}
+
+
+def _check_npz_pooling(config: ViTConfig) -> None:
+    if config.global_pool != "token":
+        raise WeightError("the .npz layouts pool the class token, or (big_vision's 'gap') average after the final "
+                          "norm; this config's global_pool='avg' normalises after pooling (timm's fc_norm), a "
+                          "different function: no .npz layout holds it")
+
+
+def to_npz(state: Mapping[str, np.ndarray], config: ViTConfig, flavour: str = "vit") -> dict[str, np.ndarray]:
+    """flavour 'vit': the original ViT layout (the class token has its position entry);
+    'big_vision': no position entry for the class token, so pos_embed[:, 0] must be zero."""
+    _check_npz_pooling(config)
+    n = _npz_names(config, flavour)
+    p, D, H, hd = n["prefix"], config.embed_dim, config.num_heads, config.head_dim
+    pos = state["pos_embed"]
+    if flavour == "big_vision":
+        if np.any(pos[:, 0]):
+            raise WeightError("big_vision gives the class token no position embedding, but pos_embed[:, 0] is not "
+                              "zero: write the original ViT layout ('vit') instead")
+        pos = pos[:, 1:]
+    out = {f"{p}embedding/kernel": state["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # OIHW -> HWIO
+           f"{p}embedding/bias": state["patch_embed.proj.bias"], f"{p}{n['pos']}": pos}
+    if config.class_token:
+        out[f"{p}cls"] = state["cls_token"]
+    for i in range(config.depth):
+        b, e = f"blocks.{i}.", f"{p}Transformer/encoderblock_{i}/"
+        m = f"{e}{n['mha']}/"
+        out[f"{e}LayerNorm_0/scale"], out[f"{e}LayerNorm_0/bias"] = state[b + "norm1.weight"], state[b + "norm1.bias"]
+        qkv = state[b + "attn.qkv.weight"].reshape(3, H, hd, D)
+        for j, name in enumerate(("query", "key", "value")):
+            out[f"{m}{name}/kernel"] = qkv[j].transpose(2, 0, 1)  # (H, hd, D) -> (D, H, hd)
+            out[f"{m}{name}/bias"] = (state[b + "attn.qkv.bias"].reshape(3, H, hd)[j] if config.qkv_bias
+                                      else np.zeros((H, hd), np.float32))
+        out[f"{m}out/kernel"] = state[b + "attn.proj.weight"].reshape(D, H, hd).transpose(1, 2, 0)  # (H, hd, D)
+        out[f"{m}out/bias"] = state[b + "attn.proj.bias"]
+        out[f"{e}{n['ln2']}/scale"], out[f"{e}{n['ln2']}/bias"] = state[b + "norm2.weight"], state[b + "norm2.bias"]
+        for j, fc in enumerate(("fc1", "fc2")):
+            out[f"{e}{n['mlp']}/Dense_{j}/kernel"] = state[f"{b}mlp.{fc}.weight"].T
+            out[f"{e}{n['mlp']}/Dense_{j}/bias"] = state[f"{b}mlp.{fc}.bias"]
+    out[f"{p}Transformer/encoder_norm/scale"], out[f"{p}Transformer/encoder_norm/bias"] = state["norm.weight"], state["norm.bias"]
+    if config.num_classes:
+        out[f"{p}head/kernel"], out[f"{p}head/bias"] = state["head.weight"].T, state["head.bias"]
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def detect_npz_flavour(w: Mapping) -> str:
+    if "params/embedding/kernel" in w:
+        return "big_vision"
+    if "embedding/kernel" in w:
+        return "vit"
+    raise WeightError("an .npz with neither 'embedding/kernel' (original ViT) nor 'params/embedding/kernel' "
+                      "(big_vision): not a ViT checkpoint layout this project knows")
+
+
+def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None) -> ViTConfig:
+    flavour = detect_npz_flavour(w)
+    n = _npz_names(None, flavour)
+    p = n["prefix"]
+    ph, pw, C, D = w[f"{p}embedding/kernel"].shape
+    depth = 1 + max(int(m.group(1)) for k in w if (m := re.search(r"encoderblock_(\d+)/", k)))
+    _, H, hd = w[f"{p}Transformer/encoderblock_0/{n['mha']}/query/kernel"].shape
+    if f"{p}cls" not in w:
+        raise WeightError("a checkpoint without a class token ('gap' pooling) averages after the final norm; "
+                          "timm's global_pool='avg' normalises after pooling (fc_norm): not representable")
+    n_pos = w[f"{p}{n['pos']}"].shape[1] - (1 if flavour == "vit" else 0)
+    if img_size is None:
+        side = int(round(n_pos ** 0.5))
+        if side * side != n_pos:
+            raise WeightError(f"position embedding has {n_pos} patch positions, not a square grid: pass img_size")
+        img_size = (side * ph, side * pw)
+    return ViTConfig(img_size=img_size, patch_size=(ph, pw), in_chans=C,
+                     num_classes=w[f"{p}head/bias"].shape[0] if f"{p}head/bias" in w else 0,
+                     global_pool="token", class_token=True, embed_dim=D,
+                     depth=depth, num_heads=H,
+                     mlp_ratio=w[f"{p}Transformer/encoderblock_0/{n['mlp']}/Dense_0/kernel"].shape[1] / D,
+                     qkv_bias=any(np.any(w[k]) for k in w if re.search(r"/(query|key|value)/bias$", k)),
+                     norm_eps=norm_eps)
+
+
+def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
+    flavour = detect_npz_flavour(w)
+    _check_npz_pooling(config)
+    n = _npz_names(config, flavour)
+    p, D = n["prefix"], config.embed_dim
+    out = {}
+    try:
+        out["patch_embed.proj.weight"] = w[f"{p}embedding/kernel"].transpose(3, 2, 0, 1)  # HWIO -> OIHW
+        out["patch_embed.proj.bias"] = w[f"{p}embedding/bias"]
+        out["cls_token"] = w[f"{p}cls"]
+        pos = w[f"{p}{n['pos']}"]
+        if flavour == "big_vision":  # the class token gets no position: a zero entry is the same function
+            pos = np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)
+        out["pos_embed"] = pos
+        for i in range(config.depth):
+            b, e = f"blocks.{i}.", f"{p}Transformer/encoderblock_{i}/"
+            m = f"{e}{n['mha']}/"
+            out[b + "norm1.weight"], out[b + "norm1.bias"] = w[f"{e}LayerNorm_0/scale"], w[f"{e}LayerNorm_0/bias"]
+            out[b + "attn.qkv.weight"] = np.concatenate(
+                [w[f"{m}{x}/kernel"].reshape(D, -1).T for x in ("query", "key", "value")])
+            bias = np.concatenate([w[f"{m}{x}/bias"].reshape(-1) for x in ("query", "key", "value")])
+            if config.qkv_bias:
+                out[b + "attn.qkv.bias"] = bias
+            elif np.any(bias):
+                raise WeightError(f"{m}: non-zero q/k/v biases, but the config has qkv_bias=False")
+            out[b + "attn.proj.weight"] = w[f"{m}out/kernel"].reshape(-1, D).T  # (H, hd, D) -> (D, H*hd)
+            out[b + "attn.proj.bias"] = w[f"{m}out/bias"]
+            out[b + "norm2.weight"], out[b + "norm2.bias"] = w[f"{e}{n['ln2']}/scale"], w[f"{e}{n['ln2']}/bias"]
+            for j, fc in enumerate(("fc1", "fc2")):
+                out[f"{b}mlp.{fc}.weight"] = w[f"{e}{n['mlp']}/Dense_{j}/kernel"].T
+                out[f"{b}mlp.{fc}.bias"] = w[f"{e}{n['mlp']}/Dense_{j}/bias"]
+        out["norm.weight"], out["norm.bias"] = w[f"{p}Transformer/encoder_norm/scale"], w[f"{p}Transformer/encoder_norm/bias"]
+        if config.num_classes:
+            out["head.weight"], out["head.bias"] = w[f"{p}head/kernel"].T, w[f"{p}head/bias"]
+    except KeyError as e:
+        raise WeightError(f"{flavour} .npz is missing key {e.args[0]!r} for {config}") from None
+    return {k: np.ascontiguousarray(out[k], dtype=np.float32) for k in expected_shapes(config)}
+
+
+def read_npz(path) -> dict[str, np.ndarray]:
+    path = str(path)
+    if not os.path.isfile(path):
+        raise WeightError(f"weight file {path!r} does not exist")
+    try:
+        with np.load(path, allow_pickle=False) as f:  # never unpickle
+            return {k: f[k] for k in f.files}
+    except ValueError as e:
+        raise WeightError(f"{path!r} holds pickled objects; refusing to load them ({e})") from None
+    except Exception as e:  # noqa: BLE001
+        raise WeightError(f"{path!r} is not a readable .npz file: {e}") from None
+
+
+def write_npz(state, config: ViTConfig, path, flavour: str = "vit") -> None:
+    np.savez(str(path), **to_npz(state, config, flavour))
+
+
+def check(state, config: ViTConfig, what: str) -> dict[str, np.ndarray]:
+    """Strict validation, then float32 in timm's key order."""
+    validate_state(state, config, what=what)
+    return {k: np.ascontiguousarray(state[k], dtype=np.float32) for k in expected_shapes(config)}
