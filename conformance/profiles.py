@@ -17,7 +17,7 @@ _COMMON = dict(deadline=None, print_blob=True,
 
 
 def register() -> None:
-    settings.register_profile("ci", max_examples=6, derandomize=True, database=None, **_COMMON)
+    settings.register_profile("ci", max_examples=5, derandomize=True, database=None, **_COMMON)
     settings.register_profile("dev", max_examples=20, **_COMMON)
     settings.register_profile("thorough", max_examples=300, **_COMMON)
     settings.register_profile("zoo", max_examples=4, derandomize=True, database=None,

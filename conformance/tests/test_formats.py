@@ -178,8 +178,9 @@ def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path):
         (lambda d: _safetensors(d, {"patch_embed.proj.weight": np.zeros((8, 3, 4, 4), np.float32),
                                     "pos_embed": np.zeros((1, 5, 8), np.float32)}), "missing"),
         (lambda d: d / "nope.safetensors", "does not exist"),
+        (lambda d: _npz(d, {"embedding/kernel": np.array([object()], dtype=object)}), "refusing to load them"),
     ],
-    ids=["unknown-file", "unknown-npz", "unknown-keys", "missing-key", "missing-file"],
+    ids=["unknown-file", "unknown-npz", "unknown-keys", "missing-key", "missing-file", "pickled-npz"],
 )
 def test_convert_gives_a_clear_error_and_exit_2(make_file, message, tmp_path):
     src = make_file(tmp_path)
