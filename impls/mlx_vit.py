@@ -6,11 +6,15 @@ MLX convs take NHWC, so PatchEmbed transposes the NCHW input; its kernel is OHWI
 
 from __future__ import annotations
 
-import mlx.core as mx
-import mlx.nn as nn
-import numpy as np
+from impls.mlx_blas import use_openblas
 
-from impls.config import ViTConfig, check_images
+use_openblas()  # before mlx.core: MLX then binds cblas_sgemm to OpenBLAS (see impls/mlx_blas.py)
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+import numpy as np  # noqa: E402
+
+from impls.config import ViTConfig, check_images  # noqa: E402
 
 FRAMEWORK = "mlx"
 
@@ -255,11 +259,11 @@ def load_state_dict(model: nn.Module, native: dict[str, np.ndarray]) -> None:
 
 
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         model_cls=None, **layers):
+         compiled: bool = False, model_cls=None, **layers):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
-    module classes, as timm's VisionTransformer allows.
+    module classes, as timm's VisionTransformer allows. ``compiled`` runs it through mx.compile.
     """
     from weights import to_native, validate_state
 
@@ -267,11 +271,13 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
     model.eval()  # MLX modules start in training mode
+    call = (lambda x: model(x, return_taps=taps))
+    call = mx.compile(call) if compiled else call  # the weights are captured as constants
 
     def forward(images: np.ndarray):
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)  # mx.array() would cast float64 silently
-        out = model(mx.array(images), return_taps=taps)
+        out = call(mx.array(images))
         mx.eval(out)
         return {k: np.array(v) for k, v in out.items()} if taps else np.array(out)
 
