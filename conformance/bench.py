@@ -3,11 +3,10 @@
 For each model and batch size, timm's ``VisionTransformer`` (random init) and each port on
 the same weights (converted through the canonical format), fast path (the framework's fused
 attention, plus mx.compile for MLX and jax.jit for JAX) and explicit path (the attention
-written out), each timed with warm-up then repeats in this process, one after another; the
-median is reported, with images/s, the ratio to timm, the achieved GFLOP/s against the
-float32 matmul peak measured in the same run, and the growth of the process's peak resident
-memory while the entry is built and run (Linux; allocators that keep freed memory make it
-a lower bound).
+written out). Each entry runs in a fresh process, one after another in the same run: warm-up,
+then repeats, the median reported with images/s, the ratio to timm, the achieved GFLOP/s
+against the float32 matmul peak measured in the same run, and the growth of peak resident
+memory from just before the port is built (its weights, workspace and compiled code; Linux).
 """
 
 from __future__ import annotations
@@ -52,7 +51,8 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> dict[str, float]:
     a, b = np.random.default_rng(0).normal(size=(2, n, n)).astype(np.float32)
     ta, tb = torch.from_numpy(a), torch.from_numpy(b)
     for name, fn in (("torch", lambda: ta @ tb), ("numpy", lambda: a @ b)):
-        fn()
+        for _ in range(3):  # thread pools and allocations come up on the first calls
+            fn()
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -91,37 +91,57 @@ def time_forward(fn, x, warmup: int, repeats: int, base: int) -> tuple[float, fl
     return statistics.median(times), peak
 
 
-def run(models=MODELS, batches=(1, 8), warmup: int = 2, repeats: int = 5, entries=ENTRIES) -> dict:
+def measure_entry(name: str, batch: int, label: str, warmup: int, repeats: int) -> dict:
+    """One entry, in this process: build timm's model and the port, time the forward, and the
+    growth of peak resident memory from just before the port is built."""
     import timm
     import torch
 
     from conformance.references import timm_state
-    from impls.mlx_blas import sgemm_provider
 
     torch.set_grad_enabled(False)
+    config = get_config(name)
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).eval()
+    state = timm_state(model)
+    x = np.random.default_rng(batch).normal(size=(batch, 3, 224, 224)).astype(np.float32)
+    _, port, options = next(e for e in ENTRIES if e[0] == label)
+    base = _reset_peak_rss()
+    if port is None:
+        fn = lambda images: model(torch.from_numpy(images))  # noqa: E731
+    else:
+        del model  # only the port's copy of the weights counts
+        fn = load_factory(port)(config, state, taps=False, **options)
+    seconds, peak_mb = time_forward(fn, x, warmup, repeats, base)
+    return {"seconds": seconds, "peak_mb": peak_mb}
+
+
+def run(models=MODELS, batches=(1, 8), warmup: int = 2, repeats: int = 5, entries=ENTRIES) -> dict:
+    """Every entry in a fresh process, one after another, so each peak-memory figure is its own."""
+    import subprocess
+    import sys
+
+    from impls.mlx_blas import sgemm_provider, use_openblas
+
+    use_openblas()
     peak = matmul_peak()
     rows = []
     for name in models:
         config = get_config(name)
-        torch.manual_seed(0)
-        model = timm.create_model(name, pretrained=False).eval()
-        state = timm_state(model)
         for batch in batches:
-            x = np.random.default_rng(batch).normal(size=(batch, 3, 224, 224)).astype(np.float32)
             flops = vit_flops(config, batch)
             timm_seconds = None
-            for label, port, options in entries:
-                base = _reset_peak_rss()
-                if port is None:
-                    fn = lambda images: model(torch.from_numpy(images))  # noqa: E731
-                else:
-                    fn = load_factory(port)(config, state, taps=False, **options)
-                seconds, peak_mb = time_forward(fn, x, warmup, repeats, base)
-                timm_seconds = seconds if port is None else timm_seconds
-                rows.append({"model": name, "batch": batch, "port": label, "seconds": seconds,
-                             "images_per_s": batch / seconds, "ratio_to_timm": timm_seconds / seconds,
-                             "gflops": flops / seconds / 1e9, "peak_fraction": flops / seconds / 1e9 / max(peak.values()),
-                             "peak_mb": peak_mb})
+            for label, port, _ in entries:
+                out = subprocess.run([sys.executable, "-m", "conformance.bench", name, str(batch), label, str(warmup),
+                                      str(repeats)], capture_output=True, text=True)
+                if out.returncode:
+                    raise RuntimeError(f"{name} b{batch} {label} failed:\n{out.stderr[-2000:]}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                timm_seconds = r["seconds"] if port is None else timm_seconds
+                rows.append({"model": name, "batch": batch, "port": label, "seconds": r["seconds"],
+                             "images_per_s": batch / r["seconds"], "ratio_to_timm": timm_seconds / r["seconds"],
+                             "gflops": flops / r["seconds"] / 1e9,
+                             "peak_fraction": flops / r["seconds"] / 1e9 / max(peak.values()), "peak_mb": r["peak_mb"]})
                 print(_format_row(rows[-1]), flush=True)
     return {"machine": {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count(),
                         "matmul_peak_gflops": peak, "mlx_sgemm": sgemm_provider()},
@@ -154,3 +174,11 @@ def main(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0
+
+
+if __name__ == "__main__":  # one entry, for run(): python -m conformance.bench MODEL BATCH LABEL WARMUP REPEATS
+    import sys
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    model_name, batch_size, entry, n_warmup, n_repeats = sys.argv[1:6]
+    print(json.dumps(measure_entry(model_name, int(batch_size), entry, int(n_warmup), int(n_repeats))))

@@ -42,13 +42,18 @@ def test_fast_path_check_fails_on_dropout_in_the_fused_kernel():
 
 
 def test_mlx_binds_sgemm_to_openblas_when_it_is_installed():
-    from impls import mlx_vit  # noqa: F401 - importing the port loads OpenBLAS first
-    from impls.mlx_blas import find_openblas, sgemm_provider
+    """In a fresh process, as a user's: importing the MLX port loads OpenBLAS before mlx.core."""
+    from impls.mlx_blas import find_openblas
 
     if os.environ.get("CI"):
         assert find_openblas(), "CI installs libopenblas0-pthread (.ci/run): OpenBLAS must be found"
+    code = ("from impls import mlx_vit; import mlx.core as mx; from impls.mlx_blas import sgemm_provider;"
+            "mx.eval(mx.ones((4, 4)) @ mx.ones((4, 4))); print(sgemm_provider())")
+    provider = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     if find_openblas():
-        assert "openblas" in (sgemm_provider() or ""), f"cblas_sgemm resolves to {sgemm_provider()}"
+        assert "openblas" in provider, f"cblas_sgemm resolves to {provider}"
+    else:
+        assert "openblas" not in provider
 
 
 def test_mlx_results_with_openblas_equal_those_with_the_reference_blas_within_tolerance(tmp_path):

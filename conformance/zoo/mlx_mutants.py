@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from functools import partial
 
-import mlx.core as mx
-import mlx.nn as nn
-import numpy as np
+from impls import mlx_vit as M  # first: it loads OpenBLAS before mlx.core
 
-from impls import mlx_vit as M
+import mlx.core as mx  # noqa: E402, I001
+import mlx.nn as nn  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 class BlockSharedNorm(M.Block):

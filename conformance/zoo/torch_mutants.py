@@ -23,20 +23,33 @@ class AttentionProjectsInput(T.Attention):
         return x
 
 
+def _timm_qkv(self, x):
+    B, N, _ = x.shape
+    return self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _attend(self, x, qkv, taps, name, weights=None):
+    """The correct attention from q, k, v on, but for ``weights(q, k)`` when given."""
+    q, k, v = qkv
+    for t, n in ((q, "q"), (k, "k"), (v, "v")):
+        T._tap(taps, f"{name}.{n}", t)
+    if weights is None:
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    else:
+        attn = weights(q, k)
+    T._tap(taps, f"{name}.weights", attn)
+    x = self.proj(T.merge_heads(attn @ v))
+    T._tap(taps, name, x)
+    return x
+
+
 class AttentionScaleAfterSoftmax(T.Attention):
     """`att = F.softmax(energy, dim=-1) / scaling` with scaling = sqrt(emb_size) (seed post 002)."""
 
     def forward(self, x, taps=None, name="attn"):
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        for t, n in ((q, "q"), (k, "k"), (v, "v")):
-            T._tap(taps, f"{name}.{n}", t)
-        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1) / C ** 0.5
-        T._tap(taps, f"{name}.weights", attn)
-        x = self.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
-        T._tap(taps, name, x)
-        return x
+        emb_size = x.shape[-1]
+        return _attend(self, x, _timm_qkv(self, x), taps, name,
+                       lambda q, k: (q @ k.transpose(-2, -1)).softmax(dim=-1) / emb_size ** 0.5)
 
 
 class AttentionScaleByEmbedDim(T.Attention):
@@ -51,7 +64,7 @@ class AttentionQkvHeadsFirst(T.Attention):
     """Fused qkv rows read as (heads, 3, head_dim) instead of timm's (3, heads, head_dim)."""
 
     def forward(self, x, taps=None, name="attn"):
-        B, N, C = x.shape
+        B, N, _ = x.shape
         qkv = self.qkv(x).reshape(B, N, self.num_heads, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         return _attend(self, x, qkv.unbind(0), taps, name)
 
@@ -64,27 +77,12 @@ class AttentionEinopsHdQkv(T.Attention):
         return _attend(self, x, (qkv[0], qkv[1], qkv[2]), taps, name)
 
 
-def _attend(self, x, qkv, taps, name):
-    B, N, C = x.shape
-    q, k, v = qkv
-    for t, n in ((q, "q"), (k, "k"), (v, "v")):
-        T._tap(taps, f"{name}.{n}", t)
-    attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
-    T._tap(taps, f"{name}.weights", attn)
-    x = self.proj((attn @ v).transpose(1, 2).reshape(B, N, C))
-    T._tap(taps, name, x)
-    return x
-
-
 class AttentionFusedDropout(T.Attention):
     """dropout_p=0.1 handed to the fused kernel, which ignores eval() (pytorch/pytorch#124464)."""
 
     def forward(self, x, taps=None, name="attn"):
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
-        x = self.proj(x.transpose(1, 2).reshape(B, N, C))
+        q, k, v = _timm_qkv(self, x)
+        x = self.proj(T.merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)))
         T._tap(taps, name, x)
         return x
 
@@ -151,25 +149,15 @@ class AttentionSoftmaxOverBatch(T.Attention):
     """softmax(dim=0): the axis counted from the front, normalising across the batch."""
 
     def forward(self, x, taps=None, name="attn"):
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        for t, n in ((q, "q"), (k, "k"), (v, "v")):
-            T._tap(taps, f"{name}.{n}", t)
-        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=0)
-        T._tap(taps, f"{name}.weights", attn)
-        x = self.proj(T.merge_heads(attn @ v))
-        T._tap(taps, name, x)
-        return x
+        return _attend(self, x, _timm_qkv(self, x), taps, name,
+                       lambda q, k: ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=0))
 
 
 class AttentionCausal(T.Attention):
     """is_causal=True, copied from a decoder's attention into an encoder."""
 
     def forward(self, x, taps=None, name="attn"):
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
+        q, k, v = _timm_qkv(self, x)
         x = self.proj(T.merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
         T._tap(taps, name, x)
         return x
