@@ -108,7 +108,9 @@ def measure_entry(name: str, batch: int, label: str, warmup: int, repeats: int) 
     _, port, options = next(e for e in ENTRIES if e[0] == label)
     base = _reset_peak_rss()
     if port is None:
-        fn = lambda images: model(torch.from_numpy(images))  # noqa: E731
+        def fn(images):  # timm as its users run it for inference, as the torch port runs
+            with torch.inference_mode():
+                return model(torch.from_numpy(images))
     else:
         del model  # only the port's copy of the weights counts
         fn = load_factory(port)(config, state, taps=False, **options)
