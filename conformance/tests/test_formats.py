@@ -34,8 +34,7 @@ def assert_logits_close(port, config, state, x, ref, what):
 
 # ----------------------------------------------------------------------------- timm
 
-@pytest.mark.parametrize("name", TIMM_CONFIGS)
-@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+@pytest.mark.parametrize("name, suffix", [(name, ".safetensors") for name in TIMM_CONFIGS] + [("vit_test_avg", ".pth")])
 def test_timm_checkpoint_imports_and_every_port_matches_timms_forward(framework_port, name, suffix, tmp_path):
     config = get_config(name)
     torch.manual_seed(1)

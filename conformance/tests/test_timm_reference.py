@@ -33,8 +33,8 @@ def test_oracle_equals_timm_in_float64_at_every_stage(name):
         assert rel < 1e-12, f"{stage}: oracle vs timm float64 rel_err {rel:.3e}"
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("weights", ["timm_init", "project_init"])
+@pytest.mark.parametrize("name, weights", [(name, "project_init") for name in CONFIGS]
+                         + [("vit_test_token", "timm_init"), ("vit_test_avg_nocls", "timm_init")])
 def test_port_equals_timm_at_every_stage(port, name, weights):
     """timm's own init (ones/zeros norms, zero biases) and the project's; timm's state_dict is
     fed to the port through the canonical format. Both run in float32, so each is within the
