@@ -1,4 +1,4 @@
-"""Shared plumbing of the tests: cached port factories and the assertion that says where."""
+"""Shared plumbing of the tests: cached factories, framework converters, mutants and companions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from functools import lru_cache
 import numpy as np
 from hypothesis import settings
 
-from conformance.compare import compare_outputs, describe_failures
 from impls import load_factory
 
 
@@ -23,17 +22,6 @@ def budget(divisor: int = 1, minimum: int = 3) -> int:
 
 def run(port: str, config, state, images, **kwargs):
     return factory(port)(config, state, **kwargs)(images)
-
-
-def assert_matches_oracle(port: str, config, state, images, *, regime: str = "normal", oracle=None, **context):
-    """Every tap of ``port`` within tolerance of the oracle; the message names port, stage and case."""
-    oracle = run("numpy", config, state, images) if oracle is None else oracle
-    out = run(port, config, state, images)
-    results = compare_outputs(out, oracle, config, batch=images.shape[0], regime=regime)
-    assert len(results) == len(oracle), f"{port} emitted {len(results)} of the {len(oracle)} stages"
-    bad = [r for r in results if not r.ok]
-    assert not bad, describe_failures(results, port, config=config, **context)
-    return out
 
 
 def max_rel(a, b) -> float:
