@@ -20,7 +20,7 @@ def register() -> None:
     settings.register_profile("ci", max_examples=5, derandomize=True, database=None, **_COMMON)
     settings.register_profile("dev", max_examples=20, **_COMMON)
     settings.register_profile("thorough", max_examples=300, **_COMMON)
-    settings.register_profile("zoo", max_examples=4, derandomize=True, database=None,
+    settings.register_profile("zoo", max_examples=3, derandomize=True, database=None,
                               phases=[Phase.explicit, Phase.reuse, Phase.generate], report_multiple_bugs=False,
                               **_COMMON)
 

@@ -26,7 +26,7 @@ def test_timm_preset_has_timm_keys_and_shapes(name):
     assert expected_shapes(get_config(name)) == timm_shapes
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", sorted(n for n in PRESETS if n.startswith("vit_test")))  # timm's own: above
 def test_every_preset_matches_a_timm_model_built_from_its_options(name):
     config = get_config(name)
     timm_shapes = {k: tuple(v.shape) for k, v in timm_model(config).state_dict().items()}

@@ -28,7 +28,7 @@ def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
 
 
 def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_ports_pass():
-    rows, correct = run_zoo(with_plugin=True, workers=1)
+    rows, correct = run_zoo(with_plugin=True, workers=1, with_verify=False)  # verify: the test above
     missed = {r.name: r.missed for r in rows if not r.caught}
     assert not missed, missed
     assert correct and not any(correct.values()), correct
