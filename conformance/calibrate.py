@@ -33,7 +33,18 @@ PRESET_NAMES = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch
 def measure(examples: int, seed: int, ports=FRAMEWORK_PORTS, presets=PRESET_NAMES) -> dict:
     factories = {p: load_factory(p) for p in ("numpy", *ports)}
     errors: dict = defaultdict(list)  # (regime, kind, port) -> [rel_err]
-    worst: dict = {}
+    worst: dict = {}  # (regime, kind, port) -> the case behind the largest rel_err
+
+    def record(regime, config, state, x, case_info):
+        oracle = factories["numpy"](config, state)(x)
+        for port in ports:
+            out = factories[port](config, state)(x)
+            for stage, ref in oracle.items():
+                key = (regime, stage_kind(stage), port)
+                rel = error(out[stage], ref)[1]
+                if not errors[key] or rel >= max(errors[key]):
+                    worst[key] = {**case_info, "stage": stage}
+                errors[key].append(rel)
 
     @hypothesis_seed(seed)
     @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
@@ -42,31 +53,15 @@ def measure(examples: int, seed: int, ports=FRAMEWORK_PORTS, presets=PRESET_NAME
     def run(config, weights, images):
         state = weights.make(config)
         x = (S.ImageCase("ordinary", images.seed, images.batch) if weights.offset else images).make(config)
-        oracle = factories["numpy"](config, state)(x)
-        for port in ports:
-            out = factories[port](config, state)(x)
-            for name, ref in oracle.items():
-                _, rel = error(out[name], ref)
-                key = (weights.regime, stage_kind(name), port)
-                errors[key].append(rel)
-                if rel >= max(errors[key]):
-                    worst[key] = {"config": config.to_dict(), "weights": vars(weights), "images": vars(images),
-                                  "stage": name}
+        record(weights.regime, config, state, x,
+               {"config": config.to_dict(), "weights": vars(weights), "images": vars(images)})
 
     run()
     for name in presets:  # full-size shapes: wider reductions than the drawn configs
         config = get_config(name)
         state = S.WeightCase(seed, 1.0).make(config)
         for kind in ("ordinary", "near_constant"):
-            x = S.make_images(config, 2, kind, seed)
-            oracle = factories["numpy"](config, state)(x)
-            for port in ports:
-                out = factories[port](config, state)(x)
-                for stage, ref in oracle.items():
-                    key = ("normal", stage_kind(stage), port)
-                    errors[key].append(error(out[stage], ref)[1])
-                    if errors[key][-1] >= max(errors[key]):
-                        worst[key] = {"preset": name, "images": kind, "stage": stage}
+            record("normal", config, state, S.make_images(config, 2, kind, seed), {"preset": name, "images": kind})
     table: dict = {}
     for (regime, kind, port), values in sorted(errors.items()):
         v = np.asarray(values)

@@ -25,7 +25,9 @@ from impls.config import ViTConfig
 
 
 class PropertyFailure(AssertionError):
-    """A port violates a property; the message says where."""
+    """A port violates a property; the message says where, ``stage`` names the stage if one."""
+
+    stage: str | None = None
 
 
 class NotApplicable(Exception):
@@ -64,7 +66,9 @@ def _fail(port: str, what: str, case, **details) -> PropertyFailure:
     lines = [f"[{port}] {what}"]
     lines += [f"  {k}: {v}" for k, v in details.items()]
     lines += [f"  {k}: {v}" for k, v in case.describe().items()]
-    return PropertyFailure("\n".join(lines))
+    failure = PropertyFailure("\n".join(lines))
+    failure.stage = details.get("stage")
+    return failure
 
 
 def _call(port: str, fn: Callable, *args, case=None):
@@ -156,13 +160,6 @@ def check_deterministic(port: str, make: Callable, case: ModelCase) -> None:
             raise _fail(port, "two calls on the same input differ", case, stage=name, max_abs_diff=diff)
 
 
-def _layer_norm(x, weight, bias, eps):
-    x = np.asarray(x, np.float64)
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
-
-
 def check_layernorms_in_place(port: str, make: Callable, case: ModelCase) -> None:
     """In every block, norm1 normalises the block input with norm1's weights and norm2 the
     residual after attention with norm2's; computed from the port's own taps."""
@@ -173,10 +170,10 @@ def check_layernorms_in_place(port: str, make: Callable, case: ModelCase) -> Non
         prev = "embed" if i == 0 else f"blocks.{i - 1}"
         _needs(out, prev, f"{b}.norm1", f"{b}.attn", f"{b}.norm2")
         x = np.asarray(out[prev], np.float64)
-        expected1 = _layer_norm(x, s[f"{b}.norm1.weight"], s[f"{b}.norm1.bias"], eps)
+        expected1 = oracle_impl.layer_norm(x, s[f"{b}.norm1.weight"], s[f"{b}.norm1.bias"], eps)
         _within(port, "norm1 is not LayerNorm(block input; norm1 weights)", case, f"{b}.norm1", out[f"{b}.norm1"], expected1)
         resid = x + np.asarray(out[f"{b}.attn"], np.float64)
-        expected2 = _layer_norm(resid, s[f"{b}.norm2.weight"], s[f"{b}.norm2.bias"], eps)
+        expected2 = oracle_impl.layer_norm(resid, s[f"{b}.norm2.weight"], s[f"{b}.norm2.bias"], eps)
         _within(port, "norm2 is not LayerNorm(x + attn; norm2 weights)", case, f"{b}.norm2", out[f"{b}.norm2"], expected2)
 
 
@@ -288,14 +285,6 @@ def run_attention(port: str, make_attention: Callable, case: AttentionCase, x=No
 def _oracle_attention(case: AttentionCase, x=None, context="same", mask=None):
     ctx = case.context if isinstance(context, str) else context
     return oracle_impl.make_attention(case.state, **case.options)(case.x if x is None else x, ctx, mask)
-
-
-def check_attention_matches_oracle(port: str, make_attention: Callable, case: AttentionCase, mask=None) -> None:
-    out, w = run_attention(port, make_attention, case, mask=mask)
-    ref, ref_w = _oracle_attention(case, mask=mask)
-    _within(port, "attention output differs from the oracle", case, "attn", out, ref)
-    if w is not None:
-        _within(port, "attention weights differ from the oracle", case, "attn.weights", w, ref_w)
 
 
 def check_cross_attention_weights_sum_to_one_over_keys(port: str, make_attention: Callable, case: AttentionCase) -> None:

@@ -141,8 +141,7 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
         try:
             check_deterministic(port, make, ModelCase(config, cases[0].state, cases[0].images, cases[0].regime))
         except PropertyFailure as e:
-            stage = next((line.split(": ", 1)[1] for line in str(e).splitlines() if "stage:" in line), "logits")
-            report.failures.append({"case": cases[0].name, "stage": stage,
+            report.failures.append({"case": cases[0].name, "stage": e.stage or "logits",
                                     "reason": "two calls on the same input differ (randomness at inference)"})
     return report
 

@@ -26,6 +26,12 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.where(s == 0.0, 1.0, s)
 
 
+def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)  # biased, as every framework
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     # The exact (erf) form, as timm, torch and MLX use by default.
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
@@ -101,9 +107,7 @@ class LayerNorm(Module):
         self.bias = np.zeros((dim,))
 
     def __call__(self, x):
-        mean = x.mean(-1, keepdims=True)
-        var = ((x - mean) ** 2).mean(-1, keepdims=True)  # biased, as every framework
-        return (x - mean) / np.sqrt(var + self.eps) * self.weight + self.bias
+        return layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class GELU(Module):

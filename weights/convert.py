@@ -26,12 +26,13 @@ LAYOUT_METADATA_KEY = "vit_conformance_layout"
 _NATIVE = {"mlx": "mlx", "flax": "jax"}
 
 
-def _metadata(path: str) -> dict:
+def _header(path: str) -> tuple[dict, set[str]]:
+    """A safetensors file's metadata and keys, without reading its tensors."""
     from safetensors import safe_open
 
     try:
         with safe_open(path, framework="numpy") as f:
-            return f.metadata() or {}
+            return f.metadata() or {}, set(f.keys())
     except Exception as e:  # noqa: BLE001
         raise WeightError(f"{path!r} is not a readable safetensors file: {e}") from None
 
@@ -47,12 +48,11 @@ def detect(path: str) -> str:
     if p.suffix in (".pth", ".pt", ".bin"):
         return "timm"
     if p.suffix == ".safetensors":
-        meta = _metadata(path)
+        meta, keys = _header(path)
         if LAYOUT_METADATA_KEY in meta:
             return meta[LAYOUT_METADATA_KEY]
         if CONFIG_METADATA_KEY in meta:
             return "canonical"
-        keys = set(formats.read_timm(path))
         if any(k.startswith(("vit.", "classifier.")) for k in keys):
             raise WeightError(f"{path!r} is a Hugging Face state dict: convert its save_pretrained directory "
                               "(with config.json) instead")
@@ -76,7 +76,7 @@ def read(path: str, layout: str, config: ViTConfig | None = None, num_heads: int
     else:
         raw = formats.read_timm(path)
         if config is None and str(path).endswith(".safetensors"):
-            meta = _metadata(str(path))
+            meta, _ = _header(str(path))
             if CONFIG_METADATA_KEY in meta:
                 config = ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
         state = from_native(raw, _NATIVE[layout]) if layout in _NATIVE else raw
