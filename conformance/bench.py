@@ -175,6 +175,10 @@ def main(args) -> int:
           + f"; MLX cblas_sgemm from {m['mlx_sgemm']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.markdown:
+        from conformance.docs import bench_table
+
+        print("\n" + bench_table(result))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""python -m conformance [agree] | verify PORT | zoo | bench
+"""python -m conformance [agree] | verify PORT | zoo | bench | docs
 
 ``agree`` (the default): build a preset with seeded weights, run the PyTorch, MLX and JAX ports
 and the float64 oracle on the same images, and print a per-stage agreement table.
@@ -77,18 +77,26 @@ def main(argv=None) -> int:
     z.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
     z.add_argument("--no-plugin", action="store_true", help="verify only, skip the sampled pytest run")
     z.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the sampled run")
-    z.add_argument("--json", help="write the rows as JSON here")
+    z.add_argument("--json", help="write the rows as JSON here (docs/data/zoo.json feeds docs/zoo.md)")
+    z.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
     b = sub.add_parser("bench", help="forward throughput of every port against timm, side by side")
     b.add_argument("--models", nargs="+", choices=sorted(PRESETS), help="default: ViT-Ti/16, ViT-S/16, ViT-B/16 at 224")
     b.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--json", help="write the rows and the machine here")
+    b.add_argument("--json", help="write the rows and the machine here (docs/data/bench.json feeds docs/performance.md)")
+    b.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
+    d = sub.add_parser("docs", help="regenerate the tables in docs/ from code and committed measurements")
+    d.add_argument("--check", action="store_true", help="only check: exit 1 naming each stale table")
     args = parser.parse_args(argv)
     if args.command == "bench":
         from conformance.bench import main as bench_main
 
         return bench_main(args)
+    if args.command == "docs":
+        from conformance.docs import main as docs_main
+
+        return docs_main(args)
     if args.command == "zoo":
         from conformance.zoo.run import main as zoo_main
 

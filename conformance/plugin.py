@@ -17,9 +17,12 @@ import os
 import pytest
 
 from conformance import profiles
+from impls import FRAMEWORK_PORTS
 
-BUILTIN = ("torch", "mlx", "jax")
-profiles.register()  # at import, so --hypothesis-profile can name them from any directory
+# At import, before hypothesis reads --hypothesis-profile: the profiles exist from any directory,
+# and the default (ci, or HYPOTHESIS_PROFILE) is active for users' runs too.
+profiles.register()
+profiles.load_default()
 
 
 def pytest_addoption(parser):
@@ -49,7 +52,7 @@ def _parametrize(metafunc, name: str, values: list[str]) -> None:
 def pytest_generate_tests(metafunc):
     # Direct parametrisation, not fixtures: hypothesis re-runs the test body per example.
     opts = metafunc.config.option
-    builtin = [] if opts.only_given_ports else list(BUILTIN)
+    builtin = [] if opts.only_given_ports else list(FRAMEWORK_PORTS)
     if "port" in metafunc.fixturenames:
         _parametrize(metafunc, "port", builtin + list(opts.port))
     if "attention_port" in metafunc.fixturenames:

@@ -1,8 +1,8 @@
 """Hypothesis profiles of the suite (registered by the root conftest.py and by the plugin).
 
-  ci        derandomised, fixed example counts, no deadline, no example database: the same
-            cases on every run (.ci/run uses it)
-  dev       the default: random cases, failures remembered in the local example database
+  ci        the default (README's `pytest -n auto`, which .ci/run runs unchanged): derandomised,
+            fixed example counts, no deadline, no example database: the same cases on every run
+  dev       random cases, failures remembered in the local example database
   thorough  many more examples, for a nightly job
   zoo       the bug zoo's sampled run: derandomised, few examples, no shrinking (a mutant's
             first failing example is the finding; a minimal one is not needed)
@@ -26,5 +26,5 @@ def register() -> None:
 
 
 def load_default() -> None:
-    """HYPOTHESIS_PROFILE chooses; hypothesis's own --hypothesis-profile overrides it later."""
-    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+    """HYPOTHESIS_PROFILE chooses (default ci); hypothesis's own --hypothesis-profile overrides it later."""
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -110,6 +110,23 @@ def _within(port, what, case, name, actual, expected, kind=None) -> None:
                     f"max_abs_err {r.max_abs_err:.3e}, rel_err {r.rel_err:.3e} > tol {tol:.3e}")
 
 
+class _Shapes:
+    """A case that is only arrays (no drawn config), for messages."""
+
+    def __init__(self, **shapes):
+        self.shapes = shapes
+
+    def describe(self) -> dict:
+        return self.shapes
+
+
+def check_close(port: str, what: str, actual, expected, kind: str, regime: str = "normal") -> None:
+    """One array against its reference within the tolerance of stage kind ``kind``."""
+    case = _Shapes(shape=np.shape(expected), regime=regime)
+    case.regime = regime
+    _within(port, what, case, kind, actual, expected, kind)
+
+
 # ----------------------------------------------------------------------------- whole model
 
 def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
@@ -119,6 +136,15 @@ def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
     if any(not r.ok for r in results):
         raise PropertyFailure(describe_failures(results, port, **case.describe()))
     return results
+
+
+def check_stages_match_oracle(port: str, make: Callable, case: ModelCase, stages=("logits",)) -> None:
+    """The named stages (the port must emit them) are within tolerance of the oracle's."""
+    out = run_model(port, make, case)
+    _needs(out, *stages)
+    ref = _oracle(case)
+    for name in stages:
+        _within(port, f"{name} differs from the oracle", case, name, out[name], ref[name])
 
 
 def check_batch_elements_independent(port: str, make: Callable, case: ModelCase, other_images: np.ndarray) -> None:

@@ -124,8 +124,8 @@ def weight_cases(draw, scales=NORMAL_SCALES + STRESS_SCALES, offsets: bool = Tru
 
 
 @dataclass(frozen=True)
-class AttentionCase:
-    """Inputs of a standalone multi-head (cross-)attention."""
+class AttentionShape:
+    """Shapes and seed of a standalone multi-head (cross-)attention."""
 
     batch: int
     num_heads: int
@@ -145,7 +145,7 @@ class AttentionCase:
 
 
 @st.composite
-def attention_cases(draw, cross: bool | None = None, min_len: int = 1, max_len: int = 7) -> AttentionCase:
+def attention_shapes(draw, cross: bool | None = None, min_len: int = 1, max_len: int = 7) -> AttentionShape:
     """Shapes for MultiHeadAttention; cross=True forces another context length and width."""
     num_heads = draw(st.integers(1, 4))
     head_dim = draw(st.sampled_from([2, 4, 8]))
@@ -157,13 +157,13 @@ def attention_cases(draw, cross: bool | None = None, min_len: int = 1, max_len: 
         context_dim = draw(st.sampled_from([3, 6, 10]))
     else:
         kv_len, context_dim = q_len, dim
-    return AttentionCase(batch=draw(st.integers(1, 3)), num_heads=num_heads, head_dim=head_dim, dim=dim,
+    return AttentionShape(batch=draw(st.integers(1, 3)), num_heads=num_heads, head_dim=head_dim, dim=dim,
                          q_len=q_len, kv_len=kv_len, context_dim=context_dim, qkv_bias=draw(st.booleans()),
                          seed=draw(st.integers(0, 2**31 - 1)))
 
 
 @st.composite
-def masks(draw, case: AttentionCase, kind: str | None = None, allow_dead_rows: bool = True) -> np.ndarray:
+def masks(draw, case: AttentionShape, kind: str | None = None, allow_dead_rows: bool = True) -> np.ndarray:
     """A boolean keep-mask or an additive float mask broadcastable to (B, H, Nq, Nk)."""
     kind = draw(st.sampled_from(["bool", "additive"])) if kind is None else kind
     b = draw(st.sampled_from([1, case.batch]))
@@ -197,12 +197,12 @@ def model_cases(draw, config_strategy=None, images=None, weights=None, min_batch
 def attention_property_cases(draw, cross: bool | None = None, weights=None, square_heads: bool = False,
                              min_len: int = 1):
     """A standalone attention case as a properties.AttentionCase (context None for self-attention)."""
-    from conformance.properties import AttentionCase as Case
+    from conformance.properties import AttentionCase
     from weights import mha_shapes
 
-    case = draw(attention_cases(cross=cross, min_len=min_len))
+    case = draw(attention_shapes(cross=cross, min_len=min_len))
     if square_heads:
-        case = AttentionCase(**{**vars(case), "dim": case.num_heads * case.head_dim,
+        case = AttentionShape(**{**vars(case), "dim": case.num_heads * case.head_dim,
                                 "context_dim": case.num_heads * case.head_dim if case.kv_len == case.q_len
                                 else case.context_dim})
     w = draw(weight_cases(NORMAL_SCALES, offsets=False) if weights is None else weights)
@@ -211,7 +211,7 @@ def attention_property_cases(draw, cross: bool | None = None, weights=None, squa
     state = w.make_params(mha_shapes(**options))
     x, ctx = case.inputs()
     self_attention = case.kv_len == case.q_len and case.context_dim == case.dim and draw(st.booleans())
-    return Case(options, state, x, None if self_attention else ctx, w.regime, {"weights": w, "seed": case.seed})
+    return AttentionCase(options, state, x, None if self_attention else ctx, w.regime, {"weights": w, "seed": case.seed})
 
 
 def hard_model_cases():

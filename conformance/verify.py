@@ -18,12 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from conformance.compare import StageResult, compare_outputs
-from conformance.strategies import OFFSET, WeightCase, make_images
+from conformance.strategies import IMAGE_KINDS, OFFSET, WeightCase, make_images
 from impls import load_factory, tap_names
 from impls.config import ViTConfig
-
-IMAGE_KINDS = ("ordinary", "near_constant", "constant", "huge", "tiny")
-
 
 class UsageError(Exception):
     """Bad arguments: exit status 2."""

@@ -15,14 +15,12 @@ from impls.config import (
     tap_shapes,
 )
 
-# Port name -> "module:factory", the same form users pass to `--port`.
-PORTS = {
-    "numpy": "impls.numpy_vit:make",
-    "torch": "impls.torch_vit:make",
-    "mlx": "impls.mlx_vit:make",
-    "jax": "impls.jax_vit:make",
-}
-FRAMEWORK_PORTS = ("torch", "mlx", "jax")
+from weights import FRAMEWORKS
+
+# Port name -> "module:factory", the same form users pass to `--port`: one port per native
+# layout of weights.FRAMEWORKS, the float64 oracle ("numpy") first.
+PORTS = {framework: f"impls.{framework}_vit:make" for framework in FRAMEWORKS}
+FRAMEWORK_PORTS = tuple(p for p in PORTS if p != "numpy")
 
 
 def load_factory(spec: str):

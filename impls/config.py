@@ -1,176 +1,16 @@
-"""One ViT configuration shared by every port, with timm's keyword names and semantics.
+"""What the ports share beyond the config: tap names and shapes, and the input check.
 
-The options mean exactly what they mean in timm's ``VisionTransformer``:
-
-* ``global_pool="token"`` takes the class token after the final ``norm``;
-  ``global_pool="avg"`` has no final ``norm``: it averages the patch tokens (the class
-  token excluded) and applies ``fc_norm`` before the head.
-* ``class_token=False`` is only valid with ``global_pool="avg"``.
-* ``num_classes=0`` means no head: the logits are the pooled features.
+The config itself lives in weights/config.py (it defines the checkpoint's names and shapes),
+so impls depends on weights and never the other way round.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
-
-GLOBAL_POOLS = ("token", "avg")
-
-
-class ConfigError(ValueError):
-    """A ViTConfig whose options contradict each other."""
+from weights.config import GLOBAL_POOLS, PRESETS, ConfigError, ViTConfig, get_config
 
 
 class InputError(ValueError):
     """An input image batch that does not fit the model."""
-
-
-def _pair(value: Any, name: str) -> tuple[int, int]:
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
-    if isinstance(value, int):
-        return (value, value)
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
-        return (int(value[0]), int(value[1]))
-    raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
-
-
-@dataclass(frozen=True)
-class ViTConfig:
-    img_size: int | tuple[int, int] = 224
-    patch_size: int | tuple[int, int] = 16
-    in_chans: int = 3
-    num_classes: int = 1000
-    global_pool: str = "token"
-    class_token: bool = True
-    embed_dim: int = 768
-    depth: int = 12
-    num_heads: int = 12
-    mlp_ratio: float = 4.0
-    qkv_bias: bool = True
-    norm_eps: float = 1e-6
-    name: str = field(default="", compare=False)
-
-    def __post_init__(self) -> None:
-        img = _pair(self.img_size, "img_size")
-        patch = _pair(self.patch_size, "patch_size")
-        object.__setattr__(self, "img_size", img)
-        object.__setattr__(self, "patch_size", patch)
-        for key in ("in_chans", "embed_dim", "depth", "num_heads"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{key} must be a positive int, got {value!r}")
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
-            raise ConfigError(f"num_classes must be an int >= 0, got {self.num_classes!r}")
-        if min(img) < 1 or min(patch) < 1:
-            raise ConfigError(f"img_size {img} and patch_size {patch} must be positive")
-        if img[0] % patch[0] or img[1] % patch[1]:
-            raise ConfigError(
-                f"img_size {img} is not divisible by patch_size {patch}: "
-                f"remainders {(img[0] % patch[0], img[1] % patch[1])}"
-            )
-        if self.embed_dim % self.num_heads:
-            raise ConfigError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
-            )
-        if self.global_pool not in GLOBAL_POOLS:
-            raise ConfigError(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
-        if not self.class_token and self.global_pool == "token":
-            raise ConfigError('class_token=False needs global_pool="avg": there is no token to pool')
-        if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
-            raise ConfigError(f"mlp_ratio must give a hidden width >= 1, got {self.mlp_ratio!r}")
-        if not 0 < self.norm_eps < 1:
-            raise ConfigError(f"norm_eps must be in (0, 1), got {self.norm_eps!r}")
-
-    # Derived sizes, named as in timm.
-    @property
-    def grid_size(self) -> tuple[int, int]:
-        return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
-
-    @property
-    def num_patches(self) -> int:
-        return self.grid_size[0] * self.grid_size[1]
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_patches + self.num_prefix_tokens
-
-    @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
-
-    @property
-    def mlp_hidden_dim(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
-
-    @property
-    def use_fc_norm(self) -> bool:
-        return self.global_pool == "avg"
-
-    @property
-    def num_features(self) -> int:
-        return self.num_classes if self.num_classes else self.embed_dim
-
-    def replace(self, **changes: Any) -> "ViTConfig":
-        return replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["img_size"] = list(self.img_size)
-        d["patch_size"] = list(self.patch_size)
-        d.pop("name")
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown ViTConfig options {unknown}; known: {sorted(known)}")
-        d = dict(d)
-        for key in ("img_size", "patch_size"):
-            if isinstance(d.get(key), list):
-                d[key] = tuple(d[key])
-        return cls(**d)
-
-
-PRESETS: dict[str, ViTConfig] = {
-    # timm's presets (timm.models.vision_transformer).
-    "vit_tiny_patch16_224": ViTConfig(patch_size=16, embed_dim=192, depth=12, num_heads=3),
-    "vit_small_patch16_224": ViTConfig(patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_224": ViTConfig(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    # Small ones for tests: non-square grids, other channel counts, both poolings.
-    "vit_test_token": ViTConfig(
-        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3
-    ),
-    "vit_test_avg": ViTConfig(
-        img_size=(20, 12), patch_size=4, in_chans=2, num_classes=5, global_pool="avg",
-        embed_dim=16, depth=2, num_heads=2,
-    ),
-    "vit_test_avg_nocls": ViTConfig(
-        img_size=(12, 16), patch_size=(4, 2), in_chans=1, num_classes=3, global_pool="avg",
-        class_token=False, embed_dim=12, depth=1, num_heads=2, qkv_bias=False,
-    ),
-    "vit_test_deep": ViTConfig(
-        img_size=(8, 16), patch_size=2, in_chans=4, num_classes=4, embed_dim=32, depth=3,
-        num_heads=4, mlp_ratio=2.0, qkv_bias=False,
-    ),
-}
-PRESETS = {name: cfg.replace(name=name) for name, cfg in PRESETS.items()}
-
-
-def get_config(name: str, **overrides: Any) -> ViTConfig:
-    try:
-        cfg = PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown preset {name!r}; presets: {sorted(PRESETS)}") from None
-    return cfg.replace(**overrides) if overrides else cfg
 
 
 BLOCK_TAPS = (
@@ -226,3 +66,7 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
     dtype = str(dtype).rsplit(".", 1)[-1]  # torch.float32, mlx.core.float32 -> float32
     if dtype != "float32":
         raise InputError(f"images must be float32, got dtype {dtype}")
+
+
+__all__ = ["GLOBAL_POOLS", "PRESETS", "ConfigError", "InputError", "ViTConfig", "get_config", "tap_names",
+           "tap_shapes", "check_images", "BLOCK_TAPS"]

@@ -17,8 +17,10 @@ import numpy as np
 from flax import nnx
 
 from impls.config import ViTConfig, check_images
+from weights import check_exact_match, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "jax"
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 PRECISION = jax.lax.Precision.HIGHEST
 
 
@@ -65,7 +67,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
     attn = _matmul(q * scale, k.swapaxes(-2, -1))
     if mask is not None:
         attn = jnp.where(mask, attn, -jnp.inf) if mask.dtype == jnp.bool_ else attn + mask
-    attn = jax.nn.softmax(attn, axis=-1)
+    attn = jax.nn.softmax(attn.astype(jnp.float32), axis=-1).astype(v.dtype)  # in float32, as autocast keeps it
     if mask is not None:
         attn = jnp.where(_dead_rows(mask), 0.0, attn)
     return _matmul(attn, v), attn
@@ -130,7 +132,7 @@ class Attention(nnx.Module):
         else:
             q = q * self.scale
             attn = _matmul(q, k.swapaxes(-2, -1))
-            attn = jax.nn.softmax(attn, axis=-1)  # over keys
+            attn = jax.nn.softmax(attn.astype(jnp.float32), axis=-1).astype(v.dtype)  # over keys, in float32
             _tap(taps, f"{name}.weights", attn)
             x = _matmul(attn, v)
         x = merge_heads(x)  # head-major
@@ -246,7 +248,7 @@ class VisionTransformer(nnx.Module):
 
     def forward_head(self, x, taps=None):
         if self.config.global_pool == "avg":
-            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(axis=1))
+            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(axis=1, dtype=jnp.float32).astype(x.dtype))
         else:
             x = x[:, 0]
         _tap(taps, "pooled", x)
@@ -256,6 +258,7 @@ class VisionTransformer(nnx.Module):
 
     def __call__(self, x, return_taps: bool = False):
         check_images(tuple(x.shape), str(x.dtype), self.config)
+        x = x.astype(self.pos_embed[...].dtype)  # float32 images in; the model runs in its weights' dtype
         taps = {} if return_taps else None
         x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x
@@ -265,8 +268,6 @@ class VisionTransformer(nnx.Module):
 
 def load_state_dict(model: nnx.Module, native: dict[str, np.ndarray]) -> None:
     """Strict: every Param present, nothing extra, every shape equal (Flax's update is not)."""
-    from weights.canonical import check_exact_match
-
     state = nnx.state(model, nnx.Param)
     paths = {".".join(map(str, path)): (path, var) for path, var in nnx.to_flat_state(state)}
     check_exact_match({k: tuple(var.shape) for k, (_, var) in paths.items()}, {k: np.shape(v) for k, v in native.items()})
@@ -301,27 +302,31 @@ def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool, layers: t
     return apply
 
 
+def _numpy(a: jax.Array) -> np.ndarray:
+    return np.asarray(a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a)  # NumPy has no bfloat16
+
+
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         model_cls=None, **layers):
-    """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
+         dtype: str = "float32", model_cls=None, **layers):
+    """Port factory: canonical float32 state -> forward(images) on NumPy arrays, computed in
+    ``dtype`` (float32, bfloat16, float16; bfloat16 results come back as float32 arrays).
 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows.
     """
-    from weights import to_native, validate_state
-
     validate_state(state, config)
     layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
     model = _abstract_model(config, fused_attn, layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
     _, params = nnx.split(model)
+    params = jax.tree.map(lambda a: a.astype(DTYPES[dtype]), params)
     apply = _compiled_forward(config, taps, fused_attn, layers)
 
     def forward(images: np.ndarray):
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)
         out = apply(params, images)
-        return {k: np.asarray(v) for k, v in out.items()} if taps else np.asarray(out)
+        return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
     return forward
 
@@ -348,8 +353,6 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
                    model_cls=None):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
-    from weights import mha_shapes, to_native, validate_state
-
     options = (("dim", dim), ("context_dim", context_dim), ("num_heads", num_heads), ("head_dim", head_dim),
                ("qkv_bias", qkv_bias), ("fused_attn", fused_attn))
     model_cls = model_cls or MultiHeadAttention

@@ -15,8 +15,10 @@ import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from impls.config import ViTConfig, check_images  # noqa: E402
+from weights import check_exact_match, mha_shapes, to_native, validate_state  # noqa: E402
 
 FRAMEWORK = "mlx"
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
 # ----------------------------------------------------------------------------- functional
@@ -54,7 +56,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
     attn = (q * scale) @ k.swapaxes(-2, -1)
     if mask is not None:
         attn = mx.where(mask, attn, -mx.inf) if mask.dtype == mx.bool_ else attn + mask
-    attn = mx.softmax(attn, axis=-1)
+    attn = mx.softmax(attn, axis=-1, precise=True)  # in float32, as autocast keeps it
     if mask is not None:
         attn = mx.where(_dead_rows(mask), 0.0, attn)
     return attn @ v, attn
@@ -111,7 +113,7 @@ class Attention(nn.Module):
         else:
             q = q * self.scale
             attn = q @ k.swapaxes(-2, -1)
-            attn = mx.softmax(attn, axis=-1)  # over keys
+            attn = mx.softmax(attn, axis=-1, precise=True)  # over keys, in float32
             _tap(taps, f"{name}.weights", attn)
             x = attn @ v
         x = merge_heads(x)  # head-major
@@ -230,7 +232,7 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x, taps=None):
         if self.config.global_pool == "avg":
-            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(axis=1))
+            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].astype(mx.float32).mean(axis=1).astype(x.dtype))
         else:
             x = x[:, 0]
         _tap(taps, "pooled", x)
@@ -240,6 +242,7 @@ class VisionTransformer(nn.Module):
 
     def __call__(self, x, return_taps: bool = False):
         check_images(tuple(x.shape), str(x.dtype), self.config)
+        x = x.astype(self.pos_embed.dtype)  # float32 images in; the model runs in its weights' dtype
         taps = {} if return_taps else None
         x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x
@@ -251,25 +254,27 @@ def load_state_dict(model: nn.Module, native: dict[str, np.ndarray]) -> None:
     """Strict: our check names every bad key, then MLX's own strict path loads."""
     from mlx.utils import tree_flatten
 
-    from weights.canonical import check_exact_match
-
     current = dict(tree_flatten(model.parameters()))
     check_exact_match({k: tuple(v.shape) for k, v in current.items()}, {k: np.shape(v) for k, v in native.items()})
     model.load_weights([(k, mx.array(np.asarray(v, dtype=np.float32))) for k, v in native.items()], strict=True)
 
 
+def _numpy(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)  # NumPy has no bfloat16
+
+
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         compiled: bool = False, model_cls=None, **layers):
-    """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
+         dtype: str = "float32", compiled: bool = False, model_cls=None, **layers):
+    """Port factory: canonical float32 state -> forward(images) on NumPy arrays, computed in
+    ``dtype`` (float32, bfloat16, float16; bfloat16 results come back as float32 arrays).
 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows. ``compiled`` runs it through mx.compile.
     """
-    from weights import to_native, validate_state
-
     validate_state(state, config)
     model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
+    model.set_dtype(DTYPES[dtype])
     model.eval()  # MLX modules start in training mode
     call = (lambda x: model(x, return_taps=taps))
     call = mx.compile(call) if compiled else call  # the weights are captured as constants
@@ -279,7 +284,7 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
         check_images(images.shape, str(images.dtype), config)  # mx.array() would cast float64 silently
         out = call(mx.array(images))
         mx.eval(out)
-        return {k: np.array(v) for k, v in out.items()} if taps else np.array(out)
+        return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
     return forward
 
@@ -288,8 +293,6 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
                    model_cls=None):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
-    from weights import mha_shapes, to_native, validate_state
-
     model = (model_cls or MultiHeadAttention)(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
     validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
     load_state_dict(model, to_native(state, FRAMEWORK))

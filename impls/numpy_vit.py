@@ -12,6 +12,7 @@ import numpy as np
 from scipy.special import erf
 
 from impls.config import ViTConfig, check_images
+from weights import check_exact_match, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "numpy"
 
@@ -301,8 +302,6 @@ class VisionTransformer(Module):
 
 def load_state_dict(model: Module, native: dict[str, np.ndarray]) -> None:
     """Strict: every parameter present, nothing extra, every shape equal."""
-    from weights.canonical import check_exact_match
-
     current = dict(model.named_parameters())
     check_exact_match({k: v.shape for k, v in current.items()}, {k: np.shape(v) for k, v in native.items()})
     for key, value in native.items():
@@ -316,8 +315,6 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows.
     """
-    from weights import to_native, validate_state
-
     validate_state(state, config)
     model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
@@ -332,8 +329,6 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
                    model_cls=None):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
-    from weights import mha_shapes, to_native, validate_state
-
     model = (model_cls or MultiHeadAttention)(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
     validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
     load_state_dict(model, to_native(state, FRAMEWORK))

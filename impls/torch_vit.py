@@ -11,8 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from impls.config import ViTConfig, check_images
+from weights import check_exact_match, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # ----------------------------------------------------------------------------- functional
@@ -49,7 +51,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
     attn = (q * scale) @ k.transpose(-2, -1)
     if mask is not None:
         attn = attn.masked_fill(~mask, -torch.inf) if mask.dtype == torch.bool else attn + mask
-    attn = attn.softmax(dim=-1)
+    attn = attn.softmax(dim=-1, dtype=torch.float32).to(v.dtype)  # in float32, as autocast keeps it
     if mask is not None:
         attn = attn.masked_fill(_dead_rows(mask), 0.0)
     return attn @ v, attn
@@ -106,7 +108,7 @@ class Attention(nn.Module):
         else:
             q = q * self.scale
             attn = q @ k.transpose(-2, -1)
-            attn = attn.softmax(dim=-1)  # over keys
+            attn = attn.softmax(dim=-1, dtype=torch.float32).to(v.dtype)  # over keys, in float32
             _tap(taps, f"{name}.weights", attn)
             x = attn @ v
         x = merge_heads(x)  # head-major
@@ -225,7 +227,7 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, x, taps=None):
         if self.config.global_pool == "avg":
-            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(dim=1))
+            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(dim=1, dtype=torch.float32).to(x.dtype))
         else:
             x = x[:, 0]
         _tap(taps, "pooled", x)
@@ -235,6 +237,7 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x, return_taps: bool = False):
         check_images(tuple(x.shape), str(x.dtype), self.config)
+        x = x.to(self.pos_embed.dtype)  # float32 images in; the model runs in its weights' dtype
         taps = {} if return_taps else None
         x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x
@@ -244,33 +247,34 @@ class VisionTransformer(nn.Module):
 
 def load_state_dict(model: nn.Module, native: dict[str, np.ndarray]) -> None:
     """Strict: our check names every bad key, then torch's own strict path loads."""
-    from weights.canonical import check_exact_match
-
     current = model.state_dict()
     check_exact_match({k: tuple(v.shape) for k, v in current.items()}, {k: np.shape(v) for k, v in native.items()})
     tensors = {k: torch.tensor(np.asarray(v, dtype=np.float32)) for k, v in native.items()}
     model.load_state_dict(tensors, strict=True, assign=True)
 
 
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()  # NumPy has no bfloat16
+
+
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         model_cls=None, **layers):
-    """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
+         dtype: str = "float32", model_cls=None, **layers):
+    """Port factory: canonical float32 state -> forward(images) on NumPy arrays, computed in
+    ``dtype`` (float32, bfloat16, float16; bfloat16 results come back as float32 arrays).
 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows.
     """
-    from weights import to_native, validate_state
-
     validate_state(state, config)
     with torch.device("meta"):  # no random init: every tensor comes from the state
         model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
-    model.eval()
+    model.to(DTYPES[dtype]).eval()
 
     @torch.inference_mode()
     def forward(images: np.ndarray):
         out = model(torch.as_tensor(np.asarray(images)), return_taps=taps)
-        return {k: v.numpy() for k, v in out.items()} if taps else out.numpy()
+        return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
     return forward
 
@@ -279,8 +283,6 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
                    model_cls=None):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
-    from weights import mha_shapes, to_native, validate_state
-
     with torch.device("meta"):
         model = (model_cls or MultiHeadAttention)(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
     validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from impls.config import ViTConfig
+from weights.config import ViTConfig
 
 CONFIG_METADATA_KEY = "vit_config"
 

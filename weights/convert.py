@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from impls.config import ConfigError, ViTConfig, get_config
+from weights.config import ConfigError, ViTConfig, get_config
 from weights import formats
 from weights.canonical import CONFIG_METADATA_KEY, WeightError, validate_state
 from weights.native import from_native, to_native

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from impls.config import ViTConfig
+from weights.config import ViTConfig
 from weights.canonical import WeightError, expected_shapes, validate_state
 
 # ----------------------------------------------------------------------------- timm

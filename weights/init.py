@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from impls.config import ViTConfig
+from weights.config import ViTConfig
 from weights.canonical import expected_shapes
 from weights.native import tensor_kind
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from impls.config import ViTConfig
+from weights.config import ViTConfig
 from weights.canonical import WeightError
 
 

@@ -7,7 +7,7 @@ from functools import lru_cache
 import numpy as np
 from hypothesis import settings
 
-from impls import load_factory
+from impls import PORTS, load_factory
 
 
 @lru_cache(maxsize=None)
@@ -49,11 +49,8 @@ def framework(port: str):
     return module, np.asarray, np.asarray
 
 
-BUILTIN = ("numpy", "torch", "mlx", "jax")
-
-
 def attention(port: str, case, weights, fused: bool = False):
-    """A MultiHeadAttention forward for an AttentionCase with drawn canonical weights."""
+    """A MultiHeadAttention forward for an AttentionShape with drawn canonical weights."""
     from weights import mha_shapes
 
     shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
@@ -73,10 +70,10 @@ def mutant(name: str):
 
 def attention_factory(port: str):
     """A built-in port's make_attention, or a user's attention factory given as 'pkg.module:make'."""
-    return framework(port)[0].make_attention if port in BUILTIN else load_factory(port)
+    return framework(port)[0].make_attention if port in PORTS else load_factory(port)
 
 
-def check(prop, port: str, *args):
+def check_property(prop, port: str, *args):
     """Run a property; one that needs taps a user's port does not emit is skipped for that port
     (a built-in port emits every tap, so for it that is a failure)."""
     import pytest
@@ -86,7 +83,7 @@ def check(prop, port: str, *args):
     try:
         return prop(port, *args)
     except NotApplicable as e:
-        if port in BUILTIN:
+        if port in PORTS:
             raise AssertionError(f"built-in port {port} should support {prop.__name__}: {e}") from None
         pytest.skip(f"{prop.__name__} does not apply to {port}: {e}")
 

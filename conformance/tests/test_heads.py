@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.tests.helpers import attention_factory, budget, check, expect_failure, factory, framework, mutant
+from conformance.tests.helpers import attention_factory, budget, check_property, expect_failure, factory, framework, mutant
 
 
 @given(b=st.integers(1, 3), n=st.integers(1, 9), h=st.integers(1, 4), hd=st.sampled_from([1, 2, 4, 8]),
@@ -35,7 +35,7 @@ def test_merged_layout_is_head_major(framework_port, b, n, h, hd, seed):
                           weights=S.weight_cases(S.NORMAL_SCALES, offsets=False)),
        head=st.integers(0, 3))
 def test_perturbing_one_heads_weights_changes_only_its_slice(port, case, head):
-    check(P.check_heads_merge_head_major, port, factory(port), case, head)
+    check_property(P.check_heads_merge_head_major, port, factory(port), case, head)
 
 
 @given(case=S.attention_property_cases(square_heads=True))

@@ -6,7 +6,7 @@ from hypothesis import example, given, settings
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.tests.helpers import budget, check, expect_failure, factory, mutant
+from conformance.tests.helpers import budget, check_property, expect_failure, factory, mutant
 from impls import get_config
 
 
@@ -44,7 +44,7 @@ def test_two_calls_give_bitwise_identical_results(port, case):
 @example(case=HARD[2])
 @given(case=S.model_cases())
 def test_each_layernorm_is_used_where_it_belongs(port, case):
-    check(P.check_layernorms_in_place, port, factory(port), case)
+    check_property(P.check_layernorms_in_place, port, factory(port), case)
 
 
 # ----------------------------------------------------------------------------- companions

@@ -6,9 +6,7 @@ from hypothesis import strategies as st
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.compare import compare_array
-from conformance.tests.helpers import budget, check, expect_failure, factory, mutant
-from conformance.tolerances import tolerance
+from conformance.tests.helpers import budget, check_property, expect_failure, factory, mutant
 from impls import ViTConfig
 
 def _fixed_case(in_chans=3, patch=(2, 3), grid=(2, 3), kind="ordinary"):
@@ -22,19 +20,13 @@ PATCH_CASES = S.model_cases(S.configs(max_depth=1), weights=S.weight_cases(S.NOR
 
 
 def _check_patch_embed_equals_oracle(port, make, case):
-    out = P.run_model(port, make, case)
-    if "patch_embed" not in out:
-        raise P.NotApplicable("needs the patch_embed tap")
-    ref = factory("numpy")(case.config, case.state)(case.images)
-    r = compare_array("patch_embed", out.get("patch_embed"), ref["patch_embed"], tolerance("patch_embed"))
-    if not r.ok:
-        raise P.PropertyFailure(f"[{port}] patch_embed: {r.reason}\n  config: {case.config}\n  {case.info}")
+    P.check_stages_match_oracle(port, make, case, ("patch_embed",))
 
 
 @settings(max_examples=budget(2))
 @given(case=PATCH_CASES)
 def test_patch_embed_equals_the_oracle(port, case):
-    check(_check_patch_embed_equals_oracle, port, factory(port), case)
+    check_property(_check_patch_embed_equals_oracle, port, factory(port), case)
 
 
 @settings(max_examples=budget(2))
@@ -43,15 +35,15 @@ def test_patch_embed_holds_for_1_3_and_4_channels_on_non_square_images(port, dat
     config = data.draw(S.configs(max_depth=1).filter(lambda c: c.grid_size[0] != c.grid_size[1])
                        .map(lambda c: c.replace(in_chans=in_chans)))
     case = data.draw(S.model_cases(st.just(config), weights=S.weight_cases(S.NORMAL_SCALES, offsets=False)))
-    check(_check_patch_embed_equals_oracle, port, factory(port), case)
-    check(P.check_patch_embed_is_rearrange_then_linear, port, factory(port), case)
+    check_property(_check_patch_embed_equals_oracle, port, factory(port), case)
+    check_property(P.check_patch_embed_is_rearrange_then_linear, port, factory(port), case)
 
 
 @settings(max_examples=budget(2))
 @example(case=_fixed_case(patch=(3, 3)))  # square and asymmetric: an H/W swap loads, and shows
 @given(case=PATCH_CASES)
 def test_conv_patch_embed_equals_rearrange_then_linear(port, case):
-    check(P.check_patch_embed_is_rearrange_then_linear, port, factory(port), case)
+    check_property(P.check_patch_embed_is_rearrange_then_linear, port, factory(port), case)
 
 
 def test_oracle_conv_equals_rearrange_then_linear():
@@ -63,13 +55,13 @@ def test_oracle_conv_equals_rearrange_then_linear():
 @given(case=S.model_cases(S.configs(max_depth=1, max_grid=4).filter(lambda c: min(c.grid_size) >= 2),
                           weights=S.weight_cases(S.NORMAL_SCALES, offsets=False)))
 def test_shifting_the_image_by_one_patch_shifts_the_token_grid(port, case):
-    check(P.check_patch_shift_shifts_tokens, port, factory(port), case)
+    check_property(P.check_patch_shift_shifts_tokens, port, factory(port), case)
 
 
 @settings(max_examples=budget(2))
 @given(case=PATCH_CASES, patch=st.tuples(st.integers(0, 3), st.integers(0, 3)))
 def test_tokens_come_out_row_major(port, case, patch):
-    check(P.check_tokens_row_major, port, factory(port), case, patch)
+    check_property(P.check_tokens_row_major, port, factory(port), case, patch)
 
 
 # ----------------------------------------------------------------------------- companions

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.tests.helpers import attention_factory, budget, check, expect_failure, factory, mutant
+from conformance.tests.helpers import attention_factory, budget, check_property, expect_failure, factory, mutant
 
 CROSS = S.attention_property_cases(cross=True, min_len=2)
 
@@ -45,7 +45,7 @@ def test_large_logits_stay_finite_and_match_the_oracle(attention_port, case):
 @settings(max_examples=budget(2))
 @given(case=S.model_cases(S.configs(max_depth=2)))
 def test_model_attention_weights_are_softmax_of_scaled_qk_over_keys(port, case):
-    check(P.check_attention_weights_are_softmax_over_keys, port, factory(port), case)
+    check_property(P.check_attention_weights_are_softmax_over_keys, port, factory(port), case)
 
 
 # ----------------------------------------------------------------------------- companions

@@ -172,10 +172,15 @@ def main(args) -> int:
     rows, correct = run_zoo([MUTANTS[n] for n in names], with_plugin=not args.no_plugin, workers=args.workers)
     print(format_zoo(rows, correct))
     print(f"({time.perf_counter() - t0:.0f} s)")
+    measured = {"mutants": [asdict(r) | {"located": r.located, "caught": r.caught} for r in rows],
+                "correct_ports": correct}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"mutants": [asdict(r) | {"located": r.located, "caught": r.caught} for r in rows],
-                       "correct_ports": correct}, f,
-                      indent=1)
+            json.dump(measured, f, indent=1)
+            f.write("\n")
+    if args.markdown:
+        from conformance.docs import zoo_table
+
+        print("\n" + zoo_table(measured))
     ok = all(r.located and (r.caught or args.no_plugin) for r in rows) and not any(correct.values())
     return 0 if ok else 1

@@ -1,0 +1,127 @@
+"""The tables in docs/ that come from code or measurements, generated, never typed.
+
+    python -m conformance docs            rewrite every generated block in docs/*.md
+    python -m conformance docs --check    exit 1 naming each block that differs (a test runs this)
+
+A block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``. Its
+source is code (the zoo's catalogue) or a committed measurement: conformance/calibration.json
+(``python -m conformance.calibrate``), docs/data/zoo.json (``python -m conformance zoo --json``)
+and docs/data/bench.json (``python -m conformance bench --json``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+DATA = DOCS / "data"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
+
+
+def _cell(value, spec: str = ".3g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value).replace("|", "\\|")
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- generators
+
+def zoo_table(measured: dict | None = None) -> str:
+    """Every mutant of the catalogue, with what `python -m conformance zoo --json` measured."""
+    from conformance.zoo import MUTANTS
+
+    if measured is None:
+        path = DATA / "zoo.json"
+        measured = json.loads(path.read_text()) if path.exists() else {"mutants": []}
+    rows_by_name = {r["name"]: r for r in measured.get("mutants", [])}
+    rows = []
+    for m in MUTANTS.values():
+        r = rows_by_name.get(m.name, {})
+        found = r.get("found")
+        caught = f"{len(r['caught_by'])}/{len(r['sampled'])}" if r.get("sampled") else "-"
+        rows.append([f"`{m.name}`", m.description, m.source, f"`{m.first_divergence}`",
+                     "not measured" if not r else ("yes" if found == m.first_divergence else f"NO: {found}"),
+                     r.get("ratio"), r.get("exposing_case"), caught])
+    return markdown_table(["mutant", "bug", "from", "declared stage", "located", "ratio", "exposing case",
+                           "caught by"], rows)
+
+
+def bench_table(result: dict | None = None) -> str:
+    if result is None:
+        path = DATA / "bench.json"
+        if not path.exists():
+            return "No benchmark recorded yet: `python -m conformance bench --json docs/data/bench.json`.\n"
+        result = json.loads(path.read_text())
+    m = result["machine"]
+    peak = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in m["matmul_peak_gflops"].items())
+    head = (f"Measured with `python -m conformance bench` (warm-up {result['warmup']}, median of {result['repeats']}) "
+            f"on {m['processor']}, {m['cores']} cores, {m['platform']}; float32 2048² matmul peak in the same run: "
+            f"{peak}; MLX's `cblas_sgemm` from `{m['mlx_sgemm']}`.\n\n")
+    names = {"vit_tiny_patch16_224": "ViT-Ti/16", "vit_small_patch16_224": "ViT-S/16",
+             "vit_base_patch16_224": "ViT-B/16"}
+    rows = [[names.get(r["model"], r["model"]), r["batch"], r["port"], f"{r['images_per_s']:.2f}",
+             f"{r['ratio_to_timm']:.2f}", f"{r['gflops']:.0f}", f"{100 * r['peak_fraction']:.0f}%",
+             f"{r['peak_mb']:.0f}"] for r in result["rows"]]
+    return head + markdown_table(["model", "batch", "port", "images/s", "× timm", "GFLOP/s", "% of peak",
+                                  "peak MB"], rows)
+
+
+def tolerance_table() -> str:
+    from conformance.tolerances import calibration_table
+
+    return calibration_table()
+
+
+GENERATORS = {"zoo": zoo_table, "bench": bench_table, "tolerances": tolerance_table}
+
+
+# ----------------------------------------------------------------------------- blocks
+
+def render(text: str) -> str:
+    def fill(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in GENERATORS:
+            raise KeyError(f"unknown generated block {name!r}; known: {sorted(GENERATORS)}")
+        return match.group(1) + GENERATORS[name]() + match.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def stale_blocks(docs: Path = DOCS) -> list[str]:
+    """'file: block' for every generated block whose committed text differs from what the code gives."""
+    stale = []
+    for path in sorted(docs.glob("*.md")):
+        text = path.read_text()
+        fresh = render(text)
+        if fresh != text:
+            old = {m.group("name"): m.group("body") for m in BLOCK.finditer(text)}
+            new = {m.group("name"): m.group("body") for m in BLOCK.finditer(fresh)}
+            stale += [f"{path.relative_to(docs.parent)}: {name}" for name in new if new[name] != old.get(name)]
+    return stale
+
+
+def main(args) -> int:
+    if args.check:
+        stale = stale_blocks()
+        for line in stale:
+            print(f"stale: {line} (regenerate with python -m conformance docs)", file=sys.stderr)
+        return 1 if stale else 0
+    for path in sorted(DOCS.glob("*.md")):
+        text = path.read_text()
+        fresh = render(text)
+        if fresh != text:
+            path.write_text(fresh)
+            print(f"rewrote {path.relative_to(ROOT)}")
+    return 0

@@ -1,0 +1,284 @@
+"""The error model: for every stage, how far a correct port's rounding can move each element.
+
+Each stage is evaluated in float64 from its **inputs** (by default the port's own taps, so a
+stage is judged on the one operation it performs and errors do not compound across blocks),
+together with a per-element **unit bound**: the rounding a correct implementation commits
+there, built from the computation at hand,
+
+* a contraction of length K over magnitudes a_k b_k (a Linear, the patch conv, q·k, P·v):
+  ``u_c √K √(Σ a_k² b_k²) + u_s (|y| + √(Σ a_k² b_k²))`` (accumulation in the compute
+  precision, inputs, weights and output rounded to the storage precision);
+* a LayerNorm of a token with mean μ, spread σ and rms = √(μ² + σ²):
+  ``u_c √D |γ| (rms/σ + |x̂|) + u_s (|y| + |γ x̂| + |β|)``: the mean and variance lose
+  u·rms, which the normalisation divides by σ, so a token whose mean is large against its
+  spread (trained ViTs' high-norm tokens) is ill-conditioned, and the bound says so;
+* a softmax over logits l with row maximum m: relative error per weight
+  ``u_c (√hd A + |l − m| + 1) + u_s (|l| + A)`` (A = scale √(q² · k²) the magnitude of the
+  logit's sum), carried through the normalisation; large logits loosen it, as they must;
+* GELU: ``|gelu'(h)|`` times the bound of its input, plus ``u_s (|a| + |h|)``;
+* a sum (residual, position embedding): ``u_s (|a| + |b|)``.
+
+``u_s`` is the unit roundoff of the port's dtype and ``u_c`` that of float32 (what every
+framework accumulates and keeps LayerNorm and softmax statistics in for bf16/fp16).
+
+A stage's **ratio** is ``max_i |port_i − oracle_i| / unit_bound_i``; tolerances.py holds the
+largest ratio calibrated on correct ports per stage kind and dtype, times a margin.
+
+A stage whose inputs the port does not emit (a port that returns only logits) is judged end
+to end: the bound then **propagates**, estimated by running the whole chain in float64 with
+each stage perturbed by Gaussian noise of its unit bound (``noisy_runs`` draws); the stage's
+end-to-end ratio is ``max|port − oracle| / max|noisy − oracle|``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import erf
+
+from impls import numpy_vit as O
+from impls.config import ViTConfig, tap_names
+
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+SMALLEST_NORMAL = {"float64": float(np.finfo(np.float64).tiny), "float32": float(np.finfo(np.float32).tiny),
+                   "float16": float(np.finfo(np.float16).tiny), "bfloat16": float(np.finfo(np.float32).tiny)}
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+@dataclass(frozen=True)
+class Precision:
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.dtype not in UNIT_ROUNDOFF:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+    @property
+    def storage(self) -> float:
+        return UNIT_ROUNDOFF[self.dtype]
+
+    @property
+    def compute(self) -> float:
+        return UNIT_ROUNDOFF["float64" if self.dtype == "float64" else "float32"]
+
+    @property
+    def tiny(self) -> float:
+        """Below this a weight may flush to zero (XLA and fp16 flush subnormals)."""
+        return SMALLEST_NORMAL[self.dtype]
+
+
+# ----------------------------------------------------------------------------- operations
+
+def linear(x, w, b, p: Precision):
+    """y = x wᵀ + b and its unit bound; w is (out, in)."""
+    y = x @ w.T
+    m2 = (x * x) @ (w * w).T
+    if b is not None:
+        y = y + b
+        m2 = m2 + b * b
+    m = np.sqrt(m2)
+    return y, p.compute * math.sqrt(x.shape[-1]) * m + p.storage * (np.abs(y) + m)
+
+
+def propagate_linear(dx, w):
+    """How an input error dx (independent signs) moves x wᵀ."""
+    return np.sqrt((dx * dx) @ (w * w).T)
+
+
+def layer_norm(x, weight, bias, eps, p: Precision, dx=None):
+    D = x.shape[-1]
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    sigma = np.sqrt(var + eps)
+    xh = (x - mu) / sigma
+    y = xh * weight + bias
+    rms = np.sqrt(mu * mu + var)
+    g = np.abs(weight)
+    bound = p.compute * math.sqrt(D) * g * (rms / sigma + np.abs(xh)) + p.storage * (np.abs(y) + g * np.abs(xh)
+                                                                                    + np.abs(bias))
+    # The input may be held more precisely than its tap shows (XLA keeps bf16 sums in float32
+    # until they are stored), or is a sum the port does not tap: one rounding of it either way.
+    dx = p.storage * np.abs(x) if dx is None else dx
+    bound = bound + g / sigma * (dx + np.sqrt((dx * dx).mean(-1, keepdims=True)))
+    return y, bound
+
+
+def gelu(h, dh, p: Precision):
+    a = 0.5 * h * (1.0 + erf(h / math.sqrt(2.0)))
+    slope = 0.5 * (1.0 + erf(h / math.sqrt(2.0))) + h * np.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)
+    # erf is evaluated in the storage dtype by some frameworks (MLX): absolute error u_s |h| / 2.
+    return a, np.abs(slope) * dh + p.storage * (np.abs(a) + np.abs(h))
+
+
+def softmax_weights(q, k, scale, p: Precision, mask=None):
+    """softmax(scale q kᵀ + mask) over keys and its unit bound."""
+    logits = scale * (q @ np.swapaxes(k, -2, -1))
+    A = scale * np.sqrt((q * q) @ np.swapaxes(k * k, -2, -1))
+    if mask is not None:
+        mask = np.asarray(mask)
+        logits = np.where(mask, logits, -np.inf) if mask.dtype == np.bool_ else logits + mask
+    P = O.softmax(logits, axis=-1)
+    live = P > 0
+    finite = np.where(np.isfinite(logits), logits, 0.0)
+    m = np.max(np.where(live, finite, -np.inf), axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    E = p.compute * (math.sqrt(q.shape[-1]) * A + np.abs(finite - m) + 1.0) + p.storage * (np.abs(finite) + A)
+    E = np.where(live, E, 0.0)
+    bound = P * (E + (P * E).sum(-1, keepdims=True)) + p.storage * P + p.tiny
+    return P, bound
+
+
+def attend(P, dP, v, p: Precision):
+    """P v over keys (B, H, Nq, hd) and its bound, with P's own error dP carried."""
+    o = P @ v
+    m = np.sqrt((P * P) @ (v * v))
+    do = p.compute * math.sqrt(v.shape[-2]) * m + p.storage * (np.abs(o) + m)
+    if dP is not None:
+        do = do + np.sqrt((dP * dP) @ (v * v))
+    return o, do
+
+
+# ----------------------------------------------------------------------------- stages
+
+def _prev(i: int) -> str:
+    return "embed" if i == 0 else f"blocks.{i - 1}"
+
+
+def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
+    """The taps a stage is computed from (the images are always there)."""
+    if name == "patch_embed":
+        return ()
+    if name == "embed":
+        return ("patch_embed",)
+    if name == "norm":
+        return (f"blocks.{config.depth - 1}",)
+    if name == "pooled":
+        return ("norm",) if not config.use_fc_norm else (f"blocks.{config.depth - 1}",)
+    if name == "logits":
+        return ("pooled",)
+    _, i, *rest = name.split(".", 2)
+    i, b, rest = int(i), f"blocks.{i}", (rest[0] if rest else "")
+    return {"norm1": (_prev(i),), "attn.q": (f"{b}.norm1",), "attn.k": (f"{b}.norm1",), "attn.v": (f"{b}.norm1",),
+            "attn.weights": (f"{b}.attn.q", f"{b}.attn.k"), "attn": (f"{b}.attn.weights", f"{b}.attn.v"),
+            "norm2": (_prev(i), f"{b}.attn"), "mlp.act": (f"{b}.norm2",), "mlp": (f"{b}.mlp.act",),
+            "": (_prev(i), f"{b}.attn", f"{b}.mlp")}[rest]
+
+
+def _heads(y, config: ViTConfig):
+    B, N, _ = y.shape
+    return y.reshape(B, N, config.num_heads, config.head_dim).transpose(0, 2, 1, 3)
+
+
+def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapping[str, np.ndarray],
+             config: ViTConfig, p: Precision):
+    """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64)."""
+    eps = config.norm_eps
+    if name == "patch_embed":
+        (ph, pw), w = config.patch_size, s["patch_embed.proj.weight"]
+        B, C, H, W = images.shape
+        patches = images.reshape(B, C, H // ph, ph, W // pw, pw).transpose(0, 2, 4, 1, 3, 5).reshape(B, -1, C * ph * pw)
+        return linear(patches, w.reshape(w.shape[0], -1), s["patch_embed.proj.bias"], p)
+    if name == "embed":
+        x = t["patch_embed"]
+        if config.class_token:
+            x = np.concatenate([np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2])), x], axis=1)
+        y = x + s["pos_embed"]
+        return y, p.storage * (np.abs(x) + np.abs(s["pos_embed"]))
+    if name == "norm":
+        return layer_norm(t[f"blocks.{config.depth - 1}"], s["norm.weight"], s["norm.bias"], eps, p)
+    if name == "pooled":
+        if not config.use_fc_norm:
+            y = t["norm"][:, 0]
+            return y, p.storage * np.abs(y)
+        x = t[f"blocks.{config.depth - 1}"][:, config.num_prefix_tokens:]
+        mean = x.mean(1)
+        dmean = p.compute * math.sqrt(x.shape[1]) * np.sqrt((x * x).mean(1)) + p.storage * np.abs(mean)
+        return layer_norm(mean, s["fc_norm.weight"], s["fc_norm.bias"], eps, p, dx=dmean)
+    if name == "logits":
+        if not config.num_classes:
+            return t["pooled"], p.storage * np.abs(t["pooled"])
+        return linear(t["pooled"], s["head.weight"], s["head.bias"], p)
+    _, i, *rest = name.split(".", 2)
+    b, rest = f"blocks.{i}", (rest[0] if rest else "")
+    prev = t.get(_prev(int(i)))
+    if rest == "norm1":
+        return layer_norm(prev, s[f"{b}.norm1.weight"], s[f"{b}.norm1.bias"], eps, p)
+    if rest in ("attn.q", "attn.k", "attn.v"):
+        D, j = config.embed_dim, "qkv".index(rest[-1])
+        w = s[f"{b}.attn.qkv.weight"][j * D:(j + 1) * D]
+        bias = s.get(f"{b}.attn.qkv.bias")
+        y, bound = linear(t[f"{b}.norm1"], w, None if bias is None else bias[j * D:(j + 1) * D], p)
+        return _heads(y, config), _heads(bound, config)
+    if rest == "attn.weights":
+        return softmax_weights(t[f"{b}.attn.q"], t[f"{b}.attn.k"], config.head_dim ** -0.5, p)
+    if rest == "attn":
+        o, do = attend(t[f"{b}.attn.weights"], None, t[f"{b}.attn.v"], p)
+        merged, dmerged = O.merge_heads(o), O.merge_heads(do)
+        w = s[f"{b}.attn.proj.weight"]
+        y, bound = linear(merged, w, s[f"{b}.attn.proj.bias"], p)
+        return y, bound + propagate_linear(dmerged, w)
+    if rest == "norm2":
+        r = prev + t[f"{b}.attn"]
+        return layer_norm(r, s[f"{b}.norm2.weight"], s[f"{b}.norm2.bias"], eps, p, dx=p.storage * np.abs(r))
+    if rest == "mlp.act":
+        h, dh = linear(t[f"{b}.norm2"], s[f"{b}.mlp.fc1.weight"], s[f"{b}.mlp.fc1.bias"], p)
+        return gelu(h, dh, p)
+    if rest == "mlp":
+        return linear(t[f"{b}.mlp.act"], s[f"{b}.mlp.fc2.weight"], s[f"{b}.mlp.fc2.bias"], p)
+    if rest == "":
+        r = prev + t[f"{b}.attn"]
+        y = r + t[f"{b}.mlp"]
+        return y, p.storage * (np.abs(r) + np.abs(y))
+    raise KeyError(f"no error model for stage {name!r}")
+
+
+def chain(images, state, config: ViTConfig, p: Precision, rng: np.random.Generator | None = None) -> dict:
+    """The whole forward, stage after stage from its own outputs; with ``rng``, each stage
+    perturbed by N(0, unit bound²) before the next reads it."""
+    s = {k: np.asarray(v, np.float64) for k, v in state.items()}
+    x = np.asarray(images, np.float64)
+    t: dict[str, np.ndarray] = {}
+    for name in tap_names(config):
+        value, bound = evaluate(name, t, x, s, config, p)
+        if rng is not None:
+            value = value + rng.standard_normal(value.shape) * bound
+        t[name] = value
+    return t
+
+
+@dataclass
+class CaseModel:
+    """The error model of one case: the oracle's stages, and the noisy runs on demand."""
+
+    config: ViTConfig
+    state: Mapping[str, np.ndarray] = field(repr=False)
+    images: np.ndarray = field(repr=False)
+    precision: Precision = field(default_factory=Precision)
+    noisy_runs: int = 2
+    seed: int = 0
+
+    def __post_init__(self):
+        self._s = {k: np.asarray(v, np.float64) for k, v in self.state.items()}
+        self._x = np.asarray(self.images, np.float64)
+        self.oracle = chain(self._x, self._s, self.config, self.precision)
+        self._spread: dict[str, float] | None = None
+
+    def local(self, name: str, taps: Mapping[str, np.ndarray]):
+        """(oracle value, unit bound) of ``name`` from the port's own inputs ``taps``."""
+        t = {k: np.asarray(taps[k], np.float64) for k in stage_inputs(name, self.config)}
+        return evaluate(name, t, self._x, self._s, self.config, self.precision)
+
+    def can_check_locally(self, name: str, taps: Mapping) -> bool:
+        return all(k in taps for k in stage_inputs(name, self.config))
+
+    def spread(self, name: str) -> float:
+        """max |noisy − oracle| at ``name`` over the noisy runs: the propagated bound's scale."""
+        if self._spread is None:
+            rng = np.random.default_rng(self.seed)
+            runs = [chain(self._x, self._s, self.config, self.precision, rng) for _ in range(self.noisy_runs)]
+            self._spread = {k: max(float(np.abs(r[k] - v).max(initial=0.0)) for r in runs)
+                            for k, v in self.oracle.items()}
+        return self._spread[name]

@@ -1,0 +1,62 @@
+"""The docs cannot go stale: generated tables equal what the code gives, and CI runs README's
+commands exactly."""
+
+import re
+import shutil
+from pathlib import Path
+
+from conformance.docs import ROOT, stale_blocks
+
+README = ROOT / "README.md"
+CI = ROOT / ".ci" / "run"
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of README's first bash block (install + main job, then the tests)."""
+    block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    return [line.strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def commands_missing_from_ci(readme: str, ci: str) -> list[str]:
+    """Each README command, split at '&&', that .ci/run does not run as a line of its own."""
+    ci_lines = {line.strip() for line in ci.splitlines()}
+    parts = [p.strip() for cmd in readme_commands(readme) for p in cmd.split("&&")]
+    # .ci/run names its venv .venv-ci (so a developer's .venv is left alone) and sources it.
+    parts = [p.replace("python -m venv .venv", "python3 -m venv .venv-ci").replace(". .venv/bin/activate",
+                                                                                 ". .venv-ci/bin/activate")
+             for p in parts]
+    parts = [p.replace("pip install", "python -m pip install --quiet") if p.startswith("pip ") else p for p in parts]
+    return [p for p in parts if p not in ci_lines]
+
+
+def test_committed_docs_tables_equal_what_the_code_generates():
+    stale = stale_blocks()
+    assert not stale, f"stale generated tables {stale}: run python -m conformance docs"
+
+
+def test_docs_check_notices_a_hand_edited_table(tmp_path):
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs", docs)
+    zoo = docs / "zoo.md"
+    zoo.write_text(zoo.read_text().replace("| `mlx_shared_layernorm` |", "| `mlx_shared_layer_norm` |", 1))
+    assert stale_blocks(docs) == ["docs/zoo.md: zoo"]
+
+
+def test_ci_runs_the_readme_commands_unchanged():
+    assert len(readme_commands(README.read_text())) == 2
+    missing = commands_missing_from_ci(README.read_text(), CI.read_text())
+    assert not missing, f".ci/run does not run README's {missing}"
+
+
+def test_ci_check_notices_a_readme_command_that_ci_does_not_run():
+    readme = README.read_text().replace("pytest -n auto", "pytest -n 4 -x", 1)
+    assert commands_missing_from_ci(readme, CI.read_text()) == ["pytest -n 4 -x"]
+
+
+def test_readme_is_a_two_minute_read():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 160, f"README.md has {len(lines)} lines; reference material belongs in docs/"
+    first_screen = "\n".join(lines[:40])
+    assert "pip install" in first_screen and "pytest" in first_screen
+    for link in re.findall(r"\]\(((?:docs|conformance)/[^)#]+)", README.read_text()):
+        assert (ROOT / link).exists(), f"README links to missing {link}"
