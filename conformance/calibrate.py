@@ -1,13 +1,18 @@
-"""Measure the error of the correct ports against the float64 oracle and write the policy data.
+"""Measure the correct ports' error ratios under the error model and write the policy data.
 
-    python -m conformance.calibrate [--examples 400] [--seed 0] [--out conformance/calibration.json]
+    python -m conformance.calibrate [--examples 300] [--low-precision-every 3] [--seed 0]
+                                    [--out conformance/calibration.json]
 
-Draws cases with the suite's own strategies (configs, images of every kind, weights at normal
-and stress scales and with a large common offset), then runs the timm presets at 224 (whose
-reductions are wider than any drawn config), through every built-in framework port with taps,
-and records for each stage kind, regime and port the distribution of
-rel_err = max|port - oracle| / max|oracle|.
-conformance/tolerances.py turns the per-kind maximum into a threshold with a margin.
+Draws whole-model cases with the suite's own strategies (configs, images of every kind,
+seeded weights at every scale and offset, trained-like weights), then runs the timm presets
+at 224 (whose reductions are wider than any drawn config) on seeded and trained-like weights,
+through every built-in framework port with taps, in float32 and (on every n-th case)
+bfloat16 and float16, and its fast path (logits only); then standalone attention (the
+explicit and fused paths of every framework, with masks) and raw scaled-dot-product
+attention against each framework's fused kernel. For each dtype, mode (local, end to end),
+stage kind and port it records the distribution of the ratio of the error to the error
+model's bound, the case behind the largest, and what produced it (versions, BLAS, CPU).
+conformance/tolerances.py turns the per-kind maximum into a tolerance with a margin.
 """
 
 from __future__ import annotations
@@ -21,72 +26,165 @@ from pathlib import Path
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
 
+from conformance import error_model as E
+from conformance import provenance
 from conformance import strategies as S
-from conformance.compare import error, stage_kind
+from conformance.compare import stage_ratios
 from impls import FRAMEWORK_PORTS, get_config, load_factory
 
 DEFAULT_OUT = Path(__file__).with_name("calibration.json")
 PRESET_NAMES = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
+LOW_PRECISION = ("bfloat16", "float16")
+FAST = {"torch": dict(fused_attn=True), "mlx": dict(fused_attn=True, compiled=True), "jax": dict(fused_attn=True)}
 
 
-def measure(examples: int, seed: int, ports=FRAMEWORK_PORTS, presets=PRESET_NAMES) -> dict:
-    factories = {p: load_factory(p) for p in ("numpy", *ports)}
-    errors: dict = defaultdict(list)  # (regime, kind, port) -> [rel_err]
-    worst: dict = {}  # (regime, kind, port) -> the case behind the largest rel_err
+class Recorder:
+    def __init__(self):
+        self.values: dict = defaultdict(list)  # (dtype, mode, kind, port) -> [ratio]
+        self.worst: dict = {}
 
-    def record(regime, config, state, x, case_info):
-        oracle = factories["numpy"](config, state)(x)
+    def add(self, key, ratio: float, info: dict) -> None:
+        if not self.values[key] or ratio >= max(self.values[key]):
+            self.worst[key] = info
+        self.values[key].append(ratio)
+
+    def table(self) -> dict:
+        out: dict = {}
+        for (dtype, mode, kind, port), values in sorted(self.values.items()):
+            v = np.asarray(values)
+            out.setdefault(dtype, {}).setdefault(mode, {}).setdefault(kind, {})[port] = {
+                "n": int(v.size), "p50": float(np.median(v)), "p99": float(np.quantile(v, 0.99)),
+                "max": float(v.max()), "worst_case": self.worst[(dtype, mode, kind, port)]}
+        return out
+
+
+def record_model(rec: Recorder, factories, config, state, x, info, dtypes, ports=FRAMEWORK_PORTS) -> None:
+    for dtype in dtypes:
+        model = E.CaseModel(config, state, x, dtype)
         for port in ports:
-            out = factories[port](config, state)(x)
-            for stage, ref in oracle.items():
-                key = (regime, stage_kind(stage), port)
-                rel = error(out[stage], ref)[1]
-                if not errors[key] or rel >= max(errors[key]):
-                    worst[key] = {**case_info, "stage": stage}
-                errors[key].append(rel)
+            out = factories[port](config, state, dtype=dtype)(x)
+            for name in model.names:
+                r = stage_ratios(name, out[name], model, out)
+                kind = model.kind(name)
+                for mode in ("local", "end-to-end"):
+                    rec.add((dtype, mode, kind, port), r[mode], {**info, "stage": name})
+            if dtype == "float32":  # the fast path emits logits only: end to end
+                fast = factories[port](config, state, taps=False, **FAST[port])(x)
+                rec.add((dtype, "end-to-end", "logits", port),
+                        stage_ratios("logits", fast, model, {}, local=False)["end-to-end"],
+                        {**info, "stage": "logits", "path": "fast"})
+
+
+def record_attention(rec: Recorder, case, mask, info) -> None:
+    """A standalone attention's (out, weights), explicit and fused, end to end."""
+    from impls import PORTS
+
+    model = case.error_model(mask=mask)
+    for port in FRAMEWORK_PORTS:
+        module = __import__(PORTS[port].split(":")[0], fromlist=["make_attention"])
+        for fused in (False, True):
+            out, weights = module.make_attention(case.state, **case.options, fused_attn=fused)(case.x, case.context,
+                                                                                              mask)
+            for name, value in (("attn", out), ("attn.weights", weights)):
+                if value is not None:
+                    r = stage_ratios(name, value, model, {}, local=False)
+                    rec.add(("float32", "end-to-end", model.kind(name), port), r["end-to-end"],
+                            {**info, "stage": name, "fused": fused})
+
+
+def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info) -> None:
+    """Each framework's explicit path and its fused kernel from given q, k, v, locally."""
+    from conformance.tests.helpers import framework
+    from conformance.tests.test_attention import FUSED, qkv_arrays
+
+    q, k, v = qkv_arrays(shape, scale)
+    s = shape.head_dim ** -0.5
+    ref, dref, P, dP = E.sdpa(q, k, v, mask, s)
+    for port in FRAMEWORK_PORTS:
+        module, to_fw, to_np = framework(port)
+        args = [to_fw(a) for a in (q, k, v)] + [None if mask is None else to_fw(mask)]
+        explicit, weights = module.scaled_dot_product_attention(*args, scale=s)
+        fused = FUSED[port](module, *args, s)
+        for kind, value, expected, bound in (("sdpa.out", to_np(explicit), ref, dref),
+                                             ("sdpa.out", to_np(fused), ref, dref),
+                                             ("sdpa.weights", to_np(weights), P, dP)):
+            err = np.abs(np.asarray(value, np.float64) - expected)
+            b = bound + E.SMALLEST_NORMAL["float32"]
+            ratio = float(np.max(np.divide(err, b, out=np.zeros_like(err), where=err > 0), initial=0.0))
+            rec.add(("float32", "local", kind, port), ratio, info)
+
+
+def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, attention_examples: int = 100) -> dict:
+    factories = {p: load_factory(p) for p in FRAMEWORK_PORTS}
+    rec = Recorder()
+    count = [0]
 
     @hypothesis_seed(seed)
     @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
               suppress_health_check=list(HealthCheck))
-    @given(config=S.configs(), weights=S.weight_cases(), images=S.image_cases())
+    @given(config=S.configs(), weights=S.model_weights(), images=S.image_cases())
     def run(config, weights, images):
-        state = weights.make(config)
-        x = (S.ImageCase("ordinary", images.seed, images.batch) if weights.offset else images).make(config)
-        record(weights.regime, config, state, x,
-               {"config": config.to_dict(), "weights": vars(weights), "images": vars(images)})
+        count[0] += 1
+        dtypes = ("float32", *LOW_PRECISION) if count[0] % low_every == 0 else ("float32",)
+        record_model(rec, factories, config, weights.make(config), images.make(config),
+                     {"config": config.to_dict(), "weights": repr(weights), "images": vars(images)}, dtypes)
 
     run()
     for name in presets:  # full-size shapes: wider reductions than the drawn configs
         config = get_config(name)
-        state = S.WeightCase(seed, 1.0).make(config)
-        for kind in ("ordinary", "near_constant"):
-            record("normal", config, state, S.make_images(config, 2, kind, seed), {"preset": name, "images": kind})
-    table: dict = {}
-    for (regime, kind, port), values in sorted(errors.items()):
-        v = np.asarray(values)
-        entry = table.setdefault(regime, {}).setdefault(kind, {})
-        entry[port] = {"n": int(v.size), "p50": float(np.median(v)), "p99": float(np.quantile(v, 0.99)),
-                       "max": float(v.max()), "worst_case": worst[(regime, kind, port)]}
-    return table
+        for weights in (S.WeightCase(seed, 1.0), S.TrainedLike(seed)):
+            for kind in ("ordinary", "near_constant"):
+                record_model(rec, factories, config, weights.make(config), S.make_images(config, 2, kind, seed),
+                             {"preset": name, "weights": repr(weights), "images": kind}, ("float32", *LOW_PRECISION))
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=attention_examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(case=S.attention_property_cases(), data=st.data(), big=st.booleans())
+    def attention(case, data, big):
+        shape = S.AttentionShape(case.x.shape[0], case.options["num_heads"], case.options["head_dim"],
+                                 case.options["dim"], case.x.shape[1],
+                                 (case.context if case.context is not None else case.x).shape[1],
+                                 case.options["context_dim"], case.options["qkv_bias"], 0)
+        mask = data.draw(st.one_of(st.none(), S.masks(shape)))
+        if big:  # logits in the hundreds
+            case = type(case)(case.options, case.state, case.x * 30, None if case.context is None else case.context * 30,
+                              case.info)
+        record_attention(rec, case, mask, {"attention": case.options, "mask": mask is not None, "x30": big})
+
+    attention()
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=attention_examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(shape=S.attention_shapes(), data=st.data(), scale=st.sampled_from([0.3, 1.0, 3.0]))
+    def sdpa(shape, data, scale):
+        mask = data.draw(st.one_of(st.none(), S.masks(shape, allow_dead_rows=False)))
+        record_sdpa(rec, shape, scale, mask, {"shape": vars(shape), "scale": scale, "mask": mask is not None})
+
+    sdpa()
+    return rec.table()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance.calibrate", description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=400)
+    parser.add_argument("--examples", type=int, default=300)
+    parser.add_argument("--low-precision-every", type=int, default=3, help="bf16 and fp16 on every n-th drawn case")
+    parser.add_argument("--attention-examples", type=int, default=100)
+    parser.add_argument("--presets", nargs="*", default=list(PRESET_NAMES), help="full-size presets to run (none: --presets)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    table = measure(args.examples, args.seed)
-    payload = {"examples": args.examples, "seed": args.seed, "seconds": round(time.perf_counter() - t0, 1),
-               "metric": "max|port - oracle| / max|oracle| per stage tensor, float32 ports",
-               "errors": table}
+    table = measure(args.examples, args.seed, args.low_precision_every, tuple(args.presets), args.attention_examples)
+    payload = {"examples": args.examples, "seed": args.seed, "presets": args.presets, "seconds": round(time.perf_counter() - t0, 1),
+               "metric": "error over the error model's bound (conformance/error_model.py), per stage",
+               "provenance": provenance.collect(), "ratios": table}
     args.out.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    print(f"{'regime':8} {'stage kind':14} " + " ".join(f"{p + ' max':>11}" for p in FRAMEWORK_PORTS))
-    for regime, kinds in table.items():
-        for kind, ports in kinds.items():
-            print(f"{regime:8} {kind:14} " + " ".join(f"{ports[p]['max']:11.3e}" for p in FRAMEWORK_PORTS))
+    for dtype, modes in table.items():
+        for mode, kinds in modes.items():
+            for kind, ports in kinds.items():
+                print(f"{dtype:9} {mode:11} {kind:14} " + " ".join(f"{p} {v['max']:8.3g}" for p, v in ports.items()))
     print(f"wrote {args.out} in {payload['seconds']} s")
     return 0
 

@@ -70,6 +70,8 @@ def main(argv=None) -> int:
                                                                   "config stored in --weights)")
     group.add_argument("--config", help="a ViTConfig as JSON, inline or a file path")
     v.add_argument("--weights", help="a canonical safetensors file (default: seeded weights)")
+    v.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="what the port computes in: passed to the factory as dtype= unless float32")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--json", help="write the report as JSON here")
     v.add_argument("--plot", help="save a plot of error against stage here (PNG, SVG, PDF)")

@@ -9,26 +9,16 @@ finding with a one-line reason, never an exception.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from conformance.error_model import DTYPES, CaseModel
+from conformance.error_model import DTYPES, CaseModel, Chain, stage_kind  # noqa: F401 - stage_kind re-exported
 from conformance.tolerances import tolerance
 from impls.config import ViTConfig, tap_names, tap_shapes
 
-_BLOCK = re.compile(r"^blocks\.\d+(\.|$)")
 _BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}  # significand bits
-
-
-def stage_kind(name: str) -> str:
-    """'blocks.3.attn.q' -> 'attn.q', 'blocks.3' -> 'block', 'logits' -> 'logits'."""
-    if _BLOCK.match(name):
-        rest = name.split(".", 2)[2:]
-        return rest[0] if rest else "block"
-    return name
 
 
 @dataclass
@@ -103,34 +93,41 @@ def _ratio(err: np.ndarray, bound: np.ndarray) -> float:
     return float(np.max(np.divide(err, bound, out=np.zeros_like(err), where=err > 0), initial=0.0))
 
 
-def compare_stage(name: str, actual, model: CaseModel, taps: Mapping, *, dtype: str = "float32",
-                  shape=None, valid: set | None = None) -> StageResult:
-    """One emitted stage against the error model. ``valid``: the taps that are well-formed."""
-    kind = stage_kind(name)
-    shape = model.oracle[name].shape if shape is None else shape
-    reason = malformed(actual, shape, dtype)
-    local = model.can_check_locally(name, valid if valid is not None else taps)
-    tol = tolerance(kind, dtype, "local" if local else "end-to-end")
-    if reason:
-        bad = reason.startswith("non-finite")
-        return StageResult(name, float("inf") if bad else None, float("inf") if bad else None,
-                           float("inf") if bad else None, tol, False, reason, "local" if local else "end-to-end")
+def stage_ratios(name: str, actual, model: Chain, taps: Mapping, local: bool = True) -> dict:
+    """The error of a well-formed stage: max abs and relative error against the oracle, the
+    end-to-end ratio (over the propagated spread) and, if ``local``, the local ratio (over the
+    unit bound of the stage computed from the port's own inputs)."""
     a = np.asarray(actual, np.float64)
     max_abs, rel = error(a, model.oracle[name])
     spread = model.spread(name)
     e2e = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))
-    e2e_tol = tolerance(kind, dtype, "end-to-end")
+    out = {"max_abs_err": max_abs, "rel_err": rel, "end-to-end": e2e}
     if local:
         value, bound = model.local(name, taps)
-        ratio = _ratio(np.abs(a - value), bound + model.precision.tiny)
-    else:
-        ratio = e2e
+        out["local"] = _ratio(np.abs(a - value), bound + model.precision.tiny)
+    return out
+
+
+def compare_stage(name: str, actual, model: Chain, taps: Mapping, *, dtype: str = "float32",
+                  shape=None, valid: set | None = None) -> StageResult:
+    """One emitted stage against the error model. ``valid``: the taps that are well-formed."""
+    kind = model.kind(name)
+    shape = model.oracle[name].shape if shape is None else shape
+    reason = malformed(actual, shape, dtype)
+    local = model.can_check_locally(name, valid if valid is not None else taps)
+    mode = "local" if local else "end-to-end"
+    tol = tolerance(kind, dtype, mode)
+    if reason:
+        bad = float("inf") if reason.startswith("non-finite") else None
+        return StageResult(name, bad, bad, bad, tol, False, reason, mode)
+    r = stage_ratios(name, actual, model, taps, local)
+    ratio, e2e, e2e_tol = r[mode], r["end-to-end"], tolerance(kind, dtype, "end-to-end")
     ok = ratio <= tol and e2e <= e2e_tol
     why = ""
     if not ok:
         why = (f"error {ratio:.3g}x its bound > tol {tol:.3g} ({'local' if local else 'end to end'})" if ratio > tol
                else f"end to end: error {e2e:.3g}x the propagated bound > tol {e2e_tol:.3g}")
-    return StageResult(name, max_abs, rel, ratio, tol, ok, why, "local" if local else "end-to-end", e2e, e2e_tol)
+    return StageResult(name, r["max_abs_err"], r["rel_err"], ratio, tol, ok, why, mode, e2e, e2e_tol)
 
 
 def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: str = "float32") -> list[StageResult]:

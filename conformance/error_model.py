@@ -12,9 +12,11 @@ there, built from the computation at hand,
   ``u_c √D |γ| (rms/σ + |x̂|) + u_s (|y| + |γ x̂| + |β|)``: the mean and variance lose
   u·rms, which the normalisation divides by σ, so a token whose mean is large against its
   spread (trained ViTs' high-norm tokens) is ill-conditioned, and the bound says so;
-* a softmax over logits l with row maximum m: relative error per weight
-  ``u_c (√hd A + |l − m| + 1) + u_s (|l| + A)`` (A = scale √(q² · k²) the magnitude of the
-  logit's sum), carried through the normalisation; large logits loosen it, as they must;
+* a softmax over logits l with row maximum m: each logit may be off by
+  ``E = u_c (√hd A + |l − m| + 1) + u_s (|l| + A)`` (A = scale √(q² · k²) the magnitude of
+  the logit's sum), which moves its weight by a factor up to exp(E) and the normaliser by
+  up to exp(Ē), Ē = log Σ P exp(E): bound ``P expm1(E + Ē)`` (``P (E + Σ P E)`` to first
+  order, at most 1); large logits loosen it, as they must;
 * GELU: ``|gelu'(h)|`` times the bound of its input, plus ``u_s (|a| + |h|)``;
 * a sum (residual, position embedding): ``u_s (|a| + |b|)``.
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import erf
@@ -127,7 +129,14 @@ def softmax_weights(q, k, scale, p: Precision, mask=None):
     m = np.where(np.isfinite(m), m, 0.0)
     E = p.compute * (math.sqrt(q.shape[-1]) * A + np.abs(finite - m) + 1.0) + p.storage * (np.abs(finite) + A)
     E = np.where(live, E, 0.0)
-    bound = P * (E + (P * E).sum(-1, keepdims=True)) + p.storage * P + p.tiny
+    # A logit off by E_j moves its weight by a factor up to exp(E_j), and the normaliser by up to
+    # exp(Ē) with Ē = log Σ_k P_k exp(E_k) (= Σ P E to first order): P expm1(E_j + Ē), at most 1.
+    with np.errstate(divide="ignore"):
+        shifted = np.where(live, E + np.log(np.where(live, P, 1.0)), -np.inf)
+    top = np.max(shifted, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    E_bar = top + np.log(np.sum(np.exp(shifted - top), axis=-1, keepdims=True))
+    bound = np.minimum(P * np.expm1(np.minimum(E + E_bar, 80.0)), 1.0) + p.storage * P + p.tiny
     return P, bound
 
 
@@ -235,50 +244,140 @@ def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapp
     raise KeyError(f"no error model for stage {name!r}")
 
 
-def chain(images, state, config: ViTConfig, p: Precision, rng: np.random.Generator | None = None) -> dict:
-    """The whole forward, stage after stage from its own outputs; with ``rng``, each stage
-    perturbed by N(0, unit bound²) before the next reads it."""
-    s = {k: np.asarray(v, np.float64) for k, v in state.items()}
-    x = np.asarray(images, np.float64)
-    t: dict[str, np.ndarray] = {}
-    for name in tap_names(config):
-        value, bound = evaluate(name, t, x, s, config, p)
-        if rng is not None:
-            value = value + rng.standard_normal(value.shape) * bound
-        t[name] = value
-    return t
+class Chain:
+    """A computation as named stages, each evaluated from earlier ones with its unit bound.
 
+    ``oracle`` is the clean run; ``local`` a stage from the port's own inputs; ``spread`` the
+    propagated bound's scale, from runs with every stage perturbed by N(0, unit bound²)."""
 
-@dataclass
-class CaseModel:
-    """The error model of one case: the oracle's stages, and the noisy runs on demand."""
-
-    config: ViTConfig
-    state: Mapping[str, np.ndarray] = field(repr=False)
-    images: np.ndarray = field(repr=False)
-    precision: Precision = field(default_factory=Precision)
+    names: tuple[str, ...] = ()
+    precision: Precision
     noisy_runs: int = 2
     seed: int = 0
 
-    def __post_init__(self):
-        self._s = {k: np.asarray(v, np.float64) for k, v in self.state.items()}
-        self._x = np.asarray(self.images, np.float64)
-        self.oracle = chain(self._x, self._s, self.config, self.precision)
-        self._spread: dict[str, float] | None = None
+    def inputs(self, name: str) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def evaluate(self, name: str, t: Mapping[str, np.ndarray]):
+        raise NotImplementedError
+
+    def kind(self, name: str) -> str:
+        """The stage kind whose calibrated tolerance applies."""
+        raise NotImplementedError
+
+    def run(self, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        t: dict[str, np.ndarray] = {}
+        for name in self.names:
+            value, bound = self.evaluate(name, t)
+            if rng is not None:
+                value = value + rng.standard_normal(np.shape(value)) * bound
+            t[name] = value
+        return t
 
     def local(self, name: str, taps: Mapping[str, np.ndarray]):
-        """(oracle value, unit bound) of ``name`` from the port's own inputs ``taps``."""
-        t = {k: np.asarray(taps[k], np.float64) for k in stage_inputs(name, self.config)}
-        return evaluate(name, t, self._x, self._s, self.config, self.precision)
+        """(oracle value, unit bound) of ``name`` computed from the port's own inputs ``taps``."""
+        return self.evaluate(name, {k: np.asarray(taps[k], np.float64) for k in self.inputs(name)})
 
-    def can_check_locally(self, name: str, taps: Mapping) -> bool:
-        return all(k in taps for k in stage_inputs(name, self.config))
+    def can_check_locally(self, name: str, taps) -> bool:
+        return all(k in taps for k in self.inputs(name))
 
     def spread(self, name: str) -> float:
-        """max |noisy − oracle| at ``name`` over the noisy runs: the propagated bound's scale."""
-        if self._spread is None:
+        """max |noisy − oracle| at ``name`` over the noisy runs."""
+        if getattr(self, "_spread", None) is None:
             rng = np.random.default_rng(self.seed)
-            runs = [chain(self._x, self._s, self.config, self.precision, rng) for _ in range(self.noisy_runs)]
+            runs = [self.run(rng) for _ in range(self.noisy_runs)]
             self._spread = {k: max(float(np.abs(r[k] - v).max(initial=0.0)) for r in runs)
                             for k, v in self.oracle.items()}
         return self._spread[name]
+
+
+class CaseModel(Chain):
+    """The error model of one whole-model case: config, canonical state, images, dtype."""
+
+    def __init__(self, config: ViTConfig, state: Mapping[str, np.ndarray], images: np.ndarray,
+                 precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0):
+        self.config = config
+        self.precision = Precision(precision) if isinstance(precision, str) else precision
+        self.noisy_runs, self.seed = noisy_runs, seed
+        self.images = np.asarray(images)
+        self._s = {k: np.asarray(v, np.float64) for k, v in state.items()}
+        self._x = np.asarray(images, np.float64)
+        self.names = tuple(tap_names(config))
+        self._spread = None
+        self.oracle = self.run()
+
+    def inputs(self, name):
+        return stage_inputs(name, self.config)
+
+    def evaluate(self, name, t):
+        return evaluate(name, t, self._x, self._s, self.config, self.precision)
+
+    def kind(self, name):
+        return stage_kind(name)
+
+
+ATTENTION_STAGES = ("attn.q", "attn.k", "attn.v", "attn.weights", "attn")
+
+
+class AttentionModel(Chain):
+    """The error model of a standalone (cross-)attention: q from x, k and v from the context
+    (timm's AttentionPoolLatent weights ``q``, ``kv``, ``proj``), an optional mask."""
+
+    names = ATTENTION_STAGES
+
+    def __init__(self, options: Mapping, state: Mapping[str, np.ndarray], x, context=None, mask=None,
+                 precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0):
+        self.options = dict(options)
+        self.precision = Precision(precision) if isinstance(precision, str) else precision
+        self.noisy_runs, self.seed = noisy_runs, seed
+        self._s = {k: np.asarray(v, np.float64) for k, v in state.items()}
+        self._x = np.asarray(x, np.float64)
+        self._ctx = self._x if context is None else np.asarray(context, np.float64)
+        self._mask = mask
+        self._spread = None
+        self.oracle = self.run()
+
+    def inputs(self, name):
+        return {"attn.q": (), "attn.k": (), "attn.v": (), "attn.weights": ("attn.q", "attn.k"),
+                "attn": ("attn.weights", "attn.v")}[name]
+
+    def kind(self, name):
+        return "mha." + name.split(".", 1)[1] if "." in name else "mha.out"
+
+    def evaluate(self, name, t):
+        o, s, p = self.options, self._s, self.precision
+        H = o["num_heads"]
+        hd = o.get("head_dim") or o["dim"] // H
+        inner = H * hd
+        if name == "attn.q":
+            y, bound = linear(self._x, s["q.weight"], s.get("q.bias"), p)
+        elif name in ("attn.k", "attn.v"):
+            rows = slice(0, inner) if name == "attn.k" else slice(inner, 2 * inner)
+            bias = s.get("kv.bias")
+            y, bound = linear(self._ctx, s["kv.weight"][rows], None if bias is None else bias[rows], p)
+        elif name == "attn.weights":
+            return softmax_weights(t["attn.q"], t["attn.k"], hd ** -0.5, p, self._mask)
+        else:
+            out, dout = attend(t["attn.weights"], None, t["attn.v"], p)
+            merged, dmerged = O.merge_heads(out), O.merge_heads(dout)
+            y, bound = linear(merged, s["proj.weight"], s["proj.bias"], p)
+            return y, bound + propagate_linear(dmerged, s["proj.weight"])
+        return O.split_heads(y, H), O.split_heads(bound, H)
+
+
+def sdpa(q, k, v, mask=None, scale=None, precision: Precision | str = "float32"):
+    """softmax(scale q kᵀ + mask) v from given q, k, v: (out, out bound, weights, weights bound)."""
+    p = Precision(precision) if isinstance(precision, str) else precision
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    P, dP = softmax_weights(q, k, scale, p, mask)
+    out, dout = attend(P, dP, v, p)
+    return out, dout, P, dP
+
+
+def stage_kind(name: str) -> str:
+    """'blocks.3.attn.q' -> 'attn.q', 'blocks.3' -> 'block', 'logits' -> 'logits'."""
+    if name.startswith("blocks."):
+        rest = name.split(".", 2)[2:]
+        return rest[0] if rest else "block"
+    return name

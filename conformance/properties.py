@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from einops import rearrange
 
-from conformance.compare import compare_array, compare_outputs, describe_failures, error, stage_kind
+from conformance import error_model as E
+from conformance.compare import compare_outputs, compare_stage, describe_failures, error
 from conformance.tolerances import tolerance
 from impls import numpy_vit as oracle_impl
 from impls.config import ViTConfig
@@ -39,11 +40,21 @@ class ModelCase:
     config: ViTConfig
     state: dict[str, np.ndarray] = field(repr=False)
     images: np.ndarray = field(repr=False)
-    regime: str = "normal"
     info: dict = field(default_factory=dict)  # how it was drawn, for messages
+    dtype: str = "float32"  # what the port is asked to compute in
 
     def describe(self) -> dict:
-        return {"config": self.config, **self.info}
+        return {"config": self.config, **self.info, **({"dtype": self.dtype} if self.dtype != "float32" else {}),
+                "images": f"{self.images.shape} {self.info.get('images', '')}".strip()}
+
+    def error_model(self, images=None, state=None) -> E.CaseModel:
+        """The error model of this case (or of its images or state replaced), built once."""
+        if images is None and state is None:
+            if getattr(self, "_model", None) is None:
+                self._model = E.CaseModel(self.config, self.state, self.images, self.dtype)
+            return self._model
+        return E.CaseModel(self.config, self.state if state is None else state,
+                           self.images if images is None else images, self.dtype)
 
 
 @dataclass
@@ -54,12 +65,16 @@ class AttentionCase:
     state: dict[str, np.ndarray] = field(repr=False)
     x: np.ndarray = field(repr=False)
     context: np.ndarray | None = field(repr=False)
-    regime: str = "normal"
     info: dict = field(default_factory=dict)
 
     def describe(self) -> dict:
         return {"attention": self.options, "x": self.x.shape,
                 "context": None if self.context is None else self.context.shape, **self.info}
+
+    def error_model(self, x=None, context="same", mask=None, state=None) -> E.AttentionModel:
+        ctx = self.context if isinstance(context, str) else context
+        return E.AttentionModel(self.options, self.state if state is None else state, self.x if x is None else x,
+                                ctx, mask)
 
 
 def _fail(port: str, what: str, case, **details) -> PropertyFailure:
@@ -80,9 +95,14 @@ def _call(port: str, fn: Callable, *args, case=None):
                     case) from e
 
 
+def build(make: Callable, config, state, dtype: str = "float32"):
+    """A port's forward; ``dtype`` is passed only when it is not float32, the protocol's default."""
+    return make(config, state) if dtype == "float32" else make(config, state, dtype=dtype)
+
+
 def run_model(port: str, make: Callable, case: ModelCase, images=None, state=None) -> dict:
     """Build and run a port; return its outputs as a dict with at least 'logits'."""
-    forward = _call(port, make, case.config, case.state if state is None else state, case=case)
+    forward = _call(port, build, make, case.config, case.state if state is None else state, case.dtype, case=case)
     out = _call(port, forward, case.images if images is None else images, case=case)
     if not isinstance(out, Mapping):
         out = {"logits": out}
@@ -102,15 +122,7 @@ def _needs(out: Mapping, *names: str) -> None:
         raise NotApplicable(f"needs taps {missing}")
 
 
-def _within(port, what, case, name, actual, expected, kind=None) -> None:
-    tol = tolerance(kind or stage_kind(name), regime=case.regime)
-    r = compare_array(name, actual, expected, tol)
-    if not r.ok:
-        raise _fail(port, what, case, stage=name, error=r.reason if r.max_abs_err is None else
-                    f"max_abs_err {r.max_abs_err:.3e}, rel_err {r.rel_err:.3e} > tol {tol:.3e}")
-
-
-class _Shapes:
+class _Arrays:
     """A case that is only arrays (no drawn config), for messages."""
 
     def __init__(self, **shapes):
@@ -120,11 +132,40 @@ class _Shapes:
         return self.shapes
 
 
-def check_close(port: str, what: str, actual, expected, kind: str, regime: str = "normal") -> None:
-    """One array against its reference within the tolerance of stage kind ``kind``."""
-    case = _Shapes(shape=np.shape(expected), regime=regime)
-    case.regime = regime
-    _within(port, what, case, kind, actual, expected, kind)
+def check_close(port: str, what: str, actual, expected, bound, kind: str, *, pair: bool = False,
+                mode: str = "local", dtype: str = "float32", case=None, stage: str | None = None) -> None:
+    """|actual - expected| within ``tolerance(kind, dtype, mode)`` times ``bound``: the error
+    model's per-element unit bound (local) or its propagated spread, a number (end to end).
+    ``pair``: both are outputs of ports, each within the tolerance of the truth, so twice it."""
+    a, e = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    case = _Arrays(shape=e.shape) if case is None else case
+    if a.shape != e.shape:
+        raise _fail(port, what, case, stage=stage or kind, error=f"shape {a.shape}, expected {e.shape}")
+    if not np.isfinite(a).all():
+        raise _fail(port, what, case, stage=stage or kind, error=f"{int((~np.isfinite(a)).sum())} non-finite values")
+    tol = tolerance(kind, dtype, mode) * (2.0 if pair else 1.0)
+    diff = np.abs(a - e)
+    bound = np.asarray(bound, np.float64) + E.SMALLEST_NORMAL[dtype]
+    ratio = float(np.max(np.divide(diff, bound, out=np.zeros_like(diff), where=diff > 0), initial=0.0))
+    if ratio > tol:
+        raise _fail(port, what, case, stage=stage or kind,
+                    error=f"max_abs_err {float(diff.max()):.3e}, error {ratio:.3g}x the {mode} bound > tol {tol:.3g}")
+
+
+def _within(port, what, case, name, actual, expected, model=None, pair=True) -> None:
+    """Two outputs of a stage agree within the propagated bound of ``model`` (default: the case's)."""
+    model = case.error_model() if model is None else model
+    check_close(port, what, actual, expected, model.spread(name), model.kind(name), pair=pair, mode="end-to-end",
+                dtype=getattr(case, "dtype", "float32"), case=case, stage=name)
+
+
+def _local(port, what, case, out, name, model=None) -> None:
+    """Stage ``name`` of the port equals the oracle's computed from the port's own inputs to it."""
+    model = case.error_model() if model is None else model
+    _needs(out, name, *model.inputs(name))
+    r = compare_stage(name, out[name], model, out, dtype=case.dtype)
+    if r.ratio is None or r.ratio > r.tol:
+        raise _fail(port, what, case, stage=name, error=r.reason or f"error {r.ratio:.3g}x its bound > tol {r.tol:.3g}")
 
 
 # ----------------------------------------------------------------------------- whole model
@@ -132,7 +173,7 @@ def check_close(port: str, what: str, actual, expected, kind: str, regime: str =
 def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
     """Every stage the port emits (at least the logits) is within tolerance of the oracle."""
     out = run_model(port, make, case)
-    results = compare_outputs(out, _oracle(case), case.config, batch=case.images.shape[0], regime=case.regime)
+    results = compare_outputs(out, case.error_model(), dtype=case.dtype)
     if any(not r.ok for r in results):
         raise PropertyFailure(describe_failures(results, port, **case.describe()))
     return results
@@ -142,9 +183,11 @@ def check_stages_match_oracle(port: str, make: Callable, case: ModelCase, stages
     """The named stages (the port must emit them) are within tolerance of the oracle's."""
     out = run_model(port, make, case)
     _needs(out, *stages)
-    ref = _oracle(case)
+    model = case.error_model()
     for name in stages:
-        _within(port, f"{name} differs from the oracle", case, name, out[name], ref[name])
+        r = compare_stage(name, out[name], model, out, dtype=case.dtype)
+        if not r.ok:
+            raise _fail(port, f"{name} differs from the oracle", case, stage=name, error=r.reason)
 
 
 def check_batch_elements_independent(port: str, make: Callable, case: ModelCase, other_images: np.ndarray) -> None:
@@ -174,7 +217,7 @@ def check_batch_size_invariant(port: str, make: Callable, case: ModelCase) -> No
 
 def check_deterministic(port: str, make: Callable, case: ModelCase) -> None:
     """Two calls give bitwise-identical outputs (no dropout or other randomness at inference)."""
-    forward = _call(port, make, case.config, case.state, case=case)
+    forward = _call(port, build, make, case.config, case.state, case.dtype, case=case)
     first = _call(port, forward, case.images, case=case)
     second = _call(port, forward, case.images, case=case)
     first = first if isinstance(first, Mapping) else {"logits": first}
@@ -190,34 +233,26 @@ def check_layernorms_in_place(port: str, make: Callable, case: ModelCase) -> Non
     """In every block, norm1 normalises the block input with norm1's weights and norm2 the
     residual after attention with norm2's; computed from the port's own taps."""
     out = run_model(port, make, case)
-    eps, s = case.config.norm_eps, case.state
     for i in range(case.config.depth):
         b = f"blocks.{i}"
-        prev = "embed" if i == 0 else f"blocks.{i - 1}"
-        _needs(out, prev, f"{b}.norm1", f"{b}.attn", f"{b}.norm2")
-        x = np.asarray(out[prev], np.float64)
-        expected1 = oracle_impl.layer_norm(x, s[f"{b}.norm1.weight"], s[f"{b}.norm1.bias"], eps)
-        _within(port, "norm1 is not LayerNorm(block input; norm1 weights)", case, f"{b}.norm1", out[f"{b}.norm1"], expected1)
-        resid = x + np.asarray(out[f"{b}.attn"], np.float64)
-        expected2 = oracle_impl.layer_norm(resid, s[f"{b}.norm2.weight"], s[f"{b}.norm2.bias"], eps)
-        _within(port, "norm2 is not LayerNorm(x + attn; norm2 weights)", case, f"{b}.norm2", out[f"{b}.norm2"], expected2)
+        _local(port, "norm1 is not LayerNorm(block input; norm1 weights)", case, out, f"{b}.norm1")
+        _local(port, "norm2 is not LayerNorm(x + attn; norm2 weights)", case, out, f"{b}.norm2")
 
 
 def check_attention_weights_are_softmax_over_keys(port: str, make: Callable, case: ModelCase) -> None:
     """weights = softmax(q k^T * head_dim^-0.5) over the key axis, from the port's own q and k;
     so every row sums to 1 over keys (and, in general, not over queries)."""
     out = run_model(port, make, case)
-    hd = case.config.head_dim
+    model = case.error_model()
     for i in range(case.config.depth):
         b = f"blocks.{i}.attn"
         _needs(out, f"{b}.q", f"{b}.k", f"{b}.weights")
         w = np.asarray(out[f"{b}.weights"], np.float64)
+        _, bound = model.local(f"{b}.weights", out)
         sums = w.sum(-1)
-        _within(port, "attention weights do not sum to 1 over keys", case, f"{b}.weights", sums, np.ones_like(sums))
-        q, k = np.asarray(out[f"{b}.q"], np.float64), np.asarray(out[f"{b}.k"], np.float64)
-        expected = oracle_impl.softmax(q @ np.swapaxes(k, -2, -1) * hd ** -0.5, axis=-1)
-        _within(port, "attention weights are not softmax(q k^T / sqrt(head_dim)) over keys", case,
-                f"{b}.weights", w, expected)
+        check_close(port, "attention weights do not sum to 1 over keys", sums, np.ones_like(sums), bound.sum(-1),
+                    "attn.weights", dtype=case.dtype, case=case, stage=f"{b}.weights")
+        _local(port, "attention weights are not softmax(q k^T / sqrt(head_dim)) over keys", case, out, f"{b}.weights")
 
 
 def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, head: int) -> None:
@@ -240,9 +275,11 @@ def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, hea
     b = np.asarray(perturbed["blocks.0.attn"], np.float64)
     inside = np.zeros(D, bool)
     inside[head * hd:(head + 1) * hd] = True
+    model = case.error_model(state=state)
     _within(port, f"perturbing head {head}'s value weights changed other heads' slices of the merged output",
-            case, "blocks.0.attn", b[..., ~inside], a[..., ~inside])
-    if np.abs(b[..., inside] - a[..., inside]).max() <= tolerance("attn") * np.abs(a).max():
+            case, "blocks.0.attn", b[..., ~inside], a[..., ~inside], model)
+    if np.abs(b[..., inside] - a[..., inside]).max() <= 2 * tolerance("attn", case.dtype, "end-to-end") * \
+            model.spread("blocks.0.attn"):
         raise _fail(port, f"perturbing head {head}'s value weights did not change its own slice", case,
                     stage="blocks.0.attn")
 
@@ -256,7 +293,9 @@ def check_patch_embed_is_rearrange_then_linear(port: str, make: Callable, case: 
     patches = rearrange(case.images.astype(np.float64), "b c (h p1) (w p2) -> b (h w) (c p1 p2)", p1=ph, p2=pw)
     w = case.state["patch_embed.proj.weight"].astype(np.float64)
     expected = patches @ w.reshape(w.shape[0], -1).T + case.state["patch_embed.proj.bias"]
-    _within(port, "patch_embed differs from rearrange + linear", case, "patch_embed", out["patch_embed"], expected)
+    _, bound = case.error_model().local("patch_embed", out)
+    check_close(port, "patch_embed differs from rearrange + linear", out["patch_embed"], expected, bound,
+                "patch_embed", dtype=case.dtype, case=case, stage="patch_embed")
 
 
 def check_patch_shift_shifts_tokens(port: str, make: Callable, case: ModelCase) -> None:
@@ -277,8 +316,10 @@ def check_patch_shift_shifts_tokens(port: str, make: Callable, case: ModelCase) 
             shifted[..., ph:, :] = case.images[..., :-ph, :]
             expected = np.concatenate([np.zeros_like(grid[:, :1]), grid[:, :-1]], axis=1)
         out = run_model(port, make, case, images=shifted, state=state)
-        _within(port, f"shifting the image {name} by one patch did not shift the token grid {name} by one",
-                case, "patch_embed", out["patch_embed"], expected.reshape(grid.shape[0], -1, cfg.embed_dim))
+        _, bound = case.error_model(images=shifted, state=state).local("patch_embed", out)
+        check_close(port, f"shifting the image {name} by one patch did not shift the token grid {name} by one",
+                    out["patch_embed"], expected.reshape(grid.shape[0], -1, cfg.embed_dim), bound, "patch_embed",
+                    pair=True, dtype=case.dtype, case=case, stage="patch_embed")
 
 
 def check_tokens_row_major(port: str, make: Callable, case: ModelCase, patch: tuple[int, int]) -> None:
@@ -322,7 +363,9 @@ def check_cross_attention_weights_sum_to_one_over_keys(port: str, make_attention
     if w.shape[-2:] != (nq, nk):
         raise _fail(port, "attention weights have the wrong shape", case, shape=w.shape, expected=f"(B, H, {nq}, {nk})")
     sums = w.sum(-1)
-    _within(port, "attention weights do not sum to 1 over keys", case, "attn.weights", sums, np.ones_like(sums))
+    check_close(port, "attention weights do not sum to 1 over keys", sums, np.ones_like(sums),
+                nk * case.error_model().spread("attn.weights"), "mha.weights", mode="end-to-end", case=case,
+                stage="attn.weights")
 
 
 def check_query_constant_changes_nothing(port: str, make_attention: Callable, case: AttentionCase, shift: np.ndarray):
@@ -374,20 +417,21 @@ def check_multihead_is_single_heads_concatenated(port: str, make_attention: Call
         k, v = kv[..., :inner][..., sl], kv[..., inner:][..., sl]
         heads.append(oracle_impl.scaled_dot_product_attention(q[..., sl], k, v)[0])
     _within(port, "multi-head attention is not its single heads concatenated head-major", case, "attn",
-            out, np.concatenate(heads, axis=-1))
+            out, np.concatenate(heads, axis=-1), case.error_model(state=state), pair=False)
 
 
 def check_large_logits_finite_and_match_oracle(port: str, make_attention: Callable, case: AttentionCase) -> None:
     """Inputs scaled until logits are in the hundreds: outputs stay finite and match the oracle."""
     big = AttentionCase(case.options, case.state, case.x * 30.0,
-                        None if case.context is None else case.context * 30.0, "stress", case.info)
+                        None if case.context is None else case.context * 30.0, case.info)
     out, w = run_attention(port, make_attention, big)
     ref, ref_w = _oracle_attention(big)
     if not np.isfinite(out).all():
         raise _fail(port, "large logits gave non-finite outputs", big, non_finite=int((~np.isfinite(out)).sum()))
-    _within(port, "attention with large logits differs from the oracle", big, "attn", out, ref)
+    _within(port, "attention with large logits differs from the oracle", big, "attn", out, ref, pair=False)
     if w is not None:
-        _within(port, "attention weights with large logits differ from the oracle", big, "attn.weights", w, ref_w)
+        _within(port, "attention weights with large logits differ from the oracle", big, "attn.weights", w, ref_w,
+                pair=False)
 
 
 __all__ = [name for name in dir() if name.startswith(("check_", "run_"))] + [

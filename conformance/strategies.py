@@ -18,10 +18,6 @@ from impls.config import ViTConfig
 from weights import init_params, init_state
 
 IMAGE_KINDS = ("ordinary", "tiny", "huge", "constant", "near_constant")
-# Weight scales (multiplying timm's init spread): "normal" ones, and "stress" ones where
-# attention logits reach tens to hundreds and softmax saturates.
-NORMAL_SCALES = (0.5, 1.0, 4.0, 16.0)
-STRESS_SCALES = (64.0, 128.0)
 
 
 @st.composite
@@ -91,13 +87,6 @@ class WeightCase:
     scale: float
     offset: float = 0.0  # added to the patch bias: a residual stream with a large common mean
 
-    @property
-    def regime(self) -> str:
-        """How well-conditioned the case is; each regime has its own calibrated tolerances."""
-        if self.scale in STRESS_SCALES:
-            return "stress"
-        return "offset" if self.offset else "normal"
-
     def make(self, config: ViTConfig) -> dict[str, np.ndarray]:
         state = init_state(config, seed=self.seed, scale=self.scale)
         if self.offset:
@@ -108,19 +97,107 @@ class WeightCase:
         return init_params(shapes, seed=self.seed, scale=self.scale)
 
 
-# A large common mean in every token ("massive activations"), about 100 to 400 times the
-# token's spread (weight scale 4 or 16 on ordinary images): float32 holds the spread less
-# finely, so these cases have their own tolerances; it is where a LayerNorm that computes
-# E[x^2] - E[x]^2 fails, its error growing with the square of that ratio.
+@dataclass(frozen=True)
+class TrainedLike:
+    """Weights conditioned like a trained ViT's, where float32 and bf16 errors are largest:
+
+    * **massive activations**: two channels of the class token and of one patch token carry
+      ``massive`` (hundreds, through ``pos_embed``), the high-norm tokens of trained ViTs
+      (Darcet et al. 2023, "Vision Transformers Need Registers"; Sun et al. 2024, "Massive
+      Activations in Large Language Models"), so those tokens' LayerNorms see a mean and an
+      rms far above their spread;
+    * a **common offset** of every patch token (``offset``, through the patch bias);
+    * **attention logits into the hundreds**: in every block, head 0's key rows equal its query
+      rows, scaled so that no token's logit against itself exceeds about ``logit``;
+    * **spread LayerNorm parameters**: γ log-normal over about 0.2 to 5 with random signs,
+      β of spread 0.5.
+    """
+
+    seed: int
+    massive: float = 300.0
+    logit: float = 1000.0
+    offset: float = 30.0
+
+    def make(self, config: ViTConfig) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        state = init_state(config, seed=self.seed)
+        D, hd = config.embed_dim, config.head_dim
+        for key in state:
+            if key.endswith(("norm1.weight", "norm2.weight")) or key in ("norm.weight", "fc_norm.weight"):
+                gamma = np.exp(rng.normal(0.0, 0.8, D)) * rng.choice([-1.0, 1.0], D)
+                state[key] = gamma.astype(np.float32)
+                bias_key = key[: -len("weight")] + "bias"
+                state[bias_key] = rng.normal(0.0, 0.5, D).astype(np.float32)
+        pos = state["pos_embed"].copy()
+        channels = rng.choice(D, size=min(2, D), replace=False)
+        tokens = [0, config.num_prefix_tokens + int(rng.integers(config.num_patches))]
+        for t in dict.fromkeys(tokens):
+            pos[0, t, channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
+        state["pos_embed"] = pos.astype(np.float32)
+        state["patch_embed.proj.bias"] = state["patch_embed.proj.bias"] + np.float32(self.offset)
+        for i in range(config.depth):
+            # A norm1 output is g * x_hat + b with |x_hat|^2 = D, so no token's |x|^2 exceeds
+            # D max(g^2) + |b|^2; q = W x with rows of spread sigma gives a self-logit
+            # sqrt(hd) sigma^2 |x|^2, which this sigma keeps below `logit` (measured: the largest
+            # logit of a block lands between about a twentieth of it and all of it).
+            g, b = state[f"blocks.{i}.norm1.weight"], state[f"blocks.{i}.norm1.bias"]
+            top = D * float(np.max(g.astype(np.float64) ** 2)) + float(np.sum(b.astype(np.float64) ** 2))
+            sigma = np.sqrt(self.logit / (np.sqrt(hd) * top))
+            w = state[f"blocks.{i}.attn.qkv.weight"].copy()
+            w[:hd] = rng.normal(0.0, sigma, (hd, D))
+            w[D:D + hd] = w[:hd]
+            state[f"blocks.{i}.attn.qkv.weight"] = w.astype(np.float32)
+        return state
+
+
+def with_block0_logit(config: ViTConfig, state: dict[str, np.ndarray], images: np.ndarray,
+                      target: float) -> dict[str, np.ndarray]:
+    """``state`` with block 0's head-0 query and key rows (and biases) rescaled so that its
+    largest attention logit on ``images`` is ``target``: the scaled logits stay in float16's
+    range (65504) while the unscaled q k^T leaves it for target * sqrt(head_dim) > 65504."""
+    from impls import numpy_vit
+
+    taps = numpy_vit.make(config, state)(images)
+    q, k = taps["blocks.0.attn.q"][:, 0], taps["blocks.0.attn.k"][:, 0]
+    current = float((q @ np.swapaxes(k, -2, -1)).max()) * config.head_dim ** -0.5
+    factor = np.float32(np.sqrt(target / current)) if current > 0 else np.float32(1.0)
+    D, hd = config.embed_dim, config.head_dim
+    state = dict(state)
+    rows = np.r_[0:hd, D:D + hd]
+    for key in ("blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias"):
+        if key in state:
+            t = state[key].copy()
+            t[rows] *= factor
+            state[key] = t
+    return state
+
+
+# Weight scales (multiplying timm's init spread): up to 128x, where attention logits reach
+# the hundreds and softmax saturates.
+SCALES = (0.5, 1.0, 4.0, 16.0, 64.0, 128.0)
+# A large common mean in every token, 100 to 3000 times the token's spread: float32 holds the
+# spread less finely (the error model's LayerNorm term grows as rms / spread); it is where a
+# LayerNorm that computes E[x^2] - E[x]^2 fails, its error growing with the square of that ratio.
 OFFSET = 1000.0
 OFFSET_SCALES = (4.0, 16.0)
 
 
 @st.composite
-def weight_cases(draw, scales=NORMAL_SCALES + STRESS_SCALES, offsets: bool = True) -> WeightCase:
+def weight_cases(draw, scales=SCALES, offsets: bool = True) -> WeightCase:
     scale = draw(st.sampled_from(scales))
     offset = OFFSET if offsets and scale in OFFSET_SCALES and draw(st.integers(0, 2)) == 0 else 0.0
     return WeightCase(draw(st.integers(0, 2**31 - 1)), scale, offset)
+
+
+@st.composite
+def trained_like_weights(draw) -> TrainedLike:
+    return TrainedLike(draw(st.integers(0, 2**31 - 1)), massive=draw(st.sampled_from([30.0, 300.0, 1000.0])),
+                       logit=draw(st.sampled_from([100.0, 1000.0, 3000.0])), offset=draw(st.sampled_from([0.0, 30.0])))
+
+
+def model_weights() -> st.SearchStrategy:
+    """Seeded weights at every scale and offset, and trained-like ones."""
+    return st.one_of(weight_cases(), trained_like_weights())
 
 
 @dataclass(frozen=True)
@@ -185,12 +262,10 @@ def model_cases(draw, config_strategy=None, images=None, weights=None, min_batch
     from conformance.properties import ModelCase
 
     config = draw(configs() if config_strategy is None else config_strategy)
-    w = draw(weight_cases() if weights is None else weights)
+    w = draw(model_weights() if weights is None else weights)
     img = draw(image_cases() if images is None else images)
-    batch = draw(st.integers(min_batch, max_batch))
-    # The offset's ratio to the token spread is calibrated on ordinary images.
-    img = ImageCase("ordinary" if w.offset else img.kind, img.seed, batch)
-    return ModelCase(config, w.make(config), img.make(config), w.regime, {"weights": w, "images": img})
+    img = ImageCase(img.kind, img.seed, draw(st.integers(min_batch, max_batch)))
+    return ModelCase(config, w.make(config), img.make(config), info={"weights": w, "images": img})
 
 
 @st.composite
@@ -205,27 +280,27 @@ def attention_property_cases(draw, cross: bool | None = None, weights=None, squa
         case = AttentionShape(**{**vars(case), "dim": case.num_heads * case.head_dim,
                                 "context_dim": case.num_heads * case.head_dim if case.kv_len == case.q_len
                                 else case.context_dim})
-    w = draw(weight_cases(NORMAL_SCALES, offsets=False) if weights is None else weights)
+    w = draw(weight_cases(SCALES[:4], offsets=False) if weights is None else weights)
     options = dict(dim=case.dim, context_dim=case.context_dim, num_heads=case.num_heads, head_dim=case.head_dim,
                    qkv_bias=case.qkv_bias)
     state = w.make_params(mha_shapes(**options))
     x, ctx = case.inputs()
     self_attention = case.kv_len == case.q_len and case.context_dim == case.dim and draw(st.booleans())
-    return AttentionCase(options, state, x, None if self_attention else ctx, w.regime, {"weights": w, "seed": case.seed})
+    return AttentionCase(options, state, x, None if self_attention else ctx, {"weights": w, "seed": case.seed})
 
 
 def hard_model_cases():
-    """Fixed cases that every profile runs first (hypothesis @example), one per regime where a
-    subtle bug shows: near-constant images (LayerNorm epsilon), weights at 4x (activations of
-    order 1 to 3: tanh GELU), and a large common offset (E[x^2] - E[x]^2 LayerNorm)."""
+    """Fixed cases that every profile runs first (hypothesis @example), one per condition where
+    a subtle bug shows: near-constant images (LayerNorm epsilon), weights at 4x (activations of
+    order 1 to 3: tanh GELU), a large common offset (E[x^2] - E[x]^2 LayerNorm), and trained-like
+    weights (massive activations, attention logits in the hundreds: a softmax without its max)."""
     from conformance.properties import ModelCase
     from impls import get_config
 
     config = get_config("vit_test_token")
     cases = []
     for weights, kind in ((WeightCase(7, 1.0), "near_constant"), (WeightCase(7, 4.0), "ordinary"),
-                          (WeightCase(7, 4.0, OFFSET), "ordinary")):
+                          (WeightCase(7, 4.0, OFFSET), "ordinary"), (TrainedLike(7), "ordinary")):
         img = ImageCase(kind, 7, 2)
-        cases.append(ModelCase(config, weights.make(config), img.make(config), weights.regime,
-                               {"weights": weights, "images": img}))
+        cases.append(ModelCase(config, weights.make(config), img.make(config), info={"weights": weights, "images": img}))
     return cases

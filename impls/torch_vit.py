@@ -273,7 +273,7 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
 
     @torch.inference_mode()
     def forward(images: np.ndarray):
-        out = model(torch.as_tensor(np.asarray(images)), return_taps=taps)
+        out = model(torch.tensor(np.asarray(images)), return_taps=taps)  # a copy: the caller may hand read-only arrays
         return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
     return forward
@@ -290,9 +290,9 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 
     @torch.inference_mode()
     def forward(x, context=None, mask=None):
-        context = None if context is None else torch.as_tensor(context)
-        mask = None if mask is None else torch.as_tensor(mask)
-        out, attn = (model(torch.as_tensor(x), context, mask), None) if fused_attn else model(torch.as_tensor(x), context, mask, return_weights=True)
+        # Copies: the caller may hand read-only arrays.
+        x, context, mask = (None if a is None else torch.tensor(np.asarray(a)) for a in (x, context, mask))
+        out, attn = (model(x, context, mask), None) if fused_attn else model(x, context, mask, return_weights=True)
         return out.numpy(), None if attn is None else attn.numpy()
 
     return forward

@@ -154,6 +154,10 @@ PRESETS: dict[str, ViTConfig] = {
         img_size=(12, 16), patch_size=(4, 2), in_chans=1, num_classes=3, global_pool="avg",
         class_token=False, embed_dim=12, depth=1, num_heads=2, qkv_bias=False,
     ),
+    "vit_test_avg_100_tokens": ViTConfig(
+        img_size=40, patch_size=4, in_chans=3, num_classes=4, global_pool="avg", class_token=False,
+        embed_dim=16, depth=1, num_heads=2,
+    ),
     "vit_test_deep": ViTConfig(
         img_size=(8, 16), patch_size=2, in_chans=4, num_classes=4, embed_dim=32, depth=3,
         num_heads=4, mlp_ratio=2.0, qkv_bias=False,

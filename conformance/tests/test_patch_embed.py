@@ -16,7 +16,7 @@ def _fixed_case(in_chans=3, patch=(2, 3), grid=(2, 3), kind="ordinary"):
 
 
 # Depth 1 suffices: these properties read the patch_embed tap.
-PATCH_CASES = S.model_cases(S.configs(max_depth=1), weights=S.weight_cases(S.NORMAL_SCALES, offsets=False))
+PATCH_CASES = S.model_cases(S.configs(max_depth=1), weights=S.weight_cases(S.SCALES[:4], offsets=False))
 
 
 def _check_patch_embed_equals_oracle(port, make, case):
@@ -34,7 +34,7 @@ def test_patch_embed_equals_the_oracle(port, case):
 def test_patch_embed_holds_for_1_3_and_4_channels_on_non_square_images(port, data, in_chans):
     config = data.draw(S.configs(max_depth=1).filter(lambda c: c.grid_size[0] != c.grid_size[1])
                        .map(lambda c: c.replace(in_chans=in_chans)))
-    case = data.draw(S.model_cases(st.just(config), weights=S.weight_cases(S.NORMAL_SCALES, offsets=False)))
+    case = data.draw(S.model_cases(st.just(config), weights=S.weight_cases(S.SCALES[:4], offsets=False)))
     check_property(_check_patch_embed_equals_oracle, port, factory(port), case)
     check_property(P.check_patch_embed_is_rearrange_then_linear, port, factory(port), case)
 
@@ -53,7 +53,7 @@ def test_oracle_conv_equals_rearrange_then_linear():
 
 @settings(max_examples=budget(2))
 @given(case=S.model_cases(S.configs(max_depth=1, max_grid=4).filter(lambda c: min(c.grid_size) >= 2),
-                          weights=S.weight_cases(S.NORMAL_SCALES, offsets=False)))
+                          weights=S.weight_cases(S.SCALES[:4], offsets=False)))
 def test_shifting_the_image_by_one_patch_shifts_the_token_grid(port, case):
     check_property(P.check_patch_shift_shifts_tokens, port, factory(port), case)
 

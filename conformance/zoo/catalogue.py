@@ -17,6 +17,8 @@ class Mutant:
     note: str = ""  # what a case must have to expose the bug
     catchers: tuple[str, ...] = ()  # the sampled property tests that must fail on it, beside the main one
     min_ratio: float = 10.0  # the separation the meta-test demands; below 10 only with a reason in `note`
+    config: str = "vit_test_token"  # the preset verify runs it on
+    dtype: str = "float32"  # what it computes in (precision mutants: the dtype where the bug bites)
 
     @property
     def sample(self) -> tuple[str, ...]:
@@ -118,6 +120,27 @@ _ALL = [
     Mutant("torch_causal_mask", "torch", f"{_T}:causal_mask",
            "is_causal=True copied from a decoder's attention", "decoder attention reused in an encoder",
            "blocks.0.attn"),
+    Mutant("torch_naive_softmax", "torch", f"{_T}:naive_softmax",
+           "softmax written as exp(l) / sum(exp(l)) in the model: inf / inf = NaN once a logit passes ~88",
+           "hand-written softmax in ports; pytorch/pytorch#131060 (NaN rows)", "blocks.0.attn.weights",
+           note="needs attention logits above 88: trained-like weights"),
+    Mutant("torch_naive_softmax_fp16", "torch", f"{_T}:naive_softmax",
+           "the same softmax in float16: exp overflows once a logit passes ~11",
+           "facebookresearch/deit#109 (NaN under mixed precision)", "blocks.0.attn.weights", dtype="float16",
+           note="needs logits above 11"),
+    Mutant("torch_layernorm_stats_fp16", "torch", f"{_T}:layernorm_stats_in_input_dtype",
+           "LayerNorm statistics as E[x^2] - E[x]^2 in float16, no upcast: x^2 overflows past |x| = 256",
+           "pytorch/pytorch#66707, neuroneural/brainchop-cli#56 (x^2 past 256 in fp16)",
+           "blocks.0.norm1", dtype="float16", note="needs massive activations (|x| > 256): trained-like weights"),
+    Mutant("torch_qk_scaled_after_product_fp16", "torch", f"{_T}:scaled_after_product",
+           "attention logits scaled after q k^T in float16: the unscaled product overflows 65504",
+           "ultralytics/ultralytics#24990, philipturner/metal-flash-attention#8", "blocks.0.attn.weights",
+           dtype="float16", note="needs scaled logits between 65504 / sqrt(head_dim) and 65504 (verify's "
+                                 "case with block 0 logits at 3e4; head_dim >= 5)"),
+    Mutant("torch_token_sum_fp16", "torch", f"{_T}:token_sum_in_input_dtype",
+           "average pooling as a running token sum in float16", "hand-written pooling in half precision",
+           "pooled", dtype="float16", config="vit_test_avg_100_tokens",
+           note="needs a large common mean over many tokens (the offset case: 100 x 1000 > 65504)"),
     Mutant("torch_mha_causal_mask", "torch", f"{_T}:mha_causal_mask",
            "a causal mask always applied in a standalone attention", "decoder attention reused in an encoder",
            "attn.weights", level="attention",

@@ -22,8 +22,6 @@ from conformance.verify import verify, verify_attention
 from conformance.zoo.catalogue import MUTANTS, Mutant
 from impls import get_config, load_factory
 
-ZOO_CONFIG = "vit_test_token"  # 3 heads, 3 channels, square patches on a non-square 4x6 grid
-
 CORRECT_MODEL = ("impls.torch_vit:make", "impls.mlx_vit:make", "impls.jax_vit:make")
 CORRECT_ATTENTION = ("impls.torch_vit:make_attention", "impls.mlx_vit:make_attention", "impls.jax_vit:make_attention")
 CORRECT_SAMPLE_MODEL = ("test_every_tap_of_every_port_matches_the_oracle",)
@@ -58,7 +56,7 @@ def verify_mutant(mutant: Mutant):
     make = load_factory(mutant.factory)
     if mutant.level == "attention":
         return verify_attention(make, port=mutant.name)
-    return verify(make, get_config(ZOO_CONFIG), port=mutant.name)
+    return verify(make, get_config(mutant.config), port=mutant.name, dtype=mutant.dtype)
 
 
 def _test_files() -> dict[str, Path]:

@@ -197,6 +197,70 @@ class MultiHeadAttentionNaiveSoftmax(T.MultiHeadAttention):
 
 
 softmax_over_batch = partial(T.make, attn_layer=AttentionSoftmaxOverBatch)
+
+
+# ----------------------------------------------------------------------------- precision
+
+def _naive_softmax(logits):
+    return logits.exp() / logits.exp().sum(dim=-1, keepdim=True)
+
+
+class AttentionNaiveSoftmax(T.Attention):
+    """exp(l) / sum(exp(l)), without subtracting the row maximum, in the model's dtype: inf / inf
+    = NaN once a logit passes 88 in float32, 11 in float16 (facebookresearch/deit#109)."""
+
+    def forward(self, x, taps=None, name="attn"):
+        return _attend(self, x, _timm_qkv(self, x), taps, name,
+                       lambda q, k: _naive_softmax((q * self.scale) @ k.transpose(-2, -1)))
+
+
+class AttentionScaledAfterProduct(T.Attention):
+    """(q @ k^T) * scale in float16: the unscaled product overflows (65504) before the scale
+    would have brought it back into range."""
+
+    def forward(self, x, taps=None, name="attn"):
+        return _attend(self, x, _timm_qkv(self, x), taps, name,
+                       lambda q, k: ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1, dtype=torch.float32)
+                       .to(q.dtype))
+
+
+class LayerNormStatsInInputDtype(torch.nn.LayerNorm):
+    """LayerNorm written out with E[x^2] - E[x]^2 in the input's dtype: x^2 overflows float16 past
+    |x| = 256 (massive activations), and the difference cancels."""
+
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = (x * x).mean(-1, keepdim=True) - mean * mean
+        return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+
+
+class BlockLayerNormStatsInInputDtype(T.Block):
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        self.norm1 = LayerNormStatsInInputDtype(config.embed_dim, eps=config.norm_eps)
+        self.norm2 = LayerNormStatsInInputDtype(config.embed_dim, eps=config.norm_eps)
+
+
+class VisionTransformerTokenSumInInputDtype(T.VisionTransformer):
+    """Average pooling as a running sum over tokens in the model's dtype, then a division: in
+    float16 each addition rounds to the sum's ulp (0.5 at 1000, 4 at 8000)."""
+
+    def forward_head(self, x, taps=None):
+        tokens = x[:, self.config.num_prefix_tokens:]
+        total = tokens[:, 0]
+        for i in range(1, tokens.shape[1]):
+            total = total + tokens[:, i]
+        x = self.fc_norm(total / tokens.shape[1])
+        T._tap(taps, "pooled", x)
+        x = self.head(x)
+        T._tap(taps, "logits", x)
+        return x
+
+
+naive_softmax = partial(T.make, attn_layer=AttentionNaiveSoftmax)
+scaled_after_product = partial(T.make, attn_layer=AttentionScaledAfterProduct)
+layernorm_stats_in_input_dtype = partial(T.make, block_fn=BlockLayerNormStatsInInputDtype)
+token_sum_in_input_dtype = partial(T.make, model_cls=VisionTransformerTokenSumInInputDtype)
 mha_naive_softmax = partial(T.make_attention, model_cls=MultiHeadAttentionNaiveSoftmax)
 causal_mask = partial(T.make, attn_layer=AttentionCausal)
 mha_causal_mask = partial(T.make_attention, model_cls=MultiHeadAttentionCausal)
