@@ -39,23 +39,36 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 # ----------------------------------------------------------------------------- generators
 
 def zoo_table(measured: dict | None = None) -> str:
-    """Every mutant of the catalogue, with what `python -m conformance zoo --json` measured."""
+    """Every mutant of the catalogue, with what `python -m conformance zoo --json` measured: where
+    verify locates it and by how much, in its own dtype and (model mutants) in the other two."""
     from conformance.zoo import MUTANTS
 
     if measured is None:
         path = DATA / "zoo.json"
         measured = json.loads(path.read_text()) if path.exists() else {"mutants": []}
     rows_by_name = {r["name"]: r for r in measured.get("mutants", [])}
+
+    def cell(entry, declared):
+        if not entry or entry.get("found") is None:
+            return "not caught"
+        where = "" if entry["found"] == declared else f" at {entry['found']}"
+        ratio = entry.get("ratio")
+        return ("inf" if ratio is None or ratio == float("inf") else f"{ratio:.3g}") + where
+
     rows = []
     for m in MUTANTS.values():
         r = rows_by_name.get(m.name, {})
-        found = r.get("found")
         caught = f"{len(r['caught_by'])}/{len(r['sampled'])}" if r.get("sampled") else "-"
-        rows.append([f"`{m.name}`", m.description, m.source, f"`{m.first_divergence}`",
-                     "not measured" if not r else ("yes" if found == m.first_divergence else f"NO: {found}"),
-                     r.get("ratio"), r.get("exposing_case"), caught])
-    return markdown_table(["mutant", "bug", "from", "declared stage", "located", "ratio", "exposing case",
-                           "caught by"], rows)
+        by_dtype = r.get("by_dtype") or {}
+        own = {"found": r.get("found"), "ratio": r.get("ratio")} if r else None
+        dtypes = [cell(by_dtype.get(d) if by_dtype else (own if d == m.dtype else None), m.first_divergence)
+                  if r else "not measured" for d in ("float32", "bfloat16", "float16")]
+        if m.level == "attention":
+            dtypes[1:] = ["-", "-"]  # attention factories take no dtype
+        rows.append([f"`{m.name}`", m.description, m.source, f"`{m.first_divergence}`", m.dtype, *dtypes,
+                     r.get("exposing_case"), caught])
+    return markdown_table(["mutant", "bug", "from", "declared stage", "dtype", "float32", "bfloat16", "float16",
+                           "exposing case", "caught by"], rows)
 
 
 def bench_table(result: dict | None = None) -> str:

@@ -135,7 +135,8 @@ def softmax_weights(q, k, scale, p: Precision, mask=None):
         shifted = np.where(live, E + np.log(np.where(live, P, 1.0)), -np.inf)
     top = np.max(shifted, axis=-1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)
-    E_bar = top + np.log(np.sum(np.exp(shifted - top), axis=-1, keepdims=True))
+    with np.errstate(divide="ignore"):  # a fully masked row: no weight, no bound
+        E_bar = top + np.log(np.sum(np.exp(shifted - top), axis=-1, keepdims=True))
     bound = np.minimum(P * np.expm1(np.minimum(E + E_bar, 80.0)), 1.0) + p.storage * P + p.tiny
     return P, bound
 
@@ -282,10 +283,13 @@ class Chain:
         return all(k in taps for k in self.inputs(name))
 
     def spread(self, name: str) -> float:
-        """max |noisy − oracle| at ``name`` over the noisy runs."""
+        """max |noisy − oracle| at ``name`` over the noisy runs: at least ``noisy_runs``, and up
+        to 16 on small models, so that a stage of a few elements (the logits of one image) is
+        not judged by the luck of two draws."""
         if getattr(self, "_spread", None) is None:
             rng = np.random.default_rng(self.seed)
-            runs = [self.run(rng) for _ in range(self.noisy_runs)]
+            elements = sum(np.size(v) for v in self.oracle.values())
+            runs = [self.run(rng) for _ in range(max(self.noisy_runs, min(16, int(4e6 // max(elements, 1)))))]
             self._spread = {k: max(float(np.abs(r[k] - v).max(initial=0.0)) for r in runs)
                             for k, v in self.oracle.items()}
         return self._spread[name]

@@ -32,12 +32,18 @@ def pytest_addoption(parser):
     group.addoption("--attention-port", action="append", default=[], metavar="PKG.MODULE:MAKE_ATTENTION",
                     help="an attention factory make_attention(state, dim=..., context_dim=..., num_heads=..., "
                          "head_dim=..., qkv_bias=...) -> forward(x, context, mask) -> (out, weights) (repeatable)")
+    group.addoption("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="what the whole-model cases ask every port to compute in (passed to factories as dtype= "
+                         "unless float32)")
     group.addoption("--only-given-ports", action="store_true",
                     help="run only the given ports, not the built-in torch, mlx and jax ones")
 
 
 def pytest_configure(config):
+    from conformance import strategies
+
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    strategies.set_dtype(config.option.dtype)
     config.addinivalue_line("markers", "vit_no_port: no port applies (deselected)")
     config.addinivalue_line("markers", "slow: builds full-size models")
 
@@ -71,6 +77,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_report_header(config):
     opts = config.option
     given = list(opts.port) + list(opts.attention_port)
+    dtype = f", computing in {opts.dtype}" if opts.dtype != "float32" else ""
     if given:
-        return f"vit-conformance: ports {given}" + (" only" if opts.only_given_ports else " and the built-in ones")
-    return None
+        return f"vit-conformance: ports {given}" + (" only" if opts.only_given_ports else " and the built-in ones") + dtype
+    return f"vit-conformance: built-in ports{dtype}" if dtype else None

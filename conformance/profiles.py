@@ -25,6 +25,12 @@ def register() -> None:
                               **_COMMON)
 
 
+def heavy() -> bool:
+    """Whether the active profile runs the heavy cases (the thorough profile): the suite's
+    budget keeps the ci profile within 120 s on 2 cores, so the widest matrices are nightly."""
+    return settings.default.max_examples >= 100
+
+
 def load_default() -> None:
     """HYPOTHESIS_PROFILE chooses (default ci); hypothesis's own --hypothesis-profile overrides it later."""
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -47,6 +47,12 @@ class ModelCase:
         return {"config": self.config, **self.info, **({"dtype": self.dtype} if self.dtype != "float32" else {}),
                 "images": f"{self.images.shape} {self.info.get('images', '')}".strip()}
 
+    def __repr__(self) -> str:  # what hypothesis prints for a failing example: no state dict
+        return f"ModelCase({', '.join(f'{k}={v}' for k, v in self.describe().items())})"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self))
+
     def error_model(self, images=None, state=None) -> E.CaseModel:
         """The error model of this case (or of its images or state replaced), built once."""
         if images is None and state is None:
@@ -70,6 +76,12 @@ class AttentionCase:
     def describe(self) -> dict:
         return {"attention": self.options, "x": self.x.shape,
                 "context": None if self.context is None else self.context.shape, **self.info}
+
+    def __repr__(self) -> str:
+        return f"AttentionCase({', '.join(f'{k}={v}' for k, v in self.describe().items())})"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self))
 
     def error_model(self, x=None, context="same", mask=None, state=None) -> E.AttentionModel:
         ctx = self.context if isinstance(context, str) else context
@@ -109,11 +121,6 @@ def run_model(port: str, make: Callable, case: ModelCase, images=None, state=Non
     if "logits" not in out:
         raise _fail(port, "the port returned no 'logits'", case, returned=sorted(out))
     return dict(out)
-
-
-def _oracle(case: ModelCase, images=None, state=None) -> dict:
-    return oracle_impl.make(case.config, case.state if state is None else state)(
-        case.images if images is None else images)
 
 
 def _needs(out: Mapping, *names: str) -> None:

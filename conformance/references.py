@@ -32,6 +32,12 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     return model.eval()
 
 
+def _numpy(t) -> np.ndarray:
+    import torch
+
+    return (t.float() if t.dtype == torch.bfloat16 else t).detach().numpy()  # NumPy has no bfloat16
+
+
 def timm_state(model) -> dict[str, np.ndarray]:
     return {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
 
@@ -70,8 +76,47 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
     try:
         with torch.no_grad():
             dtype = next(model.parameters()).dtype
-            taps["logits"] = model(torch.from_numpy(np.asarray(images)).to(dtype))
+            taps["logits"] = model(torch.tensor(np.asarray(images)).to(dtype))  # a copy: inputs may be read-only
     finally:
         for h in hooks:
             h.remove()
-    return {k: v.detach().numpy() for k, v in taps.items()}
+    return {k: _numpy(v) for k, v in taps.items()}
+
+
+_TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def timm_port(config: ViTConfig, state: dict[str, np.ndarray], dtype: str = "float32"):
+    """timm's VisionTransformer as a port factory: every stage read through hooks on its own
+    modules, computed in ``dtype`` as timm runs it (``model.to(dtype)``)."""
+    import torch
+
+    model = timm_vit(config, state, dtype=getattr(torch, _TORCH_DTYPES[dtype]))
+
+    return lambda images: timm_taps(model, np.asarray(images))
+
+
+def transformers_port(config: ViTConfig, state: dict[str, np.ndarray], dtype: str = "float32"):
+    """transformers' ViTForImageClassification as a port factory (logits only): the canonical
+    state written as a Hugging Face checkpoint by this project's exporter and read back by
+    ``from_pretrained`` (which maps checkpoint names to transformers' current modules),
+    computed in ``dtype``."""
+    import tempfile
+
+    import torch
+    from transformers import ViTForImageClassification
+    from transformers.utils import logging
+
+    from weights import formats
+
+    logging.disable_progress_bar()
+    torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])
+    with tempfile.TemporaryDirectory() as tmp:
+        formats.write_hf(state, config, tmp)
+        model = ViTForImageClassification.from_pretrained(tmp).eval().to(torch_dtype)
+
+    @torch.no_grad()
+    def forward(images):
+        return _numpy(model(pixel_values=torch.tensor(np.asarray(images)).to(torch_dtype)).logits)
+
+    return forward

@@ -265,7 +265,8 @@ def model_cases(draw, config_strategy=None, images=None, weights=None, min_batch
     w = draw(model_weights() if weights is None else weights)
     img = draw(image_cases() if images is None else images)
     img = ImageCase(img.kind, img.seed, draw(st.integers(min_batch, max_batch)))
-    return ModelCase(config, w.make(config), img.make(config), info={"weights": w, "images": img})
+    return ModelCase(config, w.make(config), img.make(config), info={"weights": w, "images": img},
+                     dtype=current_dtype())
 
 
 @st.composite
@@ -289,18 +290,38 @@ def attention_property_cases(draw, cross: bool | None = None, weights=None, squa
     return AttentionCase(options, state, x, None if self_attention else ctx, {"weights": w, "seed": case.seed})
 
 
+_DTYPE = ["float32"]
+
+
+def set_dtype(dtype: str) -> None:
+    """What the drawn whole-model cases ask ports to compute in (the plugin's --dtype)."""
+    _DTYPE[0] = dtype
+
+
+def current_dtype() -> str:
+    return _DTYPE[0]
+
+
 def hard_model_cases():
     """Fixed cases that every profile runs first (hypothesis @example), one per condition where
     a subtle bug shows: near-constant images (LayerNorm epsilon), weights at 4x (activations of
-    order 1 to 3: tanh GELU), a large common offset (E[x^2] - E[x]^2 LayerNorm), and trained-like
-    weights (massive activations, attention logits in the hundreds: a softmax without its max)."""
+    order 1 to 3: tanh GELU), a large common offset (E[x^2] - E[x]^2 LayerNorm), trained-like
+    weights (massive activations, attention logits in the hundreds: a softmax without its max,
+    float16 LayerNorm statistics), the offset over 100 tokens (a float16 token sum overflows) and
+    block 0's logits at 3e4 (q k^T before the scale overflows float16)."""
     from conformance.properties import ModelCase
     from impls import get_config
 
-    config = get_config("vit_test_token")
+    config, many = get_config("vit_test_token"), get_config("vit_test_avg_100_tokens")
     cases = []
-    for weights, kind in ((WeightCase(7, 1.0), "near_constant"), (WeightCase(7, 4.0), "ordinary"),
-                          (WeightCase(7, 4.0, OFFSET), "ordinary"), (TrainedLike(7), "ordinary")):
+    for cfg, weights, kind in ((config, WeightCase(7, 1.0), "near_constant"), (config, WeightCase(7, 4.0), "ordinary"),
+                               (config, WeightCase(7, 4.0, OFFSET), "ordinary"), (config, TrainedLike(7), "ordinary"),
+                               (many, WeightCase(7, 4.0, OFFSET), "ordinary")):
         img = ImageCase(kind, 7, 2)
-        cases.append(ModelCase(config, weights.make(config), img.make(config), info={"weights": weights, "images": img}))
+        cases.append(ModelCase(cfg, weights.make(cfg), img.make(cfg), info={"weights": weights, "images": img},
+                               dtype=current_dtype()))
+    img = ImageCase("ordinary", 7, 2)
+    state = with_block0_logit(config, TrainedLike(7).make(config), img.make(config), 3e4)
+    cases.append(ModelCase(config, state, img.make(config), dtype=current_dtype(),
+                           info={"weights": "TrainedLike(seed=7), block 0 logits at 3e4", "images": img}))
     return cases

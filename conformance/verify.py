@@ -7,7 +7,7 @@ Exit status: 0 the port conforms, 1 it does not, 2 a usage error (bad port spec,
 weights file). The oracle runs first, and the port gets read-only copies of the images and
 the state: a port that raises, writes to its inputs, changes the state it was handed, returns
 the wrong shape or dtype, NaN or Inf, no ``logits``, or a mis-shaped tap is a finding with a
-one-line reason, never a traceback. Batches of 1, 2 and 3 images are used.
+one-line reason, never a traceback. Batches of 3 and 1 images are used.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase,
 from impls import load_factory, tap_names
 from impls.config import ViTConfig
 
-BATCHES = (2, 1, 3)  # a batch of 1 catches a port that squeezes; 3 one that assumes 2
+BATCHES = (3, 1)  # 1 catches a port that squeezes the batch; 1 and 3 one that assumes 2
 
 
 class UsageError(Exception):
@@ -40,7 +40,7 @@ class Case:
 
 
 def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[Case]:
-    """Every image kind on the given (or seeded) weights, in batches of 1, 2 and 3; with seeded
+    """Every image kind on the given (or seeded) weights, in batches of 3 and 1; with seeded
     weights also weights at 4x timm's spread (activations of order 1 to 3, where tanh and exact
     GELU differ most), a large common offset in every token (where a LayerNorm computing
     E[x^2] - E[x]^2 fails), 64x (saturated softmax) and trained-like weights (massive
@@ -59,8 +59,8 @@ def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -
             batch = BATCHES[i % len(BATCHES)]
             cases.append(Case(f"ordinary images (batch {batch}), {label}",
                               make_images(config, batch, "ordinary", seed), w.make(config)))
-        images = make_images(config, 2, "ordinary", seed)
-        cases.append(Case("ordinary images (batch 2), trained-like weights, block 0 logits to 3e4", images,
+        images = make_images(config, 3, "ordinary", seed)
+        cases.append(Case("ordinary images (batch 3), trained-like weights, block 0 logits to 3e4", images,
                           with_block0_logit(config, TrainedLike(seed + 4).make(config), images, 3e4)))
     return cases
 
@@ -75,6 +75,7 @@ class Report:
     first_divergence: str | None = None
     worst_case: dict[str, str] = field(default_factory=dict)  # stage -> the case behind its row
     dtype: str = "float32"
+    skipped: list[str] = field(default_factory=list)  # cases outside the dtype's range, and why
 
     @property
     def conformant(self) -> bool:
@@ -99,6 +100,7 @@ class Report:
             "config": self.config.to_dict(),
             "cases": self.cases,
             "worst_case": self.worst_case,
+            "skipped": self.skipped,
         }
 
 
@@ -121,9 +123,9 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 
 def state_changes(handed: Mapping, original: Mapping) -> list[str]:
     """What a port did to the state dict it was handed: keys removed, added or replaced."""
-    changes = [f"removed {k!r}" for k in original if k not in handed]
-    changes += [f"added {k!r}" for k in handed if k not in original]
-    changes += [f"replaced {k!r}" for k in original if k in handed and not (
+    changes = [f"removed {k!r}" for k in sorted(original) if k not in handed]
+    changes += [f"added {k!r}" for k in sorted(handed) if k not in original]
+    changes += [f"replaced {k!r}" for k in sorted(original) if k in handed and not (
         isinstance(handed[k], np.ndarray) and handed[k].shape == original[k].shape
         and np.array_equal(handed[k], original[k]))]
     return changes
@@ -142,8 +144,15 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
     names = tap_names(config)
     worst: dict[str, StageResult] = {}
     first_index = len(names)
+    judged: list[Case] = []
     for case in cases:
         model = CaseModel(config, case.state, case.images, dtype)  # the oracle runs first
+        largest = max(float(np.abs(v).max()) for v in model.oracle.values())
+        if largest > float(np.finfo(np.float16).max if dtype == "float16" else np.finfo(np.float32).max) / 2:
+            # No port can represent this case in the dtype: judging it would be a false alarm.
+            report.skipped.append(f"{case.name}: the oracle reaches {largest:.3g}, beyond {dtype}'s range")
+            continue
+        judged.append(case)
         handed = {k: _read_only(v) for k, v in case.state.items()}
         images = _read_only(case.images)
         try:
@@ -158,7 +167,9 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
         try:
             out = forward(images)
         except Exception as e:  # noqa: BLE001
-            _finding(report, case.name, "forward", f"the port raised {describe_exception(e)}")
+            wrote = isinstance(e, ValueError) and "read-only" in str(e)
+            _finding(report, case.name, "forward", ("the port wrote to its inputs, which verify hands read-only: "
+                                                    if wrote else "the port raised ") + describe_exception(e))
             continue
         if not np.array_equal(images, case.images) or state_changes(handed, case.state):
             _finding(report, case.name, "forward", "the port wrote to its inputs (images or state) during forward")
@@ -179,11 +190,11 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
     report.stages = [worst[n] for n in names if n in worst]
     if first_index < len(names):
         report.first_divergence = names[first_index]
-    if cases and not report.failures:
+    if judged and not report.failures:
         try:
-            check_deterministic(port, make, ModelCase(config, cases[0].state, cases[0].images, dtype=dtype))
+            check_deterministic(port, make, ModelCase(config, judged[0].state, judged[0].images, dtype=dtype))
         except PropertyFailure as e:
-            _finding(report, cases[0].name, e.stage or "logits", "two calls on the same input differ (randomness at "
+            _finding(report, judged[0].name, e.stage or "logits", "two calls on the same input differ (randomness at "
                                                                  "inference)")
     return report
 
@@ -202,8 +213,11 @@ def format_report(report: Report) -> str:
              table(["stage", "checked", "max_abs_err", "error", "tol", "end to end", "tol", "ok"], rows), ""]
     for f in report.failures:
         lines.append(f"FAIL {f['stage']} ({f['case']}): {f['reason']}")
+    for s in report.skipped:
+        lines.append(f"not judged: {s}")
+    judged = len(report.cases) - len(report.skipped)
     if report.conformant:
-        lines.append(f"CONFORMANT: all {len(report.stages)} stages within tolerance on {len(report.cases)} cases")
+        lines.append(f"CONFORMANT: all {len(report.stages)} stages within tolerance on {judged} cases")
     else:
         where = report.first_divergence or (report.failures[0]["stage"] if report.failures else "-")
         ratio = report.separation()

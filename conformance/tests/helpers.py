@@ -61,6 +61,17 @@ def attention(port: str, case, weights, fused: bool = False):
     return attention_factory(port)(weights.make_params(shapes), **options)
 
 
+def attention_model(case, weights, x, context=None, mask=None):
+    """The error model of ``attention(port, case, weights)`` on these inputs."""
+    from conformance.error_model import AttentionModel
+    from weights import mha_shapes
+
+    shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
+    options = dict(dim=case.dim, context_dim=case.context_dim, num_heads=case.num_heads, head_dim=case.head_dim,
+                   qkv_bias=case.qkv_bias)
+    return AttentionModel(options, weights.make_params(shapes), x, context, mask)
+
+
 def mutant(name: str):
     """A zoo mutant's factory, loaded through the same door as a user's port."""
     from conformance.zoo import MUTANTS

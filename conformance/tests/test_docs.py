@@ -3,7 +3,6 @@ commands exactly."""
 
 import re
 import shutil
-from pathlib import Path
 
 from conformance.docs import ROOT, stale_blocks
 

@@ -1,7 +1,10 @@
 """Blocks and the whole model: every tap of every port against the oracle, batch elements
 independent, batch size irrelevant, two calls bitwise identical, each LayerNorm where it belongs."""
 
+import dataclasses
+
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 
 from conformance import properties as P
@@ -16,9 +19,23 @@ HARD = S.hard_model_cases()
 @example(case=HARD[0])
 @example(case=HARD[1])
 @example(case=HARD[2])
+@example(case=HARD[3])
+@example(case=HARD[4])
+@example(case=HARD[5])
 @given(case=S.model_cases())
 def test_every_tap_of_every_port_matches_the_oracle(port, case):
     P.check_matches_oracle(port, factory(port), case)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@settings(max_examples=budget(5, minimum=1))
+@example(case=HARD[2])
+@example(case=HARD[3])
+@given(case=S.model_cases())
+def test_every_tap_matches_the_oracle_in_bfloat16_and_float16(framework_port, dtype, case):
+    """The built-in ports in low precision, with softmax, LayerNorm statistics and the token mean
+    in float32, within bounds that scale with the dtype's roundoff."""
+    P.check_matches_oracle(framework_port, factory(framework_port), dataclasses.replace(case, dtype=dtype))
 
 
 @settings(max_examples=budget(2))
@@ -58,6 +75,19 @@ def test_oracle_check_fails_on_a_shared_layernorm_and_names_the_stage():
     failure = expect_failure(P.check_matches_oracle, "mlx_shared_layernorm", mutant("mlx_shared_layernorm"), _case(),
                              match="first divergent stage: blocks.0.norm2")
     assert "config: ViTConfig(" in str(failure) and "rel_err" in str(failure) and "tol" in str(failure)
+
+
+def test_oracle_check_fails_on_softmax_without_max_in_float32_and_float16():
+    """Trained-like weights put logits in the hundreds: exp overflows past 88 (float32), 11 (float16)."""
+    case = HARD[3]
+    for dtype in ("float32", "float16"):
+        expect_failure(P.check_matches_oracle, "torch_naive_softmax", mutant("torch_naive_softmax"),
+                       dataclasses.replace(case, dtype=dtype), match="first divergent stage: blocks.0.attn.weights")
+
+
+def test_low_precision_check_fails_on_layernorm_statistics_in_float16():
+    expect_failure(P.check_matches_oracle, "torch_layernorm_stats_fp16", mutant("torch_layernorm_stats_fp16"),
+                   dataclasses.replace(HARD[3], dtype="float16"), match="first divergent stage: blocks.0.norm1")
 
 
 def test_shared_layernorm_hides_behind_default_norm_weights():

@@ -4,6 +4,7 @@ wrapped the same way, pass."""
 
 import pytest
 
+from conformance.profiles import heavy
 from conformance.zoo import MUTANTS
 from conformance.zoo.run import run_zoo, verify_mutant
 
@@ -28,7 +29,10 @@ def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
 
 
 def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_ports_pass():
-    rows, correct = run_zoo(with_plugin=True, workers=1, with_verify=False)  # verify: the test above
+    """In ci the float32 mutants (one pytest run); in the thorough profile also the precision
+    mutants in their run with --dtype float16 (verify locates them in ci, the test above)."""
+    mutants = [m for m in MUTANTS.values() if heavy() or m.dtype == "float32"]
+    rows, correct = run_zoo(mutants, with_plugin=True, workers=1, with_verify=False)
     missed = {r.name: r.missed for r in rows if not r.caught}
     assert not missed, missed
     assert correct and not any(correct.values()), correct

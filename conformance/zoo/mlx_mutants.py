@@ -96,14 +96,16 @@ def conv_kernel_hw_swapped(config, state, **kw):
     native["patch_embed.proj.weight"] = np.ascontiguousarray(state["patch_embed.proj.weight"].transpose(0, 3, 2, 1))
     M.load_state_dict(model, native)
     model.eval()
-    return _forward(model, config, kw.get("taps", True))
+    return _forward(model, config, **kw)
 
 
-def _forward(model, config, taps):
+def _forward(model, config, taps=True, dtype="float32"):
+    model.set_dtype(M.DTYPES[dtype])
+
     def forward(images):
         out = model(mx.array(np.asarray(images)), return_taps=taps)
         mx.eval(out)
-        return {k: np.array(v) for k, v in out.items()} if taps else np.array(out)
+        return {k: M._numpy(v) for k, v in out.items()} if taps else M._numpy(out)
 
     return forward
 
@@ -114,7 +116,7 @@ def dropout_left_active(config, state, **kw):
     validate_state(state, config)
     model = M.VisionTransformer(config, mlp_layer=MlpWithDropout)
     M.load_state_dict(model, to_native(state, M.FRAMEWORK))  # and no model.eval()
-    return _forward(model, config, kw.get("taps", True))
+    return _forward(model, config, **kw)
 
 
 shared_layernorm = partial(M.make, block_fn=BlockSharedNorm)

@@ -42,6 +42,8 @@ class ZooRow:
     missed: list[str] = field(default_factory=list)  # sampled tests that did not fail on it
     description: str = ""
     source: str = ""
+    dtype: str = "float32"
+    by_dtype: dict = field(default_factory=dict)  # dtype -> {"found", "ratio", "case"} (model mutants)
 
     @property
     def located(self) -> bool:
@@ -52,11 +54,18 @@ class ZooRow:
         return bool(self.caught_by) and not self.missed
 
 
-def verify_mutant(mutant: Mutant):
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def verify_mutant(mutant: Mutant, dtype: str | None = None):
     make = load_factory(mutant.factory)
     if mutant.level == "attention":
         return verify_attention(make, port=mutant.name)
-    return verify(make, get_config(mutant.config), port=mutant.name, dtype=mutant.dtype)
+    return verify(make, get_config(mutant.config), port=mutant.name, dtype=dtype or mutant.dtype)
+
+
+def _found(report) -> str | None:
+    return report.first_divergence or (report.failures[0]["stage"] if report.failures else None)
 
 
 def _test_files() -> dict[str, Path]:
@@ -70,7 +79,8 @@ def _test_files() -> dict[str, Path]:
     return files
 
 
-def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile: str = "zoo") -> dict:
+def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile: str = "zoo",
+               dtype: str = "float32") -> dict:
     """One pytest run, exactly as a user runs it (``--port`` / ``--attention-port``), of the
     given (test, port spec, level) triples; returns {(test, spec): "passed" | "failed" | ...}."""
     files = _test_files()
@@ -82,7 +92,8 @@ def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile:
     with tempfile.TemporaryDirectory() as tmp:
         junit = os.path.join(tmp, "zoo.xml")
         cmd = [sys.executable, "-m", "pytest", "--only-given-ports", "-q", "-p", "no:cacheprovider",
-               f"--hypothesis-profile={profile}", f"--junitxml={junit}", f"--rootdir={files[selection[0][0]].parent}"]
+               f"--hypothesis-profile={profile}", f"--junitxml={junit}", f"--rootdir={files[selection[0][0]].parent}",
+               f"--dtype={dtype}"]
         if workers > 1:
             cmd += ["-n", str(workers)]
         cmd += [arg for spec in model for arg in ("--port", spec)]
@@ -102,37 +113,54 @@ def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile:
         return outcome
 
 
-def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verify: bool = True
-            ) -> tuple[list[ZooRow], dict]:
+def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verify: bool = True,
+            all_dtypes: bool = False) -> tuple[list[ZooRow], dict]:
+    """``all_dtypes``: also verify every model mutant in the other dtypes, to show where each
+    bug can be seen and where it sinks below the dtype's own roundoff."""
     mutants = list(MUTANTS.values()) if mutants is None else list(mutants)
     rows = []
     for m in mutants:
         row = ZooRow(m.name, m.framework, m.level, m.first_divergence, None, None, None, description=m.description,
-                     source=m.source)
+                     source=m.source, dtype=m.dtype)
         if with_verify:
             report = verify_mutant(m)
-            row.found = report.first_divergence or (report.failures[0]["stage"] if report.failures else None)
-            row.ratio = report.separation()
-            row.exposing_case = report.worst_case.get(report.first_divergence or "")
+            row.found = _found(report)
+            row.ratio = report.separation(row.found) if row.found else None
+            row.exposing_case = report.worst_case.get(row.found or "") or next(
+                (f["case"] for f in report.failures if f["stage"] == row.found), None)
+            if all_dtypes and m.level == "model":
+                for dtype in DTYPES:
+                    r = report if dtype == m.dtype else verify_mutant(m, dtype)
+                    found = _found(r)
+                    row.by_dtype[dtype] = {"found": found, "ratio": r.separation(found) if found else None,
+                                           "case": r.worst_case.get(found or "")}
         rows.append(row)
     correct: dict = {}
     if with_plugin:
-        selection = [(test, m.factory, m.level) for m in mutants for test in m.sample]
-        # The correct ports, wrapped as user ports, run the main tests here; the main suite runs
-        # them (as built-ins) through every sampled test.
-        for level, specs, tests in (("model", CORRECT_MODEL, CORRECT_SAMPLE_MODEL),
-                                    ("attention", CORRECT_ATTENTION, CORRECT_SAMPLE_ATTENTION)):
-            selection += [(test, spec, level) for spec in specs for test in tests]
-        outcome = run_plugin(selection, workers)
-        for row, m in zip(rows, mutants):
-            row.caught_by = [t for t in m.sample if outcome[(t, m.factory)] == "failed"]
-            row.sampled = list(m.sample)
-            row.missed = [f"{t} ({outcome[(t, m.factory)]})" for t in m.sample if outcome[(t, m.factory)] != "failed"]
-        for test, spec, _ in selection:
-            if spec in (*CORRECT_MODEL, *CORRECT_ATTENTION):
-                correct.setdefault(spec, [])
-                if outcome[(test, spec)] != "passed":
-                    correct[spec].append(f"{test} ({outcome[(test, spec)]})")
+        # One pytest run per dtype: the precision mutants run where their bug bites. The correct
+        # ports, wrapped as user ports, run the main tests in float32 here; the main suite runs
+        # them (as built-ins) through every sampled test, and in bf16 and fp16.
+        for dtype in sorted({m.dtype for m in mutants} | {"float32"}):
+            group = [m for m in mutants if m.dtype == dtype]
+            selection = [(test, m.factory, m.level) for m in group for test in m.sample]
+            if dtype == "float32":
+                for level, specs, tests in (("model", CORRECT_MODEL, CORRECT_SAMPLE_MODEL),
+                                            ("attention", CORRECT_ATTENTION, CORRECT_SAMPLE_ATTENTION)):
+                    selection += [(test, spec, level) for spec in specs for test in tests]
+            if not selection:
+                continue
+            outcome = run_plugin(selection, workers, dtype=dtype)
+            for row, m in zip(rows, mutants):
+                if m.dtype == dtype:
+                    row.caught_by = [t for t in m.sample if outcome[(t, m.factory)] == "failed"]
+                    row.sampled = list(m.sample)
+                    row.missed = [f"{t} ({outcome[(t, m.factory)]})" for t in m.sample
+                                  if outcome[(t, m.factory)] != "failed"]
+            for test, spec, _ in selection:
+                if spec in (*CORRECT_MODEL, *CORRECT_ATTENTION):
+                    correct.setdefault(spec, [])
+                    if outcome[(test, spec)] != "passed":
+                        correct[spec].append(f"{test} ({outcome[(test, spec)]})")
     return rows, correct
 
 
@@ -167,7 +195,8 @@ def main(args) -> int:
         print(f"usage error: unknown mutants {unknown}; known: {sorted(MUTANTS)}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rows, correct = run_zoo([MUTANTS[n] for n in names], with_plugin=not args.no_plugin, workers=args.workers)
+    rows, correct = run_zoo([MUTANTS[n] for n in names], with_plugin=not args.no_plugin, workers=args.workers,
+                            all_dtypes=not args.no_dtypes)
     print(format_zoo(rows, correct))
     print(f"({time.perf_counter() - t0:.0f} s)")
     measured = {"mutants": [asdict(r) | {"located": r.located, "caught": r.caught} for r in rows],
