@@ -307,16 +307,18 @@ def hard_model_cases():
     a subtle bug shows: near-constant images (LayerNorm epsilon), weights at 4x (activations of
     order 1 to 3: tanh GELU), a large common offset (E[x^2] - E[x]^2 LayerNorm), trained-like
     weights (massive activations, attention logits in the hundreds: a softmax without its max,
-    float16 LayerNorm statistics), the offset over 100 tokens (a float16 token sum overflows) and
-    block 0's logits at 3e4 (q k^T before the scale overflows float16)."""
+    float16 LayerNorm statistics), block 0's logits at 3e4 (q k^T before the scale overflows
+    float16) and, in the thorough profile, the offset over 100 tokens (a float16 token sum
+    overflows; another config, so another compile of every JAX port)."""
     from conformance.properties import ModelCase
     from impls import get_config
+
+    from conformance.profiles import heavy
 
     config, many = get_config("vit_test_token"), get_config("vit_test_avg_100_tokens")
     cases = []
     for cfg, weights, kind in ((config, WeightCase(7, 1.0), "near_constant"), (config, WeightCase(7, 4.0), "ordinary"),
-                               (config, WeightCase(7, 4.0, OFFSET), "ordinary"), (config, TrainedLike(7), "ordinary"),
-                               (many, WeightCase(7, 4.0, OFFSET), "ordinary")):
+                               (config, WeightCase(7, 4.0, OFFSET), "ordinary"), (config, TrainedLike(7), "ordinary")):
         img = ImageCase(kind, 7, 2)
         cases.append(ModelCase(cfg, weights.make(cfg), img.make(cfg), info={"weights": weights, "images": img},
                                dtype=current_dtype()))
@@ -324,4 +326,8 @@ def hard_model_cases():
     state = with_block0_logit(config, TrainedLike(7).make(config), img.make(config), 3e4)
     cases.append(ModelCase(config, state, img.make(config), dtype=current_dtype(),
                            info={"weights": "TrainedLike(seed=7), block 0 logits at 3e4", "images": img}))
+    if heavy():  # another config, so another compile of every JAX port: nightly (verify covers it in ci)
+        weights, img = WeightCase(7, 4.0, OFFSET), ImageCase("ordinary", 7, 2)
+        cases.append(ModelCase(many, weights.make(many), img.make(many), info={"weights": weights, "images": img},
+                               dtype=current_dtype()))
     return cases

@@ -16,12 +16,13 @@ from impls import get_config
 HARD = S.hard_model_cases()
 
 
-@example(case=HARD[0])
-@example(case=HARD[1])
-@example(case=HARD[2])
-@example(case=HARD[3])
-@example(case=HARD[4])
-@example(case=HARD[5])
+def _with_hard_cases(test):
+    for case in reversed(HARD):  # run in the order listed
+        test = example(case=case)(test)
+    return test
+
+
+@_with_hard_cases
 @given(case=S.model_cases())
 def test_every_tap_of_every_port_matches_the_oracle(port, case):
     P.check_matches_oracle(port, factory(port), case)

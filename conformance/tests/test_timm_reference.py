@@ -8,6 +8,7 @@ import torch
 from conformance import properties as P
 from conformance.compare import error
 from conformance.error_model import CaseModel
+from conformance.profiles import heavy
 from conformance.references import timm_state, timm_taps, timm_vit
 from conformance.tests.helpers import run
 from impls import get_config, tap_names
@@ -69,6 +70,7 @@ def test_port_equals_timm_at_every_stage(port, name, weights):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not heavy(), reason="a full-size model: the thorough profile runs it (HYPOTHESIS_PROFILE=thorough)")
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224"])
 def test_port_logits_equal_timm_on_a_full_size_model(framework_port, name):
     """A real-size ViT with timm's own init: the max abs logit error is reported in the README."""
