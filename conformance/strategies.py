@@ -308,8 +308,8 @@ def hard_model_cases():
     order 1 to 3: tanh GELU), a large common offset (E[x^2] - E[x]^2 LayerNorm), trained-like
     weights (massive activations, attention logits in the hundreds: a softmax without its max,
     float16 LayerNorm statistics), block 0's logits at 3e4 (q k^T before the scale overflows
-    float16) and, in the thorough profile, the offset over 100 tokens (a float16 token sum
-    overflows; another config, so another compile of every JAX port)."""
+    float16) and, in the thorough profile or a float16 run, the offset over 100 tokens (a float16
+    token sum overflows; another config, so another compile of every JAX port)."""
     from conformance.properties import ModelCase
     from impls import get_config
 
@@ -326,7 +326,7 @@ def hard_model_cases():
     state = with_block0_logit(config, TrainedLike(7).make(config), img.make(config), 3e4)
     cases.append(ModelCase(config, state, img.make(config), dtype=current_dtype(),
                            info={"weights": "TrainedLike(seed=7), block 0 logits at 3e4", "images": img}))
-    if heavy():  # another config, so another compile of every JAX port: nightly (verify covers it in ci)
+    if heavy() or current_dtype() == "float16":  # where float16 is checked: another config, another JAX compile
         weights, img = WeightCase(7, 4.0, OFFSET), ImageCase("ordinary", 7, 2)
         cases.append(ModelCase(many, weights.make(many), img.make(many), info={"weights": weights, "images": img},
                                dtype=current_dtype()))
