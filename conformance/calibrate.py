@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from conformance import error_model as E
 from conformance import provenance
 from conformance import strategies as S
-from conformance.compare import stage_ratios
+from conformance.compare import ratio_over_bound, stage_ratios
 from impls import FRAMEWORK_PORTS, get_config, load_factory
 
 DEFAULT_OUT = Path(__file__).with_name("calibration.json")
@@ -111,9 +111,7 @@ def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info
                                              ("sdpa.out", to_np(fused), ref, dref),
                                              ("sdpa.weights", to_np(weights), P, dP)):
             err = np.abs(np.asarray(value, np.float64) - expected)
-            b = bound + E.SMALLEST_NORMAL["float32"]
-            ratio = float(np.max(np.divide(err, b, out=np.zeros_like(err), where=err > 0), initial=0.0))
-            rec.add(("float32", "local", kind, port), ratio, info)
+            rec.add(("float32", "local", kind, port), ratio_over_bound(err, bound + E.SMALLEST_NORMAL["float32"]), info)
 
 
 def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, attention_examples: int = 100) -> dict:

@@ -19,7 +19,7 @@ import numpy as np
 from einops import rearrange
 
 from conformance import error_model as E
-from conformance.compare import compare_outputs, compare_stage, describe_failures, error
+from conformance.compare import compare_outputs, compare_stage, describe_failures, error, ratio_over_bound
 from conformance.tolerances import tolerance
 from impls import numpy_vit as oracle_impl
 from impls.config import ViTConfig
@@ -152,8 +152,7 @@ def check_close(port: str, what: str, actual, expected, bound, kind: str, *, pai
         raise _fail(port, what, case, stage=stage or kind, error=f"{int((~np.isfinite(a)).sum())} non-finite values")
     tol = tolerance(kind, dtype, mode) * (2.0 if pair else 1.0)
     diff = np.abs(a - e)
-    bound = np.asarray(bound, np.float64) + E.SMALLEST_NORMAL[dtype]
-    ratio = float(np.max(np.divide(diff, bound, out=np.zeros_like(diff), where=diff > 0), initial=0.0))
+    ratio = ratio_over_bound(diff, np.asarray(bound, np.float64) + E.SMALLEST_NORMAL[dtype])
     if ratio > tol:
         raise _fail(port, what, case, stage=stage or kind,
                     error=f"max_abs_err {float(diff.max()):.3e}, error {ratio:.3g}x the {mode} bound > tol {tol:.3g}")
