@@ -24,11 +24,6 @@ def run(port: str, config, state, images, **kwargs):
     return factory(port)(config, state, **kwargs)(images)
 
 
-def max_rel(a, b) -> float:
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
-
-
 def framework(port: str):
     """(module, to_framework, to_numpy) for a built-in port."""
     import importlib
