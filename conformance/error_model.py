@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy.special import erf
@@ -252,9 +253,16 @@ class Chain:
     propagated bound's scale, from runs with every stage perturbed by N(0, unit bound²)."""
 
     names: tuple[str, ...] = ()
-    precision: Precision
-    noisy_runs: int = 2
-    seed: int = 0
+
+    def __init__(self, precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0):
+        self.precision = Precision(precision) if isinstance(precision, str) else precision
+        self.noisy_runs, self.seed = noisy_runs, seed
+        self._spread: dict[str, float] | None = None
+
+    @cached_property
+    def oracle(self) -> dict[str, np.ndarray]:
+        """The clean run, on first use (a local check alone does not need it)."""
+        return self.run()
 
     def inputs(self, name: str) -> tuple[str, ...]:
         raise NotImplementedError
@@ -286,7 +294,7 @@ class Chain:
         """max |noisy − oracle| at ``name`` over the noisy runs: at least ``noisy_runs``, and up
         to 8 on small models, so that a stage of a few elements (the logits of one image) is not
         judged by the luck of two draws (the largest of 8 |N(0, 1)| is below 0.3 once in 10⁵)."""
-        if getattr(self, "_spread", None) is None:
+        if self._spread is None:
             rng = np.random.default_rng(self.seed)
             elements = sum(np.size(v) for v in self.oracle.values())
             runs = [self.run(rng) for _ in range(max(self.noisy_runs, min(8, int(4e6 // max(elements, 1)))))]
@@ -300,15 +308,12 @@ class CaseModel(Chain):
 
     def __init__(self, config: ViTConfig, state: Mapping[str, np.ndarray], images: np.ndarray,
                  precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0):
+        super().__init__(precision, noisy_runs, seed)
         self.config = config
-        self.precision = Precision(precision) if isinstance(precision, str) else precision
-        self.noisy_runs, self.seed = noisy_runs, seed
         self.images = np.asarray(images)
         self._s = {k: np.asarray(v, np.float64) for k, v in state.items()}
         self._x = np.asarray(images, np.float64)
         self.names = tuple(tap_names(config))
-        self._spread = None
-        self.oracle = self.run()
 
     def inputs(self, name):
         return stage_inputs(name, self.config)
@@ -331,15 +336,12 @@ class AttentionModel(Chain):
 
     def __init__(self, options: Mapping, state: Mapping[str, np.ndarray], x, context=None, mask=None,
                  precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0):
+        super().__init__(precision, noisy_runs, seed)
         self.options = dict(options)
-        self.precision = Precision(precision) if isinstance(precision, str) else precision
-        self.noisy_runs, self.seed = noisy_runs, seed
         self._s = {k: np.asarray(v, np.float64) for k, v in state.items()}
         self._x = np.asarray(x, np.float64)
         self._ctx = self._x if context is None else np.asarray(context, np.float64)
         self._mask = mask
-        self._spread = None
-        self.oracle = self.run()
 
     def inputs(self, name):
         return {"attn.q": (), "attn.k": (), "attn.v": (), "attn.weights": ("attn.q", "attn.k"),
