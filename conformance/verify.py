@@ -22,6 +22,7 @@ import numpy as np
 
 from conformance.compare import StageResult, compare_outputs
 from conformance.error_model import CaseModel
+from conformance.support import Unsupported
 from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
 from impls import load_factory, tap_names
 from impls.config import ViTConfig
@@ -77,6 +78,8 @@ class Report:
     worst_case: dict[str, str] = field(default_factory=dict)  # stage -> the case behind its row
     dtype: str = "float32"
     skipped: list[str] = field(default_factory=list)  # cases outside the dtype's range, and why
+    unseen: dict[str, str] = field(default_factory=dict)  # stage -> why a captured model cannot show it
+    sources: dict[str, str] = field(default_factory=dict)  # stage -> where a captured model's tap was read
 
     @property
     def conformant(self) -> bool:
@@ -102,6 +105,9 @@ class Report:
             "cases": self.cases,
             "worst_case": self.worst_case,
             "skipped": self.skipped,
+            "checked": len(self.stages),
+            "unseen": self.unseen,
+            "sources": self.sources,
         }
 
 
@@ -151,6 +157,9 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
            cases: list[Case] | None = None, seed: int = 0, dtype: str = "float32") -> Report:
     from conformance.properties import ModelCase, PropertyFailure, build, check_deterministic
 
+    from conformance.support import check_supported, supports_of
+
+    check_supported(supports_of(make), config)  # Unsupported names the option
     if cases is None and state is None:
         pairs = list(_seeded_cases(config, seed, dtype))
     else:
@@ -174,6 +183,8 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
         images = _read_only(case.images)
         try:
             forward = build(make, config, handed, dtype)
+        except Unsupported:
+            raise
         except Exception as e:  # noqa: BLE001 - the port's failure is the finding
             _finding(report, case.name, "load", f"the port raised {describe_exception(e)}")
             continue
@@ -195,6 +206,13 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
             unknown = sorted(set(out) - set(names))
             if unknown:
                 _finding(report, case.name, unknown[0], f"unknown tap names {unknown}; known: see impls.tap_names")
+        report.unseen.update(getattr(out, "unseen", {}))
+        report.sources.update(getattr(out, "sources", {}))
+        for stage, reason in getattr(out, "findings", ()):
+            if not any(f["stage"] == stage and f["reason"] == reason for f in report.failures):
+                _finding(report, case.name, stage, reason)
+            if stage in names:
+                first_index = min(first_index, names.index(stage))
         for r in compare_outputs(out, model, dtype=dtype):
             if not r.ok:
                 first_index = min(first_index, names.index(r.name))
@@ -205,8 +223,12 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
                 worst[r.name] = r
                 report.worst_case[r.name] = case.name
     report.stages = [worst[n] for n in names if n in worst]
+    for n in report.unseen:
+        report.sources.pop(n, None)
     if first_index < len(names):
         report.first_divergence = names[first_index]
+    elif report.failures:
+        report.first_divergence = report.failures[0]["stage"]  # load or forward: before any stage
     if judged and not report.failures:
         try:
             check_deterministic(port, make, ModelCase(config, judged[0].state, judged[0].images, dtype=dtype))
@@ -230,17 +252,37 @@ def format_report(report: Report) -> str:
              table(["stage", "checked", "max_abs_err", "error", "tol", "end to end", "tol", "ok"], rows), ""]
     for f in report.failures:
         lines.append(f"FAIL {f['stage']} ({f['case']}): {f['reason']}")
+    lines += summarize_stages(report.unseen, "unseen")
+    lines += summarize_stages({k: v for k, v in report.sources.items() if not v.startswith(("output of", "input of",
+                                                                                             "the model's"))}, "read from")
     for s in report.skipped:
         lines.append(f"not judged: {s}")
     judged = len(report.cases) - len(report.skipped)
+    seen = f" ({len(report.unseen)} unseen)" if report.unseen else ""
     if report.conformant:
-        lines.append(f"CONFORMANT: all {len(report.stages)} stages within tolerance on {judged} cases")
+        lines.append(f"CONFORMANT: all {len(report.stages)} stages checked{seen} within tolerance on {judged} cases")
     else:
         where = report.first_divergence or (report.failures[0]["stage"] if report.failures else "-")
         ratio = report.separation()
         lines.append(f"NOT CONFORMANT: first divergent stage {where}"
                      + (f" (error {ratio:.3g}x the tolerance)" if ratio and np.isfinite(ratio) else ""))
     return "\n".join(lines)
+
+
+def summarize_stages(stages: Mapping[str, str], label: str) -> list[str]:
+    """One line per reason, the blocks folded: 'unseen: blocks.{0..11}.attn.weights: computed inside ...'."""
+    import re
+
+    groups: dict[tuple[str, str], list[str]] = {}
+    for stage, reason in stages.items():
+        m = re.match(r"blocks\.(\d+)\.?(.*)", stage)
+        key = (f"blocks.{{i}}.{m.group(2)}".rstrip(".") if m else stage, reason)
+        groups.setdefault(key, []).append(m.group(1) if m else "")
+    lines = []
+    for (pattern, reason), blocks in groups.items():
+        where = pattern.replace("{i}", blocks[0] if len(blocks) == 1 else f"{{{blocks[0]}..{blocks[-1]}}}")
+        lines.append(f"{label}: {where}: {reason}")
+    return lines
 
 
 def plot_report(report: Report, path: str | Path) -> None:

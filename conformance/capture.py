@@ -1,0 +1,923 @@
+"""Verify a model as its author wrote it: load the canonical weights through the user's own
+weight mapping, run the model unmodified, and read the stages from outside it.
+
+    port = ModelPort(MyViT, rename={"blocks": "layers", "norm1": "ln_attn", ...})
+    verify(port, config)                      # or: python -m conformance verify pkg.mod:port
+
+A ``ModelPort`` is a port factory (``port(config, state, dtype=) -> forward``), so ``verify``,
+the ``--port`` plugin and the zoo take it as they take any other. What it adds:
+
+* **Weights through the user's mapping.** A rename table (``{"blocks": "layers", ...}``, a
+  segment or a dotted path, ``{i}`` for a block index), a key function, or a whole-state
+  ``convert`` function (what ``sanitize`` and ``convert_*_checkpoint`` scripts are). With a
+  rename the layouts are converted by the target module's type (MLX and Flax convolutions,
+  Flax ``Linear`` kernels, size-1 axes); ``convert`` returns native layouts. Loading is strict:
+  a key the model lacks, a shape that does not fit or a canonical key the mapping drops is a
+  load error naming it; model parameters the mapping leaves unfilled keep the model's own
+  values and are reported, so a port with an extra layer is still located.
+* **Taps inferred from the mapping.** The module that receives ``blocks.3.norm1.weight`` is the
+  tap ``blocks.3.norm1``; ``attn`` and ``mlp`` are the outputs of the modules holding
+  ``attn.proj`` and ``mlp.fc2``, ``mlp.act`` and ``pooled`` the inputs of ``mlp.fc2`` and
+  ``head``, ``embed`` the input of block 0, a block the smallest module holding all its
+  weights. q, k, v and the attention weights are read where the model computes them: the
+  arguments of the fused attention call, the output of the softmax over keys, the operands of
+  the q kᵀ and weights·v products; failing that, the outputs of separate q/k/v projections or
+  the fused qkv projection split as timm's (3, H, hd). What cannot be seen (the weights inside a
+  fused kernel) is listed as unseen with the reason. ``taps=`` overrides or adds entries.
+* **Capture from outside**: forward hooks and a ``TorchFunctionMode`` in PyTorch; in MLX and
+  Flax NNX each module of interest gets a subclass whose ``__call__`` records (the instance's
+  class is swapped for the call and restored), and the framework's softmax, fused attention,
+  matmul and scalar multiply are wrapped for the duration of the call. Captured tensors are
+  copied at once, so a model that updates them in place later (``x += res``) is read right.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from impls.config import ViTConfig, tap_names
+
+
+class LoadError(ValueError):
+    """The mapped weights do not fit the model: names the keys and shapes."""
+
+
+class Taps(dict):
+    """What a captured forward returns: stage -> array, plus what it could not see and the
+    findings of the load (``unseen``: stage -> reason; ``findings``: (stage, reason))."""
+
+    def __init__(self, *args, unseen=None, findings=(), sources=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unseen: dict[str, str] = dict(unseen or {})
+        self.findings: list[tuple[str, str]] = list(findings)
+        self.sources: dict[str, str] = dict(sources or {})
+
+
+# ----------------------------------------------------------------------------- mapping
+
+def _pattern(canonical: str) -> re.Pattern:
+    body = re.escape(canonical).replace(re.escape("{i}"), r"(?P<i>\d+)")
+    return re.compile(rf"(^|\.){body}(?=\.|$)")
+
+
+def rename_function(table: Mapping[str, str | None] | Callable[[str], str | None]) -> Callable[[str], str | None]:
+    """A key function from a rename table: each entry renames a dotted segment run at segment
+    boundaries, in order (``"norm1": "ln_attn"``, ``"blocks.{i}.mlp.fc1": "layers.{i}.ff.0"``);
+    an entry that maps to None drops the key (the model has no place for it)."""
+    if callable(table):
+        return table
+    rules = [(_pattern(k), v) for k, v in table.items()]
+
+    def rename(key: str) -> str | None:
+        for pattern, new in rules:
+            m = pattern.search(key)
+            if m is None:
+                continue
+            if new is None:
+                return None
+            repl = new.replace("{i}", m.group("i")) if "i" in pattern.groupindex else new
+            key = key[:m.start()] + m.group(1) + repl + key[m.end():]
+        return key
+
+    return rename
+
+
+def _module_of(key: str) -> str:
+    return key.rpartition(".")[0]
+
+
+def _common_module(paths) -> str | None:
+    parts = [p.split(".") if p else [] for p in paths]
+    if not parts:
+        return None
+    common = []
+    for segs in zip(*parts):
+        if len(set(segs)) != 1:
+            break
+        common.append(segs[0])
+    return ".".join(common)
+
+
+# ----------------------------------------------------------------------------- frameworks
+
+def framework_of(model) -> str:
+    mod = type(model).__module__
+    try:
+        import torch
+
+        if isinstance(model, torch.nn.Module):
+            return "torch"
+    except ImportError:
+        pass
+    if "mlx" in mod or any("mlx" in c.__module__ for c in type(model).__mro__):
+        return "mlx"
+    if any(c.__module__.startswith("flax.nnx") for c in type(model).__mro__):
+        return "nnx"
+    if any(c.__module__.startswith("flax.linen") for c in type(model).__mro__):
+        raise TypeError("Flax linen modules are not supported as model ports: wrap the model in a port factory "
+                        "(make(config, state) -> forward) or write it with Flax NNX")
+    raise TypeError(f"a model port needs a PyTorch, MLX or Flax NNX module, got {type(model).__name__}")
+
+
+class _Adapter:
+    """One framework's access to a model: its parameters, loading, and calling it with hooks."""
+
+    name = ""
+
+    def __init__(self, model):
+        self.model = model
+
+    def modules(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def native(self, key: str, value: np.ndarray, shape: tuple) -> np.ndarray:
+        """The canonical ``value`` in the layout of the model's ``key`` (by module type)."""
+        if value.shape == tuple(shape):
+            return value
+        module = self.modules().get(_module_of(key))
+        kind = type(module).__name__
+        if value.ndim == 4 and kind.startswith("Conv"):
+            for perm in self.conv_layouts:
+                if value.transpose(perm).shape == tuple(shape):
+                    return np.ascontiguousarray(value.transpose(perm))
+        if value.ndim == 2 and value.T.shape == tuple(shape) and self.transposed_linear(kind):
+            return np.ascontiguousarray(value.T)
+        if value.size == int(np.prod(shape)) and [d for d in value.shape if d != 1] == [d for d in shape if d != 1]:
+            return value.reshape(shape)  # size-1 axes only, e.g. pos_embed (1, N, D) -> (N, D)
+        return value
+
+    conv_layouts: tuple = ()
+
+    def transposed_linear(self, kind: str) -> bool:
+        return False
+
+
+class _TorchAdapter(_Adapter):
+    name = "torch"
+
+    def __init__(self, model):
+        super().__init__(model)
+        self._modules = dict(model.named_modules())
+
+    def modules(self):
+        return self._modules
+
+    def params(self) -> dict[str, tuple]:
+        return {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+
+    def current(self, key):
+        return self.model.state_dict()[key].detach().float().numpy()
+
+    def load(self, arrays: dict, dtype: str) -> None:
+        import torch
+
+        tensors = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in arrays.items()}
+        self.model.load_state_dict(tensors, strict=True)
+        self.model.eval().to(getattr(torch, dtype))
+
+    def to_input(self, images: np.ndarray, dtype: str):
+        import torch
+
+        return torch.tensor(images).to(getattr(torch, dtype))
+
+    def numpy(self, x) -> np.ndarray:
+        import torch
+
+        return x.detach().float().numpy() if x.dtype == torch.bfloat16 else x.detach().numpy()  # NumPy: no bf16
+
+    def is_array(self, x) -> bool:
+        import torch
+
+        return isinstance(x, torch.Tensor)
+
+    def copy(self, x):
+        return x.detach().clone()
+
+    def run(self, inputs, recorder: "_Recorder", watch: dict[str, tuple[bool, bool]]):
+        import torch
+        import torch.nn.functional as F
+        from torch.overrides import TorchFunctionMode
+
+        handles = []
+        for path, (want_in, want_out) in watch.items():
+            module = self._modules[path]
+            if want_in:
+                handles.append(module.register_forward_pre_hook(
+                    lambda m, args, kwargs, path=path: recorder.enter(path, _first_array(args, kwargs, self)),
+                    with_kwargs=True))
+            if want_out:
+                handles.append(module.register_forward_hook(
+                    lambda m, args, output, path=path: recorder.leave(path, output)))
+
+        sdpa = F.scaled_dot_product_attention
+
+        class Intercept(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
+                name = getattr(func, "__name__", "")
+                if recorder.block is None:
+                    return out
+                if func is sdpa:
+                    q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")])[:3]
+                    recorder.fused(q, k, v, "F.scaled_dot_product_attention", heads_first=True)
+                elif name == "softmax":
+                    recorder.softmax(out)
+                elif name in ("matmul", "__matmul__", "bmm"):
+                    recorder.product(args[0], args[1], out, None)
+                elif name == "einsum":
+                    recorder.product(args[1], args[2], out, args[0]) if len(args) == 3 else None
+                elif name in ("mul", "__mul__", "__rmul__", "div", "__truediv__"):
+                    recorder.scalar_op(args, out)
+                return out
+
+        try:
+            with torch.no_grad(), Intercept():
+                return self.model(inputs)
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _first_array(args, kwargs, adapter):
+    for a in list(args) + list(kwargs.values()):
+        if adapter.is_array(a):
+            return a
+    return None
+
+
+class _SwapAdapter(_Adapter):
+    """MLX and Flax NNX: modules are recorded by swapping the instance's class for a subclass
+    whose ``__call__`` records, for the duration of one call."""
+
+    def _wrap_modules(self, recorder, watch):
+        swapped = []
+        for path, (want_in, want_out) in watch.items():
+            module = self.modules()[path]
+            cls = type(module)
+
+            def call(obj, *args, __cls=cls, __path=path, __in=want_in, __out=want_out, **kwargs):
+                if __in:
+                    recorder.enter(__path, _first_array(args, kwargs, self))
+                out = __cls.__call__(obj, *args, **kwargs)
+                if __out:
+                    recorder.leave(__path, out)
+                return out
+
+            module.__class__ = type(cls.__name__, (cls,), {"__call__": call, "__module__": cls.__module__})
+            swapped.append((module, cls))
+        return swapped
+
+    def run(self, inputs, recorder, watch):
+        swapped = self._wrap_modules(recorder, watch)
+        patches = self.patches(recorder)
+        saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
+        try:
+            for owner, attr, new in patches:
+                setattr(owner, attr, new)
+            return self.call(inputs)
+        finally:
+            for owner, attr, old in saved:
+                setattr(owner, attr, old)
+            for module, cls in swapped:
+                module.__class__ = cls
+
+    def call(self, inputs):
+        return self.model(inputs)
+
+    def patches(self, recorder) -> list:
+        return []
+
+
+def _wrapped(fn, on_call):
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        on_call(args, kwargs, out)
+        return out
+    return wrapper
+
+
+class _MLXAdapter(_SwapAdapter):
+    name = "mlx"
+    conv_layouts = ((0, 2, 3, 1),)  # OIHW -> OHWI
+
+    def __init__(self, model):
+        super().__init__(model)
+        self._modules = dict(model.named_modules())
+
+    def modules(self):
+        return self._modules
+
+    def params(self):
+        from mlx.utils import tree_flatten
+
+        return {k: tuple(v.shape) for k, v in tree_flatten(self.model.parameters())}
+
+    def current(self, key):
+        from mlx.utils import tree_flatten
+
+        import mlx.core as mx
+
+        return np.array(dict(tree_flatten(self.model.parameters()))[key].astype(mx.float32))
+
+    def load(self, arrays, dtype):
+        import mlx.core as mx
+
+        self.model.load_weights([(k, mx.array(np.asarray(v, np.float32))) for k, v in arrays.items()], strict=True)
+        self.model.eval()
+        if dtype != "float32":
+            self.model.set_dtype(getattr(mx, dtype))
+
+    def to_input(self, images, dtype):
+        import mlx.core as mx
+
+        return mx.array(images).astype(getattr(mx, dtype))
+
+    def numpy(self, x):
+        import mlx.core as mx
+
+        return np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)
+
+    def is_array(self, x):
+        import mlx.core as mx
+
+        return isinstance(x, mx.array)
+
+    def copy(self, x):
+        return x
+
+    def patches(self, recorder):
+        import mlx.core as mx
+
+        def on_sdpa(args, kwargs, out):
+            if recorder.block is not None:
+                recorder.fused(*(list(args) + [kwargs.get(n) for n in ("q", "k", "v")])[:3],
+                               "mx.fast.scaled_dot_product_attention", heads_first=True)
+
+        def on_softmax(args, kwargs, out):
+            if recorder.block is not None:
+                recorder.softmax(out)
+
+        def on_product(args, kwargs, out):
+            if recorder.block is not None:
+                recorder.product(args[0], args[1], out, None)
+
+        def on_einsum(args, kwargs, out):
+            if recorder.block is not None and len(args) == 3:
+                recorder.product(args[1], args[2], out, args[0])
+
+        def on_scale(args, kwargs, out):
+            if recorder.block is not None:
+                recorder.scalar_op(args, out)
+
+        return [(mx.fast, "scaled_dot_product_attention", _wrapped(mx.fast.scaled_dot_product_attention, on_sdpa)),
+                (mx, "softmax", _wrapped(mx.softmax, on_softmax)),
+                (mx, "matmul", _wrapped(mx.matmul, on_product)),
+                (mx, "einsum", _wrapped(mx.einsum, on_einsum)),
+                (mx.array, "__matmul__", _wrapped(mx.array.__matmul__, on_product)),
+                (mx.array, "__mul__", _wrapped(mx.array.__mul__, on_scale)),
+                (mx.array, "__truediv__", _wrapped(mx.array.__truediv__, on_scale))]
+
+
+class _NNXAdapter(_SwapAdapter):
+    name = "nnx"
+    conv_layouts = ((2, 3, 1, 0),)  # OIHW -> HWIO
+
+    def modules(self):
+        from flax import nnx
+
+        return {".".join(map(str, p)): n for p, n in nnx.iter_graph(self.model) if isinstance(n, nnx.Module)}
+
+    def _params(self):
+        from flax import nnx
+
+        return {".".join(map(str, p)): n for p, n in nnx.iter_graph(self.model) if isinstance(n, nnx.Param)}
+
+    def params(self):
+        return {k: tuple(v[...].shape) for k, v in self._params().items()}
+
+    def current(self, key):
+        return np.asarray(self._params()[key][...], np.float32)
+
+    def transposed_linear(self, kind):
+        return kind == "Linear"  # nnx.Linear's kernel is (in, out)
+
+    def load(self, arrays, dtype):
+        import jax.numpy as jnp
+
+        params = self._params()
+        for key, value in arrays.items():
+            params[key].set_value(jnp.asarray(np.asarray(value, np.float32)).astype(getattr(jnp, dtype)))
+
+    def to_input(self, images, dtype):
+        import jax.numpy as jnp
+
+        return jnp.asarray(images).astype(getattr(jnp, dtype))
+
+    def numpy(self, x):
+        return np.asarray(x, np.float32) if str(x.dtype) == "bfloat16" else np.asarray(x)
+
+    def is_array(self, x):
+        import jax
+
+        return isinstance(x, jax.Array)
+
+    def copy(self, x):
+        return x
+
+    def patches(self, recorder):
+        import jax
+        import jax.numpy as jnp
+
+        def on_dpa(args, kwargs, out):
+            if recorder.block is not None:
+                recorder.fused(*(list(args) + [kwargs.get(n) for n in ("query", "key", "value")])[:3],
+                               "jax.nn.dot_product_attention", heads_first=False)
+
+        def on_softmax(args, kwargs, out):
+            if recorder.block is not None:
+                recorder.softmax(out)
+
+        def on_product(args, kwargs, out):
+            if recorder.block is not None:
+                recorder.product(args[0], args[1], out, None)
+
+        def on_einsum(args, kwargs, out):
+            if recorder.block is not None and len(args) == 3:
+                recorder.product(args[1], args[2], out, args[0])
+
+        return [(jax.nn, "dot_product_attention", _wrapped(jax.nn.dot_product_attention, on_dpa)),
+                (jax.nn, "softmax", _wrapped(jax.nn.softmax, on_softmax)),
+                (jnp, "matmul", _wrapped(jnp.matmul, on_product)),
+                (jnp, "einsum", _wrapped(jnp.einsum, on_einsum))]
+
+
+ADAPTERS = {"torch": _TorchAdapter, "mlx": _MLXAdapter, "nnx": _NNXAdapter}
+
+
+# ----------------------------------------------------------------------------- recording
+
+class _Recorder:
+    """Module inputs and outputs by path (copied at once), and per block the attention's q, k,
+    v and weights as the model computes them."""
+
+    def __init__(self, adapter, config: ViTConfig, batch: int, blocks: dict[str, int]):
+        self.adapter = adapter
+        self.N, self.H, self.hd, self.B = config.num_tokens, config.num_heads, config.head_dim, batch
+        self.blocks = blocks  # block module path -> index
+        self.block: int | None = None
+        self.inputs: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+        self.calls: dict[str, int] = {}
+        self.attn: dict[int, dict[str, Any]] = {}
+        self.scaled: dict[int, tuple] = {}
+
+    def enter(self, path, value):
+        self.calls[path] = self.calls.get(path, 0) + 1
+        if path in self.blocks:
+            self.block = self.blocks[path]
+        if path not in self.inputs and value is not None:
+            self.inputs[path] = self.adapter.copy(value)
+
+    def leave(self, path, output):
+        if path in self.blocks:
+            self.block = None
+        if path not in self.inputs:  # a module watched for its output only
+            self.calls[path] = self.calls.get(path, 0) + 1
+        if path not in self.outputs:
+            self.outputs[path] = _map_arrays(output, self.adapter.copy, self.adapter.is_array)
+
+    def _slot(self):
+        return self.attn.setdefault(self.block, {})
+
+    def _is(self, x, *tail) -> bool:
+        return self.adapter.is_array(x) and tuple(x.shape[-len(tail):]) == tail and len(x.shape) >= 3
+
+    def fused(self, q, k, v, where, heads_first):
+        slot = self._slot()
+        if "q" not in slot and all(self.adapter.is_array(t) for t in (q, k, v)):
+            copy = self.adapter.copy
+            slot.update(q=copy(q), k=copy(k), v=copy(v), heads_first=heads_first, where=f"the q, k, v arguments of "
+                        f"{where}", fused=where)
+
+    def softmax(self, out):
+        slot = self._slot()
+        if "weights" not in slot and self._is(out, self.N, self.N):
+            slot["weights"] = self.adapter.copy(out)
+
+    def scalar_op(self, args, out):
+        if len(args) == 2 and self.adapter.is_array(out) and len(out.shape) >= 3:
+            a, b = args
+            tensor = a if self.adapter.is_array(a) else b
+            other = b if tensor is a else a
+            if isinstance(other, (int, float)) or (self.adapter.is_array(other) and other.ndim == 0):
+                self.scaled[id(out)] = (tensor, out)  # out kept alive so its id stays unique
+
+    def _unscaled(self, x):
+        hit = self.scaled.get(id(x))
+        return hit[0] if hit is not None and hit[1] is x else x
+
+    def product(self, a, b, out, equation):
+        if not (self.adapter.is_array(a) and self.adapter.is_array(b) and self.adapter.is_array(out)):
+            return
+        if len(a.shape) < 3 or len(b.shape) < 3:
+            return  # a Linear's x @ Wᵀ
+        slot = self._slot()
+        N, hd = self.N, self.hd
+        if "logits_q" not in slot and self._is(out, N, N) and tuple(a.shape[-2:]) == (N, hd):
+            k_transposed = tuple(b.shape[-2:]) == (hd, N) and (N != hd or equation is None)
+            if equation is not None:
+                ins, _, res = equation.replace(" ", "").partition("->")
+                k_letters = ins.split(",")[1]
+                k_transposed = k_letters[-1] == res[-1]
+            slot["logits_q"] = self.adapter.copy(self._unscaled(a))
+            slot["logits_k"] = self.adapter.copy(_swap_last(b) if k_transposed else b)
+        elif "logits_q" in slot and "product_v" not in slot and self._is(a, N, N) and self._is(b, N, hd):
+            slot["product_v"] = self.adapter.copy(b)
+
+
+def _swap_last(x):
+    axes = list(range(len(x.shape)))
+    axes[-1], axes[-2] = axes[-2], axes[-1]
+    return x.permute(*axes) if hasattr(x, "permute") else x.transpose(axes)
+
+
+def _map_arrays(x, fn, is_array):
+    if is_array(x):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_map_arrays(v, fn, is_array) for v in x) if not hasattr(x, "_fields") else x
+    return x
+
+
+def _arrays_in(x, is_array):
+    """The arrays an output holds: itself, a tuple's elements, a mapping's or ModelOutput's values."""
+    if is_array(x):
+        return [x]
+    if isinstance(x, Mapping) or hasattr(x, "to_tuple"):
+        return [v for v in (x.values() if isinstance(x, Mapping) else x.to_tuple()) if is_array(v)]
+    if isinstance(x, (tuple, list)):
+        return [a for v in x for a in _arrays_in(v, is_array)]
+    return []
+
+
+# ----------------------------------------------------------------------------- the plan
+
+@dataclass
+class Source:
+    """Where a tap is read: a module's input or output, the attention record of a block, or the
+    model's return value; ``shape``: how to bring it to the tap's (B, ...) layout."""
+
+    kind: str  # "in" | "out" | "attn" | "return"
+    path: str = ""
+    part: str = ""  # for "attn": q, k, v, weights; for a qkv projection: q, k, v
+    shape: str = ""  # "", "patches", "heads", "qkv"
+    block: int | None = None
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    sources: dict[str, Source] = field(default_factory=dict)
+    unseen: dict[str, str] = field(default_factory=dict)
+    blocks: dict[str, int] = field(default_factory=dict)
+
+    def watch(self) -> dict[str, tuple[bool, bool]]:
+        out: dict[str, list[bool]] = {p: [True, True] for p in self.blocks}
+        for s in self.sources.values():
+            if s.kind in ("in", "out"):
+                w = out.setdefault(s.path, [False, False])
+                w[0 if s.kind == "in" else 1] = True
+        return {p: (w[0], w[1]) for p, w in out.items()}
+
+
+def _override(spec: str) -> Source:
+    path, _, side = spec.partition(":")
+    if side not in ("", "in", "out"):
+        raise ValueError(f"tap override {spec!r}: the side after ':' must be 'in' or 'out'")
+    return Source("in" if side == "in" else "out", path, note="given by the user")
+
+
+def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Mapping[str, Any],
+               overrides: Mapping[str, str] | None = None, has_head: bool = True) -> Plan:
+    """Which module (or record) each tap is read from, from where the mapping sends the weights."""
+    plan = Plan()
+
+    def owners(canonical_module: str) -> list[str]:
+        """The model modules that receive a canonical module's weights, in the order of the rows
+        they receive (so a split qkv gives its q, k, v projections in that order)."""
+        keys = [k for k in key_map if _module_of(k) == canonical_module]
+        return list(dict.fromkeys(_module_of(m) for k in sorted(keys, reverse=True) for m in key_map[k]))
+
+    def one(canonical_module: str, stage: str) -> str | None:
+        found = owners(canonical_module)
+        if len(found) == 1 and found[0] in modules:
+            return found[0]
+        plan.unseen[stage] = (f"no module of its own holds {canonical_module}'s weights" if not found else
+                              f"{canonical_module}'s weights go to {len(found)} modules ({', '.join(found)})"
+                              if len(found) > 1 else f"{canonical_module}'s weights sit in {found[0] or 'the root'}, "
+                              "not a submodule that is called")
+        return None
+
+    def put(stage, source):
+        if source is not None and stage not in plan.unseen:
+            plan.sources[stage] = source
+
+    m = one("patch_embed.proj", "patch_embed")
+    put("patch_embed", m is not None and Source("out", m, shape="patches") or None)
+    block_paths = []
+    for i in range(config.depth):
+        keys = [k for k in key_map if k.startswith(f"blocks.{i}.")]
+        path = _common_module({_module_of(mk) for k in keys for mk in key_map[k]})
+        block_paths.append(path if path and path in modules else None)
+    if len(set(block_paths)) != len(block_paths):
+        block_paths = [None] * config.depth  # blocks share a module: the weights are not per block
+    plan.blocks = {p: i for i, p in enumerate(block_paths) if p is not None}
+    if block_paths and block_paths[0] is not None:
+        plan.sources["embed"] = Source("in", block_paths[0])
+    else:
+        plan.unseen["embed"] = "no module holds block 0's weights alone, so its input cannot be read"
+    for i in range(config.depth):
+        b = f"blocks.{i}"
+        for part in ("norm1", "norm2"):
+            m = one(f"{b}.{part}", f"{b}.{part}")
+            put(f"{b}.{part}", m and Source("out", m))
+        qkv = owners(f"{b}.attn.qkv")
+        for n, part in enumerate("qkv"):
+            if block_paths[i] is None:
+                plan.unseen[f"{b}.attn.{part}"] = "the block has no module of its own"
+            elif len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)
+                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, note=f"out:{qkv[n]}")
+            elif len(qkv) == 1:
+                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, note=f"qkv:{qkv[0]}")
+            else:
+                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i)
+        if block_paths[i] is not None:
+            plan.sources[f"{b}.attn.weights"] = Source("attn", part="weights", block=i)
+        else:
+            plan.unseen[f"{b}.attn.weights"] = "the block has no module of its own"
+        m = one(f"{b}.attn.proj", f"{b}.attn")
+        put(f"{b}.attn", m and Source("out", m))
+        m = one(f"{b}.mlp.fc2", f"{b}.mlp")
+        put(f"{b}.mlp", m and Source("out", m))
+        if m:
+            plan.sources[f"{b}.mlp.act"] = Source("in", m)
+        else:
+            plan.unseen[f"{b}.mlp.act"] = plan.unseen[f"{b}.mlp"]
+        if block_paths[i] is not None:
+            plan.sources[b] = Source("out", block_paths[i])
+        else:
+            plan.unseen[b] = "no module holds this block's weights alone"
+    if not config.use_fc_norm:
+        m = one("norm", "norm")
+        put("norm", m and Source("out", m))
+    if has_head:
+        m = one("head", "pooled")
+        put("pooled", m and Source("in", m))
+        plan.sources["logits"] = Source("return")
+    else:
+        plan.unseen["pooled"] = plan.unseen["logits"] = "the model has no classifier head (the mapping drops head)"
+    for pattern, spec in (overrides or {}).items():
+        for i in range(config.depth) if "{i}" in pattern else [None]:
+            stage = pattern.replace("{i}", str(i)) if i is not None else pattern
+            if stage not in tap_names(config):
+                raise ValueError(f"tap override {pattern!r}: {stage!r} is not a stage of this config "
+                                 "(see impls.tap_names)")
+            src = _override(spec.replace("{i}", str(i)) if i is not None else spec)
+            if src.path not in modules:
+                raise ValueError(f"tap override {pattern!r}: the model has no module {src.path!r}")
+            if stage.endswith(("attn.q", "attn.k", "attn.v")):
+                src.shape = "heads"
+            plan.sources[stage] = src
+            plan.unseen.pop(stage, None)
+    return plan
+
+
+# ----------------------------------------------------------------------------- the port
+
+@dataclass
+class ModelPort:
+    """A model in its own framework, with the mapping from the canonical (timm) weights.
+
+    build: ``config -> model`` (an unloaded PyTorch, MLX or Flax NNX module).
+    rename: a rename table or key function (names only; layouts follow the module types), or
+    convert: ``state -> {model key: array}`` in the model's own layouts.
+    images: "NCHW" (the canonical layout) or "NHWC" (what MLX and Flax convolutions take).
+    taps: overrides, ``{"blocks.{i}.attn.weights": "layers.{i}.attn.softmax"}`` (":in" for a
+    module's input).
+    output: ``model output -> logits`` (default: the array, a tuple's first, ``.logits``).
+    supports: the configs the port is written for (see conformance.support).
+    """
+
+    build: Callable[[ViTConfig], Any]
+    rename: Mapping[str, str | None] | Callable[[str], str | None] | None = None
+    convert: Callable[[dict], dict] | None = None
+    images: str = "NCHW"
+    taps: Mapping[str, str] = field(default_factory=dict)
+    output: Callable[[Any], Any] | None = None
+    supports: Any = None
+
+    def __post_init__(self):
+        if (self.rename is None) == (self.convert is None):
+            raise TypeError("ModelPort needs exactly one of rename= (names) or convert= (a state -> state function)")
+        if self.images not in ("NCHW", "NHWC"):
+            raise ValueError(f"images must be 'NCHW' or 'NHWC', got {self.images!r}")
+
+    def with_taps(self, taps: Mapping[str, str]) -> "ModelPort":
+        from dataclasses import replace
+
+        return replace(self, taps={**self.taps, **taps})
+
+    # -- weights
+
+    def _convert(self, state, config):
+        import inspect
+
+        takes_config = "config" in inspect.signature(self.convert).parameters
+        return self.convert(state, config) if takes_config else self.convert(state)
+
+    def key_map(self, state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, list[str]]:
+        """canonical key -> the model keys it is sent to."""
+        if self.rename is not None:
+            rename = rename_function(self.rename)
+            return {k: [m] if (m := rename(k)) is not None else [] for k in state}
+        # Probe the convert function with each key filled with its own index; a key sent to
+        # several model keys (a qkv split in three) is probed again with its element indices,
+        # which orders its targets by the rows they take.
+        probe = {k: np.full(v.shape, i + 1, np.float32) for i, (k, v) in enumerate(state.items())}
+        names = list(state)
+        out = {k: [] for k in state}
+        for mk, value in self._convert(probe, config).items():
+            for tag in np.unique(np.asarray(value)):
+                if float(tag).is_integer() and 1 <= tag <= len(names):
+                    out[names[int(tag) - 1]].append(mk)
+        for k, targets in out.items():
+            if len(targets) > 1:
+                probe = {n: np.zeros(v.shape, np.float32) for n, v in state.items()}
+                probe[k] = np.arange(1, state[k].size + 1, dtype=np.float32).reshape(state[k].shape)
+                converted = self._convert(probe, config)
+                out[k] = sorted(targets, key=lambda mk: float(np.min(np.asarray(converted[mk]))))
+        return out
+
+    def mapped(self, state: Mapping[str, np.ndarray], adapter: _Adapter, config: ViTConfig) -> tuple[dict, list[str]]:
+        """The model's arrays from the canonical state, strictly: (arrays, unfilled model keys)."""
+        params = adapter.params()
+        if self.rename is not None:
+            rename = rename_function(self.rename)
+            arrays = {}
+            for k, v in state.items():
+                mk = rename(k)
+                if mk is None:
+                    continue
+                if mk in arrays:
+                    raise LoadError(f"the rename sends two canonical keys to {mk!r} (the second is {k!r})")
+                arrays[mk] = adapter.native(mk, np.asarray(v), params.get(mk, np.shape(v)))
+        else:
+            arrays = {k: np.asarray(v) for k, v in self._convert(dict(state), config).items()}
+        unknown = sorted(set(arrays) - set(params))
+        if unknown:
+            near = ", ".join(sorted(params)[:6])
+            raise LoadError(f"the mapping gives {len(unknown)} key(s) the model does not have: "
+                            f"{', '.join(repr(k) for k in unknown[:8])}; the model's keys start {near}, ...")
+        wrong = [f"{k!r}: mapped {tuple(arrays[k].shape)}, the model has {params[k]}" for k in sorted(arrays)
+                 if tuple(arrays[k].shape) != tuple(params[k])]
+        if wrong:
+            raise LoadError(f"{len(wrong)} shape mismatch(es): " + "; ".join(wrong[:6]))
+        unfilled = sorted(set(params) - set(arrays))
+        for k in unfilled:
+            arrays[k] = adapter.current(k)
+        return arrays, unfilled
+
+    # -- the factory
+
+    def __call__(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
+        from conformance.support import check_supported
+
+        check_supported(self.supports, config)
+        model = self.build(config)
+        adapter = ADAPTERS[framework_of(model)](model)
+        key_map = self.key_map(state, config)
+        dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))
+        if dropped:
+            raise LoadError(f"the mapping drops canonical keys the model needs: {', '.join(dropped[:8])}")
+        arrays, unfilled = self.mapped(state, adapter, config)
+        adapter.load(arrays, dtype)
+        has_head = any(key_map.get(k) for k in ("head.weight", "head.bias"))
+        plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
+        findings = []
+        if unfilled:
+            findings.append(("load", f"the model has {len(unfilled)} parameter(s) the canonical weights do not fill, "
+                                     f"left at the model's initial values: {', '.join(unfilled[:6])}"
+                                     + (" ..." if len(unfilled) > 6 else "")))
+        return CapturedForward(self, adapter, plan, config, dtype, findings)
+
+
+class CapturedForward:
+    """forward(images) -> Taps: runs the unmodified model once and reads every planned tap."""
+
+    def __init__(self, port: ModelPort, adapter: _Adapter, plan: Plan, config: ViTConfig, dtype: str, findings):
+        self.port, self.adapter, self.plan, self.config, self.dtype = port, adapter, plan, config, dtype
+        self.findings = findings
+
+    def __call__(self, images) -> Taps:
+        images = np.asarray(images)
+        x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
+        recorder = _Recorder(self.adapter, self.config, images.shape[0], self.plan.blocks)
+        out = self.adapter.run(self.adapter.to_input(np.ascontiguousarray(x), self.dtype), recorder, self.plan.watch())
+        taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))
+        for stage in tap_names(self.config):
+            source = self.plan.sources.get(stage)
+            if source is None:
+                continue
+            try:
+                value, where = self._read(source, stage, recorder, out)
+            except _Unseen as e:
+                taps.unseen[stage] = str(e)
+                continue
+            except _Never as e:
+                taps.findings.append((stage, str(e)))
+                continue
+            taps[stage] = value
+            taps.sources[stage] = where
+        return taps
+
+    def _array(self, x, stage):
+        arrays = _arrays_in(x, self.adapter.is_array)
+        if not arrays:
+            raise _Unseen(f"its module returned {type(x).__name__}, not an array")
+        return arrays[0]
+
+    def _read(self, source: Source, stage: str, rec: _Recorder, out):
+        c = self.config
+        B = rec.B
+        if source.kind == "return":
+            logits = self.port.output(out) if self.port.output else self._array(out, stage)
+            return self.adapter.numpy(logits), "the model's return value"
+        if source.kind in ("in", "out"):
+            store = rec.inputs if source.kind == "in" else rec.outputs
+            if source.path not in store:
+                raise _Never(f"the module {source.path!r} that holds its weights was never called: its weights "
+                             "take no part in the forward")
+            x = self.adapter.numpy(self._array(store[source.path], stage))
+            where = f"{'input' if source.kind == 'in' else 'output'} of {source.path}"
+            if source.shape == "patches" and x.ndim == 4:
+                if self.adapter.name == "torch":
+                    x = x.reshape(B, c.embed_dim, -1).transpose(0, 2, 1)
+                else:
+                    x = x.reshape(B, -1, c.embed_dim)
+            if source.shape == "heads":
+                x = _heads(x, c)
+            return x, where
+        # attention records
+        slot = rec.attn.get(source.block, {})
+        part = source.part
+        if part == "weights":
+            if "weights" in slot:
+                return self._heads4(self.adapter.numpy(slot["weights"]), c.num_tokens), "the softmax over keys"
+            raise _Unseen(f"computed inside {slot['fused']} (a fused kernel)" if "fused" in slot else
+                          "no softmax over (N, N) logits was seen in this block")
+        if part in slot:
+            x = self.adapter.numpy(slot[part])
+            if not slot.get("heads_first", True):
+                x = x.transpose(0, 2, 1, 3)  # (B, N, H, hd) -> (B, H, N, hd)
+            return self._heads4(x, c.head_dim), slot["where"]
+        product = {"q": "logits_q", "k": "logits_k", "v": "product_v"}[part]
+        if product in slot:
+            what = {"q": "the left operand of q kᵀ (before any scalar scale)", "k": "the right operand of q kᵀ",
+                    "v": "the right operand of weights · v"}[part]
+            return self._heads4(self.adapter.numpy(slot[product]), c.head_dim), what
+        kind, _, path = source.note.partition(":")
+        if kind == "out" and path in rec.outputs:
+            return _heads(self.adapter.numpy(self._array(rec.outputs[path], stage)), c), f"output of {path}, heads split"
+        if kind == "qkv" and path in rec.outputs:
+            x = self.adapter.numpy(self._array(rec.outputs[path], stage))
+            x = x.reshape(B, c.num_tokens, 3, c.num_heads, c.head_dim)[:, :, "qkv".index(part)].transpose(0, 2, 1, 3)
+            return x, f"output of {path} split as timm's (3, H, hd): the port's own split is checked at attn.weights"
+        raise _Unseen("no fused attention call, q kᵀ product or q/k/v projection was seen in this block")
+
+    def _heads4(self, x, last):
+        c = self.config
+        if x.ndim == 3 and x.shape[0] % c.num_heads == 0:  # (B*H, N, last)
+            x = x.reshape(-1, c.num_heads, *x.shape[1:])
+        return x
+
+
+def _heads(x, c):
+    if x.ndim == 3 and x.shape[-1] == c.embed_dim:  # (B, N, D) -> (B, H, N, hd)
+        return x.reshape(x.shape[0], x.shape[1], c.num_heads, c.head_dim).transpose(0, 2, 1, 3)
+    if x.ndim == 4 and x.shape[1:] == (c.num_tokens, c.num_heads, c.head_dim):  # (B, N, H, hd)
+        return x.transpose(0, 2, 1, 3)
+    return x
+
+
+class _Unseen(Exception):
+    pass
+
+
+class _Never(Exception):
+    pass

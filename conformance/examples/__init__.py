@@ -1,0 +1,12 @@
+"""Models verified as their authors wrote them: each module builds an unmodified model and
+gives the weight mapping from the canonical (timm) names, as a ``ModelPort`` named ``port``.
+
+    python -m conformance verify conformance.examples.timm_vit:port --preset vit_tiny_patch16_224
+
+timm_vit            timm's VisionTransformer (names are timm's: an empty rename)
+hf_vit              transformers' ViTForImageClassification and ViTModel (a convert that splits qkv)
+mlx_image_vit       mlx-image's VisionTransformer (MLX, NHWC, separate q/k/v projections)
+nnx_vit             a Flax NNX ViT built on nnx.MultiHeadAttention (LinearGeneral kernels)
+seed_mlx_vit        the Korean post's MLX ViT as published, and with the shared norm it describes
+seed_einops_vit     the Chinese post's einops ViT as published (its "(h d qkv)" split)
+"""

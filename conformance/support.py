@@ -1,0 +1,140 @@
+"""What a port supports: the configs it is written for.
+
+A port factory (or a ``ModelPort``) may carry ``supports``:
+
+* a preset name or a ``ViTConfig``: exactly that config (a port written for one checkpoint);
+* a mapping of ``ViTConfig`` fields to a value, a tuple of allowed values or a predicate, plus
+  ``square_images`` / ``square_patches``: ``{"global_pool": "token", "in_chans": 3,
+  "qkv_bias": (True,), "square_images": True}``.
+
+``verify`` refuses a config outside it (naming the option), and the property suite draws only
+configs inside it, so a port's red in the plugin speaks of a bug, not of an option it never
+claimed. A factory may also raise ``Unsupported`` itself for a config it refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
+from impls.config import ConfigError, ViTConfig, get_config
+
+SHAPE_RULES = ("square_images", "square_patches")
+
+
+class Unsupported(ValueError):
+    """A port does not support a config; the message names the option and what it supports."""
+
+
+def supports_of(make) -> Any:
+    return getattr(make, "supports", None)
+
+
+def fixed_config(supports) -> ViTConfig | None:
+    if isinstance(supports, str):
+        return get_config(supports)
+    if isinstance(supports, ViTConfig):
+        return supports
+    return None
+
+
+def _allowed(rule, value) -> bool:
+    if callable(rule):
+        return bool(rule(value))
+    if isinstance(rule, (tuple, list, set, frozenset)):
+        return value in rule
+    return value == rule
+
+
+def _validate(supports: Mapping) -> None:
+    names = {f.name for f in fields(ViTConfig)} | set(SHAPE_RULES)
+    unknown = sorted(set(supports) - names)
+    if unknown:
+        raise ValueError(f"supports: unknown option(s) {unknown}; options are ViTConfig's fields and {SHAPE_RULES}")
+
+
+def unsupported_option(supports, config: ViTConfig) -> str | None:
+    """Why ``config`` is outside ``supports`` (naming the option), or None."""
+    if supports is None:
+        return None
+    fixed = fixed_config(supports)
+    if fixed is not None:
+        diff = [f"{f.name}={getattr(config, f.name)!r} (supported: {getattr(fixed, f.name)!r})" for f in fields(ViTConfig)
+                if f.name != "name" and getattr(config, f.name) != getattr(fixed, f.name)]
+        return f"{diff[0]}; the port supports only {fixed.name or 'one config'}" if diff else None
+    _validate(supports)
+    for option, rule in supports.items():
+        if option == "square_images" and rule and config.img_size[0] != config.img_size[1]:
+            return f"img_size={config.img_size!r} (supported: square images only)"
+        if option == "square_patches" and rule and config.patch_size[0] != config.patch_size[1]:
+            return f"patch_size={config.patch_size!r} (supported: square patches only)"
+        if option in SHAPE_RULES:
+            continue
+        value = getattr(config, option)
+        if not _allowed(rule, value):
+            what = "a predicate" if callable(rule) else repr(rule)
+            return f"{option}={value!r} (supported: {what})"
+    return None
+
+
+def check_supported(supports, config: ViTConfig) -> None:
+    why = unsupported_option(supports, config)
+    if why:
+        raise Unsupported(f"config not supported by the port: {why}")
+
+
+def project(supports, values: dict[str, Any]) -> dict[str, Any] | ViTConfig | None:
+    """Drawn config fields moved into ``supports``: fixed values set, a drawn value outside a
+    tuple replaced by its first entry, square shapes forced. None when a predicate rejects the
+    draw (the caller discards it); the fixed config itself for a single-config port."""
+    if supports is None:
+        return values
+    fixed = fixed_config(supports)
+    if fixed is not None:
+        return fixed
+    _validate(supports)
+    values = dict(values)
+    if supports.get("square_patches"):
+        values["patch_size"] = (values["patch_size"][0],) * 2
+    if supports.get("square_images"):
+        grid = values["img_size"][0] // values["patch_size"][0]
+        values["img_size"] = (grid * values["patch_size"][0], grid * values["patch_size"][1])
+        if values["img_size"][0] != values["img_size"][1]:
+            values["patch_size"] = (values["patch_size"][0],) * 2
+            values["img_size"] = (values["img_size"][0],) * 2
+    for option, rule in supports.items():
+        if option in SHAPE_RULES:
+            continue
+        if callable(rule):
+            if not rule(values.get(option)):
+                return None
+        elif isinstance(rule, (tuple, list, set, frozenset)):
+            if values.get(option) not in rule:
+                values[option] = sorted(rule, key=repr)[0] if not isinstance(rule, (tuple, list)) else rule[0]
+        else:
+            values[option] = rule
+    if values.get("global_pool") == "token":
+        values["class_token"] = True
+    return values
+
+
+def build_config(supports, values: dict[str, Any]) -> ViTConfig | None:
+    """The config for drawn ``values`` inside ``supports``, or None when none fits."""
+    projected = project(supports, values)
+    if projected is None or isinstance(projected, ViTConfig):
+        return projected
+    try:
+        return ViTConfig(**projected)
+    except (ConfigError, TypeError, ValueError):
+        return None
+
+
+def describe(supports) -> str:
+    if supports is None:
+        return "every config"
+    fixed = fixed_config(supports)
+    if fixed is not None:
+        return fixed.name or "one config"
+    return ", ".join(f"{k}={'<predicate>' if callable(v) else v!r}" for k, v in supports.items())
+
