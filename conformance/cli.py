@@ -65,7 +65,13 @@ def main(argv=None) -> int:
                        description="Run a port and the float64 oracle on drawn inputs and report, per stage, "
                                    "the error against the tolerance and the first divergent stage. "
                                    "Exit 0: conforms; 1: does not; 2: usage error.")
-    v.add_argument("port", help="the port factory, 'pkg.module:make' (or a built-in: torch, mlx, jax, numpy)")
+    v.add_argument("port", nargs="?", help="the port: a factory or a ModelPort, 'pkg.module:name' (or a built-in: "
+                                           "torch, mlx, jax, numpy)")
+    v.add_argument("--attention", metavar="PKG.MODULE:MAKE_ATTENTION",
+                   help="verify an attention factory instead of a whole model (see docs/verify.md)")
+    v.add_argument("--tap", action="append", default=[], metavar="STAGE=MODULE[:in]",
+                   help="for a ModelPort: read STAGE from this module's output (or input); {i} for every block, "
+                        "e.g. blocks.{i}.attn.weights=layers.{i}.attn.softmax (repeatable)")
     group = v.add_mutually_exclusive_group()
     group.add_argument("--preset", choices=sorted(PRESETS), help="a named config (default: vit_test_token, or the "
                                                                   "config stored in --weights)")

@@ -63,15 +63,52 @@ def pytest_generate_tests(metafunc):
         _parametrize(metafunc, "port", builtin + list(opts.port))
     if "attention_port" in metafunc.fixturenames:
         _parametrize(metafunc, "attention_port", builtin + list(opts.attention_port))
+    if "attention_path" in metafunc.fixturenames:
+        # Each built-in port's explicit and fused paths, and every given attention port.
+        _parametrize(metafunc, "attention_path", [f"{p}{path}" for p in builtin for path in ("", "+fused")]
+                     + list(opts.attention_port))
     if "framework_port" in metafunc.fixturenames:
         _parametrize(metafunc, "framework_port", builtin)
 
 
+PORT_PARAMS = ("port", "attention_port", "attention_path")
+
+
+def _judges_a_given_port(item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(params.get(name) is not None for name in PORT_PARAMS)
+
+
 def pytest_collection_modifyitems(config, items):
-    deselected = [item for item in items if item.get_closest_marker("vit_no_port")]
+    opts = config.option
+    # With --only-given-ports the run judges the user's ports: the project's own tests (config,
+    # formats, bench, the zoo's companions) are deselected, not run beside them.
+    only_given = opts.only_given_ports and (opts.port or opts.attention_port)
+    deselected = [item for item in items if item.get_closest_marker("vit_no_port")
+                  or (only_given and not _judges_a_given_port(item))]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if not item.get_closest_marker("vit_no_port")]
+        items[:] = [item for item in items if item not in deselected]
+
+
+@pytest.fixture(autouse=True)
+def _vit_port_supports(request):
+    """Drawn configs stay inside what the test's port declares it supports (conformance.support)."""
+    from conformance import strategies
+    from conformance.support import supports_of
+
+    port = getattr(getattr(request.node, "callspec", None), "params", {}).get("port")
+    supports = None
+    if port is not None:
+        from impls import load_factory
+
+        try:
+            supports = supports_of(load_factory(port))
+        except (ImportError, ValueError):
+            supports = None  # the test itself reports a port that does not load
+    strategies.set_supports(supports)
+    yield
+    strategies.set_supports(None)
 
 
 def pytest_report_header(config):

@@ -30,6 +30,10 @@ class PropertyFailure(AssertionError):
 
     stage: str | None = None
 
+    def __init__(self, message: str = "", stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage
+
 
 class NotApplicable(Exception):
     """The property needs a tap the port does not emit."""
@@ -100,16 +104,51 @@ def _fail(port: str, what: str, case, **details) -> PropertyFailure:
 
 def _call(port: str, fn: Callable, *args, case=None):
     """Run a port; an exception or a malformed result is a finding, not a crash."""
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    from conformance.report import describe_exception
+
     try:
         return fn(*args)
+    except UnsatisfiedAssumption:
+        raise  # a config the port does not support: the example is discarded
     except Exception as e:  # noqa: BLE001 - anything a port raises is reported
-        raise _fail(port, f"the port raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                    case) from e
+        raise _fail(port, f"the port raised {describe_exception(e)}", case) from e
 
 
 def build(make: Callable, config, state, dtype: str = "float32"):
-    """A port's forward; ``dtype`` is passed only when it is not float32, the protocol's default."""
-    return make(config, state) if dtype == "float32" else make(config, state, dtype=dtype)
+    """A port's forward; ``dtype`` is passed only when it is not float32, the protocol's default.
+    Inside a hypothesis test a config the port does not support (declared, or refused with
+    ``Unsupported``) discards the example instead of failing it."""
+    from hypothesis.control import currently_in_test_context
+
+    from conformance.support import Unsupported, check_supported, supports_of
+
+    try:
+        check_supported(supports_of(make), config)
+        return make(config, state) if dtype == "float32" else make(config, state, dtype=dtype)
+    except Unsupported:
+        if currently_in_test_context():
+            from hypothesis import reject
+
+            reject()
+        raise
+
+
+def check_fully_masked_row(port: str, out, weights, row: int, proj_bias) -> None:
+    """A query that may attend to no key: finite output equal to proj's bias (a zero attention
+    output), and zero weights."""
+    out = np.asarray(out)
+    if not np.isfinite(out).all():
+        raise PropertyFailure(f"port {port!r}: a fully masked query row gives non-finite output "
+                              f"({int(np.isnan(out).sum())} NaN)", stage="attn")
+    got = out[:, row]
+    if not np.array_equal(got, np.broadcast_to(proj_bias, got.shape)):
+        raise PropertyFailure(f"port {port!r}: fully masked query row {row} is not proj's bias (a zero attention "
+                              f"output): max |out - bias| = {np.abs(got - proj_bias).max():.3g}", stage="attn")
+    if weights is not None and np.any(np.asarray(weights)[:, :, row] != 0):
+        raise PropertyFailure(f"port {port!r}: fully masked query row {row} should get zero weights, got row sums "
+                              f"{np.asarray(weights)[:, :, row].sum(-1).ravel()[:4]}", stage="attn.weights")
 
 
 def run_model(port: str, make: Callable, case: ModelCase, images=None, state=None) -> dict:
@@ -118,9 +157,9 @@ def run_model(port: str, make: Callable, case: ModelCase, images=None, state=Non
     out = _call(port, forward, case.images if images is None else images, case=case)
     if not isinstance(out, Mapping):
         out = {"logits": out}
-    if "logits" not in out:
+    if "logits" not in out and "logits" not in getattr(out, "unseen", {}):
         raise _fail(port, "the port returned no 'logits'", case, returned=sorted(out))
-    return dict(out)
+    return out if hasattr(out, "unseen") else dict(out)  # a captured model's Taps keep what was unseen
 
 
 def _needs(out: Mapping, *names: str) -> None:

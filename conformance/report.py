@@ -21,3 +21,11 @@ def table(headers: list[str], rows: list[list], align_left: int = 1) -> str:
         return "  ".join(v.ljust(w) if i < align_left else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def describe_exception(e: BaseException, limit: int = 1500) -> str:
+    """What a port said, in full within reason, on one line: a load error's list of missing
+    keys is its point."""
+    text = " | ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
+    text = text if len(text) <= limit else text[:limit] + " ..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__

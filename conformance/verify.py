@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.compare import StageResult, compare_outputs
+from conformance.report import describe_exception
 from conformance.error_model import CaseModel
 from conformance.support import Unsupported
 from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
@@ -80,6 +81,7 @@ class Report:
     skipped: list[str] = field(default_factory=list)  # cases outside the dtype's range, and why
     unseen: dict[str, str] = field(default_factory=dict)  # stage -> why a captured model cannot show it
     sources: dict[str, str] = field(default_factory=dict)  # stage -> where a captured model's tap was read
+    attention: dict | None = None  # an attention port's options (then config is unused)
 
     @property
     def conformant(self) -> bool:
@@ -101,7 +103,7 @@ class Report:
             "first_divergence": self.first_divergence,
             "stages": [{k: _finite_or_none(v) for k, v in s.to_dict().items()} for s in self.stages],
             "failures": self.failures,
-            "config": self.config.to_dict(),
+            "config": self.attention if self.attention is not None else self.config.to_dict(),
             "cases": self.cases,
             "worst_case": self.worst_case,
             "skipped": self.skipped,
@@ -113,13 +115,6 @@ class Report:
 
 def _finite_or_none(value):
     return None if isinstance(value, float) and not np.isfinite(value) else value
-
-
-def describe_exception(e: BaseException, limit: int = 600) -> str:
-    """What the port said, in full within reason, on one line."""
-    text = " | ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
-    text = text if len(text) <= limit else text[:limit] + " ..."
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
@@ -244,7 +239,9 @@ def format_report(report: Report) -> str:
     from conformance.report import table
 
     rows = [[s.name, s.mode, s.max_abs_err, s.ratio, s.tol, s.e2e_ratio, s.e2e_tol, s.ok] for s in report.stages]
-    lines = [f"port {report.port} in {report.dtype}: {report.config.name or 'config'} {report.config.to_dict()}",
+    what = (f"MultiHeadAttention {report.attention}" if report.attention is not None else
+            f"{report.config.name or 'config'} {report.config.to_dict()}")
+    lines = [f"port {report.port} in {report.dtype}: {what}",
              f"cases: {'; '.join(report.cases)}",
              "each row: the case where the stage is worst; error = max over elements of |port - oracle| over the "
              "error model's bound (docs/tolerances.md), local (from the port's own inputs to the stage) where the "
@@ -337,13 +334,51 @@ def load_config(preset: str | None, config_json: str | None, weights: str | None
         raise UsageError(f"bad config: {e}") from None
 
 
+def _load(spec: str, what: str):
+    try:
+        return load_factory(spec)
+    except (ImportError, ValueError) as e:
+        raise UsageError(f"cannot load {what} {spec!r}: {describe_exception(e)}") from None
+
+
+def _with_taps(make, taps: list[str]):
+    if not taps:
+        return make
+    from conformance.capture import ModelPort
+
+    if not isinstance(make, ModelPort):
+        raise UsageError("--tap applies to a ModelPort (a model and its weight mapping), not a port factory: a factory "
+                         "names its taps itself")
+    overrides = {}
+    for t in taps:
+        stage, sep, module = t.partition("=")
+        if not sep or not stage or not module:
+            raise UsageError(f"--tap {t!r} must look like STAGE=MODULE or STAGE=MODULE:in")
+        overrides[stage] = module
+    return make.with_taps(overrides)
+
+
+def _write(report: Report, args) -> None:
+    print(format_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
+    if args.plot:
+        plot_report(report, args.plot)
+
+
 def main(args) -> int:
+    from conformance.support import Unsupported
     from weights import WeightError, load_state
 
-    try:
-        make = load_factory(args.port)
-    except (ImportError, ValueError) as e:
-        raise UsageError(f"cannot load port {args.port!r}: {describe_exception(e)}") from None
+    if args.attention:
+        if args.port:
+            raise UsageError("give a whole-model port or --attention, not both")
+        report = verify_attention(_load(args.attention, "attention factory"), port=args.attention, seed=args.seed)
+        _write(report, args)
+        return 0 if report.conformant else 1
+    if not args.port:
+        raise UsageError("name the port to verify (pkg.module:name), or --attention pkg.module:make_attention")
+    make = _with_taps(_load(args.port, "port"), args.tap)
     config = load_config(args.preset, args.config, args.weights)
     state = None
     if args.weights:
@@ -351,12 +386,13 @@ def main(args) -> int:
             state = load_state(args.weights, config)
         except WeightError as e:
             raise UsageError(str(e)) from None
-    report = verify(make, config, port=args.port, state=state, seed=args.seed, dtype=args.dtype)
-    print(format_report(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-    if args.plot:
-        plot_report(report, args.plot)
+    try:
+        report = verify(make, config, port=args.port, state=state, seed=args.seed, dtype=args.dtype)
+    except (Unsupported, ValueError) as e:
+        if isinstance(e, Unsupported) or "tap override" in str(e):
+            raise UsageError(str(e)) from None
+        raise
+    _write(report, args)
     return 0 if report.conformant else 1
 
 
@@ -397,7 +433,7 @@ def verify_attention(make_attention: Callable, *, port: str = "attention port", 
     from impls.config import get_config
 
     cases = attention_cases(seed)
-    report = Report(port, get_config("vit_test_token"), cases=[c[0] for c in cases])
+    report = Report(port, get_config("vit_test_token"), cases=[c[0] for c in cases], attention=dict(cases[0][1].options))
     worst: dict[str, StageResult] = {}
     first = len(ATTENTION_STAGES)
     for name, case, mask in cases:

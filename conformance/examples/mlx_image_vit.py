@@ -1,5 +1,6 @@
-"""mlx-image's VisionTransformer (``mlxim.model.vit.vit``), unmodified. It takes NHWC images and
-keeps q, k, v as separate projections; the convert is what its own timm conversion does."""
+"""mlx-image's VisionTransformer (``mlxim.model.vit.vit`` of mlx-image 0.1.10, kept byte for byte
+in vendor/), unmodified. It takes NHWC images and keeps q, k, v as separate projections; the
+convert is what its own timm conversion does."""
 
 from functools import partial
 
@@ -28,7 +29,7 @@ def convert(state):
 
 def build(config):
     import mlx.nn as nn
-    from mlxim.model.vit.vit import VisionTransformer
+    from conformance.examples.vendor.mlxim_vit import VisionTransformer
 
     return VisionTransformer(image_size=config.img_size[0], patch_size=config.patch_size[0],
                              num_layers=config.depth, num_heads=config.num_heads, hidden_dim=config.embed_dim,

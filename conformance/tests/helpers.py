@@ -56,6 +56,12 @@ def attention(port: str, case, weights, fused: bool = False):
     return attention_factory(port)(weights.make_params(shapes), **options)
 
 
+def attention_on_path(path: str, case, weights):
+    """``attention`` for a plugin attention path: 'torch', 'torch+fused' or a given 'pkg.mod:make'."""
+    port, _, fused = path.partition("+")
+    return attention(port, case, weights, fused=fused == "fused")
+
+
 def attention_model(case, weights, x, context=None, mask=None):
     """The error model of ``attention(port, case, weights)`` on these inputs."""
     from conformance.error_model import AttentionModel

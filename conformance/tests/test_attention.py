@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from conformance import error_model as E
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.tests.helpers import attention, attention_model, framework
+from conformance.tests.helpers import attention, attention_model, attention_on_path, expect_failure, framework
 from weights import mha_shapes
 
 FUSED = {
@@ -64,15 +64,15 @@ def test_explicit_attention_equals_the_frameworks_fused_kernel(framework_port, c
     P.check_close(framework_port, "weights vs oracle", to_np(weights), oracle_w, bound_w, "sdpa.weights")
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["explicit", "fused"])
 @given(case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), data=st.data())
-def test_multihead_attention_matches_oracle_with_and_without_mask(framework_port, fused, case, weights, data):
+def test_multihead_attention_matches_oracle_with_and_without_mask(attention_path, case, weights, data):
+    """Every built-in port's explicit and fused paths, and every given attention port."""
     mask = data.draw(st.one_of(st.none(), S.masks(case)))
     x, ctx = case.inputs()
     ctx = None if (case.kv_len, case.context_dim) == (case.q_len, case.dim) and data.draw(st.booleans()) else ctx
-    out, attn = attention(framework_port, case, weights, fused)(x, ctx, mask)
+    out, attn = attention_on_path(attention_path, case, weights)(x, ctx, mask)
     model = attention_model(case, weights, x, ctx, mask)
-    _close_to_oracle(framework_port, model, out, attn)
+    _close_to_oracle(attention_path, model, out, attn)
 
 
 @given(case=S.attention_shapes(cross=True), weights=S.weight_cases(S.SCALES[:4], offsets=False))
@@ -84,26 +84,22 @@ def test_cross_attention_takes_context_of_another_length_and_width(attention_por
     _close_to_oracle(attention_port, attention_model(case, weights, x, ctx), out, attn)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["explicit", "fused"])
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @given(case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), row=st.integers(0, 6))
-def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(framework_port, fused, kind, case, weights, row):
-    """The documented behaviour in every framework_port: a query that may attend to no key gets zero
-    weights and a zero attention output, so after ``proj`` it equals proj's bias. (Left to
-    themselves torch's kernel gives NaN there and MLX's the mean of the values.)"""
+def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(attention_path, kind, case, weights, row):
+    """The documented behaviour of every port, built-in or given: a query that may attend to no
+    key gets zero weights and a zero attention output, so after ``proj`` it equals proj's bias.
+    (Left to themselves torch's kernel gives NaN there and MLX's the mean of the values.)"""
     row = row % case.q_len
     keep = np.ones((1, 1, case.q_len, case.kv_len), bool)
     keep[..., row, :] = False
     mask = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float32)
     x, ctx = case.inputs()
-    state_out, attn = attention(framework_port, case, weights, fused)(x, ctx, mask)
+    state_out, attn = attention_on_path(attention_path, case, weights)(x, ctx, mask)
     bias = weights.make_params(mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim,
                                           case.qkv_bias))["proj.bias"]
-    assert np.isfinite(state_out).all()
-    assert np.array_equal(state_out[:, row], np.broadcast_to(bias, state_out[:, row].shape))
-    if attn is not None:
-        assert np.array_equal(attn[:, :, row], np.zeros_like(attn[:, :, row]))
-    _close_to_oracle(framework_port, attention_model(case, weights, x, ctx, mask), state_out, attn)
+    P.check_fully_masked_row(attention_path, state_out, attn, row, bias)
+    _close_to_oracle(attention_path, attention_model(case, weights, x, ctx, mask), state_out, attn)
 
 
 @given(case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), data=st.data())
@@ -139,3 +135,15 @@ def test_masked_keys_do_not_influence_the_output(attention_port, case, weights, 
         ctx2[:, dead_keys] += 10.0
         out2, _ = fwd(x, ctx2, keep)
         _close(attention_port, "a key masked for every query changed the output", model, "attn", out2, out)
+
+
+def test_fully_masked_row_check_fails_on_the_mean_of_the_values():
+    """Companion: MLX's kernel left to itself gives a fully masked row the mean of the values."""
+    rng = np.random.default_rng(0)
+    bias = rng.normal(size=6).astype(np.float32)
+    out = np.broadcast_to(bias, (2, 4, 6)).copy()
+    out[:, 1] += rng.normal(size=(2, 6)).astype(np.float32)  # proj(mean of v) instead of proj(0)
+    expect_failure(P.check_fully_masked_row, "mean_of_values", out, None, 1, bias, match="proj's bias")
+    weights = np.full((2, 3, 4, 5), 0.2, np.float32)
+    expect_failure(P.check_fully_masked_row, "uniform_weights", np.broadcast_to(bias, (2, 4, 6)), weights, 1, bias,
+                   match="zero weights")

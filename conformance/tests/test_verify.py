@@ -53,16 +53,16 @@ CONFIG = get_config("vit_test_token")
         ("logits_only", True, None, None),
         ("shared_norm", False, "blocks.0.norm2", None),
         ("softmax_wrong_axis", False, "blocks.0.attn.weights", None),
-        ("crashing", False, None, "the port raised RuntimeError: boom"),
+        ("crashing", False, "forward", "the port raised RuntimeError: boom"),
         ("nan_logits", False, "logits", "non-finite values"),
         ("misshaped_tap", False, "blocks.0.attn.weights", "shape (3, 25, 3, 25), expected (3, 3, 25, 25)"),
         ("no_logits", False, "logits", "the port returned no 'logits'"),
         ("float64", False, "patch_embed", "dtype float64, asked for float32"),
         ("squeezes", False, "logits", "shape (7,), expected (1, 7)"),
-        ("edits_state", False, None, "the port changed the state it was handed: replaced 'blocks.0.norm2.bias', "
+        ("edits_state", False, "load", "the port changed the state it was handed: replaced 'blocks.0.norm2.bias', "
                                      "replaced 'blocks.0.norm2.weight'"),
-        ("pops_key", False, None, "the port changed the state it was handed: removed 'head.bias'"),
-        ("clips_images", False, None, "the port wrote to its inputs"),
+        ("pops_key", False, "load", "the port changed the state it was handed: removed 'head.bias'"),
+        ("clips_images", False, "forward", "the port wrote to its inputs"),
     ],
 )
 def test_verify_gives_the_verdict_and_first_divergent_stage(load, user_port, conformant, first, reason):
