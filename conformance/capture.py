@@ -388,10 +388,14 @@ class _NNXAdapter(_SwapAdapter):
     name = "nnx"
     conv_layouts = ((2, 3, 1, 0),)  # OIHW -> HWIO
 
-    def modules(self):
+    def __init__(self, model):
         from flax import nnx
 
-        return {".".join(map(str, p)): n for p, n in nnx.iter_graph(self.model) if isinstance(n, nnx.Module)}
+        super().__init__(model)
+        self._modules = {".".join(map(str, p)): n for p, n in nnx.iter_graph(model) if isinstance(n, nnx.Module)}
+
+    def modules(self):
+        return self._modules
 
     def _params(self):
         from flax import nnx
@@ -781,9 +785,12 @@ class ModelPort:
             arrays = {k: np.asarray(v) for k, v in self._convert(dict(state), config).items()}
         unknown = sorted(set(arrays) - set(params))
         if unknown:
-            near = ", ".join(sorted(params)[:6])
+            import difflib
+
+            near = difflib.get_close_matches(unknown[0], sorted(set(params) - set(arrays)), n=3, cutoff=0.5)
             raise LoadError(f"the mapping gives {len(unknown)} key(s) the model does not have: "
-                            f"{', '.join(repr(k) for k in unknown[:8])}; the model's keys start {near}, ...")
+                            f"{', '.join(repr(k) for k in unknown[:8])}{' ...' if len(unknown) > 8 else ''}; "
+                            f"closest model keys to {unknown[0]!r}: {', '.join(repr(k) for k in near) or 'none'}")
         wrong = [f"{k!r}: mapped {tuple(arrays[k].shape)}, the model has {params[k]}" for k in sorted(arrays)
                  if tuple(arrays[k].shape) != tuple(params[k])]
         if wrong:

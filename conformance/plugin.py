@@ -91,6 +91,17 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if item not in deselected]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A fixed config (a preset parameter) outside what the port supports is reported as such."""
+    from conformance.support import Unsupported
+
+    try:
+        return (yield)
+    except Unsupported as e:
+        pytest.skip(str(e))
+
+
 @pytest.fixture(autouse=True)
 def _vit_port_supports(request):
     """Drawn configs stay inside what the test's port declares it supports (conformance.support)."""

@@ -107,11 +107,12 @@ def _call(port: str, fn: Callable, *args, case=None):
     from hypothesis.errors import UnsatisfiedAssumption
 
     from conformance.report import describe_exception
+    from conformance.support import Unsupported
 
     try:
         return fn(*args)
-    except UnsatisfiedAssumption:
-        raise  # a config the port does not support: the example is discarded
+    except (UnsatisfiedAssumption, Unsupported):
+        raise  # a config the port does not support: discarded (hypothesis) or reported as such
     except Exception as e:  # noqa: BLE001 - anything a port raises is reported
         raise _fail(port, f"the port raised {describe_exception(e)}", case) from e
 

@@ -21,6 +21,10 @@ def budget(divisor: int = 1, minimum: int = 3) -> int:
 
 
 def run(port: str, config, state, images, **kwargs):
+    """Build and run a port; a config it does not support raises Unsupported (a skip naming it)."""
+    from conformance.support import check_supported, supports_of
+
+    check_supported(supports_of(factory(port)), config)
     return factory(port)(config, state, **kwargs)(images)
 
 

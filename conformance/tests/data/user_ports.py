@@ -125,3 +125,62 @@ def clips_images(config, state):
         np.clip(images, -1.0, 1.0, out=images)  # in place: normalising the caller's array
         return _vit(config, state, images)
     return forward
+
+
+def _written_for_one_checkpoint(config, shared_norm=False):
+    """A port hard-wired to one checkpoint's config (as most are): it refuses any other."""
+    from impls import get_config
+
+    expected = get_config("vit_test_token")
+    if config != expected:
+        raise ValueError(f"this port is written for vit_test_token, got {config}")
+    return shared_norm
+
+
+def single_config(config, state):
+    _written_for_one_checkpoint(config)
+    return lambda images: _vit(config, state, images)
+
+
+def single_config_shared_norm(config, state):
+    _written_for_one_checkpoint(config)
+    return lambda images: _vit(config, state, images, shared_norm=True)
+
+
+# What they support: the one config (a preset name, a ViTConfig, or constraints; see conformance.support).
+single_config.supports = single_config_shared_norm.supports = "vit_test_token"
+
+
+def _attention(state, num_heads, head_dim, dead_rows):
+    p = {k: np.asarray(v, np.float64) for k, v in state.items()}
+
+    def forward(x, context=None, mask=None):
+        context = x if context is None else context
+        B, Nq, _ = x.shape
+        Nk = context.shape[1]
+        q = (x @ p["q.weight"].T + p.get("q.bias", 0.0)).reshape(B, Nq, num_heads, head_dim).transpose(0, 2, 1, 3)
+        kv = (context @ p["kv.weight"].T + p.get("kv.bias", 0.0)).reshape(B, Nk, 2, num_heads, head_dim)
+        k, v = kv.transpose(2, 0, 3, 1, 4)
+        logits = q @ k.transpose(0, 1, 3, 2) * head_dim ** -0.5
+        if mask is not None:
+            m = np.asarray(mask)
+            logits = np.where(m, logits, -np.inf) if m.dtype == bool else logits + m
+        dead = np.isneginf(logits).all(-1, keepdims=True)
+        w = np.exp(np.where(dead, 0.0, logits - np.where(dead, 0.0, logits.max(-1, keepdims=True))))
+        w = w / w.sum(-1, keepdims=True)
+        if dead_rows == "zero":
+            w = np.where(dead, 0.0, w)  # the documented behaviour: no key, zero weights, zero output
+        out = (w @ v).transpose(0, 2, 1, 3).reshape(B, Nq, num_heads * head_dim)
+        return (out @ p["proj.weight"].T + p["proj.bias"]).astype(np.float32), w.astype(np.float32)
+
+    return forward
+
+
+def correct_attention(state, dim, context_dim, num_heads, head_dim, qkv_bias):
+    return _attention(state, num_heads, head_dim, "zero")
+
+
+def mean_of_values_attention(state, dim, context_dim, num_heads, head_dim, qkv_bias):
+    """Leaves a fully masked query row to the kernel's own behaviour: MLX's fused kernel gives it
+    uniform weights, the mean of the values."""
+    return _attention(state, num_heads, head_dim, "mean")

@@ -1,0 +1,120 @@
+"""Models a user might write, verified unmodified through ModelPort: a PyTorch ViT whose residual
+adds are in place (a tap kept by reference would be overwritten), and an MLX ViT whose softmax
+is its own module built on mx.exp (invisible to the softmax interception, so its weights are
+read through a tap override)."""
+
+import mlx.core as mx
+import mlx.nn as mnn
+import torch
+from torch import nn
+
+from conformance.capture import ModelPort
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.num_heads = c.num_heads
+        self.qkv = nn.Linear(c.embed_dim, 3 * c.embed_dim, bias=c.qkv_bias)
+        self.proj = nn.Linear(c.embed_dim, c.embed_dim)
+
+    def forward(self, x):
+        B, N, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        a = (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).softmax(-1)
+        return self.proj((a @ v).transpose(1, 2).reshape(B, N, D))
+
+
+class Mlp(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(c.embed_dim, c.mlp_hidden_dim), nn.GELU(), \
+            nn.Linear(c.mlp_hidden_dim, c.embed_dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(c.embed_dim, eps=c.norm_eps), nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
+        self.attn, self.mlp = Attention(c), Mlp(c)
+
+    def forward(self, x):
+        h = self.attn(self.norm1(x))
+        h += x  # in place: the attn tap's tensor becomes the residual sum
+        m = self.mlp(self.norm2(h))
+        m += h
+        return m
+
+
+class InplaceViT(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.patch_embed = nn.Module()
+        self.patch_embed.proj = nn.Conv2d(c.in_chans, c.embed_dim, c.patch_size, stride=c.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, c.num_tokens, c.embed_dim))
+        self.blocks = nn.ModuleList([Block(c) for _ in range(c.depth)])
+        self.norm = nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
+        self.head = nn.Linear(c.embed_dim, c.num_classes)
+
+    def forward(self, images):
+        x = self.patch_embed.proj(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1)
+        x += self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+inplace_port = ModelPort(InplaceViT, rename={}, supports={"global_pool": "token"})
+
+
+class ExpSoftmax(mnn.Module):
+    def __call__(self, logits):
+        e = mx.exp(logits - logits.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+
+class MLXBlock(mnn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.heads = c.num_heads
+        self.ln_attn, self.ln_ff = mnn.LayerNorm(c.embed_dim, eps=c.norm_eps), mnn.LayerNorm(c.embed_dim, eps=c.norm_eps)
+        self.to_qkv, self.to_out = mnn.Linear(c.embed_dim, 3 * c.embed_dim, bias=c.qkv_bias), \
+            mnn.Linear(c.embed_dim, c.embed_dim)
+        self.attend = ExpSoftmax()
+        self.ff_in, self.ff_out = mnn.Linear(c.embed_dim, c.mlp_hidden_dim), mnn.Linear(c.mlp_hidden_dim, c.embed_dim)
+
+    def __call__(self, x):
+        B, N, D = x.shape
+        q, k, v = self.to_qkv(self.ln_attn(x)).reshape(B, N, 3, self.heads, -1).transpose(2, 0, 3, 1, 4)
+        a = self.attend((q * q.shape[-1] ** -0.5) @ k.transpose(0, 1, 3, 2))
+        x = x + self.to_out((a @ v).transpose(0, 2, 1, 3).reshape(B, N, D))
+        return x + self.ff_out(mnn.gelu(self.ff_in(self.ln_ff(x))))
+
+
+class MLXViT(mnn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.stem = mnn.Conv2d(c.in_chans, c.embed_dim, c.patch_size, stride=c.patch_size)
+        self.cls, self.pos = mx.zeros((1, 1, c.embed_dim)), mx.zeros((1, c.num_tokens, c.embed_dim))
+        self.layers = [MLXBlock(c) for _ in range(c.depth)]
+        self.ln_out, self.classifier = mnn.LayerNorm(c.embed_dim, eps=c.norm_eps), mnn.Linear(c.embed_dim,
+                                                                                               c.num_classes)
+
+    def __call__(self, images):  # NHWC
+        x = self.stem(images)
+        x = x.reshape(x.shape[0], -1, x.shape[-1])
+        x = mx.concatenate([mx.broadcast_to(self.cls, (x.shape[0], 1, x.shape[2])), x], axis=1) + self.pos
+        for layer in self.layers:
+            x = layer(x)
+        return self.classifier(self.ln_out(x)[:, 0])
+
+
+RENAME = {"cls_token": "cls", "pos_embed": "pos", "patch_embed.proj": "stem", "blocks": "layers",
+          "norm1": "ln_attn", "norm2": "ln_ff", "attn.qkv": "to_qkv", "attn.proj": "to_out",
+          "mlp.fc1": "ff_in", "mlp.fc2": "ff_out", "norm": "ln_out", "head": "classifier"}
+own_softmax_port = ModelPort(MLXViT, rename=RENAME, images="NHWC", supports={"global_pool": "token"})

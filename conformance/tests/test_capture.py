@@ -1,0 +1,210 @@
+"""Models verified as their authors wrote them (conformance.capture): weights through the
+user's own mapping, every stage read from outside the model, what cannot be seen listed with
+its reason; the examples (timm, transformers, mlx-image, Flax NNX, the seed posts' ViTs) are
+verified unmodified and the buggy ones located at their bugs."""
+
+import base64
+import dataclasses
+import hashlib
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conformance.capture import LoadError, ModelPort, rename_function
+from conformance.profiles import heavy
+from conformance.support import Unsupported, build_config, supports_of
+from conformance.tests.test_verify import run_cli, user_dir  # noqa: F401 - the user's directory fixture
+from conformance.verify import Case, verify
+from impls import get_config, tap_names
+from weights import init_state
+
+DATA = Path(__file__).with_name("data")
+SMALL = dataclasses.replace(get_config("vit_test_token"), img_size=(16, 16), name="vit_test_token_square")
+
+# example -> the stage it is located at (None: conformant), and the stages it cannot show per block
+EXAMPLES = {
+    "timm_vit:port": (None, {"attn.weights"}),
+    "timm_vit:explicit": (None, set()),
+    "hf_vit:port": (None, {"attn.weights"}),
+    "hf_vit:model_port": (None, {"attn.weights"}),
+    "mlx_image_vit:port": (None, set()),
+    "nnx_vit:port": (None, {"attn.weights"}),
+    "nnx_vit:fast_variance_port": ("blocks.0.norm1", {"attn.weights"}),
+    "seed_mlx_vit:port": ("blocks.0.mlp.act", set()),
+    "seed_mlx_vit:shared_norm_port": ("blocks.0.norm2", set()),
+    "seed_einops_vit:port": ("blocks.0.attn.q", set()),
+}
+
+
+def example(name: str) -> ModelPort:
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(f"conformance.examples.{module}"), attr)
+
+
+def config_for(port, base=SMALL):
+    """``base`` moved inside what the port supports."""
+    return build_config(supports_of(port), base.to_dict() | {"name": None}) or base
+
+
+def quick_cases(config, seed=0):
+    """Three of verify's cases: ordinary and trained-like weights (massive activations, a common
+    offset: where a fast variance cancels), and a batch of 1."""
+    from conformance.strategies import TrainedLike, WeightCase, make_images
+
+    return [Case("ordinary images (batch 3)", make_images(config, 3, "ordinary", seed), WeightCase(seed, 1.0).make(config)),
+            Case("trained-like weights (batch 1)", make_images(config, 1, "ordinary", seed),
+                 TrainedLike(seed + 4).make(config)),
+            Case("offset 1000 (batch 3)", make_images(config, 3, "ordinary", seed),
+                 WeightCase(seed + 2, 4.0, 1000.0).make(config))]
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_each_example_is_verified_unmodified_and_located_at_its_bug(name):
+    port = example(name)
+    config = config_for(port)
+    report = verify(port, config, port=name, cases=quick_cases(config))
+    first, unseen_per_block = EXAMPLES[name]
+    assert report.first_divergence == first, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    assert report.conformant is (first is None)
+    unseen = {n.split(".", 2)[2] for n in report.unseen if n.startswith("blocks.")}
+    assert unseen == unseen_per_block, report.unseen
+    head_less = name == "hf_vit:model_port"
+    assert ({"pooled", "logits"} <= set(report.unseen)) is head_less
+    named = {s.name for s in report.stages} | set(report.unseen) | {f["stage"] for f in report.failures}
+    assert named >= set(tap_names(config)), "every stage checked, listed as unseen or a finding"
+    if first is not None:
+        assert report.separation(first) is None or report.separation(first) > 100
+
+
+def structure_of_vit_tiny():
+    """ViT-Ti's structure (12 blocks, 3 heads, class token: 125 stages) at a width the CPU runs in
+    no time; the stages a model shows depend on its structure, not its width."""
+    return dataclasses.replace(get_config("vit_tiny_patch16_224"), img_size=(32, 32), embed_dim=12, name=None)
+
+
+THIRD_PARTY = ["timm_vit:port", "hf_vit:port", "hf_vit:model_port", "mlx_image_vit:port",
+               # Flax builds eagerly, compiling each initializer: 6 s more; the structure rule is shared.
+               pytest.param("nnx_vit:port", marks=pytest.mark.skipif(not heavy(), reason="thorough profile: 6 s of XLA "
+                                                                                          "compiles for 12 more blocks"))]
+
+
+@pytest.mark.parametrize("name", THIRD_PARTY)
+def test_third_party_models_show_at_least_100_of_vit_tinys_125_stages(name):
+    config = structure_of_vit_tiny() if not heavy() else get_config("vit_tiny_patch16_224")
+    port = example(name)
+    config = config_for(port, config)
+    assert len(tap_names(config)) == 125
+    out = port(config, init_state(config, seed=0))(np.zeros((1, 3, *config.img_size), np.float32))
+    assert len(out) >= 100 and len(out) + len(out.unseen) == 125, (len(out), out.unseen)
+    assert all(reason for reason in out.unseen.values())
+
+
+def test_captured_taps_survive_a_model_that_adds_residuals_in_place(monkeypatch):
+    sys.path.insert(0, str(DATA))
+    try:
+        from user_models import inplace_port
+    finally:
+        sys.path.remove(str(DATA))
+    config = get_config("vit_test_token")
+    assert verify(inplace_port, config, cases=quick_cases(config)).conformant
+    # Companion: keep references instead of copies and `h += x` rewrites the attn tap.
+    import conformance.capture as capture
+
+    monkeypatch.setattr(capture._TorchAdapter, "copy", lambda self, x: x)
+    report = verify(inplace_port, config, cases=quick_cases(config))
+    assert report.first_divergence == "blocks.0.attn" and report.separation() > 1e6
+
+
+def test_a_tap_override_reads_a_stage_the_interception_cannot_see():
+    sys.path.insert(0, str(DATA))
+    try:
+        from user_models import own_softmax_port
+    finally:
+        sys.path.remove(str(DATA))
+    config = get_config("vit_test_token")
+    plain = verify(own_softmax_port, config, cases=quick_cases(config))
+    assert plain.conformant and set(plain.unseen) == {"blocks.0.attn.weights", "blocks.1.attn.weights"}
+    assert "no softmax" in plain.unseen["blocks.0.attn.weights"]
+    given = verify(own_softmax_port.with_taps({"blocks.{i}.attn.weights": "layers.{i}.attend"}), config,
+                   cases=quick_cases(config))
+    assert given.conformant and not given.unseen and "blocks.1.attn.weights" in {s.name for s in given.stages}
+    with pytest.raises(ValueError, match="no module 'layers.0.softmax'"):
+        own_softmax_port.with_taps({"blocks.{i}.attn.weights": "layers.{i}.softmax"})(config, init_state(config))
+
+
+def _mlx_example_port(**changes):
+    sys.path.insert(0, str(DATA))
+    try:
+        import mlx_user_port as u
+    finally:
+        sys.path.remove(str(DATA))
+    return ModelPort(u.MyViT, **({"rename": u.RENAME} | changes))
+
+
+@pytest.mark.parametrize("rename, message", [
+    ({"blocks": "blocks"}, "the mapping gives 24 key(s) the model does not have: 'blocks.0.ff_in.bias', "),
+    ({"mlp.fc1": "ff_out", "mlp.fc2": "ff_in"}, "shape mismatch(es): 'layers.0.ff_in.bias': mapped (24,), the model "
+                                                "has (96,)"),
+    ({"head": None}, None),
+    ({"pos_embed": None}, "the mapping drops canonical keys the model needs: pos_embed"),
+], ids=["missing-key", "wrong-shape", "head-dropped", "key-dropped"])
+def test_a_mapping_that_does_not_fit_is_a_load_finding_naming_keys_and_shapes(rename, message):
+    from conformance.tests.data.mlx_user_port import RENAME
+
+    port = _mlx_example_port(rename={**RENAME, **rename})
+    config = get_config("vit_test_token")
+    if message is None:  # the model's classifier left at its initial values: named, located at load
+        report = verify(port, config, cases=quick_cases(config))
+        assert any("do not fill, left at the model's initial values: classifier.bias, classifier.weight" in f["reason"]
+                   for f in report.failures), report.failures
+        assert report.first_divergence == "load" and not report.conformant
+        return
+    with pytest.raises(LoadError) as info:
+        port(config, init_state(config))
+    assert message in str(info.value)
+    report = verify(port, config, cases=quick_cases(config)[:1])
+    assert report.first_divergence == "load" and message in report.failures[0]["reason"]
+
+
+def test_rename_tables_rename_segments_and_block_patterns():
+    rename = rename_function({"blocks.{i}.norm1": "1.{i}.0.fn.0", "norm": "ln", "head": None})
+    assert rename("blocks.3.norm1.weight") == "1.3.0.fn.0.weight"
+    assert rename("norm.bias") == "ln.bias" and rename("blocks.0.norm2.bias") == "blocks.0.norm2.bias"
+    assert rename("head.weight") is None
+
+
+def test_a_config_outside_what_the_port_supports_is_refused_naming_the_option():
+    port = example("mlx_image_vit:port")
+    with pytest.raises(Unsupported, match=r"img_size=\(16, 24\) \(supported: square images only\)"):
+        verify(port, get_config("vit_test_token"))
+    with pytest.raises(Unsupported, match="global_pool='avg'"):
+        port(get_config("vit_test_avg"), init_state(get_config("vit_test_avg")))
+
+
+def test_the_vendored_mlx_image_file_is_the_published_one():
+    from conformance.examples import vendor
+
+    body = (Path(vendor.__file__).parent / "mlxim_vit.py").read_bytes()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+    assert digest == vendor.MLX_IMAGE_VIT_SHA256
+
+
+def test_cli_verifies_an_example_with_a_tap_override_and_an_attention_port(user_dir, tmp_path):  # noqa: F811
+    code, out = run_cli(user_dir, "--attention", "user_ports:correct_attention", "--json", str(tmp_path / "a.json"))
+    assert code == 0 and "CONFORMANT: all 2 stages" in out, out
+    assert json.loads((tmp_path / "a.json").read_text())["config"]["num_heads"] == 2
+    code, out = run_cli(user_dir, "--attention", "user_ports:mean_of_values_attention", "--json",
+                        str(tmp_path / "b.json"))
+    assert code == 1 and json.loads((tmp_path / "b.json").read_text())["first_divergence"] == "attn.weights", out
+    code, out = run_cli(user_dir, "conformance.examples.seed_einops_vit:port", "--config",
+                        json.dumps(config_for(example("seed_einops_vit:port")).to_dict()),
+                        "--tap", "blocks.{i}.mlp.act=1.{i}.1.fn.1.1", "--json", str(tmp_path / "c.json"))
+    report = json.loads((tmp_path / "c.json").read_text())
+    assert code == 1 and report["first_divergence"] == "blocks.0.attn.q", out
+    assert report["sources"]["blocks.0.mlp.act"] == "output of 1.0.1.fn.1.1", report["sources"]
+    code, out = run_cli(user_dir, "conformance.examples.mlx_image_vit:port")
+    assert code == 2 and "img_size=(16, 24) (supported: square images only)" in out, out
