@@ -106,19 +106,15 @@ def _common_module(paths) -> str | None:
 # ----------------------------------------------------------------------------- frameworks
 
 def framework_of(model) -> str:
-    mod = type(model).__module__
-    try:
-        import torch
-
-        if isinstance(model, torch.nn.Module):
-            return "torch"
-    except ImportError:
-        pass
-    if "mlx" in mod or any("mlx" in c.__module__ for c in type(model).__mro__):
+    """The framework of a model object, from its class hierarchy (no framework is imported)."""
+    modules = [c.__module__ for c in type(model).__mro__]
+    if any(m.startswith("torch.nn") for m in modules):
+        return "torch"
+    if any(m.startswith("mlx.nn") for m in modules):
         return "mlx"
-    if any(c.__module__.startswith("flax.nnx") for c in type(model).__mro__):
+    if any(m.startswith("flax.nnx") for m in modules):
         return "nnx"
-    if any(c.__module__.startswith("flax.linen") for c in type(model).__mro__):
+    if any(m.startswith("flax.linen") for m in modules):
         raise TypeError("Flax linen modules are not supported as model ports: wrap the model in a port factory "
                         "(make(config, state) -> forward) or write it with Flax NNX")
     raise TypeError(f"a model port needs a PyTorch, MLX or Flax NNX module, got {type(model).__name__}")
@@ -403,10 +399,13 @@ class _NNXAdapter(_SwapAdapter):
         return {".".join(map(str, p)): n for p, n in nnx.iter_graph(self.model) if isinstance(n, nnx.Param)}
 
     def params(self):
-        return {k: tuple(v[...].shape) for k, v in self._params().items()}
+        return {k: tuple(v.get_value().shape) for k, v in self._params().items()}
 
     def current(self, key):
-        return np.asarray(self._params()[key][...], np.float32)
+        value = self._params()[key].get_value()
+        if not hasattr(value, "__array__"):  # built with nnx.eval_shape: nothing to keep
+            raise LoadError(f"the model was built abstractly (nnx.eval_shape) and the mapping leaves {key!r} unfilled")
+        return np.asarray(value, np.float32)
 
     def transposed_linear(self, kind):
         return kind == "Linear"  # nnx.Linear's kernel is (in, out)

@@ -53,7 +53,9 @@ def _modules(fast_variance=False):
 
 
 def build(config, fast_variance=False):
-    return _modules(fast_variance)(config, nnx.Rngs(0))
+    # Abstract, as Flax's checkpoint-restore recipe builds a model: shapes only, no initializer
+    # run (eagerly each would compile); every parameter comes from the checkpoint.
+    return nnx.eval_shape(lambda: _modules(fast_variance)(config, nnx.Rngs(0)))
 
 
 def _name(key):

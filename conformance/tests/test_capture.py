@@ -17,7 +17,6 @@ import pytest
 from conformance.capture import LoadError, ModelPort, rename_function
 from conformance.profiles import heavy
 from conformance.support import Unsupported, build_config, supports_of
-from conformance.tests.test_verify import run_cli, user_dir  # noqa: F401 - the user's directory fixture
 from conformance.verify import Case, verify
 from impls import get_config, tap_names
 from weights import init_state
@@ -193,18 +192,32 @@ def test_the_vendored_mlx_image_file_is_the_published_one():
     assert digest == vendor.MLX_IMAGE_VIT_SHA256
 
 
-def test_cli_verifies_an_example_with_a_tap_override_and_an_attention_port(user_dir, tmp_path):  # noqa: F811
-    code, out = run_cli(user_dir, "--attention", "user_ports:correct_attention", "--json", str(tmp_path / "a.json"))
-    assert code == 0 and "CONFORMANT: all 2 stages" in out, out
-    assert json.loads((tmp_path / "a.json").read_text())["config"]["num_heads"] == 2
-    code, out = run_cli(user_dir, "--attention", "user_ports:mean_of_values_attention", "--json",
-                        str(tmp_path / "b.json"))
-    assert code == 1 and json.loads((tmp_path / "b.json").read_text())["first_divergence"] == "attn.weights", out
-    code, out = run_cli(user_dir, "conformance.examples.seed_einops_vit:port", "--config",
-                        json.dumps(config_for(example("seed_einops_vit:port")).to_dict()),
-                        "--tap", "blocks.{i}.mlp.act=1.{i}.1.fn.1.1", "--json", str(tmp_path / "c.json"))
+def cli(capsys, *args):
+    """``python -m conformance verify ARGS`` in this process (test_verify runs it as a subprocess)."""
+    from conformance.cli import main
+
+    code = main(["verify", *args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_cli_verifies_an_attention_port_and_an_example_with_a_tap_override(capsys, tmp_path):
+    sys.path.insert(0, str(DATA))
+    try:
+        code, out = cli(capsys, "--attention", "user_ports:correct_attention", "--json", str(tmp_path / "a.json"))
+        assert code == 0 and "CONFORMANT: all 2 stages" in out, out
+        assert json.loads((tmp_path / "a.json").read_text())["config"]["num_heads"] == 2
+        code, out = cli(capsys, "--attention", "user_ports:mean_of_values_attention", "--json", str(tmp_path / "b.json"))
+        assert code == 1 and json.loads((tmp_path / "b.json").read_text())["first_divergence"] == "attn.weights", out
+    finally:
+        sys.path.remove(str(DATA))
+    code, out = cli(capsys, "conformance.examples.seed_einops_vit:port", "--config",
+                    json.dumps(config_for(example("seed_einops_vit:port")).to_dict()),
+                    "--tap", "blocks.{i}.mlp.act=1.{i}.1.fn.1.1", "--json", str(tmp_path / "c.json"))
     report = json.loads((tmp_path / "c.json").read_text())
     assert code == 1 and report["first_divergence"] == "blocks.0.attn.q", out
     assert report["sources"]["blocks.0.mlp.act"] == "output of 1.0.1.fn.1.1", report["sources"]
-    code, out = run_cli(user_dir, "conformance.examples.mlx_image_vit:port")
+    code, out = cli(capsys, "conformance.examples.mlx_image_vit:port")
     assert code == 2 and "img_size=(16, 24) (supported: square images only)" in out, out
+    code, out = cli(capsys, "torch", "--tap", "norm=x")
+    assert code == 2 and "--tap applies to a ModelPort" in out, out

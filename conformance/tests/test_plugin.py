@@ -13,24 +13,28 @@ import pytest
 DATA = Path(__file__).with_name("data") / "user_ports.py"
 MAIN = "test_every_tap_of_every_port_matches_the_oracle"
 NORMS = "test_each_layernorm_is_used_where_it_belongs"
+TIMM = "test_port_equals_timm_at_every_stage"
+GIVEN = ("correct", "shared_norm", "logits_only", "single_config", "single_config_shared_norm")
 
 
-def run_pytest(cwd, *args):
+def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}"):
     env = dict(os.environ, PYTHONPATH=str(cwd))
     env.pop("HYPOTHESIS_PROFILE", None)
     cmd = [sys.executable, "-m", "pytest", "--pyargs", "conformance.tests", "-p", "no:cacheprovider", "-q",
-           "--hypothesis-profile=zoo", "-k", f"{MAIN} or {NORMS}", *args]
+           "--hypothesis-profile=zoo", *(["-k", select] if select else []), *args]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
 def given_only(tmp_path_factory):
-    """One run from a directory outside the project, of three user ports and no built-in one."""
+    """One run from a directory outside the project, of five user ports and no built-in one: two
+    of them written for one config (and declaring it), and the timm comparison over presets."""
     d = tmp_path_factory.mktemp("elsewhere")
     shutil.copy(DATA, d / "user_ports.py")
     code, out = run_pytest(d, "--only-given-ports", "-rs", f"--junitxml={d / 'r.xml'}",
-                           *[a for p in ("correct", "shared_norm", "logits_only") for a in ("--port", f"user_ports:{p}")])
+                           *[a for p in GIVEN for a in ("--port", f"user_ports:{p}")],
+                           select=f"{MAIN} or {NORMS} or ({TIMM} and project_init)")
     outcome = {}
     for case in ET.parse(d / "r.xml").getroot().iter("testcase"):
         status = "failed" if case.find("failure") is not None else "skipped" if case.find("skipped") is not None else "passed"
@@ -62,7 +66,40 @@ def test_a_logits_only_port_is_checked_end_to_end_and_tap_properties_are_skipped
 
 def test_only_given_ports_leaves_the_builtin_ones_out(given_only):
     _, _, _, outcome = given_only
-    assert set(outcome) == {f"{t}[user_ports:{p}]" for t in (MAIN, NORMS) for p in ("correct", "shared_norm", "logits_only")}
+    assert {name for name in outcome if not name.startswith(TIMM)} == {
+        f"{t}[user_ports:{p}]" for t in (MAIN, NORMS) for p in GIVEN}
+    assert all("[user_ports:" in name for name in outcome)
+
+
+def test_a_port_written_for_one_config_is_judged_on_it_and_others_are_reported_unsupported(given_only):
+    """Drawn configs move to the one it declares: the correct port passes, its shared-norm twin
+    fails only what concerns the norm; each other preset is a skip naming the option."""
+    _, _, out, outcome = given_only
+    mine = {name: status for name, status in outcome.items() if "user_ports:single_config" in name}
+    assert {n for n, s in mine.items() if s == "failed"} == {
+        f"{MAIN}[user_ports:single_config_shared_norm]", f"{NORMS}[user_ports:single_config_shared_norm]",
+        f"{TIMM}[user_ports:single_config_shared_norm-vit_test_token-project_init]"}, out
+    assert mine[f"{TIMM}[user_ports:single_config-vit_test_token-project_init]"] == "passed"
+    assert mine[f"{MAIN}[user_ports:single_config]"] == mine[f"{NORMS}[user_ports:single_config]"] == "passed"
+    assert f"{TIMM}[user_ports:single_config-vit_test_avg-project_init]" in mine
+    assert mine[f"{TIMM}[user_ports:single_config-vit_test_avg-project_init]"] == "skipped"
+    assert "config not supported by the port: img_size=(20, 12) (supported: (16, 24)); the port supports only " \
+           "vit_test_token" in out
+
+
+def test_only_given_ports_deselects_the_projects_own_tests(given_only):
+    d = given_only[0]
+    code, out = run_pytest(d, "--only-given-ports", "--port", "user_ports:correct", "--attention-port",
+                           "user_ports:correct_attention", "--collect-only", select=None)
+    assert code == 0, out
+    collected = [line for line in out.splitlines() if "::" in line]
+    assert collected and all("[user_ports:correct" in line for line in collected), collected[:5]
+    assert "test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights[user_ports:correct_attention" \
+           in out
+    import re
+
+    deselected = int(re.search(r"(\d+) deselected", out).group(1))
+    assert deselected > 200, out[-300:]
 
 
 def test_given_ports_run_beside_the_builtin_ones_by_default(given_only):
