@@ -267,19 +267,19 @@ def format_report(report: Report) -> str:
 
 
 def summarize_stages(stages: Mapping[str, str], label: str) -> list[str]:
-    """One line per reason, the blocks folded: 'unseen: blocks.{0..11}.attn.weights: computed inside ...'."""
+    """One line per reason, blocks folded: 'unseen: blocks.{0..11}.attn.weights: computed inside ...'."""
     import re
 
-    groups: dict[tuple[str, str], list[str]] = {}
+    patterns: dict[tuple[str, str], list[str]] = {}
     for stage, reason in stages.items():
         m = re.match(r"blocks\.(\d+)\.?(.*)", stage)
         key = (f"blocks.{{i}}.{m.group(2)}".rstrip(".") if m else stage, reason)
-        groups.setdefault(key, []).append(m.group(1) if m else "")
-    lines = []
-    for (pattern, reason), blocks in groups.items():
+        patterns.setdefault(key, []).append(m.group(1) if m else "")
+    by_reason: dict[str, list[str]] = {}
+    for (pattern, reason), blocks in patterns.items():
         where = pattern.replace("{i}", blocks[0] if len(blocks) == 1 else f"{{{blocks[0]}..{blocks[-1]}}}")
-        lines.append(f"{label}: {where}: {reason}")
-    return lines
+        by_reason.setdefault(reason, []).append(where)
+    return [f"{label}: {', '.join(wheres)}: {reason}" for reason, wheres in by_reason.items()]
 
 
 def plot_report(report: Report, path: str | Path) -> None:

@@ -138,10 +138,10 @@ def test_a_tap_override_reads_a_stage_the_interception_cannot_see():
 def _mlx_example_port(**changes):
     sys.path.insert(0, str(DATA))
     try:
-        import mlx_user_port as u
+        import my_port
     finally:
         sys.path.remove(str(DATA))
-    return ModelPort(u.MyViT, **({"rename": u.RENAME} | changes))
+    return dataclasses.replace(my_port.port, **changes)
 
 
 @pytest.mark.parametrize("rename, message", [
@@ -152,9 +152,8 @@ def _mlx_example_port(**changes):
     ({"pos_embed": None}, "the mapping drops canonical keys the model needs: pos_embed"),
 ], ids=["missing-key", "wrong-shape", "head-dropped", "key-dropped"])
 def test_a_mapping_that_does_not_fit_is_a_load_finding_naming_keys_and_shapes(rename, message):
-    from conformance.tests.data.mlx_user_port import RENAME
-
-    port = _mlx_example_port(rename={**RENAME, **rename})
+    port = _mlx_example_port()
+    port = dataclasses.replace(port, rename={**port.rename, **rename})
     config = get_config("vit_test_token")
     if message is None:  # the model's classifier left at its initial values: named, located at load
         report = verify(port, config, cases=quick_cases(config))

@@ -3,6 +3,7 @@ user ports written outside the project; a misbehaving port is a finding, never a
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -130,7 +131,7 @@ def test_builtin_ports_pass_verify(framework_port):
     assert [s.name for s in report.stages] == tap_names(CONFIG)
 
 
-README_PORT = Path(__file__).with_name("data") / "mlx_user_port.py"
+EXAMPLE = {name: Path(__file__).with_name("data") / name for name in ("my_vit.py", "my_port.py")}
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -151,15 +152,32 @@ def test_verify_in_low_precision_catches_a_softmax_without_its_max():
     assert report.first_divergence == "blocks.0.attn.weights" and not report.conformant
 
 
-def test_the_docs_example_port_is_this_tested_file_and_conforms():
-    docs = (Path(__file__).parents[2] / "docs" / "verify.md").read_text()
-    assert README_PORT.read_text().strip() in docs, "docs/verify.md's example port differs from tests/data/mlx_user_port.py"
-    sys.path.insert(0, str(README_PORT.parent))
-    try:
-        report = verify(load_factory("mlx_user_port:make"), CONFIG, port="mlx_user_port:make")
-    finally:
-        sys.path.remove(str(README_PORT.parent))
-    assert report.conformant and [s.name for s in report.stages] == ["logits"], report.failures
+def _python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+
+
+def test_the_readme_example_verifies_an_unmodified_model_and_locates_its_shared_norm(tmp_path):
+    """README's and docs/verify.md's example files are these tested ones. The model file as
+    written conforms (every stage but the weights inside MLX's fused attention); the same file
+    with a block that reuses its first norm is located at blocks.0.norm2, the port unchanged."""
+    root = Path(__file__).parents[2]
+    blocks = _python_blocks(root / "README.md") + _python_blocks(root / "docs" / "verify.md")
+    for path in EXAMPLE.values():
+        assert path.read_text() in blocks, f"README.md or docs/verify.md no longer shows {path.name} as it is tested"
+    for path in EXAMPLE.values():
+        shutil.copy(path, tmp_path / path.name)
+    code, out = run_cli(tmp_path, "my_port:port", "--json", str(tmp_path / "ok.json"))
+    report = json.loads((tmp_path / "ok.json").read_text())
+    assert code == 0 and len(report["stages"]) == 23 and set(report["unseen"]) == {
+        "blocks.0.attn.weights", "blocks.1.attn.weights"}, out
+    model = (tmp_path / "my_vit.py").read_text()
+    buggy = model.replace("self.ff_in(self.ln_ff(x))", "self.ff_in(self.ln_attn(x))")
+    assert buggy != model
+    (tmp_path / "my_vit.py").write_text(buggy)
+    code, out = run_cli(tmp_path, "my_port:port", "--json", str(tmp_path / "bug.json"))
+    report = json.loads((tmp_path / "bug.json").read_text())
+    assert code == 1 and report["first_divergence"] == "blocks.0.norm2", out
+    assert "the module 'layers.0.ln_ff' that holds its weights was never called" in out
 
 
 # ----------------------------------------------------------------------------- no false alarms
