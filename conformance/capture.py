@@ -581,7 +581,7 @@ class Source:
     part: str = ""  # for "attn": q, k, v, weights; for a qkv projection: q, k, v
     shape: str = ""  # "", "patches", "heads", "qkv"
     block: int | None = None
-    note: str = ""
+    fallback: tuple[str, str] | None = None  # for q, k, v: ("heads", a q/k/v projection) or ("qkv", fused)
 
 
 @dataclass
@@ -596,6 +596,8 @@ class Plan:
             if s.kind in ("in", "out"):
                 w = out.setdefault(s.path, [False, False])
                 w[0 if s.kind == "in" else 1] = True
+            if s.fallback is not None:
+                out.setdefault(s.fallback[1], [False, False])[1] = True
         return {p: (w[0], w[1]) for p, w in out.items()}
 
 
@@ -603,7 +605,7 @@ def _override(spec: str) -> Source:
     path, _, side = spec.partition(":")
     if side not in ("", "in", "out"):
         raise ValueError(f"tap override {spec!r}: the side after ':' must be 'in' or 'out'")
-    return Source("in" if side == "in" else "out", path, note="given by the user")
+    return Source("in" if side == "in" else "out", path)
 
 
 def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Mapping[str, Any],
@@ -632,7 +634,7 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
             plan.sources[stage] = source
 
     m = one("patch_embed.proj", "patch_embed")
-    put("patch_embed", m is not None and Source("out", m, shape="patches") or None)
+    put("patch_embed", Source("out", m, shape="patches") if m is not None else None)
     block_paths = []
     for i in range(config.depth):
         keys = [k for k in key_map if k.startswith(f"blocks.{i}.")]
@@ -655,9 +657,9 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
             if block_paths[i] is None:
                 plan.unseen[f"{b}.attn.{part}"] = "the block has no module of its own"
             elif len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)
-                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, note=f"out:{qkv[n]}")
+                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, fallback=("heads", qkv[n]))
             elif len(qkv) == 1:
-                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, note=f"qkv:{qkv[0]}")
+                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, fallback=("qkv", qkv[0]))
             else:
                 plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i)
         if block_paths[i] is not None:
@@ -897,8 +899,8 @@ class CapturedForward:
             what = {"q": "the left operand of q kᵀ (before any scalar scale)", "k": "the right operand of q kᵀ",
                     "v": "the right operand of weights · v"}[part]
             return self._heads4(self.adapter.numpy(slot[product]), c.head_dim), what
-        kind, _, path = source.note.partition(":")
-        if kind == "out" and path in rec.outputs:
+        kind, path = source.fallback or ("", "")
+        if kind == "heads" and path in rec.outputs:
             return _heads(self.adapter.numpy(self._array(rec.outputs[path], stage)), c), f"output of {path}, heads split"
         if kind == "qkv" and path in rec.outputs:
             x = self.adapter.numpy(self._array(rec.outputs[path], stage))

@@ -220,3 +220,20 @@ def test_cli_verifies_an_attention_port_and_an_example_with_a_tap_override(capsy
     assert code == 2 and "img_size=(16, 24) (supported: square images only)" in out, out
     code, out = cli(capsys, "torch", "--tap", "norm=x")
     assert code == 2 and "--tap applies to a ModelPort" in out, out
+
+
+def test_without_interception_q_k_v_come_from_the_projections(monkeypatch):
+    """Where no attention call or product is seen (an operator the capture cannot wrap), q, k,
+    v are read from separate projections with the heads split, or from a fused qkv split as
+    timm's (3, H, hd); the weights are then unseen."""
+    import conformance.capture as capture
+
+    monkeypatch.setattr(capture._MLXAdapter, "patches", lambda self, recorder: [])
+    for name, where in (("mlx_image_vit:port", "output of encoder.layers.0.self_attention.query_proj, heads split"),
+                        ("seed_mlx_vit:port", "output of blocks.0.mhsa.qkv split as timm's (3, H, hd)")):
+        port = example(name)
+        config = config_for(port)
+        report = verify(port, config, cases=quick_cases(config)[:1])
+        assert report.sources["blocks.0.attn.q"].startswith(where), report.sources["blocks.0.attn.q"]
+        assert "no softmax" in report.unseen["blocks.0.attn.weights"]
+        assert report.first_divergence == EXAMPLES[name][0]

@@ -184,3 +184,10 @@ def mean_of_values_attention(state, dim, context_dim, num_heads, head_dim, qkv_b
     """Leaves a fully masked query row to the kernel's own behaviour: MLX's fused kernel gives it
     uniform weights, the mean of the values."""
     return _attention(state, num_heads, head_dim, "mean")
+
+
+def strict_load_fails(config, state):
+    """A strict load that fails: torch's message names the missing key on its second line."""
+    import torch
+
+    torch.nn.Linear(2, 2).load_state_dict({"weight": torch.zeros(2, 2)}, strict=True)
