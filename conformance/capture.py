@@ -132,25 +132,22 @@ class _Adapter:
         raise NotImplementedError
 
     def native(self, key: str, value: np.ndarray, shape: tuple) -> np.ndarray:
-        """The canonical ``value`` in the layout of the model's ``key`` (by module type)."""
-        if value.shape == tuple(shape):
-            return value
+        """The canonical ``value`` in the layout of the model's ``key``: by the receiving
+        module's type, always (a square kernel fits either way, so shapes cannot decide), then
+        size-1 axes by shape (``pos_embed`` (1, N, D) into a (N, D) parameter)."""
         module = self.modules().get(_module_of(key))
-        kind = type(module).__name__
-        if value.ndim == 4 and kind.startswith("Conv"):
-            for perm in self.conv_layouts:
-                if value.transpose(perm).shape == tuple(shape):
-                    return np.ascontiguousarray(value.transpose(perm))
-        if value.ndim == 2 and value.T.shape == tuple(shape) and self.transposed_linear(kind):
-            return np.ascontiguousarray(value.T)
-        if value.size == int(np.prod(shape)) and [d for d in value.shape if d != 1] == [d for d in shape if d != 1]:
-            return value.reshape(shape)  # size-1 axes only, e.g. pos_embed (1, N, D) -> (N, D)
+        value = self.by_type(type(module).__name__, key.rpartition(".")[2], value)
+        if value.shape != tuple(shape) and value.size == int(np.prod(shape)) and \
+                [d for d in value.shape if d != 1] == [d for d in shape if d != 1]:
+            value = value.reshape(shape)
         return value
 
-    conv_layouts: tuple = ()
+    def by_type(self, kind: str, leaf: str, value: np.ndarray) -> np.ndarray:
+        return value  # PyTorch: the canonical layouts are its own
 
-    def transposed_linear(self, kind: str) -> bool:
-        return False
+    def resolve(self, key: str, params: Mapping) -> str:
+        """The model's name for a renamed key (Flax calls a weight kernel or scale)."""
+        return key
 
 
 class _TorchAdapter(_Adapter):
@@ -300,7 +297,10 @@ def _wrapped(fn, on_call):
 
 class _MLXAdapter(_SwapAdapter):
     name = "mlx"
-    conv_layouts = ((0, 2, 3, 1),)  # OIHW -> OHWI
+
+    def by_type(self, kind, leaf, value):
+        return np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if kind.startswith("Conv") and value.ndim == 4 \
+            else value  # OIHW -> OHWI
 
     def __init__(self, model):
         super().__init__(model)
@@ -382,7 +382,21 @@ class _MLXAdapter(_SwapAdapter):
 
 class _NNXAdapter(_SwapAdapter):
     name = "nnx"
-    conv_layouts = ((2, 3, 1, 0),)  # OIHW -> HWIO
+
+    def by_type(self, kind, leaf, value):
+        if kind == "Conv" and leaf == "kernel" and value.ndim == 4:
+            return np.ascontiguousarray(value.transpose(2, 3, 1, 0))  # OIHW -> HWIO
+        if kind == "Linear" and leaf == "kernel" and value.ndim == 2:
+            return np.ascontiguousarray(value.T)  # (out, in) -> (in, out)
+        return value
+
+    def resolve(self, key, params):
+        if key in params or not key.endswith(".weight"):
+            return key
+        for leaf in ("kernel", "scale"):
+            if key[:-len("weight")] + leaf in params:
+                return key[:-len("weight")] + leaf
+        return key
 
     def __init__(self, model):
         from flax import nnx
@@ -407,15 +421,13 @@ class _NNXAdapter(_SwapAdapter):
             raise LoadError(f"the model was built abstractly (nnx.eval_shape) and the mapping leaves {key!r} unfilled")
         return np.asarray(value, np.float32)
 
-    def transposed_linear(self, kind):
-        return kind == "Linear"  # nnx.Linear's kernel is (in, out)
-
     def load(self, arrays, dtype):
         import jax.numpy as jnp
 
         params = self._params()
         for key, value in arrays.items():
-            params[key].set_value(jnp.asarray(np.asarray(value, np.float32)).astype(getattr(jnp, dtype)))
+            value = jnp.asarray(np.asarray(value, np.float32))
+            params[key].set_value(value if dtype == "float32" else value.astype(getattr(jnp, dtype)))
 
     def to_input(self, images, dtype):
         import jax.numpy as jnp
@@ -779,6 +791,7 @@ class ModelPort:
                 mk = rename(k)
                 if mk is None:
                     continue
+                mk = adapter.resolve(mk, params)
                 if mk in arrays:
                     raise LoadError(f"the rename sends two canonical keys to {mk!r} (the second is {k!r})")
                 arrays[mk] = adapter.native(mk, np.asarray(v), params.get(mk, np.shape(v)))

@@ -93,31 +93,42 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """A fixed config (a preset parameter) outside what the port supports is reported as such."""
-    from conformance.support import Unsupported
+    """A fixed config (a preset parameter) outside what the port supports is reported as such,
+    and so is a property whose every drawn config leaves it (non-square grids for a port of
+    square images only)."""
+    from hypothesis.errors import Unsatisfiable
+
+    from conformance.support import Unsupported, describe
 
     try:
         return (yield)
     except Unsupported as e:
         pytest.skip(str(e))
+    except Unsatisfiable:
+        supports = _supports(pyfuncitem.callspec.params.get("port")) if hasattr(pyfuncitem, "callspec") else None
+        if supports is None:
+            raise
+        pytest.skip(f"no config this property draws is one the port supports ({describe(supports)})")
+
+
+def _supports(port):
+    from conformance.support import supports_of
+    from impls import load_factory
+
+    if port is None:
+        return None
+    try:
+        return supports_of(load_factory(port))
+    except (ImportError, ValueError):
+        return None  # the test itself reports a port that does not load
 
 
 @pytest.fixture(autouse=True)
 def _vit_port_supports(request):
     """Drawn configs stay inside what the test's port declares it supports (conformance.support)."""
     from conformance import strategies
-    from conformance.support import supports_of
 
-    port = getattr(getattr(request.node, "callspec", None), "params", {}).get("port")
-    supports = None
-    if port is not None:
-        from impls import load_factory
-
-        try:
-            supports = supports_of(load_factory(port))
-        except (ImportError, ValueError):
-            supports = None  # the test itself reports a port that does not load
-    strategies.set_supports(supports)
+    strategies.set_supports(_supports(getattr(getattr(request.node, "callspec", None), "params", {}).get("port")))
     yield
     strategies.set_supports(None)
 

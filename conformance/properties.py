@@ -19,10 +19,10 @@ import numpy as np
 from einops import rearrange
 
 from conformance import error_model as E
-from conformance.compare import compare_outputs, compare_stage, describe_failures, error, ratio_over_bound
+from conformance.compare import StageResult, compare_outputs, compare_stage, describe_failures, error, ratio_over_bound
 from conformance.tolerances import tolerance
 from impls import numpy_vit as oracle_impl
-from impls.config import ViTConfig
+from impls.config import ViTConfig, tap_names
 
 
 class PropertyFailure(AssertionError):
@@ -165,6 +165,12 @@ def run_model(port: str, make: Callable, case: ModelCase, images=None, state=Non
 
 def _needs(out: Mapping, *names: str) -> None:
     missing = [n for n in names if n not in out]
+    found = {stage: why for stage, why in getattr(out, "findings", ()) if stage in missing}
+    if found:  # a model port that could not produce the stage: its module never ran
+        stage, why = next(iter(found.items()))
+        failure = PropertyFailure(f"{stage}: {why}")
+        failure.stage = stage
+        raise failure
     if missing:
         raise NotApplicable(f"needs taps {missing}")
 
@@ -220,6 +226,12 @@ def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
     """Every stage the port emits (at least the logits) is within tolerance of the oracle."""
     out = run_model(port, make, case)
     results = compare_outputs(out, case.error_model(), dtype=case.dtype)
+    # A model port's findings (a module that holds a stage's weights and never ran, parameters
+    # the checkpoint leaves unfilled) are failed stages in their place.
+    names = tap_names(case.config)
+    for stage, why in getattr(out, "findings", ()):
+        results.append(StageResult(stage, None, None, None, 0.0, False, why, "end-to-end"))
+    results.sort(key=lambda r: names.index(r.name) if r.name in names else len(names))  # load last, as in verify
     if any(not r.ok for r in results):
         raise PropertyFailure(describe_failures(results, port, **case.describe()))
     return results

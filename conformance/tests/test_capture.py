@@ -237,3 +237,19 @@ def test_without_interception_q_k_v_come_from_the_projections(monkeypatch):
         assert report.sources["blocks.0.attn.q"].startswith(where), report.sources["blocks.0.attn.q"]
         assert "no softmax" in report.unseen["blocks.0.attn.weights"]
         assert report.first_divergence == EXAMPLES[name][0]
+
+
+def test_a_rename_converts_layouts_by_module_type_even_where_shapes_cannot_tell():
+    """A square Flax kernel (to_out, D x D) fits transposed or not, and so does an MLX conv
+    weight when in_chans equals the patch size; the receiving module's type decides. The MLX
+    model's rename table serves a Flax NNX model too (weight -> kernel or scale)."""
+    sys.path.insert(0, str(DATA))
+    try:
+        from user_models import nnx_port, own_softmax_port
+    finally:
+        sys.path.remove(str(DATA))
+    config = dataclasses.replace(get_config("vit_test_token"), img_size=(9, 12), patch_size=(3, 3), name=None)
+    for port in (nnx_port, own_softmax_port):
+        report = verify(port, config, cases=quick_cases(config)[1:2])
+        assert report.conformant, (report.failures, [s for s in report.stages if not s.ok][:2])
+        assert len(report.stages) >= 23

@@ -118,3 +118,59 @@ RENAME = {"cls_token": "cls", "pos_embed": "pos", "patch_embed.proj": "stem", "b
           "norm1": "ln_attn", "norm2": "ln_ff", "attn.qkv": "to_qkv", "attn.proj": "to_out",
           "mlp.fc1": "ff_in", "mlp.fc2": "ff_out", "norm": "ln_out", "head": "classifier"}
 own_softmax_port = ModelPort(MLXViT, rename=RENAME, images="NHWC", supports={"global_pool": "token"})
+
+
+def _nnx_vit():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    class NNXBlock(nnx.Module):
+        def __init__(self, c, rngs):
+            D = c.embed_dim
+            self.heads = c.num_heads
+            self.ln_attn = nnx.LayerNorm(D, epsilon=c.norm_eps, use_fast_variance=False, rngs=rngs)
+            self.ln_ff = nnx.LayerNorm(D, epsilon=c.norm_eps, use_fast_variance=False, rngs=rngs)
+            self.to_qkv = nnx.Linear(D, 3 * D, use_bias=c.qkv_bias, rngs=rngs)
+            self.to_out = nnx.Linear(D, D, rngs=rngs)  # square: its kernel fits transposed or not
+            self.ff_in, self.ff_out = nnx.Linear(D, c.mlp_hidden_dim, rngs=rngs), nnx.Linear(c.mlp_hidden_dim, D,
+                                                                                             rngs=rngs)
+
+        def __call__(self, x):
+            B, N, D = x.shape
+            q, k, v = self.to_qkv(self.ln_attn(x)).reshape(B, N, 3, self.heads, -1).transpose(2, 0, 3, 1, 4)
+            a = jax.nn.softmax(jnp.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5, axis=-1)
+            x = x + self.to_out(jnp.einsum("bhqk,bhkd->bhqd", a, v).transpose(0, 2, 1, 3).reshape(B, N, D))
+            return x + self.ff_out(nnx.gelu(self.ff_in(self.ln_ff(x)), approximate=False))
+
+    class NNXViT(nnx.Module):
+        def __init__(self, c):
+            rngs = nnx.Rngs(0)
+            self.stem = nnx.Conv(c.in_chans, c.embed_dim, c.patch_size, strides=c.patch_size, padding="VALID",
+                                 rngs=rngs)
+            self.cls = nnx.Param(jnp.zeros((1, 1, c.embed_dim)))
+            self.pos = nnx.Param(jnp.zeros((1, c.num_tokens, c.embed_dim)))
+            self.layers = nnx.List([NNXBlock(c, rngs) for _ in range(c.depth)])
+            self.ln_out = nnx.LayerNorm(c.embed_dim, epsilon=c.norm_eps, use_fast_variance=False, rngs=rngs)
+            self.classifier = nnx.Linear(c.embed_dim, c.num_classes, rngs=rngs)
+
+        def __call__(self, images):  # NHWC
+            x = self.stem(images)
+            x = x.reshape(x.shape[0], -1, x.shape[-1])
+            x = jnp.concatenate([jnp.broadcast_to(self.cls[...], (x.shape[0], 1, x.shape[2])), x], 1) + self.pos[...]
+            for layer in self.layers:
+                x = layer(x)
+            return self.classifier(self.ln_out(x)[:, 0])
+
+    return NNXViT
+
+
+# The MLX model's rename table serves the Flax one: layouts and Flax's kernel/scale names follow
+# the receiving modules.
+def _build_nnx(config):
+    from flax import nnx
+
+    return nnx.eval_shape(lambda: _nnx_vit()(config))  # shapes only: every parameter comes from the mapping
+
+
+nnx_port = ModelPort(_build_nnx, rename=RENAME, images="NHWC", supports={"global_pool": "token"})
