@@ -277,7 +277,7 @@ class _SwapAdapter(_Adapter):
         finally:
             for owner, attr, old in saved:
                 setattr(owner, attr, old)
-            for module, cls in swapped:
+            for module, cls in reversed(swapped):  # a module shared by two paths was swapped twice
                 module.__class__ = cls
 
     def call(self, inputs):
@@ -371,8 +371,14 @@ class _MLXAdapter(_SwapAdapter):
             if recorder.block is not None:
                 recorder.scalar_op(args, out)
 
+        softmax = _wrapped(mx.softmax, on_softmax)
+        import mlx.nn as nn
+
         return [(mx.fast, "scaled_dot_product_attention", _wrapped(mx.fast.scaled_dot_product_attention, on_sdpa)),
-                (mx, "softmax", _wrapped(mx.softmax, on_softmax)),
+                (mx, "softmax", softmax),
+                # nn.softmax is mx.softmax under mx.compile, whose tracing would hand the wrapper a
+                # placeholder: called directly for the capture (the same single kernel).
+                (nn, "softmax", lambda x, axis=-1: softmax(x, axis=axis)),
                 (mx, "matmul", _wrapped(mx.matmul, on_product)),
                 (mx, "einsum", _wrapped(mx.einsum, on_einsum)),
                 (mx.array, "__matmul__", _wrapped(mx.array.__matmul__, on_product)),
@@ -466,8 +472,11 @@ class _NNXAdapter(_SwapAdapter):
             if recorder.block is not None and len(args) == 3:
                 recorder.product(args[1], args[2], out, args[0])
 
+        from flax import nnx
+
+        softmax = _wrapped(jax.nn.softmax, on_softmax)
         return [(jax.nn, "dot_product_attention", _wrapped(jax.nn.dot_product_attention, on_dpa)),
-                (jax.nn, "softmax", _wrapped(jax.nn.softmax, on_softmax)),
+                (jax.nn, "softmax", softmax), (nnx, "softmax", softmax),
                 (jnp, "matmul", _wrapped(jnp.matmul, on_product)),
                 (jnp, "einsum", _wrapped(jnp.einsum, on_einsum))]
 
