@@ -121,10 +121,12 @@ def test_captured_taps_survive_a_model_that_adds_residuals_in_place(monkeypatch)
 def test_a_tap_override_reads_a_stage_the_interception_cannot_see():
     sys.path.insert(0, str(DATA))
     try:
-        from user_models import own_softmax_port
+        from user_models import nn_softmax_port, own_softmax_port
     finally:
         sys.path.remove(str(DATA))
     config = get_config("vit_test_token")
+    seen = verify(nn_softmax_port, config, cases=quick_cases(config)[:1])  # mlx.nn.softmax: seen
+    assert seen.conformant and not seen.unseen and seen.sources["blocks.1.attn.weights"] == "the softmax over keys"
     plain = verify(own_softmax_port, config, cases=quick_cases(config))
     assert plain.conformant and set(plain.unseen) == {"blocks.0.attn.weights", "blocks.1.attn.weights"}
     assert "no softmax" in plain.unseen["blocks.0.attn.weights"]
