@@ -97,9 +97,7 @@ def _fail(port: str, what: str, case, **details) -> PropertyFailure:
     lines = [f"[{port}] {what}"]
     lines += [f"  {k}: {v}" for k, v in details.items()]
     lines += [f"  {k}: {v}" for k, v in case.describe().items()]
-    failure = PropertyFailure("\n".join(lines))
-    failure.stage = details.get("stage")
-    return failure
+    return PropertyFailure("\n".join(lines), stage=details.get("stage"))
 
 
 def _call(port: str, fn: Callable, *args, case=None):
@@ -117,8 +115,9 @@ def _call(port: str, fn: Callable, *args, case=None):
         raise _fail(port, f"the port raised {describe_exception(e)}", case) from e
 
 
-def build(make: Callable, config, state, dtype: str = "float32"):
-    """A port's forward; ``dtype`` is passed only when it is not float32, the protocol's default.
+def build(make: Callable, config, state, dtype: str = "float32", **options):
+    """A port's forward; ``dtype`` is passed only when it is not float32, the protocol's default
+    (``options``: a built-in port's keywords, such as ``taps=False``).
     Inside a hypothesis test a config the port does not support (declared, or refused with
     ``Unsupported``) discards the example instead of failing it."""
     from hypothesis.control import currently_in_test_context
@@ -127,7 +126,7 @@ def build(make: Callable, config, state, dtype: str = "float32"):
 
     try:
         check_supported(supports_of(make), config)
-        return make(config, state) if dtype == "float32" else make(config, state, dtype=dtype)
+        return make(config, state, **options) if dtype == "float32" else make(config, state, dtype=dtype, **options)
     except Unsupported:
         if currently_in_test_context():
             from hypothesis import reject
@@ -168,9 +167,7 @@ def _needs(out: Mapping, *names: str) -> None:
     found = {stage: why for stage, why in getattr(out, "findings", ()) if stage in missing}
     if found:  # a model port that could not produce the stage: its module never ran
         stage, why = next(iter(found.items()))
-        failure = PropertyFailure(f"{stage}: {why}")
-        failure.stage = stage
-        raise failure
+        raise PropertyFailure(f"{stage}: {why}", stage=stage)
     if missing:
         raise NotApplicable(f"needs taps {missing}")
 

@@ -20,12 +20,11 @@ def budget(divisor: int = 1, minimum: int = 3) -> int:
     return max(minimum, settings.default.max_examples // divisor)
 
 
-def run(port: str, config, state, images, **kwargs):
+def run(port: str, config, state, images, **options):
     """Build and run a port; a config it does not support raises Unsupported (a skip naming it)."""
-    from conformance.support import check_supported, supports_of
+    from conformance.properties import build
 
-    check_supported(supports_of(factory(port)), config)
-    return factory(port)(config, state, **kwargs)(images)
+    return build(factory(port), config, state, **options)(images)
 
 
 def framework(port: str):
