@@ -88,7 +88,8 @@ def pytest_collection_modifyitems(config, items):
                   or (only_given and not _judges_a_given_port(item))]
     if deselected:
         config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if item not in deselected]
+        dropped = {id(item) for item in deselected}
+        items[:] = [item for item in items if id(item) not in dropped]
 
 
 @pytest.hookimpl(wrapper=True)

@@ -95,14 +95,13 @@ def project(supports, values: dict[str, Any]) -> dict[str, Any] | ViTConfig | No
         return fixed
     _validate(supports)
     values = dict(values)
-    if supports.get("square_patches"):
-        values["patch_size"] = (values["patch_size"][0],) * 2
+    (ph, pw), (H, W) = values["patch_size"], values["img_size"]
+    grid = (H // ph, W // pw)
+    if supports.get("square_patches") or supports.get("square_images"):
+        pw = ph  # a square image of whole patches: square patches on a square grid
     if supports.get("square_images"):
-        grid = values["img_size"][0] // values["patch_size"][0]
-        values["img_size"] = (grid * values["patch_size"][0], grid * values["patch_size"][1])
-        if values["img_size"][0] != values["img_size"][1]:
-            values["patch_size"] = (values["patch_size"][0],) * 2
-            values["img_size"] = (values["img_size"][0],) * 2
+        grid = (grid[0], grid[0])
+    values["patch_size"], values["img_size"] = (ph, pw), (grid[0] * ph, grid[1] * pw)
     for option, rule in supports.items():
         if option in SHAPE_RULES:
             continue

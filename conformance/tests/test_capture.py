@@ -255,3 +255,19 @@ def test_a_rename_converts_layouts_by_module_type_even_where_shapes_cannot_tell(
         report = verify(port, config, cases=quick_cases(config)[1:2])
         assert report.conformant, (report.failures, [s for s in report.stages if not s.ok][:2])
         assert len(report.stages) >= 23
+
+
+def test_drawn_configs_move_inside_what_a_port_supports():
+    from conformance.support import unsupported_option
+
+    drawn = dict(img_size=(12, 8), patch_size=(4, 2), in_chans=2, num_classes=3, global_pool="avg",
+                 class_token=False, embed_dim=8, depth=1, num_heads=2, mlp_ratio=2.0, qkv_bias=True)
+    for supports in ({"square_patches": True}, {"square_images": True}, {"global_pool": "token", "in_chans": 3},
+                     {"qkv_bias": (False,), "mlp_ratio": (1.0, 4.0)}, "vit_test_token"):
+        config = build_config(supports, drawn)
+        assert config is not None and unsupported_option(supports, config) is None, (supports, config)
+    assert build_config({"depth": lambda d: d > 1}, drawn) is None  # a predicate rejects: the draw is discarded
+    assert unsupported_option({"square_images": True}, get_config("vit_test_token")) == \
+        "img_size=(16, 24) (supported: square images only)"
+    with pytest.raises(ValueError, match="unknown option"):
+        unsupported_option({"pooling": "token"}, get_config("vit_test_token"))
