@@ -115,9 +115,8 @@ def framework_of(model) -> str:
     if any(m.startswith("flax.nnx") for m in modules):
         return "nnx"
     if any(m.startswith("flax.linen") for m in modules):
-        raise TypeError("Flax linen modules are not supported as model ports: wrap the model in a port factory "
-                        "(make(config, state) -> forward) or write it with Flax NNX")
-    raise TypeError(f"a model port needs a PyTorch, MLX or Flax NNX module, got {type(model).__name__}")
+        return "linen"
+    raise TypeError(f"a model port needs a PyTorch, MLX, Flax NNX or Flax linen module, got {type(model).__name__}")
 
 
 class _Adapter:
@@ -127,6 +126,7 @@ class _Adapter:
 
     def __init__(self, model):
         self.model = model
+        self.call_kwargs: dict = {}  # ModelPort(call_kwargs=...): e.g. train=False
 
     def modules(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -135,12 +135,15 @@ class _Adapter:
         """The canonical ``value`` in the layout of the model's ``key``: by the receiving
         module's type, always (a square kernel fits either way, so shapes cannot decide), then
         size-1 axes by shape (``pos_embed`` (1, N, D) into a (N, D) parameter)."""
-        module = self.modules().get(_module_of(key))
-        value = self.by_type(type(module).__name__, key.rpartition(".")[2], value)
+        value = self.by_type(self.kind(_module_of(key)), key.rpartition(".")[2], value)
         if value.shape != tuple(shape) and value.size == int(np.prod(shape)) and \
                 [d for d in value.shape if d != 1] == [d for d in shape if d != 1]:
             value = value.reshape(shape)
         return value
+
+    def kind(self, path: str) -> str:
+        """The class name of the module at ``path``."""
+        return type(self.modules().get(path)).__name__
 
     def by_type(self, kind: str, leaf: str, value: np.ndarray) -> np.ndarray:
         return value  # PyTorch: the canonical layouts are its own
@@ -231,7 +234,7 @@ class _TorchAdapter(_Adapter):
 
         try:
             with torch.no_grad(), Intercept():
-                return self.model(inputs)
+                return self.model(inputs, **self.call_kwargs)
         finally:
             for h in handles:
                 h.remove()
@@ -281,7 +284,7 @@ class _SwapAdapter(_Adapter):
                 module.__class__ = cls
 
     def call(self, inputs):
-        return self.model(inputs)
+        return self.model(inputs, **self.call_kwargs)
 
     def patches(self, recorder) -> list:
         return []
@@ -293,6 +296,28 @@ def _wrapped(fn, on_call):
         on_call(args, kwargs, out)
         return out
     return wrapper
+
+
+def _callbacks(recorder):
+    """The recorder's hooks for wrapped framework functions, each acting inside a block only."""
+    from types import SimpleNamespace
+
+    def inside(fn):
+        def hook(args, kwargs, out):
+            if recorder.block is not None:
+                fn(args, kwargs, out)
+        return hook
+
+    def fused(where, heads_first, names):
+        return inside(lambda a, k, out: recorder.fused(*(list(a) + [k.get(n) for n in names])[:3], where,
+                                                       heads_first=heads_first))
+
+    return SimpleNamespace(
+        softmax=inside(lambda a, k, out: recorder.softmax(out)),
+        product=inside(lambda a, k, out: recorder.product(a[0], a[1], out, None)),
+        einsum=inside(lambda a, k, out: recorder.product(a[1], a[2], out, a[0]) if len(a) == 3 else None),
+        scale=inside(lambda a, k, out: recorder.scalar_op(a, out)),
+        fused=fused)
 
 
 class _MLXAdapter(_SwapAdapter):
@@ -349,50 +374,32 @@ class _MLXAdapter(_SwapAdapter):
 
     def patches(self, recorder):
         import mlx.core as mx
-
-        def on_sdpa(args, kwargs, out):
-            if recorder.block is not None:
-                recorder.fused(*(list(args) + [kwargs.get(n) for n in ("q", "k", "v")])[:3],
-                               "mx.fast.scaled_dot_product_attention", heads_first=True)
-
-        def on_softmax(args, kwargs, out):
-            if recorder.block is not None:
-                recorder.softmax(out)
-
-        def on_product(args, kwargs, out):
-            if recorder.block is not None:
-                recorder.product(args[0], args[1], out, None)
-
-        def on_einsum(args, kwargs, out):
-            if recorder.block is not None and len(args) == 3:
-                recorder.product(args[1], args[2], out, args[0])
-
-        def on_scale(args, kwargs, out):
-            if recorder.block is not None:
-                recorder.scalar_op(args, out)
-
-        softmax = _wrapped(mx.softmax, on_softmax)
         import mlx.nn as nn
 
-        return [(mx.fast, "scaled_dot_product_attention", _wrapped(mx.fast.scaled_dot_product_attention, on_sdpa)),
+        on = _callbacks(recorder)
+        softmax = _wrapped(mx.softmax, on.softmax)
+        return [(mx.fast, "scaled_dot_product_attention",
+                 _wrapped(mx.fast.scaled_dot_product_attention,
+                          on.fused("mx.fast.scaled_dot_product_attention", True, ("q", "k", "v")))),
                 (mx, "softmax", softmax),
                 # nn.softmax is mx.softmax under mx.compile, whose tracing would hand the wrapper a
                 # placeholder: called directly for the capture (the same single kernel).
                 (nn, "softmax", lambda x, axis=-1: softmax(x, axis=axis)),
-                (mx, "matmul", _wrapped(mx.matmul, on_product)),
-                (mx, "einsum", _wrapped(mx.einsum, on_einsum)),
-                (mx.array, "__matmul__", _wrapped(mx.array.__matmul__, on_product)),
-                (mx.array, "__mul__", _wrapped(mx.array.__mul__, on_scale)),
-                (mx.array, "__truediv__", _wrapped(mx.array.__truediv__, on_scale))]
+                (mx, "matmul", _wrapped(mx.matmul, on.product)),
+                (mx, "einsum", _wrapped(mx.einsum, on.einsum)),
+                (mx.array, "__matmul__", _wrapped(mx.array.__matmul__, on.product)),
+                (mx.array, "__mul__", _wrapped(mx.array.__mul__, on.scale)),
+                (mx.array, "__truediv__", _wrapped(mx.array.__truediv__, on.scale))]
 
 
-class _NNXAdapter(_SwapAdapter):
-    name = "nnx"
+class _JAXArrays:
+    """What Flax NNX and linen share: JAX arrays, Flax's layouts and names, and the wrapped JAX
+    functions (jax.nn's softmax and fused attention, jnp's matmul and einsum)."""
 
     def by_type(self, kind, leaf, value):
         if kind == "Conv" and leaf == "kernel" and value.ndim == 4:
             return np.ascontiguousarray(value.transpose(2, 3, 1, 0))  # OIHW -> HWIO
-        if kind == "Linear" and leaf == "kernel" and value.ndim == 2:
+        if kind in ("Linear", "Dense") and leaf == "kernel" and value.ndim == 2:
             return np.ascontiguousarray(value.T)  # (out, in) -> (in, out)
         return value
 
@@ -403,6 +410,39 @@ class _NNXAdapter(_SwapAdapter):
             if key[:-len("weight")] + leaf in params:
                 return key[:-len("weight")] + leaf
         return key
+
+    def to_input(self, images, dtype):
+        import jax.numpy as jnp
+
+        return jnp.asarray(images).astype(getattr(jnp, dtype))
+
+    def numpy(self, x):
+        return np.asarray(x, np.float32) if str(x.dtype) == "bfloat16" else np.asarray(x)
+
+    def is_array(self, x):
+        import jax
+
+        return isinstance(x, jax.Array)
+
+    def copy(self, x):
+        return x
+
+    def patches(self, recorder):
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        on = _callbacks(recorder)
+        softmax = _wrapped(jax.nn.softmax, on.softmax)
+        return [(jax.nn, "dot_product_attention", _wrapped(jax.nn.dot_product_attention, on.fused(
+                    "jax.nn.dot_product_attention", False, ("query", "key", "value")))),
+                (jax.nn, "softmax", softmax), (nnx, "softmax", softmax),
+                (jnp, "matmul", _wrapped(jnp.matmul, on.product)),
+                (jnp, "einsum", _wrapped(jnp.einsum, on.einsum))]
+
+
+class _NNXAdapter(_JAXArrays, _SwapAdapter):
+    name = "nnx"
 
     def __init__(self, model):
         from flax import nnx
@@ -435,53 +475,91 @@ class _NNXAdapter(_SwapAdapter):
             value = jnp.asarray(np.asarray(value, np.float32))
             params[key].set_value(value if dtype == "float32" else value.astype(getattr(jnp, dtype)))
 
-    def to_input(self, images, dtype):
-        import jax.numpy as jnp
 
-        return jnp.asarray(images).astype(getattr(jnp, dtype))
+class _LinenAdapter(_JAXArrays, _Adapter):
+    """A Flax linen module (unbound) and its variables: shapes and module types from an
+    abstract ``init`` (no initializer runs), calls recorded through ``nn.intercept_methods``."""
 
-    def numpy(self, x):
-        return np.asarray(x, np.float32) if str(x.dtype) == "bfloat16" else np.asarray(x)
+    name = "linen"
 
-    def is_array(self, x):
+    def __init__(self, model, example):
+        import flax.linen as nn
         import jax
 
-        return isinstance(x, jax.Array)
+        super().__init__(model)
+        self._types: dict[str, str] = {}
 
-    def copy(self, x):
-        return x
+        def note(next_fun, args, kwargs, context):
+            self._types.setdefault(".".join(context.module.path), type(context.module).__name__)
+            return next_fun(*args, **kwargs)
 
-    def patches(self, recorder):
-        import jax
+        with nn.intercept_methods(note):
+            variables = jax.eval_shape(lambda: model.init(jax.random.key(0), example))
+        extra = sorted(set(variables) - {"params"})
+        if extra:
+            raise LoadError(f"the linen model has variable collections besides params: {extra}")
+        self._shapes = {".".join(path): tuple(leaf.shape) for path, leaf in _flatten(variables["params"])}
+        self.variables = None
+
+    def modules(self):
+        return self._types
+
+    def params(self):
+        return self._shapes
+
+    def kind(self, path):
+        return self._types.get(path, "")
+
+    def current(self, key):
+        raise LoadError(f"a linen model's parameters come from the mapping alone; it leaves {key!r} unfilled")
+
+    def load(self, arrays, dtype):
         import jax.numpy as jnp
 
-        def on_dpa(args, kwargs, out):
-            if recorder.block is not None:
-                recorder.fused(*(list(args) + [kwargs.get(n) for n in ("query", "key", "value")])[:3],
-                               "jax.nn.dot_product_attention", heads_first=False)
+        tree: dict = {}
+        for key, value in arrays.items():
+            *parents, leaf = key.split(".")
+            node = tree
+            for p in parents:
+                node = node.setdefault(p, {})
+            value = jnp.asarray(np.asarray(value, np.float32))
+            node[leaf] = value if dtype == "float32" else value.astype(getattr(jnp, dtype))
+        self.variables = {"params": tree}
 
-        def on_softmax(args, kwargs, out):
-            if recorder.block is not None:
-                recorder.softmax(out)
+    def run(self, inputs, recorder, watch):
+        import flax.linen as nn
 
-        def on_product(args, kwargs, out):
-            if recorder.block is not None:
-                recorder.product(args[0], args[1], out, None)
+        def intercept(next_fun, args, kwargs, context):
+            path = ".".join(context.module.path)
+            want_in, want_out = watch.get(path, (False, False)) if context.method_name == "__call__" else (0, 0)
+            if want_in:
+                recorder.enter(path, _first_array(args, kwargs, self))
+            out = next_fun(*args, **kwargs)
+            if want_out:
+                recorder.leave(path, out)
+            return out
 
-        def on_einsum(args, kwargs, out):
-            if recorder.block is not None and len(args) == 3:
-                recorder.product(args[1], args[2], out, args[0])
+        patches = self.patches(recorder)
+        saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
+        try:
+            for owner, attr, new in patches:
+                setattr(owner, attr, new)
+            with nn.intercept_methods(intercept):
+                return self.model.apply(self.variables, inputs, **self.call_kwargs)
+        finally:
+            for owner, attr, old in saved:
+                setattr(owner, attr, old)
 
-        from flax import nnx
 
-        softmax = _wrapped(jax.nn.softmax, on_softmax)
-        return [(jax.nn, "dot_product_attention", _wrapped(jax.nn.dot_product_attention, on_dpa)),
-                (jax.nn, "softmax", softmax), (nnx, "softmax", softmax),
-                (jnp, "matmul", _wrapped(jnp.matmul, on_product)),
-                (jnp, "einsum", _wrapped(jnp.einsum, on_einsum))]
+def _flatten(tree, prefix=()):
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            yield from _flatten(v, prefix + (str(k),))
+        else:
+            yield prefix + (str(k),), v
 
 
-ADAPTERS = {"torch": _TorchAdapter, "mlx": _MLXAdapter, "nnx": _NNXAdapter}
+ADAPTERS = {"torch": _TorchAdapter, "mlx": _MLXAdapter, "nnx": _NNXAdapter, "linen": _LinenAdapter}
 
 
 # ----------------------------------------------------------------------------- recording
@@ -730,7 +808,7 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
 class ModelPort:
     """A model in its own framework, with the mapping from the canonical (timm) weights.
 
-    build: ``config -> model`` (an unloaded PyTorch, MLX or Flax NNX module).
+    build: ``config -> model`` (an unloaded PyTorch, MLX or Flax NNX module, or an unbound linen one).
     rename: a rename table or key function (names only; layouts follow the module types), or
     convert: ``state -> {model key: array}`` in the model's own layouts.
     images: "NCHW" (the canonical layout) or "NHWC" (what MLX and Flax convolutions take).
@@ -738,6 +816,7 @@ class ModelPort:
     module's input).
     output: ``model output -> logits`` (default: the array, a tuple's first, ``.logits``).
     supports: the configs the port is written for (see conformance.support).
+    call_kwargs: passed to every call of the model (``train=False``, ``deterministic=True``).
     """
 
     build: Callable[[ViTConfig], Any]
@@ -747,6 +826,7 @@ class ModelPort:
     taps: Mapping[str, str] = field(default_factory=dict)
     output: Callable[[Any], Any] | None = None
     supports: Any = None
+    call_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if (self.rename is None) == (self.convert is None):
@@ -830,7 +910,16 @@ class ModelPort:
 
         check_supported(self.supports, config)
         model = self.build(config)
-        adapter = ADAPTERS[framework_of(model)](model)
+        framework = framework_of(model)
+        if framework == "linen":  # unbound: shapes come from an abstract init on an image of this config
+            import jax.numpy as jnp
+
+            H, W = config.img_size
+            shape = (1, H, W, config.in_chans) if self.images == "NHWC" else (1, config.in_chans, H, W)
+            adapter = _LinenAdapter(model, jnp.zeros(shape, jnp.float32))
+        else:
+            adapter = ADAPTERS[framework](model)
+        adapter.call_kwargs = dict(self.call_kwargs)
         key_map = self.key_map(state, config)
         dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))
         if dropped:
