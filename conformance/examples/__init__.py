@@ -7,6 +7,7 @@ timm_vit            timm's VisionTransformer (names are timm's: an empty rename)
 hf_vit              transformers' ViTForImageClassification and ViTModel (a convert that splits qkv)
 mlx_image_vit       mlx-image's VisionTransformer (MLX, NHWC, separate q/k/v projections)
 nnx_vit             a Flax NNX ViT built on nnx.MultiHeadAttention (LinearGeneral kernels)
+linen_vit           a Flax linen ViT with the original ViT checkpoints' module names
 seed_mlx_vit        the Korean post's MLX ViT as published, and with the shared norm it describes
 seed_einops_vit     the Chinese post's einops ViT as published (its "(h d qkv)" split)
 """

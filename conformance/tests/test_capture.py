@@ -33,6 +33,8 @@ EXAMPLES = {
     "mlx_image_vit:port": (None, set()),
     "nnx_vit:port": (None, {"attn.weights"}),
     "nnx_vit:fast_variance_port": ("blocks.0.norm1", {"attn.weights"}),
+    "linen_vit:port": (None, set()),
+    "linen_vit:fast_variance_port": ("blocks.0.norm1", set()),
     "seed_mlx_vit:port": ("blocks.0.mlp.act", set()),
     "seed_mlx_vit:shared_norm_port": ("blocks.0.norm2", set()),
     "seed_einops_vit:port": ("blocks.0.attn.q", set()),
@@ -50,12 +52,13 @@ def config_for(port, base=SMALL):
 
 
 def quick_cases(config, seed=0):
-    """Three of verify's cases: ordinary and trained-like weights (massive activations, a common
-    offset: where a fast variance cancels), and a batch of 1."""
+    """Three of verify's cases, in one batch shape (JAX compiles each op once per shape):
+    ordinary and trained-like weights (massive activations, a common offset: where a fast
+    variance cancels), and weights offset by 1000. verify's own cases add a batch of 1."""
     from conformance.strategies import TrainedLike, WeightCase, make_images
 
     return [Case("ordinary images (batch 3)", make_images(config, 3, "ordinary", seed), WeightCase(seed, 1.0).make(config)),
-            Case("trained-like weights (batch 1)", make_images(config, 1, "ordinary", seed),
+            Case("trained-like weights (batch 3)", make_images(config, 3, "ordinary", seed),
                  TrainedLike(seed + 4).make(config)),
             Case("offset 1000 (batch 3)", make_images(config, 3, "ordinary", seed),
                  WeightCase(seed + 2, 4.0, 1000.0).make(config))]
@@ -85,10 +88,10 @@ def structure_of_vit_tiny():
     return dataclasses.replace(get_config("vit_tiny_patch16_224"), img_size=(32, 32), embed_dim=12, name=None)
 
 
+_JAX_COMPILES = pytest.mark.skipif(not heavy(), reason="thorough profile: JAX compiles each op of 12 more blocks "
+                                                          "(3 to 6 s); the structure rule is the same for all")
 THIRD_PARTY = ["timm_vit:port", "hf_vit:port", "hf_vit:model_port", "mlx_image_vit:port",
-               # Flax builds eagerly, compiling each initializer: 6 s more; the structure rule is shared.
-               pytest.param("nnx_vit:port", marks=pytest.mark.skipif(not heavy(), reason="thorough profile: 6 s of XLA "
-                                                                                          "compiles for 12 more blocks"))]
+               pytest.param("nnx_vit:port", marks=_JAX_COMPILES), pytest.param("linen_vit:port", marks=_JAX_COMPILES)]
 
 
 @pytest.mark.parametrize("name", THIRD_PARTY)
