@@ -26,8 +26,9 @@ the ``--port`` plugin and the zoo take it as they take any other. What it adds:
   fused kernel) is listed as unseen with the reason. ``taps=`` overrides or adds entries.
 * **Capture from outside**: forward hooks and a ``TorchFunctionMode`` in PyTorch; in MLX and
   Flax NNX each module of interest gets a subclass whose ``__call__`` records (the instance's
-  class is swapped for the call and restored), and the framework's softmax, fused attention,
-  matmul and scalar multiply are wrapped for the duration of the call. Captured tensors are
+  class is swapped for the call and restored), in Flax linen ``nn.intercept_methods``; the
+  framework's softmax, fused attention, matmul and scalar multiply are wrapped for the
+  duration of the call. Captured tensors are
   copied at once, so a model that updates them in place later (``x += res``) is read right.
 """
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,25 +213,18 @@ class _TorchAdapter(_Adapter):
                     lambda m, args, output, path=path: recorder.leave(path, output)))
 
         sdpa = F.scaled_dot_product_attention
+        on = _callbacks(recorder)
+        on_sdpa = on.fused("F.scaled_dot_product_attention", True, ("query", "key", "value"))
+        hooks = {"softmax": on.softmax, "matmul": on.product, "__matmul__": on.product, "bmm": on.product,
+                 "einsum": on.einsum, **dict.fromkeys(("mul", "__mul__", "__rmul__", "div", "__truediv__"), on.scale)}
 
         class Intercept(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
-                name = getattr(func, "__name__", "")
-                if recorder.block is None:
-                    return out
-                if func is sdpa:
-                    q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")])[:3]
-                    recorder.fused(q, k, v, "F.scaled_dot_product_attention", heads_first=True)
-                elif name == "softmax":
-                    recorder.softmax(out)
-                elif name in ("matmul", "__matmul__", "bmm"):
-                    recorder.product(args[0], args[1], out, None)
-                elif name == "einsum":
-                    recorder.product(args[1], args[2], out, args[0]) if len(args) == 3 else None
-                elif name in ("mul", "__mul__", "__rmul__", "div", "__truediv__"):
-                    recorder.scalar_op(args, out)
+                hook = on_sdpa if func is sdpa else hooks.get(getattr(func, "__name__", ""))
+                if hook is not None:
+                    hook(args, kwargs, out)
                 return out
 
         try:
@@ -271,15 +266,10 @@ class _SwapAdapter(_Adapter):
 
     def run(self, inputs, recorder, watch):
         swapped = self._wrap_modules(recorder, watch)
-        patches = self.patches(recorder)
-        saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
         try:
-            for owner, attr, new in patches:
-                setattr(owner, attr, new)
-            return self.call(inputs)
+            with _patched(self.patches(recorder)):
+                return self.call(inputs)
         finally:
-            for owner, attr, old in saved:
-                setattr(owner, attr, old)
             for module, cls in reversed(swapped):  # a module shared by two paths was swapped twice
                 module.__class__ = cls
 
@@ -288,6 +278,19 @@ class _SwapAdapter(_Adapter):
 
     def patches(self, recorder) -> list:
         return []
+
+
+@contextmanager
+def _patched(patches):
+    """Framework functions replaced by their recording wrappers, restored however the call ends."""
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
+    try:
+        for owner, attr, new in patches:
+            setattr(owner, attr, new)
+        yield
+    finally:
+        for owner, attr, old in saved:
+            setattr(owner, attr, old)
 
 
 def _wrapped(fn, on_call):
@@ -539,16 +542,8 @@ class _LinenAdapter(_JAXArrays, _Adapter):
                 recorder.leave(path, out)
             return out
 
-        patches = self.patches(recorder)
-        saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patches]
-        try:
-            for owner, attr, new in patches:
-                setattr(owner, attr, new)
-            with nn.intercept_methods(intercept):
-                return self.model.apply(self.variables, inputs, **self.call_kwargs)
-        finally:
-            for owner, attr, old in saved:
-                setattr(owner, attr, old)
+        with _patched(self.patches(recorder)), nn.intercept_methods(intercept):
+            return self.model.apply(self.variables, inputs, **self.call_kwargs)
 
 
 def _flatten(tree, prefix=()):
