@@ -608,12 +608,13 @@ class _Recorder:
             slot["weights"] = self.adapter.copy(out)
 
     def scalar_op(self, args, out):
-        if len(args) == 2 and self.adapter.is_array(out) and len(out.shape) >= 3:
+        # Only q-shaped results are kept (a q scaled before q kᵀ), and kept alive so ids stay unique.
+        if len(args) == 2 and self._is(out, self.N, self.hd):
             a, b = args
             tensor = a if self.adapter.is_array(a) else b
             other = b if tensor is a else a
             if isinstance(other, (int, float)) or (self.adapter.is_array(other) and other.ndim == 0):
-                self.scaled[id(out)] = (tensor, out)  # out kept alive so its id stays unique
+                self.scaled[id(out)] = (tensor, out)
 
     def _unscaled(self, x):
         hit = self.scaled.get(id(x))
@@ -627,11 +628,10 @@ class _Recorder:
         slot = self._slot()
         N, hd = self.N, self.hd
         if "logits_q" not in slot and self._is(out, N, N) and tuple(a.shape[-2:]) == (N, hd):
-            k_transposed = tuple(b.shape[-2:]) == (hd, N) and (N != hd or equation is None)
-            if equation is not None:
+            k_transposed = True  # q @ kᵀ: the right operand is kᵀ
+            if equation is not None:  # einsum: kᵀ if k's last index is the output's key index
                 ins, _, res = equation.replace(" ", "").partition("->")
-                k_letters = ins.split(",")[1]
-                k_transposed = k_letters[-1] == res[-1]
+                k_transposed = ins.split(",")[1][-1] == res[-1]
             slot["logits_q"] = self.adapter.copy(self._unscaled(a))
             slot["logits_k"] = self.adapter.copy(_swap_last(b) if k_transposed else b)
         elif "logits_q" in slot and "product_v" not in slot and self._is(a, N, N) and self._is(b, N, hd):
