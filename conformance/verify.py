@@ -319,7 +319,8 @@ def load_config(preset: str | None, config_json: str | None, weights: str | None
 
     try:
         if config_json:
-            text = Path(config_json).read_text() if Path(config_json).is_file() else config_json
+            # Inline JSON or a file: a long inline config is not a path to probe (ENAMETOOLONG).
+            text = config_json if config_json.lstrip().startswith("{") else Path(config_json).read_text()
             return ViTConfig.from_dict(json.loads(text))
         if preset:
             return get_config(preset)
@@ -330,6 +331,8 @@ def load_config(preset: str | None, config_json: str | None, weights: str | None
         return get_config("vit_test_token")
     except WeightError as e:
         raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot read the config file {config_json!r}: {e.strerror}") from None
     except (ConfigError, ValueError, TypeError) as e:
         raise UsageError(f"bad config: {e}") from None
 

@@ -118,6 +118,7 @@ def test_cli_takes_a_weight_file_and_a_json_config(user_dir):
         (["user_ports"], "must look like 'pkg.module:factory'"),
         (["user_ports:correct", "--config", '{"embed_dim": 10, "num_heads": 3}'], "embed_dim 10"),
         (["user_ports:correct", "--weights", "missing.safetensors"], "does not exist"),
+        (["user_ports:correct", "--config", "missing.json"], "cannot read the config file 'missing.json'"),
     ],
 )
 def test_cli_exit_2_on_a_usage_error(user_dir, args, message):
