@@ -20,7 +20,10 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
         img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans,
         num_classes=config.num_classes, global_pool=config.global_pool, class_token=config.class_token,
         embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
-        mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias,
+        mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias, reg_tokens=config.reg_tokens,
+        no_embed_class=config.no_embed_class, pre_norm=config.pre_norm, fc_norm=config.fc_norm,
+        init_values=config.init_values, qk_norm=config.qk_norm, act_layer=config.act_layer,
+        proj_bias=config.proj_bias,
     )
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):
@@ -54,6 +57,8 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
 
     hooks.append(model.patch_embed.register_forward_hook(out("patch_embed")))
     hooks.append(model.pos_drop.register_forward_hook(out("embed")))
+    if not isinstance(model.norm_pre, torch.nn.Identity):
+        hooks.append(model.norm_pre.register_forward_hook(out("norm_pre")))
     for i, blk in enumerate(model.blocks):
         p = f"blocks.{i}"
         blk.attn.fused_attn = False  # the explicit path, whose weights pass through attn_drop
@@ -70,7 +75,7 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
         hooks.append(blk.mlp.act.register_forward_hook(out(f"{p}.mlp.act")))
         hooks.append(blk.mlp.register_forward_hook(out(f"{p}.mlp")))
         hooks.append(blk.register_forward_hook(out(p)))
-    if model.global_pool != "avg":
+    if not isinstance(model.norm, torch.nn.Identity):
         hooks.append(model.norm.register_forward_hook(out("norm")))
     hooks.append(model.head.register_forward_pre_hook(lambda m, args: taps.__setitem__("pooled", args[0])))
     try:

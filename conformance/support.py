@@ -18,13 +18,11 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from impls.config import ConfigError, ViTConfig, get_config
+from impls.config import ConfigError, Unsupported, ViTConfig, get_config  # noqa: F401 - Unsupported re-exported
 
 SHAPE_RULES = ("square_images", "square_patches")
 
 
-class Unsupported(ValueError):
-    """A port does not support a config; the message names the option and what it supports."""
 
 
 def supports_of(make) -> Any:

@@ -13,6 +13,23 @@ class InputError(ValueError):
     """An input image batch that does not fit the model."""
 
 
+class Unsupported(ValueError):
+    """A port does not support a config; the message names the option and what it supports."""
+
+
+# What a port of the original ViT supports (conformance.support's form): every option of the
+# ViT family at its default.
+ORIGINAL_VIT = {"reg_tokens": 0, "no_embed_class": False, "pre_norm": False, "fc_norm": (None,),
+                "init_values": (None,), "qk_norm": False, "act_layer": "gelu", "proj_bias": True}
+
+
+def require_original_vit(config: ViTConfig, port: str) -> None:
+    beyond = config.beyond_original_vit()
+    if beyond:
+        raise Unsupported(f"config not supported by the port: the {port} port implements the original ViT, not "
+                          f"{', '.join(beyond)} (the float64 oracle does)")
+
+
 BLOCK_TAPS = (
     "norm1", "attn.q", "attn.k", "attn.v", "attn.weights", "attn", "norm2", "mlp.act", "mlp", "",
 )
@@ -20,7 +37,7 @@ BLOCK_TAPS = (
 
 def tap_names(config: ViTConfig) -> list[str]:
     """The stages every port can emit, in the order the model computes them."""
-    names = ["patch_embed", "embed"]
+    names = ["patch_embed", "embed"] + (["norm_pre"] if config.pre_norm else [])
     for i in range(config.depth):
         names += [f"blocks.{i}.{t}" if t else f"blocks.{i}" for t in BLOCK_TAPS]
     if not config.use_fc_norm:
@@ -39,6 +56,8 @@ def tap_shapes(config: ViTConfig, batch: int) -> dict[str, tuple[int, ...]]:
         "norm2": (B, N, D), "mlp.act": (B, N, config.mlp_hidden_dim), "mlp": (B, N, D), "": (B, N, D),
     }
     shapes = {"patch_embed": (B, config.num_patches, D), "embed": (B, N, D)}
+    if config.pre_norm:
+        shapes["norm_pre"] = (B, N, D)
     for i in range(config.depth):
         for t, s in per_block.items():
             shapes[f"blocks.{i}.{t}" if t else f"blocks.{i}"] = s
@@ -68,5 +87,5 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
         raise InputError(f"images must be float32, got dtype {dtype}")
 
 
-__all__ = ["GLOBAL_POOLS", "PRESETS", "ConfigError", "InputError", "ViTConfig", "get_config", "tap_names",
-           "tap_shapes", "check_images", "BLOCK_TAPS"]
+__all__ = ["GLOBAL_POOLS", "PRESETS", "ConfigError", "InputError", "Unsupported", "ViTConfig", "get_config",
+           "tap_names", "tap_shapes", "check_images", "BLOCK_TAPS", "ORIGINAL_VIT", "require_original_vit"]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from impls.config import ViTConfig, check_images
+from impls.config import ORIGINAL_VIT, ViTConfig, check_images, require_original_vit
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "jax"
@@ -314,6 +314,7 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows.
     """
+    require_original_vit(config, FRAMEWORK)
     validate_state(state, config)
     layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
     model = _abstract_model(config, fused_attn, layers)
@@ -347,6 +348,9 @@ def _compiled_attention(options: tuple, model_cls):
         return (model(x, context, mask), None) if fused else model(x, context, mask, return_weights=True)
 
     return apply
+
+
+make.supports = ORIGINAL_VIT  # conformance.support: verify and the plugin refuse the rest by name
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

@@ -14,7 +14,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from impls.config import ViTConfig, check_images  # noqa: E402
+from impls.config import ORIGINAL_VIT, ViTConfig, check_images, require_original_vit  # noqa: E402
 from weights import check_exact_match, mha_shapes, to_native, validate_state  # noqa: E402
 
 FRAMEWORK = "mlx"
@@ -271,6 +271,7 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows. ``compiled`` runs it through mx.compile.
     """
+    require_original_vit(config, FRAMEWORK)
     validate_state(state, config)
     model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
     load_state_dict(model, to_native(state, FRAMEWORK))
@@ -287,6 +288,9 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
         return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
     return forward
+
+
+make.supports = ORIGINAL_VIT  # conformance.support: verify and the plugin refuse the rest by name
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

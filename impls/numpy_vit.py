@@ -38,6 +38,19 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    # torch's GELU(approximate="tanh"), timm's "gelu_tanh" (SigLIP).
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def quick_gelu(x: np.ndarray) -> np.ndarray:
+    # x * sigmoid(1.702 x), OpenAI CLIP's activation (timm's QuickGELU).
+    return x / (1.0 + np.exp(-1.702 * x))
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "quick_gelu": quick_gelu}
+
+
 def split_heads(x, num_heads: int):
     """(B, N, H * hd) -> (B, H, N, hd)."""
     B, N, _ = x.shape
@@ -112,23 +125,43 @@ class LayerNorm(Module):
 
 
 class GELU(Module):
+    def __init__(self, act_layer: str = "gelu"):
+        self.fn = ACTIVATIONS[act_layer]
+
     def __call__(self, x):
-        return gelu(x)
+        return self.fn(x)
+
+
+class LayerScale(Module):
+    """timm's LayerScale: a per-channel gamma on a residual branch."""
+
+    def __init__(self, dim: int):
+        self.gamma = np.zeros((dim,))
+
+    def __call__(self, x):
+        return x * self.gamma
+
+
+class Identity(Module):
+    def __call__(self, x):
+        return x
 
 
 class Conv2d(Module):
     """A conv whose stride equals its kernel, the only kind a ViT uses."""
 
-    def __init__(self, in_chans: int, out_chans: int, kernel_size: tuple[int, int]):
+    def __init__(self, in_chans: int, out_chans: int, kernel_size: tuple[int, int], bias: bool = True):
         self.weight = np.zeros((out_chans, in_chans, *kernel_size))  # OIHW
-        self.bias = np.zeros((out_chans,))
+        if bias:
+            self.bias = np.zeros((out_chans,))
 
     def __call__(self, x):
         B, C, H, W = x.shape
         _, _, ph, pw = self.weight.shape
         patches = x.reshape(B, C, H // ph, ph, W // pw, pw)
         # out[b, i, j, o] = sum_{c, u, v} x[b, c, i*ph + u, j*pw + v] * w[o, c, u, v] + b[o]
-        y = np.einsum("bciujv,ocuv->bijo", patches, self.weight) + self.bias
+        y = np.einsum("bciujv,ocuv->bijo", patches, self.weight)
+        y = y + self.bias if hasattr(self, "bias") else y
         return y.reshape(B, -1, y.shape[-1])
 
 
@@ -143,7 +176,7 @@ class PatchEmbed(Module):
     def __init__(self, config: ViTConfig):
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size)
+        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, bias=not config.pre_norm)
 
     def __call__(self, x):
         return self.proj(x)  # (B, gh * gw, D), row-major over the grid
@@ -152,18 +185,24 @@ class PatchEmbed(Module):
 class Attention(Module):
     """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False,
+                 qk_norm: bool = False, proj_bias: bool = True, norm_eps: float = 1e-6):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = Linear(dim, dim)
+        if qk_norm:  # over head_dim, per head, before the scale
+            self.q_norm = LayerNorm(self.head_dim, eps=norm_eps)
+            self.k_norm = LayerNorm(self.head_dim, eps=norm_eps)
+        self.proj = Linear(dim, dim, bias=proj_bias)
 
     def __call__(self, x, taps=None, name="attn"):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         _tap(taps, f"{name}.q", q)
         _tap(taps, f"{name}.k", k)
         _tap(taps, f"{name}.v", v)
@@ -209,10 +248,10 @@ class MultiHeadAttention(Module):
 
 
 class Mlp(Module):
-    def __init__(self, in_features: int, hidden_features: int):
-        self.fc1 = Linear(in_features, hidden_features)
-        self.act = GELU()
-        self.fc2 = Linear(hidden_features, in_features)
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "gelu", bias: bool = True):
+        self.fc1 = Linear(in_features, hidden_features, bias=bias)
+        self.act = GELU(act_layer)
+        self.fc2 = Linear(hidden_features, in_features, bias=bias)
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
@@ -223,23 +262,27 @@ class Mlp(Module):
 
 
 class Block(Module):
-    """Pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x)); two distinct norms."""
+    """Pre-norm block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))); two distinct norms
+    (ls1, ls2: LayerScale with init_values, else identities)."""
 
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, eps=config.norm_eps)
         self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
-                                              fused_attn=fused_attn)
+                                              fused_attn=fused_attn, qk_norm=config.qk_norm,
+                                              proj_bias=config.proj_bias, norm_eps=config.norm_eps)
+        self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = (mlp_layer or Mlp)(dim, config.mlp_hidden_dim)
+        self.mlp = (mlp_layer or Mlp)(dim, config.mlp_hidden_dim, config.act_layer, config.proj_bias)
+        self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
     def __call__(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
         _tap(taps, f"{name}.norm1", h)
-        x = x + self.attn(h, taps, f"{name}.attn")
+        x = x + self.ls1(self.attn(h, taps, f"{name}.attn"))
         h = self.norm2(x)
         _tap(taps, f"{name}.norm2", h)
-        x = x + self.mlp(h, taps, f"{name}.mlp")
+        x = x + self.ls2(self.mlp(h, taps, f"{name}.mlp"))
         _tap(taps, name, x)
         return x
 
@@ -252,7 +295,11 @@ class VisionTransformer(Module):
         self.patch_embed = (embed_layer or PatchEmbed)(config)
         if config.class_token:
             self.cls_token = np.zeros((1, 1, D))
-        self.pos_embed = np.zeros((1, config.num_tokens, D))
+        if config.reg_tokens:
+            self.reg_token = np.zeros((1, config.reg_tokens, D))
+        self.pos_embed = np.zeros((1, config.embed_len, D))
+        if config.pre_norm:
+            self.norm_pre = LayerNorm(D, eps=config.norm_eps)
         self.blocks = [
             (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)
         ]
@@ -264,16 +311,22 @@ class VisionTransformer(Module):
             self.head = Linear(D, config.num_classes)
 
     def _pos_embed(self, x):
-        if self.config.class_token:
-            cls = np.broadcast_to(self.cls_token, (x.shape[0], 1, x.shape[2]))
-            x = np.concatenate([cls, x], axis=1)
-        return x + self.pos_embed  # the cls token gets its own position entry, as in timm
+        B, _, D = x.shape
+        tokens = ([self.cls_token] if self.config.class_token else []) + \
+            ([self.reg_token] if self.config.reg_tokens else [])
+        prefix = [np.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class token, then registers
+        if self.config.no_embed_class:  # the position embedding covers the patches; prefix tokens after
+            return np.concatenate(prefix + [x + self.pos_embed], axis=1)
+        return np.concatenate(prefix + [x], axis=1) + self.pos_embed  # prefix tokens get position entries
 
     def forward_features(self, x, taps=None):
         x = self.patch_embed(x)
         _tap(taps, "patch_embed", x)
         x = self._pos_embed(x)
         _tap(taps, "embed", x)
+        if self.config.pre_norm:
+            x = self.norm_pre(x)
+            _tap(taps, "norm_pre", x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, taps, f"blocks.{i}")
         if not self.config.use_fc_norm:
@@ -282,10 +335,12 @@ class VisionTransformer(Module):
         return x
 
     def forward_head(self, x, taps=None):
-        if self.config.global_pool == "avg":
-            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(axis=1))
+        if self.config.global_pool == "avg":  # the patch tokens: class and register tokens excluded
+            x = x[:, self.config.num_prefix_tokens:].mean(axis=1)
         else:
             x = x[:, 0]
+        if self.config.use_fc_norm:
+            x = self.fc_norm(x)
         _tap(taps, "pooled", x)
         x = self.head(x) if self.config.num_classes else x
         _tap(taps, "logits", x)

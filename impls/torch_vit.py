@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impls.config import ViTConfig, check_images
+from impls.config import ORIGINAL_VIT, ViTConfig, check_images, require_original_vit
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
@@ -265,6 +265,7 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows.
     """
+    require_original_vit(config, FRAMEWORK)
     validate_state(state, config)
     with torch.device("meta"):  # no random init: every tensor comes from the state
         model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
@@ -277,6 +278,9 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
         return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
     return forward
+
+
+make.supports = ORIGINAL_VIT  # conformance.support: verify and the plugin refuse the rest by name
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

@@ -25,13 +25,19 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     """Every canonical key for ``config`` with its shape, in timm's state_dict order."""
     D, C = config.embed_dim, config.in_chans
     ph, pw = config.patch_size
-    hidden = config.mlp_hidden_dim
+    hidden, hd = config.mlp_hidden_dim, config.head_dim
     shapes: dict[str, tuple[int, ...]] = {}
     if config.class_token:
         shapes["cls_token"] = (1, 1, D)
-    shapes["pos_embed"] = (1, config.num_tokens, D)
+    if config.reg_tokens:
+        shapes["reg_token"] = (1, config.reg_tokens, D)
+    shapes["pos_embed"] = (1, config.embed_len, D)
     shapes["patch_embed.proj.weight"] = (D, C, ph, pw)
-    shapes["patch_embed.proj.bias"] = (D,)
+    if not config.pre_norm:  # timm: bias=not pre_norm
+        shapes["patch_embed.proj.bias"] = (D,)
+    if config.pre_norm:
+        shapes["norm_pre.weight"] = (D,)
+        shapes["norm_pre.bias"] = (D,)
     for i in range(config.depth):
         b = f"blocks.{i}."
         shapes[b + "norm1.weight"] = (D,)
@@ -39,14 +45,25 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes[b + "attn.qkv.weight"] = (3 * D, D)
         if config.qkv_bias:
             shapes[b + "attn.qkv.bias"] = (3 * D,)
+        if config.qk_norm:
+            for n in ("q_norm", "k_norm"):
+                shapes[f"{b}attn.{n}.weight"] = (hd,)
+                shapes[f"{b}attn.{n}.bias"] = (hd,)
         shapes[b + "attn.proj.weight"] = (D, D)
-        shapes[b + "attn.proj.bias"] = (D,)
+        if config.proj_bias:
+            shapes[b + "attn.proj.bias"] = (D,)
+        if config.init_values is not None:
+            shapes[b + "ls1.gamma"] = (D,)
         shapes[b + "norm2.weight"] = (D,)
         shapes[b + "norm2.bias"] = (D,)
         shapes[b + "mlp.fc1.weight"] = (hidden, D)
-        shapes[b + "mlp.fc1.bias"] = (hidden,)
+        if config.proj_bias:
+            shapes[b + "mlp.fc1.bias"] = (hidden,)
         shapes[b + "mlp.fc2.weight"] = (D, hidden)
-        shapes[b + "mlp.fc2.bias"] = (D,)
+        if config.proj_bias:
+            shapes[b + "mlp.fc2.bias"] = (D,)
+        if config.init_values is not None:
+            shapes[b + "ls2.gamma"] = (D,)
     norm = "fc_norm" if config.use_fc_norm else "norm"
     shapes[f"{norm}.weight"] = (D,)
     shapes[f"{norm}.bias"] = (D,)

@@ -8,6 +8,18 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   token excluded) and applies ``fc_norm`` before the head.
 * ``class_token=False`` is only valid with ``global_pool="avg"``.
 * ``num_classes=0`` means no head: the logits are the pooled features.
+* ``fc_norm=None`` is timm's default (``fc_norm`` with avg pooling, the final ``norm``
+  otherwise); ``True``/``False`` choose: avg pooling after the final norm (big_vision's
+  'gap') is ``fc_norm=False``.
+* ``reg_tokens``: register tokens after the class token (DINOv2 with registers), never
+  pooled; ``no_embed_class``: the position embedding covers the patches only and the prefix
+  tokens are concatenated after it is added (DeiT III, DINOv2 with registers).
+* ``pre_norm``: a LayerNorm ``norm_pre`` after the position embedding, and no patch-embed
+  bias (CLIP).
+* ``init_values``: LayerScale, a per-channel ``gamma`` on each residual branch (``ls1``,
+  ``ls2``; DINOv2, DeiT III); ``qk_norm``: a LayerNorm over head_dim on q and on k.
+* ``act_layer``: ``gelu`` (erf), ``gelu_tanh`` (SigLIP), ``quick_gelu`` (x·σ(1.702x), OpenAI's
+  CLIP); ``proj_bias=False`` drops the biases of ``attn.proj`` and the MLP.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 GLOBAL_POOLS = ("token", "avg")
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")
 
 
 class ConfigError(ValueError):
@@ -48,6 +61,14 @@ class ViTConfig:
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     norm_eps: float = 1e-6
+    reg_tokens: int = 0
+    no_embed_class: bool = False
+    pre_norm: bool = False
+    fc_norm: bool | None = None
+    init_values: float | None = None
+    qk_norm: bool = False
+    act_layer: str = "gelu"
+    proj_bias: bool = True
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +101,17 @@ class ViTConfig:
             raise ConfigError(f"mlp_ratio must give a hidden width >= 1, got {self.mlp_ratio!r}")
         if not 0 < self.norm_eps < 1:
             raise ConfigError(f"norm_eps must be in (0, 1), got {self.norm_eps!r}")
+        if isinstance(self.reg_tokens, bool) or not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
+            raise ConfigError(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
+        if self.fc_norm not in (None, True, False):
+            raise ConfigError(f"fc_norm must be None (timm's default), True or False, got {self.fc_norm!r}")
+        if self.init_values is not None and (isinstance(self.init_values, bool) or not self.init_values > 0):
+            raise ConfigError(f"init_values must be None (no LayerScale) or > 0, got {self.init_values!r}")
+        if self.act_layer not in ACT_LAYERS:
+            raise ConfigError(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
+        for key in ("no_embed_class", "pre_norm", "qk_norm", "proj_bias", "qkv_bias", "class_token"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
 
     # Derived sizes, named as in timm.
     @property
@@ -92,7 +124,12 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
+        return (1 if self.class_token else 0) + self.reg_tokens
+
+    @property
+    def embed_len(self) -> int:
+        """The position embedding's length: the patches, and the prefix tokens unless no_embed_class."""
+        return self.num_patches if self.no_embed_class else self.num_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -108,7 +145,14 @@ class ViTConfig:
 
     @property
     def use_fc_norm(self) -> bool:
-        return self.global_pool == "avg"
+        return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
+
+    def beyond_original_vit(self) -> list[str]:
+        """The options set beyond the original ViT (2020), as ``name=value``."""
+        defaults = ViTConfig.__dataclass_fields__
+        names = ("reg_tokens", "no_embed_class", "pre_norm", "fc_norm", "init_values", "qk_norm", "act_layer",
+                 "proj_bias")
+        return [f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n].default]
 
     @property
     def num_features(self) -> int:

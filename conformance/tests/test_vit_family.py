@@ -1,0 +1,83 @@
+"""The ViT family beyond the original (DINOv2, CLIP, SigLIP, DeiT III, qk-norm models): timm's
+options in the config, the canonical weights and the float64 oracle, each checked against timm's
+VisionTransformer built with the same options; the framework ports refuse them by name until
+they implement them."""
+
+import numpy as np
+import pytest
+import torch
+
+from conformance.compare import error
+from conformance.references import timm_taps, timm_vit
+from conformance.support import Unsupported
+from conformance.tests.helpers import factory
+from impls import ConfigError, get_config, tap_names
+from weights import init_state
+from weights.canonical import expected_shapes
+
+BASE = get_config("vit_test_token")
+VARIANTS = {
+    "dinov2_reg": dict(reg_tokens=4, no_embed_class=True, init_values=1e-5),
+    "registers_with_position": dict(reg_tokens=2),
+    "deit3": dict(no_embed_class=True, init_values=0.1),
+    "clip": dict(pre_norm=True, act_layer="quick_gelu"),
+    "token_fc_norm": dict(fc_norm=True),
+    "big_vision_gap": dict(global_pool="avg", fc_norm=False),
+    "siglip_act": dict(act_layer="gelu_tanh"),
+    "qk_norm": dict(qk_norm=True, init_values=0.5),
+    "no_proj_bias": dict(proj_bias=False, qkv_bias=False),
+}
+
+
+def images(config, seed=0):
+    return np.random.default_rng(seed).normal(size=(2, config.in_chans, *config.img_size)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_oracle_equals_timm_in_float64_at_every_stage_for_each_option(name):
+    config = BASE.replace(**VARIANTS[name])
+    state = init_state(config, seed=3)
+    model = timm_vit(config, state, dtype=torch.float64)
+    assert list(model.state_dict()) == list(expected_shapes(config)), "canonical keys and order are timm's"
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == expected_shapes(config)
+    x = images(config)
+    ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
+    assert sorted(ref) == sorted(tap_names(config))
+    for stage in tap_names(config):
+        _, rel = error(oracle[stage], ref[stage])
+        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+
+
+def test_the_timm_comparison_fails_when_an_option_is_dropped():
+    """Companion: the oracle built without LayerScale, or with the position embedding over the
+    prefix tokens, against timm with them."""
+    for dropped, kept in ((dict(init_values=None), VARIANTS["deit3"]), (dict(no_embed_class=False, reg_tokens=0),
+                                                                         dict(reg_tokens=0, no_embed_class=True))):
+        config = BASE.replace(**kept)
+        state = init_state(config, seed=3)
+        ref = timm_taps(timm_vit(config, state, dtype=torch.float64), images(config))
+        wrong = BASE.replace(**{**kept, **dropped})
+        wrong_state = {k: v for k, v in state.items() if k in expected_shapes(wrong)}
+        if wrong.embed_len != config.embed_len:  # loaded into a model that gives the class token a position:
+            pos = state["pos_embed"]  # the first patch's entry copied in front, the bug of timm#1344's kind
+            wrong_state["pos_embed"] = np.concatenate([pos[:, :1], pos], 1)
+        oracle = factory("numpy")(wrong, wrong_state)(images(config))
+        assert error(oracle["logits"], ref["logits"])[1] > 1e-6, dropped
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(reg_tokens=-1), "reg_tokens must be an int >= 0"),
+    (dict(act_layer="relu"), "act_layer must be one of"),
+    (dict(init_values=0.0), "init_values must be None"),
+    (dict(fc_norm="yes"), "fc_norm must be None"),
+])
+def test_invalid_family_options_raise_config_error_naming_them(options, message):
+    with pytest.raises(ConfigError, match=message):
+        BASE.replace(**options)
+
+
+def test_framework_ports_refuse_family_options_by_name():
+    config = BASE.replace(**VARIANTS["dinov2_reg"])
+    for port in ("torch", "mlx", "jax"):
+        with pytest.raises(Unsupported, match=r"reg_tokens=4, no_embed_class=True, init_values=1e-05"):
+            factory(port)(config, init_state(config))
