@@ -157,28 +157,42 @@ def _python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
 
 
-def test_the_readme_example_verifies_an_unmodified_model_and_locates_its_shared_norm(tmp_path):
+def test_the_readme_example_verifies_an_unmodified_model_and_locates_its_shared_norm(tmp_path, capsys):
     """README's and docs/verify.md's example files are these tested ones. The model file as
     written conforms (every stage but the weights inside MLX's fused attention); the same file
-    with a block that reuses its first norm is located at blocks.0.norm2, the port unchanged."""
+    with a block that reuses its first norm is located at blocks.0.norm2, the port unchanged.
+    (The command runs in this process; test_cli_* above run it as a subprocess.)"""
+    from conformance.cli import main
+
     root = Path(__file__).parents[2]
     blocks = _python_blocks(root / "README.md") + _python_blocks(root / "docs" / "verify.md")
     for path in EXAMPLE.values():
         assert path.read_text() in blocks, f"README.md or docs/verify.md no longer shows {path.name} as it is tested"
-    for path in EXAMPLE.values():
         shutil.copy(path, tmp_path / path.name)
-    code, out = run_cli(tmp_path, "my_port:port", "--json", str(tmp_path / "ok.json"))
-    report = json.loads((tmp_path / "ok.json").read_text())
+
+    def run(report):
+        for name in ("my_vit", "my_port"):  # the user's files, imported afresh
+            sys.modules.pop(name, None)
+        sys.path.insert(0, str(tmp_path))
+        try:
+            code = main(["verify", "my_port:port", "--json", str(report)])
+        finally:
+            sys.path.remove(str(tmp_path))
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err, json.loads(report.read_text())
+
+    code, out, report = run(tmp_path / "ok.json")
     assert code == 0 and len(report["stages"]) == 23 and set(report["unseen"]) == {
         "blocks.0.attn.weights", "blocks.1.attn.weights"}, out
     model = (tmp_path / "my_vit.py").read_text()
     buggy = model.replace("self.ff_in(self.ln_ff(x))", "self.ff_in(self.ln_attn(x))")
     assert buggy != model
     (tmp_path / "my_vit.py").write_text(buggy)
-    code, out = run_cli(tmp_path, "my_port:port", "--json", str(tmp_path / "bug.json"))
-    report = json.loads((tmp_path / "bug.json").read_text())
+    code, out, report = run(tmp_path / "bug.json")
     assert code == 1 and report["first_divergence"] == "blocks.0.norm2", out
     assert "the module 'layers.0.ln_ff' that holds its weights was never called" in out
+    for name in ("my_vit", "my_port"):
+        sys.modules.pop(name, None)
 
 
 # ----------------------------------------------------------------------------- no false alarms
