@@ -114,7 +114,17 @@ def hf_config_to_vit(hf: Mapping) -> ViTConfig:
     )
 
 
+def _original_vit_only(config: ViTConfig, layout: str) -> None:
+    """A layout of the original ViT cannot hold the family's options: refuse rather than drop
+    (a LayerScale gamma silently left behind is mlx-image#26)."""
+    beyond = config.beyond_original_vit()
+    if beyond:
+        raise WeightError(f"the {layout} layout holds the original ViT, not {', '.join(beyond)}: writing it would "
+                          "drop those weights")
+
+
 def vit_config_to_hf(config: ViTConfig) -> dict:
+    _original_vit_only(config, "Hugging Face ViT")
     if config.global_pool != "token" or not config.class_token:
         raise WeightError("Hugging Face ViTForImageClassification pools the class token: "
                           "global_pool='avg' has no Hugging Face layout")
@@ -209,6 +219,7 @@ def _npz_names(config: ViTConfig, flavour: str) -> dict:
 
 
 def _check_npz_pooling(config: ViTConfig) -> None:
+    _original_vit_only(config, ".npz")
     if config.global_pool != "token":
         raise WeightError("the .npz layouts pool the class token, or (big_vision's 'gap') average after the final "
                           "norm; this config's global_pool='avg' normalises after pooling (timm's fc_norm), a "

@@ -81,3 +81,12 @@ def test_framework_ports_refuse_family_options_by_name():
     for port in ("torch", "mlx", "jax"):
         with pytest.raises(Unsupported, match=r"reg_tokens=4, no_embed_class=True, init_values=1e-05"):
             factory(port)(config, init_state(config))
+
+
+@pytest.mark.parametrize("write", ["to_hf", "to_npz"])
+def test_original_vit_layouts_refuse_family_weights_rather_than_drop_them(write):
+    from weights import WeightError, formats
+
+    config = BASE.replace(init_values=0.1)
+    with pytest.raises(WeightError, match="holds the original ViT, not init_values=0.1: writing it would drop"):
+        getattr(formats, write)(init_state(config), config)
