@@ -1,11 +1,14 @@
 """Models a user might write, verified unmodified through ModelPort: a PyTorch ViT whose residual
-adds are in place (a tap kept by reference would be overwritten), and an MLX ViT whose softmax
-is its own module built on mx.exp (invisible to the softmax interception, so its weights are
-read through a tap override)."""
+adds are in place (a tap kept by reference would be overwritten); the README's MLX model with
+blocks whose softmax is its own module built on mx.exp (invisible to the softmax interception,
+so its weights are read through a tap override) or mlx.nn.softmax; and a Flax NNX model loaded
+with the MLX model's rename table. Import it with this directory on sys.path."""
 
 import mlx.core as mx
 import mlx.nn as mnn
 import torch
+from my_port import RENAME  # this directory's README example: the model and its rename table
+from my_vit import MyViT
 from torch import nn
 
 from conformance.capture import ModelPort
@@ -96,28 +99,15 @@ class MLXBlock(mnn.Module):
         return x + self.ff_out(mnn.gelu(self.ff_in(self.ln_ff(x))))
 
 
-class MLXViT(mnn.Module):
+class MLXViT(MyViT):
+    """The README's model (my_vit.py) with these blocks."""
+
     def __init__(self, c):
-        super().__init__()
-        self.stem = mnn.Conv2d(c.in_chans, c.embed_dim, c.patch_size, stride=c.patch_size)
-        self.cls, self.pos = mx.zeros((1, 1, c.embed_dim)), mx.zeros((1, c.num_tokens, c.embed_dim))
+        super().__init__(c)
         self.layers = [MLXBlock(c) for _ in range(c.depth)]
-        self.ln_out, self.classifier = mnn.LayerNorm(c.embed_dim, eps=c.norm_eps), mnn.Linear(c.embed_dim,
-                                                                                               c.num_classes)
-
-    def __call__(self, images):  # NHWC
-        x = self.stem(images)
-        x = x.reshape(x.shape[0], -1, x.shape[-1])
-        x = mx.concatenate([mx.broadcast_to(self.cls, (x.shape[0], 1, x.shape[2])), x], axis=1) + self.pos
-        for layer in self.layers:
-            x = layer(x)
-        return self.classifier(self.ln_out(x)[:, 0])
 
 
-RENAME = {"cls_token": "cls", "pos_embed": "pos", "patch_embed.proj": "stem", "blocks": "layers",
-          "norm1": "ln_attn", "norm2": "ln_ff", "attn.qkv": "to_qkv", "attn.proj": "to_out",
-          "mlp.fc1": "ff_in", "mlp.fc2": "ff_out", "norm": "ln_out", "head": "classifier"}
-own_softmax_port = ModelPort(MLXViT, rename=RENAME, images="NHWC", supports={"global_pool": "token"})
+own_softmax_port = ModelPort(MLXViT, rename=RENAME, supports={"global_pool": "token"})
 
 
 def _nnx_vit():
@@ -193,4 +183,4 @@ class NNSoftmaxViT(MLXViT):
         self.layers = [NNSoftmaxBlock(c) for _ in range(c.depth)]
 
 
-nn_softmax_port = ModelPort(NNSoftmaxViT, rename=RENAME, images="NHWC", supports={"global_pool": "token"})
+nn_softmax_port = ModelPort(NNSoftmaxViT, rename=RENAME, supports={"global_pool": "token"})
