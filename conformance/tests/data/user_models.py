@@ -166,15 +166,17 @@ def _build_nnx(config):
 nnx_port = ModelPort(_build_nnx, rename=RENAME, images="NHWC", supports={"global_pool": "token"})
 
 
-class NNSoftmaxBlock(MLXBlock):
-    """The same block with mlx.nn.softmax, which MLX compiles (shapeless)."""
+class NNSoftmax(mnn.Module):
+    def __call__(self, logits):
+        return mnn.softmax(logits, axis=-1)  # mlx.nn's, which MLX compiles (shapeless)
 
-    def __call__(self, x):
-        B, N, D = x.shape
-        q, k, v = self.to_qkv(self.ln_attn(x)).reshape(B, N, 3, self.heads, -1).transpose(2, 0, 3, 1, 4)
-        a = mnn.softmax((q * q.shape[-1] ** -0.5) @ k.transpose(0, 1, 3, 2), axis=-1)
-        x = x + self.to_out((a @ v).transpose(0, 2, 1, 3).reshape(B, N, D))
-        return x + self.ff_out(mnn.gelu(self.ff_in(self.ln_ff(x))))
+
+class NNSoftmaxBlock(MLXBlock):
+    """The same block with mlx.nn.softmax."""
+
+    def __init__(self, c):
+        super().__init__(c)
+        self.attend = NNSoftmax()
 
 
 class NNSoftmaxViT(MLXViT):
