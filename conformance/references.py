@@ -14,8 +14,10 @@ from impls.config import ViTConfig
 def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None):
     """timm's VisionTransformer for ``config`` in eval mode, with ``state`` loaded strictly."""
     import torch
+    from timm.layers import Mlp, SwiGLU, SwiGLUPacked
     from timm.models.vision_transformer import VisionTransformer
 
+    mlp_layer = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}[config.mlp_layer]
     model = VisionTransformer(
         img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans,
         num_classes=config.num_classes, global_pool=config.global_pool, class_token=config.class_token,
@@ -23,7 +25,7 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
         mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias, reg_tokens=config.reg_tokens,
         no_embed_class=config.no_embed_class, pre_norm=config.pre_norm, fc_norm=config.fc_norm,
         init_values=config.init_values, qk_norm=config.qk_norm, act_layer=config.act_layer,
-        proj_bias=config.proj_bias,
+        proj_bias=config.proj_bias, mlp_layer=mlp_layer,
     )
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):
@@ -55,6 +57,14 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
     def out(name):
         return lambda module, args, output: taps.__setitem__(name, output)
 
+    def arg(name):
+        return lambda module, args: taps.__setitem__(name, args[0])
+
+    def v_of(name, num_heads, head_dim, parts):
+        def hook(module, args, o):
+            taps[name] = o.reshape(o.shape[0], o.shape[1], parts, num_heads, head_dim)[:, :, parts - 1].transpose(1, 2)
+        return hook
+
     hooks.append(model.patch_embed.register_forward_hook(out("patch_embed")))
     hooks.append(model.pos_drop.register_forward_hook(out("embed")))
     if not isinstance(model.norm_pre, torch.nn.Identity):
@@ -63,29 +73,80 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
         p = f"blocks.{i}"
         blk.attn.fused_attn = False  # the explicit path, whose weights pass through attn_drop
         hooks.append(blk.norm1.register_forward_hook(out(f"{p}.norm1")))
-        hooks.append(blk.attn.q_norm.register_forward_hook(out(f"{p}.attn.q")))
-        hooks.append(blk.attn.k_norm.register_forward_hook(out(f"{p}.attn.k")))
-        hooks.append(blk.attn.qkv.register_forward_hook(
-            lambda m, a, o, p=p, attn=blk.attn: taps.__setitem__(
-                f"{p}.attn.v", o.reshape(o.shape[0], o.shape[1], 3, attn.num_heads, attn.head_dim)[:, :, 2]
-                .transpose(1, 2))))
+        hooks.append(blk.attn.q_norm.register_forward_pre_hook(arg(f"{p}.attn.q")))
+        hooks.append(blk.attn.k_norm.register_forward_pre_hook(arg(f"{p}.attn.k")))
+        hooks.append(blk.attn.qkv.register_forward_hook(v_of(f"{p}.attn.v", blk.attn.num_heads, blk.attn.head_dim, 3)))
+        if not isinstance(blk.attn.q_norm, torch.nn.Identity):
+            hooks.append(blk.attn.q_norm.register_forward_hook(out(f"{p}.attn.q_norm")))
+            hooks.append(blk.attn.k_norm.register_forward_hook(out(f"{p}.attn.k_norm")))
         hooks.append(blk.attn.attn_drop.register_forward_hook(out(f"{p}.attn.weights")))
         hooks.append(blk.attn.register_forward_hook(out(f"{p}.attn")))
+        for ls in ("ls1", "ls2"):
+            if not isinstance(getattr(blk, ls), torch.nn.Identity):
+                hooks.append(getattr(blk, ls).register_forward_hook(out(f"{p}.{ls}")))
         hooks.append(blk.norm2.register_forward_hook(out(f"{p}.norm2")))
-        hooks.append(blk.mlp.act.register_forward_hook(out(f"{p}.mlp.act")))
+        hooks.append(blk.mlp.fc2.register_forward_pre_hook(arg(f"{p}.mlp.act")))  # act, or act(gate) * value
         hooks.append(blk.mlp.register_forward_hook(out(f"{p}.mlp")))
         hooks.append(blk.register_forward_hook(out(p)))
     if not isinstance(model.norm, torch.nn.Identity):
         hooks.append(model.norm.register_forward_hook(out("norm")))
+    pool = model.attn_pool
+    if pool is not None:
+        pool.fused_attn = False
+        hooks.append(pool.q_norm.register_forward_pre_hook(arg("attn_pool.q")))
+        hooks.append(pool.k_norm.register_forward_pre_hook(arg("attn_pool.k")))
+        hooks.append(pool.kv.register_forward_hook(v_of("attn_pool.v", pool.num_heads, pool.head_dim, 2)))
+        hooks.append(pool.proj.register_forward_hook(out("attn_pool.proj")))
+        hooks.append(pool.norm.register_forward_hook(out("attn_pool.norm")))
+        hooks.append(pool.mlp.fc2.register_forward_pre_hook(arg("attn_pool.mlp.act")))
+        hooks.append(pool.mlp.register_forward_hook(out("attn_pool.mlp")))
+        hooks.append(pool.register_forward_hook(out("attn_pool")))
     hooks.append(model.head.register_forward_pre_hook(lambda m, args: taps.__setitem__("pooled", args[0])))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _softmax_outputs(pool, taps, "attn_pool.weights"):
             dtype = next(model.parameters()).dtype
             taps["logits"] = model(torch.tensor(np.asarray(images)).to(dtype))  # a copy: inputs may be read-only
     finally:
         for h in hooks:
             h.remove()
     return {k: _numpy(v) for k, v in taps.items()}
+
+
+class _SoftmaxRecorder:
+    """The attention weights of timm's AttentionPoolLatent, which passes them through no module:
+    the output of the softmax called while ``module`` runs."""
+
+    def __init__(self, module, taps, name):
+        self.module, self.taps, self.name = module, taps, name
+
+    def __enter__(self):
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        taps, name = self.taps, self.name
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                result = func(*args, **(kwargs or {}))
+                if func in (torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax):
+                    taps[name] = result
+                return result
+
+        self.mode = Mode()
+        self.pre = self.module.register_forward_pre_hook(lambda m, a: None if self.mode.__enter__() else None)
+        self.post = self.module.register_forward_hook(lambda m, a, o: None if self.mode.__exit__(None, None, None)
+                                                      else None)
+        return self
+
+    def __exit__(self, *exc):
+        self.pre.remove()
+        self.post.remove()
+
+
+def _softmax_outputs(module, taps, name):
+    import contextlib
+
+    return contextlib.nullcontext() if module is None else _SoftmaxRecorder(module, taps, name)
 
 
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}

@@ -19,8 +19,9 @@ class Unsupported(ValueError):
 
 # What a port of the original ViT supports (conformance.support's form): every option of the
 # ViT family at its default.
-ORIGINAL_VIT = {"reg_tokens": 0, "no_embed_class": False, "pre_norm": False, "fc_norm": (None,),
-                "init_values": (None,), "qk_norm": False, "act_layer": "gelu", "proj_bias": True}
+ORIGINAL_VIT = {"global_pool": ("token", "avg"), "reg_tokens": 0, "no_embed_class": False, "pre_norm": False,
+                "fc_norm": (None,), "init_values": (None,), "qk_norm": False, "act_layer": "gelu", "proj_bias": True,
+                "mlp_layer": "mlp"}
 
 
 def require_original_vit(config: ViTConfig, port: str) -> None:
@@ -31,17 +32,31 @@ def require_original_vit(config: ViTConfig, port: str) -> None:
 
 
 BLOCK_TAPS = (
-    "norm1", "attn.q", "attn.k", "attn.v", "attn.weights", "attn", "norm2", "mlp.act", "mlp", "",
+    "norm1", "attn.q", "attn.k", "attn.v", "attn.q_norm", "attn.k_norm", "attn.weights", "attn", "ls1", "norm2",
+    "mlp.act", "mlp", "ls2", "",
 )
+ATTN_POOL_TAPS = ("q", "k", "v", "weights", "proj", "norm", "mlp.act", "mlp", "")
+
+
+def block_taps(config: ViTConfig) -> tuple[str, ...]:
+    """The stages inside each block for ``config``, in order ('' is the block's output)."""
+    absent = set()
+    if not config.qk_norm:
+        absent |= {"attn.q_norm", "attn.k_norm"}
+    if config.init_values is None:
+        absent |= {"ls1", "ls2"}
+    return tuple(t for t in BLOCK_TAPS if t not in absent)
 
 
 def tap_names(config: ViTConfig) -> list[str]:
     """The stages every port can emit, in the order the model computes them."""
     names = ["patch_embed", "embed"] + (["norm_pre"] if config.pre_norm else [])
     for i in range(config.depth):
-        names += [f"blocks.{i}.{t}" if t else f"blocks.{i}" for t in BLOCK_TAPS]
+        names += [f"blocks.{i}.{t}" if t else f"blocks.{i}" for t in block_taps(config)]
     if not config.use_fc_norm:
         names.append("norm")
+    if config.global_pool == "map":
+        names += [f"attn_pool.{t}" if t else "attn_pool" for t in ATTN_POOL_TAPS]
     names += ["pooled", "logits"]
     return names
 
@@ -51,18 +66,25 @@ def tap_shapes(config: ViTConfig, batch: int) -> dict[str, tuple[int, ...]]:
     B, N, D = batch, config.num_tokens, config.embed_dim
     H, hd = config.num_heads, config.head_dim
     per_block = {
-        "norm1": (B, N, D), "attn.q": (B, H, N, hd), "attn.k": (B, H, N, hd),
-        "attn.v": (B, H, N, hd), "attn.weights": (B, H, N, N), "attn": (B, N, D),
-        "norm2": (B, N, D), "mlp.act": (B, N, config.mlp_hidden_dim), "mlp": (B, N, D), "": (B, N, D),
+        "norm1": (B, N, D), "attn.q": (B, H, N, hd), "attn.k": (B, H, N, hd), "attn.v": (B, H, N, hd),
+        "attn.q_norm": (B, H, N, hd), "attn.k_norm": (B, H, N, hd), "attn.weights": (B, H, N, N),
+        "attn": (B, N, D), "ls1": (B, N, D), "norm2": (B, N, D), "mlp.act": (B, N, config.mlp_act_dim),
+        "mlp": (B, N, D), "ls2": (B, N, D), "": (B, N, D),
     }
     shapes = {"patch_embed": (B, config.num_patches, D), "embed": (B, N, D)}
     if config.pre_norm:
         shapes["norm_pre"] = (B, N, D)
     for i in range(config.depth):
-        for t, s in per_block.items():
-            shapes[f"blocks.{i}.{t}" if t else f"blocks.{i}"] = s
+        for t in block_taps(config):
+            shapes[f"blocks.{i}.{t}" if t else f"blocks.{i}"] = per_block[t]
     if not config.use_fc_norm:
         shapes["norm"] = (B, N, D)
+    if config.global_pool == "map":
+        P = config.num_patches
+        shapes.update({"attn_pool.q": (B, H, 1, hd), "attn_pool.k": (B, H, P, hd), "attn_pool.v": (B, H, P, hd),
+                       "attn_pool.weights": (B, H, 1, P), "attn_pool.proj": (B, 1, D), "attn_pool.norm": (B, 1, D),
+                       "attn_pool.mlp.act": (B, 1, config.mlp_hidden_dim), "attn_pool.mlp": (B, 1, D),
+                       "attn_pool": (B, D)})
     shapes["pooled"] = (B, D)
     shapes["logits"] = (B, config.num_features)
     return shapes
@@ -88,4 +110,4 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
 
 
 __all__ = ["GLOBAL_POOLS", "PRESETS", "ConfigError", "InputError", "Unsupported", "ViTConfig", "get_config",
-           "tap_names", "tap_shapes", "check_images", "BLOCK_TAPS", "ORIGINAL_VIT", "require_original_vit"]
+           "tap_names", "tap_shapes", "check_images", "BLOCK_TAPS", "ATTN_POOL_TAPS", "block_taps", "ORIGINAL_VIT", "require_original_vit"]

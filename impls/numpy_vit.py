@@ -48,7 +48,12 @@ def quick_gelu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-1.702 * x))
 
 
-ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "quick_gelu": quick_gelu}
+def silu(x: np.ndarray) -> np.ndarray:
+    # x * sigmoid(x), the SwiGLU gate's activation.
+    return x / (1.0 + np.exp(-x))
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "quick_gelu": quick_gelu, "silu": silu}
 
 
 def split_heads(x, num_heads: int):
@@ -201,11 +206,13 @@ class Attention(Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
         _tap(taps, f"{name}.q", q)
         _tap(taps, f"{name}.k", k)
         _tap(taps, f"{name}.v", v)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+            _tap(taps, f"{name}.q_norm", q)
+            _tap(taps, f"{name}.k_norm", k)
         q = q * self.scale
         attn = q @ np.swapaxes(k, -2, -1)
         attn = softmax(attn, axis=-1)  # over keys
@@ -247,6 +254,37 @@ class MultiHeadAttention(Module):
         return (x, attn) if return_weights else x
 
 
+class AttentionPoolLatent(MultiHeadAttention):
+    """timm's AttentionPoolLatent (the 'map' head): a learned latent query attends over the
+    tokens, then x + mlp(norm(x)); the latent's output is the pooled feature."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float,
+                 fused_attn: bool = False):
+        super().__init__(dim, num_heads=num_heads, fused_attn=fused_attn)
+        self.latent = np.zeros((1, 1, dim))
+        self.norm = LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer)
+
+    def __call__(self, x, taps=None, name="attn_pool"):
+        B, N, _ = x.shape
+        q = split_heads(self.q(np.broadcast_to(self.latent, (B, *self.latent.shape[1:]))), self.num_heads)
+        kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        k, v = kv[0], kv[1]
+        _tap(taps, f"{name}.q", q)
+        _tap(taps, f"{name}.k", k)
+        _tap(taps, f"{name}.v", v)
+        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale)
+        _tap(taps, f"{name}.weights", attn)
+        x = self.proj(merge_heads(x))
+        _tap(taps, f"{name}.proj", x)
+        h = self.norm(x)
+        _tap(taps, f"{name}.norm", h)
+        x = x + self.mlp(h, taps, f"{name}.mlp")
+        x = x[:, 0]  # the latent's token
+        _tap(taps, name, x)
+        return x
+
+
 class Mlp(Module):
     def __init__(self, in_features: int, hidden_features: int, act_layer: str = "gelu", bias: bool = True):
         self.fc1 = Linear(in_features, hidden_features, bias=bias)
@@ -261,6 +299,43 @@ class Mlp(Module):
         return x
 
 
+class SwiGLUPacked(Module):
+    """timm's SwiGLUPacked (GluMlp, gate first): fc1 rows are the gate, then the value."""
+
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True):
+        self.fc1 = Linear(in_features, hidden_features, bias=bias)
+        self.act = GELU(act_layer)
+        self.fc2 = Linear(hidden_features // 2, in_features, bias=bias)
+
+    def __call__(self, x, taps=None, name="mlp"):
+        gate, x = np.split(self.fc1(x), 2, axis=-1)
+        x = self.act(gate) * x
+        _tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        _tap(taps, name, x)
+        return x
+
+
+class SwiGLU(Module):
+    """timm's SwiGLU: separate gate (fc1_g) and value (fc1_x) projections."""
+
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True):
+        self.fc1_g = Linear(in_features, hidden_features, bias=bias)
+        self.fc1_x = Linear(in_features, hidden_features, bias=bias)
+        self.act = GELU(act_layer)
+        self.fc2 = Linear(hidden_features, in_features, bias=bias)
+
+    def __call__(self, x, taps=None, name="mlp"):
+        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
+        _tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        _tap(taps, name, x)
+        return x
+
+
+MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}
+
+
 class Block(Module):
     """Pre-norm block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))); two distinct norms
     (ls1, ls2: LayerScale with init_values, else identities)."""
@@ -273,16 +348,25 @@ class Block(Module):
                                               proj_bias=config.proj_bias, norm_eps=config.norm_eps)
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = (mlp_layer or Mlp)(dim, config.mlp_hidden_dim, config.act_layer, config.proj_bias)
+        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(dim, config.mlp_hidden_dim, config.act_layer,
+                                                              config.proj_bias)
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
     def __call__(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
         _tap(taps, f"{name}.norm1", h)
-        x = x + self.ls1(self.attn(h, taps, f"{name}.attn"))
+        h = self.attn(h, taps, f"{name}.attn")
+        if isinstance(self.ls1, LayerScale):
+            h = self.ls1(h)
+            _tap(taps, f"{name}.ls1", h)
+        x = x + h
         h = self.norm2(x)
         _tap(taps, f"{name}.norm2", h)
-        x = x + self.ls2(self.mlp(h, taps, f"{name}.mlp"))
+        h = self.mlp(h, taps, f"{name}.mlp")
+        if isinstance(self.ls2, LayerScale):
+            h = self.ls2(h)
+            _tap(taps, f"{name}.ls2", h)
+        x = x + h
         _tap(taps, name, x)
         return x
 
@@ -303,10 +387,13 @@ class VisionTransformer(Module):
         self.blocks = [
             (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)
         ]
+        if not config.use_fc_norm:
+            self.norm = LayerNorm(D, eps=config.norm_eps)
+        if config.global_pool == "map":
+            self.attn_pool = AttentionPoolLatent(D, config.num_heads, config.mlp_ratio, config.act_layer,
+                                                 config.norm_eps, fused_attn)
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, eps=config.norm_eps)
-        else:
-            self.norm = LayerNorm(D, eps=config.norm_eps)
         if config.num_classes:
             self.head = Linear(D, config.num_classes)
 
@@ -334,11 +421,21 @@ class VisionTransformer(Module):
             _tap(taps, "norm", x)
         return x
 
+    def pool(self, x, taps=None):
+        pool = self.config.global_pool
+        if pool == "token":
+            return x[:, 0]
+        x = x[:, self.config.num_prefix_tokens:]  # the patch tokens: class and register tokens excluded
+        if pool == "map":
+            return self.attn_pool(x, taps)
+        if pool == "avg":
+            return x.mean(axis=1)
+        if pool == "max":
+            return x.max(axis=1)
+        return 0.5 * (x.max(axis=1) + x.mean(axis=1))  # avgmax
+
     def forward_head(self, x, taps=None):
-        if self.config.global_pool == "avg":  # the patch tokens: class and register tokens excluded
-            x = x[:, self.config.num_prefix_tokens:].mean(axis=1)
-        else:
-            x = x[:, 0]
+        x = self.pool(x, taps)
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
         _tap(taps, "pooled", x)

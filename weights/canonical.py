@@ -56,17 +56,26 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
             shapes[b + "ls1.gamma"] = (D,)
         shapes[b + "norm2.weight"] = (D,)
         shapes[b + "norm2.bias"] = (D,)
-        shapes[b + "mlp.fc1.weight"] = (hidden, D)
-        if config.proj_bias:
-            shapes[b + "mlp.fc1.bias"] = (hidden,)
-        shapes[b + "mlp.fc2.weight"] = (D, hidden)
+        fc1 = ("fc1_g", "fc1_x") if config.mlp_layer == "swiglu" else ("fc1",)
+        for fc in fc1:
+            shapes[f"{b}mlp.{fc}.weight"] = (hidden, D)
+            if config.proj_bias:
+                shapes[f"{b}mlp.{fc}.bias"] = (hidden,)
+        shapes[b + "mlp.fc2.weight"] = (D, config.mlp_act_dim)
         if config.proj_bias:
             shapes[b + "mlp.fc2.bias"] = (D,)
         if config.init_values is not None:
             shapes[b + "ls2.gamma"] = (D,)
-    norm = "fc_norm" if config.use_fc_norm else "norm"
-    shapes[f"{norm}.weight"] = (D,)
-    shapes[f"{norm}.bias"] = (D,)
+    if not config.use_fc_norm:
+        shapes["norm.weight"] = (D,)
+        shapes["norm.bias"] = (D,)
+    if config.global_pool == "map":  # timm's AttentionPoolLatent, with its defaults (qkv bias, plain Mlp)
+        shapes["attn_pool.latent"] = (1, 1, D)
+        for key, shape in attn_pool_shapes(D, config.num_heads, config.mlp_hidden_dim).items():
+            shapes[f"attn_pool.{key}"] = shape
+    if config.use_fc_norm:
+        shapes["fc_norm.weight"] = (D,)
+        shapes["fc_norm.bias"] = (D,)
     if config.num_classes:
         shapes["head.weight"] = (config.num_classes, D)
         shapes["head.bias"] = (config.num_classes,)
@@ -80,6 +89,16 @@ def mha_shapes(dim: int, context_dim: int | None, num_heads: int, head_dim: int,
     shapes = {"q.weight": (inner, dim), "kv.weight": (2 * inner, context_dim), "proj.weight": (dim, inner), "proj.bias": (dim,)}
     if qkv_bias:
         shapes.update({"q.bias": (inner,), "kv.bias": (2 * inner,)})
+    return shapes
+
+
+def attn_pool_shapes(dim: int, num_heads: int, hidden: int) -> dict[str, tuple[int, ...]]:
+    """AttentionPoolLatent's layers after its latent: the attention's ``q``/``kv``/``proj``, then
+    ``norm`` and ``mlp`` on the residual."""
+    shapes = mha_shapes(dim, None, num_heads, dim // num_heads)
+    shapes = {k: shapes[k] for k in ("q.weight", "q.bias", "kv.weight", "kv.bias", "proj.weight", "proj.bias")}
+    shapes.update({"norm.weight": (dim,), "norm.bias": (dim,), "mlp.fc1.weight": (hidden, dim),
+                   "mlp.fc1.bias": (hidden,), "mlp.fc2.weight": (dim, hidden), "mlp.fc2.bias": (dim,)})
     return shapes
 
 

@@ -5,8 +5,11 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 
 * ``global_pool="token"`` takes the class token after the final ``norm``;
   ``global_pool="avg"`` has no final ``norm``: it averages the patch tokens (the class
-  token excluded) and applies ``fc_norm`` before the head.
-* ``class_token=False`` is only valid with ``global_pool="avg"``.
+  token excluded) and applies ``fc_norm`` before the head; ``"max"`` takes their maximum,
+  ``"avgmax"`` the mean of both; ``"map"`` (SigLIP) pools the patch tokens after the final
+  ``norm`` with timm's ``AttentionPoolLatent`` (``attn_pool``: a learned ``latent`` query
+  attending over them, then a pre-norm MLP on its residual).
+* ``class_token=False`` is not valid with ``global_pool="token"``.
 * ``num_classes=0`` means no head: the logits are the pooled features.
 * ``fc_norm=None`` is timm's default (``fc_norm`` with avg pooling, the final ``norm``
   otherwise); ``True``/``False`` choose: avg pooling after the final norm (big_vision's
@@ -19,7 +22,11 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 * ``init_values``: LayerScale, a per-channel ``gamma`` on each residual branch (``ls1``,
   ``ls2``; DINOv2, DeiT III); ``qk_norm``: a LayerNorm over head_dim on q and on k.
 * ``act_layer``: ``gelu`` (erf), ``gelu_tanh`` (SigLIP), ``quick_gelu`` (x·σ(1.702x), OpenAI's
-  CLIP); ``proj_bias=False`` drops the biases of ``attn.proj`` and the MLP.
+  CLIP), ``silu`` (the SwiGLU gate); ``proj_bias=False`` drops the biases of ``attn.proj``
+  and the MLP.
+* ``mlp_layer``: ``mlp`` (fc1, act, fc2), ``swiglu_packed`` (timm's ``SwiGLUPacked``, DINOv2
+  giant: ``fc1`` holds the gate rows then the value rows, ``act(gate) * value``, ``fc2`` from
+  half the width) or ``swiglu`` (timm's ``SwiGLU``: separate ``fc1_g`` and ``fc1_x``).
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-GLOBAL_POOLS = ("token", "avg")
-ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")
+GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
+REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
 
 
 class ConfigError(ValueError):
@@ -69,6 +78,7 @@ class ViTConfig:
     qk_norm: bool = False
     act_layer: str = "gelu"
     proj_bias: bool = True
+    mlp_layer: str = "mlp"
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -96,7 +106,8 @@ class ViTConfig:
         if self.global_pool not in GLOBAL_POOLS:
             raise ConfigError(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
         if not self.class_token and self.global_pool == "token":
-            raise ConfigError('class_token=False needs global_pool="avg": there is no token to pool')
+            raise ConfigError(f'class_token=False needs a global_pool other than "token" ({GLOBAL_POOLS[1:]}): '
+                              'there is no token to pool')
         if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
             raise ConfigError(f"mlp_ratio must give a hidden width >= 1, got {self.mlp_ratio!r}")
         if not 0 < self.norm_eps < 1:
@@ -109,6 +120,11 @@ class ViTConfig:
             raise ConfigError(f"init_values must be None (no LayerScale) or > 0, got {self.init_values!r}")
         if self.act_layer not in ACT_LAYERS:
             raise ConfigError(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
+        if self.mlp_layer not in MLP_LAYERS:
+            raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
+        if self.mlp_layer == "swiglu_packed" and self.mlp_hidden_dim % 2:
+            raise ConfigError(f"mlp_layer='swiglu_packed' splits fc1's {self.mlp_hidden_dim} outputs (embed_dim * "
+                              "mlp_ratio) into gate and value halves: it must be even")
         for key in ("no_embed_class", "pre_norm", "qk_norm", "proj_bias", "qkv_bias", "class_token"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
@@ -141,18 +157,27 @@ class ViTConfig:
 
     @property
     def mlp_hidden_dim(self) -> int:
+        """fc1's output width, as timm's ``int(dim * mlp_ratio)``."""
         return int(self.embed_dim * self.mlp_ratio)
 
     @property
+    def mlp_act_dim(self) -> int:
+        """The MLP's activation width (fc2's input): half of fc1's for the packed SwiGLU."""
+        return self.mlp_hidden_dim // 2 if self.mlp_layer == "swiglu_packed" else self.mlp_hidden_dim
+
+    @property
     def use_fc_norm(self) -> bool:
-        return self.global_pool == "avg" if self.fc_norm is None else self.fc_norm
+        return self.global_pool in REDUCING_POOLS if self.fc_norm is None else self.fc_norm
 
     def beyond_original_vit(self) -> list[str]:
         """The options set beyond the original ViT (2020), as ``name=value``."""
         defaults = ViTConfig.__dataclass_fields__
         names = ("reg_tokens", "no_embed_class", "pre_norm", "fc_norm", "init_values", "qk_norm", "act_layer",
-                 "proj_bias")
-        return [f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n].default]
+                 "proj_bias", "mlp_layer")
+        beyond = [f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n].default]
+        if self.global_pool not in ("token", "avg"):
+            beyond.insert(0, f"global_pool={self.global_pool!r}")
+        return beyond
 
     @property
     def num_features(self) -> int:

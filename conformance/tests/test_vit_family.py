@@ -26,6 +26,12 @@ VARIANTS = {
     "siglip_act": dict(act_layer="gelu_tanh"),
     "qk_norm": dict(qk_norm=True, init_values=0.5),
     "no_proj_bias": dict(proj_bias=False, qkv_bias=False),
+    "siglip_map": dict(class_token=False, global_pool="map", act_layer="gelu_tanh"),
+    "map_after_tokens": dict(global_pool="map", reg_tokens=1, fc_norm=True),
+    "avgmax": dict(global_pool="avgmax", reg_tokens=1),
+    "max": dict(global_pool="max", class_token=False),
+    "swiglu_packed": dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=2.0, init_values=1.0),
+    "swiglu": dict(mlp_layer="swiglu", act_layer="silu", proj_bias=False),
 }
 
 
