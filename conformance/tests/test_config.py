@@ -44,7 +44,9 @@ def test_int_img_size_means_square():
     [
         (dict(embed_dim=10, num_heads=3), ["embed_dim 10", "num_heads 3"]),
         (dict(img_size=(30, 32), patch_size=16), ["img_size (30, 32)", "patch_size (16, 16)"]),
-        (dict(global_pool="max"), ["global_pool", "'max'"]),
+        (dict(global_pool="gap"), ["global_pool", "'gap'"]),
+        (dict(mlp_layer="glu"), ["mlp_layer", "'glu'"]),
+        (dict(mlp_layer="swiglu_packed", embed_dim=6, num_heads=2, mlp_ratio=1.5), ["swiglu_packed", "9", "even"]),
         (dict(class_token=False, global_pool="token"), ["class_token=False", "avg"]),
         (dict(depth=0), ["depth", "0"]),
         (dict(in_chans=2.5), ["in_chans", "2.5"]),
