@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from impls.config import ORIGINAL_VIT, ViTConfig, check_images, require_original_vit
+from impls.config import ViTConfig, check_images
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "jax"
@@ -80,18 +80,51 @@ LayerNorm = partial(nnx.LayerNorm, use_fast_variance=False)
 
 
 class GELU(nnx.Module):
+    def __init__(self, approximate: bool = False):
+        self.approximate = approximate
+
     def __call__(self, x):
-        return jax.nn.gelu(x, approximate=False)  # jax defaults to the tanh form
+        return jax.nn.gelu(x, approximate=self.approximate)  # jax defaults to the tanh form
 
 
-def Conv2d(in_chans, out_chans, kernel_size, stride, rngs):
-    return nnx.Conv(in_chans, out_chans, kernel_size=kernel_size, strides=stride, padding="VALID",
+def Conv2d(in_chans, out_chans, kernel_size, stride, bias, rngs):
+    return nnx.Conv(in_chans, out_chans, kernel_size=kernel_size, strides=stride, padding="VALID", use_bias=bias,
                     precision=PRECISION, rngs=rngs)
+
+
+class Identity(nnx.Module):
+    def __call__(self, x):
+        return x
+
+
+class QuickGELU(nnx.Module):
+    """x * sigmoid(1.702 x), OpenAI CLIP's activation (timm's QuickGELU)."""
+
+    def __call__(self, x):
+        return x * jax.nn.sigmoid(1.702 * x)
+
+
+class SiLU(nnx.Module):
+    def __call__(self, x):
+        return jax.nn.silu(x)
+
+
+ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate=True), "quick_gelu": QuickGELU, "silu": SiLU}
 
 
 def _tap(taps, name, value):
     if taps is not None:
         taps[name] = value
+
+
+class LayerScale(nnx.Module):
+    """timm's LayerScale: a per-channel gamma on a residual branch."""
+
+    def __init__(self, dim: int):
+        self.gamma = nnx.Param(jnp.zeros((dim,)))
+
+    def __call__(self, x):
+        return x * self.gamma[...]
 
 
 class PatchEmbed(nnx.Module):
@@ -100,7 +133,8 @@ class PatchEmbed(nnx.Module):
     def __init__(self, config: ViTConfig, *, rngs: nnx.Rngs):
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, config.patch_size, rngs)
+        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, config.patch_size,
+                           not config.pre_norm, rngs)
 
     def __call__(self, x):
         x = self.proj(x.transpose(0, 2, 3, 1))  # NCHW -> NHWC -> (B, gh, gw, D)
@@ -110,13 +144,16 @@ class PatchEmbed(nnx.Module):
 class Attention(nnx.Module):
     """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False, *, rngs):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False,
+                 qk_norm: bool = False, proj_bias: bool = True, norm_eps: float = 1e-6, *, rngs):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, use_bias=qkv_bias, rngs=rngs)
-        self.proj = Linear(dim, dim, rngs=rngs)
+        self.q_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()  # per head
+        self.k_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()
+        self.proj = Linear(dim, dim, use_bias=proj_bias, rngs=rngs)
 
     def __call__(self, x, taps=None, name="attn"):
         B, N, C = x.shape
@@ -125,6 +162,10 @@ class Attention(nnx.Module):
         _tap(taps, f"{name}.q", q)
         _tap(taps, f"{name}.k", k)
         _tap(taps, f"{name}.v", v)
+        if isinstance(self.q_norm, nnx.LayerNorm):
+            q, k = self.q_norm(q), self.k_norm(k)
+            _tap(taps, f"{name}.q_norm", q)
+            _tap(taps, f"{name}.k_norm", k)
         if self.fused_attn and taps is None:
             x = jax.nn.dot_product_attention(
                 q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), scale=self.scale
@@ -173,11 +214,42 @@ class MultiHeadAttention(nnx.Module):
         return (x, attn) if return_weights else x
 
 
+class AttentionPoolLatent(MultiHeadAttention):
+    """timm's AttentionPoolLatent (the 'map' head): a learned latent query attends over the
+    tokens, then x + mlp(norm(x)); the latent's output is the pooled feature."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float,
+                 fused_attn: bool = False, *, rngs):
+        super().__init__(dim, num_heads=num_heads, fused_attn=fused_attn, rngs=rngs)
+        self.latent = nnx.Param(jnp.zeros((1, 1, dim)))
+        self.norm = LayerNorm(dim, epsilon=norm_eps, rngs=rngs)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer, rngs=rngs)
+
+    def __call__(self, x, taps=None, name="attn_pool"):
+        B, N, _ = x.shape
+        q = split_heads(self.q(jnp.broadcast_to(self.latent[...], (B, *self.latent.shape[1:]))), self.num_heads)
+        kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        k, v = kv[0], kv[1]
+        _tap(taps, f"{name}.q", q)
+        _tap(taps, f"{name}.k", k)
+        _tap(taps, f"{name}.v", v)
+        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None)
+        _tap(taps, f"{name}.weights", attn)
+        x = self.proj(merge_heads(x))
+        _tap(taps, f"{name}.proj", x)
+        h = self.norm(x)
+        _tap(taps, f"{name}.norm", h)
+        x = x + self.mlp(h, taps, f"{name}.mlp")
+        x = x[:, 0]  # the latent's token
+        _tap(taps, name, x)
+        return x
+
+
 class Mlp(nnx.Module):
-    def __init__(self, in_features: int, hidden_features: int, *, rngs):
-        self.fc1 = Linear(in_features, hidden_features, rngs=rngs)
-        self.act = GELU()
-        self.fc2 = Linear(hidden_features, in_features, rngs=rngs)
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "gelu", bias: bool = True, *, rngs):
+        self.fc1 = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
+        self.act = ACT_LAYERS[act_layer]()
+        self.fc2 = Linear(hidden_features, in_features, use_bias=bias, rngs=rngs)
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
@@ -187,24 +259,74 @@ class Mlp(nnx.Module):
         return x
 
 
+class SwiGLUPacked(nnx.Module):
+    """timm's SwiGLUPacked (GluMlp, gate first): fc1 rows are the gate, then the value."""
+
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True, *, rngs):
+        self.fc1 = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
+        self.act = ACT_LAYERS[act_layer]()
+        self.fc2 = Linear(hidden_features // 2, in_features, use_bias=bias, rngs=rngs)
+
+    def __call__(self, x, taps=None, name="mlp"):
+        gate, x = jnp.split(self.fc1(x), 2, axis=-1)
+        x = self.act(gate) * x
+        _tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        _tap(taps, name, x)
+        return x
+
+
+class SwiGLU(nnx.Module):
+    """timm's SwiGLU: separate gate (fc1_g) and value (fc1_x) projections."""
+
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True, *, rngs):
+        self.fc1_g = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
+        self.fc1_x = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
+        self.act = ACT_LAYERS[act_layer]()
+        self.fc2 = Linear(hidden_features, in_features, use_bias=bias, rngs=rngs)
+
+    def __call__(self, x, taps=None, name="mlp"):
+        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
+        _tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        _tap(taps, name, x)
+        return x
+
+
+MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}
+
+
 class Block(nnx.Module):
-    """Pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x)); two distinct norms."""
+    """Pre-norm block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))); two distinct norms
+    (ls1, ls2: LayerScale with init_values, else identities)."""
 
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None, *, rngs):
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, epsilon=config.norm_eps, rngs=rngs)
         self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
-                                              fused_attn=fused_attn, rngs=rngs)
+                                              fused_attn=fused_attn, qk_norm=config.qk_norm,
+                                              proj_bias=config.proj_bias, norm_eps=config.norm_eps, rngs=rngs)
+        self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, epsilon=config.norm_eps, rngs=rngs)
-        self.mlp = (mlp_layer or Mlp)(dim, config.mlp_hidden_dim, rngs=rngs)
+        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(dim, config.mlp_hidden_dim, config.act_layer,
+                                                              config.proj_bias, rngs=rngs)
+        self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
     def __call__(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
         _tap(taps, f"{name}.norm1", h)
-        x = x + self.attn(h, taps, f"{name}.attn")
+        h = self.attn(h, taps, f"{name}.attn")
+        if isinstance(self.ls1, LayerScale):
+            h = self.ls1(h)
+            _tap(taps, f"{name}.ls1", h)
+        x = x + h
         h = self.norm2(x)
         _tap(taps, f"{name}.norm2", h)
-        x = x + self.mlp(h, taps, f"{name}.mlp")
+        h = self.mlp(h, taps, f"{name}.mlp")
+        if isinstance(self.ls2, LayerScale):
+            h = self.ls2(h)
+            _tap(taps, f"{name}.ls2", h)
+        x = x + h
         _tap(taps, name, x)
         return x
 
@@ -217,28 +339,41 @@ class VisionTransformer(nnx.Module):
         self.patch_embed = (embed_layer or PatchEmbed)(config, rngs=rngs)
         if config.class_token:
             self.cls_token = nnx.Param(jnp.zeros((1, 1, D)))
-        self.pos_embed = nnx.Param(jnp.zeros((1, config.num_tokens, D)))
+        if config.reg_tokens:
+            self.reg_token = nnx.Param(jnp.zeros((1, config.reg_tokens, D)))
+        self.pos_embed = nnx.Param(jnp.zeros((1, config.embed_len, D)))
+        if config.pre_norm:
+            self.norm_pre = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
         self.blocks = nnx.List([
             (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, rngs=rngs) for _ in range(config.depth)
         ])
+        if not config.use_fc_norm:
+            self.norm = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
+        if config.global_pool == "map":
+            self.attn_pool = AttentionPoolLatent(D, config.num_heads, config.mlp_ratio, config.act_layer,
+                                                 config.norm_eps, fused_attn, rngs=rngs)
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
-        else:
-            self.norm = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
         if config.num_classes:
             self.head = Linear(D, config.num_classes, rngs=rngs)
 
     def _pos_embed(self, x):
-        if self.config.class_token:
-            cls = jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[2]))
-            x = jnp.concatenate([cls, x], axis=1)
-        return x + self.pos_embed[...]  # the cls token gets its own position entry, as in timm
+        B, _, D = x.shape
+        tokens = ([self.cls_token] if self.config.class_token else []) + \
+            ([self.reg_token] if self.config.reg_tokens else [])
+        prefix = [jnp.broadcast_to(t[...], (B, t.shape[1], D)) for t in tokens]  # class token, then registers
+        if self.config.no_embed_class:  # the position embedding covers the patches; prefix tokens after
+            return jnp.concatenate(prefix + [x + self.pos_embed[...]], axis=1)
+        return jnp.concatenate(prefix + [x], axis=1) + self.pos_embed[...]  # prefix tokens get position entries
 
     def forward_features(self, x, taps=None):
         x = self.patch_embed(x)
         _tap(taps, "patch_embed", x)
         x = self._pos_embed(x)
         _tap(taps, "embed", x)
+        if self.config.pre_norm:
+            x = self.norm_pre(x)
+            _tap(taps, "norm_pre", x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, taps, f"blocks.{i}")
         if not self.config.use_fc_norm:
@@ -246,11 +381,24 @@ class VisionTransformer(nnx.Module):
             _tap(taps, "norm", x)
         return x
 
+    def pool(self, x, taps=None):
+        pool = self.config.global_pool
+        if pool == "token":
+            return x[:, 0]
+        x = x[:, self.config.num_prefix_tokens:]  # the patch tokens: class and register tokens excluded
+        if pool == "map":
+            return self.attn_pool(x, taps)
+        mean = x.mean(axis=1, dtype=jnp.float32).astype(x.dtype)  # accumulated in float32
+        if pool == "avg":
+            return mean
+        if pool == "max":
+            return x.max(axis=1)
+        return 0.5 * (x.max(axis=1) + mean)  # avgmax
+
     def forward_head(self, x, taps=None):
-        if self.config.global_pool == "avg":
-            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(axis=1, dtype=jnp.float32).astype(x.dtype))
-        else:
-            x = x[:, 0]
+        x = self.pool(x, taps)
+        if self.config.use_fc_norm:
+            x = self.fc_norm(x)
         _tap(taps, "pooled", x)
         x = self.head(x) if self.config.num_classes else x
         _tap(taps, "logits", x)
@@ -314,7 +462,6 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows.
     """
-    require_original_vit(config, FRAMEWORK)
     validate_state(state, config)
     layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
     model = _abstract_model(config, fused_attn, layers)
@@ -349,8 +496,6 @@ def _compiled_attention(options: tuple, model_cls):
 
     return apply
 
-
-make.supports = ORIGINAL_VIT  # conformance.support: verify and the plugin refuse the rest by name
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

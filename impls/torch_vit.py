@@ -5,12 +5,14 @@ Parallel to numpy_vit.py (the spec), mlx_vit.py and jax_vit.py: same classes, sa
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impls.config import ORIGINAL_VIT, ViTConfig, check_images, require_original_vit
+from impls.config import ViTConfig, check_images
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
@@ -63,11 +65,34 @@ Linear = nn.Linear
 LayerNorm = nn.LayerNorm
 GELU = nn.GELU  # exact (erf) by default
 Conv2d = nn.Conv2d
+Identity = nn.Identity
+
+
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x), OpenAI CLIP's activation (timm's QuickGELU)."""
+
+    def forward(self, x):
+        return x * torch.sigmoid(1.702 * x)
+
+
+ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate="tanh"), "quick_gelu": QuickGELU,
+              "silu": nn.SiLU}
 
 
 def _tap(taps, name, value):
     if taps is not None:
         taps[name] = value
+
+
+class LayerScale(nn.Module):
+    """timm's LayerScale: a per-channel gamma on a residual branch."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return x * self.gamma
 
 
 class PatchEmbed(nn.Module):
@@ -77,7 +102,8 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size)
+        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size,
+                           bias=not config.pre_norm)
 
     def forward(self, x):
         x = self.proj(x)  # (B, D, gh, gw)
@@ -87,14 +113,17 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False,
+                 qk_norm: bool = False, proj_bias: bool = True, norm_eps: float = 1e-6):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = Linear(dim, dim)
+        self.q_norm = LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else Identity()  # per head, before the scale
+        self.k_norm = LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else Identity()
+        self.proj = Linear(dim, dim, bias=proj_bias)
 
     def forward(self, x, taps=None, name="attn"):
         B, N, C = x.shape
@@ -103,6 +132,10 @@ class Attention(nn.Module):
         _tap(taps, f"{name}.q", q)
         _tap(taps, f"{name}.k", k)
         _tap(taps, f"{name}.v", v)
+        if isinstance(self.q_norm, LayerNorm):
+            q, k = self.q_norm(q), self.k_norm(k)
+            _tap(taps, f"{name}.q_norm", q)
+            _tap(taps, f"{name}.k_norm", k)
         if self.fused_attn and taps is None:
             x = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
         else:
@@ -149,12 +182,43 @@ class MultiHeadAttention(nn.Module):
         return (x, attn) if return_weights else x
 
 
+class AttentionPoolLatent(MultiHeadAttention):
+    """timm's AttentionPoolLatent (the 'map' head): a learned latent query attends over the
+    tokens, then x + mlp(norm(x)); the latent's output is the pooled feature."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float,
+                 fused_attn: bool = False):
+        super().__init__(dim, num_heads=num_heads, fused_attn=fused_attn)
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))
+        self.norm = LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer)
+
+    def forward(self, x, taps=None, name="attn_pool"):
+        B, N, _ = x.shape
+        q = split_heads(self.q(self.latent.expand(B, -1, -1)), self.num_heads)
+        kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        k, v = kv.unbind(0)
+        _tap(taps, f"{name}.q", q)
+        _tap(taps, f"{name}.k", k)
+        _tap(taps, f"{name}.v", v)
+        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None)
+        _tap(taps, f"{name}.weights", attn)
+        x = self.proj(merge_heads(x))
+        _tap(taps, f"{name}.proj", x)
+        h = self.norm(x)
+        _tap(taps, f"{name}.norm", h)
+        x = x + self.mlp(h, taps, f"{name}.mlp")
+        x = x[:, 0]  # the latent's token
+        _tap(taps, name, x)
+        return x
+
+
 class Mlp(nn.Module):
-    def __init__(self, in_features: int, hidden_features: int):
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "gelu", bias: bool = True):
         super().__init__()
-        self.fc1 = Linear(in_features, hidden_features)
-        self.act = GELU()
-        self.fc2 = Linear(hidden_features, in_features)
+        self.fc1 = Linear(in_features, hidden_features, bias=bias)
+        self.act = ACT_LAYERS[act_layer]()
+        self.fc2 = Linear(hidden_features, in_features, bias=bias)
 
     def forward(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
@@ -164,25 +228,77 @@ class Mlp(nn.Module):
         return x
 
 
+class SwiGLUPacked(nn.Module):
+    """timm's SwiGLUPacked (GluMlp, gate first): fc1 rows are the gate, then the value."""
+
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True):
+        super().__init__()
+        self.fc1 = Linear(in_features, hidden_features, bias=bias)
+        self.act = ACT_LAYERS[act_layer]()
+        self.fc2 = Linear(hidden_features // 2, in_features, bias=bias)
+
+    def forward(self, x, taps=None, name="mlp"):
+        gate, x = self.fc1(x).chunk(2, dim=-1)
+        x = self.act(gate) * x
+        _tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        _tap(taps, name, x)
+        return x
+
+
+class SwiGLU(nn.Module):
+    """timm's SwiGLU: separate gate (fc1_g) and value (fc1_x) projections."""
+
+    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True):
+        super().__init__()
+        self.fc1_g = Linear(in_features, hidden_features, bias=bias)
+        self.fc1_x = Linear(in_features, hidden_features, bias=bias)
+        self.act = ACT_LAYERS[act_layer]()
+        self.fc2 = Linear(hidden_features, in_features, bias=bias)
+
+    def forward(self, x, taps=None, name="mlp"):
+        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
+        _tap(taps, f"{name}.act", x)
+        x = self.fc2(x)
+        _tap(taps, name, x)
+        return x
+
+
+MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}
+
+
 class Block(nn.Module):
-    """Pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x)); two distinct norms."""
+    """Pre-norm block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))); two distinct norms
+    (ls1, ls2: LayerScale with init_values, else identities)."""
 
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
         super().__init__()
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, eps=config.norm_eps)
         self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
-                                              fused_attn=fused_attn)
+                                              fused_attn=fused_attn, qk_norm=config.qk_norm,
+                                              proj_bias=config.proj_bias, norm_eps=config.norm_eps)
+        self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = (mlp_layer or Mlp)(dim, config.mlp_hidden_dim)
+        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(dim, config.mlp_hidden_dim, config.act_layer,
+                                                              config.proj_bias)
+        self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
     def forward(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
         _tap(taps, f"{name}.norm1", h)
-        x = x + self.attn(h, taps, f"{name}.attn")
+        h = self.attn(h, taps, f"{name}.attn")
+        if isinstance(self.ls1, LayerScale):
+            h = self.ls1(h)
+            _tap(taps, f"{name}.ls1", h)
+        x = x + h
         h = self.norm2(x)
         _tap(taps, f"{name}.norm2", h)
-        x = x + self.mlp(h, taps, f"{name}.mlp")
+        h = self.mlp(h, taps, f"{name}.mlp")
+        if isinstance(self.ls2, LayerScale):
+            h = self.ls2(h)
+            _tap(taps, f"{name}.ls2", h)
+        x = x + h
         _tap(taps, name, x)
         return x
 
@@ -196,28 +312,41 @@ class VisionTransformer(nn.Module):
         self.patch_embed = (embed_layer or PatchEmbed)(config)
         if config.class_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
-        self.pos_embed = nn.Parameter(torch.zeros(1, config.num_tokens, D))
+        if config.reg_tokens:
+            self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, D))
+        self.pos_embed = nn.Parameter(torch.zeros(1, config.embed_len, D))
+        if config.pre_norm:
+            self.norm_pre = LayerNorm(D, eps=config.norm_eps)
         self.blocks = nn.ModuleList([
             (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)
         ])
+        if not config.use_fc_norm:
+            self.norm = LayerNorm(D, eps=config.norm_eps)
+        if config.global_pool == "map":
+            self.attn_pool = AttentionPoolLatent(D, config.num_heads, config.mlp_ratio, config.act_layer,
+                                                 config.norm_eps, fused_attn)
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, eps=config.norm_eps)
-        else:
-            self.norm = LayerNorm(D, eps=config.norm_eps)
         if config.num_classes:
             self.head = Linear(D, config.num_classes)
 
     def _pos_embed(self, x):
-        if self.config.class_token:
-            cls = self.cls_token.expand(x.shape[0], -1, -1)
-            x = torch.cat([cls, x], dim=1)
-        return x + self.pos_embed  # the cls token gets its own position entry, as in timm
+        B, _, D = x.shape
+        tokens = ([self.cls_token] if self.config.class_token else []) + \
+            ([self.reg_token] if self.config.reg_tokens else [])
+        prefix = [t.expand(B, -1, -1) for t in tokens]  # class token, then registers
+        if self.config.no_embed_class:  # the position embedding covers the patches; prefix tokens after
+            return torch.cat(prefix + [x + self.pos_embed], dim=1)
+        return torch.cat(prefix + [x], dim=1) + self.pos_embed  # prefix tokens get position entries
 
     def forward_features(self, x, taps=None):
         x = self.patch_embed(x)
         _tap(taps, "patch_embed", x)
         x = self._pos_embed(x)
         _tap(taps, "embed", x)
+        if self.config.pre_norm:
+            x = self.norm_pre(x)
+            _tap(taps, "norm_pre", x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, taps, f"blocks.{i}")
         if not self.config.use_fc_norm:
@@ -225,11 +354,24 @@ class VisionTransformer(nn.Module):
             _tap(taps, "norm", x)
         return x
 
+    def pool(self, x, taps=None):
+        pool = self.config.global_pool
+        if pool == "token":
+            return x[:, 0]
+        x = x[:, self.config.num_prefix_tokens:]  # the patch tokens: class and register tokens excluded
+        if pool == "map":
+            return self.attn_pool(x, taps)
+        mean = x.mean(dim=1, dtype=torch.float32).to(x.dtype)  # accumulated in float32
+        if pool == "avg":
+            return mean
+        if pool == "max":
+            return x.amax(dim=1)
+        return 0.5 * (x.amax(dim=1) + mean)  # avgmax
+
     def forward_head(self, x, taps=None):
-        if self.config.global_pool == "avg":
-            x = self.fc_norm(x[:, self.config.num_prefix_tokens:].mean(dim=1, dtype=torch.float32).to(x.dtype))
-        else:
-            x = x[:, 0]
+        x = self.pool(x, taps)
+        if self.config.use_fc_norm:
+            x = self.fc_norm(x)
         _tap(taps, "pooled", x)
         x = self.head(x) if self.config.num_classes else x
         _tap(taps, "logits", x)
@@ -265,7 +407,6 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows.
     """
-    require_original_vit(config, FRAMEWORK)
     validate_state(state, config)
     with torch.device("meta"):  # no random init: every tensor comes from the state
         model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
@@ -279,8 +420,6 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
 
     return forward
 
-
-make.supports = ORIGINAL_VIT  # conformance.support: verify and the plugin refuse the rest by name
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

@@ -3,6 +3,8 @@ options in the config, the canonical weights and the float64 oracle, each checke
 VisionTransformer built with the same options; the framework ports refuse them by name until
 they implement them."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -82,11 +84,16 @@ def test_invalid_family_options_raise_config_error_naming_them(options, message)
         BASE.replace(**options)
 
 
-def test_framework_ports_refuse_family_options_by_name():
-    config = BASE.replace(**VARIANTS["dinov2_reg"])
-    for port in ("torch", "mlx", "jax"):
-        with pytest.raises(Unsupported, match=r"reg_tokens=4, no_embed_class=True, init_values=1e-05"):
-            factory(port)(config, init_state(config))
+def test_a_port_of_the_original_vit_refuses_family_options_by_name():
+    """impls.config.ORIGINAL_VIT is the supports declaration of a port written for the 2020 ViT."""
+    from conformance.support import check_supported
+    from impls.config import ORIGINAL_VIT
+
+    check_supported(ORIGINAL_VIT, get_config("vit_test_avg_nocls"))
+    for options, named in ((VARIANTS["dinov2_reg"], "reg_tokens=4"), (VARIANTS["siglip_map"], "global_pool='map'"),
+                           (dict(mlp_layer="swiglu"), "mlp_layer='swiglu'")):
+        with pytest.raises(Unsupported, match=re.escape(named)):
+            check_supported(ORIGINAL_VIT, BASE.replace(**options))
 
 
 @pytest.mark.parametrize("write", ["to_hf", "to_npz"])

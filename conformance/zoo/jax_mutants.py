@@ -20,8 +20,8 @@ class GELUTanh(J.GELU):
 
 
 class MlpTanhGELU(J.Mlp):
-    def __init__(self, in_features, hidden_features, *, rngs):
-        super().__init__(in_features, hidden_features, rngs=rngs)
+    def __init__(self, in_features, hidden_features, *args, rngs):
+        super().__init__(in_features, hidden_features, *args, rngs=rngs)
         self.act = GELUTanh()
 
 
@@ -65,8 +65,8 @@ class VisionTransformerClsWithoutPos(J.VisionTransformer):
 class AttentionNoQkvBias(J.Attention):
     """qkv built without its bias; the checkpoint's qkv.bias is dropped by a non-strict load."""
 
-    def __init__(self, dim, num_heads, qkv_bias=True, fused_attn=False, *, rngs):
-        super().__init__(dim, num_heads, False, fused_attn, rngs=rngs)
+    def __init__(self, dim, num_heads, qkv_bias=True, fused_attn=False, *args, rngs, **kwargs):
+        super().__init__(dim, num_heads, False, fused_attn, *args, rngs=rngs, **kwargs)
 
 
 def qkv_bias_dropped(config, state, **kw):

@@ -29,8 +29,8 @@ class MlpWithDropout(M.Mlp):
     """The seed post's MLP keeps nn.Dropout(0.1) after GELU, and the model is never put in eval
     mode (MLX modules start in training mode)."""
 
-    def __init__(self, in_features, hidden_features):
-        super().__init__(in_features, hidden_features)
+    def __init__(self, in_features, hidden_features, *args):
+        super().__init__(in_features, hidden_features, *args)
         self.drop = nn.Dropout(0.1)
 
     def __call__(self, x, taps=None, name="mlp"):
@@ -45,8 +45,8 @@ class MlpExtraNorm(M.Mlp):
     """The seed post's MLP: Linear, GELU, Dropout, LayerNorm(hidden), Linear. The extra norm
     has no weights in a timm checkpoint, so it keeps MLX's default init."""
 
-    def __init__(self, in_features, hidden_features):
-        super().__init__(in_features, hidden_features)
+    def __init__(self, in_features, hidden_features, *args):
+        super().__init__(in_features, hidden_features, *args)
         self._extra_norm = nn.LayerNorm(hidden_features)  # "_": not a parameter MLX loads or lists
 
     def __call__(self, x, taps=None, name="mlp"):
