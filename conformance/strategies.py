@@ -15,6 +15,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from impls.config import ViTConfig
+from weights.config import ACT_LAYERS, GLOBAL_POOLS, MLP_LAYERS
 from weights import init_params, init_state
 
 IMAGE_KINDS = ("ordinary", "tiny", "huge", "constant", "near_constant")
@@ -29,10 +30,31 @@ def set_supports(supports) -> None:
 
 
 @st.composite
+def family_options(draw) -> dict:
+    """The ViT family's options (weights/config.py), each drawn on its own: a config that mixes
+    DINOv2's registers with CLIP's norm_pre and SigLIP's head is checked as well as each alone."""
+    return dict(
+        reg_tokens=draw(st.sampled_from([0, 0, 1, 2])),
+        no_embed_class=draw(st.booleans()),
+        pre_norm=draw(st.booleans()),
+        fc_norm=draw(st.sampled_from([None, None, True, False])),
+        init_values=draw(st.sampled_from([None, 1e-5])),
+        qk_norm=draw(st.booleans()),
+        act_layer=draw(st.sampled_from(ACT_LAYERS)),
+        proj_bias=draw(st.booleans()),
+        mlp_layer=draw(st.sampled_from(MLP_LAYERS)),
+    )
+
+
+@st.composite
 def configs(draw, max_depth: int = 3, max_heads: int = 4, head_dims=(2, 4, 8), max_patch: int = 8,
-            max_grid: int = 4, pools=("token", "avg")) -> ViTConfig:
-    """Small ViT configs with non-square grids and patches, 1 to 4 channels, both poolings;
+            max_grid: int = 4, pools=None, family: bool = True) -> ViTConfig:
+    """Small ViT configs with non-square grids and patches, 1 to 4 channels, every pooling;
+    half of them with the ViT family's options drawn (``family``), the rest the original ViT;
     moved inside what the port under test supports (a port written for one config gets it)."""
+    beyond = family and draw(st.booleans())
+    if pools is None:
+        pools = GLOBAL_POOLS if beyond else ("token", "avg")
     num_heads = draw(st.integers(1, max_heads))
     head_dim = draw(st.sampled_from(head_dims))
     ph = draw(st.integers(1, max_patch))
@@ -54,6 +76,8 @@ def configs(draw, max_depth: int = 3, max_heads: int = 4, head_dims=(2, 4, 8), m
         mlp_ratio=draw(st.sampled_from([1.0, 2.0, 4.0])),
         qkv_bias=draw(st.booleans()),
     )
+    if beyond:
+        values.update(draw(family_options()))
     if _SUPPORTS is None:
         return ViTConfig(**values)
     from hypothesis import assume
@@ -99,6 +123,19 @@ def image_cases(kinds=IMAGE_KINDS, max_batch: int = 3) -> st.SearchStrategy[Imag
                      batch=st.integers(1, max_batch))
 
 
+def add_patch_offset(state: dict[str, np.ndarray], config: ViTConfig, offset: float) -> None:
+    """A common offset on every patch token: through the patch bias, or where there is none
+    (pre_norm) through the patch entries of the position embedding."""
+    if not offset:
+        return
+    if "patch_embed.proj.bias" in state:
+        state["patch_embed.proj.bias"] = state["patch_embed.proj.bias"] + np.float32(offset)
+    else:
+        pos = state["pos_embed"].copy()
+        pos[:, config.embed_len - config.num_patches:] += np.float32(offset)
+        state["pos_embed"] = pos
+
+
 @dataclass(frozen=True)
 class WeightCase:
     seed: int
@@ -108,7 +145,7 @@ class WeightCase:
     def make(self, config: ViTConfig) -> dict[str, np.ndarray]:
         state = init_state(config, seed=self.seed, scale=self.scale)
         if self.offset:
-            state["patch_embed.proj.bias"] = state["patch_embed.proj.bias"] + np.float32(self.offset)
+            add_patch_offset(state, config, self.offset)
         return state
 
     def make_params(self, shapes) -> dict[str, np.ndarray]:
@@ -141,18 +178,24 @@ class TrainedLike:
         state = init_state(config, seed=self.seed)
         D, hd = config.embed_dim, config.head_dim
         for key in state:
-            if key.endswith(("norm1.weight", "norm2.weight")) or key in ("norm.weight", "fc_norm.weight"):
+            if key.endswith(("norm1.weight", "norm2.weight")) or key in ("norm.weight", "fc_norm.weight",
+                                                                        "norm_pre.weight"):
                 gamma = np.exp(rng.normal(0.0, 0.8, D)) * rng.choice([-1.0, 1.0], D)
                 state[key] = gamma.astype(np.float32)
                 bias_key = key[: -len("weight")] + "bias"
                 state[bias_key] = rng.normal(0.0, 0.5, D).astype(np.float32)
         pos = state["pos_embed"].copy()
         channels = rng.choice(D, size=min(2, D), replace=False)
-        tokens = [0, config.num_prefix_tokens + int(rng.integers(config.num_patches))]
+        first_patch = 0 if config.no_embed_class else config.num_prefix_tokens  # pos_embed's first patch entry
+        tokens = [0, first_patch + int(rng.integers(config.num_patches))]
         for t in dict.fromkeys(tokens):
             pos[0, t, channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
         state["pos_embed"] = pos.astype(np.float32)
-        state["patch_embed.proj.bias"] = state["patch_embed.proj.bias"] + np.float32(self.offset)
+        if config.no_embed_class and config.class_token:  # the class token itself carries it
+            cls = state["cls_token"].copy()
+            cls[0, 0, channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
+            state["cls_token"] = cls.astype(np.float32)
+        add_patch_offset(state, config, self.offset)
         for i in range(config.depth):
             # A norm1 output is g * x_hat + b with |x_hat|^2 = D, so no token's |x|^2 exceeds
             # D max(g^2) + |b|^2; q = W x with rows of spread sigma gives a self-logit

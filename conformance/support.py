@@ -5,7 +5,13 @@ A port factory (or a ``ModelPort``) may carry ``supports``:
 * a preset name or a ``ViTConfig``: exactly that config (a port written for one checkpoint);
 * a mapping of ``ViTConfig`` fields to a value, a tuple of allowed values or a predicate, plus
   ``square_images`` / ``square_patches``: ``{"global_pool": "token", "in_chans": 3,
-  "qkv_bias": (True,), "square_images": True}``.
+  "qkv_bias": (True,), "square_images": True}``. The ViT family's options (``reg_tokens``,
+  ``init_values``, ``global_pool="map"``, ``mlp_layer`` ...) the mapping does not name stay at
+  the original ViT's values (``impls.config.ORIGINAL_VIT``): a port written for the 2020 ViT
+  need not list them, and a port of DINOv2 names what it adds
+  (``{"init_values": (1e-5,), "reg_tokens": (0, 4), "no_embed_class": (False, True)}``).
+
+A port with no ``supports`` claims every config, the family included.
 
 ``verify`` refuses a config outside it (naming the option), and the property suite draws only
 configs inside it, so a port's red in the plugin speaks of a bug, not of an option it never
@@ -18,11 +24,14 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from impls.config import ConfigError, Unsupported, ViTConfig, get_config  # noqa: F401 - Unsupported re-exported
+from impls.config import ORIGINAL_VIT, ConfigError, Unsupported, ViTConfig, get_config  # noqa: F401 - re-exported
 
 SHAPE_RULES = ("square_images", "square_patches")
 
 
+def _with_family_defaults(supports: Mapping) -> dict:
+    """A field-constraint mapping with the family options it does not name pinned to the original ViT."""
+    return {**{k: v for k, v in ORIGINAL_VIT.items() if k not in supports}, **supports}
 
 
 def supports_of(make) -> Any:
@@ -62,6 +71,7 @@ def unsupported_option(supports, config: ViTConfig) -> str | None:
                 if f.name != "name" and getattr(config, f.name) != getattr(fixed, f.name)]
         return f"{diff[0]}; the port supports only {fixed.name or 'one config'}" if diff else None
     _validate(supports)
+    supports = _with_family_defaults(supports)
     for option, rule in supports.items():
         if option == "square_images" and rule and config.img_size[0] != config.img_size[1]:
             return f"img_size={config.img_size!r} (supported: square images only)"
@@ -92,6 +102,7 @@ def project(supports, values: dict[str, Any]) -> dict[str, Any] | ViTConfig | No
     if fixed is not None:
         return fixed
     _validate(supports)
+    supports = _with_family_defaults(supports)
     values = dict(values)
     (ph, pw), (H, W) = values["patch_size"], values["img_size"]
     grid = (H // ph, W // pw)

@@ -168,10 +168,9 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
     judged: list[Case] = []
     for case, model in pairs:
         model = model or CaseModel(config, case.state, case.images, dtype)  # the oracle runs first
-        largest = max(float(np.abs(v).max()) for v in model.oracle.values())
-        if largest > float(np.finfo(np.float16).max if dtype == "float16" else np.finfo(np.float32).max) / 2:
-            # No port can represent this case in the dtype: judging it would be a false alarm.
-            report.skipped.append(f"{case.name}: the oracle reaches {largest:.3g}, beyond {dtype}'s range")
+        beyond = model.beyond_range()
+        if beyond:  # no port can represent this case in the dtype: judging it would be a false alarm
+            report.skipped.append(f"{case.name}: {beyond}")
             continue
         judged.append(case)
         handed = {k: _read_only(v) for k, v in case.state.items()}

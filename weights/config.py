@@ -211,6 +211,28 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_tiny_patch16_224": ViTConfig(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "vit_small_patch16_224": ViTConfig(patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16_224": ViTConfig(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    # The ViT family, as timm.create_model(name) builds them (its default img_size and num_classes).
+    "vit_small_patch14_dinov2": ViTConfig(img_size=518, patch_size=14, num_classes=0, embed_dim=384, depth=12,
+                                          num_heads=6, init_values=1e-5),
+    "vit_small_patch14_reg4_dinov2": ViTConfig(img_size=518, patch_size=14, num_classes=0, embed_dim=384, depth=12,
+                                               num_heads=6, init_values=1e-5, reg_tokens=4, no_embed_class=True),
+    "vit_giant_patch14_dinov2": ViTConfig(img_size=518, patch_size=14, num_classes=0, embed_dim=1536, depth=40,
+                                          num_heads=24, init_values=1e-5, mlp_ratio=2.66667 * 2,
+                                          mlp_layer="swiglu_packed", act_layer="silu"),
+    "vit_base_patch16_clip_224": ViTConfig(patch_size=16, embed_dim=768, depth=12, num_heads=12, pre_norm=True,
+                                           norm_eps=1e-5),
+    "vit_base_patch16_clip_quickgelu_224": ViTConfig(patch_size=16, num_classes=512, embed_dim=768, depth=12,
+                                                     num_heads=12, pre_norm=True, norm_eps=1e-5,
+                                                     act_layer="quick_gelu"),
+    "vit_base_patch16_siglip_224": ViTConfig(patch_size=16, num_classes=0, embed_dim=768, depth=12, num_heads=12,
+                                             class_token=False, global_pool="map"),
+    "vit_base_patch16_siglip_gap_224": ViTConfig(patch_size=16, num_classes=0, embed_dim=768, depth=12,
+                                                 num_heads=12, class_token=False, global_pool="avg", fc_norm=False),
+    "deit3_small_patch16_224": ViTConfig(patch_size=16, embed_dim=384, depth=12, num_heads=6, no_embed_class=True,
+                                         init_values=1e-6),
+    # timm names no ViT with LayerNorm qk-norm (its qk-norm ViTs use RmsNorm and parallel blocks):
+    # this is timm.create_model("vit_small_patch16_224", qk_norm=True).
+    "vit_small_patch16_qknorm_224": ViTConfig(patch_size=16, embed_dim=384, depth=12, num_heads=6, qk_norm=True),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3
@@ -230,6 +252,23 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_test_deep": ViTConfig(
         img_size=(8, 16), patch_size=2, in_chans=4, num_classes=4, embed_dim=32, depth=3,
         num_heads=4, mlp_ratio=2.0, qkv_bias=False,
+    ),
+    # Small ones of the ViT family (DINOv2 with registers, CLIP, SigLIP), for the family's mutants.
+    "vit_test_dinov2": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        reg_tokens=2, no_embed_class=True, init_values=1e-5,
+    ),
+    "vit_test_registers_avg": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        reg_tokens=2, global_pool="avg",
+    ),
+    "vit_test_clip": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        pre_norm=True, norm_eps=1e-5, act_layer="quick_gelu",
+    ),
+    "vit_test_siglip": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        class_token=False, global_pool="map", act_layer="gelu_tanh",
     ),
 }
 PRESETS = {name: cfg.replace(name=name) for name, cfg in PRESETS.items()}

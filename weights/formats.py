@@ -98,7 +98,8 @@ _HF_BLOCK = {
 def hf_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a Hugging Face ViT config.json: every setting taken, none assumed."""
     if hf.get("model_type") != "vit":
-        raise WeightError(f"config.json has model_type {hf.get('model_type')!r}, expected 'vit'")
+        raise WeightError(f"config.json has model_type {hf.get('model_type')!r}, expected 'vit' (or a family model: "
+                          "dinov2, dinov2_with_registers, clip_vision_model, siglip_vision_model, clip, siglip)")
     if hf.get("hidden_act", "gelu") != "gelu":
         raise WeightError(f"hidden_act {hf['hidden_act']!r} is not supported: the ports use exact GELU ('gelu')")
     D = hf["hidden_size"]
@@ -188,24 +189,41 @@ def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nd
 
 
 def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
-    """A save_pretrained directory (config.json + model.safetensors or pytorch_model.bin)."""
+    """A save_pretrained directory (config.json + model.safetensors or pytorch_model.bin): ViT,
+    or a family model (weights/hf_family.py)."""
+    from weights import hf_family
+
     d = Path(path)
     if not (d / "config.json").is_file():
         raise WeightError(f"{str(d)!r} has no config.json: not a Hugging Face checkpoint directory")
-    config = hf_config_to_vit(json.loads((d / "config.json").read_text()))
+    hf = json.loads((d / "config.json").read_text())
+    model_type, _ = hf_family.vision_config(hf)
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (d / name).is_file():
-            return from_hf(read_timm(d / name), config), config
+            raw = read_timm(d / name)
+            if model_type == "vit":
+                config = hf_config_to_vit(hf)
+                return from_hf(raw, config), config
+            config = hf_family.family_config_to_vit(hf, raw)
+            return hf_family.from_family_hf(raw, config, model_type), config
     raise WeightError(f"{str(d)!r} has neither model.safetensors nor pytorch_model.bin")
 
 
 def write_hf(state, config: ViTConfig, path) -> None:
+    """The original ViT as ViTForImageClassification; a family config as the Hugging Face model
+    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower)."""
     from safetensors.numpy import save_file
 
+    from weights import hf_family
+
+    if config.beyond_original_vit():
+        hf, tensors = hf_family.family_config_to_hf(config), hf_family.to_family_hf(state, config)
+    else:
+        hf, tensors = vit_config_to_hf(config), to_hf(state, config)
     d = Path(path)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(vit_config_to_hf(config), indent=2) + "\n")
-    save_file(to_hf(state, config), str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
 
 
 # ----------------------------------------------------------------------------- big_vision / original ViT

@@ -37,5 +37,6 @@ def resample_abs_pos_embed(pos_embed: np.ndarray, new_size: tuple[int, int], old
 def resample_state(state: dict[str, np.ndarray], config: ViTConfig, img_size) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """The config and state for running the same weights at ``img_size``."""
     new_config = config.replace(img_size=img_size)
-    pos = resample_abs_pos_embed(state["pos_embed"], new_config.grid_size, config.grid_size, config.num_prefix_tokens)
+    prefix = 0 if config.no_embed_class else config.num_prefix_tokens  # pytorch-image-models#1365
+    pos = resample_abs_pos_embed(state["pos_embed"], new_config.grid_size, config.grid_size, prefix)
     return new_config, dict(state, pos_embed=pos)

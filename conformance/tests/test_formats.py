@@ -114,6 +114,100 @@ def test_hf_config_settings_are_taken_not_assumed():
         formats.vit_config_to_hf(get_config("vit_test_avg"))
 
 
+# ----------------------------------------------------------------------------- Hugging Face: the ViT family
+
+def _drawn(model, seed=0):
+    """transformers' init leaves norms at ones/zeros, biases at zero and Dinov2's LayerScale at
+    one (ls1 and ls2 then look alike): draw every parameter around its init."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (0.3 if p.ndim == 1 else 0.02))
+    return model.eval()
+
+
+def hf_family_model(kind: str):
+    import transformers as tf
+
+    small = dict(hidden_size=24, num_hidden_layers=2, num_attention_heads=3, image_size=16, patch_size=4)
+    if kind == "dinov2":
+        return _drawn(tf.Dinov2Model(tf.Dinov2Config(**small)))
+    if kind == "dinov2_swiglu":
+        return _drawn(tf.Dinov2Model(tf.Dinov2Config(**small, use_swiglu_ffn=True)))
+    if kind == "dinov2_with_registers":
+        return _drawn(tf.Dinov2WithRegistersModel(tf.Dinov2WithRegistersConfig(**small, num_register_tokens=2)))
+    if kind == "clip":
+        return _drawn(tf.CLIPVisionModelWithProjection(tf.CLIPVisionConfig(**small, intermediate_size=48,
+                                                                           projection_dim=8)))
+    return _drawn(tf.SiglipVisionModel(tf.SiglipVisionConfig(**small, intermediate_size=48)))
+
+
+# What each model's outputs are in the tap protocol.
+HF_OUTPUTS = {"dinov2": ("last_hidden_state", "norm"), "dinov2_swiglu": ("last_hidden_state", "norm"),
+              "dinov2_with_registers": ("last_hidden_state", "norm"), "clip": ("image_embeds", "logits"),
+              "siglip": ("pooler_output", "pooled")}
+
+
+@pytest.mark.parametrize("kind", list(HF_OUTPUTS))
+def test_hf_family_checkpoint_imports_and_the_oracle_and_a_port_match_transformers(kind, tmp_path):
+    """The checkpoint transformers writes, read with its config.json; the float64 oracle and a
+    framework port (in turn) against transformers' float32 forward at the output it returns."""
+    model = hf_family_model(kind)
+    model.save_pretrained(tmp_path)
+    config, state = read(str(tmp_path), "hf")
+    x = images(config)
+    with torch.no_grad():
+        out = model(pixel_values=torch.from_numpy(x))
+    attr, stage = HF_OUTPUTS[kind]
+    ref = getattr(out, attr).numpy()
+    port = ("torch", "mlx", "jax")[list(HF_OUTPUTS).index(kind) % 3]
+    errors = CaseModel(config, state, x)
+    for name in ("numpy", port):
+        got = factory(name)(config, state)(x)[stage]
+        P.check_close(name, f"{stage} vs transformers {kind}", got, ref, errors.spread(stage), errors.kind(stage),
+                      pair=True, mode="end-to-end", stage=stage)
+
+
+@pytest.mark.parametrize("preset", ["vit_test_dinov2", "vit_test_clip", "vit_test_siglip"])
+def test_hf_family_export_loads_strictly_in_transformers_and_round_trips_bitwise(preset, tmp_path):
+    import transformers as tf
+
+    config = get_config(preset).replace(img_size=16, num_classes=0 if preset != "vit_test_clip" else 7)
+    state = init_state(config, seed=6)
+    if preset == "vit_test_clip":
+        state["head.bias"][:] = 0.0  # CLIP's visual_projection has no bias
+    write(state, config, str(tmp_path / "hf"), "hf")
+    back_config, back = read(str(tmp_path / "hf"), "hf")
+    assert back_config.replace(init_values=config.init_values) == config
+    assert list(back) == list(state) and all(back[k].tobytes() == state[k].tobytes() for k in state)
+    cls = {"vit_test_dinov2": tf.Dinov2WithRegistersModel, "vit_test_clip": tf.CLIPVisionModelWithProjection,
+           "vit_test_siglip": tf.SiglipVisionModel}[preset]
+    model, info = cls.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    x = images(config)
+    with torch.no_grad():
+        out = model.eval()(pixel_values=torch.from_numpy(x))
+    attr, stage = {"vit_test_dinov2": ("last_hidden_state", "norm"), "vit_test_clip": ("image_embeds", "logits"),
+                   "vit_test_siglip": ("pooler_output", "pooled")}[preset]
+    errors = CaseModel(config, state, x)
+    P.check_close("numpy", f"our {preset} export in transformers", factory("numpy")(config, state)(x)[stage],
+                  getattr(out, attr).numpy(), errors.spread(stage), errors.kind(stage), pair=True, mode="end-to-end",
+                  stage=stage)
+
+
+def test_hf_family_layouts_refuse_what_they_cannot_hold():
+    from weights import hf_family
+
+    with pytest.raises(WeightError, match="no Hugging Face layout holds"):
+        hf_family.model_type_for(get_config("vit_test_token").replace(qk_norm=True))
+    with pytest.raises(WeightError, match="visual_projection has no bias"):
+        config = get_config("vit_test_clip").replace(img_size=16)
+        hf_family.to_family_hf(init_state(config), config)
+    with pytest.raises(WeightError, match="classifier reads the class token and the patch mean"):
+        hf_family.family_config_to_vit({"model_type": "dinov2", "architectures": ["Dinov2ForImageClassification"],
+                                        "hidden_size": 24, "num_hidden_layers": 1, "num_attention_heads": 3})
+
+
 # ----------------------------------------------------------------------------- big_vision / original ViT
 
 @pytest.mark.parametrize("flavour", ["vit", "big_vision"])

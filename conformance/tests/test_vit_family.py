@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from conformance import properties as P
+from conformance import strategies as S
 from conformance.compare import error
+from conformance.profiles import heavy
 from conformance.references import timm_taps, timm_vit
 from conformance.support import Unsupported
 from conformance.tests.helpers import factory
@@ -103,3 +106,124 @@ def test_original_vit_layouts_refuse_family_weights_rather_than_drop_them(write)
     config = BASE.replace(init_values=0.1)
     with pytest.raises(WeightError, match="holds the original ViT, not init_values=0.1: writing it would drop"):
         getattr(formats, write)(init_state(config), config)
+
+
+# The family's presets and the timm model each is (name, and kwargs where timm has no name).
+FAMILY_PRESETS = {
+    "vit_small_patch14_dinov2": ("vit_small_patch14_dinov2", {}),
+    "vit_small_patch14_reg4_dinov2": ("vit_small_patch14_reg4_dinov2", {}),
+    "vit_giant_patch14_dinov2": ("vit_giant_patch14_dinov2", {}),
+    "vit_base_patch16_clip_224": ("vit_base_patch16_clip_224", {}),
+    "vit_base_patch16_clip_quickgelu_224": ("vit_base_patch16_clip_quickgelu_224", {}),
+    "vit_base_patch16_siglip_224": ("vit_base_patch16_siglip_224", {}),
+    "vit_base_patch16_siglip_gap_224": ("vit_base_patch16_siglip_gap_224", {}),
+    "deit3_small_patch16_224": ("deit3_small_patch16_224", {}),
+    "vit_small_patch16_qknorm_224": ("vit_small_patch16_224", {"qk_norm": True}),
+}
+
+
+def timm_named(name: str, **overrides):
+    """timm.create_model for a family preset, random init, eval mode."""
+    import timm
+
+    timm_name, kwargs = FAMILY_PRESETS[name]
+    return timm.create_model(timm_name, pretrained=False, **kwargs, **overrides).eval()
+
+
+@pytest.mark.parametrize("name", list(FAMILY_PRESETS))
+def test_family_preset_has_the_timm_models_keys_order_and_shapes(name):
+    """On the meta device: no memory, no init; ViT-g/14's 1.1 billion parameters included."""
+    with torch.device("meta"):
+        model = timm_named(name)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert list(shapes) == list(expected_shapes(get_config(name)))
+    assert shapes == expected_shapes(get_config(name))
+
+
+def reduced(name: str):
+    """A family preset with one block on a 2x3 patch grid: the same options, cheap to run; the
+    timm model built with the same reductions."""
+    config = get_config(name)
+    (ph, pw) = config.patch_size
+    img = (2 * ph, 3 * pw)
+    return config.replace(img_size=img, depth=1), dict(img_size=img, depth=1)
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILY_PRESETS if n != "vit_giant_patch14_dinov2"])
+def test_oracle_equals_the_named_timm_model_in_float64_at_every_stage(name):
+    """Options timm's model builder sets that the keys do not show (act_layer, norm eps) are
+    checked here: a reduced preset's oracle against timm.create_model(name) with the same
+    reductions, in float64, with the model's own random init."""
+    config, overrides = reduced(name)
+    torch.manual_seed(0)
+    model = timm_named(name, **overrides).to(torch.float64)
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in state.items()})
+    x = images(config)
+    ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
+    assert sorted(ref) == sorted(tap_names(config))
+    for stage in tap_names(config):
+        _, rel = error(oracle[stage], ref[stage])
+        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+
+
+@pytest.mark.parametrize("name, wrong, stage", [
+    ("vit_base_patch16_clip_quickgelu_224", dict(act_layer="gelu"), "blocks.0.mlp.act"),
+    ("vit_base_patch16_clip_224", dict(norm_eps=1e-6), "norm_pre"),
+])
+def test_the_named_timm_comparison_fails_on_an_option_the_keys_do_not_show(name, wrong, stage):
+    """Companion: GELU for QuickGELU (open_clip#771's bug), or the default eps for CLIP's 1e-5."""
+    config, overrides = reduced(name)
+    torch.manual_seed(0)
+    model = timm_named(name, **overrides).to(torch.float64)
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in state.items()})
+    x = images(config)
+    ref, oracle = timm_taps(model, x), factory("numpy")(config.replace(**wrong), state)(x)
+    first = next(s for s in tap_names(config) if error(oracle[s], ref[s])[1] > 1e-12)
+    assert first == stage
+
+
+RUNNABLE = [n for n in FAMILY_PRESETS if n != "vit_giant_patch14_dinov2"]
+
+
+def _ci_ports(name: str) -> tuple[str, ...]:
+    """In ci each reduced preset runs on one framework port, in turn (each port gets two or
+    three presets; drawn family configs run on all three in test_model); thorough runs all."""
+    if heavy():
+        return ("torch", "mlx", "jax")
+    return (("torch", "mlx", "jax")[RUNNABLE.index(name) % 3],)
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_every_port_is_within_its_bound_at_every_stage_of_a_family_preset(name):
+    """Each reduced preset (one block, 2x3 patches) on trained-like weights; the full-size
+    presets run in the thorough profile (test below)."""
+    config, _ = reduced(name)
+    weights = S.TrainedLike(5)
+    case = P.ModelCase(config, weights.make(config), images(config), info={"weights": weights, "preset": name})
+    for port in _ci_ports(name):
+        P.check_matches_oracle(port, factory(port), case)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not heavy(), reason="full-size presets (DINOv2 at 518: 1370 tokens): the thorough profile "
+                                        "runs them (HYPOTHESIS_PROFILE=thorough)")
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_full_size_family_preset_oracle_equals_timm_and_every_port_is_within_its_bound(name):
+    """timm.create_model(name) with its own init, one image: the oracle against timm in float64
+    at every stage, then each framework port against the oracle at every stage."""
+    config = get_config(name)
+    torch.manual_seed(0)
+    model = timm_named(name).to(torch.float64)
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in state.items()})
+    x = images(config)[:1]
+    ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
+    for stage in tap_names(config):
+        _, rel = error(oracle[stage], ref[stage])
+        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+    del model, ref
+    case = P.ModelCase(config, state, x, info={"weights": "timm init", "preset": name})
+    for port in ("torch", "mlx", "jax"):
+        P.check_matches_oracle(port, factory(port), case)

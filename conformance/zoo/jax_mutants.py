@@ -105,3 +105,40 @@ class MultiHeadAttentionMaskAfterSoftmax(J.MultiHeadAttention):
 
 
 mask_after_softmax = partial(J.make_attention, model_cls=MultiHeadAttentionMaskAfterSoftmax)
+
+
+class VisionTransformerRegistersInPatchMean(J.VisionTransformer):
+    """Average pooling that skips only the class token: the register tokens are averaged in."""
+
+    def pool(self, x, taps=None):
+        if self.config.global_pool != "avg":
+            return super().pool(x, taps)
+        return x[:, int(self.config.class_token):].mean(axis=1, dtype=jnp.float32).astype(x.dtype)
+
+
+def registers_in_patch_mean(config, state, **kw):
+    return J.make(config, state, model_cls=VisionTransformerRegistersInPatchMean, **kw)
+
+
+registers_in_patch_mean.supports = {"reg_tokens": (1, 2), "global_pool": ("avg",)}
+
+
+class AttentionPoolLatentDefaultGELU(J.AttentionPoolLatent):
+    """The MAP head built with its class's default activation (exact GELU), not the model's act_layer."""
+
+    def __init__(self, dim, num_heads, mlp_ratio, act_layer, norm_eps, fused_attn=False, *, rngs):
+        super().__init__(dim, num_heads, mlp_ratio, "gelu", norm_eps, fused_attn, rngs=rngs)
+
+
+class VisionTransformerMapHeadDefaultGELU(J.VisionTransformer):
+    def __init__(self, config, fused_attn=False, *args, rngs, **kwargs):
+        super().__init__(config, fused_attn, *args, rngs=rngs, **kwargs)
+        self.attn_pool = AttentionPoolLatentDefaultGELU(config.embed_dim, config.num_heads, config.mlp_ratio,
+                                                        config.act_layer, config.norm_eps, fused_attn, rngs=rngs)
+
+
+def map_head_exact_gelu(config, state, **kw):
+    return J.make(config, state, model_cls=VisionTransformerMapHeadDefaultGELU, **kw)
+
+
+map_head_exact_gelu.supports = {"global_pool": "map", "act_layer": "gelu_tanh", "class_token": (False, True)}

@@ -155,3 +155,13 @@ class MultiHeadAttentionSoftmaxOverQueries(M.MultiHeadAttention):
 
 
 mha_softmax_over_queries = partial(M.make_attention, model_cls=MultiHeadAttentionSoftmaxOverQueries)
+
+
+def layerscale_not_loaded(config, state, **kw):
+    """riccardomusmeci/mlx-image#26: the DINOv2 blocks had no LayerScale, so load_weights
+    (strict=False) dropped every ls1.gamma / ls2.gamma and each residual branch ran unscaled."""
+    state = {k: np.ones_like(v) if k.endswith(".gamma") else v for k, v in state.items()}
+    return M.make(config, state, **kw)
+
+
+layerscale_not_loaded.supports = {"init_values": (1e-5,), "reg_tokens": (0, 2), "no_embed_class": (False, True)}

@@ -265,3 +265,18 @@ mha_naive_softmax = partial(T.make_attention, model_cls=MultiHeadAttentionNaiveS
 causal_mask = partial(T.make, attn_layer=AttentionCausal)
 mha_causal_mask = partial(T.make_attention, model_cls=MultiHeadAttentionCausal)
 mha_scale_by_dim = partial(T.make_attention, model_cls=MultiHeadAttentionScaleByDim)
+
+
+class MlpGELU(T.Mlp):
+    """An MLP written with nn.GELU whatever the checkpoint was trained with."""
+
+    def __init__(self, in_features, hidden_features, act_layer="gelu", bias=True):
+        super().__init__(in_features, hidden_features, "gelu", bias)
+
+
+def gelu_for_quick_gelu(config, state, **kw):
+    """OpenAI CLIP weights run with GELU where they were trained with QuickGELU, x * sigmoid(1.702 x)."""
+    return T.make(config, state, mlp_layer=MlpGELU, **kw)
+
+
+gelu_for_quick_gelu.supports = {"act_layer": "quick_gelu", "pre_norm": (False, True)}
