@@ -228,30 +228,51 @@ def write_hf(state, config: ViTConfig, path) -> None:
 
 # ----------------------------------------------------------------------------- big_vision / original ViT
 
-def _npz_names(config: ViTConfig, flavour: str) -> dict:
-    if flavour == "big_vision":
-        return {"prefix": "params/", "pos": "pos_embedding", "mha": "MultiHeadDotProductAttention_0",
-                "ln2": "LayerNorm_1", "mlp": "MlpBlock_0"}
+def _npz_names(config: ViTConfig, flavour: str, prefix: str | None = None) -> dict:
+    if flavour == "big_vision":  # params/, or params/img/ in a two-tower (SigLIP) checkpoint
+        return {"prefix": "params/" if prefix is None else prefix, "pos": "pos_embedding",
+                "mha": "MultiHeadDotProductAttention_0", "ln2": "LayerNorm_1", "mlp": "MlpBlock_0"}
     return {"prefix": "", "pos": "Transformer/posembed_input/pos_embedding", "mha": "MultiHeadDotProductAttention_1",
             "ln2": "LayerNorm_2", "mlp": "MlpBlock_3"}
 
 
-def _check_npz_pooling(config: ViTConfig) -> None:
-    _original_vit_only(config, ".npz")
-    if config.global_pool != "token":
-        raise WeightError("the .npz layouts pool the class token, or (big_vision's 'gap') average after the final "
-                          "norm; this config's global_pool='avg' normalises after pooling (timm's fc_norm), a "
-                          "different function: no .npz layout holds it")
+# What the .npz layouts hold beyond the original ViT: SigLIP's MAP head, 'gap' pooling (after
+# the final norm: fc_norm=False), no class token, and (big_vision) a class token without a
+# position entry. The activation is not stored: big_vision's is tanh GELU (flax's nn.gelu),
+# timm reads its checkpoints with the act_layer of the model it builds.
+_NPZ_HOLDS = {"reg_tokens": (0,), "pre_norm": (False,), "init_values": (None,), "qk_norm": (False,),
+              "proj_bias": (True,), "mlp_layer": ("mlp",)}
+
+
+def _check_npz_pooling(config: ViTConfig, flavour: str = "vit") -> None:
+    wrong = [f"{k}={getattr(config, k)!r}" for k, ok in _NPZ_HOLDS.items() if getattr(config, k) not in ok]
+    if config.no_embed_class and config.class_token and flavour != "big_vision":
+        wrong.append("no_embed_class=True (the original ViT layout gives the class token a position; "
+                     "write big_vision's)")
+    if wrong:
+        raise WeightError(f"the .npz layout holds the original ViT and SigLIP's options, not {', '.join(wrong)}: "
+                          "writing it would drop those weights")
+    if config.global_pool in ("avg", "avgmax", "max") and config.use_fc_norm or config.global_pool in ("avgmax", "max"):
+        raise WeightError("the .npz layouts pool the class token, attend with a MAP head, or (big_vision's 'gap') "
+                          f"average after the final norm; this config's global_pool={config.global_pool!r} with "
+                          "fc_norm normalises after pooling (timm's fc_norm), a different function: no .npz layout "
+                          "holds it")
+
+
+def _split_heads_kernel(w, H, hd, D):
+    """(H*hd, D) rows -> big_vision's (D, H, hd) kernel."""
+    return w.reshape(H, hd, D).transpose(2, 0, 1)
 
 
 def to_npz(state: Mapping[str, np.ndarray], config: ViTConfig, flavour: str = "vit") -> dict[str, np.ndarray]:
     """flavour 'vit': the original ViT layout (the class token has its position entry);
-    'big_vision': no position entry for the class token, so pos_embed[:, 0] must be zero."""
-    _check_npz_pooling(config)
+    'big_vision': no position entry for the class token, so pos_embed[:, 0] must be zero
+    (or the config has no_embed_class); SigLIP's MAP head as ``MAPHead_0``."""
+    _check_npz_pooling(config, flavour)
     n = _npz_names(config, flavour)
     p, D, H, hd = n["prefix"], config.embed_dim, config.num_heads, config.head_dim
     pos = state["pos_embed"]
-    if flavour == "big_vision":
+    if flavour == "big_vision" and config.class_token and not config.no_embed_class:
         if np.any(pos[:, 0]):
             raise WeightError("big_vision gives the class token no position embedding, but pos_embed[:, 0] is not "
                               "zero: write the original ViT layout ('vit') instead")
@@ -276,30 +297,66 @@ def to_npz(state: Mapping[str, np.ndarray], config: ViTConfig, flavour: str = "v
             out[f"{e}{n['mlp']}/Dense_{j}/kernel"] = state[f"{b}mlp.{fc}.weight"].T
             out[f"{e}{n['mlp']}/Dense_{j}/bias"] = state[f"{b}mlp.{fc}.bias"]
     out[f"{p}Transformer/encoder_norm/scale"], out[f"{p}Transformer/encoder_norm/bias"] = state["norm.weight"], state["norm.bias"]
+    if config.global_pool == "map":
+        h, m = f"{p}MAPHead_0/", f"{p}MAPHead_0/MultiHeadDotProductAttention_0/"
+        out[h + "probe"] = state["attn_pool.latent"]
+        kv = state["attn_pool.kv.weight"].reshape(2, D, D)
+        kv_bias = state["attn_pool.kv.bias"].reshape(2, H, hd)
+        for name, w, bias in (("query", state["attn_pool.q.weight"], state["attn_pool.q.bias"].reshape(H, hd)),
+                              ("key", kv[0], kv_bias[0]), ("value", kv[1], kv_bias[1])):
+            out[f"{m}{name}/kernel"], out[f"{m}{name}/bias"] = _split_heads_kernel(w, H, hd, D), bias
+        out[f"{m}out/kernel"] = state["attn_pool.proj.weight"].reshape(D, H, hd).transpose(1, 2, 0)
+        out[f"{m}out/bias"] = state["attn_pool.proj.bias"]
+        out[h + "LayerNorm_0/scale"], out[h + "LayerNorm_0/bias"] = state["attn_pool.norm.weight"], state["attn_pool.norm.bias"]
+        for j, fc in enumerate(("fc1", "fc2")):
+            out[f"{h}MlpBlock_0/Dense_{j}/kernel"] = state[f"attn_pool.mlp.{fc}.weight"].T
+            out[f"{h}MlpBlock_0/Dense_{j}/bias"] = state[f"attn_pool.mlp.{fc}.bias"]
     if config.num_classes:
         out[f"{p}head/kernel"], out[f"{p}head/bias"] = state["head.weight"].T, state["head.bias"]
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
-def detect_npz_flavour(w: Mapping) -> str:
-    if "params/embedding/kernel" in w:
-        return "big_vision"
+def detect_npz_flavour(w: Mapping) -> tuple[str, str]:
+    """(flavour, key prefix) of a ViT .npz."""
+    for prefix in ("params/", "params/img/"):
+        if f"{prefix}embedding/kernel" in w:
+            return "big_vision", prefix
     if "embedding/kernel" in w:
-        return "vit"
-    raise WeightError("an .npz with neither 'embedding/kernel' (original ViT) nor 'params/embedding/kernel' "
-                      "(big_vision): not a ViT checkpoint layout this project knows")
+        return "vit", ""
+    raise WeightError("an .npz with neither 'embedding/kernel' (original ViT) nor 'params/embedding/kernel' / "
+                      "'params/img/embedding/kernel' (big_vision, SigLIP): not a ViT checkpoint layout this "
+                      "project knows")
 
 
-def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None) -> ViTConfig:
-    flavour = detect_npz_flavour(w)
-    n = _npz_names(None, flavour)
-    p = n["prefix"]
+class _Blocks:
+    """A block's tensors, from encoderblock_{i}/ or from big_vision's scanned encoderblock/ (a
+    leading depth axis, as timm's _load_weights reads it)."""
+
+    def __init__(self, w: Mapping, p: str):
+        self.w, self.p = w, p
+        self.scanned = f"{p}Transformer/encoderblock/LayerNorm_0/scale" in w
+
+    def __call__(self, i: int, name: str):
+        if self.scanned:
+            return self.w[f"{self.p}Transformer/encoderblock/{name}"][i]
+        return self.w[f"{self.p}Transformer/encoderblock_{i}/{name}"]
+
+    def depth(self) -> int:
+        if self.scanned:
+            return int(self.w[f"{self.p}Transformer/encoderblock/LayerNorm_0/scale"].shape[0])
+        return 1 + max(int(m.group(1)) for k in self.w if (m := re.search(r"encoderblock_(\d+)/", k)))
+
+
+def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None, act_layer: str = "gelu") -> ViTConfig:
+    """The config of an .npz from its shapes; the activation and eps are not stored (defaults:
+    timm's exact GELU and 1e-6, as timm reads these checkpoints)."""
+    flavour, p = detect_npz_flavour(w)
+    n = _npz_names(None, flavour, p)
+    blocks = _Blocks(w, p)
     ph, pw, C, D = w[f"{p}embedding/kernel"].shape
-    depth = 1 + max(int(m.group(1)) for k in w if (m := re.search(r"encoderblock_(\d+)/", k)))
-    _, H, hd = w[f"{p}Transformer/encoderblock_0/{n['mha']}/query/kernel"].shape
-    if f"{p}cls" not in w:
-        raise WeightError("a checkpoint without a class token ('gap' pooling) averages after the final norm; "
-                          "timm's global_pool='avg' normalises after pooling (fc_norm): not representable")
+    _, H, hd = blocks(0, f"{n['mha']}/query/kernel").shape
+    class_token = f"{p}cls" in w
+    pool = "map" if f"{p}MAPHead_0/probe" in w else ("token" if class_token else "avg")
     n_pos = w[f"{p}{n['pos']}"].shape[1] - (1 if flavour == "vit" else 0)
     if img_size is None:
         side = int(round(n_pos ** 0.5))
@@ -308,45 +365,59 @@ def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None) -> ViTCo
         img_size = (side * ph, side * pw)
     return ViTConfig(img_size=img_size, patch_size=(ph, pw), in_chans=C,
                      num_classes=w[f"{p}head/bias"].shape[0] if f"{p}head/bias" in w else 0,
-                     global_pool="token", class_token=True, embed_dim=D,
-                     depth=depth, num_heads=H,
-                     mlp_ratio=w[f"{p}Transformer/encoderblock_0/{n['mlp']}/Dense_0/kernel"].shape[1] / D,
-                     qkv_bias=any(np.any(w[k]) for k in w if re.search(r"/(query|key|value)/bias$", k)),
-                     norm_eps=norm_eps)
+                     global_pool=pool, class_token=class_token, fc_norm=False if pool == "avg" else None,
+                     embed_dim=D, depth=blocks.depth(), num_heads=H,
+                     mlp_ratio=blocks(0, f"{n['mlp']}/Dense_0/kernel").shape[1] / D,
+                     qkv_bias=any(np.any(w[k]) for k in w if re.search(r"encoderblock.*/(query|key|value)/bias$", k)),
+                     norm_eps=norm_eps, act_layer=act_layer)
 
 
 def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
-    flavour = detect_npz_flavour(w)
-    _check_npz_pooling(config)
-    n = _npz_names(config, flavour)
-    p, D = n["prefix"], config.embed_dim
+    flavour, p = detect_npz_flavour(w)
+    _check_npz_pooling(config, flavour)
+    n = _npz_names(config, flavour, p)
+    D, H, hd = config.embed_dim, config.num_heads, config.head_dim
+    blk = _Blocks(w, p)
     out = {}
     try:
         out["patch_embed.proj.weight"] = w[f"{p}embedding/kernel"].transpose(3, 2, 0, 1)  # HWIO -> OIHW
         out["patch_embed.proj.bias"] = w[f"{p}embedding/bias"]
-        out["cls_token"] = w[f"{p}cls"]
         pos = w[f"{p}{n['pos']}"]
-        if flavour == "big_vision":  # the class token gets no position: a zero entry is the same function
-            pos = np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)
+        if config.class_token:
+            out["cls_token"] = w[f"{p}cls"]
+            if flavour == "big_vision" and not config.no_embed_class:  # no position for the class token: a zero
+                pos = np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)  # entry is the same function
         out["pos_embed"] = pos
         for i in range(config.depth):
-            b, e = f"blocks.{i}.", f"{p}Transformer/encoderblock_{i}/"
-            m = f"{e}{n['mha']}/"
-            out[b + "norm1.weight"], out[b + "norm1.bias"] = w[f"{e}LayerNorm_0/scale"], w[f"{e}LayerNorm_0/bias"]
+            b, m = f"blocks.{i}.", f"{n['mha']}/"
+            out[b + "norm1.weight"], out[b + "norm1.bias"] = blk(i, "LayerNorm_0/scale"), blk(i, "LayerNorm_0/bias")
             out[b + "attn.qkv.weight"] = np.concatenate(
-                [w[f"{m}{x}/kernel"].reshape(D, -1).T for x in ("query", "key", "value")])
-            bias = np.concatenate([w[f"{m}{x}/bias"].reshape(-1) for x in ("query", "key", "value")])
+                [blk(i, f"{m}{x}/kernel").reshape(D, -1).T for x in ("query", "key", "value")])
+            bias = np.concatenate([blk(i, f"{m}{x}/bias").reshape(-1) for x in ("query", "key", "value")])
             if config.qkv_bias:
                 out[b + "attn.qkv.bias"] = bias
             elif np.any(bias):
-                raise WeightError(f"{m}: non-zero q/k/v biases, but the config has qkv_bias=False")
-            out[b + "attn.proj.weight"] = w[f"{m}out/kernel"].reshape(-1, D).T  # (H, hd, D) -> (D, H*hd)
-            out[b + "attn.proj.bias"] = w[f"{m}out/bias"]
-            out[b + "norm2.weight"], out[b + "norm2.bias"] = w[f"{e}{n['ln2']}/scale"], w[f"{e}{n['ln2']}/bias"]
+                raise WeightError(f"block {i} {m}: non-zero q/k/v biases, but the config has qkv_bias=False")
+            out[b + "attn.proj.weight"] = blk(i, f"{m}out/kernel").reshape(-1, D).T  # (H, hd, D) -> (D, H*hd)
+            out[b + "attn.proj.bias"] = blk(i, f"{m}out/bias")
+            out[b + "norm2.weight"], out[b + "norm2.bias"] = blk(i, f"{n['ln2']}/scale"), blk(i, f"{n['ln2']}/bias")
             for j, fc in enumerate(("fc1", "fc2")):
-                out[f"{b}mlp.{fc}.weight"] = w[f"{e}{n['mlp']}/Dense_{j}/kernel"].T
-                out[f"{b}mlp.{fc}.bias"] = w[f"{e}{n['mlp']}/Dense_{j}/bias"]
+                out[f"{b}mlp.{fc}.weight"] = blk(i, f"{n['mlp']}/Dense_{j}/kernel").T
+                out[f"{b}mlp.{fc}.bias"] = blk(i, f"{n['mlp']}/Dense_{j}/bias")
         out["norm.weight"], out["norm.bias"] = w[f"{p}Transformer/encoder_norm/scale"], w[f"{p}Transformer/encoder_norm/bias"]
+        if config.global_pool == "map":
+            h, m = f"{p}MAPHead_0/", f"{p}MAPHead_0/MultiHeadDotProductAttention_0/"
+            out["attn_pool.latent"] = w[h + "probe"]
+            out["attn_pool.q.weight"] = w[m + "query/kernel"].reshape(D, -1).T
+            out["attn_pool.q.bias"] = w[m + "query/bias"].reshape(-1)
+            out["attn_pool.kv.weight"] = np.concatenate([w[f"{m}{x}/kernel"].reshape(D, -1).T for x in ("key", "value")])
+            out["attn_pool.kv.bias"] = np.concatenate([w[f"{m}{x}/bias"].reshape(-1) for x in ("key", "value")])
+            out["attn_pool.proj.weight"] = w[m + "out/kernel"].reshape(-1, D).T
+            out["attn_pool.proj.bias"] = w[m + "out/bias"]
+            out["attn_pool.norm.weight"], out["attn_pool.norm.bias"] = w[h + "LayerNorm_0/scale"], w[h + "LayerNorm_0/bias"]
+            for j, fc in enumerate(("fc1", "fc2")):
+                out[f"attn_pool.mlp.{fc}.weight"] = w[f"{h}MlpBlock_0/Dense_{j}/kernel"].T
+                out[f"attn_pool.mlp.{fc}.bias"] = w[f"{h}MlpBlock_0/Dense_{j}/bias"]
         if config.num_classes:
             out["head.weight"], out["head.bias"] = w[f"{p}head/kernel"].T, w[f"{p}head/bias"]
     except KeyError as e:

@@ -230,6 +230,45 @@ def test_npz_export_loads_in_timms_load_weights_and_matches_the_ports(flavour, t
         assert_logits_close(port, config, state, x, ref, f"timm _load_weights of our {flavour} npz")
 
 
+@pytest.mark.parametrize("preset", ["vit_test_siglip", "siglip_gap"])
+def test_big_vision_siglip_npz_loads_in_timms_load_weights_and_round_trips(preset, tmp_path):
+    """SigLIP's MAP head (MAPHead_0) and big_vision's 'gap' pooling (the mean after the final
+    norm: fc_norm=False), written by us, read by timm's _load_weights into the timm model with
+    those options: timm's tensors equal ours bitwise; read back by us, bitwise too."""
+    from timm.models.vision_transformer import _load_weights
+
+    from conformance.references import timm_vit
+
+    config = get_config("vit_test_siglip").replace(img_size=16, num_classes=0)
+    if preset == "siglip_gap":
+        config = config.replace(global_pool="avg", fc_norm=False)
+    state = init_state(config, seed=7)
+    path = tmp_path / "siglip.npz"
+    write(state, config, str(path), "big_vision", npz_flavour="big_vision")
+    model = timm_vit(config)
+    _load_weights(model, str(path))
+    theirs = timm_state(model)
+    assert all(theirs[k].tobytes() == state[k].tobytes() for k in state)
+    got_config, back = read(str(path), "big_vision")
+    assert got_config == config.replace(act_layer="gelu")  # the activation is not stored: timm's default
+    assert all(back[k].tobytes() == state[k].tobytes() for k in state)
+
+
+def test_a_scanned_big_vision_npz_reads_as_its_unscanned_twin(tmp_path):
+    """big_vision's scan layout stacks the blocks under Transformer/encoderblock/ (timm reads both)."""
+    config = get_config("vit_test_siglip").replace(img_size=16, num_classes=0)
+    state = init_state(config, seed=8)
+    w = formats.to_npz(state, config, "big_vision")
+    scanned = {k: v for k, v in w.items() if "encoderblock_" not in k}
+    for k in [k for k in w if "encoderblock_0/" in k]:
+        scanned[k.replace("encoderblock_0/", "encoderblock/")] = np.stack(
+            [w[k.replace("encoderblock_0/", f"encoderblock_{i}/")] for i in range(config.depth)])
+    inferred = formats.infer_npz_config(scanned)
+    assert inferred.depth == config.depth and inferred.global_pool == "map"
+    back = formats.from_npz(scanned, config)
+    assert all(back[k].tobytes() == state[k].tobytes() for k in state)
+
+
 def test_npz_of_a_timm_model_round_trips_to_the_same_canonical_tensors(tmp_path):
     config = get_config("vit_test_token").replace(img_size=(16, 16))
     torch.manual_seed(4)

@@ -104,7 +104,7 @@ def test_original_vit_layouts_refuse_family_weights_rather_than_drop_them(write)
     from weights import WeightError, formats
 
     config = BASE.replace(init_values=0.1)
-    with pytest.raises(WeightError, match="holds the original ViT, not init_values=0.1: writing it would drop"):
+    with pytest.raises(WeightError, match="not init_values=0.1: writing it would drop"):
         getattr(formats, write)(init_state(config), config)
 
 
