@@ -141,7 +141,7 @@ def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: s
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     config: ViTConfig = model.config
-    shapes = tap_shapes(config, model.images.shape[0] if batch is None else batch)
+    shapes = tap_shapes(config, model.images.shape[0] if batch is None else batch, model.images.shape[2:])
     if not isinstance(out, Mapping):
         out = {"logits": out}
     names = [n for n in tap_names(config) if n in out]

@@ -44,6 +44,7 @@ from scipy.special import erf
 
 from impls import numpy_vit as O
 from impls.config import ViTConfig, tap_names
+from weights.resample import bicubic_aa_matrix
 
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 SMALLEST_NORMAL = {"float64": float(np.finfo(np.float64).tiny), "float32": float(np.finfo(np.float32).tiny),
@@ -252,6 +253,23 @@ def _scaled(x, gamma, p: Precision):
     return y, p.storage * np.abs(y)
 
 
+def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
+    """The position embedding at the images' grid (dynamic_img_size) and its bound: two
+    separable passes of the antialiased bicubic, each a contraction over a few taps with
+    weights of both signs, in float32 with float32 weights, then stored."""
+    grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+    if grid == config.grid_size:
+        return pos, 0.0
+    n = 0 if config.no_embed_class else config.num_prefix_tokens
+    new = O.resample_pos_embed(pos, config.grid_size, grid, n)
+    Rh, Rw = (np.abs(bicubic_aa_matrix(o, g)) for o, g in zip(config.grid_size, grid))
+    g = np.abs(pos[:, n:]).reshape(pos.shape[0], *config.grid_size, pos.shape[-1])
+    m = np.einsum("ih,bhwd,jw->bijd", Rh, g, Rw).reshape(pos.shape[0], -1, pos.shape[-1])
+    taps = math.sqrt(np.count_nonzero(Rh, 1).max()) + math.sqrt(np.count_nonzero(Rw, 1).max())
+    bound = p.compute * (taps + 1.0) * m + p.storage * np.abs(new[:, n:])
+    return new, np.concatenate([np.zeros_like(pos[:, :n]), bound], 1)
+
+
 def _sum(a, b, p: Precision):
     y = a + b
     return y, p.storage * (np.abs(a) + np.abs(b))
@@ -282,11 +300,14 @@ def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapp
         return linear(patches, w.reshape(w.shape[0], -1), s.get("patch_embed.proj.bias"), p)
     if name == "embed":
         x = t["patch_embed"]
+        pos, dpos = _resampled_pos_embed(s["pos_embed"], config, images, p)
         prefix = [np.broadcast_to(s[k], (x.shape[0], *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
         if config.no_embed_class:
-            y, bound = _sum(x, s["pos_embed"], p)
+            y, bound = _sum(x, pos, p)
+            bound = bound + dpos
             return np.concatenate(prefix + [y], 1), np.concatenate([np.zeros_like(a) for a in prefix] + [bound], 1)
-        return _sum(np.concatenate(prefix + [x], 1), s["pos_embed"], p)
+        y, bound = _sum(np.concatenate(prefix + [x], 1), pos, p)
+        return y, bound + dpos
     if name == "norm_pre":
         return layer_norm(t["embed"], s["norm_pre.weight"], s["norm_pre.bias"], eps, p)
     if name == "norm":

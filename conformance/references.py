@@ -25,7 +25,7 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
         mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias, reg_tokens=config.reg_tokens,
         no_embed_class=config.no_embed_class, pre_norm=config.pre_norm, fc_norm=config.fc_norm,
         init_values=config.init_values, qk_norm=config.qk_norm, act_layer=config.act_layer,
-        proj_bias=config.proj_bias, mlp_layer=mlp_layer,
+        proj_bias=config.proj_bias, mlp_layer=mlp_layer, dynamic_img_size=config.dynamic_img_size,
     )
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):
@@ -65,7 +65,8 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
             taps[name] = o.reshape(o.shape[0], o.shape[1], parts, num_heads, head_dim)[:, :, parts - 1].transpose(1, 2)
         return hook
 
-    hooks.append(model.patch_embed.register_forward_hook(out("patch_embed")))
+    hooks.append(model.patch_embed.register_forward_hook(  # NHWC under dynamic_img_size: flattened as the tap
+        lambda m, a, o: taps.__setitem__("patch_embed", o.flatten(1, 2) if o.ndim == 4 else o)))
     hooks.append(model.pos_drop.register_forward_hook(out("embed")))
     if not isinstance(model.norm_pre, torch.nn.Identity):
         hooks.append(model.norm_pre.register_forward_hook(out("norm_pre")))

@@ -43,6 +43,7 @@ def family_options(draw) -> dict:
         act_layer=draw(st.sampled_from(ACT_LAYERS)),
         proj_bias=draw(st.booleans()),
         mlp_layer=draw(st.sampled_from(MLP_LAYERS)),
+        dynamic_img_size=draw(st.booleans()),
     )
 
 
@@ -94,14 +95,19 @@ class ImageCase:
     kind: str
     seed: int
     batch: int
+    grid: tuple[int, int] | None = None  # a dynamic_img_size model's images: this patch grid
 
     def make(self, config: ViTConfig) -> np.ndarray:
-        return make_images(config, self.batch, self.kind, self.seed)
+        return make_images(config, self.batch, self.kind, self.seed, self.grid)
 
 
-def make_images(config: ViTConfig, batch: int, kind: str, seed: int) -> np.ndarray:
+def make_images(config: ViTConfig, batch: int, kind: str, seed: int, grid=None) -> np.ndarray:
+    """Images for ``config``; a dynamic_img_size config takes them on another patch ``grid``."""
     rng = np.random.default_rng(seed)
-    shape = (batch, config.in_chans, *config.img_size)
+    size = config.img_size
+    if grid is not None and config.dynamic_img_size:
+        size = (grid[0] * config.patch_size[0], grid[1] * config.patch_size[1])
+    shape = (batch, config.in_chans, *size)
     if kind == "ordinary":
         x = rng.normal(0.0, 1.0, shape)
     elif kind == "tiny":
@@ -119,8 +125,11 @@ def make_images(config: ViTConfig, batch: int, kind: str, seed: int) -> np.ndarr
 
 
 def image_cases(kinds=IMAGE_KINDS, max_batch: int = 3) -> st.SearchStrategy[ImageCase]:
+    """Images of every kind; for a dynamic_img_size model, on a drawn patch grid (smaller or
+    larger than the position embedding's: it is resampled both ways)."""
     return st.builds(ImageCase, kind=st.sampled_from(kinds), seed=st.integers(0, 2**31 - 1),
-                     batch=st.integers(1, max_batch))
+                     batch=st.integers(1, max_batch),
+                     grid=st.one_of(st.none(), st.tuples(st.integers(1, 5), st.integers(1, 5))))
 
 
 def add_patch_offset(state: dict[str, np.ndarray], config: ViTConfig, offset: float) -> None:
@@ -325,7 +334,7 @@ def model_cases(draw, config_strategy=None, images=None, weights=None, min_batch
     config = draw(configs() if config_strategy is None else config_strategy)
     w = draw(model_weights() if weights is None else weights)
     img = draw(image_cases() if images is None else images)
-    img = ImageCase(img.kind, img.seed, draw(st.integers(min_batch, max_batch)))
+    img = ImageCase(img.kind, img.seed, draw(st.integers(min_batch, max_batch)), img.grid)
     return ModelCase(config, w.make(config), img.make(config), info={"weights": w, "images": img},
                      dtype=current_dtype())
 

@@ -65,6 +65,11 @@ def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -
         images = make_images(config, 3, "ordinary", seed)
         cases.append(Case("ordinary images (batch 3), trained-like weights, block 0 logits to 3e4", images,
                           with_block0_logit(config, TrainedLike(seed + 4).make(config), images, 3e4)))
+    if config.dynamic_img_size:  # the position embedding resampled up and down at run time
+        gh, gw = config.grid_size
+        for grid in ((gh + 2, gw + 1), (max(1, gh // 2), max(1, gw - 1))):
+            cases.append(Case(f"ordinary images (batch 2) on a {grid[0]}x{grid[1]} patch grid",
+                              make_images(config, 2, "ordinary", seed + 5, grid), base))
     return cases
 
 

@@ -21,7 +21,7 @@ class Unsupported(ValueError):
 # ViT family at its default.
 ORIGINAL_VIT = {"global_pool": ("token", "avg"), "reg_tokens": 0, "no_embed_class": False, "pre_norm": False,
                 "fc_norm": (None,), "init_values": (None,), "qk_norm": False, "act_layer": "gelu", "proj_bias": True,
-                "mlp_layer": "mlp"}
+                "mlp_layer": "mlp", "dynamic_img_size": False}
 
 
 def require_original_vit(config: ViTConfig, port: str) -> None:
@@ -61,8 +61,10 @@ def tap_names(config: ViTConfig) -> list[str]:
     return names
 
 
-def tap_shapes(config: ViTConfig, batch: int) -> dict[str, tuple[int, ...]]:
-    """The shape each tap must have for a batch of ``batch`` images."""
+def tap_shapes(config: ViTConfig, batch: int, img_size=None) -> dict[str, tuple[int, ...]]:
+    """The shape each tap must have for a batch of ``batch`` images (of ``img_size``, which
+    only a dynamic_img_size config takes other than its own)."""
+    config = config if img_size is None else config.at_img_size(img_size)
     B, N, D = batch, config.num_tokens, config.embed_dim
     H, hd = config.num_heads, config.head_dim
     per_block = {
@@ -102,7 +104,12 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
         raise InputError(f"images must hold at least one image, got shape {tuple(shape)}")
     if shape[1] != C:
         raise InputError(f"images must have {C} channels (in_chans) on axis 1, got shape {tuple(shape)}")
-    if tuple(shape[2:]) != (H, W):
+    if config.dynamic_img_size:
+        (ph, pw) = config.patch_size
+        if (shape[2] < ph or shape[3] < pw or shape[2] % ph or shape[3] % pw):
+            raise InputError(f"images must have a height divisible by {ph} and a width by {pw} (patch_size, with "
+                             f"dynamic_img_size) on axes 2, 3, got shape {tuple(shape)}")
+    elif tuple(shape[2:]) != (H, W):
         raise InputError(f"images must be {H}x{W} (img_size) on axes 2, 3, got shape {tuple(shape)}")
     dtype = str(dtype).rsplit(".", 1)[-1]  # torch.float32, mlx.core.float32 -> float32
     if dtype != "float32":

@@ -18,6 +18,7 @@ from flax import nnx
 
 from impls.config import ViTConfig, check_images
 from weights import check_exact_match, mha_shapes, to_native, validate_state
+from weights.resample import bicubic_aa_matrix
 
 FRAMEWORK = "jax"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -34,6 +35,18 @@ def _dead_rows(mask: jax.Array) -> jax.Array:
     """Query rows in which the mask leaves no key."""
     keep = mask if mask.dtype == jnp.bool_ else mask > -jnp.inf
     return ~jnp.any(keep, axis=-1, keepdims=True)
+
+
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
+    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
+    resized bicubically with antialiasing (one matrix per axis, weights/resample.py), in float32."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos
+    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
+    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).astype(jnp.float32)
+    Rh, Rw = (jnp.asarray(bicubic_aa_matrix(o, n), jnp.float32) for o, n in zip(old_grid, new_grid))
+    grid = jnp.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw, precision=PRECISION).astype(pos.dtype)
+    return jnp.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
 
 
 def split_heads(x, num_heads: int):
@@ -357,19 +370,22 @@ class VisionTransformer(nnx.Module):
         if config.num_classes:
             self.head = Linear(D, config.num_classes, rngs=rngs)
 
-    def _pos_embed(self, x):
+    def _pos_embed(self, x, grid):
         B, _, D = x.shape
-        tokens = ([self.cls_token] if self.config.class_token else []) + \
-            ([self.reg_token] if self.config.reg_tokens else [])
+        c = self.config
+        pos = resample_pos_embed(self.pos_embed[...], c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
+        tokens = ([self.cls_token] if c.class_token else []) + \
+            ([self.reg_token] if c.reg_tokens else [])
         prefix = [jnp.broadcast_to(t[...], (B, t.shape[1], D)) for t in tokens]  # class token, then registers
-        if self.config.no_embed_class:  # the position embedding covers the patches; prefix tokens after
-            return jnp.concatenate(prefix + [x + self.pos_embed[...]], axis=1)
-        return jnp.concatenate(prefix + [x], axis=1) + self.pos_embed[...]  # prefix tokens get position entries
+        if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
+            return jnp.concatenate(prefix + [x + pos], axis=1)
+        return jnp.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
 
     def forward_features(self, x, taps=None):
+        grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
         x = self.patch_embed(x)
         _tap(taps, "patch_embed", x)
-        x = self._pos_embed(x)
+        x = self._pos_embed(x, grid)
         _tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)

@@ -27,6 +27,18 @@ def _dead_rows(mask: torch.Tensor) -> torch.Tensor:
     return ~keep.any(dim=-1, keepdim=True)
 
 
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
+    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
+    resized bicubically with antialiasing, in float32."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos
+    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
+    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).flatten(1, 2).to(pos.dtype)
+    return torch.cat([prefix, grid], dim=1)
+
+
 def split_heads(x, num_heads: int):
     """(B, N, H * hd) -> (B, H, N, hd)."""
     B, N, _ = x.shape
@@ -330,19 +342,22 @@ class VisionTransformer(nn.Module):
         if config.num_classes:
             self.head = Linear(D, config.num_classes)
 
-    def _pos_embed(self, x):
+    def _pos_embed(self, x, grid):
         B, _, D = x.shape
-        tokens = ([self.cls_token] if self.config.class_token else []) + \
-            ([self.reg_token] if self.config.reg_tokens else [])
+        c = self.config
+        pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
+        tokens = ([self.cls_token] if c.class_token else []) + \
+            ([self.reg_token] if c.reg_tokens else [])
         prefix = [t.expand(B, -1, -1) for t in tokens]  # class token, then registers
-        if self.config.no_embed_class:  # the position embedding covers the patches; prefix tokens after
-            return torch.cat(prefix + [x + self.pos_embed], dim=1)
-        return torch.cat(prefix + [x], dim=1) + self.pos_embed  # prefix tokens get position entries
+        if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
+            return torch.cat(prefix + [x + pos], dim=1)
+        return torch.cat(prefix + [x], dim=1) + pos  # prefix tokens get position entries
 
     def forward_features(self, x, taps=None):
+        grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
         x = self.patch_embed(x)
         _tap(taps, "patch_embed", x)
-        x = self._pos_embed(x)
+        x = self._pos_embed(x, grid)
         _tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)

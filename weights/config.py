@@ -27,6 +27,9 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 * ``mlp_layer``: ``mlp`` (fc1, act, fc2), ``swiglu_packed`` (timm's ``SwiGLUPacked``, DINOv2
   giant: ``fc1`` holds the gate rows then the value rows, ``act(gate) * value``, ``fc2`` from
   half the width) or ``swiglu`` (timm's ``SwiGLU``: separate ``fc1_g`` and ``fc1_x``).
+* ``dynamic_img_size``: images of any size divisible by the patch; the position embedding's
+  grid is resampled at run time to theirs, bicubic with antialiasing (timm's
+  ``resample_abs_pos_embed``; weights/resample.py).
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class ViTConfig:
     act_layer: str = "gelu"
     proj_bias: bool = True
     mlp_layer: str = "mlp"
+    dynamic_img_size: bool = False
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -125,7 +129,7 @@ class ViTConfig:
         if self.mlp_layer == "swiglu_packed" and self.mlp_hidden_dim % 2:
             raise ConfigError(f"mlp_layer='swiglu_packed' splits fc1's {self.mlp_hidden_dim} outputs (embed_dim * "
                               "mlp_ratio) into gate and value halves: it must be even")
-        for key in ("no_embed_class", "pre_norm", "qk_norm", "proj_bias", "qkv_bias", "class_token"):
+        for key in ("no_embed_class", "pre_norm", "qk_norm", "proj_bias", "qkv_bias", "class_token", "dynamic_img_size"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
 
@@ -173,7 +177,7 @@ class ViTConfig:
         """The options set beyond the original ViT (2020), as ``name=value``."""
         defaults = ViTConfig.__dataclass_fields__
         names = ("reg_tokens", "no_embed_class", "pre_norm", "fc_norm", "init_values", "qk_norm", "act_layer",
-                 "proj_bias", "mlp_layer")
+                 "proj_bias", "mlp_layer", "dynamic_img_size")
         beyond = [f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n].default]
         if self.global_pool not in ("token", "avg"):
             beyond.insert(0, f"global_pool={self.global_pool!r}")
@@ -182,6 +186,16 @@ class ViTConfig:
     @property
     def num_features(self) -> int:
         return self.num_classes if self.num_classes else self.embed_dim
+
+    def at_img_size(self, img_size) -> "ViTConfig":
+        """The config a dynamic_img_size model runs as on images of ``img_size``: every derived
+        size (grid, tokens) at that size; the weights keep the shapes of ``self``."""
+        img_size = _pair(img_size, "img_size")
+        if img_size == self.img_size:
+            return self
+        if not self.dynamic_img_size:
+            raise ConfigError(f"img_size {self.img_size} is fixed: images of {img_size} need dynamic_img_size=True")
+        return self.replace(img_size=img_size)
 
     def replace(self, **changes: Any) -> "ViTConfig":
         return replace(self, **changes)
@@ -261,6 +275,10 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_test_registers_avg": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
         reg_tokens=2, global_pool="avg",
+    ),
+    "vit_test_dynamic": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        reg_tokens=1, no_embed_class=True, init_values=1e-5, dynamic_img_size=True,
     ),
     "vit_test_clip": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,

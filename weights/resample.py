@@ -1,6 +1,8 @@
 """Position-embedding resampling for another image size, as timm's resample_abs_pos_embed:
 the prefix (class) token kept apart, the grid resized bicubically with antialiasing, in float32.
-It changes only the canonical state, so every port can use the result."""
+``resample_state`` changes only the canonical state, so every port can use the result;
+``bicubic_aa_matrix`` is the same resampling along one axis as a matrix, which the MLX and JAX
+ports and the oracle apply at run time for ``dynamic_img_size``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,28 @@ import numpy as np
 
 from weights.config import ViTConfig
 from weights.canonical import WeightError
+
+
+def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
+    # The antialiased kernel's cubic (PIL's, a = -0.5; the non-antialiased bicubic uses -0.75).
+    x = np.abs(x)
+    return np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1, np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0))
+
+
+def bicubic_aa_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) float64: torch's interpolate(mode="bicubic", antialias=True,
+    align_corners=False) along one axis (ATen's _upsample_bicubic2d_aa weights: the kernel
+    widened by the scale when downsampling, each row normalised)."""
+    scale = n_in / n_out
+    support = 2.0 * scale if scale >= 1.0 else 2.0
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    R = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        center = scale * (i + 0.5)
+        lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
+        w = _cubic((np.arange(lo, hi) - center + 0.5) * invscale)
+        R[i, lo:hi] = w / w.sum()
+    return R
 
 
 def resample_abs_pos_embed(pos_embed: np.ndarray, new_size: tuple[int, int], old_size: tuple[int, int] | None = None,

@@ -17,6 +17,7 @@ from conformance.references import timm_taps, timm_vit
 from conformance.support import Unsupported
 from conformance.tests.helpers import factory
 from impls import ConfigError, get_config, tap_names
+from impls.numpy_vit import resample_pos_embed
 from weights import init_state
 from weights.canonical import expected_shapes
 
@@ -57,6 +58,74 @@ def test_oracle_equals_timm_in_float64_at_every_stage_for_each_option(name):
     for stage in tap_names(config):
         _, rel = error(oracle[stage], ref[stage])
         assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+
+
+DYNAMIC = {"dynamic": dict(dynamic_img_size=True), "dynamic_dinov2_reg": dict(dynamic_img_size=True, reg_tokens=2,
+                                                                               no_embed_class=True, init_values=0.5),
+           "dynamic_siglip": dict(dynamic_img_size=True, class_token=False, global_pool="map")}
+
+
+@pytest.mark.parametrize("name", list(DYNAMIC))
+@pytest.mark.parametrize("grid", [(7, 3), (2, 5)])
+def test_oracle_equals_timm_in_float64_on_images_of_another_size(name, grid):
+    """dynamic_img_size: the 4x6 position grid resampled to the images' grid (up in one axis and
+    down in the other), bicubic with antialiasing, by timm's resample_abs_pos_embed and by the
+    oracle's matrices."""
+    import timm.models.vision_transformer as tvt
+
+    config = BASE.replace(**DYNAMIC[name])
+    state = init_state(config, seed=3)
+    model = timm_vit(config, state, dtype=torch.float64)
+    x = S.make_images(config, 2, "ordinary", 0, grid)
+    # timm resamples in float32 even in a float64 model (posemb.float()); here in the model's dtype,
+    # so the comparison is float64 throughout (the resampling itself: the test below).
+    float64_resample = lambda posemb, new_size, old_size=None, num_prefix_tokens=1, **kw: torch.from_numpy(  # noqa: E731
+        resample_pos_embed(posemb.numpy(), old_size, new_size, num_prefix_tokens))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tvt, "resample_abs_pos_embed", float64_resample)
+        ref = timm_taps(model, x)
+    oracle = factory("numpy")(config, state)(x)
+    assert oracle["patch_embed"].shape[1] == grid[0] * grid[1]
+    for stage in tap_names(config):
+        _, rel = error(oracle[stage], ref[stage])
+        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+
+
+@pytest.mark.parametrize("old, new", [((4, 6), (7, 3)), ((37, 37), (16, 16)), ((5, 3), (2, 9)), ((3, 3), (3, 3))])
+def test_the_resampling_matrices_equal_torchs_antialiased_bicubic_in_float64(old, new):
+    """Torch's F.interpolate(bicubic, antialias=True), which timm's resample_abs_pos_embed calls:
+    the oracle's (and the MLX and JAX ports') matrices agree to float64 rounding; bicubic without
+    antialiasing, or bilinear, does not (companion)."""
+    import torch.nn.functional as F
+
+    pos = np.random.default_rng(0).normal(size=(1, 1 + old[0] * old[1], 5))
+    grid = torch.from_numpy(pos[:, 1:].reshape(1, *old, 5)).permute(0, 3, 1, 2)
+    for mode, antialias, agrees in (("bicubic", True, True), ("bicubic", False, False), ("bilinear", True, False)):
+        theirs = F.interpolate(grid, size=new, mode=mode, antialias=antialias, align_corners=False)
+        theirs = theirs.permute(0, 2, 3, 1).reshape(1, -1, 5).numpy()
+        ours = resample_pos_embed(pos, old, new, 1)[:, 1:]
+        rel = error(ours, theirs)[1]
+        assert (rel < 1e-14) == (agrees or old == new), (mode, antialias, rel)
+
+
+@pytest.mark.parametrize("name", list(DYNAMIC))
+def test_every_port_is_within_its_bound_on_images_of_another_size(name):
+    config = BASE.replace(**DYNAMIC[name])
+    for grid in ((7, 3), (2, 5)):
+        images = S.ImageCase("ordinary", 1, 2, grid)
+        case = P.ModelCase(config, init_state(config, seed=4), images.make(config), info={"images": images})
+        for port in (("torch", "mlx", "jax") if heavy() else (("torch", "mlx", "jax")[list(DYNAMIC).index(name)],)):
+            P.check_matches_oracle(port, factory(port), case)
+
+
+def test_fixed_size_models_refuse_other_sizes_and_dynamic_ones_need_whole_patches():
+    from impls import InputError
+
+    config = BASE.replace(dynamic_img_size=True)
+    with pytest.raises(InputError, match="divisible by 4 and a width by 4"):
+        factory("torch")(config, init_state(config))(np.zeros((1, 3, 18, 24), np.float32))
+    with pytest.raises(InputError, match="must be 16x24"):
+        factory("mlx")(BASE, init_state(BASE))(np.zeros((1, 3, 28, 12), np.float32))
 
 
 def test_the_timm_comparison_fails_when_an_option_is_dropped():

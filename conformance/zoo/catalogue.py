@@ -157,6 +157,11 @@ _ALL = [
            "a SigLIP conversion's unlocated residual difference (huggingface/transformers#32938)",
            "attn_pool.mlp.act", config="vit_test_siglip",
            note="tanh and exact GELU differ by at most 4.7e-4; judged against the GELU's own bound"),
+    Mutant("torch_pos_embed_no_antialias", "torch", f"{_T}:pos_embed_no_antialias",
+           "dynamic image size: the position grid resampled bicubic without antialias, where timm's is "
+           "antialiased (the interpolation mismatch of Blaizzy/mlx-vlm#2266; facebookresearch/dinov2#378)",
+           "Blaizzy/mlx-vlm#2266, facebookresearch/dinov2#378", "embed", config="vit_test_dynamic",
+           note="only images of another size than the position grid's show it"),
     Mutant("torch_mha_causal_mask", "torch", f"{_T}:mha_causal_mask",
            "a causal mask always applied in a standalone attention", "decoder attention reused in an encoder",
            "attn.weights", level="attention",

@@ -56,7 +56,7 @@ class VisionTransformerClsWithoutPos(J.VisionTransformer):
     """big_vision adds the position embedding before prepending the class token, so the class
     token gets none; here a timm checkpoint is run that way, dropping pos_embed[:, 0]."""
 
-    def _pos_embed(self, x):
+    def _pos_embed(self, x, grid):
         x = x + self.pos_embed[...][:, 1:]
         cls = jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[2]))
         return jnp.concatenate([cls, x], axis=1)

@@ -280,3 +280,34 @@ def gelu_for_quick_gelu(config, state, **kw):
 
 
 gelu_for_quick_gelu.supports = {"act_layer": "quick_gelu", "pre_norm": (False, True)}
+
+
+def resample_without_antialias(pos, old_grid, new_grid, num_prefix_tokens):
+    """F.interpolate(mode="bicubic") without antialias, where timm's resample_abs_pos_embed (and
+    so the checkpoint's evaluation at other sizes) uses antialias=True."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos
+    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
+    grid = grid.reshape(1, *old_grid, -1).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    return torch.cat([prefix, grid.permute(0, 2, 3, 1).flatten(1, 2).to(pos.dtype)], dim=1)
+
+
+class VisionTransformerPosEmbedNoAntialias(T.VisionTransformer):
+    def _pos_embed(self, x, grid):
+        c = self.config
+        pos = resample_without_antialias(self.pos_embed, c.grid_size, grid,
+                                         0 if c.no_embed_class else c.num_prefix_tokens)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in ([self.cls_token] if c.class_token else [])
+                  + ([self.reg_token] if c.reg_tokens else [])]
+        if c.no_embed_class:
+            return torch.cat(prefix + [x + pos], dim=1)
+        return torch.cat(prefix + [x], dim=1) + pos
+
+
+def pos_embed_no_antialias(config, state, **kw):
+    return T.make(config, state, model_cls=VisionTransformerPosEmbedNoAntialias, **kw)
+
+
+pos_embed_no_antialias.supports = {"dynamic_img_size": True, "reg_tokens": (0, 1), "no_embed_class": (False, True),
+                                   "init_values": (None, 1e-5)}
