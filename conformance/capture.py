@@ -737,7 +737,13 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
     if len(set(block_paths)) != len(block_paths):
         block_paths = [None] * config.depth  # blocks share a module: the weights are not per block
     plan.blocks = {p: i for i, p in enumerate(block_paths) if p is not None}
-    if block_paths and block_paths[0] is not None:
+    if config.pre_norm:
+        m = one("norm_pre", "norm_pre")
+        put("norm_pre", m and Source("out", m))
+        put("embed", m and Source("in", m))
+        if m is None:
+            plan.unseen["embed"] = plan.unseen["norm_pre"]
+    elif block_paths and block_paths[0] is not None:
         plan.sources["embed"] = Source("in", block_paths[0])
     else:
         plan.unseen["embed"] = "no module holds block 0's weights alone, so its input cannot be read"
@@ -756,6 +762,16 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
                 plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, fallback=("qkv", qkv[0]))
             else:
                 plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i)
+        if config.qk_norm:  # the attention call sees the normalised q and k; the projections' are the norms' inputs
+            for part in "qk":
+                m = one(f"{b}.attn.{part}_norm", f"{b}.attn.{part}_norm")
+                put(f"{b}.attn.{part}", m and Source("in", m, shape="heads"))
+                put(f"{b}.attn.{part}_norm", m and Source("out", m, shape="heads"))
+                if m is None:
+                    plan.unseen[f"{b}.attn.{part}"] = plan.unseen[f"{b}.attn.{part}_norm"]
+        for ls in ("ls1", "ls2") if config.init_values is not None else ():
+            m = one(f"{b}.{ls}", f"{b}.{ls}")
+            put(f"{b}.{ls}", m and Source("out", m))
         if block_paths[i] is not None:
             plan.sources[f"{b}.attn.weights"] = Source("attn", part="weights", block=i)
         else:
@@ -775,6 +791,23 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
     if not config.use_fc_norm:
         m = one("norm", "norm")
         put("norm", m and Source("out", m))
+    if config.global_pool == "map":
+        keys = [k for k in key_map if k.startswith("attn_pool.")]
+        pool = _common_module({_module_of(mk) for k in keys for mk in key_map[k]})
+        if pool and pool in modules:
+            plan.sources["attn_pool"] = Source("out", pool)
+        else:
+            plan.unseen["attn_pool"] = "no module of its own holds the attention pool's weights"
+        for stage, owner in (("attn_pool.proj", "attn_pool.proj"), ("attn_pool.norm", "attn_pool.norm"),
+                             ("attn_pool.mlp", "attn_pool.mlp.fc2")):
+            m = one(owner, stage)
+            put(stage, m and Source("out", m))
+            if stage == "attn_pool.mlp":
+                put("attn_pool.mlp.act", m and Source("in", m))
+                if m is None:
+                    plan.unseen["attn_pool.mlp.act"] = plan.unseen[stage]
+        for part in ("q", "k", "v", "weights"):
+            plan.unseen[f"attn_pool.{part}"] = "inside the attention pool: its q, k, v and weights are not read yet"
     if has_head:
         m = one("head", "pooled")
         put("pooled", m and Source("in", m))
