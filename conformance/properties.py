@@ -256,6 +256,79 @@ def check_stages_match_oracle(port: str, make: Callable, case: ModelCase, stages
             raise _fail(port, f"{name} differs from the oracle", case, stage=name, error=r.reason)
 
 
+# ----------------------------------------------------------------------------- the ViT family
+
+def check_layerscale_scales_only_its_branch(port: str, make: Callable, case: ModelCase, channel: int) -> None:
+    """One channel of block 0's ls2 gamma changed: the block's output moves in that channel
+    only, by the change times the MLP branch (x + gamma * mlp, not (x + mlp) * gamma), and
+    nothing before the MLP moves at all."""
+    if case.config.init_values is None:
+        raise NotApplicable("needs LayerScale (init_values)")
+    out = run_model(port, make, case)
+    _needs(out, "blocks.0", "blocks.0.mlp", "blocks.0.norm2")
+    c = channel % case.config.embed_dim
+    state = dict(case.state)
+    gamma = state["blocks.0.ls2.gamma"].copy()
+    old, gamma[c] = float(gamma[c]), gamma[c] + np.float32(0.5)
+    state["blocks.0.ls2.gamma"] = gamma
+    moved = run_model(port, make, case, state=state)
+    if not np.array_equal(np.asarray(moved["blocks.0.norm2"]), np.asarray(out["blocks.0.norm2"])):
+        raise _fail(port, "changing ls2's gamma moved norm2, which comes before the MLP branch", case,
+                    stage="blocks.0.ls2")
+    expected = np.asarray(out["blocks.0"], np.float64).copy()
+    expected[..., c] += (float(gamma[c]) - old) * np.asarray(out["blocks.0.mlp"], np.float64)[..., c]
+    _within(port, f"changing channel {c} of ls2's gamma should move the block output by the change times the "
+                  "MLP branch in that channel only", case, "blocks.0", np.asarray(moved["blocks.0"]), expected)
+
+
+def check_prefix_tokens_as_timm(port: str, make: Callable, case: ModelCase) -> None:
+    """Register and class tokens: position entries only where the config gives them (none with
+    no_embed_class), and never pooled (the mean, max or MAP head reads the patch tokens only);
+    each judged from the port's own inputs to it."""
+    c = case.config
+    if not c.reg_tokens and not c.no_embed_class:
+        raise NotApplicable("needs register tokens or no_embed_class")
+    out = run_model(port, make, case)
+    _local(port, "the prefix tokens and position embedding are not assembled as timm's", case, out, "embed")
+    if c.global_pool in ("avg", "avgmax", "max"):
+        _local(port, "the pooled tokens are not the patch tokens alone", case, out, "pooled")
+    elif c.global_pool == "map":
+        _local(port, "the attention pool's keys are not the patch tokens alone", case, out, "attn_pool.k")
+
+
+def check_qk_norm_per_head(port: str, make: Callable, case: ModelCase) -> None:
+    """q_norm and k_norm are LayerNorms over head_dim, per head, of the port's own q and k."""
+    if not case.config.qk_norm:
+        raise NotApplicable("needs qk_norm")
+    out = run_model(port, make, case)
+    for i in range(case.config.depth):
+        for part in ("q_norm", "k_norm"):
+            _local(port, f"attn.{part} is not a LayerNorm over head_dim of each head", case, out,
+                   f"blocks.{i}.attn.{part}")
+
+
+def check_map_head_queries_with_the_latent(port: str, make: Callable, case: ModelCase) -> None:
+    """The MAP head's query is the learned latent's alone (the same for every image), and its
+    weights are the softmax of that query against the patch tokens' keys."""
+    if case.config.global_pool != "map":
+        raise NotApplicable("needs global_pool='map'")
+    out = run_model(port, make, case)
+    _needs(out, "attn_pool.q")
+    _local(port, "the attention pool's query is not q(latent)", case, out, "attn_pool.q")
+    _local(port, "the attention pool's weights are not softmax(q k^T) over the patch tokens", case, out,
+           "attn_pool.weights")
+
+
+def check_activation_is_the_named_one(port: str, make: Callable, case: ModelCase) -> None:
+    """Each MLP's activation is the config's act_layer (exact or tanh GELU, QuickGELU, SiLU;
+    SwiGLU's gated product) applied to the port's own fc1 input."""
+    out = run_model(port, make, case)
+    stages = [f"blocks.{i}.mlp.act" for i in range(case.config.depth)]
+    stages += ["attn_pool.mlp.act"] if case.config.global_pool == "map" else []
+    for stage in stages:
+        _local(port, f"the MLP's activation is not {case.config.act_layer}", case, out, stage)
+
+
 def check_batch_elements_independent(port: str, make: Callable, case: ModelCase, other_images: np.ndarray) -> None:
     """Element 0's outputs do not depend on the other elements of the batch."""
     if case.images.shape[0] < 2:

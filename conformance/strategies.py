@@ -90,6 +90,28 @@ def configs(draw, max_depth: int = 3, max_heads: int = 4, head_dims=(2, 4, 8), m
     return config
 
 
+def family_configs(max_depth: int = 2, **fixed) -> st.SearchStrategy[ViTConfig]:
+    """Drawn configs with the family's options drawn and ``fixed`` set (init_values=1e-5,
+    qk_norm=True, global_pool="map", ...): the configs a family property applies to."""
+    from hypothesis import assume
+
+    from impls import ConfigError
+
+    @st.composite
+    def draw_config(draw):
+        base = draw(configs(max_depth=max_depth, family=False))
+        values = {**{k: getattr(base, k) for k in base.__dataclass_fields__ if k != "name"},
+                  **draw(family_options()), **fixed}
+        if values["global_pool"] == "token" and not values["class_token"]:
+            values["class_token"] = True
+        try:
+            return ViTConfig(**values)
+        except ConfigError:
+            assume(False)
+
+    return draw_config()
+
+
 @dataclass(frozen=True)
 class ImageCase:
     kind: str
