@@ -934,9 +934,9 @@ class ModelPort:
     # -- the factory
 
     def __call__(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
-        from conformance.support import check_supported
+        from conformance.support import check_supported, supports_of
 
-        check_supported(self.supports, config)
+        check_supported(supports_of(self), config)
         model = self.build(config)
         framework = framework_of(model)
         if framework == "linen":  # unbound: shapes come from an abstract init on an image of this config

@@ -423,6 +423,19 @@ def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, hea
                     stage="blocks.0.attn")
 
 
+def _grid(case: ModelCase) -> tuple[int, int]:
+    """The patch grid of the case's images (another than the config's under dynamic_img_size)."""
+    (ph, pw) = case.config.patch_size
+    return case.images.shape[2] // ph, case.images.shape[3] // pw
+
+
+def _without_patch_bias(case: ModelCase) -> dict:
+    """The case's state with a zero patch bias (pre_norm models have none)."""
+    if "patch_embed.proj.bias" not in case.state:
+        return dict(case.state)
+    return dict(case.state, **{"patch_embed.proj.bias": np.zeros(case.config.embed_dim, np.float32)})
+
+
 def check_patch_embed_is_rearrange_then_linear(port: str, make: Callable, case: ModelCase) -> None:
     """The conv formulation equals the einops one: rearrange 'b c (h p1) (w p2) -> b (h w)
     (c p1 p2)', then a linear layer whose weight is the conv kernel flattened (c, p1, p2)."""
@@ -431,7 +444,7 @@ def check_patch_embed_is_rearrange_then_linear(port: str, make: Callable, case: 
     ph, pw = case.config.patch_size
     patches = rearrange(case.images.astype(np.float64), "b c (h p1) (w p2) -> b (h w) (c p1 p2)", p1=ph, p2=pw)
     w = case.state["patch_embed.proj.weight"].astype(np.float64)
-    expected = patches @ w.reshape(w.shape[0], -1).T + case.state["patch_embed.proj.bias"]
+    expected = patches @ w.reshape(w.shape[0], -1).T + case.state.get("patch_embed.proj.bias", 0.0)
     _, bound = case.error_model().local("patch_embed", out)
     check_close(port, "patch_embed differs from rearrange + linear", out["patch_embed"], expected, bound,
                 "patch_embed", dtype=case.dtype, case=case, stage="patch_embed")
@@ -441,8 +454,8 @@ def check_patch_shift_shifts_tokens(port: str, make: Callable, case: ModelCase) 
     """With a zero patch bias, an image shifted right (down) by one patch gives the token grid
     shifted right (down) by one, zeros entering: tokens are row-major over a (gh, gw) grid."""
     cfg = case.config
-    (gh, gw), (ph, pw) = cfg.grid_size, cfg.patch_size
-    state = dict(case.state, **{"patch_embed.proj.bias": np.zeros(cfg.embed_dim, np.float32)})
+    (gh, gw), (ph, pw) = _grid(case), cfg.patch_size
+    state = _without_patch_bias(case)
     base = run_model(port, make, case, state=state)
     _needs(base, "patch_embed")
     grid = np.asarray(base["patch_embed"], np.float64).reshape(-1, gh, gw, cfg.embed_dim)
@@ -464,11 +477,11 @@ def check_patch_shift_shifts_tokens(port: str, make: Callable, case: ModelCase) 
 def check_tokens_row_major(port: str, make: Callable, case: ModelCase, patch: tuple[int, int]) -> None:
     """An image that is zero but for patch (i, j) lights only token i * gw + j (zero bias)."""
     cfg = case.config
-    (gh, gw), (ph, pw) = cfg.grid_size, cfg.patch_size
+    (gh, gw), (ph, pw) = _grid(case), cfg.patch_size
     i, j = patch[0] % gh, patch[1] % gw
     images = np.zeros_like(case.images)
     images[:, :, i * ph:(i + 1) * ph, j * pw:(j + 1) * pw] = case.images[:, :, i * ph:(i + 1) * ph, j * pw:(j + 1) * pw]
-    state = dict(case.state, **{"patch_embed.proj.bias": np.zeros(cfg.embed_dim, np.float32)})
+    state = _without_patch_bias(case)
     out = run_model(port, make, case, images=images, state=state)
     _needs(out, "patch_embed")
     tokens = np.asarray(out["patch_embed"], np.float64)

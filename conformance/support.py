@@ -11,7 +11,9 @@ A port factory (or a ``ModelPort``) may carry ``supports``:
   need not list them, and a port of DINOv2 names what it adds
   (``{"init_values": (1e-5,), "reg_tokens": (0, 4), "no_embed_class": (False, True)}``).
 
-A port with no ``supports`` claims every config, the family included.
+A port that declares nothing is taken to implement the original ViT (every option of it:
+poolings, class token, biases, sizes, channels); the family's options reach only the ports
+that declare them. ``impls.VIT_FAMILY`` declares all of them (the built-in ports do).
 
 ``verify`` refuses a config outside it (naming the option), and the property suite draws only
 configs inside it, so a port's red in the plugin speaks of a bug, not of an option it never
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from impls.config import ORIGINAL_VIT, ConfigError, Unsupported, ViTConfig, get_config  # noqa: F401 - re-exported
+from impls.config import ANY, ORIGINAL_VIT, VIT_FAMILY, ConfigError, Unsupported, ViTConfig, get_config  # noqa: F401
 
 SHAPE_RULES = ("square_images", "square_patches")
 
@@ -35,7 +37,9 @@ def _with_family_defaults(supports: Mapping) -> dict:
 
 
 def supports_of(make) -> Any:
-    return getattr(make, "supports", None)
+    """What a factory declares; nothing declared is the original ViT."""
+    supports = getattr(make, "supports", None)
+    return dict(ORIGINAL_VIT) if supports is None else supports
 
 
 def fixed_config(supports) -> ViTConfig | None:
@@ -144,5 +148,7 @@ def describe(supports) -> str:
     fixed = fixed_config(supports)
     if fixed is not None:
         return fixed.name or "one config"
-    return ", ".join(f"{k}={'<predicate>' if callable(v) else v!r}" for k, v in supports.items())
+    if supports == VIT_FAMILY:
+        return "the whole ViT family"
+    return ", ".join(f"{k}={'<predicate>' if callable(v) and v is not ANY else v!r}" for k, v in supports.items())
 

@@ -5,7 +5,9 @@ Every port module exposes ``make(config, state)``: a *port factory* (see the REA
 """
 
 from impls.config import (
+    ORIGINAL_VIT,
     PRESETS,
+    VIT_FAMILY,
     ConfigError,
     InputError,
     ViTConfig,
@@ -39,6 +41,6 @@ def load_factory(spec: str):
 
 
 __all__ = [
-    "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "ViTConfig", "check_images",
+    "ORIGINAL_VIT", "VIT_FAMILY", "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "ViTConfig", "check_images",
     "get_config", "load_factory", "tap_names", "tap_shapes",
 ]

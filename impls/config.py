@@ -24,6 +24,21 @@ ORIGINAL_VIT = {"global_pool": ("token", "avg"), "reg_tokens": 0, "no_embed_clas
                 "mlp_layer": "mlp", "dynamic_img_size": False}
 
 
+class _Any:
+    """A supports rule that allows every value of its option."""
+
+    def __call__(self, value) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "any"
+
+
+ANY = _Any()
+# What a port of the whole family supports: every option at every value (the built-in ports).
+VIT_FAMILY = {option: ANY for option in ORIGINAL_VIT}
+
+
 def require_original_vit(config: ViTConfig, port: str) -> None:
     beyond = config.beyond_original_vit()
     if beyond:
@@ -117,4 +132,4 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
 
 
 __all__ = ["GLOBAL_POOLS", "PRESETS", "ConfigError", "InputError", "Unsupported", "ViTConfig", "get_config",
-           "tap_names", "tap_shapes", "check_images", "BLOCK_TAPS", "ATTN_POOL_TAPS", "block_taps", "ORIGINAL_VIT", "require_original_vit"]
+           "tap_names", "tap_shapes", "check_images", "BLOCK_TAPS", "ATTN_POOL_TAPS", "block_taps", "ORIGINAL_VIT", "VIT_FAMILY", "ANY", "require_original_vit"]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from impls.config import ViTConfig, check_images
+from impls.config import VIT_FAMILY, ViTConfig, check_images
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -512,6 +512,9 @@ def _compiled_attention(options: tuple, model_cls):
 
     return apply
 
+
+
+make.supports = VIT_FAMILY  # every option of the family (conformance.support)
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

@@ -16,7 +16,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from impls.config import ViTConfig, check_images  # noqa: E402
+from impls.config import VIT_FAMILY, ViTConfig, check_images  # noqa: E402
 from weights import check_exact_match, mha_shapes, to_native, validate_state  # noqa: E402
 from weights.resample import bicubic_aa_matrix  # noqa: E402
 
@@ -446,6 +446,9 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
 
     return forward
 
+
+
+make.supports = VIT_FAMILY  # every option of the family (conformance.support)
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from scipy.special import erf
 
-from impls.config import ViTConfig, check_images
+from impls.config import VIT_FAMILY, ViTConfig, check_images
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -491,6 +491,9 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
         return model(np.asarray(images), return_taps=taps)
 
     return forward
+
+
+make.supports = VIT_FAMILY  # every option of the family (conformance.support)
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impls.config import ViTConfig, check_images
+from impls.config import VIT_FAMILY, ViTConfig, check_images
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
@@ -435,6 +435,9 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
 
     return forward
 
+
+
+make.supports = VIT_FAMILY  # every option of the family (conformance.support)
 
 
 def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,

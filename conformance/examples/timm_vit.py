@@ -2,6 +2,7 @@
 its stages are read by forward hooks and its fused attention's q, k, v by a TorchFunctionMode."""
 
 from conformance.capture import ModelPort
+from impls.config import VIT_FAMILY
 
 
 def build(config, fused_attn=True):
@@ -13,6 +14,6 @@ def build(config, fused_attn=True):
     return model
 
 
-port = ModelPort(build, rename={})
+port = ModelPort(build, rename={}, supports=VIT_FAMILY)
 # timm's explicit attention path: q·kᵀ, softmax and weights·v are seen, so nothing is unseen.
-explicit = ModelPort(lambda config: build(config, fused_attn=False), rename={})
+explicit = ModelPort(lambda config: build(config, fused_attn=False), rename={}, supports=VIT_FAMILY)

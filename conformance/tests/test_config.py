@@ -7,14 +7,9 @@ from weights import expected_shapes
 
 
 def timm_model(config: ViTConfig):
-    from timm.models.vision_transformer import VisionTransformer
+    from conformance.references import timm_vit
 
-    return VisionTransformer(
-        img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans,
-        num_classes=config.num_classes, global_pool=config.global_pool, class_token=config.class_token,
-        embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
-        mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias,
-    )
+    return timm_vit(config)
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])
@@ -78,6 +73,6 @@ def test_config_round_trips_through_dict():
 def test_avg_pool_has_no_final_norm_stage_and_every_tap_has_a_shape():
     for config in PRESETS.values():
         names = tap_names(config)
-        assert ("norm" in names) == (config.global_pool == "token")
+        assert ("norm" in names) == (not config.use_fc_norm)
         assert set(names) == set(tap_shapes(config, 2))
         assert names[0] == "patch_embed" and names[-2:] == ["pooled", "logits"]
