@@ -2,8 +2,9 @@
 
 Layouts: canonical (safetensors with the config), torch and timm (timm's state dict: a
 .safetensors, or a .pth written with tensors only), mlx and flax (each framework's native
-names and layouts, safetensors), hf (a save_pretrained directory), big_vision (.npz, in the
-original ViT key layout or, with --npz-flavour big_vision, in big_vision's).
+names and layouts, safetensors), hf (a save_pretrained directory: ViT, Dinov2, CLIP, SigLIP),
+big_vision (.npz, in the original ViT key layout or, with --npz-flavour big_vision, in
+big_vision's), open_clip (its visual tower's state dict; the config must be given).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from weights import formats
 from weights.canonical import CONFIG_METADATA_KEY, WeightError, validate_state
 from weights.native import from_native, to_native
 
-LAYOUTS = ("canonical", "torch", "timm", "mlx", "flax", "hf", "big_vision")
+LAYOUTS = ("canonical", "torch", "timm", "mlx", "flax", "hf", "big_vision", "open_clip")
 LAYOUT_METADATA_KEY = "vit_conformance_layout"
 _NATIVE = {"mlx": "mlx", "flax": "jax"}
 
@@ -56,6 +57,8 @@ def detect(path: str) -> str:
         if any(k.startswith(("vit.", "classifier.")) for k in keys):
             raise WeightError(f"{path!r} is a Hugging Face state dict: convert its save_pretrained directory "
                               "(with config.json) instead")
+        if any(k.startswith("visual.") for k in keys):
+            return "open_clip"
         if any(k.endswith((".kernel", ".scale")) for k in keys):
             return "flax"
         if "patch_embed.proj.weight" in keys:
@@ -69,6 +72,16 @@ def read(path: str, layout: str, config: ViTConfig | None = None, num_heads: int
     if layout == "hf":
         state, hf_config = formats.read_hf(path)
         config = config or hf_config
+    elif layout == "open_clip":
+        if config is None and str(path).endswith(".safetensors"):  # written here: the config is stored
+            meta, _ = _header(str(path))
+            if CONFIG_METADATA_KEY in meta:
+                config = ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
+        if config is None:
+            raise WeightError(f"{path!r}: an open_clip state dict does not record its activation (QuickGELU for "
+                              "OpenAI's weights, GELU for LAION's: mlfoundations/open_clip#771) nor its heads; "
+                              "pass --preset or --config")
+        state = formats.from_open_clip(formats.read_timm(path), config)
     elif layout == "big_vision":
         w = formats.read_npz(path)
         config = config or formats.infer_npz_config(w, img_size=img_size)
@@ -96,6 +109,8 @@ def write(state: dict[str, np.ndarray], config: ViTConfig, path: str, layout: st
         formats.write_hf(state, config, path)
     elif layout == "big_vision":
         formats.write_npz(state, config, path, npz_flavour)
+    elif layout == "open_clip":
+        save_file(formats.to_open_clip(state, config), path, metadata={**meta, LAYOUT_METADATA_KEY: layout})
     elif layout in ("timm", "torch") and str(path).endswith((".pth", ".pt", ".bin")):
         import torch
 

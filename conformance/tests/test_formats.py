@@ -208,6 +208,35 @@ def test_hf_family_layouts_refuse_what_they_cannot_hold():
                                         "hidden_size": 24, "num_hidden_layers": 1, "num_attention_heads": 3})
 
 
+# ----------------------------------------------------------------------------- open_clip
+
+def test_open_clip_visual_tower_imports_exports_and_matches_open_clip(tmp_path):
+    """open_clip's own VisionTransformer (QuickGELU, as OpenAI's weights), random init with every
+    parameter drawn: our import's oracle equals its projected features; our export loads into it
+    strictly and round-trips bitwise; without the config the command refuses to guess the activation."""
+    from open_clip.model import CLIPVisionCfg, _build_vision_tower
+    from safetensors.numpy import save_file
+
+    tower = _drawn(_build_vision_tower(8, CLIPVisionCfg(layers=2, width=24, head_width=8, patch_size=4, image_size=16),
+                                       quick_gelu=True))
+    config = get_config("vit_test_clip").replace(img_size=16, num_classes=8)
+    theirs = {f"visual.{k}": v.detach().numpy() for k, v in tower.state_dict().items()}
+    state = formats.from_open_clip(theirs, config)
+    x = images(config)
+    with torch.no_grad():
+        ref = tower(torch.from_numpy(x)).numpy()
+    errors = CaseModel(config, state, x)
+    P.check_close("numpy", "logits vs open_clip", factory("numpy")(config, state)(x)["logits"], ref,
+                  errors.spread("logits"), "logits", pair=True, mode="end-to-end", stage="logits")
+    back = formats.to_open_clip(state, config)
+    assert all(back[k].tobytes() == theirs[k].tobytes() for k in theirs) and set(back) == set(theirs)
+    tower.load_state_dict({k.removeprefix("visual."): torch.from_numpy(v) for k, v in back.items()}, strict=True)
+    save_file(theirs, str(tmp_path / "open_clip.safetensors"))
+    assert detect(str(tmp_path / "open_clip.safetensors")) == "open_clip"
+    with pytest.raises(WeightError, match="does not record its activation"):
+        read(str(tmp_path / "open_clip.safetensors"), "open_clip")
+
+
 # ----------------------------------------------------------------------------- big_vision / original ViT
 
 @pytest.mark.parametrize("flavour", ["vit", "big_vision"])
@@ -289,8 +318,10 @@ def test_npz_refuses_a_pooling_it_cannot_hold():
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path):
-    config = get_config("vit_test_token").replace(img_size=(16, 16))
+    config = get_config("vit_test_clip" if layout == "open_clip" else "vit_test_token").replace(img_size=(16, 16))
     state = init_state(config, seed=5)
+    if layout == "open_clip":
+        state["head.bias"][:] = 0.0  # open_clip's proj has no bias
     src = tmp_path / "src.safetensors"
     write(state, config, str(src), "canonical")
     out = tmp_path / ("out" if layout == "hf" else "out.npz" if layout == "big_vision" else "out.safetensors")
