@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from conformance.profiles import heavy
 from conformance.references import timm_state, timm_vit
 from conformance.tests.helpers import factory
 from conformance import properties as P
@@ -331,6 +332,26 @@ def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path):
     got_config, back = read(str(out), detect(str(out)), None if layout != "timm" else config)
     assert got_config == config
     assert list(back) == list(state) and all(back[k].tobytes() == state[k].tobytes() for k in state), layout
+
+
+FAMILY_ROUND_TRIPS = [("vit_test_dinov2", "hf", ()), ("vit_test_siglip", "big_vision", ("--npz-flavour", "big_vision"))]
+FAMILY_ROUND_TRIPS_THOROUGH = [("vit_test_clip", "hf", ()), ("vit_test_siglip", "hf", ())]
+
+
+@pytest.mark.parametrize("preset, layout, flags", FAMILY_ROUND_TRIPS + (FAMILY_ROUND_TRIPS_THOROUGH if heavy() else []))
+def test_family_layouts_round_trip_bitwise_through_the_command(preset, layout, flags, tmp_path):
+    config = get_config(preset).replace(img_size=16, num_classes=0 if preset != "vit_test_clip" else 7)
+    state = init_state(config, seed=9)
+    if preset == "vit_test_clip":
+        state["head.bias"][:] = 0.0
+    src, out = tmp_path / "src.safetensors", tmp_path / ("out.npz" if layout == "big_vision" else "out")
+    write(state, config, str(src), "canonical")
+    run = subprocess.run([sys.executable, "-m", "weights", "convert", str(src), str(out), "--to", layout, *flags],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    got_config, back = read(str(out), detect(str(out)), config if layout == "big_vision" else None)
+    assert got_config.replace(init_values=config.init_values) == config
+    assert list(back) == list(state) and all(back[k].tobytes() == state[k].tobytes() for k in state)
 
 
 @pytest.mark.parametrize(
