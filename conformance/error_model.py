@@ -302,10 +302,10 @@ def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapp
         x = t["patch_embed"]
         pos, dpos = _resampled_pos_embed(s["pos_embed"], config, images, p)
         prefix = [np.broadcast_to(s[k], (x.shape[0], *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
-        if config.no_embed_class:
+        if config.no_embed_class:  # the prefix tokens pass as stored: one rounding to the dtype
             y, bound = _sum(x, pos, p)
             bound = bound + dpos
-            return np.concatenate(prefix + [y], 1), np.concatenate([np.zeros_like(a) for a in prefix] + [bound], 1)
+            return np.concatenate(prefix + [y], 1), np.concatenate([p.storage * np.abs(a) for a in prefix] + [bound], 1)
         y, bound = _sum(np.concatenate(prefix + [x], 1), pos, p)
         return y, bound + dpos
     if name == "norm_pre":

@@ -151,7 +151,7 @@ def image_cases(kinds=IMAGE_KINDS, max_batch: int = 3) -> st.SearchStrategy[Imag
     larger than the position embedding's: it is resampled both ways)."""
     return st.builds(ImageCase, kind=st.sampled_from(kinds), seed=st.integers(0, 2**31 - 1),
                      batch=st.integers(1, max_batch),
-                     grid=st.one_of(st.none(), st.tuples(st.integers(1, 5), st.integers(1, 5))))
+                     grid=st.tuples(st.integers(1, 5), st.integers(1, 5)))
 
 
 def add_patch_offset(state: dict[str, np.ndarray], config: ViTConfig, offset: float) -> None:
