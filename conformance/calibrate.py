@@ -128,7 +128,7 @@ def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, 
     @hypothesis_seed(seed)
     @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
               suppress_health_check=list(HealthCheck))
-    @given(config=S.configs(), weights=S.model_weights(), images=S.image_cases())
+    @given(config=S.configs(family="half"), weights=S.model_weights(), images=S.image_cases())
     def run(config, weights, images):
         count[0] += 1
         dtypes = ("float32", *LOW_PRECISION) if count[0] % low_every == 0 else ("float32",)

@@ -49,11 +49,12 @@ def family_options(draw) -> dict:
 
 @st.composite
 def configs(draw, max_depth: int = 3, max_heads: int = 4, head_dims=(2, 4, 8), max_patch: int = 8,
-            max_grid: int = 4, pools=None, family: bool = True) -> ViTConfig:
+            max_grid: int = 4, pools=None, family: bool | str = True) -> ViTConfig:
     """Small ViT configs with non-square grids and patches, 1 to 4 channels, every pooling;
-    half of them with the ViT family's options drawn (``family``), the rest the original ViT;
-    moved inside what the port under test supports (a port written for one config gets it)."""
-    beyond = family and draw(st.booleans())
+    a third of them with the ViT family's options drawn (``family``; ``"half"``: half of them,
+    the calibration's share), the rest the original ViT; moved inside what the port under test
+    supports (a port written for one config gets it)."""
+    beyond = draw(st.booleans()) if family == "half" else bool(family) and draw(st.integers(0, 2)) == 0
     if pools is None:
         pools = GLOBAL_POOLS if beyond else ("token", "avg")
     num_heads = draw(st.integers(1, max_heads))

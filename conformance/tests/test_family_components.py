@@ -61,7 +61,7 @@ def test_layerscale_check_fails_on_gammas_left_unloaded():
 
 
 def test_prefix_token_check_fails_on_registers_in_the_patch_mean():
-    expect_failure(P.check_prefix_tokens_as_timm, "jax_registers_in_patch_mean", mutant("jax_registers_in_patch_mean"),
+    expect_failure(P.check_prefix_tokens_as_timm, "torch_registers_in_patch_mean", mutant("torch_registers_in_patch_mean"),
                    _case("vit_test_registers_avg"), match="pooled")
 
 

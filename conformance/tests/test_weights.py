@@ -52,7 +52,7 @@ def test_unknown_framework_is_refused():
         to_native({}, "tensorflow")
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS)[:4])
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_test_dinov2", "vit_test_clip", "vit_test_siglip"])
 def test_initialiser_draws_every_layernorm_distinct_and_away_from_identity(name):
     config = get_config(name)
     state = init_state(config, seed=3)

@@ -19,6 +19,7 @@ class Mutant:
     min_ratio: float = 10.0  # the separation the meta-test demands; below 10 only with a reason in `note`
     config: str = "vit_test_token"  # the preset verify runs it on
     dtype: str = "float32"  # what it computes in (precision mutants: the dtype where the bug bites)
+    plugin_in_ci: bool = True  # False: its plugin run is in the thorough profile (ci budget); verify locates it in ci
 
     @property
     def sample(self) -> tuple[str, ...]:
@@ -144,24 +145,27 @@ _ALL = [
     # The ViT family (issue 13): each bug from a public report, on a small preset with the option.
     Mutant("mlx_layerscale_not_loaded", "mlx", f"{_M}:layerscale_not_loaded",
            "DINOv2 blocks without LayerScale: load_weights(strict=False) drops every ls1/ls2 gamma and the "
-           "residual branches run unscaled", "riccardomusmeci/mlx-image#26", "blocks.0.ls1", config="vit_test_dinov2"),
+           "residual branches run unscaled", "riccardomusmeci/mlx-image#26", "blocks.0.ls1",
+           config="vit_test_dinov2", plugin_in_ci=False),
     Mutant("torch_gelu_for_quick_gelu", "torch", f"{_T}:gelu_for_quick_gelu",
            "OpenAI CLIP weights run with GELU instead of QuickGELU (x sigmoid(1.702 x))",
            "huggingface/pytorch-image-models#2031, mlfoundations/open_clip#771", "blocks.0.mlp.act",
-           config="vit_test_clip"),
-    Mutant("jax_registers_in_patch_mean", "jax", f"{_J}:registers_in_patch_mean",
+           config="vit_test_clip", plugin_in_ci=False),
+    Mutant("torch_registers_in_patch_mean", "torch", f"{_T}:registers_in_patch_mean",
            "average pooling skips the class token only: the register tokens are averaged with the patches",
-           "huggingface/transformers#37817, kaiko-ai/eva#672", "pooled", config="vit_test_registers_avg"),
-    Mutant("jax_map_head_exact_gelu", "jax", f"{_J}:map_head_exact_gelu",
+           "huggingface/transformers#37817, kaiko-ai/eva#672", "pooled",
+           config="vit_test_registers_avg", plugin_in_ci=False),
+    Mutant("mlx_map_head_exact_gelu", "mlx", f"{_M}:map_head_exact_gelu",
            "SigLIP's attention-pool (MAP) head built with exact GELU while its blocks use tanh GELU",
            "a SigLIP conversion's unlocated residual difference (huggingface/transformers#32938)",
            "attn_pool.mlp.act", config="vit_test_siglip",
-           note="tanh and exact GELU differ by at most 4.7e-4; judged against the GELU's own bound"),
+           note="tanh and exact GELU differ by at most 4.7e-4; judged against the GELU's own bound",
+           plugin_in_ci=False),
     Mutant("torch_pos_embed_no_antialias", "torch", f"{_T}:pos_embed_no_antialias",
            "dynamic image size: the position grid resampled bicubic without antialias, where timm's is "
            "antialiased (the interpolation mismatch of Blaizzy/mlx-vlm#2266; facebookresearch/dinov2#378)",
            "Blaizzy/mlx-vlm#2266, facebookresearch/dinov2#378", "embed", config="vit_test_dynamic",
-           note="only images of another size than the position grid's show it"),
+           note="only images of another size than the position grid's show it", plugin_in_ci=False),
     Mutant("torch_mha_causal_mask", "torch", f"{_T}:mha_causal_mask",
            "a causal mask always applied in a standalone attention", "decoder attention reused in an encoder",
            "attn.weights", level="attention",

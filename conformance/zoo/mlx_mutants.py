@@ -165,3 +165,24 @@ def layerscale_not_loaded(config, state, **kw):
 
 
 layerscale_not_loaded.supports = {"init_values": (1e-5,), "reg_tokens": (0, 2), "no_embed_class": (False, True)}
+
+
+class AttentionPoolLatentDefaultGELU(M.AttentionPoolLatent):
+    """The MAP head built with its class's default activation (exact GELU), not the model's act_layer."""
+
+    def __init__(self, dim, num_heads, mlp_ratio, act_layer, norm_eps, fused_attn=False):
+        super().__init__(dim, num_heads, mlp_ratio, "gelu", norm_eps, fused_attn)
+
+
+class VisionTransformerMapHeadDefaultGELU(M.VisionTransformer):
+    def __init__(self, config, fused_attn=False, *args, **kwargs):
+        super().__init__(config, fused_attn, *args, **kwargs)
+        self.attn_pool = AttentionPoolLatentDefaultGELU(config.embed_dim, config.num_heads, config.mlp_ratio,
+                                                        config.act_layer, config.norm_eps, fused_attn)
+
+
+def map_head_exact_gelu(config, state, **kw):
+    return M.make(config, state, model_cls=VisionTransformerMapHeadDefaultGELU, **kw)
+
+
+map_head_exact_gelu.supports = {"global_pool": "map", "act_layer": "gelu_tanh", "class_token": (False, True)}

@@ -311,3 +311,19 @@ def pos_embed_no_antialias(config, state, **kw):
 
 pos_embed_no_antialias.supports = {"dynamic_img_size": True, "reg_tokens": (0, 1), "no_embed_class": (False, True),
                                    "init_values": (None, 1e-5)}
+
+
+class VisionTransformerRegistersInPatchMean(T.VisionTransformer):
+    """Average pooling that skips only the class token: the register tokens are averaged in."""
+
+    def pool(self, x, taps=None):
+        if self.config.global_pool != "avg":
+            return super().pool(x, taps)
+        return x[:, int(self.config.class_token):].mean(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+def registers_in_patch_mean(config, state, **kw):
+    return T.make(config, state, model_cls=VisionTransformerRegistersInPatchMean, **kw)
+
+
+registers_in_patch_mean.supports = {"reg_tokens": (1, 2), "global_pool": ("avg",)}
