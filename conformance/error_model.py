@@ -256,7 +256,9 @@ def _scaled(x, gamma, p: Precision):
 def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
     """The position embedding at the images' grid (dynamic_img_size) and its bound: two
     separable passes of the antialiased bicubic, each a contraction over a few taps with
-    weights of both signs, in float32 with float32 weights, then stored."""
+    weights of both signs, in float32, then stored. The weights themselves are computed in
+    float32 by torch (ATen's aa kernel): each is off by up to about u (n_in + 4) absolute, as
+    the source position scale (i + 0.5) is rounded (measured: 15.5 u for 16 -> 37)."""
     grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
     if grid == config.grid_size:
         return pos, 0.0
@@ -264,9 +266,15 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
     new = O.resample_pos_embed(pos, config.grid_size, grid, n)
     Rh, Rw = (np.abs(bicubic_aa_matrix(o, g)) for o, g in zip(config.grid_size, grid))
     g = np.abs(pos[:, n:]).reshape(pos.shape[0], *config.grid_size, pos.shape[-1])
-    m = np.einsum("ih,bhwd,jw->bijd", Rh, g, Rw).reshape(pos.shape[0], -1, pos.shape[-1])
+    flat = (pos.shape[0], -1, pos.shape[-1])
+    m = np.einsum("ih,bhwd,jw->bijd", Rh, g, Rw).reshape(flat)
+    m_h = np.einsum("ih,bhwd,jw->bijd", (Rh > 0).astype(float), g, Rw).reshape(flat)  # weight errors along h
+    m_w = np.einsum("ih,bhwd,jw->bijd", Rh, g, (Rw > 0).astype(float)).reshape(flat)
     taps = math.sqrt(np.count_nonzero(Rh, 1).max()) + math.sqrt(np.count_nonzero(Rw, 1).max())
-    bound = p.compute * (taps + 1.0) * m + p.storage * np.abs(new[:, n:])
+    (oh, ow) = config.grid_size
+    stored = 0.0 if p.dtype in ("float32", "float64") else p.storage  # the table held in a lower dtype
+    bound = (p.compute * (taps + 1.0) * m + p.compute * ((oh + 4) * m_h + (ow + 4) * m_w)
+             + stored * m + p.storage * np.abs(new[:, n:]))
     return new, np.concatenate([np.zeros_like(pos[:, :n]), bound], 1)
 
 
