@@ -161,7 +161,7 @@ def test_hf_family_checkpoint_imports_and_the_oracle_and_a_port_match_transforme
         out = model(pixel_values=torch.from_numpy(x))
     attr, stage = HF_OUTPUTS[kind]
     ref = getattr(out, attr).numpy()
-    port = ("torch", "mlx", "jax")[list(HF_OUTPUTS).index(kind) % 3]
+    port = ("torch", "mlx")[list(HF_OUTPUTS).index(kind) % 2]  # JAX compiles each config: test_model runs it
     errors = CaseModel(config, state, x)
     for name in ("numpy", port):
         got = factory(name)(config, state)(x)[stage]

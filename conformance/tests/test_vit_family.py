@@ -108,13 +108,15 @@ def test_the_resampling_matrices_equal_torchs_antialiased_bicubic_in_float64(old
         assert (rel < 1e-14) == (agrees or old == new), (mode, antialias, rel)
 
 
-@pytest.mark.parametrize("name", list(DYNAMIC))
+@pytest.mark.parametrize("name", list(DYNAMIC) if heavy() else ["dynamic_dinov2_reg"])
 def test_every_port_is_within_its_bound_on_images_of_another_size(name):
+    """In ci one option set on one port (drawn dynamic-size configs run on all three in
+    test_model); the thorough profile runs every set on every port."""
     config = BASE.replace(**DYNAMIC[name])
     for grid in ((7, 3), (2, 5)):
         images = S.ImageCase("ordinary", 1, 2, grid)
         case = P.ModelCase(config, init_state(config, seed=4), images.make(config), info={"images": images})
-        for port in (("torch", "mlx", "jax") if heavy() else (("jax", "torch", "mlx")[list(DYNAMIC).index(name)],)):
+        for port in ("torch", "mlx", "jax") if heavy() else ("torch",):
             P.check_matches_oracle(port, factory(port), case)
 
 
@@ -258,8 +260,7 @@ RUNNABLE = [n for n in FAMILY_PRESETS if n != "vit_giant_patch14_dinov2"]
 
 # In ci one preset of each kind, each on one framework port in turn (drawn family configs run
 # on all three in test_model); the thorough profile runs every preset on every port.
-CI_PRESETS = {"vit_small_patch14_reg4_dinov2": "torch", "vit_base_patch16_clip_quickgelu_224": "mlx",
-              "vit_base_patch16_siglip_224": "mlx", "vit_small_patch16_qknorm_224": "torch"}
+CI_PRESETS = {"vit_small_patch14_reg4_dinov2": "torch", "vit_base_patch16_siglip_224": "mlx"}
 
 
 @pytest.mark.parametrize("name", RUNNABLE if heavy() else list(CI_PRESETS))
