@@ -408,7 +408,8 @@ def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, hea
     head = head % cfg.num_heads
     state = dict(case.state)
     state["blocks.0.attn.proj.weight"] = np.eye(D, dtype=np.float32)
-    state["blocks.0.attn.proj.bias"] = np.zeros(D, np.float32)
+    if "blocks.0.attn.proj.bias" in state:  # proj_bias=False models have none
+        state["blocks.0.attn.proj.bias"] = np.zeros(D, np.float32)
     base = run_model(port, make, case, state=state)
     _needs(base, "blocks.0.attn")
     w = state["blocks.0.attn.qkv.weight"].copy()
