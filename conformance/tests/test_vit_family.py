@@ -211,6 +211,16 @@ def test_family_preset_has_the_timm_models_keys_order_and_shapes(name):
     assert shapes == expected_shapes(get_config(name))
 
 
+def timm_named_float64(name: str, **overrides):
+    """The named timm model with its own (seeded) init, in float64, and its state as the
+    float32 canonical tensors it holds exactly."""
+    torch.manual_seed(0)
+    model = timm_named(name, **overrides).to(torch.float64)
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in state.items()})
+    return model, state
+
+
 def reduced(name: str):
     """A family preset with one block on a 2x3 patch grid: the same options, cheap to run; the
     timm model built with the same reductions."""
@@ -226,10 +236,7 @@ def test_oracle_equals_the_named_timm_model_in_float64_at_every_stage(name):
     checked here: a reduced preset's oracle against timm.create_model(name) with the same
     reductions, in float64, with the model's own random init."""
     config, overrides = reduced(name)
-    torch.manual_seed(0)
-    model = timm_named(name, **overrides).to(torch.float64)
-    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
-    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in state.items()})
+    model, state = timm_named_float64(name, **overrides)
     x = images(config)
     ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
     assert sorted(ref) == sorted(tap_names(config))
@@ -245,10 +252,7 @@ def test_oracle_equals_the_named_timm_model_in_float64_at_every_stage(name):
 def test_the_named_timm_comparison_fails_on_an_option_the_keys_do_not_show(name, wrong, stage):
     """Companion: GELU for QuickGELU (open_clip#771's bug), or the default eps for CLIP's 1e-5."""
     config, overrides = reduced(name)
-    torch.manual_seed(0)
-    model = timm_named(name, **overrides).to(torch.float64)
-    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
-    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in state.items()})
+    model, state = timm_named_float64(name, **overrides)
     x = images(config)
     ref, oracle = timm_taps(model, x), factory("numpy")(config.replace(**wrong), state)(x)
     first = next(s for s in tap_names(config) if error(oracle[s], ref[s])[1] > 1e-12)
@@ -282,10 +286,7 @@ def test_full_size_family_preset_oracle_equals_timm_and_every_port_is_within_its
     """timm.create_model(name) with its own init, one image: the oracle against timm in float64
     at every stage, then each framework port against the oracle at every stage."""
     config = get_config(name)
-    torch.manual_seed(0)
-    model = timm_named(name).to(torch.float64)
-    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
-    model.load_state_dict({k: torch.from_numpy(v).double() for k, v in state.items()})
+    model, state = timm_named_float64(name)
     x = images(config)[:1]
     ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
     for stage in tap_names(config):
