@@ -41,6 +41,13 @@ VARIANTS = {
 }
 
 
+def assert_oracle_equals_timm_in_float64(oracle, ref, config, name):
+    """Every stage below 1e-12 relative: float64 rounding, nothing more."""
+    for stage in tap_names(config):
+        _, rel = error(oracle[stage], ref[stage])
+        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+
+
 def images(config, seed=0):
     return np.random.default_rng(seed).normal(size=(2, config.in_chans, *config.img_size)).astype(np.float32)
 
@@ -55,9 +62,7 @@ def test_oracle_equals_timm_in_float64_at_every_stage_for_each_option(name):
     x = images(config)
     ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
     assert sorted(ref) == sorted(tap_names(config))
-    for stage in tap_names(config):
-        _, rel = error(oracle[stage], ref[stage])
-        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+    assert_oracle_equals_timm_in_float64(oracle, ref, config, name)
 
 
 DYNAMIC = {"dynamic": dict(dynamic_img_size=True), "dynamic_dinov2_reg": dict(dynamic_img_size=True, reg_tokens=2,
@@ -86,9 +91,7 @@ def test_oracle_equals_timm_in_float64_on_images_of_another_size(name, grid):
         ref = timm_taps(model, x)
     oracle = factory("numpy")(config, state)(x)
     assert oracle["patch_embed"].shape[1] == grid[0] * grid[1]
-    for stage in tap_names(config):
-        _, rel = error(oracle[stage], ref[stage])
-        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+    assert_oracle_equals_timm_in_float64(oracle, ref, config, name)
 
 
 @pytest.mark.parametrize("old, new", [((4, 6), (7, 3)), ((37, 37), (16, 16)), ((5, 3), (2, 9)), ((3, 3), (3, 3))])
@@ -240,9 +243,7 @@ def test_oracle_equals_the_named_timm_model_in_float64_at_every_stage(name):
     x = images(config)
     ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
     assert sorted(ref) == sorted(tap_names(config))
-    for stage in tap_names(config):
-        _, rel = error(oracle[stage], ref[stage])
-        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+    assert_oracle_equals_timm_in_float64(oracle, ref, config, name)
 
 
 @pytest.mark.parametrize("name, wrong, stage", [
@@ -289,9 +290,7 @@ def test_full_size_family_preset_oracle_equals_timm_and_every_port_is_within_its
     model, state = timm_named_float64(name)
     x = images(config)[:1]
     ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
-    for stage in tap_names(config):
-        _, rel = error(oracle[stage], ref[stage])
-        assert rel < 1e-12, f"{name} {stage}: oracle vs timm float64 rel_err {rel:.3e}"
+    assert_oracle_equals_timm_in_float64(oracle, ref, config, name)
     del model, ref
     case = P.ModelCase(config, state, x, info={"weights": "timm init", "preset": name})
     for port in ("torch", "mlx", "jax"):
