@@ -430,10 +430,10 @@ class VisionTransformer(nnx.Module):
 
 # ----------------------------------------------------------------------------- loading
 
-def load_state_dict(model: nnx.Module, native: dict[str, np.ndarray]) -> None:
-    """Strict: every Param present, nothing extra, every shape equal (Flax's update is not)."""
-    state = nnx.state(model, nnx.Param)
-    paths = {".".join(map(str, path)): (path, var) for path, var in nnx.to_flat_state(state)}
+def _params(abstract: nnx.State, native: dict[str, np.ndarray], dtype=jnp.float32) -> nnx.State:
+    """Strict: every Param present, nothing extra, every shape equal (Flax's update is not).
+    A new state: ``abstract`` (shapes only) is shared by every state loaded for its config."""
+    paths = {".".join(map(str, path)): (path, var) for path, var in nnx.to_flat_state(abstract)}
     check_exact_match({k: tuple(var.shape) for k, (_, var) in paths.items()}, {k: np.shape(v) for k, v in native.items()})
     pure: dict = {}
     for key, value in native.items():
@@ -441,9 +441,17 @@ def load_state_dict(model: nnx.Module, native: dict[str, np.ndarray]) -> None:
         node = pure
         for p in path[:-1]:
             node = node.setdefault(p, {})
-        node[path[-1]] = jnp.asarray(np.asarray(value, dtype=np.float32))
+        # Cast in NumPy (ml_dtypes rounds to nearest even, as XLA does) and device_put: unlike
+        # jnp.asarray or astype, neither compiles a program per parameter shape.
+        node[path[-1]] = jax.device_put(np.asarray(value, dtype=np.float32).astype(dtype))
+    state = jax.tree.map(lambda a: a, abstract)
     nnx.replace_by_pure_dict(state, pure)
-    nnx.update(model, state)
+    return state
+
+
+def load_state_dict(model: nnx.Module, native: dict[str, np.ndarray]) -> None:
+    """Strict: every Param present, nothing extra, every shape equal (Flax's update is not)."""
+    nnx.update(model, _params(nnx.state(model, nnx.Param), native))
 
 
 def _abstract_model(config: ViTConfig, fused_attn: bool, layers: tuple = ()) -> VisionTransformer:
@@ -456,14 +464,15 @@ def _abstract_model(config: ViTConfig, fused_attn: bool, layers: tuple = ()) -> 
 @lru_cache(maxsize=256)
 def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool, layers: tuple = ()):
     """One jitted forward per config, shared by every state loaded for it: a new state does not
-    recompile, and jax.jit itself caches per input shape."""
-    graphdef, _ = nnx.split(_abstract_model(config, fused_attn, layers))
+    recompile or trace the model again, and jax.jit itself caches per input shape. Returns
+    (apply, the parameters' abstract state)."""
+    graphdef, abstract = nnx.split(_abstract_model(config, fused_attn, layers))
 
     @jax.jit
     def apply(params, images):
         return nnx.merge(graphdef, params)(images, return_taps=taps)
 
-    return apply
+    return apply, abstract
 
 
 def _numpy(a: jax.Array) -> np.ndarray:
@@ -480,11 +489,8 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     """
     validate_state(state, config)
     layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
-    model = _abstract_model(config, fused_attn, layers)
-    load_state_dict(model, to_native(state, FRAMEWORK))
-    _, params = nnx.split(model)
-    params = jax.tree.map(lambda a: a.astype(DTYPES[dtype]), params)
-    apply = _compiled_forward(config, taps, fused_attn, layers)
+    apply, abstract = _compiled_forward(config, taps, fused_attn, layers)
+    params = _params(abstract, to_native(state, FRAMEWORK), DTYPES[dtype])
 
     def forward(images: np.ndarray):
         images = np.asarray(images)
@@ -501,8 +507,10 @@ def _abstract_attention(options: tuple, model_cls) -> MultiHeadAttention:
 
 @lru_cache(maxsize=256)
 def _compiled_attention(options: tuple, model_cls):
-    """One jitted attention per set of options, shared by every state loaded for it."""
-    graphdef, _ = nnx.split(_abstract_attention(options, model_cls))
+    """One jitted attention per set of options, shared by every state loaded for it. Returns
+    (apply, the parameters' abstract state, head_dim)."""
+    model = _abstract_attention(options, model_cls)
+    graphdef, abstract = nnx.split(model)
     fused = dict(options)["fused_attn"]
 
     @jax.jit
@@ -510,8 +518,7 @@ def _compiled_attention(options: tuple, model_cls):
         model = nnx.merge(graphdef, params)
         return (model(x, context, mask), None) if fused else model(x, context, mask, return_weights=True)
 
-    return apply
-
+    return apply, abstract, model.head_dim
 
 
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
@@ -524,11 +531,9 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
     options = (("dim", dim), ("context_dim", context_dim), ("num_heads", num_heads), ("head_dim", head_dim),
                ("qkv_bias", qkv_bias), ("fused_attn", fused_attn))
     model_cls = model_cls or MultiHeadAttention
-    model = _abstract_attention(options, model_cls)
-    validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
-    load_state_dict(model, to_native(state, FRAMEWORK))
-    _, params = nnx.split(model)
-    apply = _compiled_attention(options, model_cls)
+    apply, abstract, head_dim = _compiled_attention(options, model_cls)
+    validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, head_dim, qkv_bias))
+    params = _params(abstract, to_native(state, FRAMEWORK))
 
     def forward(x, context=None, mask=None):
         out, attn = apply(params, x, context, mask)
