@@ -207,7 +207,7 @@ def test_the_vendored_mlx_image_file_is_the_published_one():
 
 
 def cli(capsys, *args):
-    """``python -m conformance verify ARGS`` in this process (test_verify runs it as a subprocess)."""
+    """``python -m conformance verify ARGS`` in this process (test_verify also runs it once as a subprocess)."""
     from conformance.cli import main
 
     code = main(["verify", *args])

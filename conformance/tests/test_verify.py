@@ -31,10 +31,31 @@ def user_dir(tmp_path_factory):
 
 
 def run_cli(user_dir, *args):
+    """``python -m conformance verify ARGS`` as a user types it, in a subprocess."""
     env = dict(os.environ, PYTHONPATH=str(user_dir))
     proc = subprocess.run([sys.executable, "-m", "conformance", "verify", *args], cwd=user_dir, env=env,
                           capture_output=True, text=True, timeout=300)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def cli(user_dir, monkeypatch, capsys):
+    """The same command in this process, from the user's directory: each subprocess pays for
+    importing torch, JAX and MLX again (1 to 3 s), so only the first test below starts one."""
+    from conformance.cli import main
+
+    monkeypatch.chdir(user_dir)
+    monkeypatch.syspath_prepend(str(user_dir))
+
+    def run(*args):
+        try:
+            code = main(["verify", *args])
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -88,26 +109,26 @@ def test_cli_exit_0_for_a_conformant_port_with_json_and_plot(user_dir):
     assert (user_dir / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_exit_1_names_the_first_divergent_stage(user_dir):
-    code, out = run_cli(user_dir, "user_ports:shared_norm", "--json", "s.json")
+def test_cli_exit_1_names_the_first_divergent_stage(user_dir, cli):
+    code, out = cli("user_ports:shared_norm", "--json", "s.json")
     assert code == 1, out
     assert "NOT CONFORMANT: first divergent stage blocks.0.norm2" in out
     assert json.loads((user_dir / "s.json").read_text())["first_divergence"] == "blocks.0.norm2"
 
 
-def test_cli_reports_a_crashing_port_without_a_traceback(user_dir):
-    code, out = run_cli(user_dir, "user_ports:crashing", "--json", "c.json")
+def test_cli_reports_a_crashing_port_without_a_traceback(user_dir, cli):
+    code, out = cli("user_ports:crashing", "--json", "c.json")
     assert code == 1 and "Traceback" not in out, out
     failures = json.loads((user_dir / "c.json").read_text())["failures"]
     assert failures and failures[0]["reason"] == "the port raised RuntimeError: boom"
 
 
-def test_cli_takes_a_weight_file_and_a_json_config(user_dir):
+def test_cli_takes_a_weight_file_and_a_json_config(user_dir, cli):
     config = get_config("vit_test_avg")
     save_state(init_state(config, seed=3), user_dir / "w.safetensors", config)
-    code, out = run_cli(user_dir, "user_ports:correct", "--weights", "w.safetensors")
+    code, out = cli("user_ports:correct", "--weights", "w.safetensors")
     assert code == 0, out
-    code, out = run_cli(user_dir, "user_ports:correct", "--config", json.dumps(config.to_dict()))
+    code, out = cli("user_ports:correct", "--config", json.dumps(config.to_dict()))
     assert code == 0, out
 
 
@@ -121,8 +142,8 @@ def test_cli_takes_a_weight_file_and_a_json_config(user_dir):
         (["user_ports:correct", "--config", "missing.json"], "cannot read the config file 'missing.json'"),
     ],
 )
-def test_cli_exit_2_on_a_usage_error(user_dir, args, message):
-    code, out = run_cli(user_dir, *args)
+def test_cli_exit_2_on_a_usage_error(cli, args, message):
+    code, out = cli(*args)
     assert code == 2 and message in out and "Traceback" not in out, out
 
 
@@ -161,7 +182,7 @@ def test_the_readme_example_verifies_an_unmodified_model_and_locates_its_shared_
     """README's and docs/verify.md's example files are these tested ones. The model file as
     written conforms (every stage but the weights inside MLX's fused attention); the same file
     with a block that reuses its first norm is located at blocks.0.norm2, the port unchanged.
-    (The command runs in this process; test_cli_* above run it as a subprocess.)"""
+    (The command runs in this process, as most test_cli_* above do.)"""
     from conformance.cli import main
 
     root = Path(__file__).parents[2]
