@@ -10,6 +10,14 @@ import os
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers already fill the cores: one thread each for torch, XLA and the
+    # OpenBLAS MLX binds to, instead of a pool per worker contending for the same cores (the
+    # suite's models are small: 87.5 s against 103.9 s side by side, docs/properties.md).
+    # Set before any framework is imported.
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 from conformance import profiles  # noqa: E402
 
