@@ -93,6 +93,14 @@ def configs(draw, max_depth: int = 3, max_heads: int = 4, head_dims=(2, 4, 8), m
     return config
 
 
+def grad_configs(max_depth: int = 2, family: bool | str = True) -> st.SearchStrategy[ViTConfig]:
+    """Configs for the gradient checks: every LayerNorm over more than 2 channels. Over 2 its
+    output is +-1 whatever the input, so the gradient through it is zero in exact arithmetic
+    but for eps / var, and a float32 port returns rounding there (docs/gradients.md)."""
+    return configs(max_depth=max_depth, family=family).filter(
+        lambda c: c.embed_dim > 2 and (not c.qk_norm or c.embed_dim // c.num_heads > 2))
+
+
 def family_configs(max_depth: int = 2, **fixed) -> st.SearchStrategy[ViTConfig]:
     """Drawn configs with the family's options drawn and ``fixed`` set (init_values=1e-5,
     qk_norm=True, global_pool="map", ...): the configs a family property applies to."""

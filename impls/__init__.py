@@ -10,6 +10,7 @@ from impls.config import (
     VIT_FAMILY,
     ConfigError,
     InputError,
+    Loss,
     ViTConfig,
     check_images,
     get_config,
@@ -41,6 +42,6 @@ def load_factory(spec: str):
 
 
 __all__ = [
-    "ORIGINAL_VIT", "VIT_FAMILY", "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "ViTConfig", "check_images",
+    "ORIGINAL_VIT", "VIT_FAMILY", "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "Loss", "ViTConfig", "check_images",
     "get_config", "load_factory", "tap_names", "tap_shapes",
 ]

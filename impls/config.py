@@ -6,6 +6,10 @@ so impls depends on weights and never the other way round.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from weights.config import GLOBAL_POOLS, PRESETS, ConfigError, ViTConfig, get_config
 
 
@@ -133,3 +137,26 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
 
 __all__ = ["GLOBAL_POOLS", "PRESETS", "ConfigError", "InputError", "Unsupported", "ViTConfig", "get_config",
            "tap_names", "tap_shapes", "check_images", "BLOCK_TAPS", "ATTN_POOL_TAPS", "block_taps", "ORIGINAL_VIT", "VIT_FAMILY", "ANY", "require_original_vit"]
+
+
+@dataclass(frozen=True, eq=False)
+class Loss:
+    """A scalar loss of the logits, computed by every port with its own framework's ops.
+
+    ``cross_entropy``: the batch mean of -log softmax(logits)[label] (torch's F.cross_entropy);
+    ``linear``: sum(weights * logits), a drawn linear functional whose gradient at the logits is
+    ``weights`` itself, so every logit's backward path is exercised with its own weight.
+    """
+
+    kind: str
+    labels: np.ndarray | None = None   # (B,) int, for cross_entropy
+    weights: np.ndarray | None = None  # (B, num_classes) float, for linear
+
+    def __post_init__(self):
+        if self.kind not in ("cross_entropy", "linear"):
+            raise ValueError(f"loss kind {self.kind!r}: expected 'cross_entropy' or 'linear'")
+        if (self.labels is None) == (self.kind == "cross_entropy"):
+            raise ValueError("cross_entropy takes labels (and no weights); linear takes weights")
+
+    def describe(self) -> str:
+        return "cross-entropy" if self.kind == "cross_entropy" else "a linear functional of the logits"

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from impls.config import VIT_FAMILY, ViTConfig, check_images
-from weights import check_exact_match, mha_shapes, to_native, validate_state
+from impls.config import VIT_FAMILY, Loss, ViTConfig, check_images
+from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
 FRAMEWORK = "jax"
@@ -540,3 +540,46 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
         return np.asarray(out), None if attn is None else np.asarray(attn)
 
     return forward
+
+
+# ----------------------------------------------------------------------------- gradients
+
+def loss_value(logits: jax.Array, loss: Loss) -> jax.Array:
+    """The loss of the logits (impls.config.Loss), with JAX's own ops."""
+    if loss.kind == "linear":
+        return jnp.sum(logits * jnp.asarray(loss.weights, dtype=logits.dtype))
+    log_softmax = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(log_softmax, jnp.asarray(loss.labels)[:, None], axis=-1))
+
+
+@lru_cache(maxsize=64)
+def _compiled_grad(config: ViTConfig, fused_attn: bool, kind: str, layers: tuple = ()):
+    """One jitted value-and-gradient per config and loss kind; returns (apply, abstract state)."""
+    graphdef, abstract = nnx.split(_abstract_model(config, fused_attn, layers))
+
+    def objective(params, images, labels, weights):
+        logits = nnx.merge(graphdef, params)(images)
+        return loss_value(logits, Loss(kind, labels=labels, weights=weights))
+
+    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1))), abstract
+
+
+def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
+              model_cls=None, **layers):
+    """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
+    {canonical key: dL/dparam}, "images": dL/dimages}, by jax.value_and_grad in ``dtype``."""
+    validate_state(state, config)
+    layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
+    native_state = to_native(state, FRAMEWORK)
+
+    def grad(images: np.ndarray, loss: Loss):
+        images = np.asarray(images)
+        check_images(images.shape, str(images.dtype), config)
+        apply, abstract = _compiled_grad(config, fused_attn, loss.kind, layers)
+        params = _params(abstract, native_state, DTYPES[dtype])
+        value, (g_params, g_images) = apply(params, images, loss.labels, loss.weights)
+        native = {".".join(map(str, path)): _numpy(var.value if hasattr(var, "value") else var)
+                  for path, var in nnx.to_flat_state(g_params)}
+        return {"loss": float(value), "params": from_native(native, FRAMEWORK), "images": _numpy(g_images)}
+
+    return grad

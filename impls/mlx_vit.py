@@ -16,8 +16,8 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from impls.config import VIT_FAMILY, ViTConfig, check_images  # noqa: E402
-from weights import check_exact_match, mha_shapes, to_native, validate_state  # noqa: E402
+from impls.config import VIT_FAMILY, Loss, ViTConfig, check_images  # noqa: E402
+from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
 from weights.resample import bicubic_aa_matrix  # noqa: E402
 
 FRAMEWORK = "mlx"
@@ -468,3 +468,41 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
         return np.array(out), None if attn is None else np.array(attn)
 
     return forward
+
+
+# ----------------------------------------------------------------------------- gradients
+
+def loss_value(logits: mx.array, loss: Loss) -> mx.array:
+    """The loss of the logits (impls.config.Loss), with MLX's own ops."""
+    if loss.kind == "linear":
+        return (logits * mx.array(loss.weights, dtype=logits.dtype)).sum()
+    return nn.losses.cross_entropy(logits, mx.array(loss.labels), reduction="mean")
+
+
+def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
+              model_cls=None, **layers):
+    """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
+    {canonical key: dL/dparam}, "images": dL/dimages}, by mx.value_and_grad in ``dtype``."""
+    from mlx.utils import tree_flatten
+
+    validate_state(state, config)
+    model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
+    load_state_dict(model, to_native(state, FRAMEWORK))
+    model.set_dtype(DTYPES[dtype])
+    model.eval()
+
+    def objective(params, x, loss):
+        model.update(params)
+        return loss_value(model(x), loss)
+
+    differentiate = mx.value_and_grad(objective, argnums=(0, 1))
+
+    def grad(images: np.ndarray, loss: Loss):
+        images = np.asarray(images)
+        check_images(images.shape, str(images.dtype), config)
+        value, (g_params, g_images) = differentiate(model.trainable_parameters(), mx.array(images), loss)
+        mx.eval(value, g_params, g_images)
+        native = {k: _numpy(v) for k, v in tree_flatten(g_params)}
+        return {"loss": float(value), "params": from_native(native, FRAMEWORK), "images": _numpy(g_images)}
+
+    return grad

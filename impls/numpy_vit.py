@@ -6,12 +6,14 @@ Everything is computed in float64; the weights are the canonical (timm) tensors 
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from functools import lru_cache
 
 import numpy as np
 from scipy.special import erf
 
-from impls.config import VIT_FAMILY, ViTConfig, check_images
+from impls.config import VIT_FAMILY, Loss, ViTConfig, check_images
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -72,13 +74,13 @@ def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
 def split_heads(x, num_heads: int):
     """(B, N, H * hd) -> (B, H, N, hd)."""
     B, N, _ = x.shape
-    return x.reshape(B, N, num_heads, -1).transpose(0, 2, 1, 3)
+    return x.reshape(B, N, num_heads, -1).transpose((0, 2, 1, 3))
 
 
 def merge_heads(x):
     """(B, H, N, hd) -> (B, N, H * hd), head-major: column h * hd + d, as timm's proj expects."""
     B, H, N, hd = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(B, N, H * hd)
+    return x.transpose((0, 2, 1, 3)).reshape(B, N, H * hd)
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
@@ -217,7 +219,7 @@ class Attention(Module):
 
     def __call__(self, x, taps=None, name="attn"):
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
         q, k, v = qkv[0], qkv[1], qkv[2]
         _tap(taps, f"{name}.q", q)
         _tap(taps, f"{name}.k", k)
@@ -259,7 +261,7 @@ class MultiHeadAttention(Module):
         context = x if context is None else context
         B, M, _ = context.shape
         q = split_heads(self.q(x), self.num_heads)
-        kv = self.kv(context).reshape(B, M, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        kv = self.kv(context).reshape(B, M, 2, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
         k, v = kv[0], kv[1]
         x, attn = scaled_dot_product_attention(q, k, v, mask=mask, scale=self.scale)
         x = merge_heads(x)
@@ -281,7 +283,7 @@ class AttentionPoolLatent(MultiHeadAttention):
     def __call__(self, x, taps=None, name="attn_pool"):
         B, N, _ = x.shape
         q = split_heads(self.q(np.broadcast_to(self.latent, (B, *self.latent.shape[1:]))), self.num_heads)
-        kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
         k, v = kv[0], kv[1]
         _tap(taps, f"{name}.q", q)
         _tap(taps, f"{name}.k", k)
@@ -509,3 +511,60 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
         return model(np.asarray(x, np.float64), context, mask, return_weights=True)
 
     return forward
+
+
+# ----------------------------------------------------------------------------- gradients
+
+def loss_value(logits, loss: Loss):
+    """The loss of the logits (impls.config.Loss), in this file's NumPy."""
+    if loss.kind == "linear":
+        return np.sum(logits * loss.weights)
+    m = np.max(logits, axis=-1, keepdims=True)
+    log_softmax = logits - m - np.log(np.sum(np.exp(logits - m), axis=-1, keepdims=True))
+    return -np.mean(log_softmax[np.arange(logits.shape[0]), loss.labels])
+
+
+@lru_cache(maxsize=1)
+def _traced():
+    """This file executed again with ``np`` and ``erf`` bound to autograd's (HIPS/autograd), so
+    the oracle's own float64 forward, unchanged, is differentiated in reverse mode."""
+    import autograd.numpy as anp
+    from autograd.scipy.special import erf as aerf
+
+    spec = importlib.util.spec_from_file_location("impls._numpy_vit_traced", __file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.np, module.erf = anp, aerf
+    return module
+
+
+def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bool = False, model_cls=None,
+              **layers):
+    """Gradient factory, the float64 reference: canonical state -> grad(images, loss) returning
+    {"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages}."""
+    from autograd import grad as autograd_grad
+
+    validate_state(state, config)
+    traced = _traced()
+    model = (model_cls or traced.VisionTransformer)(config, fused_attn, **layers)
+    native = {k: np.asarray(v, dtype=np.float64) for k, v in to_native(state, FRAMEWORK).items()}
+    check_exact_match({k: v.shape for k, v in model.named_parameters()}, {k: v.shape for k, v in native.items()})
+
+    def objective(params, images, loss):
+        for key, value in params.items():
+            model.set_parameter(key, value)
+        # Below __call__ (its check wants float32 images): the gradient stays in float64.
+        return traced.loss_value(model.forward_head(model.forward_features(images)), loss)
+
+    differentiate = autograd_grad(objective, argnum=(0, 1))
+
+    def grad(images: np.ndarray, loss: Loss):
+        images = np.asarray(images)
+        check_images(images.shape, str(images.dtype), config)
+        images = images.astype(np.float64)
+        value = objective(native, images, loss)
+        g_params, g_images = differentiate(native, images, loss)
+        # The oracle's layout is the canonical one; from_native would round to float32.
+        return {"loss": float(value), "params": dict(g_params), "images": g_images}
+
+    return grad

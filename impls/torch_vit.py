@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impls.config import VIT_FAMILY, ViTConfig, check_images
-from weights import check_exact_match, mha_shapes, to_native, validate_state
+from impls.config import VIT_FAMILY, Loss, ViTConfig, check_images
+from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -457,3 +457,37 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
         return out.numpy(), None if attn is None else attn.numpy()
 
     return forward
+
+
+# ----------------------------------------------------------------------------- gradients
+
+def loss_value(logits: torch.Tensor, loss: Loss) -> torch.Tensor:
+    """The loss of the logits (impls.config.Loss), with torch's own ops."""
+    if loss.kind == "linear":
+        return (logits * torch.tensor(loss.weights, dtype=logits.dtype)).sum()
+    return F.cross_entropy(logits, torch.tensor(loss.labels, dtype=torch.long))
+
+
+def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
+              model_cls=None, **layers):
+    """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
+    {canonical key: dL/dparam}, "images": dL/dimages}, by torch's autograd in ``dtype``."""
+    validate_state(state, config)
+    with torch.device("meta"):
+        model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
+    load_state_dict(model, to_native(state, FRAMEWORK))
+    model.to(DTYPES[dtype]).eval()
+    model.requires_grad_(True)
+
+    def grad(images: np.ndarray, loss: Loss):
+        images = np.asarray(images)
+        check_images(images.shape, str(images.dtype), config)
+        model.zero_grad(set_to_none=True)
+        x = torch.tensor(images, requires_grad=True)  # float32 in, as forward
+        value = loss_value(model(x), loss)
+        value.backward()
+        native = {k: _numpy(p.grad) if p.grad is not None else np.zeros(p.shape, np.float32)
+                  for k, p in model.named_parameters()}
+        return {"loss": value.item(), "params": from_native(native, FRAMEWORK), "images": _numpy(x.grad)}
+
+    return grad

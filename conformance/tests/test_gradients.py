@@ -1,0 +1,136 @@
+"""Backward conformance, first slice: the float64 reference gradient equals central finite
+differences of the NumPy oracle; every port's gradients of a scalar loss (cross-entropy, a
+linear functional of the logits), per parameter and for the images, are within the calibrated
+bound of the reference; backward mutants, whose forward is the correct port's, are caught
+there and nowhere in the forward."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance import properties as P
+from conformance import strategies as S
+from conformance.gradients import compare_gradients, describe, draw_loss, first_failure, grad_tolerance
+from conformance.tests.helpers import budget
+from conformance.zoo.backward_mutants import BACKWARD_MUTANTS
+from impls import get_config
+from impls import numpy_vit as N
+from weights import init_state
+
+FD_PRESETS = ["vit_test_token", "vit_test_dinov2", "vit_test_siglip", "vit_test_clip"]
+# Five-point central differences of the float64 oracle, h = 1e-3 (times the entry's size above
+# 1): truncation h^4/30 |L^(5)| near 1e-13. Rounding: each loss carries at most ~100 ulp of
+# |L| (taken as the allowance), times the stencil's 18/12, over h. A difference is allowed
+# FD_BOUND of the tensor's gradient scale plus that rounding; so a gradient 1e-7 of the loss
+# (the MAP head's query weights) is judged on what the differences resolve. Measured over these
+# presets: at most 1.4e-8 of the scale (the class token's, where truncation leads), so
+# FD_BOUND leaves 7x; a reference with the tanh GELU's derivative is 5.5e-6 off.
+FD_STEP = 1e-3
+FD_BOUND = 1e-7
+FD_ROUNDING = 1.5 * 100 * np.finfo(np.float64).eps
+
+
+def _case(name, batch=2, seed=1):
+    config = get_config(name)
+    return config, init_state(config, seed=seed), S.make_images(config, batch, "ordinary", seed)
+
+
+def finite_difference_error(config, state, images, loss, reference, entries=2, h=FD_STEP, seed=0) -> tuple[float, str]:
+    """Largest |FD - reference| over its allowance (above), at ``entries`` drawn entries of
+    every parameter and of the images: at most 1 passes. The plain NumPy oracle, below its
+    float32 input check, is differenced."""
+    rng = np.random.default_rng(seed)
+    model = N.VisionTransformer(config)
+    N.load_state_dict(model, N.to_native(state, N.FRAMEWORK))
+    x0 = images.astype(np.float64)
+    value0 = N.loss_value(model.forward_head(model.forward_features(x0)), loss)
+
+    def derivative(key, idx, step):
+        def at(k):
+            if key == "images":
+                x = x0.copy()
+                x[idx] += k * step
+                return N.loss_value(model.forward_head(model.forward_features(x)), loss)
+            p = dict(model.named_parameters())[key].copy()
+            p[idx] += k * step
+            saved = dict(model.named_parameters())[key]
+            model.set_parameter(key, p)
+            try:
+                return N.loss_value(model.forward_head(model.forward_features(x0)), loss)
+            finally:
+                model.set_parameter(key, saved)
+        return (-at(2) + 8 * at(1) - 8 * at(-1) + at(-2)) / (12 * step)
+
+    native = N.to_native(state, N.FRAMEWORK)
+    canonical_of = dict(zip(native, state))  # the oracle's layout is the canonical one
+    worst, where = 0.0, ""
+    for key, value in [*native.items(), ("images", images)]:
+        g = reference["images"] if key == "images" else reference["params"][canonical_of[key]]
+        for _ in range(entries):
+            idx = tuple(int(rng.integers(n)) for n in value.shape)
+            step = h * max(1.0, abs(float(value[idx])))
+            allowance = FD_BOUND * float(np.max(np.abs(g))) + FD_ROUNDING * max(1.0, abs(value0)) / step
+            err = abs(derivative(key, idx, step) - g[idx]) / allowance
+            if err > worst:
+                worst, where = err, f"{key}{list(idx)}"
+    return worst, where
+
+
+@pytest.mark.parametrize("kind", ["cross_entropy", "linear"])
+@pytest.mark.parametrize("name", FD_PRESETS)
+def test_reference_gradient_equals_central_finite_differences(name, kind):
+    config, state, images = _case(name)
+    loss = draw_loss(config, images.shape[0], kind, 3)
+    reference = N.make_grad(config, state)(images, loss)
+    worst, where = finite_difference_error(config, state, images, loss, reference)
+    assert worst <= 1.0, f"{name}: the reference differs from central differences by {worst:.3g}x the allowance at {where}"
+
+
+def test_the_finite_difference_check_fails_on_a_reference_with_another_activations_derivative():
+    config, state, images = _case("vit_test_token")
+    loss = draw_loss(config, 2, "cross_entropy", 3)
+    wrong = N.make_grad(config.replace(act_layer="gelu_tanh"), state)(images, loss)
+    worst, _ = finite_difference_error(config, state, images, loss, wrong)
+    assert worst > 10, worst
+
+
+@settings(max_examples=budget(2))
+@given(config=S.grad_configs(max_depth=2), seed=st.integers(0, 2 ** 20), batch=st.integers(1, 3),
+       kind=st.sampled_from(["cross_entropy", "linear"]))
+def test_every_parameters_gradient_and_the_images_match_the_reference(framework_port, config, seed, batch, kind):
+    import importlib
+
+    state = init_state(config, seed=seed)
+    images = S.make_images(config, batch, "ordinary", seed)
+    loss = draw_loss(config, batch, kind, seed)
+    reference = N.make_grad(config, state)(images, loss)
+    got = importlib.import_module(f"impls.{framework_port}_vit").make_grad(config, state)(images, loss)
+    results = compare_gradients(got, reference)
+    assert all(r.ok for r in results), f"{framework_port}, {config}, {loss.describe()}:\n{describe(results)}"
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD_MUTANTS))
+def test_a_backward_mutant_passes_the_forward_and_is_located_by_the_gradient_check(name):
+    (forward, make_grad), first, _ = BACKWARD_MUTANTS[name]
+    config, state, images = _case("vit_test_token")
+    case = P.ModelCase(config, state, images)
+    P.check_matches_oracle(name, forward, case)  # every forward stage within its bound
+    loss = draw_loss(config, 2, "cross_entropy", 3)
+    results = compare_gradients(make_grad(config, state)(images, loss), N.make_grad(config, state)(images, loss))
+    failure = first_failure(results)
+    assert failure is not None and failure.name == first, describe(results)
+    assert failure.error > 10 * grad_tolerance(), f"{name}: only {failure.error / grad_tolerance():.3g}x the bound"
+
+
+def test_the_gradient_bounds_are_the_margin_times_the_calibrated_largest_errors():
+    """Both bounds (parameters, images) come from grad_calibration.json as it is committed."""
+    from conformance.gradients import CALIBRATION, MARGIN, UNIT_ROUNDOFF
+
+    record = json.loads(CALIBRATION.read_text())
+    assert record["cases"] >= 20
+    for of in ("params", "images"):
+        assert set(record["by_port"][of]) == {"torch", "mlx", "jax"}
+        assert grad_tolerance(of=of) == pytest.approx(MARGIN * max(record["by_port"][of].values()) * UNIT_ROUNDOFF["float32"])

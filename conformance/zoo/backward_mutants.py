@@ -1,0 +1,105 @@
+"""Backward mutants: ports whose forward is bitwise the correct port's and whose gradients are
+wrong, each as it is written in a real port. Each name maps to (forward factory, gradient
+factory); conformance/tests/test_gradients.py shows the forward passes and the gradient check
+locates it. (They join the zoo's catalogue with `verify --grad`, the issue's next slice.)"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import mlx.core as mx
+import torch
+import torch.nn.functional as F
+
+from impls import mlx_vit as M
+from impls import torch_vit as T
+
+
+# --- a frozen position embedding: `pos_embed.requires_grad = False` in a fine-tuning script, or
+# a `.detach()` left from an interpolation helper; the forward is untouched.
+class VisionTransformerFrozenPosEmbed(T.VisionTransformer):
+    def _pos_embed(self, x, grid):
+        B, _, D = x.shape
+        c = self.config
+        pos = T.resample_pos_embed(self.pos_embed.detach(), c.grid_size, grid,
+                                   0 if c.no_embed_class else c.num_prefix_tokens)
+        tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
+        prefix = [t.expand(B, -1, -1) for t in tokens]
+        if c.no_embed_class:
+            return torch.cat(prefix + [x + pos], dim=1)
+        return torch.cat(prefix + [x], dim=1) + pos
+
+
+# --- a hand-written GELU whose backward keeps Phi(x) and drops x * phi(x) from
+# d/dx [x Phi(x)]: the forward is F.gelu exactly, as in autograd.Functions written to save memory.
+class _GeluHalfBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return F.gelu(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 0.5 * (1.0 + torch.erf(x * 0.5 ** 0.5))
+
+
+class GELUHalfBackward(torch.nn.Module):
+    def forward(self, x):
+        return _GeluHalfBackward.apply(x)
+
+
+class MlpGeluHalfBackward(T.Mlp):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.act = GELUHalfBackward()
+
+
+# --- a residual branch detached: `x = x + attn_out.detach()`, the attention branch trains
+# nothing and passes no gradient back; the sum is the same.
+class BlockDetachedAttnResidual(T.Block):
+    def forward(self, x, taps=None, name="blocks.0"):
+        h = self.norm1(x)
+        T._tap(taps, f"{name}.norm1", h)
+        h = self.attn(h, taps, f"{name}.attn")
+        if isinstance(self.ls1, T.LayerScale):
+            h = self.ls1(h)
+            T._tap(taps, f"{name}.ls1", h)
+        x = x + h.detach()
+        h = self.norm2(x)
+        T._tap(taps, f"{name}.norm2", h)
+        h = self.mlp(h, taps, f"{name}.mlp")
+        if isinstance(self.ls2, T.LayerScale):
+            h = self.ls2(h)
+            T._tap(taps, f"{name}.ls2", h)
+        x = x + h
+        T._tap(taps, name, x)
+        return x
+
+
+# --- MLX: the class token behind mx.stop_gradient (a frozen-token trick carried into fine-tuning).
+class VisionTransformerClsStopGradient(M.VisionTransformer):
+    def _pos_embed(self, x, grid):
+        cls_token = self.cls_token
+        self.cls_token = mx.stop_gradient(cls_token)
+        try:
+            return super()._pos_embed(x, grid)
+        finally:
+            self.cls_token = cls_token
+
+
+def _pair(module, **layers):
+    return partial(module.make, **layers), partial(module.make_grad, **layers)
+
+
+BACKWARD_MUTANTS = {
+    # name: ((forward factory, gradient factory), the first parameter found in backward order, source)
+    "torch_pos_embed_frozen": (_pair(T, model_cls=VisionTransformerFrozenPosEmbed), "pos_embed",
+                               "requires_grad=False / .detach() on the position embedding"),
+    "torch_gelu_backward_missing_term": (_pair(T, mlp_layer=MlpGeluHalfBackward), "blocks.1.mlp.fc1.bias",
+                                         "a hand-written GELU backward without the x * pdf(x) term"),
+    "torch_attn_residual_detached": (_pair(T, block_fn=BlockDetachedAttnResidual), "blocks.1.attn.proj.bias",
+                                     "x + attn(...).detach(): a residual branch cut from the graph"),
+    "mlx_cls_token_stop_gradient": (_pair(M, model_cls=VisionTransformerClsStopGradient), "cls_token",
+                                    "mx.stop_gradient on the class token"),
+}
