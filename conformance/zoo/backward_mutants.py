@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from functools import partial
 
-import mlx.core as mx
-import torch
-import torch.nn.functional as F
-
-from impls import mlx_vit as M
+from impls import mlx_vit as M  # first: it loads OpenBLAS before mlx.core
 from impls import torch_vit as T
+
+import mlx.core as mx  # noqa: E402, I001
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 
 # --- a frozen position embedding: `pos_embed.requires_grad = False` in a fine-tuning script, or
