@@ -578,7 +578,7 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
         apply, abstract = _compiled_grad(config, fused_attn, loss.kind, layers)
         params = _params(abstract, native_state, DTYPES[dtype])
         value, (g_params, g_images) = apply(params, images, loss.labels, loss.weights)
-        native = {".".join(map(str, path)): _numpy(var.value if hasattr(var, "value") else var)
+        native = {".".join(map(str, path)): _numpy(var.get_value() if isinstance(var, nnx.Variable) else var)
                   for path, var in nnx.to_flat_state(g_params)}
         return {"loss": float(value), "params": from_native(native, FRAMEWORK), "images": _numpy(g_images)}
 
