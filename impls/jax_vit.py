@@ -462,11 +462,18 @@ def _abstract_model(config: ViTConfig, fused_attn: bool, layers: tuple = ()) -> 
 
 
 @lru_cache(maxsize=256)
+def _graph(config: ViTConfig, fused_attn: bool, layers: tuple = ()) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's graph and its parameters' abstract state, traced once per config and shared
+    by the forward and the gradient."""
+    return nnx.split(_abstract_model(config, fused_attn, layers))
+
+
+@lru_cache(maxsize=256)
 def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool, layers: tuple = ()):
     """One jitted forward per config, shared by every state loaded for it: a new state does not
     recompile or trace the model again, and jax.jit itself caches per input shape. Returns
     (apply, the parameters' abstract state)."""
-    graphdef, abstract = nnx.split(_abstract_model(config, fused_attn, layers))
+    graphdef, abstract = _graph(config, fused_attn, layers)
 
     @jax.jit
     def apply(params, images):
@@ -554,14 +561,14 @@ def loss_value(logits: jax.Array, loss: Loss) -> jax.Array:
 
 @lru_cache(maxsize=64)
 def _compiled_grad(config: ViTConfig, fused_attn: bool, kind: str, layers: tuple = ()):
-    """One jitted value-and-gradient per config and loss kind; returns (apply, abstract state)."""
-    graphdef, abstract = nnx.split(_abstract_model(config, fused_attn, layers))
+    """One jitted value-and-gradient per config and loss kind."""
+    graphdef, _ = _graph(config, fused_attn, layers)
 
     def objective(params, images, labels, weights):
         logits = nnx.merge(graphdef, params)(images)
         return loss_value(logits, Loss(kind, labels=labels, weights=weights))
 
-    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1))), abstract
+    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1)))
 
 
 def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
@@ -570,13 +577,12 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
     {canonical key: dL/dparam}, "images": dL/dimages}, by jax.value_and_grad in ``dtype``."""
     validate_state(state, config)
     layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
-    native_state = to_native(state, FRAMEWORK)
+    params = _params(_graph(config, fused_attn, layers)[1], to_native(state, FRAMEWORK), DTYPES[dtype])
 
     def grad(images: np.ndarray, loss: Loss):
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)
-        apply, abstract = _compiled_grad(config, fused_attn, loss.kind, layers)
-        params = _params(abstract, native_state, DTYPES[dtype])
+        apply = _compiled_grad(config, fused_attn, loss.kind, layers)
         value, (g_params, g_images) = apply(params, images, loss.labels, loss.weights)
         native = {".".join(map(str, path)): _numpy(var.get_value() if isinstance(var, nnx.Variable) else var)
                   for path, var in nnx.to_flat_state(g_params)}

@@ -421,6 +421,16 @@ def _numpy(a: mx.array) -> np.ndarray:
     return np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)  # NumPy has no bfloat16
 
 
+def _loaded(config: ViTConfig, state, dtype: str, fused_attn: bool, model_cls, layers: dict) -> nn.Module:
+    """The model with the canonical state loaded strictly, in ``dtype``, in eval mode."""
+    validate_state(state, config)
+    model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
+    load_state_dict(model, to_native(state, FRAMEWORK))
+    model.set_dtype(DTYPES[dtype])
+    model.eval()  # MLX modules start in training mode
+    return model
+
+
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
          dtype: str = "float32", compiled: bool = False, model_cls=None, **layers):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays, computed in
@@ -429,11 +439,7 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows. ``compiled`` runs it through mx.compile.
     """
-    validate_state(state, config)
-    model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
-    load_state_dict(model, to_native(state, FRAMEWORK))
-    model.set_dtype(DTYPES[dtype])
-    model.eval()  # MLX modules start in training mode
+    model = _loaded(config, state, dtype, fused_attn, model_cls, layers)
     call = (lambda x: model(x, return_taps=taps))
     call = mx.compile(call) if compiled else call  # the weights are captured as constants
 
@@ -485,11 +491,7 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
     {canonical key: dL/dparam}, "images": dL/dimages}, by mx.value_and_grad in ``dtype``."""
     from mlx.utils import tree_flatten
 
-    validate_state(state, config)
-    model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
-    load_state_dict(model, to_native(state, FRAMEWORK))
-    model.set_dtype(DTYPES[dtype])
-    model.eval()
+    model = _loaded(config, state, dtype, fused_attn, model_cls, layers)
 
     def objective(params, x, loss):
         model.update(params)

@@ -414,6 +414,15 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy()  # NumPy has no bfloat16
 
 
+def _loaded(config: ViTConfig, state, dtype: str, fused_attn: bool, model_cls, layers: dict) -> nn.Module:
+    """The model with the canonical state loaded strictly, in ``dtype``, in eval mode."""
+    validate_state(state, config)
+    with torch.device("meta"):  # no random init: every tensor comes from the state
+        model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
+    load_state_dict(model, to_native(state, FRAMEWORK))
+    return model.to(DTYPES[dtype]).eval()
+
+
 def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
          dtype: str = "float32", model_cls=None, **layers):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays, computed in
@@ -422,11 +431,7 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
     module classes, as timm's VisionTransformer allows.
     """
-    validate_state(state, config)
-    with torch.device("meta"):  # no random init: every tensor comes from the state
-        model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
-    load_state_dict(model, to_native(state, FRAMEWORK))
-    model.to(DTYPES[dtype]).eval()
+    model = _loaded(config, state, dtype, fused_attn, model_cls, layers)
 
     @torch.inference_mode()
     def forward(images: np.ndarray):
@@ -472,12 +477,7 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
               model_cls=None, **layers):
     """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
     {canonical key: dL/dparam}, "images": dL/dimages}, by torch's autograd in ``dtype``."""
-    validate_state(state, config)
-    with torch.device("meta"):
-        model = (model_cls or VisionTransformer)(config, fused_attn, **layers)
-    load_state_dict(model, to_native(state, FRAMEWORK))
-    model.to(DTYPES[dtype]).eval()
-    model.requires_grad_(True)
+    model = _loaded(config, state, dtype, fused_attn, model_cls, layers).requires_grad_(True)
 
     def grad(images: np.ndarray, loss: Loss):
         images = np.asarray(images)
