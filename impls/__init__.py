@@ -6,6 +6,7 @@ Every port module exposes ``make(config, state)``: a *port factory* (see the REA
 
 from impls.config import (
     ORIGINAL_VIT,
+    AdamW,
     PRESETS,
     VIT_FAMILY,
     ConfigError,
@@ -42,6 +43,6 @@ def load_factory(spec: str):
 
 
 __all__ = [
-    "ORIGINAL_VIT", "VIT_FAMILY", "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "Loss", "ViTConfig", "check_images",
+    "AdamW", "ORIGINAL_VIT", "VIT_FAMILY", "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "Loss", "ViTConfig", "check_images",
     "get_config", "load_factory", "tap_names", "tap_shapes",
 ]

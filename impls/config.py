@@ -160,3 +160,15 @@ class Loss:
 
     def describe(self) -> str:
         return "cross-entropy" if self.kind == "cross_entropy" else "a linear functional of the logits"
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """One AdamW step's hyperparameters, as torch.optim.AdamW defines them: decoupled weight
+    decay p <- p (1 - lr wd) on every parameter, then p <- p - lr m_hat / (sqrt(v_hat) + eps)
+    with bias-corrected moments (docs/gradients.md tabulates where optax and MLX differ)."""
+
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 1e-2

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from impls.config import VIT_FAMILY, Loss, ViTConfig, check_images
+from impls.config import VIT_FAMILY, AdamW, Loss, ViTConfig, check_images
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -589,3 +589,33 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
         return {"loss": float(value), "params": from_native(native, FRAMEWORK), "images": _numpy(g_images)}
 
     return grad
+
+
+def adamw(hp: AdamW):
+    """weight_decay passed: optax's default (1e-4) is not torch's (1e-2) (docs/gradients.md)."""
+    import optax
+
+    return optax.adamw(hp.lr, b1=hp.betas[0], b2=hp.betas[1], eps=hp.eps, weight_decay=hp.weight_decay)
+
+
+def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,
+               dtype: str = "float32", optimizer=adamw, fused_attn: bool = False, model_cls=None, **layers):
+    """One AdamW step from a fresh optimizer state (``optimizer(hp)``): the new canonical state."""
+    import optax
+
+    layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
+    params = _params(_graph(config, fused_attn, layers)[1], to_native(state, FRAMEWORK), DTYPES[dtype])
+    images = np.asarray(images)
+    check_images(images.shape, str(images.dtype), config)
+    _, (grads, _) = _compiled_grad(config, fused_attn, loss.kind, layers)(params, images, loss.labels, loss.weights)
+    tx = optimizer(hp)
+
+    @jax.jit  # one program, not an eager compile per operation and parameter shape
+    def step(params, grads):
+        updates, _ = tx.update(grads, tx.init(params), params)
+        return optax.apply_updates(params, updates)
+
+    new = step(params, grads)
+    native = {".".join(map(str, path)): _numpy(var.get_value() if isinstance(var, nnx.Variable) else var)
+              for path, var in nnx.to_flat_state(new)}
+    return from_native(native, FRAMEWORK)

@@ -16,7 +16,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from impls.config import VIT_FAMILY, Loss, ViTConfig, check_images  # noqa: E402
+from impls.config import VIT_FAMILY, AdamW, Loss, ViTConfig, check_images  # noqa: E402
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
 from weights.resample import bicubic_aa_matrix  # noqa: E402
 
@@ -508,3 +508,25 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
         return {"loss": float(value), "params": from_native(native, FRAMEWORK), "images": _numpy(g_images)}
 
     return grad
+
+
+def adamw(hp: AdamW):
+    """bias_correction=True: MLX's default (False) is not torch's AdamW (docs/gradients.md)."""
+    import mlx.optimizers as optim
+
+    return optim.AdamW(learning_rate=hp.lr, betas=list(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay,
+                       bias_correction=True)
+
+
+def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,
+               dtype: str = "float32", optimizer=adamw, fused_attn: bool = False, model_cls=None, **layers):
+    """One AdamW step from a fresh optimizer (``optimizer(hp)``): the new canonical state."""
+    from mlx.utils import tree_flatten
+
+    model = _loaded(config, state, dtype, fused_attn, model_cls, layers)
+    images = np.asarray(images)
+    check_images(images.shape, str(images.dtype), config)
+    _, grads = nn.value_and_grad(model, lambda x: loss_value(model(x), loss))(mx.array(images))
+    optimizer(hp).update(model, grads)
+    mx.eval(model.parameters())
+    return from_native({k: _numpy(v) for k, v in tree_flatten(model.parameters())}, FRAMEWORK)

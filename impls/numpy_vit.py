@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import erf
 
-from impls.config import VIT_FAMILY, Loss, ViTConfig, check_images
+from impls.config import VIT_FAMILY, AdamW, Loss, ViTConfig, check_images
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -568,3 +568,18 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bo
         return {"loss": float(value), "params": dict(g_params), "images": g_images}
 
     return grad
+
+
+def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, **options):
+    """One AdamW step from zero moments (step 1), in float64, written as torch.optim.AdamW
+    defines it: the reference gradient, then the decoupled decay and the bias-corrected update.
+    Returns the new canonical state (float64) and the gradients it used."""
+    grads = make_grad(config, state, **options)(images, loss)
+    (b1, b2), t = hp.betas, 1
+    new = {}
+    for key, p in state.items():
+        g, p = grads["params"][key], np.asarray(p, np.float64)
+        m, v = (1 - b1) * g, (1 - b2) * g * g
+        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        new[key] = p * (1 - hp.lr * hp.weight_decay) - hp.lr * m_hat / (np.sqrt(v_hat) + hp.eps)
+    return new, grads

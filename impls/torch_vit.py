@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impls.config import VIT_FAMILY, Loss, ViTConfig, check_images
+from impls.config import VIT_FAMILY, AdamW, Loss, ViTConfig, check_images
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
@@ -491,3 +491,19 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
         return {"loss": value.item(), "params": from_native(native, FRAMEWORK), "images": _numpy(x.grad)}
 
     return grad
+
+
+def adamw(params, hp: AdamW) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay)
+
+
+def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,
+               dtype: str = "float32", optimizer=adamw, fused_attn: bool = False, model_cls=None, **layers):
+    """One AdamW step from a fresh optimizer (``optimizer(params, hp)``): the new canonical state."""
+    model = _loaded(config, state, dtype, fused_attn, model_cls, layers).requires_grad_(True)
+    optimizer = optimizer(model.parameters(), hp)
+    images = np.asarray(images)
+    check_images(images.shape, str(images.dtype), config)
+    loss_value(model(torch.tensor(images)), loss).backward()
+    optimizer.step()
+    return from_native({k: _numpy(p.detach()) for k, p in model.named_parameters()}, FRAMEWORK)

@@ -13,13 +13,16 @@ from hypothesis import strategies as st
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.gradients import compare_gradients, describe, draw_loss, first_failure, grad_tolerance
+from conformance.gradients import (compare_gradients, compare_step, describe, draw_loss, first_failure,
+                                   grad_tolerance, step_bound)
+from conformance.profiles import heavy
 from conformance.tests.helpers import budget
-from conformance.zoo.backward_mutants import BACKWARD_MUTANTS
-from impls import get_config
+from conformance.zoo.backward_mutants import BACKWARD_MUTANTS, OPTIMIZER_MUTANTS
+from impls import AdamW, get_config
 from impls import numpy_vit as N
 from weights import init_state
 
+THOROUGH = pytest.mark.skipif(not heavy(), reason="thorough profile: one more config for JAX to compile")
 FD_PRESETS = ["vit_test_token", "vit_test_dinov2", "vit_test_siglip", "vit_test_clip"]
 # Five-point central differences of the float64 oracle, h = 1e-3 (times the entry's size above
 # 1): truncation h^4/30 |L^(5)| near 1e-13. Rounding: each loss carries at most ~100 ulp of
@@ -134,3 +137,49 @@ def test_the_gradient_bounds_are_the_margin_times_the_calibrated_largest_errors(
     for of in ("params", "images"):
         assert set(record["by_port"][of]) == {"torch", "mlx", "jax"}
         assert grad_tolerance(of=of) == pytest.approx(MARGIN * max(record["by_port"][of].values()) * UNIT_ROUNDOFF["float32"])
+
+
+# ----------------------------------------------------------------------------- one AdamW step
+
+HP = AdamW()
+
+
+def _step_case(name="vit_test_token"):
+    config, state, images = _case(name)
+    loss = draw_loss(config, 2, "cross_entropy", 3)
+    reference, grads = N.adamw_step(config, state, images, loss, HP)
+    return config, state, images, loss, reference, step_bound(state, grads["params"], HP)
+
+
+def test_the_reference_adamw_step_is_torchs_adamw_in_float64():
+    """The oracle's step, written from the definition, against torch.optim.AdamW run in float64
+    on the same (reference) gradients: the same to float64 rounding."""
+    import torch
+
+    config, state, images = _case("vit_test_token")
+    loss = draw_loss(config, 2, "cross_entropy", 3)
+    reference, grads = N.adamw_step(config, state, images, loss, HP)
+    params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in state.items()}
+    for k, p in params.items():
+        p.grad = torch.tensor(grads["params"][k], dtype=torch.float64)
+    torch.optim.AdamW(params.values(), lr=HP.lr, betas=HP.betas, eps=HP.eps, weight_decay=HP.weight_decay).step()
+    worst = max(float(np.max(np.abs(p.detach().numpy() - reference[k]))) for k, p in params.items())
+    assert worst <= 8 * np.finfo(np.float64).eps * (1 + HP.lr), worst
+
+
+@pytest.mark.parametrize("name", ["vit_test_token", pytest.param("vit_test_dinov2", marks=THOROUGH)])
+def test_one_adamw_step_of_every_port_matches_the_reference(framework_port, name):
+    import importlib
+
+    config, state, images, loss, reference, bounds = _step_case(name)
+    got = importlib.import_module(f"impls.{framework_port}_vit").adamw_step(config, state, images, loss, HP)
+    results = compare_step(got, reference, bounds)
+    assert all(r.ok for r in results), describe(results)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZER_MUTANTS))
+def test_an_optimizer_mutant_is_caught_after_one_step(name):
+    step, _ = OPTIMIZER_MUTANTS[name]
+    config, state, images, loss, reference, bounds = _step_case()
+    results = compare_step(step(config, state, images, loss, HP), reference, bounds)
+    assert max(r.error for r in results) > 10, describe(results)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 from impls import mlx_vit as M  # first: it loads OpenBLAS before mlx.core
+from impls import jax_vit as J  # noqa: I001
 from impls import torch_vit as T
 
 import mlx.core as mx  # noqa: E402, I001
@@ -102,4 +103,33 @@ BACKWARD_MUTANTS = {
                                      "x + attn(...).detach(): a residual branch cut from the graph"),
     "mlx_cls_token_stop_gradient": (_pair(M, model_cls=VisionTransformerClsStopGradient), "cls_token",
                                     "mx.stop_gradient on the class token"),
+}
+
+
+# --- Optimizer mutants: one AdamW step written with another library's defaults or another
+# algorithm; each is the port's adamw_step with its optimizer swapped.
+def _mlx_adamw_defaults(hp):
+    import mlx.optimizers as optim
+
+    return optim.AdamW(learning_rate=hp.lr, betas=list(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay)
+
+
+def _torch_adam_l2(params, hp):
+    return torch.optim.Adam(params, lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay)
+
+
+def _optax_adamw_defaults(hp):
+    import optax
+
+    return optax.adamw(hp.lr, b1=hp.betas[0], b2=hp.betas[1], eps=hp.eps)
+
+
+OPTIMIZER_MUTANTS = {
+    # name: (adamw_step, the difference)
+    "mlx_adamw_without_bias_correction": (partial(M.adamw_step, optimizer=_mlx_adamw_defaults),
+                                          "mlx.optimizers.AdamW's default bias_correction=False"),
+    "torch_adam_with_l2_decay": (partial(T.adamw_step, optimizer=_torch_adam_l2),
+                                 "torch.optim.Adam(weight_decay=...): L2 added to the gradient, not decoupled"),
+    "jax_optax_default_weight_decay": (partial(J.adamw_step, optimizer=_optax_adamw_defaults),
+                                       "optax.adamw's default weight_decay 1e-4 for torch's 1e-2"),
 }
