@@ -5,6 +5,7 @@ bound of the reference; backward mutants, whose forward is the correct port's, a
 there and nowhere in the forward."""
 
 import json
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -144,6 +145,7 @@ def test_the_gradient_bounds_are_the_margin_times_the_calibrated_largest_errors(
 HP = AdamW()
 
 
+@lru_cache(maxsize=None)  # the reference step is computed once per preset and worker
 def _step_case(name="vit_test_token"):
     config, state, images = _case(name)
     loss = draw_loss(config, 2, "cross_entropy", 3)
@@ -158,7 +160,7 @@ def test_the_reference_adamw_step_is_torchs_adamw_in_float64():
 
     config, state, images = _case("vit_test_token")
     loss = draw_loss(config, 2, "cross_entropy", 3)
-    reference, grads = N.adamw_step(config, state, images, loss, HP)
+    reference, grads = N.adamw_step(config, state, images, loss, HP)  # not _step_case: grads needed
     params = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in state.items()}
     for k, p in params.items():
         p.grad = torch.tensor(grads["params"][k], dtype=torch.float64)
