@@ -559,6 +559,13 @@ def loss_value(logits: jax.Array, loss: Loss) -> jax.Array:
     return -jnp.mean(jnp.take_along_axis(log_softmax, jnp.asarray(loss.labels)[:, None], axis=-1))
 
 
+def _canonical(state: nnx.State) -> dict[str, np.ndarray]:
+    """An NNX state of parameters (or of their gradients) under canonical keys and layouts."""
+    native = {".".join(map(str, path)): _numpy(var.get_value() if isinstance(var, nnx.Variable) else var)
+              for path, var in nnx.to_flat_state(state)}
+    return from_native(native, FRAMEWORK)
+
+
 @lru_cache(maxsize=64)
 def _compiled_grad(config: ViTConfig, fused_attn: bool, kind: str, layers: tuple = ()):
     """One jitted value-and-gradient per config and loss kind."""
@@ -584,9 +591,7 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
         check_images(images.shape, str(images.dtype), config)
         apply = _compiled_grad(config, fused_attn, loss.kind, layers)
         value, (g_params, g_images) = apply(params, images, loss.labels, loss.weights)
-        native = {".".join(map(str, path)): _numpy(var.get_value() if isinstance(var, nnx.Variable) else var)
-                  for path, var in nnx.to_flat_state(g_params)}
-        return {"loss": float(value), "params": from_native(native, FRAMEWORK), "images": _numpy(g_images)}
+        return {"loss": float(value), "params": _canonical(g_params), "images": _numpy(g_images)}
 
     return grad
 
@@ -615,7 +620,4 @@ def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Lo
         updates, _ = tx.update(grads, tx.init(params), params)
         return optax.apply_updates(params, updates)
 
-    new = step(params, grads)
-    native = {".".join(map(str, path)): _numpy(var.get_value() if isinstance(var, nnx.Variable) else var)
-              for path, var in nnx.to_flat_state(new)}
-    return from_native(native, FRAMEWORK)
+    return _canonical(step(params, grads))
