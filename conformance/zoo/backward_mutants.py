@@ -56,26 +56,11 @@ class MlpGeluHalfBackward(T.Mlp):
         self.act = GELUHalfBackward()
 
 
-# --- a residual branch detached: `x = x + attn_out.detach()`, the attention branch trains
+# --- a residual branch detached: `x = x + attn(...).detach()`, the attention branch trains
 # nothing and passes no gradient back; the sum is the same.
-class BlockDetachedAttnResidual(T.Block):
-    def forward(self, x, taps=None, name="blocks.0"):
-        h = self.norm1(x)
-        T._tap(taps, f"{name}.norm1", h)
-        h = self.attn(h, taps, f"{name}.attn")
-        if isinstance(self.ls1, T.LayerScale):
-            h = self.ls1(h)
-            T._tap(taps, f"{name}.ls1", h)
-        x = x + h.detach()
-        h = self.norm2(x)
-        T._tap(taps, f"{name}.norm2", h)
-        h = self.mlp(h, taps, f"{name}.mlp")
-        if isinstance(self.ls2, T.LayerScale):
-            h = self.ls2(h)
-            T._tap(taps, f"{name}.ls2", h)
-        x = x + h
-        T._tap(taps, name, x)
-        return x
+class AttentionDetached(T.Attention):
+    def forward(self, x, taps=None, name="attn"):
+        return super().forward(x, taps, name).detach()
 
 
 # --- MLX: the class token behind mx.stop_gradient (a frozen-token trick carried into fine-tuning).
@@ -99,7 +84,7 @@ BACKWARD_MUTANTS = {
                                "requires_grad=False / .detach() on the position embedding"),
     "torch_gelu_backward_missing_term": (_pair(T, mlp_layer=MlpGeluHalfBackward), "blocks.1.mlp.fc1.bias",
                                          "a hand-written GELU backward without the x * pdf(x) term"),
-    "torch_attn_residual_detached": (_pair(T, block_fn=BlockDetachedAttnResidual), "blocks.1.attn.proj.bias",
+    "torch_attn_residual_detached": (_pair(T, attn_layer=AttentionDetached), "blocks.1.attn.proj.bias",
                                      "x + attn(...).detach(): a residual branch cut from the graph"),
     "mlx_cls_token_stop_gradient": (_pair(M, model_cls=VisionTransformerClsStopGradient), "cls_token",
                                     "mx.stop_gradient on the class token"),
