@@ -172,3 +172,14 @@ class AdamW:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 1e-2
+    decay: str = "all"  # "timm": timm's param_groups_weight_decay (see decays)
+
+    def decays(self, key: str, ndim: int) -> bool:
+        """Whether the parameter ``key`` (canonical or native: the rule reads only what both
+        share) is decayed. "timm": not the 1-D tensors (norms, biases, LayerScale gammas), not
+        a ``.bias``, not VisionTransformer.no_weight_decay()'s pos_embed, cls_token, reg_token."""
+        if self.decay == "all":
+            return True
+        if self.decay != "timm":
+            raise ValueError(f"decay {self.decay!r}: expected 'all' or 'timm'")
+        return not (ndim <= 1 or key.endswith(".bias") or key in ("pos_embed", "cls_token", "reg_token", "dist_token"))

@@ -596,11 +596,19 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
     return grad
 
 
+def _native_key(path) -> str:
+    return ".".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
 def adamw(hp: AdamW):
-    """weight_decay passed: optax's default (1e-4) is not torch's (1e-2) (docs/gradients.md)."""
+    """weight_decay passed: optax's default (1e-4) is not torch's (1e-2) (docs/gradients.md).
+    The mask leaves the undecayed parameters (hp.decays) out of the decay."""
     import optax
 
-    return optax.adamw(hp.lr, b1=hp.betas[0], b2=hp.betas[1], eps=hp.eps, weight_decay=hp.weight_decay)
+    def mask(params):
+        return jax.tree_util.tree_map_with_path(lambda path, p: hp.decays(_native_key(path), p.ndim), params)
+
+    return optax.adamw(hp.lr, b1=hp.betas[0], b2=hp.betas[1], eps=hp.eps, weight_decay=hp.weight_decay, mask=mask)
 
 
 def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,

@@ -511,11 +511,16 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
 
 
 def adamw(hp: AdamW):
-    """bias_correction=True: MLX's default (False) is not torch's AdamW (docs/gradients.md)."""
+    """bias_correction=True: MLX's default (False) is not torch's AdamW (docs/gradients.md).
+    The undecayed parameters (hp.decays) get their own AdamW through MultiOptimizer."""
     import mlx.optimizers as optim
 
-    return optim.AdamW(learning_rate=hp.lr, betas=list(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay,
-                       bias_correction=True)
+    def make(weight_decay):
+        return optim.AdamW(learning_rate=hp.lr, betas=list(hp.betas), eps=hp.eps, weight_decay=weight_decay,
+                           bias_correction=True)
+
+    return optim.MultiOptimizer([make(0.0), make(hp.weight_decay)],
+                                [lambda key, p: not hp.decays(key, p.ndim)])
 
 
 def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,

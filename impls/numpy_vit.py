@@ -581,5 +581,6 @@ def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Lo
         g, p = grads["params"][key], np.asarray(p, np.float64)
         m, v = (1 - b1) * g, (1 - b2) * g * g
         m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
-        new[key] = p * (1 - hp.lr * hp.weight_decay) - hp.lr * m_hat / (np.sqrt(v_hat) + hp.eps)
+        wd = hp.weight_decay if hp.decays(key, p.ndim) else 0.0
+        new[key] = p * (1 - hp.lr * wd) - hp.lr * m_hat / (np.sqrt(v_hat) + hp.eps)
     return new, grads

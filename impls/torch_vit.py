@@ -493,15 +493,23 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
     return grad
 
 
-def adamw(params, hp: AdamW) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay)
+def param_groups(named_parameters, hp: AdamW) -> list[dict]:
+    """The decayed and the undecayed parameters (hp.decays), as timm's param groups."""
+    named = list(named_parameters)
+    return [{"params": [p for k, p in named if hp.decays(k, p.ndim)], "weight_decay": hp.weight_decay},
+            {"params": [p for k, p in named if not hp.decays(k, p.ndim)], "weight_decay": 0.0}]
+
+
+def adamw(named_parameters, hp: AdamW) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(param_groups(named_parameters, hp), lr=hp.lr, betas=hp.betas, eps=hp.eps)
 
 
 def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,
                dtype: str = "float32", optimizer=adamw, fused_attn: bool = False, model_cls=None, **layers):
-    """One AdamW step from a fresh optimizer (``optimizer(params, hp)``): the new canonical state."""
+    """One AdamW step from a fresh optimizer (``optimizer(named_parameters, hp)``): the new
+    canonical state."""
     model = _loaded(config, state, dtype, fused_attn, model_cls, layers).requires_grad_(True)
-    optimizer = optimizer(model.parameters(), hp)
+    optimizer = optimizer(model.named_parameters(), hp)
     images = np.asarray(images)
     check_images(images.shape, str(images.dtype), config)
     loss_value(model(torch.tensor(images)), loss).backward()

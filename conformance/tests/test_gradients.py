@@ -5,6 +5,7 @@ bound of the reference; backward mutants, whose forward is the correct port's, a
 there and nowhere in the forward; one AdamW step of every port is within a bound derived from
 the gradient bound, and optimizer mutants are not."""
 
+import dataclasses
 import json
 from functools import cache
 
@@ -153,12 +154,13 @@ def test_the_gradient_bounds_are_the_margin_times_the_calibrated_largest_errors(
 HP = AdamW()
 
 
-@cache  # the reference step is computed once per preset and worker
-def _step_case(name="vit_test_token"):
+@cache  # the reference step is computed once per preset, rule and worker
+def _step_case(name="vit_test_token", decay="all"):
     config, state, images = _case(name)
     loss = draw_loss(config, 2, "cross_entropy", 3)
-    reference, grads = N.adamw_step(config, state, images, loss, HP)
-    return config, state, images, loss, reference, step_bound(state, grads["params"], HP)
+    hp = dataclasses.replace(HP, decay=decay)
+    reference, grads = N.adamw_step(config, state, images, loss, hp)
+    return config, state, images, loss, hp, reference, step_bound(state, grads["params"], hp)
 
 
 def test_the_reference_adamw_step_is_torchs_adamw_in_float64():
@@ -177,19 +179,37 @@ def test_the_reference_adamw_step_is_torchs_adamw_in_float64():
     assert worst <= 8 * np.finfo(np.float64).eps * (1 + HP.lr), worst
 
 
-@pytest.mark.parametrize("name", ["vit_test_token", pytest.param("vit_test_dinov2", marks=THOROUGH)])
-def test_one_adamw_step_of_every_port_matches_the_reference(framework_port, name):
+@pytest.mark.parametrize("name, decay", [("vit_test_token", "all"), ("vit_test_token", "timm"),
+                                         pytest.param("vit_test_dinov2", "timm", marks=THOROUGH)])
+def test_one_adamw_step_of_every_port_matches_the_reference(framework_port, name, decay):
+    """Decay on every parameter, and timm's rule (no decay on norms, biases, LayerScale gammas
+    and the embeddings), each framework's way: param groups, MultiOptimizer, optax's mask."""
     import importlib
 
-    config, state, images, loss, reference, bounds = _step_case(name)
-    got = importlib.import_module(f"impls.{framework_port}_vit").adamw_step(config, state, images, loss, HP)
+    config, state, images, loss, hp, reference, bounds = _step_case(name, decay)
+    got = importlib.import_module(f"impls.{framework_port}_vit").adamw_step(config, state, images, loss, hp)
     results = compare_step(got, reference, bounds)
     assert all(r.ok for r in results), describe(results)
 
 
+def test_timms_rule_exempts_what_timms_param_groups_exempt():
+    import timm
+    import torch
+    from timm.optim import param_groups_weight_decay
+
+    with torch.device("meta"):
+        model = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False)
+    groups = param_groups_weight_decay(model, 0.05, no_weight_decay_list=model.no_weight_decay())
+    name = {id(p): k for k, p in model.named_parameters()}
+    exempt = {name[id(p)] for g in groups if g["weight_decay"] == 0.0 for p in g["params"]}
+    hp = dataclasses.replace(HP, decay="timm")
+    assert exempt == {k for k, p in model.named_parameters() if not hp.decays(k, p.ndim)}
+    assert {"pos_embed", "cls_token", "reg_token", "blocks.0.ls1.gamma", "norm.weight"} <= exempt
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZER_MUTANTS))
 def test_an_optimizer_mutant_is_caught_after_one_step(name):
-    step, _ = OPTIMIZER_MUTANTS[name]
-    config, state, images, loss, reference, bounds = _step_case()
-    results = compare_step(step(config, state, images, loss, HP), reference, bounds)
+    step, _, decay = OPTIMIZER_MUTANTS[name]
+    config, state, images, loss, hp, reference, bounds = _step_case(decay=decay)
+    results = compare_step(step(config, state, images, loss, hp), reference, bounds)
     assert max(r.error for r in results) > 10, describe(results)

@@ -99,8 +99,13 @@ def _mlx_adamw_defaults(hp):
     return optim.AdamW(learning_rate=hp.lr, betas=list(hp.betas), eps=hp.eps, weight_decay=hp.weight_decay)
 
 
-def _torch_adam_l2(params, hp):
-    return torch.optim.Adam(params, lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay)
+def _torch_adam_l2(named_parameters, hp):
+    return torch.optim.Adam(T.param_groups(named_parameters, hp), lr=hp.lr, betas=hp.betas, eps=hp.eps)
+
+
+def _torch_adamw_decays_everything(named_parameters, hp):
+    return torch.optim.AdamW([p for _, p in named_parameters], lr=hp.lr, betas=hp.betas, eps=hp.eps,
+                             weight_decay=hp.weight_decay)
 
 
 def _optax_adamw_defaults(hp):
@@ -110,11 +115,14 @@ def _optax_adamw_defaults(hp):
 
 
 OPTIMIZER_MUTANTS = {
-    # name: (adamw_step, the difference)
+    # name: (adamw_step, the difference, the decay rule it is run under)
     "mlx_adamw_without_bias_correction": (partial(M.adamw_step, optimizer=_mlx_adamw_defaults),
-                                          "mlx.optimizers.AdamW's default bias_correction=False"),
+                                          "mlx.optimizers.AdamW's default bias_correction=False", "all"),
     "torch_adam_with_l2_decay": (partial(T.adamw_step, optimizer=_torch_adam_l2),
-                                 "torch.optim.Adam(weight_decay=...): L2 added to the gradient, not decoupled"),
+                                 "torch.optim.Adam(weight_decay=...): L2 added to the gradient, not decoupled", "all"),
     "jax_optax_default_weight_decay": (partial(J.adamw_step, optimizer=_optax_adamw_defaults),
-                                       "optax.adamw's default weight_decay 1e-4 for torch's 1e-2"),
+                                       "optax.adamw's default weight_decay 1e-4 for torch's 1e-2", "all"),
+    "torch_adamw_decays_norms_and_biases": (partial(T.adamw_step, optimizer=_torch_adamw_decays_everything),
+                                            "AdamW(model.parameters()) where timm's rule exempts norms, biases and "
+                                            "embeddings", "timm"),
 }
