@@ -8,8 +8,8 @@ of the plain NumPy oracle (conformance/tests/test_gradients.py).
 The error measure is per tensor: max |g_port - g_ref| over the largest reference gradient of the
 module that holds it (a weight and its bias share one scale, so a gradient that is zero in
 exact arithmetic, a k_norm's bias's or the key part of the fused qkv bias's, is judged against
-its module's, not against float64 noise). Its bound is ``GRAD_TOL`` times the dtype's unit
-roundoff, a constant calibrated on correct ports over drawn configs and weights
+its module's, not against float64 noise). Its bound (``grad_tolerance``) is a multiple of the
+dtype's unit roundoff calibrated on correct ports over drawn configs and weights
 (``python -m conformance.gradients``, kept in conformance/grad_calibration.json) with the
 forward's margin of 4. It is coarser than the forward's stage-wise error model: it does not
 yet scale with the conditioning of each stage, so it is calibrated and checked in float32 on
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +38,12 @@ def grad_tolerance(dtype: str = "float32", of: str = "params") -> float:
     embedding of a few tokens, can be a small remainder of cancelling terms)."""
     if dtype not in UNIT_ROUNDOFF:
         raise ValueError(f"gradients are calibrated in float32 only, not {dtype}")
-    record = json.loads(CALIBRATION.read_text())
-    return MARGIN * record["largest_ratio"][of][dtype] * UNIT_ROUNDOFF[dtype]
+    return MARGIN * _calibration()["largest_ratio"][of][dtype] * UNIT_ROUNDOFF[dtype]
+
+
+@lru_cache(maxsize=1)
+def _calibration() -> dict:
+    return json.loads(CALIBRATION.read_text())
 
 
 @dataclass
@@ -127,13 +132,13 @@ def step_bound(state: dict, ref_grads: dict, hp, dtype: str = "float32") -> dict
     bias = u * (0.5 * t * b2 / (1 - b2 ** t) + t * b1 / (1 - b1 ** t))
     tol = grad_tolerance(dtype)
     scales = module_scales(ref_grads)
+
+    def update(x):
+        return x / (np.abs(x) + hp.eps)
+
     bounds = {}
     for key, g in ref_grads.items():
         delta = tol * scales[key]
-
-        def update(x):
-            return x / (np.abs(x) + hp.eps)
-
         spread = np.maximum(update(g + delta) - update(g), update(g) - update(g - delta))
         bounds[key] = hp.lr * (spread + 8 * u + bias) + 4 * u * np.abs(np.asarray(state[key], np.float64))
     return bounds

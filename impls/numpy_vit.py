@@ -542,12 +542,12 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bo
               **layers):
     """Gradient factory, the float64 reference: canonical state -> grad(images, loss) returning
     {"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages}."""
-    from autograd import grad as autograd_grad
+    from autograd import value_and_grad
 
     validate_state(state, config)
     traced = _traced()
     model = (model_cls or traced.VisionTransformer)(config, fused_attn, **layers)
-    native = {k: np.asarray(v, dtype=np.float64) for k, v in to_native(state, FRAMEWORK).items()}
+    native = to_native(state, FRAMEWORK)  # float64
     check_exact_match({k: v.shape for k, v in model.named_parameters()}, {k: v.shape for k, v in native.items()})
 
     def objective(params, images, loss):
@@ -556,14 +556,13 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bo
         # Below __call__ (its check wants float32 images): the gradient stays in float64.
         return traced.loss_value(model.forward_head(model.forward_features(images)), loss)
 
-    differentiate = autograd_grad(objective, argnum=(0, 1))
+    differentiate = value_and_grad(objective, argnum=(0, 1))
 
     def grad(images: np.ndarray, loss: Loss):
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)
         images = images.astype(np.float64)
-        value = objective(native, images, loss)
-        g_params, g_images = differentiate(native, images, loss)
+        value, (g_params, g_images) = differentiate(native, images, loss)
         # The oracle's layout is the canonical one; from_native would round to float32.
         return {"loss": float(value), "params": dict(g_params), "images": g_images}
 

@@ -67,9 +67,9 @@ def finite_difference_error(config, state, images, loss, reference, entries=2, h
                 x = x0.copy()
                 x[idx] += k * step
                 return N.loss_value(model.forward_head(model.forward_features(x)), loss)
-            p = dict(model.named_parameters())[key].copy()
-            p[idx] += k * step
             saved = dict(model.named_parameters())[key]
+            p = saved.copy()
+            p[idx] += k * step
             model.set_parameter(key, p)
             try:
                 return N.loss_value(model.forward_head(model.forward_features(x0)), loss)
@@ -77,11 +77,9 @@ def finite_difference_error(config, state, images, loss, reference, entries=2, h
                 model.set_parameter(key, saved)
         return (-at(2) + 8 * at(1) - 8 * at(-1) + at(-2)) / (12 * step)
 
-    native = N.to_native(state, N.FRAMEWORK)
-    canonical_of = dict(zip(native, state))  # the oracle's layout is the canonical one
     worst, where = 0.0, ""
-    for key, value in [*native.items(), ("images", images)]:
-        g = reference["images"] if key == "images" else reference["params"][canonical_of[key]]
+    for key, value in [*state.items(), ("images", images)]:  # the oracle's keys are the canonical ones
+        g = reference["images"] if key == "images" else reference["params"][key]
         for _ in range(entries):
             idx = tuple(int(rng.integers(n)) for n in value.shape)
             step = h * max(1.0, abs(float(value[idx])))
