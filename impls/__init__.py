@@ -12,6 +12,7 @@ from impls.config import (
     ConfigError,
     InputError,
     Loss,
+    Perturbed,
     ViTConfig,
     check_images,
     get_config,
@@ -43,6 +44,7 @@ def load_factory(spec: str):
 
 
 __all__ = [
+    "Perturbed",
     "AdamW", "ORIGINAL_VIT", "VIT_FAMILY", "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "Loss", "ViTConfig", "check_images",
     "get_config", "load_factory", "tap_names", "tap_shapes",
 ]

@@ -162,6 +162,22 @@ class Loss:
         return "cross-entropy" if self.kind == "cross_entropy" else "a linear functional of the logits"
 
 
+class Perturbed(dict):
+    """Taps for a gradient pass: each tap's value continues the forward plus ``delta[name]``.
+    A port adds zeros there and differentiates with respect to them too: the gradient of a
+    zero perturbation is the cotangent dL/d(stage output) at that tap. The float64 reference
+    adds noise there to propagate rounding (conformance/gradients.py). Names without a delta
+    pass unchanged; ``used`` lists the taps the forward reached, in forward order."""
+
+    def __init__(self, delta):
+        super().__init__()
+        self.delta, self.used = delta, []
+
+    def perturb(self, name: str, value):
+        self.used.append(name)
+        return value + self.delta[name] if name in self.delta else value
+
+
 @dataclass(frozen=True)
 class AdamW:
     """One AdamW step's hyperparameters, as torch.optim.AdamW defines them: decoupled weight

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from impls.config import VIT_FAMILY, AdamW, Loss, ViTConfig, check_images
+from impls.config import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -126,8 +126,11 @@ ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate=True), "quick
 
 
 def _tap(taps, name, value):
-    if taps is not None:
-        taps[name] = value
+    """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
+    if taps is None:
+        return value
+    taps[name] = value = taps.perturb(name, value) if isinstance(taps, Perturbed) else value
+    return value
 
 
 class LayerScale(nnx.Module):
@@ -172,13 +175,13 @@ class Attention(nnx.Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        _tap(taps, f"{name}.q", q)
-        _tap(taps, f"{name}.k", k)
-        _tap(taps, f"{name}.v", v)
+        q = _tap(taps, f"{name}.q", q)
+        k = _tap(taps, f"{name}.k", k)
+        v = _tap(taps, f"{name}.v", v)
         if isinstance(self.q_norm, nnx.LayerNorm):
             q, k = self.q_norm(q), self.k_norm(k)
-            _tap(taps, f"{name}.q_norm", q)
-            _tap(taps, f"{name}.k_norm", k)
+            q = _tap(taps, f"{name}.q_norm", q)
+            k = _tap(taps, f"{name}.k_norm", k)
         if self.fused_attn and taps is None:
             x = jax.nn.dot_product_attention(
                 q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), scale=self.scale
@@ -187,11 +190,11 @@ class Attention(nnx.Module):
             q = q * self.scale
             attn = _matmul(q, k.swapaxes(-2, -1))
             attn = jax.nn.softmax(attn.astype(jnp.float32), axis=-1).astype(v.dtype)  # over keys, in float32
-            _tap(taps, f"{name}.weights", attn)
+            attn = _tap(taps, f"{name}.weights", attn)
             x = _matmul(attn, v)
         x = merge_heads(x)  # head-major
         x = self.proj(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -243,18 +246,18 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = split_heads(self.q(jnp.broadcast_to(self.latent[...], (B, *self.latent.shape[1:]))), self.num_heads)
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         k, v = kv[0], kv[1]
-        _tap(taps, f"{name}.q", q)
-        _tap(taps, f"{name}.k", k)
-        _tap(taps, f"{name}.v", v)
+        q = _tap(taps, f"{name}.q", q)
+        k = _tap(taps, f"{name}.k", k)
+        v = _tap(taps, f"{name}.v", v)
         x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None)
-        _tap(taps, f"{name}.weights", attn)
+        attn = _tap(taps, f"{name}.weights", attn)
         x = self.proj(merge_heads(x))
-        _tap(taps, f"{name}.proj", x)
+        x = _tap(taps, f"{name}.proj", x)
         h = self.norm(x)
-        _tap(taps, f"{name}.norm", h)
+        h = _tap(taps, f"{name}.norm", h)
         x = x + self.mlp(h, taps, f"{name}.mlp")
         x = x[:, 0]  # the latent's token
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -266,9 +269,9 @@ class Mlp(nnx.Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -283,9 +286,9 @@ class SwiGLUPacked(nnx.Module):
     def __call__(self, x, taps=None, name="mlp"):
         gate, x = jnp.split(self.fc1(x), 2, axis=-1)
         x = self.act(gate) * x
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -300,9 +303,9 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -327,20 +330,20 @@ class Block(nnx.Module):
 
     def __call__(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
-        _tap(taps, f"{name}.norm1", h)
+        h = _tap(taps, f"{name}.norm1", h)
         h = self.attn(h, taps, f"{name}.attn")
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
-            _tap(taps, f"{name}.ls1", h)
+            h = _tap(taps, f"{name}.ls1", h)
         x = x + h
         h = self.norm2(x)
-        _tap(taps, f"{name}.norm2", h)
+        h = _tap(taps, f"{name}.norm2", h)
         h = self.mlp(h, taps, f"{name}.mlp")
         if isinstance(self.ls2, LayerScale):
             h = self.ls2(h)
-            _tap(taps, f"{name}.ls2", h)
+            h = _tap(taps, f"{name}.ls2", h)
         x = x + h
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -384,17 +387,17 @@ class VisionTransformer(nnx.Module):
     def forward_features(self, x, taps=None):
         grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
         x = self.patch_embed(x)
-        _tap(taps, "patch_embed", x)
+        x = _tap(taps, "patch_embed", x)
         x = self._pos_embed(x, grid)
-        _tap(taps, "embed", x)
+        x = _tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
-            _tap(taps, "norm_pre", x)
+            x = _tap(taps, "norm_pre", x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, taps, f"blocks.{i}")
         if not self.config.use_fc_norm:
             x = self.norm(x)
-            _tap(taps, "norm", x)
+            x = _tap(taps, "norm", x)
         return x
 
     def pool(self, x, taps=None):
@@ -415,15 +418,15 @@ class VisionTransformer(nnx.Module):
         x = self.pool(x, taps)
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
-        _tap(taps, "pooled", x)
+        x = _tap(taps, "pooled", x)
         x = self.head(x) if self.config.num_classes else x
-        _tap(taps, "logits", x)
+        x = _tap(taps, "logits", x)
         return x
 
-    def __call__(self, x, return_taps: bool = False):
+    def __call__(self, x, return_taps: bool = False, taps=None):
         check_images(tuple(x.shape), str(x.dtype), self.config)
         x = x.astype(self.pos_embed[...].dtype)  # float32 images in; the model runs in its weights' dtype
-        taps = {} if return_taps else None
+        taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
         x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x
 
@@ -568,20 +571,24 @@ def _canonical(state: nnx.State) -> dict[str, np.ndarray]:
 
 @lru_cache(maxsize=64)
 def _compiled_grad(config: ViTConfig, fused_attn: bool, kind: str, layers: tuple = ()):
-    """One jitted value-and-gradient per config and loss kind."""
+    """One jitted value-and-gradient per config and loss kind, and the taps its trace reached."""
     graphdef, _ = _graph(config, fused_attn, layers)
+    used: list[str] = []
 
-    def objective(params, images, labels, weights):
-        logits = nnx.merge(graphdef, params)(images)
+    def objective(params, images, zeros, labels, weights):
+        taps = Perturbed(zeros)
+        logits = nnx.merge(graphdef, params)(images, taps=taps)
+        used[:] = taps.used  # at trace time
         return loss_value(logits, Loss(kind, labels=labels, weights=weights))
 
-    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1)))
+    return jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2))), used
 
 
 def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
               model_cls=None, **layers):
     """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
-    {canonical key: dL/dparam}, "images": dL/dimages}, by jax.value_and_grad in ``dtype``."""
+    {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap: dL/d(stage output)}}, by
+    jax.value_and_grad in ``dtype``; a tap's cotangent is the gradient of a zero added there."""
     validate_state(state, config)
     layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
     params = _params(_graph(config, fused_attn, layers)[1], to_native(state, FRAMEWORK), DTYPES[dtype])
@@ -589,9 +596,11 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
     def grad(images: np.ndarray, loss: Loss):
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)
-        apply = _compiled_grad(config, fused_attn, loss.kind, layers)
-        value, (g_params, g_images) = apply(params, images, loss.labels, loss.weights)
-        return {"loss": float(value), "params": _canonical(g_params), "images": _numpy(g_images)}
+        apply, used = _compiled_grad(config, fused_attn, loss.kind, layers)
+        zeros = {k: np.zeros(shape, DTYPES[dtype]) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
+        value, (g_params, g_images, g_taps) = apply(params, images, zeros, loss.labels, loss.weights)
+        return {"loss": float(value), "params": _canonical(g_params), "images": _numpy(g_images),
+                "taps": {k: _numpy(g_taps[k]) for k in used}}
 
     return grad
 
@@ -620,7 +629,9 @@ def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Lo
     params = _params(_graph(config, fused_attn, layers)[1], to_native(state, FRAMEWORK), DTYPES[dtype])
     images = np.asarray(images)
     check_images(images.shape, str(images.dtype), config)
-    _, (grads, _) = _compiled_grad(config, fused_attn, loss.kind, layers)(params, images, loss.labels, loss.weights)
+    apply, _ = _compiled_grad(config, fused_attn, loss.kind, layers)
+    zeros = {k: np.zeros(shape, DTYPES[dtype]) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
+    _, (grads, _, _) = apply(params, images, zeros, loss.labels, loss.weights)
     tx = optimizer(hp)
 
     @jax.jit  # one program, not an eager compile per operation and parameter shape

@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import erf
 
-from impls.config import VIT_FAMILY, AdamW, Loss, ViTConfig, check_images
+from impls.config import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -186,8 +186,11 @@ class Conv2d(Module):
 
 
 def _tap(taps, name, value):
-    if taps is not None:
-        taps[name] = value
+    """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
+    if taps is None:
+        return value
+    taps[name] = value = taps.perturb(name, value) if isinstance(taps, Perturbed) else value
+    return value
 
 
 class PatchEmbed(Module):
@@ -221,21 +224,21 @@ class Attention(Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
         q, k, v = qkv[0], qkv[1], qkv[2]
-        _tap(taps, f"{name}.q", q)
-        _tap(taps, f"{name}.k", k)
-        _tap(taps, f"{name}.v", v)
+        q = _tap(taps, f"{name}.q", q)
+        k = _tap(taps, f"{name}.k", k)
+        v = _tap(taps, f"{name}.v", v)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-            _tap(taps, f"{name}.q_norm", q)
-            _tap(taps, f"{name}.k_norm", k)
+            q = _tap(taps, f"{name}.q_norm", q)
+            k = _tap(taps, f"{name}.k_norm", k)
         q = q * self.scale
         attn = q @ np.swapaxes(k, -2, -1)
         attn = softmax(attn, axis=-1)  # over keys
-        _tap(taps, f"{name}.weights", attn)
+        attn = _tap(taps, f"{name}.weights", attn)
         x = attn @ v
         x = merge_heads(x)  # head-major
         x = self.proj(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -285,18 +288,18 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = split_heads(self.q(np.broadcast_to(self.latent, (B, *self.latent.shape[1:]))), self.num_heads)
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
         k, v = kv[0], kv[1]
-        _tap(taps, f"{name}.q", q)
-        _tap(taps, f"{name}.k", k)
-        _tap(taps, f"{name}.v", v)
+        q = _tap(taps, f"{name}.q", q)
+        k = _tap(taps, f"{name}.k", k)
+        v = _tap(taps, f"{name}.v", v)
         x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale)
-        _tap(taps, f"{name}.weights", attn)
+        attn = _tap(taps, f"{name}.weights", attn)
         x = self.proj(merge_heads(x))
-        _tap(taps, f"{name}.proj", x)
+        x = _tap(taps, f"{name}.proj", x)
         h = self.norm(x)
-        _tap(taps, f"{name}.norm", h)
+        h = _tap(taps, f"{name}.norm", h)
         x = x + self.mlp(h, taps, f"{name}.mlp")
         x = x[:, 0]  # the latent's token
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -308,9 +311,9 @@ class Mlp(Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -325,9 +328,9 @@ class SwiGLUPacked(Module):
     def __call__(self, x, taps=None, name="mlp"):
         gate, x = np.split(self.fc1(x), 2, axis=-1)
         x = self.act(gate) * x
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -342,9 +345,9 @@ class SwiGLU(Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -369,20 +372,20 @@ class Block(Module):
 
     def __call__(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
-        _tap(taps, f"{name}.norm1", h)
+        h = _tap(taps, f"{name}.norm1", h)
         h = self.attn(h, taps, f"{name}.attn")
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
-            _tap(taps, f"{name}.ls1", h)
+            h = _tap(taps, f"{name}.ls1", h)
         x = x + h
         h = self.norm2(x)
-        _tap(taps, f"{name}.norm2", h)
+        h = _tap(taps, f"{name}.norm2", h)
         h = self.mlp(h, taps, f"{name}.mlp")
         if isinstance(self.ls2, LayerScale):
             h = self.ls2(h)
-            _tap(taps, f"{name}.ls2", h)
+            h = _tap(taps, f"{name}.ls2", h)
         x = x + h
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -426,17 +429,17 @@ class VisionTransformer(Module):
     def forward_features(self, x, taps=None):
         grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
         x = self.patch_embed(x)
-        _tap(taps, "patch_embed", x)
+        x = _tap(taps, "patch_embed", x)
         x = self._pos_embed(x, grid)
-        _tap(taps, "embed", x)
+        x = _tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
-            _tap(taps, "norm_pre", x)
+            x = _tap(taps, "norm_pre", x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, taps, f"blocks.{i}")
         if not self.config.use_fc_norm:
             x = self.norm(x)
-            _tap(taps, "norm", x)
+            x = _tap(taps, "norm", x)
         return x
 
     def pool(self, x, taps=None):
@@ -456,14 +459,14 @@ class VisionTransformer(Module):
         x = self.pool(x, taps)
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
-        _tap(taps, "pooled", x)
+        x = _tap(taps, "pooled", x)
         x = self.head(x) if self.config.num_classes else x
-        _tap(taps, "logits", x)
+        x = _tap(taps, "logits", x)
         return x
 
-    def __call__(self, x, return_taps: bool = False):
+    def __call__(self, x, return_taps: bool = False, taps=None):
         check_images(x.shape, str(x.dtype), self.config)
-        taps = {} if return_taps else None
+        taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
         x = self.forward_head(self.forward_features(x.astype(np.float64), taps), taps)
         return taps if return_taps else x
 
@@ -540,8 +543,10 @@ def _traced():
 
 def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bool = False, model_cls=None,
               **layers):
-    """Gradient factory, the float64 reference: canonical state -> grad(images, loss) returning
-    {"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages}."""
+    """Gradient factory, the float64 reference: canonical state -> grad(images, loss, delta=None)
+    returning {"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages,
+    "taps": {tap: dL/d(stage output)}}. ``delta`` perturbs the forward at the taps
+    (impls.Perturbed; conformance.gradients propagates rounding that way)."""
     from autograd import value_and_grad
 
     validate_state(state, config)
@@ -549,22 +554,28 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bo
     model = (model_cls or traced.VisionTransformer)(config, fused_attn, **layers)
     native = to_native(state, FRAMEWORK)  # float64
     check_exact_match({k: v.shape for k, v in model.named_parameters()}, {k: v.shape for k, v in native.items()})
+    used: list[str] = []
 
-    def objective(params, images, loss):
+    def objective(params, images, zeros, loss, delta):
         for key, value in params.items():
             model.set_parameter(key, value)
+        taps = Perturbed({k: zeros[k] + delta[k] if k in delta else zeros[k] for k in zeros})
         # Below __call__ (its check wants float32 images): the gradient stays in float64.
-        return traced.loss_value(model.forward_head(model.forward_features(images)), loss)
+        value = traced.loss_value(model.forward_head(model.forward_features(images, taps), taps), loss)
+        used[:] = taps.used
+        return value
 
-    differentiate = value_and_grad(objective, argnum=(0, 1))
+    differentiate = value_and_grad(objective, argnum=(0, 1, 2))
 
-    def grad(images: np.ndarray, loss: Loss):
+    def grad(images: np.ndarray, loss: Loss, delta=None):
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)
         images = images.astype(np.float64)
-        value, (g_params, g_images) = differentiate(native, images, loss)
+        zeros = {k: np.zeros(shape) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
+        value, (g_params, g_images, g_taps) = differentiate(native, images, zeros, loss, delta or {})
         # The oracle's layout is the canonical one; from_native would round to float32.
-        return {"loss": float(value), "params": dict(g_params), "images": g_images}
+        return {"loss": float(value), "params": dict(g_params), "images": g_images,
+                "taps": {k: g_taps[k] for k in used}}
 
     return grad
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impls.config import VIT_FAMILY, AdamW, Loss, ViTConfig, check_images
+from impls.config import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
@@ -92,8 +92,11 @@ ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate="tanh"), "qui
 
 
 def _tap(taps, name, value):
-    if taps is not None:
-        taps[name] = value
+    """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
+    if taps is None:
+        return value
+    taps[name] = value = taps.perturb(name, value) if isinstance(taps, Perturbed) else value
+    return value
 
 
 class LayerScale(nn.Module):
@@ -141,24 +144,24 @@ class Attention(nn.Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        _tap(taps, f"{name}.q", q)
-        _tap(taps, f"{name}.k", k)
-        _tap(taps, f"{name}.v", v)
+        q = _tap(taps, f"{name}.q", q)
+        k = _tap(taps, f"{name}.k", k)
+        v = _tap(taps, f"{name}.v", v)
         if isinstance(self.q_norm, LayerNorm):
             q, k = self.q_norm(q), self.k_norm(k)
-            _tap(taps, f"{name}.q_norm", q)
-            _tap(taps, f"{name}.k_norm", k)
+            q = _tap(taps, f"{name}.q_norm", q)
+            k = _tap(taps, f"{name}.k_norm", k)
         if self.fused_attn and taps is None:
             x = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
         else:
             q = q * self.scale
             attn = q @ k.transpose(-2, -1)
             attn = attn.softmax(dim=-1, dtype=torch.float32).to(v.dtype)  # over keys, in float32
-            _tap(taps, f"{name}.weights", attn)
+            attn = _tap(taps, f"{name}.weights", attn)
             x = attn @ v
         x = merge_heads(x)  # head-major
         x = self.proj(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -210,18 +213,18 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = split_heads(self.q(self.latent.expand(B, -1, -1)), self.num_heads)
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         k, v = kv.unbind(0)
-        _tap(taps, f"{name}.q", q)
-        _tap(taps, f"{name}.k", k)
-        _tap(taps, f"{name}.v", v)
+        q = _tap(taps, f"{name}.q", q)
+        k = _tap(taps, f"{name}.k", k)
+        v = _tap(taps, f"{name}.v", v)
         x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None)
-        _tap(taps, f"{name}.weights", attn)
+        attn = _tap(taps, f"{name}.weights", attn)
         x = self.proj(merge_heads(x))
-        _tap(taps, f"{name}.proj", x)
+        x = _tap(taps, f"{name}.proj", x)
         h = self.norm(x)
-        _tap(taps, f"{name}.norm", h)
+        h = _tap(taps, f"{name}.norm", h)
         x = x + self.mlp(h, taps, f"{name}.mlp")
         x = x[:, 0]  # the latent's token
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -234,9 +237,9 @@ class Mlp(nn.Module):
 
     def forward(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -252,9 +255,9 @@ class SwiGLUPacked(nn.Module):
     def forward(self, x, taps=None, name="mlp"):
         gate, x = self.fc1(x).chunk(2, dim=-1)
         x = self.act(gate) * x
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -270,9 +273,9 @@ class SwiGLU(nn.Module):
 
     def forward(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        _tap(taps, f"{name}.act", x)
+        x = _tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -298,20 +301,20 @@ class Block(nn.Module):
 
     def forward(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
-        _tap(taps, f"{name}.norm1", h)
+        h = _tap(taps, f"{name}.norm1", h)
         h = self.attn(h, taps, f"{name}.attn")
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
-            _tap(taps, f"{name}.ls1", h)
+            h = _tap(taps, f"{name}.ls1", h)
         x = x + h
         h = self.norm2(x)
-        _tap(taps, f"{name}.norm2", h)
+        h = _tap(taps, f"{name}.norm2", h)
         h = self.mlp(h, taps, f"{name}.mlp")
         if isinstance(self.ls2, LayerScale):
             h = self.ls2(h)
-            _tap(taps, f"{name}.ls2", h)
+            h = _tap(taps, f"{name}.ls2", h)
         x = x + h
-        _tap(taps, name, x)
+        x = _tap(taps, name, x)
         return x
 
 
@@ -356,17 +359,17 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x, taps=None):
         grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
         x = self.patch_embed(x)
-        _tap(taps, "patch_embed", x)
+        x = _tap(taps, "patch_embed", x)
         x = self._pos_embed(x, grid)
-        _tap(taps, "embed", x)
+        x = _tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
-            _tap(taps, "norm_pre", x)
+            x = _tap(taps, "norm_pre", x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, taps, f"blocks.{i}")
         if not self.config.use_fc_norm:
             x = self.norm(x)
-            _tap(taps, "norm", x)
+            x = _tap(taps, "norm", x)
         return x
 
     def pool(self, x, taps=None):
@@ -387,15 +390,15 @@ class VisionTransformer(nn.Module):
         x = self.pool(x, taps)
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
-        _tap(taps, "pooled", x)
+        x = _tap(taps, "pooled", x)
         x = self.head(x) if self.config.num_classes else x
-        _tap(taps, "logits", x)
+        x = _tap(taps, "logits", x)
         return x
 
-    def forward(self, x, return_taps: bool = False):
+    def forward(self, x, return_taps: bool = False, taps=None):
         check_images(tuple(x.shape), str(x.dtype), self.config)
         x = x.to(self.pos_embed.dtype)  # float32 images in; the model runs in its weights' dtype
-        taps = {} if return_taps else None
+        taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
         x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x
 
@@ -476,7 +479,8 @@ def loss_value(logits: torch.Tensor, loss: Loss) -> torch.Tensor:
 def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
               model_cls=None, **layers):
     """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
-    {canonical key: dL/dparam}, "images": dL/dimages}, by torch's autograd in ``dtype``."""
+    {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap: dL/d(stage output)}}, by
+    torch's autograd in ``dtype``; a tap's cotangent is the gradient of a zero added there."""
     model = _loaded(config, state, dtype, fused_attn, model_cls, layers).requires_grad_(True)
 
     def grad(images: np.ndarray, loss: Loss):
@@ -484,11 +488,17 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
         check_images(images.shape, str(images.dtype), config)
         model.zero_grad(set_to_none=True)
         x = torch.tensor(images, requires_grad=True)  # float32 in, as forward
-        value = loss_value(model(x), loss)
+        zeros = {k: torch.zeros(shape, dtype=DTYPES[dtype], requires_grad=True)
+                 for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
+        taps = Perturbed(zeros)
+        value = loss_value(model(x, taps=taps), loss)
         value.backward()
         native = {k: _numpy(p.grad) if p.grad is not None else np.zeros(p.shape, np.float32)
                   for k, p in model.named_parameters()}
-        return {"loss": value.item(), "params": from_native(native, FRAMEWORK), "images": _numpy(x.grad)}
+        cotangents = {k: _numpy(zeros[k].grad) if zeros[k].grad is not None else np.zeros(zeros[k].shape, np.float32)
+                      for k in taps.used}
+        return {"loss": value.item(), "params": from_native(native, FRAMEWORK), "images": _numpy(x.grad),
+                "taps": cotangents}
 
     return grad
 
