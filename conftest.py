@@ -45,7 +45,7 @@ def pytest_runtest_call(item):
     test = getattr(item, "obj", None)
     current = getattr(test, "_hypothesis_internal_use_settings", None)
     builtin_jax = any(str(params.get(name, "")).partition("+")[0] == "jax"
-                      for name in ("port", "attention_port", "attention_path", "framework_port"))
+                      for name in ("port", "attention_port", "attention_path", "framework_port", "grad_port"))
     if current is None or not builtin_jax or profiles.heavy():
         return (yield)
     from hypothesis import settings

@@ -69,6 +69,9 @@ def main(argv=None) -> int:
                                            "torch, mlx, jax, numpy)")
     v.add_argument("--attention", metavar="PKG.MODULE:MAKE_ATTENTION",
                    help="verify an attention factory instead of a whole model (see docs/verify.md)")
+    v.add_argument("--grad", metavar="PKG.MODULE:MAKE_GRAD",
+                   help="verify a gradient factory instead: every tap's cotangent in backward order, every "
+                        "parameter's gradient and the images' (or a built-in: torch, mlx, jax; docs/gradients.md)")
     v.add_argument("--tap", action="append", default=[], metavar="STAGE=MODULE[:in]",
                    help="for a ModelPort: read STAGE from this module's output (or input); {i} for every block, "
                         "e.g. blocks.{i}.attn.weights=layers.{i}.attn.softmax (repeatable)")

@@ -63,8 +63,8 @@ def zoo_table(measured: dict | None = None) -> str:
         own = {"found": r.get("found"), "ratio": r.get("ratio")} if r else None
         dtypes = [cell(by_dtype.get(d) if by_dtype else (own if d == m.dtype else None), m.first_divergence)
                   if r else "not measured" for d in ("float32", "bfloat16", "float16")]
-        if m.level == "attention":
-            dtypes[1:] = ["-", "-"]  # attention factories take no dtype
+        if m.level in ("attention", "gradient"):
+            dtypes[1:] = ["-", "-"]  # attention factories take no dtype; gradients are checked in float32
         rows.append([f"`{m.name}`", m.description, m.source, f"`{m.first_divergence}`", m.dtype, *dtypes,
                      r.get("exposing_case"), caught])
     return markdown_table(["mutant", "bug", "from", "declared stage", "dtype", "float32", "bfloat16", "float16",

@@ -2,11 +2,13 @@
 
     pytest --pyargs conformance.tests --port mypkg.mymodule:make [--port ...] [--only-given-ports]
     pytest --pyargs conformance.tests --attention-port mypkg.mymodule:make_attention
+    pytest --pyargs conformance.tests --grad-port mypkg.mymodule:make_grad
 
 Registered through the ``pytest11`` entry point, so it is active wherever the package is
 installed. Tests that apply to a whole model take the ``port`` argument and run for every
 given port factory (beside the built-in torch, mlx and jax ports, or instead of them with
-``--only-given-ports``); attention tests take ``attention_port``; tests of a framework's
+``--only-given-ports``); attention tests take ``attention_port``, gradient tests ``grad_port``
+(a built-in framework's name or a gradient factory's spec); tests of a framework's
 internals (``framework_port``) run for the built-in ports only.
 """
 
@@ -32,6 +34,9 @@ def pytest_addoption(parser):
     group.addoption("--attention-port", action="append", default=[], metavar="PKG.MODULE:MAKE_ATTENTION",
                     help="an attention factory make_attention(state, dim=..., context_dim=..., num_heads=..., "
                          "head_dim=..., qkv_bias=...) -> forward(x, context, mask) -> (out, weights) (repeatable)")
+    group.addoption("--grad-port", action="append", default=[], metavar="PKG.MODULE:MAKE_GRAD",
+                    help="a gradient factory make_grad(config, state) -> grad(images, loss) -> {'loss', 'params', "
+                         "'images', 'taps'} to test (repeatable; docs/gradients.md)")
     group.addoption("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="what the whole-model cases ask every port to compute in (passed to factories as dtype= "
                          "unless float32)")
@@ -67,11 +72,13 @@ def pytest_generate_tests(metafunc):
         # Each built-in port's explicit and fused paths, and every given attention port.
         _parametrize(metafunc, "attention_path", [f"{p}{path}" for p in builtin for path in ("", "+fused")]
                      + list(opts.attention_port))
+    if "grad_port" in metafunc.fixturenames:
+        _parametrize(metafunc, "grad_port", builtin + list(opts.grad_port))
     if "framework_port" in metafunc.fixturenames:
         _parametrize(metafunc, "framework_port", builtin)
 
 
-PORT_PARAMS = ("port", "attention_port", "attention_path")
+PORT_PARAMS = ("port", "attention_port", "attention_path", "grad_port")
 
 
 def _judges_a_given_port(item) -> bool:
@@ -83,7 +90,7 @@ def pytest_collection_modifyitems(config, items):
     opts = config.option
     # With --only-given-ports the run judges the user's ports: the project's own tests (config,
     # formats, bench, the zoo's companions) are deselected, not run beside them.
-    only_given = opts.only_given_ports and (opts.port or opts.attention_port)
+    only_given = opts.only_given_ports and (opts.port or opts.attention_port or opts.grad_port)
     deselected = [item for item in items if item.get_closest_marker("vit_no_port")
                   or (only_given and not _judges_a_given_port(item))]
     if deselected:
@@ -136,7 +143,7 @@ def _vit_port_supports(request):
 
 def pytest_report_header(config):
     opts = config.option
-    given = list(opts.port) + list(opts.attention_port)
+    given = list(opts.port) + list(opts.attention_port) + list(opts.grad_port)
     dtype = f", computing in {opts.dtype}" if opts.dtype != "float32" else ""
     if given:
         return f"vit-conformance: ports {given}" + (" only" if opts.only_given_ports else " and the built-in ones") + dtype

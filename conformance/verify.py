@@ -383,6 +383,8 @@ def main(args) -> int:
         report = verify_attention(_load(args.attention, "attention factory"), port=args.attention, seed=args.seed)
         _write(report, args)
         return 0 if report.conformant else 1
+    if args.grad:
+        return _main_grad(args)
     if not args.port:
         raise UsageError("name the port to verify (pkg.module:name), or --attention pkg.module:make_attention")
     make = _with_taps(_load(args.port, "port"), args.tap)
@@ -400,6 +402,32 @@ def main(args) -> int:
             raise UsageError(str(e)) from None
         raise
     _write(report, args)
+    return 0 if report.conformant else 1
+
+
+def _main_grad(args) -> int:
+    from conformance.verify_grad import format_grad_report, load_grad_factory, verify_grad
+    from weights import WeightError, load_state
+
+    if args.port or args.attention:
+        raise UsageError("give a gradient factory (--grad) alone, without a forward port or --attention")
+    if args.dtype != "float32":
+        raise UsageError(f"gradients are calibrated in float32 only, not {args.dtype} (docs/gradients.md)")
+    try:
+        make_grad = load_grad_factory(args.grad)
+    except (ImportError, ValueError) as e:
+        raise UsageError(f"cannot load gradient factory {args.grad!r}: {describe_exception(e)}") from None
+    config = load_config(args.preset, args.config, args.weights)
+    state = None
+    if args.weights:
+        try:
+            state = load_state(args.weights, config)
+        except WeightError as e:
+            raise UsageError(str(e)) from None
+    report = verify_grad(make_grad, config, port=args.grad, state=state, seed=args.seed)
+    print(format_grad_report(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
     return 0 if report.conformant else 1
 
 

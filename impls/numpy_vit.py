@@ -527,14 +527,15 @@ def loss_value(logits, loss: Loss):
     return -np.mean(log_softmax[np.arange(logits.shape[0]), loss.labels])
 
 
-@lru_cache(maxsize=1)
-def _traced():
+@lru_cache(maxsize=2)
+def _traced(name: str = "impls._numpy_vit_traced"):
     """This file executed again with ``np`` and ``erf`` bound to autograd's (HIPS/autograd), so
-    the oracle's own float64 forward, unchanged, is differentiated in reverse mode."""
+    the oracle's own float64 forward, unchanged, is differentiated in reverse mode. (Another
+    ``name`` is another copy: conformance.gradients perturbs one's softmax backward.)"""
     import autograd.numpy as anp
     from autograd.scipy.special import erf as aerf
 
-    spec = importlib.util.spec_from_file_location("impls._numpy_vit_traced", __file__)
+    spec = importlib.util.spec_from_file_location(name, __file__)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.np, module.erf = anp, aerf
@@ -543,10 +544,10 @@ def _traced():
 
 def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bool = False, model_cls=None,
               **layers):
-    """Gradient factory, the float64 reference: canonical state -> grad(images, loss, delta=None)
-    returning {"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages,
-    "taps": {tap: dL/d(stage output)}}. ``delta`` perturbs the forward at the taps
-    (impls.Perturbed; conformance.gradients propagates rounding that way)."""
+    """Gradient factory, the float64 reference: canonical state -> grad(images, loss) returning
+    {"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap:
+    dL/d(stage output)}}. ``grad(..., perturbed=...)`` builds the taps from the zeros added at
+    each tap (impls.Perturbed by default; conformance.gradients propagates rounding that way)."""
     from autograd import value_and_grad
 
     validate_state(state, config)
@@ -556,10 +557,10 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bo
     check_exact_match({k: v.shape for k, v in model.named_parameters()}, {k: v.shape for k, v in native.items()})
     used: list[str] = []
 
-    def objective(params, images, zeros, loss, delta):
+    def objective(params, images, zeros, loss, perturbed):
         for key, value in params.items():
             model.set_parameter(key, value)
-        taps = Perturbed({k: zeros[k] + delta[k] if k in delta else zeros[k] for k in zeros})
+        taps = perturbed(zeros)
         # Below __call__ (its check wants float32 images): the gradient stays in float64.
         value = traced.loss_value(model.forward_head(model.forward_features(images, taps), taps), loss)
         used[:] = taps.used
@@ -567,12 +568,12 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bo
 
     differentiate = value_and_grad(objective, argnum=(0, 1, 2))
 
-    def grad(images: np.ndarray, loss: Loss, delta=None):
+    def grad(images: np.ndarray, loss: Loss, perturbed=Perturbed):
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)
         images = images.astype(np.float64)
         zeros = {k: np.zeros(shape) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
-        value, (g_params, g_images, g_taps) = differentiate(native, images, zeros, loss, delta or {})
+        value, (g_params, g_images, g_taps) = differentiate(native, images, zeros, loss, perturbed)
         # The oracle's layout is the canonical one; from_native would round to float32.
         return {"loss": float(value), "params": dict(g_params), "images": g_images,
                 "taps": {k: g_taps[k] for k in used}}

@@ -6,10 +6,18 @@ import pytest
 
 from conformance.profiles import heavy
 from conformance.zoo import MUTANTS
-from conformance.zoo.run import CORRECT_ATTENTION, CORRECT_MODEL, run_zoo, verify_mutant
+from conformance.zoo.run import (
+    CORRECT_ATTENTION,
+    CORRECT_GRADIENT,
+    CORRECT_MODEL,
+    _found,
+    run_zoo,
+    verify_mutant,
+)
 
 MODEL = [m for m in MUTANTS.values() if m.level == "model"]
 ATTENTION = [m for m in MUTANTS.values() if m.level == "attention"]
+GRADIENT = [m for m in MUTANTS.values() if m.level == "gradient"]
 MIN_RATIO = 10.0
 
 
@@ -19,11 +27,11 @@ def test_the_zoo_holds_at_least_20_model_mutants_and_every_declared_bug_class():
     assert all(m.description and m.source and m.first_divergence for m in MUTANTS.values())
 
 
-@pytest.mark.parametrize("mutant", MODEL + ATTENTION, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", MODEL + ATTENTION + GRADIENT, ids=lambda m: m.name)
 def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
     report = verify_mutant(mutant)
     assert not report.conformant
-    assert report.first_divergence == mutant.first_divergence, (report.first_divergence, report.failures)
+    assert _found(report) == mutant.first_divergence, (_found(report), report.failures)
     assert report.separation() >= mutant.min_ratio, f"{mutant.name}: error only {report.separation():.3g}x the tolerance"
     assert mutant.min_ratio >= MIN_RATIO or mutant.note, "a ratio below 10 needs a reason"
 
@@ -37,7 +45,8 @@ def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_por
                if heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax")]
     # In ci the torch port stands for the correct ports on the plugin path (the main suite runs
     # all three through every sampled test as built-ins); the thorough profile wraps all three.
-    correct = CORRECT_MODEL + CORRECT_ATTENTION if heavy() else (CORRECT_MODEL[0], CORRECT_ATTENTION[0])
+    correct = (CORRECT_MODEL + CORRECT_ATTENTION + CORRECT_GRADIENT if heavy() else
+               (CORRECT_MODEL[0], CORRECT_ATTENTION[0], CORRECT_GRADIENT[0]))
     rows, correct = run_zoo(mutants, with_plugin=True, workers=1, with_verify=False, correct_ports=correct)
     missed = {r.name: r.missed for r in rows if not r.caught}
     assert not missed, missed

@@ -12,8 +12,9 @@ class Mutant:
     factory: str  # "module:callable", exactly what a user passes to --port
     description: str
     source: str
-    first_divergence: str  # the first stage that diverges; for attention mutants, "attn" or "attn.weights"
-    level: str = "model"  # "model": a port factory; "attention": an attention factory
+    first_divergence: str  # the first stage that diverges; for attention mutants, "attn" or "attn.weights";
+    # for gradient mutants the first tap (its cotangent) or parameter (its gradient) in backward order
+    level: str = "model"  # "model": a port factory; "attention": an attention factory; "gradient": a make_grad
     note: str = ""  # what a case must have to expose the bug
     catchers: tuple[str, ...] = ()  # the sampled property tests that must fail on it, beside the main one
     min_ratio: float = 10.0  # the separation the meta-test demands; below 10 only with a reason in `note`
@@ -24,14 +25,16 @@ class Mutant:
     @property
     def sample(self) -> tuple[str, ...]:
         """The tests this mutant sees in the zoo's plugin run (README: "How much of the suite")."""
-        main = MAIN_MODEL_TEST if self.level == "model" else ()
+        main = {"model": MAIN_MODEL_TEST, "gradient": MAIN_GRADIENT_TEST}.get(self.level, ())
         return (*main, *self.catchers)
 
 
 MAIN_MODEL_TEST = ("test_every_tap_of_every_port_matches_the_oracle",)
+MAIN_GRADIENT_TEST = ("test_every_taps_and_parameters_gradient_and_the_images_match_the_reference",)
 
 
 _T, _M, _J = "conformance.zoo.torch_mutants", "conformance.zoo.mlx_mutants", "conformance.zoo.jax_mutants"
+_B = "conformance.zoo.backward_mutants"
 
 _ALL = [
     Mutant("mlx_shared_layernorm", "mlx", f"{_M}:shared_layernorm",
@@ -193,6 +196,31 @@ _ALL = [
            "mask multiplied into the weights after softmax, not renormalised",
            "facebookresearch/fairseq#1682", "attn.weights", level="attention",
            catchers=("test_masked_keys_do_not_influence_the_output",)),
+    # Backward mutants: the forward is the correct port's (every forward check passes), the
+    # gradients are wrong (docs/gradients.md).
+    Mutant("torch_pos_embed_frozen", "torch", f"{_B}:torch_pos_embed_frozen",
+           "`.detach()` / requires_grad=False on the position embedding", "fine-tuning scripts that freeze it; "
+           "interpolation helpers returning detached tensors", "pos_embed", level="gradient"),
+    Mutant("torch_gelu_backward_missing_term", "torch", f"{_B}:torch_gelu_backward_missing_term",
+           "a hand-written GELU backward keeping Phi(x) and dropping x phi(x)", "memory-saving autograd.Functions",
+           "blocks.1.mlp.fc1.weight", level="gradient"),
+    Mutant("torch_gelu_tanh_backward", "torch", f"{_B}:torch_gelu_tanh_backward",
+           "an exact GELU whose backward is the tanh approximation's slope", "fused GELU kernels written for one "
+           "and used for the other", "blocks.1.mlp.fc1.weight", level="gradient",
+           note="the two slopes differ by at most 2e-3, near |x| = 2: 2x the tolerance on seeded weights, whose "
+                "pre-activations stay small, 24x on weights at 4x"),
+    Mutant("torch_layernorm_detached_statistics", "torch", f"{_B}:torch_layernorm_detached_statistics",
+           "a LayerNorm backward with its mean and variance treated as constants (`.detach()`)",
+           "hand-written LayerNorms in ports", "blocks.1.attn", level="gradient"),
+    Mutant("torch_attn_residual_detached", "torch", f"{_B}:torch_attn_residual_detached",
+           "`x + attn(...).detach()`: the attention branch cut from the graph", "activation-checkpointing and "
+           "caching code", "blocks.1.attn", level="gradient"),
+    Mutant("mlx_cls_token_stop_gradient", "mlx", f"{_B}:mlx_cls_token_stop_gradient",
+           "`mx.stop_gradient` on the class token", "frozen-token tricks carried into fine-tuning", "cls_token",
+           level="gradient"),
+    Mutant("jax_softmax_kernel_backward", "jax", f"{_B}:jax_softmax_kernel_backward",
+           "a custom_vjp softmax whose backward is P g, without - P sum(P g)", "hand-written attention kernels "
+           "(tenstorrent/tt-forge-onnx#1383 checks backward for this reason)", "blocks.1.attn.k", level="gradient"),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}

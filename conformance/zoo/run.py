@@ -19,13 +19,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from conformance.verify import verify, verify_attention
-from conformance.zoo.catalogue import MUTANTS, Mutant
+from conformance.zoo.catalogue import MAIN_GRADIENT_TEST, MUTANTS, Mutant
 from impls import get_config, load_factory
 
 CORRECT_MODEL = ("impls.torch_vit:make", "impls.mlx_vit:make", "impls.jax_vit:make")
 CORRECT_ATTENTION = ("impls.torch_vit:make_attention", "impls.mlx_vit:make_attention", "impls.jax_vit:make_attention")
 CORRECT_SAMPLE_MODEL = ("test_every_tap_of_every_port_matches_the_oracle",)
 CORRECT_SAMPLE_ATTENTION = ("test_masked_keys_do_not_influence_the_output",)
+CORRECT_GRADIENT = ("impls.torch_vit:make_grad", "impls.mlx_vit:make_grad", "impls.jax_vit:make_grad")
+CORRECT_SAMPLE_GRADIENT = MAIN_GRADIENT_TEST
 
 
 @dataclass
@@ -59,12 +61,19 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def verify_mutant(mutant: Mutant, dtype: str | None = None):
     make = load_factory(mutant.factory)
+    if mutant.level == "gradient":
+        from conformance.verify_grad import verify_grad
+
+        return verify_grad(make, get_config(mutant.config), port=mutant.name)
     if mutant.level == "attention":
         return verify_attention(make, port=mutant.name)
     return verify(make, get_config(mutant.config), port=mutant.name, dtype=dtype or mutant.dtype)
 
 
 def _found(report) -> str | None:
+    if hasattr(report, "first_case"):  # a GradReport: the first tap or parameter in backward order
+        return report.first_divergence.name if report.first_divergence else (
+            report.failures[0]["stage"] if report.failures else None)
     return report.first_divergence or (report.failures[0]["stage"] if report.failures else None)
 
 
@@ -89,6 +98,7 @@ def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile:
         raise ValueError(f"no such tests in conformance/tests: {unknown}")
     model = sorted({spec for _, spec, level in selection if level == "model"})
     attention = sorted({spec for _, spec, level in selection if level == "attention"})
+    gradient = sorted({spec for _, spec, level in selection if level == "gradient"})
     with tempfile.TemporaryDirectory() as tmp:
         junit = os.path.join(tmp, "zoo.xml")
         cmd = [sys.executable, "-m", "pytest", "--only-given-ports", "-q", "-p", "no:cacheprovider",
@@ -98,6 +108,7 @@ def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile:
             cmd += ["-n", str(workers)]
         cmd += [arg for spec in model for arg in ("--port", spec)]
         cmd += [arg for spec in attention for arg in ("--attention-port", spec)]
+        cmd += [arg for spec in gradient for arg in ("--grad-port", spec)]
         cmd += [f"{files[test]}::{test}[{spec}]" for test, spec, _ in selection]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if not os.path.exists(junit):
@@ -114,7 +125,8 @@ def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile:
 
 
 def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verify: bool = True,
-            all_dtypes: bool = False, correct_ports: tuple[str, ...] = CORRECT_MODEL + CORRECT_ATTENTION
+            all_dtypes: bool = False,
+            correct_ports: tuple[str, ...] = CORRECT_MODEL + CORRECT_ATTENTION + CORRECT_GRADIENT
             ) -> tuple[list[ZooRow], dict]:
     """``all_dtypes``: also verify every model mutant in the other dtypes, to show where each
     bug can be seen and where it sinks below the dtype's own roundoff. ``correct_ports``: the
@@ -130,7 +142,7 @@ def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verif
             row.ratio = report.separation(row.found) if row.found else None
             row.exposing_case = report.worst_case.get(row.found or "") or next(
                 (f["case"] for f in report.failures if f["stage"] == row.found), None)
-            if all_dtypes and m.level == "model":
+            if all_dtypes and m.level == "model":  # gradients: float32 only
                 for dtype in DTYPES:
                     r = report if dtype == m.dtype else verify_mutant(m, dtype)
                     found = _found(r)
@@ -147,7 +159,8 @@ def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verif
             selection = [(test, m.factory, m.level) for m in group for test in m.sample]
             if dtype == "float32":
                 for level, specs, tests in (("model", CORRECT_MODEL, CORRECT_SAMPLE_MODEL),
-                                            ("attention", CORRECT_ATTENTION, CORRECT_SAMPLE_ATTENTION)):
+                                            ("attention", CORRECT_ATTENTION, CORRECT_SAMPLE_ATTENTION),
+                                            ("gradient", CORRECT_GRADIENT, CORRECT_SAMPLE_GRADIENT)):
                     selection += [(test, spec, level) for spec in specs if spec in correct_ports for test in tests]
             if not selection:
                 continue
@@ -159,7 +172,7 @@ def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verif
                     row.missed = [f"{t} ({outcome[(t, m.factory)]})" for t in m.sample
                                   if outcome[(t, m.factory)] != "failed"]
             for test, spec, _ in selection:
-                if spec in (*CORRECT_MODEL, *CORRECT_ATTENTION):
+                if spec in (*CORRECT_MODEL, *CORRECT_ATTENTION, *CORRECT_GRADIENT):
                     correct.setdefault(spec, [])
                     if outcome[(test, spec)] != "passed":
                         correct[spec].append(f"{test} ({outcome[(test, spec)]})")

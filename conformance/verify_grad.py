@@ -1,0 +1,187 @@
+"""Verify a gradient factory against the float64 reference, tap by tap in backward order.
+
+    python -m conformance verify --grad pkg.module:make_grad [--preset NAME | --config JSON]
+                                 [--weights PATH] [--json PATH]
+
+A gradient factory is ``make_grad(config, state) -> grad(images, loss)`` returning
+``{"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap:
+dL/d(stage output)}}`` ("taps" optional: without it a divergence is located at the first
+parameter), with ``loss`` an ``impls.Loss`` the port computes with its own framework's ops. The
+built-in ports' factories are ``impls.<framework>_vit:make_grad`` (or just the framework's name).
+Exit status as verify's: 0 conforms, 1 does not, 2 usage error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from conformance.gradients import (
+    KINDS,
+    GradModel,
+    GradResult,
+    backward_order,
+    compare_gradients,
+    draw_loss,
+)
+from conformance.report import describe_exception
+from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
+from conformance.verify import Case, _finding, _read_only, state_changes
+from impls import FRAMEWORK_PORTS, load_factory, tap_names
+from impls.config import ViTConfig
+
+
+def load_grad_factory(spec: str) -> Callable:
+    """A built-in framework's name, or 'pkg.module:make_grad'."""
+    return load_factory(f"impls.{spec}_vit:make_grad" if spec in FRAMEWORK_PORTS else spec)
+
+
+def grad_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[Case, str]]:
+    """(case, loss kind): ordinary images in batches of 3 and 1 on the given (or seeded)
+    weights, and with seeded weights also weights at 4x, a common offset of 1000 (LayerNorms of
+    tokens whose mean is 650 times their spread) and trained-like weights (massive activations,
+    attention logits in the thousands: softmax rows nearly one-hot); cross-entropy and a linear
+    functional of the logits alternately."""
+    base = state if state is not None else WeightCase(seed, 1.0).make(config)
+    cases = [(Case("batch 3", make_images(config, 3, "ordinary", seed), base), "cross_entropy"),
+             (Case("batch 1", make_images(config, 1, "ordinary", seed + 1), base), "linear")]
+    if state is None:
+        for i, (w, label) in enumerate(((WeightCase(seed + 1, 4.0), "weights x4"),
+                                        (WeightCase(seed + 2, 4.0, OFFSET), "offset 1000"),
+                                        (TrainedLike(seed + 4), "trained-like weights"))):
+            batch = (3, 1)[i % 2]
+            cases.append((Case(f"batch {batch}, {label}", make_images(config, batch, "ordinary", seed), w.make(config)),
+                          ("cross_entropy", "linear")[i % 2]))
+    return cases
+
+
+@dataclass
+class GradReport:
+    port: str
+    config: ViTConfig
+    results: list[GradResult] = field(default_factory=list)  # worst case per tensor, backward order
+    failures: list[dict] = field(default_factory=list)
+    cases: list[str] = field(default_factory=list)
+    worst_case: dict[str, str] = field(default_factory=dict)
+    first_divergence: GradResult | None = None
+    first_case: str | None = None
+    taps: bool = False  # the port returned tap cotangents
+
+    @property
+    def conformant(self) -> bool:
+        return not self.failures and bool(self.results) and all(r.ok for r in self.results)
+
+    def separation(self, name: str | None = None) -> float | None:
+        """The worst case's error over the tolerance for tap or parameter ``name`` (default: the
+        first divergence)."""
+        name = name or (self.first_divergence.name if self.first_divergence else None)
+        r = next((r for r in self.results if r.name == name), None)
+        return None if r is None or not r.tol else r.error / r.tol
+
+    def to_dict(self) -> dict:
+        first = self.first_divergence
+        return {"port": self.port, "conformant": self.conformant, "config": self.config.to_dict(),
+                "cases": self.cases, "taps": self.taps, "failures": self.failures,
+                "first_divergence": None if first is None else {"kind": first.kind, "name": first.name,
+                                                                "stage": first.stage, "case": self.first_case},
+                "results": [{"kind": r.kind, "name": r.name, "stage": r.stage, "ok": r.ok, "reason": r.reason,
+                             "error": r.error if np.isfinite(r.error) else None, "tol": r.tol,
+                             "case": self.worst_case.get(r.name)} for r in self.results]}
+
+
+def _structure_problem(out, reference: dict) -> str | None:
+    if not isinstance(out, Mapping) or not {"loss", "params", "images"} <= set(out):
+        return "grad(images, loss) must return a mapping with 'loss', 'params' and 'images' (and optionally 'taps')"
+    arrays = [("images", out["images"])] + [(f"params[{k!r}]", v) for k, v in dict(out["params"]).items()]
+    arrays += [(f"taps[{k!r}]", v) for k, v in dict(out.get("taps") or {}).items()]
+    unknown = sorted(set(out.get("taps") or {}) - set(reference["taps"]))
+    if unknown:
+        return f"unknown tap names {unknown[:4]}; the taps are impls.tap_names(config)"
+    for name, value in [("loss", out["loss"]), *arrays]:
+        if not np.all(np.isfinite(np.asarray(value, np.float64))):
+            return f"{name} is not finite"
+    return None
+
+
+def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", state: dict | None = None,
+                seed: int = 0) -> GradReport:
+    cases = grad_cases(config, state, seed)
+    report = GradReport(port, config, cases=[f"{c.name}, {'cross-entropy' if k == 'cross_entropy' else 'linear loss'}"
+                                             for c, k in cases])
+    worst: dict[str, GradResult] = {}
+    first: tuple[int, GradResult, str] | None = None
+    for (case, kind), label in zip(cases, report.cases):
+        loss = draw_loss(config, len(case.images), kind, seed)
+        model = GradModel(config, case.state, case.images, loss)  # the reference runs first
+        if model._forward.beyond_range():
+            continue
+        handed = {k: _read_only(v) for k, v in case.state.items()}
+        images = _read_only(case.images)
+        try:
+            out = make_grad(config, handed)(images, loss)
+        except Exception as e:  # noqa: BLE001 - the port's failure is the finding
+            _finding(report, label, "backward", f"the port raised {describe_exception(e)}")
+            continue
+        if state_changes(handed, case.state) or not np.array_equal(images, case.images):
+            _finding(report, label, "backward", "the port wrote to its inputs (images or state)")
+            continue
+        problem = _structure_problem(out, model.reference)
+        if problem:
+            _finding(report, label, "backward", problem)
+            continue
+        report.taps = report.taps or bool(out.get("taps"))
+        order = {(kind_, name): i for i, (kind_, name, _) in enumerate(backward_order(list(model.reference["taps"]),
+                                                                                     model.reference["params"]))}
+        for r in compare_gradients(out, model):
+            key = r.name  # taps, parameters, "images" and "loss" never share a name
+            if key not in worst or r.error / max(r.tol, 1e-300) > worst[key].error / max(worst[key].tol, 1e-300):
+                worst[key] = r
+                report.worst_case[key] = label
+            if not r.ok:
+                index = order.get((r.kind, r.name), len(order))
+                if first is None or index < first[0]:
+                    first = (index, r, label)
+    ordered = {f"{k}:{n}": i for i, (k, n, _) in enumerate(backward_order(
+        tap_names(config), [r.name for r in worst.values() if r.kind == "params"]))}
+    report.results = sorted(worst.values(), key=lambda r: ordered.get(f"{r.kind}:{r.name}", len(ordered)))
+    if first:
+        report.first_divergence, report.first_case = first[1], first[2]
+    return report
+
+
+def format_grad_report(report: GradReport, limit: int = 12) -> str:
+    from conformance.report import table
+
+    lines = [f"gradients of {report.port}: {report.config.name or 'config'} {report.config.to_dict()}",
+             f"cases: {'; '.join(report.cases)}",
+             "error = max |port - reference| over the reference's propagated rounding (docs/gradients.md), in "
+             "backward order: each tap's cotangent, then the parameters its stage uses", ""]
+    if not report.taps:
+        lines.append("the port returned no tap cotangents: divergences are located at parameters only")
+    bad = [r for r in report.results if not r.ok]
+    shown = bad[:limit] if bad else []
+    rows = [[r.kind[:-1] if r.kind in ("taps", "params") else r.kind, r.name, r.error, r.tol, r.ok] for r in shown]
+    summary = {kind: [r for r in report.results if r.kind == kind] for kind in (*KINDS, "loss")}
+    for kind, rs in summary.items():
+        if rs:
+            top = max(rs, key=lambda r: r.error / r.tol if r.tol else np.inf)
+            lines.append(f"{kind}: {sum(r.ok for r in rs)} of {len(rs)} within tolerance; largest {top.error:.3g} "
+                         f"({top.name}) against {top.tol:.3g}")
+    if rows:
+        lines += ["", table(["kind", "name", "error", "tol", "ok"], rows)]
+        if len(bad) > limit:
+            lines.append(f"... and {len(bad) - limit} more outside tolerance")
+    for f in report.failures:
+        lines.append(f"FAIL {f['stage']} ({f['case']}): {f['reason']}")
+    if report.conformant:
+        lines.append(f"CONFORMANT: {len(report.results)} gradients within tolerance on {len(report.cases)} cases")
+    elif report.first_divergence is not None:
+        r = report.first_divergence
+        what = "the cotangent of tap" if r.kind == "taps" else ("the gradient of" if r.kind == "params" else "")
+        lines.append(f"NOT CONFORMANT: first divergence in backward order: {what} {r.name} (stage {r.stage}), "
+                     f"{r.error:.3g} against a tolerance of {r.tol:.3g} ({report.first_case})")
+    else:
+        lines.append(f"NOT CONFORMANT: {report.failures[0]['reason'] if report.failures else 'nothing was checked'}")
+    return "\n".join(lines)
