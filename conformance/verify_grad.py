@@ -124,8 +124,12 @@ def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", s
         except Exception as e:  # noqa: BLE001 - the port's failure is the finding
             _finding(report, label, "backward", f"the port raised {describe_exception(e)}")
             continue
-        if state_changes(handed, case.state) or not np.array_equal(images, case.images):
-            _finding(report, label, "backward", "the port wrote to its inputs (images or state)")
+        changed = state_changes(handed, case.state)
+        if changed:
+            _finding(report, label, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
+            continue
+        if not np.array_equal(images, case.images):
+            _finding(report, label, "backward", "the port wrote to the images it was handed")
             continue
         problem = _structure_problem(out, model.reference)
         if problem:

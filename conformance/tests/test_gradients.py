@@ -9,6 +9,7 @@ within a bound derived from the gradient's, and optimizer mutants are not."""
 import dataclasses
 import json
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,6 +213,81 @@ def test_the_gradient_tolerances_are_the_margin_times_the_calibrated_largest_rat
     for of in KINDS:
         assert set(record["by_port"][of]) == {"torch", "mlx", "jax"}
         assert grad_tolerance(of=of) == pytest.approx(MARGIN * max(record["by_port"][of].values()))
+
+
+# ----------------------------------------------------------------------------- verify --grad
+
+USER_PORTS = Path(__file__).with_name("data") / "user_ports.py"
+
+
+@pytest.fixture(scope="module")
+def user_ports():
+    """The user's gradient factories, imported from outside the repository as verify does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("user_grad_ports", USER_PORTS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def verify_cli(capsys):
+    from conformance.cli import main
+
+    def run(*args):
+        try:
+            code = main(["verify", *args])
+        except SystemExit as e:
+            code = e.code
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+    return run
+
+
+def test_verify_grad_locates_a_backward_mutant_and_writes_its_report(verify_cli, tmp_path):
+    code, out = verify_cli("--grad", "conformance.zoo.backward_mutants:torch_attn_residual_detached",
+                           "--json", str(tmp_path / "r.json"))
+    assert code == 1, out
+    assert "NOT CONFORMANT: first divergence in backward order: the cotangent of tap blocks.1.attn" in out, out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["first_divergence"]["name"] == "blocks.1.attn" and not report["conformant"]
+    assert report["taps"] and len(report["cases"]) == 5
+
+
+def test_verify_grad_judges_a_factory_without_taps_on_its_parameters(user_ports):
+    from conformance.verify_grad import format_grad_report, verify_grad
+
+    config = get_config("vit_test_token")
+    report = verify_grad(user_ports.grad_params_only, config, state=init_state(config, seed=2))
+    assert report.conformant and not report.taps, format_grad_report(report)
+    assert "no tap cotangents" in format_grad_report(report)
+    assert {r.kind for r in report.results} == {"params", "images", "loss"}
+
+
+@pytest.mark.parametrize("factory, reason", [
+    ("grad_nan", "params['head.bias'] is not finite"),
+    ("grad_no_images", "must return a mapping with 'loss', 'params' and 'images'"),
+    ("grad_shared_norm_mapping", "the port changed the state it was handed: replaced 'blocks.0.norm2.weight'"),
+])
+def test_verify_grad_names_what_is_wrong_with_a_broken_factory_in_one_line(user_ports, factory, reason):
+    from conformance.verify_grad import format_grad_report, verify_grad
+
+    config = get_config("vit_test_token")
+    report = verify_grad(getattr(user_ports, factory), config, state=init_state(config, seed=2))
+    assert not report.conformant
+    assert reason in report.failures[0]["reason"], report.failures
+    assert "FAIL backward (batch 3, cross-entropy): " in format_grad_report(report)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("torch", "--grad", "torch"), "alone"),
+    (("--grad", "torch", "--dtype", "bfloat16"), "float32 only"),
+    (("--grad", "no_such_module:make_grad"), "cannot load gradient factory"),
+])
+def test_verify_grad_usage_errors_exit_2_with_the_reason(verify_cli, args, message):
+    code, out = verify_cli(*args)
+    assert code == 2 and message in out, out
 
 
 # ----------------------------------------------------------------------------- one AdamW step

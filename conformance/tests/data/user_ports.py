@@ -191,3 +191,39 @@ def strict_load_fails(config, state):
     import torch
 
     torch.nn.Linear(2, 2).load_state_dict({"weight": torch.zeros(2, 2)}, strict=True)
+
+
+# --- gradient factories (verify --grad, --grad-port): the torch port's, as a user's code wraps it
+
+def _torch_grad(config, state):
+    from impls.torch_vit import make_grad
+
+    return make_grad(config, state)
+
+
+def grad_params_only(config, state):
+    """Returns no tap cotangents: judged on its parameters' and the images' gradients."""
+    grad = _torch_grad(config, state)
+    return lambda images, loss: {k: v for k, v in grad(images, loss).items() if k != "taps"}
+
+
+def grad_nan(config, state):
+    grad = _torch_grad(config, state)
+
+    def run(images, loss):
+        out = grad(images, loss)
+        out["params"]["head.bias"] = np.full_like(out["params"]["head.bias"], np.nan)
+        return out
+    return run
+
+
+def grad_no_images(config, state):
+    grad = _torch_grad(config, state)
+    return lambda images, loss: {k: v for k, v in grad(images, loss).items() if k != "images"}
+
+
+def grad_shared_norm_mapping(config, state):
+    """The shared-norm bug written as a mapping mistake: it edits the state it is handed."""
+    for i in range(config.depth):
+        state[f"blocks.{i}.norm2.weight"] = state[f"blocks.{i}.norm1.weight"]
+    return _torch_grad(config, state)
