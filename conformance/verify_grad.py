@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -105,16 +106,31 @@ def _structure_problem(out, reference: dict) -> str | None:
     return None
 
 
+def _models(config: ViTConfig, state: dict | None, seed: int) -> list[tuple[str, Case, GradModel]]:
+    out = []
+    for case, kind in grad_cases(config, state, seed):
+        case = Case(case.name, _read_only(case.images), {k: _read_only(v) for k, v in case.state.items()})
+        label = f"{case.name}, {'cross-entropy' if kind == 'cross_entropy' else 'linear loss'}"
+        out.append((label, case, GradModel(config, case.state, case.images, draw_loss(config, len(case.images), kind,
+                                                                                         seed))))
+    return out
+
+
+@lru_cache(maxsize=4)
+def _seeded_models(config: ViTConfig, seed: int) -> tuple:
+    """The seeded cases' references and spreads, built once per config and seed (the zoo checks
+    seven gradient factories on the same ones); their arrays are read-only."""
+    return tuple(_models(config, None, seed))
+
+
 def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", state: dict | None = None,
                 seed: int = 0) -> GradReport:
-    cases = grad_cases(config, state, seed)
-    report = GradReport(port, config, cases=[f"{c.name}, {'cross-entropy' if k == 'cross_entropy' else 'linear loss'}"
-                                             for c, k in cases])
+    models = _seeded_models(config, seed) if state is None else _models(config, state, seed)
+    report = GradReport(port, config, cases=[label for label, _, _ in models])
     worst: dict[str, GradResult] = {}
     first: tuple[int, GradResult, str] | None = None
-    for (case, kind), label in zip(cases, report.cases):
-        loss = draw_loss(config, len(case.images), kind, seed)
-        model = GradModel(config, case.state, case.images, loss)  # the reference runs first
+    for label, case, model in models:  # the reference runs first
+        loss = model.loss
         if model._forward.beyond_range():
             continue
         handed = {k: _read_only(v) for k, v in case.state.items()}

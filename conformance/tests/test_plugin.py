@@ -96,12 +96,13 @@ def test_only_given_ports_deselects_the_projects_own_tests():
     def item(**params):
         return SimpleNamespace(callspec=SimpleNamespace(params=params), get_closest_marker=lambda name: None)
 
-    def run(only, ports, attention_ports=()):
+    def run(only, ports, attention_ports=(), grad_ports=()):
         items = [item(port="user_ports:correct"), item(attention_path="user_ports:attn"), item(),
-                 item(framework_port="torch"), item(port=None)]
+                 item(framework_port="torch"), item(port=None)] + [item(grad_port=g) for g in grad_ports]
         dropped = []
         config = SimpleNamespace(option=SimpleNamespace(only_given_ports=only, port=list(ports),
-                                                        attention_port=list(attention_ports)),
+                                                        attention_port=list(attention_ports),
+                                                        grad_port=list(grad_ports)),
                                  hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)))
         pytest_collection_modifyitems(config, items)
         return items, dropped
@@ -110,6 +111,9 @@ def test_only_given_ports_deselects_the_projects_own_tests():
     assert [i.callspec.params for i in kept] == [{"port": "user_ports:correct"}, {"attention_path": "user_ports:attn"}]
     assert len(dropped) == 3
     assert len(run(False, ["user_ports:correct"])[0]) == 5 and len(run(True, [])[0]) == 5
+    kept, dropped = run(True, [], grad_ports=["user_ports:grad_params_only"])  # a gradient factory alone
+    assert {"grad_port": "user_ports:grad_params_only"} in [i.callspec.params for i in kept]
+    assert {"framework_port": "torch"} in [i.callspec.params for i in dropped]
 
 
 def test_given_ports_run_beside_the_builtin_ones_by_default():
@@ -121,13 +125,16 @@ def test_given_ports_run_beside_the_builtin_ones_by_default():
 
     def ports(only):
         seen = {}
-        option = SimpleNamespace(only_given_ports=only, port=["user_ports:correct"], attention_port=["user_ports:a"])
-        metafunc = SimpleNamespace(fixturenames=["port", "attention_path"], config=SimpleNamespace(option=option),
+        option = SimpleNamespace(only_given_ports=only, port=["user_ports:correct"], attention_port=["user_ports:a"],
+                                 grad_port=["user_ports:g"])
+        metafunc = SimpleNamespace(fixturenames=["port", "attention_path", "grad_port"], config=SimpleNamespace(option=option),
                                    parametrize=lambda name, values, ids: seen.__setitem__(name, values))
         pytest_generate_tests(metafunc)
         return seen
 
     assert ports(False) == {"port": ["torch", "mlx", "jax", "user_ports:correct"],
                             "attention_path": ["torch", "torch+fused", "mlx", "mlx+fused", "jax", "jax+fused",
-                                               "user_ports:a"]}
-    assert ports(True) == {"port": ["user_ports:correct"], "attention_path": ["user_ports:a"]}
+                                               "user_ports:a"],
+                            "grad_port": ["torch", "mlx", "jax", "user_ports:g"]}
+    assert ports(True) == {"port": ["user_ports:correct"], "attention_path": ["user_ports:a"],
+                           "grad_port": ["user_ports:g"]}
