@@ -29,6 +29,9 @@ def test_the_zoo_holds_at_least_20_model_mutants_and_every_declared_bug_class():
 
 @pytest.mark.parametrize("mutant", MODEL + ATTENTION + GRADIENT, ids=lambda m: m.name)
 def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
+    if mutant.level == "gradient" and mutant.framework == "jax" and not heavy():
+        pytest.skip("thorough profile: XLA compiles the mutant's gradient for verify's batches (8 s); in ci "
+                    "test_gradients locates it on one case")
     report = verify_mutant(mutant)
     assert not report.conformant
     assert _found(report) == mutant.first_divergence, (_found(report), report.failures)
