@@ -6,13 +6,16 @@ are read through forward hooks on timm's own modules, not recomputed here.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from impls.config import ViTConfig
 
 
-def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None):
-    """timm's VisionTransformer for ``config`` in eval mode, with ``state`` loaded strictly."""
+def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None, **rates):
+    """timm's VisionTransformer for ``config`` in eval mode, with ``state`` loaded strictly.
+    ``rates``: timm's dropout and drop-path rates (drop_rate, attn_drop_rate, drop_path_rate, ...)."""
     import torch
     from timm.layers import Mlp, SwiGLU, SwiGLUPacked
     from timm.models.vision_transformer import VisionTransformer
@@ -25,7 +28,7 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
         mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias, reg_tokens=config.reg_tokens,
         no_embed_class=config.no_embed_class, pre_norm=config.pre_norm, fc_norm=config.fc_norm,
         init_values=config.init_values, qk_norm=config.qk_norm, act_layer=config.act_layer,
-        proj_bias=config.proj_bias, mlp_layer=mlp_layer, dynamic_img_size=config.dynamic_img_size,
+        proj_bias=config.proj_bias, mlp_layer=mlp_layer, dynamic_img_size=config.dynamic_img_size, **rates,
     )
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):
@@ -51,7 +54,18 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
     """Run timm's model and collect every stage of the tap protocol from its modules."""
     import torch
 
-    taps: dict[str, torch.Tensor] = {}
+    taps: dict = {}
+    with torch.no_grad(), _hooked(model, taps):
+        dtype = next(model.parameters()).dtype
+        taps["logits"] = model(torch.tensor(np.asarray(images)).to(dtype))  # a copy: inputs may be read-only
+    return {k: _numpy(v) for k, v in taps.items()}
+
+
+@contextmanager
+def _hooked(model, taps: dict):
+    """While inside, timm's modules record each stage of the tap protocol into ``taps``."""
+    import torch
+
     hooks = []
 
     def out(name):
@@ -104,13 +118,42 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
         hooks.append(pool.register_forward_hook(out("attn_pool")))
     hooks.append(model.head.register_forward_pre_hook(lambda m, args: taps.__setitem__("pooled", args[0])))
     try:
-        with torch.no_grad(), _softmax_outputs(pool, taps, "attn_pool.weights"):
-            dtype = next(model.parameters()).dtype
-            taps["logits"] = model(torch.tensor(np.asarray(images)).to(dtype))  # a copy: inputs may be read-only
+        with _softmax_outputs(pool, taps, "attn_pool.weights"):
+            yield taps
     finally:
         for h in hooks:
             h.remove()
-    return {k: _numpy(v) for k, v in taps.items()}
+
+
+def timm_make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, train: bool = True, **rates):
+    """timm's VisionTransformer as a gradient factory, in training mode (``model.train()``, as
+    fine-tuning runs it) with timm's dropout and drop-path ``rates`` (default 0: a train-mode
+    switch at rate 0 must give eval's numerics). Tap cotangents are the gradients retained on
+    the tensors its modules emit (v, a view taken beside the forward, has none)."""
+    import torch
+
+    from impls.config import check_images
+    from impls.torch_vit import loss_value
+
+    model = timm_vit(config, state, **rates).requires_grad_(True).train(train)
+
+    def grad(images, loss):
+        images = np.asarray(images)
+        check_images(images.shape, str(images.dtype), config)
+        model.zero_grad(set_to_none=True)
+        x = torch.tensor(images, requires_grad=True)
+        taps: dict = {}
+        with _hooked(model, taps):
+            logits = model(x)
+        for t in taps.values():
+            if t.requires_grad:
+                t.retain_grad()
+        value = loss_value(logits, loss)
+        value.backward()
+        return {"loss": value.item(), "params": {k: _numpy(p.grad) for k, p in model.named_parameters()},
+                "images": _numpy(x.grad), "taps": {k: _numpy(t.grad) for k, t in taps.items() if t.grad is not None}}
+
+    return grad
 
 
 class _SoftmaxRecorder:

@@ -61,12 +61,12 @@ def merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(B, N, H * hd)
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False, tap=None):
     """softmax(q k^T * scale + mask) v over the key axis; returns (out, weights).
 
     ``mask`` broadcasts to (B, H, Nq, Nk): boolean keeps where True, float is added to the
     logits. A query row with every key masked gives zero weights and a zero output.
-    The fused path returns no weights.
+    The fused path returns no weights; ``tap`` sees the weights before they weight the values.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if fused:
@@ -83,6 +83,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
     attn = jax.nn.softmax(attn.astype(jnp.float32), axis=-1).astype(v.dtype)  # in float32, as autocast keeps it
     if mask is not None:
         attn = jnp.where(_dead_rows(mask), 0.0, attn)
+    attn = attn if tap is None else tap(attn)  # the weights as they weight the values
     return _matmul(attn, v), attn
 
 
@@ -249,8 +250,8 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = _tap(taps, f"{name}.q", q)
         k = _tap(taps, f"{name}.k", k)
         v = _tap(taps, f"{name}.v", v)
-        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None)
-        attn = _tap(taps, f"{name}.weights", attn)
+        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None,
+                                               tap=lambda w: _tap(taps, f"{name}.weights", w))
         x = self.proj(merge_heads(x))
         x = _tap(taps, f"{name}.proj", x)
         h = self.norm(x)

@@ -83,12 +83,13 @@ def merge_heads(x):
     return x.transpose((0, 2, 1, 3)).reshape(B, N, H * hd)
 
 
-def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
+def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False, tap=None):
     """softmax(q k^T * scale + mask) v over the key axis; returns (out, weights).
 
     ``mask`` broadcasts to (B, H, Nq, Nk): boolean keeps where True, float is added to the
     logits. A query row with every key masked gives zero weights and a zero output.
-    ``fused`` exists for parity with the other ports; the oracle has one path.
+    ``fused`` exists for parity with the other ports; the oracle has one path. ``tap`` sees the
+    weights before they weight the values.
     """
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     attn = (q * scale) @ np.swapaxes(k, -2, -1)
@@ -96,6 +97,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False):
         mask = np.asarray(mask)
         attn = np.where(mask, attn, -np.inf) if mask.dtype == np.bool_ else attn + mask
     attn = softmax(attn, axis=-1)
+    attn = attn if tap is None else tap(attn)  # the weights as they weight the values
     return attn @ v, attn
 
 
@@ -291,8 +293,8 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = _tap(taps, f"{name}.q", q)
         k = _tap(taps, f"{name}.k", k)
         v = _tap(taps, f"{name}.v", v)
-        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale)
-        attn = _tap(taps, f"{name}.weights", attn)
+        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale,
+                                               tap=lambda w: _tap(taps, f"{name}.weights", w))
         x = self.proj(merge_heads(x))
         x = _tap(taps, f"{name}.proj", x)
         h = self.norm(x)

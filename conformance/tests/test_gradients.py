@@ -222,6 +222,83 @@ def test_the_gradient_tolerances_are_the_margin_times_the_calibrated_largest_rat
         assert grad_tolerance(of=of) == pytest.approx(MARGIN * max(record["by_port"][of].values()))
 
 
+def test_every_taps_cotangent_lies_on_the_forwards_path():
+    """A tap recorded beside the forward (the MAP head's weights once were: its perturbation
+    reached nothing) has a zero cotangent; every tap of the reference has a nonzero one."""
+    for name in PRESETS:
+        config, _, _, model = _preset_model(name, trained=True)
+        zero = [k for k, g in model.reference["taps"].items() if not np.any(g)]
+        assert not zero, f"{name}: taps whose cotangent is zero: {zero}"
+
+
+# ----------------------------------------------------------------------------- train mode
+
+ONE_PRESET_IN_CI = pytest.mark.skipif(not heavy(), reason="thorough profile: the MAP-head preset in ci")
+
+
+@pytest.mark.parametrize("name", ["vit_test_siglip", pytest.param("vit_test_token", marks=ONE_PRESET_IN_CI),
+                                  pytest.param("vit_test_dinov2", marks=ONE_PRESET_IN_CI)])
+def test_timms_vision_transformer_in_training_mode_matches_the_reference(name):
+    """timm's own model, an independent gradient oracle, as fine-tuning runs it: model.train()
+    with every dropout and drop-path rate 0, through verify --grad (its taps' cotangents by
+    retain_grad on what its modules emit)."""
+    from conformance.references import timm_make_grad
+    from conformance.verify_grad import format_grad_report, verify_grad
+
+    report = verify_grad(timm_make_grad, get_config(name), port="timm")
+    assert report.conformant and report.taps, format_grad_report(report)
+
+
+@pytest.mark.parametrize("rate", ["drop_rate", "attn_drop_rate", "drop_path_rate"])
+def test_dropout_or_drop_path_active_in_training_mode_is_caught(rate):
+    """Companion: the same model with one rate at 0.1 in training mode is not conformant."""
+    from functools import partial
+
+    from conformance.references import timm_make_grad
+    from conformance.verify_grad import verify_grad
+
+    report = verify_grad(partial(timm_make_grad, **{rate: 0.1}), get_config("vit_test_siglip"), port="timm")
+    assert not report.conformant and report.separation() > 100, report.first_divergence
+
+
+def test_a_train_mode_switch_at_rate_0_gives_eval_numerics_bitwise():
+    """Each framework's dropout and drop-path at rate 0 in training mode, forward and backward,
+    is the identity, bitwise: torch's nn.Dropout, F.scaled_dot_product_attention's dropout_p,
+    timm's DropPath, mlx.nn.Dropout, flax.nnx.Dropout; and timm's whole model in train() mode
+    gives its eval() gradients."""
+    import jax
+    import mlx.core as mx
+    import mlx.nn as mnn
+    import torch
+    from flax import nnx
+    from timm.layers import DropPath
+
+    from conformance.references import timm_make_grad
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    g = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    for layer in (torch.nn.Dropout(0.0), DropPath(0.0)):
+        t = torch.tensor(x, requires_grad=True)
+        out = layer.train()(t)
+        out.backward(torch.tensor(g))
+        assert np.array_equal(out.detach().numpy(), x) and np.array_equal(t.grad.numpy(), g), type(layer).__name__
+    q, k, v = (torch.tensor(x[:, :, :, :]) for _ in range(3))
+    assert torch.equal(torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.0),
+                       torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    drop = mnn.Dropout(0.0)
+    drop.train()
+    out, (dx,) = mx.vjp(drop, [mx.array(x)], [mx.array(g)])
+    assert np.array_equal(np.array(out[0]), x) and np.array_equal(np.array(dx), g)
+    drop = nnx.Dropout(0.0, deterministic=False, rngs=nnx.Rngs(0))
+    out, vjp = jax.vjp(drop, x)
+    assert np.array_equal(np.asarray(out), x) and np.array_equal(np.asarray(vjp(g)[0]), g)
+    config, state, images = _case("vit_test_token")
+    loss = draw_loss(config, 2, "cross_entropy", 3)
+    train, evaluate = (timm_make_grad(config, state, train=mode)(images, loss) for mode in (True, False))
+    assert all(np.array_equal(train["params"][k], evaluate["params"][k]) for k in train["params"])
+    assert np.array_equal(train["images"], evaluate["images"])
+
+
 # ----------------------------------------------------------------------------- verify --grad
 
 USER_PORTS = Path(__file__).with_name("data") / "user_ports.py"
