@@ -34,6 +34,8 @@ the ``--port`` plugin and the zoo take it as they take any other. What it adds:
 
 from __future__ import annotations
 
+import importlib
+
 import re
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -195,6 +197,19 @@ class _TorchAdapter(_Adapter):
 
     def copy(self, x):
         return x.detach().clone()
+
+    def value_and_grad(self, inputs, objective, loss):
+        """(value, {model key: gradient}, d value / d inputs) of objective(model(inputs), loss), by
+        autograd."""
+        import torch
+
+        self.model.requires_grad_(True).zero_grad(set_to_none=True)
+        x = inputs.detach().clone().requires_grad_(True)
+        value = objective(self.model(x, **self.call_kwargs), loss)
+        value.backward()
+        grads = {k: self.numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+                 for k, p in self.model.named_parameters()}
+        return value.item(), grads, self.numpy(x.grad if x.grad is not None else torch.zeros_like(x))
 
     def run(self, inputs, recorder: "_Recorder", watch: dict[str, tuple[bool, bool]]):
         import torch
@@ -362,6 +377,19 @@ class _MLXAdapter(_SwapAdapter):
 
         return mx.array(images).astype(getattr(mx, dtype))
 
+    def value_and_grad(self, inputs, objective, loss):
+        """By mx.value_and_grad over the model's trainable parameters and the inputs."""
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        def f(params, x):
+            self.model.update(params)
+            return objective(self.model(x, **self.call_kwargs), loss)
+
+        value, (g_params, g_x) = mx.value_and_grad(f, argnums=(0, 1))(self.model.trainable_parameters(), inputs)
+        mx.eval(value, g_params, g_x)
+        return float(value), {k: self.numpy(v) for k, v in tree_flatten(g_params)}, self.numpy(g_x)
+
     def numpy(self, x):
         import mlx.core as mx
 
@@ -469,6 +497,28 @@ class _NNXAdapter(_JAXArrays, _SwapAdapter):
         if not hasattr(value, "__array__"):  # built with nnx.eval_shape: nothing to keep
             raise LoadError(f"the model was built abstractly (nnx.eval_shape) and the mapping leaves {key!r} unfilled")
         return np.asarray(value, np.float32)
+
+    def value_and_grad(self, inputs, objective, loss):
+        """By a jitted jax.value_and_grad over the model's nnx.Param state and the inputs, one
+        program per loss kind (and batch shape): eager, every op would compile on its own."""
+        from flax import nnx
+
+        from impls.config import Loss
+
+        graphdef, params, rest = nnx.split(self.model, nnx.Param, ...)
+        compiled = self.__dict__.setdefault("_compiled_grad", {})
+        if loss.kind not in compiled:
+            import jax
+
+            def f(params, x, labels, weights):
+                model = nnx.merge(graphdef, params, rest)
+                return objective(model(x, **self.call_kwargs), Loss(loss.kind, labels=labels, weights=weights))
+
+            compiled[loss.kind] = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
+        value, (g_params, g_x) = compiled[loss.kind](params, inputs, loss.labels, loss.weights)
+        grads = {".".join(map(str, path)): self.numpy(v.get_value() if isinstance(v, nnx.Variable) else v)
+                 for path, v in nnx.to_flat_state(g_params)}
+        return float(value), grads, self.numpy(g_x)
 
     def load(self, arrays, dtype):
         import jax.numpy as jnp
@@ -962,6 +1012,90 @@ class ModelPort:
                                      f"left at the model's initial values: {', '.join(unfilled[:6])}"
                                      + (" ..." if len(unfilled) > 6 else "")))
         return CapturedForward(self, adapter, plan, config, dtype, findings)
+
+
+    def make_grad(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
+        """A gradient factory (docs/gradients.md) from the unmodified model: grad(images, loss)
+        differentiates the framework's own loss of the model's logits with respect to its
+        parameters and the images, and brings each parameter's gradient back to its canonical
+        key and layout through the mapping (the adjoint of a re-layout is its inverse, found by
+        sending each entry's index through it). No tap cotangents: a divergence is located at
+        the first wrong parameter gradient in backward order."""
+        from conformance.support import check_supported, supports_of
+
+        check_supported(supports_of(self), config)
+        model = self.build(config)
+        framework = framework_of(model)
+        if framework not in GRAD_FRAMEWORKS:
+            from conformance.support import Unsupported
+
+            raise Unsupported(f"gradients of a {framework} model are not supported yet (only of "
+                              f"{', '.join(GRAD_FRAMEWORKS)} models)")
+        adapter = ADAPTERS[framework](model)
+        adapter.call_kwargs = dict(self.call_kwargs)
+        arrays, _ = self.mapped(state, adapter, config)
+        adapter.load(arrays, dtype)
+        where = self.entry_map(state, adapter, config)
+        loss_value = importlib.import_module(f"impls.{GRAD_FRAMEWORKS[framework]}_vit").loss_value
+
+        def objective(out, loss):
+            logits = self.output(out) if self.output else _arrays_in(out, adapter.is_array)[0]
+            return loss_value(logits, loss)
+
+        def grad(images, loss):
+            images = np.asarray(images)
+            x = images.transpose(0, 2, 3, 1) if self.images == "NHWC" else images
+
+            value, native, g_x = adapter.value_and_grad(adapter.to_input(np.ascontiguousarray(x), dtype), objective,
+                                                        loss)
+            params = {}
+            for key, targets in where.items():
+                g = np.zeros(state[key].size, np.float64)
+                for mk, index in targets:
+                    taken = index >= 0
+                    np.add.at(g, index[taken], np.asarray(native[mk], np.float64).ravel()[taken])
+                params[key] = g.reshape(state[key].shape)
+            return {"loss": value, "params": params,
+                    "images": g_x.transpose(0, 3, 1, 2) if self.images == "NHWC" else g_x}
+
+        return grad
+
+    def entry_map(self, state, adapter: _Adapter, config: ViTConfig) -> dict[str, list[tuple[str, np.ndarray]]]:
+        """canonical key -> [(model key, the canonical flat index of each of its entries)]: each
+        key's entries numbered and sent through the mapping, as the weights are."""
+        probe = {k: np.arange(1, np.size(v) + 1, dtype=np.float64).reshape(np.shape(v)) for k, v in state.items()}
+        out: dict[str, list] = {k: [] for k in state}
+        if self.rename is not None:
+            arrays, _ = self.mapped(probe, adapter, config)
+            rename = rename_function(self.rename)
+            for k in state:
+                mk = rename(k)
+                if mk is not None:
+                    mk = adapter.resolve(mk, adapter.params())
+                    out[k].append((mk, np.asarray(arrays[mk]).ravel().astype(np.int64) - 1))
+            return out
+        for k, v in state.items():  # convert: one key at a time, the others zero
+            converted = self._convert({n: probe[n] if n == k else np.zeros(np.shape(w), np.float32)
+                                       for n, w in state.items()}, config)
+            seen = np.zeros(np.size(v), np.int64)
+            for mk, value in converted.items():
+                index = np.asarray(value, np.float64).ravel()
+                if not np.any(index):
+                    continue
+                whole = index == np.round(index)
+                if not np.all(whole[index != 0]) or index.max() > np.size(v):
+                    raise LoadError(f"the convert function does more than re-lay out {k!r} (into {mk!r}: it scales or "
+                                    "mixes entries), so its gradient cannot be brought back")
+                index = index.astype(np.int64) - 1
+                out[k].append((mk, index))  # -1 where the model's entry does not come from k
+                np.add.at(seen, index[index >= 0], 1)
+            if np.any(seen > 1):
+                raise LoadError(f"the convert function copies entries of {k!r} to several places: its gradient "
+                                "cannot be brought back unambiguously")
+        return out
+
+
+GRAD_FRAMEWORKS = {"torch": "torch", "mlx": "mlx", "nnx": "jax"}
 
 
 class CapturedForward:

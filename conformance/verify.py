@@ -406,6 +406,7 @@ def main(args) -> int:
 
 
 def _main_grad(args) -> int:
+    from conformance.support import Unsupported
     from conformance.verify_grad import format_grad_report, load_grad_factory, verify_grad
     from weights import WeightError, load_state
 
@@ -424,7 +425,10 @@ def _main_grad(args) -> int:
             state = load_state(args.weights, config)
         except WeightError as e:
             raise UsageError(str(e)) from None
-    report = verify_grad(make_grad, config, port=args.grad, state=state, seed=args.seed)
+    try:
+        report = verify_grad(make_grad, config, port=args.grad, state=state, seed=args.seed)
+    except Unsupported as e:
+        raise UsageError(str(e)) from None
     print(format_grad_report(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")

@@ -28,6 +28,7 @@ from conformance.gradients import (
     draw_loss,
 )
 from conformance.report import describe_exception
+from conformance.support import Unsupported
 from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.verify import Case, _finding, _read_only, state_changes
 from impls import FRAMEWORK_PORTS, load_factory, tap_names
@@ -35,8 +36,12 @@ from impls.config import ViTConfig
 
 
 def load_grad_factory(spec: str) -> Callable:
-    """A built-in framework's name, or 'pkg.module:make_grad'."""
-    return load_factory(f"impls.{spec}_vit:make_grad" if spec in FRAMEWORK_PORTS else spec)
+    """A built-in framework's name, 'pkg.module:make_grad', or a ModelPort ('pkg.module:port':
+    the unmodified model's gradients, through its mapping)."""
+    from conformance.capture import ModelPort
+
+    factory = load_factory(f"impls.{spec}_vit:make_grad" if spec in FRAMEWORK_PORTS else spec)
+    return factory.make_grad if isinstance(factory, ModelPort) else factory
 
 
 def grad_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[Case, str]]:
@@ -137,6 +142,8 @@ def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", s
         images = _read_only(case.images)
         try:
             out = make_grad(config, handed)(images, loss)
+        except Unsupported:
+            raise
         except Exception as e:  # noqa: BLE001 - the port's failure is the finding
             _finding(report, label, "backward", f"the port raised {describe_exception(e)}")
             continue

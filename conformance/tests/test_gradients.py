@@ -380,6 +380,61 @@ def test_verify_grad_usage_errors_exit_2_with_the_reason(verify_cli, args, messa
     assert code == 2 and message in out, out
 
 
+# ----------------------------------------------------------------------------- unmodified models
+
+SQUARE = dataclasses.replace(get_config("vit_test_token"), img_size=(16, 16), name=None)
+DATA = Path(__file__).with_name("data")
+
+
+def _model_port(spec):
+    import importlib
+
+    from conformance.support import build_config, supports_of
+
+    module, _, attr = spec.partition(":")
+    port = getattr(importlib.import_module(module), attr)
+    return port, build_config(supports_of(port), SQUARE.to_dict() | {"name": None}) or SQUARE
+
+
+@pytest.mark.parametrize("spec", ["conformance.examples.timm_vit:port", "my_port:port", "conformance.examples.hf_vit:port",
+                                  pytest.param("conformance.examples.nnx_vit:port", marks=pytest.mark.skipif(
+                                      not heavy(), reason="thorough profile: XLA compiles the NNX model's gradient"))])
+def test_an_unmodified_models_gradients_come_back_through_its_mapping(spec, monkeypatch):
+    """A ModelPort's gradients (verify --grad my_port:port): timm's model (PyTorch, names only),
+    the README's MLX model (a rename), a Flax NNX ViT and transformers' ViT (convert functions,
+    HF's split q, k, v): each parameter's gradient is brought back through the mapping."""
+    from conformance.verify_grad import format_grad_report, load_grad_factory, verify_grad
+
+    monkeypatch.syspath_prepend(str(DATA))
+    _, config = _model_port(spec) if not spec.startswith("my_port") else (None, SQUARE)
+    report = verify_grad(load_grad_factory(spec), config, port=spec, state=init_state(config, seed=3))
+    assert report.conformant, format_grad_report(report)
+
+
+def test_a_forward_bug_in_an_unmodified_model_shows_in_its_gradients_from_the_head_back():
+    """Companion: the Chinese seed post's einops ViT (its (h d qkv) split, located by verify at
+    blocks.0.attn.q) is not conformant in its gradients either; without tap cotangents the
+    first wrong gradient in backward order is the head's, whose input is already wrong."""
+    from conformance.verify_grad import verify_grad
+
+    port, config = _model_port("conformance.examples.seed_einops_vit:port")
+    report = verify_grad(port.make_grad, config, port="seed", state=init_state(config, seed=3))
+    assert not report.conformant and report.first_divergence.name == "head.weight"
+
+
+def test_gradients_of_a_model_whose_mapping_they_cannot_pass_back_are_refused_with_the_reason():
+    from conformance.capture import LoadError, ModelPort
+    from conformance.examples.linen_vit import port as linen_port
+    from conformance.examples.timm_vit import build
+    from conformance.support import Unsupported
+
+    with pytest.raises(Unsupported, match="gradients of a linen model are not supported"):
+        linen_port.make_grad(_model_port("conformance.examples.linen_vit:port")[1], init_state(SQUARE, seed=3))
+    scaled = ModelPort(build, convert=lambda state: {k: 2 * v for k, v in state.items()})
+    with pytest.raises(LoadError, match="the convert function does more than re-lay out"):
+        scaled.make_grad(SQUARE, init_state(SQUARE, seed=3))
+
+
 # ----------------------------------------------------------------------------- one AdamW step
 
 HP = AdamW()
