@@ -240,12 +240,13 @@ ONE_PRESET_IN_CI = pytest.mark.skipif(not heavy(), reason="thorough profile: the
                                   pytest.param("vit_test_dinov2", marks=ONE_PRESET_IN_CI)])
 def test_timms_vision_transformer_in_training_mode_matches_the_reference(name):
     """timm's own model, an independent gradient oracle, as fine-tuning runs it: model.train()
-    with every dropout and drop-path rate 0, through verify --grad (its taps' cotangents by
-    retain_grad on what its modules emit)."""
+    with every dropout and drop-path rate 0, through verify --grad on trained-like weights (its
+    taps' cotangents by retain_grad on what its modules emit)."""
     from conformance.references import timm_make_grad
     from conformance.verify_grad import format_grad_report, verify_grad
 
-    report = verify_grad(timm_make_grad, get_config(name), port="timm")
+    config = get_config(name)
+    report = verify_grad(timm_make_grad, config, port="timm", state=S.TrainedLike(6).make(config))
     assert report.conformant and report.taps, format_grad_report(report)
 
 

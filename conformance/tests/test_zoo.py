@@ -42,8 +42,10 @@ def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
 def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_ports_pass():
     """In ci the original ViT's float32 torch and MLX mutants (one pytest run); in the thorough
     profile also the JAX mutants (XLA compiles each one's forward anew: 9 s of this run), the
-    precision mutants in their run with --dtype float16 and the family's mutants (verify locates
-    them all in ci, the test above)."""
+    precision mutants in their run with --dtype float16, the family's mutants and the backward
+    mutants through --grad-port (verify locates them all in ci, the test above, but for the JAX
+    backward one, which test_gradients locates). The torch gradient factory, wrapped as a user's,
+    runs --grad-port in ci."""
     mutants = [m for m in MUTANTS.values()
                if heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax")]
     # In ci the torch port stands for the correct ports on the plugin path (the main suite runs

@@ -200,27 +200,27 @@ _ALL = [
     # gradients are wrong (docs/gradients.md).
     Mutant("torch_pos_embed_frozen", "torch", f"{_B}:torch_pos_embed_frozen",
            "`.detach()` / requires_grad=False on the position embedding", "fine-tuning scripts that freeze it; "
-           "interpolation helpers returning detached tensors", "pos_embed", level="gradient"),
+           "interpolation helpers returning detached tensors", "pos_embed", level="gradient", plugin_in_ci=False),
     Mutant("torch_gelu_backward_missing_term", "torch", f"{_B}:torch_gelu_backward_missing_term",
            "a hand-written GELU backward keeping Phi(x) and dropping x phi(x)", "memory-saving autograd.Functions",
-           "blocks.1.mlp.fc1.weight", level="gradient"),
+           "blocks.1.mlp.fc1.weight", level="gradient", plugin_in_ci=False),
     Mutant("torch_gelu_tanh_backward", "torch", f"{_B}:torch_gelu_tanh_backward",
            "an exact GELU whose backward is the tanh approximation's slope", "fused GELU kernels written for one "
-           "and used for the other", "blocks.1.mlp.fc1.weight", level="gradient",
+           "and used for the other", "blocks.1.mlp.fc1.weight", level="gradient", plugin_in_ci=False,
            note="the two slopes differ by at most 2e-3, near |x| = 2: 2x the tolerance on seeded weights, whose "
                 "pre-activations stay small, 24x on weights at 4x"),
     Mutant("torch_layernorm_detached_statistics", "torch", f"{_B}:torch_layernorm_detached_statistics",
            "a LayerNorm backward with its mean and variance treated as constants (`.detach()`)",
-           "hand-written LayerNorms in ports", "blocks.1.attn", level="gradient"),
+           "hand-written LayerNorms in ports", "blocks.1.attn", level="gradient", plugin_in_ci=False),
     Mutant("torch_attn_residual_detached", "torch", f"{_B}:torch_attn_residual_detached",
            "`x + attn(...).detach()`: the attention branch cut from the graph", "activation-checkpointing and "
-           "caching code", "blocks.1.attn", level="gradient"),
+           "caching code", "blocks.1.attn", level="gradient", plugin_in_ci=False),
     Mutant("mlx_cls_token_stop_gradient", "mlx", f"{_B}:mlx_cls_token_stop_gradient",
            "`mx.stop_gradient` on the class token", "frozen-token tricks carried into fine-tuning", "cls_token",
-           level="gradient"),
+           level="gradient", plugin_in_ci=False),
     Mutant("jax_softmax_kernel_backward", "jax", f"{_B}:jax_softmax_kernel_backward",
            "a custom_vjp softmax whose backward is P g, without - P sum(P g)", "hand-written attention kernels "
-           "(tenstorrent/tt-forge-onnx#1383 checks backward for this reason)", "blocks.1.attn.k", level="gradient"),
+           "(tenstorrent/tt-forge-onnx#1383 checks backward for this reason)", "blocks.1.attn.k", level="gradient", plugin_in_ci=False),
 ]
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}
