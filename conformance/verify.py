@@ -412,8 +412,12 @@ def _main_grad(args) -> int:
 
     if args.port or args.attention:
         raise UsageError("give a gradient factory (--grad) alone, without a forward port or --attention")
-    if args.dtype != "float32":
-        raise UsageError(f"gradients are calibrated in float32 only, not {args.dtype} (docs/gradients.md)")
+    from conformance.gradients import check_grad_dtype
+
+    try:
+        check_grad_dtype(args.dtype)
+    except ValueError as e:
+        raise UsageError(f"{e} (docs/gradients.md)") from None
     try:
         make_grad = load_grad_factory(args.grad)
     except (ImportError, ValueError) as e:
@@ -426,7 +430,7 @@ def _main_grad(args) -> int:
         except WeightError as e:
             raise UsageError(str(e)) from None
     try:
-        report = verify_grad(make_grad, config, port=args.grad, state=state, seed=args.seed)
+        report = verify_grad(make_grad, config, port=args.grad, state=state, seed=args.seed, dtype=args.dtype)
     except Unsupported as e:
         raise UsageError(str(e)) from None
     print(format_grad_report(report))

@@ -24,6 +24,7 @@ from conformance.gradients import (
     GradModel,
     GradResult,
     backward_order,
+    check_grad_dtype,
     compare_gradients,
     draw_loss,
 )
@@ -74,6 +75,7 @@ class GradReport:
     first_divergence: GradResult | None = None
     first_case: str | None = None
     skipped: list[str] = field(default_factory=list)  # cases outside float32's range, and why
+    dtype: str = "float32"
     taps: bool = False  # the port returned tap cotangents
 
     @property
@@ -89,7 +91,7 @@ class GradReport:
 
     def to_dict(self) -> dict:
         first = self.first_divergence
-        return {"port": self.port, "conformant": self.conformant, "config": self.config.to_dict(),
+        return {"port": self.port, "conformant": self.conformant, "dtype": self.dtype, "config": self.config.to_dict(),
                 "cases": self.cases, "skipped": self.skipped, "taps": self.taps, "failures": self.failures,
                 "first_divergence": None if first is None else {"kind": first.kind, "name": first.name,
                                                                 "stage": first.stage, "case": self.first_case},
@@ -112,27 +114,29 @@ def _structure_problem(out, reference: dict) -> str | None:
     return None
 
 
-def _models(config: ViTConfig, state: dict | None, seed: int) -> list[tuple[str, Case, GradModel]]:
+def _models(config: ViTConfig, state: dict | None, seed: int, dtype: str) -> list[tuple[str, Case, GradModel]]:
     out = []
     for case, kind in grad_cases(config, state, seed):
         case = Case(case.name, _read_only(case.images), {k: _read_only(v) for k, v in case.state.items()})
         label = f"{case.name}, {'cross-entropy' if kind == 'cross_entropy' else 'linear loss'}"
-        out.append((label, case, GradModel(config, case.state, case.images, draw_loss(config, len(case.images), kind,
-                                                                                         seed))))
+        loss = draw_loss(config, len(case.images), kind, seed)
+        out.append((label, case, GradModel(config, case.state, case.images, loss, dtype=dtype)))
     return out
 
 
 @lru_cache(maxsize=4)
-def _seeded_models(config: ViTConfig, seed: int) -> tuple:
-    """The seeded cases' references and spreads, built once per config and seed (the zoo checks
-    seven gradient factories on the same ones); their arrays are read-only."""
-    return tuple(_models(config, None, seed))
+def _seeded_models(config: ViTConfig, seed: int, dtype: str) -> tuple:
+    """The seeded cases' references and spreads, built once per config, seed and dtype (the zoo
+    checks seven gradient factories on the same ones); their arrays are read-only."""
+    return tuple(_models(config, None, seed, dtype))
 
 
 def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", state: dict | None = None,
-                seed: int = 0) -> GradReport:
-    models = _seeded_models(config, seed) if state is None else _models(config, state, seed)
-    report = GradReport(port, config, cases=[label for label, _, _ in models])
+                seed: int = 0, dtype: str = "float32") -> GradReport:
+    """``dtype`` (float32 or bfloat16) is passed to the factory as dtype= unless float32."""
+    check_grad_dtype(dtype)
+    models = _seeded_models(config, seed, dtype) if state is None else _models(config, state, seed, dtype)
+    report = GradReport(port, config, cases=[label for label, _, _ in models], dtype=dtype)
     worst: dict[str, GradResult] = {}
     first: tuple[int, GradResult, str] | None = None
     for label, case, model in models:  # the reference runs first
@@ -144,7 +148,8 @@ def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", s
         handed = {k: _read_only(v) for k, v in case.state.items()}
         images = _read_only(case.images)
         try:
-            out = make_grad(config, handed)(images, loss)
+            out = (make_grad(config, handed) if dtype == "float32" else make_grad(config, handed, dtype=dtype))(images,
+                                                                                                            loss)
         except Unsupported:
             raise
         except Exception as e:  # noqa: BLE001 - the port's failure is the finding
@@ -184,7 +189,7 @@ def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", s
 def format_grad_report(report: GradReport, limit: int = 12) -> str:
     from conformance.report import table
 
-    lines = [f"gradients of {report.port}: {report.config.name or 'config'} {report.config.to_dict()}",
+    lines = [f"gradients of {report.port} in {report.dtype}: {report.config.name or 'config'} {report.config.to_dict()}",
              f"cases: {'; '.join(report.cases)}",
              "error = max |port - reference| over the reference's propagated rounding (docs/gradients.md), in "
              "backward order: each tap's cotangent, then the parameters its stage uses", ""]
