@@ -194,6 +194,19 @@ def test_every_ports_bfloat16_gradients_match_the_reference(framework_port, name
     assert all(r.ok for r in results), f"{framework_port}, {name}:\n{describe(results)}"
 
 
+def test_a_gross_backward_bug_is_caught_in_bfloat16_too():
+    """Companion of the bfloat16 check: the frozen position embedding (a zero gradient) is found
+    in bfloat16 on seeded weights (4 times its tolerance in verify; on trained-like weights not
+    even that, and subtler mutants only in float32: docs/gradients.md)."""
+    from conformance.zoo.backward_mutants import torch_pos_embed_frozen
+
+    config, state, images = _case("vit_test_token")
+    model = GradModel(config, state, images, draw_loss(config, 2, "cross_entropy", 3), dtype="bfloat16")
+    failure = first_failure(compare_gradients(torch_pos_embed_frozen(config, state, dtype="bfloat16")(images, model.loss),
+                                              model))
+    assert failure is not None and failure.name == "pos_embed"
+
+
 @pytest.mark.skipif(not heavy(), reason="thorough profile: a full-size model's float64 gradient")
 def test_a_full_size_presets_gradients_match_the_reference(framework_port):
     import importlib
@@ -253,13 +266,30 @@ def test_the_gradient_tolerances_are_the_margin_times_the_calibrated_largest_rat
             assert grad_tolerance(dtype, of) == pytest.approx(MARGIN * max(record["by_port"][of].values()))
 
 
+def _zero_cotangents(taps: dict) -> list[str]:
+    return [k for k, g in taps.items() if not np.any(g)]
+
+
 def test_every_taps_cotangent_lies_on_the_forwards_path():
     """A tap recorded beside the forward (the MAP head's weights once were: its perturbation
     reached nothing) has a zero cotangent; every tap of the reference has a nonzero one."""
     for name in PRESETS:
         config, _, _, model = _preset_model(name, trained=True)
-        zero = [k for k, g in model.reference["taps"].items() if not np.any(g)]
-        assert not zero, f"{name}: taps whose cotangent is zero: {zero}"
+        assert not _zero_cotangents(model.reference["taps"]), name
+
+
+def test_the_path_check_fails_on_a_tap_recorded_beside_the_forward():
+    """Companion: taps that record blocks.0.attn.weights without passing the perturbed value on."""
+    from impls import Perturbed
+
+    class Beside(Perturbed):
+        def perturb(self, name, value):
+            moved = super().perturb(name, value)
+            return value if name == "blocks.0.attn.weights" else moved
+
+    config, state, images = _case("vit_test_token")
+    grads = N.make_grad(config, state)(images, draw_loss(config, 2, "cross_entropy", 3), perturbed=Beside)
+    assert _zero_cotangents(grads["taps"]) == ["blocks.0.attn.weights"]
 
 
 # ----------------------------------------------------------------------------- train mode
