@@ -163,6 +163,46 @@ class _TorchAdapter(_Adapter):
     def __init__(self, model):
         super().__init__(model)
         self._modules = dict(model.named_modules())
+        self.retain = False  # record the graph's own tensors (a gradient pass), not copies
+
+    def cotangents(self, images, objective, loss, plan: "Plan", forward: "CapturedForward"):
+        """value_and_grad, and the cotangent at every stage read at a module boundary (a module's
+        input or output, the return value): the model runs once with the recorder keeping its
+        own tensors with retain_grad, and each stage is read from their gradients as the forward
+        reads it from their values (the same reshapes). Attention internals are not tapped."""
+        import torch
+
+        self.model.requires_grad_(True).zero_grad(set_to_none=True)
+        x = images.detach().clone().requires_grad_(True)
+        recorder = _Recorder(self, forward.config, x.shape[0], plan.blocks)
+        self.retain = True
+        try:
+            out = self.run(x, recorder, plan.watch())
+            logits = forward.port.output(out) if forward.port.output else _arrays_in(out, self.is_array)[0]
+            logits.retain_grad()
+            value = objective(out, loss)
+            value.backward()
+        finally:
+            self.retain = False
+
+        def grad_of(t):
+            return t.grad if t.grad is not None else torch.zeros_like(t)
+
+        recorder.inputs = {k: _map_arrays(v, grad_of, self.is_array) for k, v in recorder.inputs.items()}
+        recorder.outputs = {k: _map_arrays(v, grad_of, self.is_array) for k, v in recorder.outputs.items()}
+        taps = {}
+        for stage in tap_names(forward.config):
+            source = plan.sources.get(stage)
+            if source is None or source.kind not in ("in", "out", "return"):
+                continue
+            try:
+                taps[stage] = (self.numpy(grad_of(logits)) if source.kind == "return" else
+                               forward._read(source, stage, recorder, None)[0])
+            except (_Unseen, _Never):
+                continue
+        params = {k: self.numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+                  for k, p in self.model.named_parameters()}
+        return value.item(), params, self.numpy(grad_of(x)), taps
 
     def modules(self):
         return self._modules
@@ -196,6 +236,10 @@ class _TorchAdapter(_Adapter):
         return isinstance(x, torch.Tensor)
 
     def copy(self, x):
+        if self.retain:  # a gradient pass: the tensor itself, whose gradient is the cotangent there
+            if x.requires_grad:
+                x.retain_grad()
+            return x
         return x.detach().clone()
 
     def value_and_grad(self, inputs, objective, loss):
@@ -243,7 +287,7 @@ class _TorchAdapter(_Adapter):
                 return out
 
         try:
-            with torch.no_grad(), Intercept():
+            with (torch.enable_grad() if self.retain else torch.no_grad()), Intercept():
                 return self.model(inputs, **self.call_kwargs)
         finally:
             for h in handles:
@@ -1019,8 +1063,9 @@ class ModelPort:
         differentiates the framework's own loss of the model's logits with respect to its
         parameters and the images, and brings each parameter's gradient back to its canonical
         key and layout through the mapping (the adjoint of a re-layout is its inverse, found by
-        sending each entry's index through it). No tap cotangents: a divergence is located at
-        the first wrong parameter gradient in backward order."""
+        sending each entry's index through it). A PyTorch model also returns the cotangent at
+        every stage its forward is read at a module boundary (docs/gradients.md); the others are
+        located at the first wrong parameter gradient in backward order."""
         from conformance.support import check_supported, supports_of
 
         check_supported(supports_of(self), config)
@@ -1033,9 +1078,15 @@ class ModelPort:
                               f"{', '.join(GRAD_FRAMEWORKS)} models)")
         adapter = ADAPTERS[framework](model)
         adapter.call_kwargs = dict(self.call_kwargs)
+        key_map = self.key_map(state, config)
         arrays, _ = self.mapped(state, adapter, config)
         adapter.load(arrays, dtype)
         where = self.entry_map(state, adapter, config)
+        forward = None
+        if framework == "torch":  # tap cotangents where the forward reads stages at module boundaries
+            has_head = any(key_map.get(k) for k in ("head.weight", "head.bias"))
+            plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
+            forward = CapturedForward(self, adapter, plan, config, dtype, [])
         loss_value = importlib.import_module(f"impls.{GRAD_FRAMEWORKS[framework]}_vit").loss_value
 
         def objective(out, loss):
@@ -1046,8 +1097,12 @@ class ModelPort:
             images = np.asarray(images)
             x = images.transpose(0, 2, 3, 1) if self.images == "NHWC" else images
 
-            value, native, g_x = adapter.value_and_grad(adapter.to_input(np.ascontiguousarray(x), dtype), objective,
-                                                        loss)
+            inputs = adapter.to_input(np.ascontiguousarray(x), dtype)
+            taps = None
+            if forward is not None:
+                value, native, g_x, taps = adapter.cotangents(inputs, objective, loss, forward.plan, forward)
+            else:
+                value, native, g_x = adapter.value_and_grad(inputs, objective, loss)
             params = {}
             for key, targets in where.items():
                 g = np.zeros(state[key].size, np.float64)
@@ -1055,8 +1110,8 @@ class ModelPort:
                     taken = index >= 0
                     np.add.at(g, index[taken], np.asarray(native[mk], np.float64).ravel()[taken])
                 params[key] = g.reshape(state[key].shape)
-            return {"loss": value, "params": params,
-                    "images": g_x.transpose(0, 3, 1, 2) if self.images == "NHWC" else g_x}
+            out = {"loss": value, "params": params, "images": g_x.transpose(0, 3, 1, 2) if self.images == "NHWC" else g_x}
+            return out if taps is None else out | {"taps": taps}
 
         return grad
 

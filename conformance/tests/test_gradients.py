@@ -471,13 +471,31 @@ def test_an_unmodified_models_gradients_come_back_through_its_mapping(spec, monk
 
 def test_a_forward_bug_in_an_unmodified_model_shows_in_its_gradients_from_the_head_back():
     """Companion: the Chinese seed post's einops ViT (its (h d qkv) split, located by verify at
-    blocks.0.attn.q) is not conformant in its gradients either; without tap cotangents the
-    first wrong gradient in backward order is the head's, whose input is already wrong."""
+    blocks.0.attn.q) is not conformant in its gradients either: the first wrong one in backward
+    order is the logits' cotangent, the logits being already wrong (verify locates the forward)."""
     from conformance.verify_grad import verify_grad
 
     port, config = _model_port("conformance.examples.seed_einops_vit:port")
     report = verify_grad(port.make_grad, config, port="seed", state=init_state(config, seed=3))
-    assert not report.conformant and report.first_divergence.name == "head.weight"
+    assert not report.conformant and report.first_divergence.name == "logits"
+
+
+def test_an_unmodified_pytorch_models_backward_bug_is_located_at_its_stage():
+    """timm's model with the attention branch detached after the attention module (an
+    activation-checkpointing slip): the forward is bitwise timm's, and the cotangent read at
+    the attention module's output, blocks.1.attn, is the first wrong one in backward order."""
+    from conformance.capture import ModelPort
+    from conformance.examples.timm_vit import build
+    from conformance.verify_grad import verify_grad
+
+    def detached(config):
+        model = build(config)
+        model.blocks[1].ls1.forward = lambda x: x.detach()  # ls1 is an Identity without LayerScale
+        return model
+
+    config = SQUARE
+    report = verify_grad(ModelPort(detached, rename={}).make_grad, config, state=init_state(config, seed=3))
+    assert report.taps and report.first_divergence.name == "blocks.1.attn", report.first_divergence
 
 
 def test_gradients_of_a_model_whose_mapping_they_cannot_pass_back_are_refused_with_the_reason():
