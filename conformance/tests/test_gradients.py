@@ -235,7 +235,9 @@ def test_a_backward_mutant_passes_every_forward_check_and_is_located_by_the_grad
     which makes it a backward bug, and the property's own check finds it on one case."""
     make_grad = load_factory(mutant.factory)
     config, state, images, model = _mutant_case()
-    P.check_matches_oracle(mutant.name, forward_factory(make_grad), P.ModelCase(config, state, images))
+    if mutant.framework != "jax" or heavy():  # XLA compiles the mutant's forward: thorough (its forward is
+        # jax.nn.softmax's, the kernel's custom_vjp changing only the backward)
+        P.check_matches_oracle(mutant.name, forward_factory(make_grad), P.ModelCase(config, state, images))
     results = compare_gradients(make_grad(config, state)(images, model.loss), model)
     failure = first_failure(results)
     assert failure is not None and failure.name == mutant.first_divergence, describe(results)
