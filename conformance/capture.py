@@ -165,15 +165,18 @@ class _TorchAdapter(_Adapter):
         self._modules = dict(model.named_modules())
         self.retain = False  # record the graph's own tensors (a gradient pass), not copies
 
-    def cotangents(self, images, objective, loss, plan: "Plan", forward: "CapturedForward"):
-        """value_and_grad, and the cotangent at every stage read at a module boundary (a module's
-        input or output, the return value): the model runs once with the recorder keeping its
-        own tensors with retain_grad, and each stage is read from their gradients as the forward
-        reads it from their values (the same reshapes). Attention internals are not tapped."""
+    def cotangents(self, images, objective, loss, forward: "CapturedForward"):
+        """(value, {model key: gradient}, d value / d images, {stage: cotangent}) of
+        objective(model(images), loss) by autograd, with the cotangent at every stage read at a
+        module boundary (a module's input or output, the return value): the model runs once with
+        the recorder keeping its own tensors with retain_grad, and each stage is read from their
+        gradients as the forward reads it from their values (the same reshapes). Attention
+        internals are not tapped."""
         import torch
 
         self.model.requires_grad_(True).zero_grad(set_to_none=True)
         x = images.detach().clone().requires_grad_(True)
+        plan = forward.plan
         recorder = _Recorder(self, forward.config, x.shape[0], plan.blocks)
         self.retain = True
         try:
@@ -241,19 +244,6 @@ class _TorchAdapter(_Adapter):
                 x.retain_grad()
             return x
         return x.detach().clone()
-
-    def value_and_grad(self, inputs, objective, loss):
-        """(value, {model key: gradient}, d value / d inputs) of objective(model(inputs), loss), by
-        autograd."""
-        import torch
-
-        self.model.requires_grad_(True).zero_grad(set_to_none=True)
-        x = inputs.detach().clone().requires_grad_(True)
-        value = objective(self.model(x, **self.call_kwargs), loss)
-        value.backward()
-        grads = {k: self.numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
-                 for k, p in self.model.named_parameters()}
-        return value.item(), grads, self.numpy(x.grad if x.grad is not None else torch.zeros_like(x))
 
     def run(self, inputs, recorder: "_Recorder", watch: dict[str, tuple[bool, bool]]):
         import torch
@@ -1066,28 +1056,15 @@ class ModelPort:
         sending each entry's index through it). A PyTorch model also returns the cotangent at
         every stage its forward is read at a module boundary (docs/gradients.md); the others are
         located at the first wrong parameter gradient in backward order."""
-        from conformance.support import check_supported, supports_of
-
-        check_supported(supports_of(self), config)
-        model = self.build(config)
-        framework = framework_of(model)
-        if framework not in GRAD_FRAMEWORKS:
+        forward = self(config, state, dtype)  # loaded strictly, as the forward is
+        adapter = forward.adapter
+        if adapter.name not in GRAD_FRAMEWORKS:
             from conformance.support import Unsupported
 
-            raise Unsupported(f"gradients of a {framework} model are not supported yet (only of "
+            raise Unsupported(f"gradients of a {adapter.name} model are not supported yet (only of "
                               f"{', '.join(GRAD_FRAMEWORKS)} models)")
-        adapter = ADAPTERS[framework](model)
-        adapter.call_kwargs = dict(self.call_kwargs)
-        key_map = self.key_map(state, config)
-        arrays, _ = self.mapped(state, adapter, config)
-        adapter.load(arrays, dtype)
         where = self.entry_map(state, adapter, config)
-        forward = None
-        if framework == "torch":  # tap cotangents where the forward reads stages at module boundaries
-            has_head = any(key_map.get(k) for k in ("head.weight", "head.bias"))
-            plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
-            forward = CapturedForward(self, adapter, plan, config, dtype, [])
-        loss_value = importlib.import_module(f"impls.{GRAD_FRAMEWORKS[framework]}_vit").loss_value
+        loss_value = importlib.import_module(f"impls.{GRAD_FRAMEWORKS[adapter.name]}_vit").loss_value
 
         def objective(out, loss):
             logits = self.output(out) if self.output else _arrays_in(out, adapter.is_array)[0]
@@ -1099,8 +1076,8 @@ class ModelPort:
 
             inputs = adapter.to_input(np.ascontiguousarray(x), dtype)
             taps = None
-            if forward is not None:
-                value, native, g_x, taps = adapter.cotangents(inputs, objective, loss, forward.plan, forward)
+            if adapter.name == "torch":  # tap cotangents where the forward reads stages at module boundaries
+                value, native, g_x, taps = adapter.cotangents(inputs, objective, loss, forward)
             else:
                 value, native, g_x = adapter.value_and_grad(inputs, objective, loss)
             params = {}

@@ -375,7 +375,6 @@ def _write(report: Report, args) -> None:
 
 def main(args) -> int:
     from conformance.support import Unsupported
-    from weights import WeightError, load_state
 
     if args.attention:
         if args.port:
@@ -388,13 +387,7 @@ def main(args) -> int:
     if not args.port:
         raise UsageError("name the port to verify (pkg.module:name), or --attention pkg.module:make_attention")
     make = _with_taps(_load(args.port, "port"), args.tap)
-    config = load_config(args.preset, args.config, args.weights)
-    state = None
-    if args.weights:
-        try:
-            state = load_state(args.weights, config)
-        except WeightError as e:
-            raise UsageError(str(e)) from None
+    config, state = _config_and_state(args)
     try:
         report = verify(make, config, port=args.port, state=state, seed=args.seed, dtype=args.dtype)
     except (Unsupported, ValueError) as e:
@@ -405,14 +398,26 @@ def main(args) -> int:
     return 0 if report.conformant else 1
 
 
+def _config_and_state(args) -> tuple[ViTConfig, dict | None]:
+    """--preset / --config / the config stored in --weights, and --weights' state (or None)."""
+    from weights import WeightError, load_state
+
+    config = load_config(args.preset, args.config, args.weights)
+    if not args.weights:
+        return config, None
+    try:
+        return config, load_state(args.weights, config)
+    except WeightError as e:
+        raise UsageError(str(e)) from None
+
+
 def _main_grad(args) -> int:
+    from conformance.gradients import check_grad_dtype
     from conformance.support import Unsupported
     from conformance.verify_grad import format_grad_report, load_grad_factory, verify_grad
-    from weights import WeightError, load_state
 
     if args.port or args.attention:
         raise UsageError("give a gradient factory (--grad) alone, without a forward port or --attention")
-    from conformance.gradients import check_grad_dtype
 
     try:
         check_grad_dtype(args.dtype)
@@ -422,13 +427,7 @@ def _main_grad(args) -> int:
         make_grad = load_grad_factory(args.grad)
     except (ImportError, ValueError) as e:
         raise UsageError(f"cannot load gradient factory {args.grad!r}: {describe_exception(e)}") from None
-    config = load_config(args.preset, args.config, args.weights)
-    state = None
-    if args.weights:
-        try:
-            state = load_state(args.weights, config)
-        except WeightError as e:
-            raise UsageError(str(e)) from None
+    config, state = _config_and_state(args)
     try:
         report = verify_grad(make_grad, config, port=args.grad, state=state, seed=args.seed, dtype=args.dtype)
     except Unsupported as e:
