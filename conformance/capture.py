@@ -1109,7 +1109,6 @@ class ModelPort:
         for k, v in state.items():  # convert: one key at a time, the others zero
             converted = self._convert({n: probe[n] if n == k else np.zeros(np.shape(w), np.float32)
                                        for n, w in state.items()}, config)
-            seen = np.zeros(np.size(v), np.int64)
             for mk, value in converted.items():
                 index = np.asarray(value, np.float64).ravel()
                 if not np.any(index):
@@ -1118,12 +1117,9 @@ class ModelPort:
                 if not np.all(whole[index != 0]) or index.max() > np.size(v):
                     raise LoadError(f"the convert function does more than re-lay out {k!r} (into {mk!r}: it scales or "
                                     "mixes entries), so its gradient cannot be brought back")
-                index = index.astype(np.int64) - 1
-                out[k].append((mk, index))  # -1 where the model's entry does not come from k
-                np.add.at(seen, index[index >= 0], 1)
-            if np.any(seen > 1):
-                raise LoadError(f"the convert function copies entries of {k!r} to several places: its gradient "
-                                "cannot be brought back unambiguously")
+                # -1 where the model's entry does not come from k; an entry sent to two places (tied
+                # weights) gets both gradients summed by np.add.at, the adjoint of a copy
+                out[k].append((mk, index.astype(np.int64) - 1))
         return out
 
 
