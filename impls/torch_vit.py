@@ -96,7 +96,9 @@ def _tap(taps, name, value):
     """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
     if taps is None:
         return value
-    taps[name] = value = taps.perturb(name, value) if isinstance(taps, Perturbed) else value
+    if isinstance(taps, Perturbed):
+        value = taps.perturb(name, value)
+    taps[name] = value
     return value
 
 
