@@ -411,6 +411,72 @@ class _MLXAdapter(_SwapAdapter):
 
         return mx.array(images).astype(getattr(mx, dtype))
 
+    def cotangents(self, images, loss_of_logits, loss, forward: "CapturedForward"):
+        """As the PyTorch adapter's: the cotangent at every stage read at a module boundary,
+        here as the gradient of a zero added to each watched module's first call's input or
+        output (MLX keeps no gradients on intermediate arrays), inside mx.value_and_grad over
+        the parameters, the images and those zeros. A first recording run gives their shapes."""
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        plan, watch = forward.plan, forward.plan.watch()
+        shapes = _Recorder(self, forward.config, images.shape[0], plan.blocks)
+        self.run(images, shapes, watch)
+        zeros = {("in", k): mx.zeros(v.shape, v.dtype) for k, v in shapes.inputs.items() if self.is_array(v)}
+        zeros |= {("out", k): mx.zeros(a[0].shape, a[0].dtype) for k, v in shapes.outputs.items()
+                  if (a := _arrays_in(v, self.is_array)) and self.is_array(v)}
+        zeros[("return", "")] = None  # the logits' zero, shaped below
+
+        def f(params, x, added):
+            self.model.update(params)
+            swapped, seen = [], set()
+            for path in {p for _, p in added if p}:
+                module = self.modules()[path]
+                cls = type(module)
+
+                def call(obj, *args, __cls=cls, __path=path, **kwargs):
+                    first = __path not in seen
+                    seen.add(__path)
+                    if first and ("in", __path) in added:
+                        i = next(i for i, a in enumerate(args) if self.is_array(a))
+                        args = (*args[:i], args[i] + added[("in", __path)], *args[i + 1:])
+                    out = __cls.__call__(obj, *args, **kwargs)
+                    return out + added[("out", __path)] if first and ("out", __path) in added else out
+
+                module.__class__ = type(cls.__name__, (cls,), {"__call__": call, "__module__": cls.__module__})
+                swapped.append((module, cls))
+            try:
+                out = self.model(x, **self.call_kwargs)
+            finally:
+                for module, cls in reversed(swapped):
+                    module.__class__ = cls
+            logits = forward.port.output(out) if forward.port.output else _arrays_in(out, self.is_array)[0]
+            return loss_of_logits(logits + added[("return", "")], loss)
+
+        logits = forward.port.output(self.model(images, **self.call_kwargs)) if forward.port.output else \
+            _arrays_in(self.model(images, **self.call_kwargs), self.is_array)[0]
+        zeros[("return", "")] = mx.zeros(logits.shape, logits.dtype)
+        keys = list(zeros)
+        value, (g_params, g_x, g_zeros) = mx.value_and_grad(
+            lambda params, x, z: f(params, x, dict(zip(keys, z))), argnums=(0, 1, 2))(
+            self.model.trainable_parameters(), images, [zeros[k] for k in keys])
+        mx.eval(value, g_params, g_x, g_zeros)
+        grads = dict(zip(keys, g_zeros))
+        recorder = _Recorder(self, forward.config, images.shape[0], plan.blocks)
+        recorder.inputs = {p: grads[("in", p)] for kind, p in keys if kind == "in"}
+        recorder.outputs = {p: grads[("out", p)] for kind, p in keys if kind == "out"}
+        taps = {}
+        for stage in tap_names(forward.config):
+            source = plan.sources.get(stage)
+            if source is None or source.kind not in ("in", "out", "return"):
+                continue
+            try:
+                taps[stage] = (self.numpy(grads[("return", "")]) if source.kind == "return" else
+                               forward._read(source, stage, recorder, None)[0])
+            except (_Unseen, _Never):
+                continue
+        return float(value), {k: self.numpy(v) for k, v in tree_flatten(g_params)}, self.numpy(g_x), taps
+
     def value_and_grad(self, inputs, objective, loss):
         """By mx.value_and_grad over the model's trainable parameters and the inputs."""
         import mlx.core as mx
@@ -1053,9 +1119,9 @@ class ModelPort:
         differentiates the framework's own loss of the model's logits with respect to its
         parameters and the images, and brings each parameter's gradient back to its canonical
         key and layout through the mapping (the adjoint of a re-layout is its inverse, found by
-        sending each entry's index through it). A PyTorch model also returns the cotangent at
-        every stage its forward is read at a module boundary (docs/gradients.md); the others are
-        located at the first wrong parameter gradient in backward order."""
+        sending each entry's index through it). A PyTorch or MLX model also returns the cotangent
+        at every stage its forward is read at a module boundary (docs/gradients.md); a Flax NNX
+        one is located at the first wrong parameter gradient in backward order."""
         forward = self(config, state, dtype)  # loaded strictly, as the forward is
         adapter = forward.adapter
         if adapter.name not in GRAD_FRAMEWORKS:
@@ -1078,6 +1144,8 @@ class ModelPort:
             taps = None
             if adapter.name == "torch":  # tap cotangents where the forward reads stages at module boundaries
                 value, native, g_x, taps = adapter.cotangents(inputs, objective, loss, forward)
+            elif adapter.name == "mlx":
+                value, native, g_x, taps = adapter.cotangents(inputs, loss_value, loss, forward)
             else:
                 value, native, g_x = adapter.value_and_grad(inputs, objective, loss)
             params = {}

@@ -500,6 +500,32 @@ def test_an_unmodified_pytorch_models_backward_bug_is_located_at_its_stage():
     assert report.taps and report.first_divergence.name == "blocks.1.attn", report.first_divergence
 
 
+def test_an_unmodified_mlx_models_backward_bug_is_located_at_its_stage(monkeypatch):
+    """The README's MLX model with mx.stop_gradient inside its second block's output projection
+    (a frozen layer carried into fine-tuning): its forward is unchanged, the cotangent read at
+    that projection's output is right, and its weight's gradient is the first wrong one."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from conformance.verify_grad import verify_grad
+
+    monkeypatch.syspath_prepend(str(DATA))
+    import my_port
+
+    class Frozen(nn.Linear):
+        def __call__(self, x):
+            return mx.stop_gradient(super().__call__(x))
+
+    def build(config):
+        model = my_port.MyViT(config)
+        model.layers[1].to_out.__class__ = Frozen
+        return model
+
+    port = dataclasses.replace(my_port.port, build=build)
+    report = verify_grad(port.make_grad, SQUARE, state=init_state(SQUARE, seed=3))
+    assert report.taps and report.first_divergence.name == "blocks.1.attn.proj.weight", report.first_divergence
+
+
 def test_gradients_of_a_model_whose_mapping_they_cannot_pass_back_are_refused_with_the_reason():
     from conformance.capture import LoadError, ModelPort
     from conformance.examples.linen_vit import port as linen_port
