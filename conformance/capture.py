@@ -193,16 +193,7 @@ class _TorchAdapter(_Adapter):
 
         recorder.inputs = {k: _map_arrays(v, grad_of, self.is_array) for k, v in recorder.inputs.items()}
         recorder.outputs = {k: _map_arrays(v, grad_of, self.is_array) for k, v in recorder.outputs.items()}
-        taps = {}
-        for stage in tap_names(forward.config):
-            source = plan.sources.get(stage)
-            if source is None or source.kind not in ("in", "out", "return"):
-                continue
-            try:
-                taps[stage] = (self.numpy(grad_of(logits)) if source.kind == "return" else
-                               forward._read(source, stage, recorder, None)[0])
-            except (_Unseen, _Never):
-                continue
+        taps = _boundary_taps(forward, recorder, self.numpy(grad_of(logits)))
         params = {k: self.numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
                   for k, p in self.model.named_parameters()}
         return value.item(), params, self.numpy(grad_of(x)), taps
@@ -282,6 +273,21 @@ class _TorchAdapter(_Adapter):
         finally:
             for h in handles:
                 h.remove()
+
+
+def _boundary_taps(forward: "CapturedForward", recorder: "_Recorder", logits_grad) -> dict[str, np.ndarray]:
+    """Every stage the forward reads at a module boundary (a module's input or output, the
+    return value), read from a recorder holding cotangents instead of values: the same reshapes."""
+    taps = {}
+    for stage in tap_names(forward.config):
+        source = forward.plan.sources.get(stage)
+        if source is None or source.kind not in ("in", "out", "return"):
+            continue
+        try:
+            taps[stage] = logits_grad if source.kind == "return" else forward._read(source, stage, recorder, None)[0]
+        except (_Unseen, _Never):
+            continue
+    return taps
 
 
 def _first_array(args, kwargs, adapter):
@@ -421,11 +427,11 @@ class _MLXAdapter(_SwapAdapter):
 
         plan, watch = forward.plan, forward.plan.watch()
         shapes = _Recorder(self, forward.config, images.shape[0], plan.blocks)
-        self.run(images, shapes, watch)
+        out = self.run(images, shapes, watch)
+        logits = forward.port.output(out) if forward.port.output else _arrays_in(out, self.is_array)[0]
         zeros = {("in", k): mx.zeros(v.shape, v.dtype) for k, v in shapes.inputs.items() if self.is_array(v)}
-        zeros |= {("out", k): mx.zeros(a[0].shape, a[0].dtype) for k, v in shapes.outputs.items()
-                  if (a := _arrays_in(v, self.is_array)) and self.is_array(v)}
-        zeros[("return", "")] = None  # the logits' zero, shaped below
+        zeros |= {("out", k): mx.zeros(v.shape, v.dtype) for k, v in shapes.outputs.items() if self.is_array(v)}
+        zeros[("return", "")] = mx.zeros(logits.shape, logits.dtype)
 
         def f(params, x, added):
             self.model.update(params)
@@ -453,9 +459,6 @@ class _MLXAdapter(_SwapAdapter):
             logits = forward.port.output(out) if forward.port.output else _arrays_in(out, self.is_array)[0]
             return loss_of_logits(logits + added[("return", "")], loss)
 
-        logits = forward.port.output(self.model(images, **self.call_kwargs)) if forward.port.output else \
-            _arrays_in(self.model(images, **self.call_kwargs), self.is_array)[0]
-        zeros[("return", "")] = mx.zeros(logits.shape, logits.dtype)
         keys = list(zeros)
         value, (g_params, g_x, g_zeros) = mx.value_and_grad(
             lambda params, x, z: f(params, x, dict(zip(keys, z))), argnums=(0, 1, 2))(
@@ -465,16 +468,7 @@ class _MLXAdapter(_SwapAdapter):
         recorder = _Recorder(self, forward.config, images.shape[0], plan.blocks)
         recorder.inputs = {p: grads[("in", p)] for kind, p in keys if kind == "in"}
         recorder.outputs = {p: grads[("out", p)] for kind, p in keys if kind == "out"}
-        taps = {}
-        for stage in tap_names(forward.config):
-            source = plan.sources.get(stage)
-            if source is None or source.kind not in ("in", "out", "return"):
-                continue
-            try:
-                taps[stage] = (self.numpy(grads[("return", "")]) if source.kind == "return" else
-                               forward._read(source, stage, recorder, None)[0])
-            except (_Unseen, _Never):
-                continue
+        taps = _boundary_taps(forward, recorder, self.numpy(grads[("return", "")]))
         return float(value), {k: self.numpy(v) for k, v in tree_flatten(g_params)}, self.numpy(g_x), taps
 
     def value_and_grad(self, inputs, objective, loss):
