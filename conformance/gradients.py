@@ -94,15 +94,6 @@ def module_scales(grads: dict[str, np.ndarray]) -> dict[str, float]:
     return {key: by_module[key.rsplit(".", 1)[0] if "." in key else key] for key in grads}
 
 
-def tensor_error(got: np.ndarray, ref: np.ndarray, scale: float | None = None) -> float:
-    if scale is None:
-        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    diff = float(np.max(np.abs(np.asarray(got, np.float64) - ref))) if ref.size else 0.0
-    if scale == 0.0:
-        return 0.0 if diff == 0.0 else np.inf
-    return diff / scale
-
-
 # ----------------------------------------------------------------------------- stages
 
 _BLOCK_PARAMS = (("norm1.", "norm1"), ("attn.qkv.", "attn.q"), ("attn.q_norm.", "attn.q_norm"),
@@ -271,6 +262,10 @@ class GradModel:
             out["loss"] = max(out["loss"], abs(noisy["loss"] - ref["loss"]))
         return out
 
+    def beyond_range(self) -> str | None:
+        """Why no port can represent this case in its dtype (the forward's check), or None."""
+        return self._forward.beyond_range()
+
     def floor(self, kind: str, name: str) -> float:
         """The dtype's roundoff of the tensor's scale (its module's, for a parameter)."""
         u = self.precision.storage
@@ -409,7 +404,7 @@ def calibrate(cases: int = 60, ports=("torch", "mlx", "jax"), seed: int = 0, dty
         state = weights.make(config)
         images = S.make_images(config, batch, "ordinary", weights.seed % 2 ** 20)
         model = GradModel(config, state, images, draw_loss(config, batch, kind, weights.seed % 2 ** 20), dtype=dtype)
-        if model._forward.beyond_range():
+        if model.beyond_range():
             return
         for port in ports:
             got = importlib.import_module(f"impls.{port}_vit").make_grad(config, state, dtype=dtype)(images, model.loss)

@@ -34,40 +34,43 @@ class VisionTransformerFrozenPosEmbed(T.VisionTransformer):
         return torch.cat(prefix + [x], dim=1) + pos
 
 
-# --- a hand-written GELU whose backward keeps Phi(x) and drops x * phi(x) from
-# d/dx [x Phi(x)]: the forward is F.gelu exactly, as in autograd.Functions written to save memory.
-class _GeluHalfBackward(torch.autograd.Function):
+class _ExactGelu(torch.autograd.Function):
+    """F.gelu exactly in the forward; each mutant below writes its own backward."""
+
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
         return F.gelu(x)
 
+
+class _Applied(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, *args):
+        return self.function.apply(*args)
+
+
+# --- a hand-written GELU whose backward keeps Phi(x) and drops x * phi(x) from
+# d/dx [x Phi(x)], as in autograd.Functions written to save memory.
+class _GeluHalfBackward(_ExactGelu):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         return grad * 0.5 * (1.0 + torch.erf(x * 0.5 ** 0.5))
 
 
-class GELUHalfBackward(torch.nn.Module):
-    def forward(self, x):
-        return _GeluHalfBackward.apply(x)
-
-
 class MlpGeluHalfBackward(T.Mlp):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.act = GELUHalfBackward()
+        self.act = _Applied(_GeluHalfBackward)
 
 
 # --- the same GELU with the tanh approximation's derivative in its backward (a fused
 # kernel's backward written for the other GELU): the two slopes differ by up to 2e-3 where
 # |x| is about 2, and agree near 0, so only the stage-wise bound sees it on ordinary weights.
-class _GeluTanhBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return F.gelu(x)
-
+class _GeluTanhBackward(_ExactGelu):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
@@ -81,15 +84,6 @@ class MlpGeluTanhBackward(T.Mlp):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.act = _Applied(_GeluTanhBackward)
-
-
-class _Applied(torch.nn.Module):
-    def __init__(self, function):
-        super().__init__()
-        self.function = function
-
-    def forward(self, *args):
-        return self.function.apply(*args)
 
 
 # --- a LayerNorm whose backward treats the mean and variance as constants (statistics taken
