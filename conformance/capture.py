@@ -34,16 +34,18 @@ the ``--port`` plugin and the zoo take it as they take any other. What it adds:
 
 from __future__ import annotations
 
+import functools
 import importlib
-
 import re
 from collections.abc import Callable, Mapping
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from conformance.report import ToolError, describe_exception
 from impls.config import ViTConfig, tap_names
 
 
@@ -60,6 +62,10 @@ class Taps(dict):
         self.unseen: dict[str, str] = dict(unseen or {})
         self.findings: list[tuple[str, str]] = list(findings)
         self.sources: dict[str, str] = dict(sources or {})
+        self.dtypes: dict[str, str] = {}  # stage -> the dtype the model emitted it in (before any cast to NumPy)
+        # A second pass off the model's own path (a fused kernel's internals read where a function
+        # mode moves it onto another path): judged too, its stages named in ``sources``.
+        self.second: Taps | None = None
 
 
 # ----------------------------------------------------------------------------- mapping
@@ -156,6 +162,14 @@ class _Adapter:
         """The model's name for a renamed key (Flax calls a weight kernel or scale)."""
         return key
 
+    def fast_paths(self) -> list[str]:
+        """Modules whose native kernel capture's function wrappers would switch off (none)."""
+        return []
+
+
+# PyTorch modules with a native fast path that a TorchFunctionMode switches off.
+_TORCH_FAST_PATH = ("MultiheadAttention", "TransformerEncoderLayer")
+
 
 class _TorchAdapter(_Adapter):
     name = "torch"
@@ -164,6 +178,7 @@ class _TorchAdapter(_Adapter):
         super().__init__(model)
         self._modules = dict(model.named_modules())
         self.retain = False  # record the graph's own tensors (a gradient pass), not copies
+        self.autocast: str | None = None  # ModelPort(autocast=True): run under torch.autocast in this dtype
 
     def cotangents(self, images, objective, loss, forward: "CapturedForward"):
         """(value, {model key: gradient}, d value / d images, {stage: cotangent}) of
@@ -207,12 +222,16 @@ class _TorchAdapter(_Adapter):
     def current(self, key):
         return self.model.state_dict()[key].detach().float().numpy()
 
-    def load(self, arrays: dict, dtype: str) -> None:
+    def load(self, arrays: dict, dtype: str, cast: bool = True) -> None:
+        """Strictly; ``cast``: every parameter to ``dtype`` (else each keeps the dtype the model
+        built it in: load_state_dict copies into the existing tensors)."""
         import torch
 
         tensors = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in arrays.items()}
         self.model.load_state_dict(tensors, strict=True)
-        self.model.eval().to(getattr(torch, dtype))
+        self.model.eval()
+        if cast:
+            self.model.to(getattr(torch, dtype))
 
     def to_input(self, images: np.ndarray, dtype: str):
         import torch
@@ -236,7 +255,17 @@ class _TorchAdapter(_Adapter):
             return x
         return x.detach().clone()
 
-    def run(self, inputs, recorder: "_Recorder", watch: dict[str, tuple[bool, bool]]):
+    def fast_paths(self) -> list[str]:
+        """Modules whose native kernel a TorchFunctionMode would switch off (nn.MultiheadAttention
+        and nn.TransformerEncoderLayer leave their fast path when any argument has a torch function):
+        their model runs once on its own path with hooks only, and again for the internals."""
+        return [p for p, m in self._modules.items() if type(m).__name__ in _TORCH_FAST_PATH
+                and type(m).__module__.startswith("torch.nn")]
+
+    def run(self, inputs, recorder: "_Recorder", watch: dict[str, tuple[bool, bool]], functions: bool = True):
+        """The model on ``inputs`` with forward hooks at ``watch``; with ``functions`` also a
+        TorchFunctionMode that records softmax, fused attention and the attention products
+        (without it the model runs exactly its own path, native kernels included)."""
         import torch
         import torch.nn.functional as F
         from torch.overrides import TorchFunctionMode
@@ -258,19 +287,43 @@ class _TorchAdapter(_Adapter):
         hooks = {"softmax": on.softmax, "matmul": on.product, "__matmul__": on.product, "bmm": on.product,
                  "einsum": on.einsum, **dict.fromkeys(("mul", "__mul__", "__rmul__", "div", "__truediv__"), on.scale)}
 
+        # F.multi_head_attention_forward runs whole under the mode (a mode is off inside its own
+        # handler): its internals are recorded by wrapping the functions it calls for that call.
+        mha = F.multi_head_attention_forward
+        inside_mha = [(F, "scaled_dot_product_attention", _wrapped(sdpa, on_sdpa)),
+                      (F, "softmax", _wrapped(F.softmax, on.softmax)),
+                      (torch, "bmm", _wrapped(torch.bmm, on.product)),
+                      (torch, "baddbmm", _wrapped(torch.baddbmm, lambda a, k, out: on.product(a[1:], k, out)))]
+
         class Intercept(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
+                if func is mha:
+                    with _patched(inside_mha):
+                        out = func(*args, **kwargs)
+                    recorder.scaled_inside("F.multi_head_attention_forward")
+                    return out
                 out = func(*args, **kwargs)
                 hook = on_sdpa if func is sdpa else hooks.get(getattr(func, "__name__", ""))
                 if hook is not None:
                     hook(args, kwargs, out)
                 return out
 
+        native = torch._native_multi_head_attention
+
+        def native_mha(*args, **kwargs):  # the fast path ran: noted, not changed
+            recorder.native(args[0] if args else None)
+            return native(*args, **kwargs)
+
+        autocast = (torch.autocast(inputs.device.type, dtype=getattr(torch, self.autocast)) if self.autocast
+                    else contextlib.nullcontext())
         try:
-            with (torch.enable_grad() if self.retain else torch.no_grad()), Intercept():
+            torch._native_multi_head_attention = native_mha
+            with (torch.enable_grad() if self.retain else torch.no_grad()), autocast, \
+                    (Intercept() if functions else contextlib.nullcontext()):
                 return self.model(inputs, **self.call_kwargs)
         finally:
+            torch._native_multi_head_attention = native
             for h in handles:
                 h.remove()
 
@@ -319,7 +372,7 @@ class _SwapAdapter(_Adapter):
             swapped.append((module, cls))
         return swapped
 
-    def run(self, inputs, recorder, watch):
+    def run(self, inputs, recorder, watch, functions: bool = True):
         swapped = self._wrap_modules(recorder, watch)
         try:
             with _patched(self.patches(recorder)):
@@ -404,12 +457,16 @@ class _MLXAdapter(_SwapAdapter):
 
         return np.array(dict(tree_flatten(self.model.parameters()))[key].astype(mx.float32))
 
-    def load(self, arrays, dtype):
+    def load(self, arrays, dtype, cast=True):
         import mlx.core as mx
+        from mlx.utils import tree_flatten
 
-        self.model.load_weights([(k, mx.array(np.asarray(v, np.float32))) for k, v in arrays.items()], strict=True)
+        own = {k: v.dtype for k, v in tree_flatten(self.model.parameters())}
+        self.model.load_weights([(k, mx.array(np.asarray(v, np.float32)) if cast else
+                                  mx.array(np.asarray(v, np.float32)).astype(own.get(k, mx.float32)))
+                                 for k, v in arrays.items()], strict=True)
         self.model.eval()
-        if dtype != "float32":
+        if cast and dtype != "float32":
             self.model.set_dtype(getattr(mx, dtype))
 
     def to_input(self, images, dtype):
@@ -614,13 +671,13 @@ class _NNXAdapter(_JAXArrays, _SwapAdapter):
                  for path, v in nnx.to_flat_state(g_params)}
         return float(value), grads, self.numpy(g_x)
 
-    def load(self, arrays, dtype):
+    def load(self, arrays, dtype, cast=True):
         import jax.numpy as jnp
 
         params = self._params()
         for key, value in arrays.items():
-            value = jnp.asarray(np.asarray(value, np.float32))
-            params[key].set_value(value if dtype == "float32" else value.astype(getattr(jnp, dtype)))
+            target = getattr(jnp, dtype) if cast else params[key].get_value().dtype
+            params[key].set_value(jnp.asarray(np.asarray(value, np.float32)).astype(target))
 
 
 class _LinenAdapter(_JAXArrays, _Adapter):
@@ -646,6 +703,7 @@ class _LinenAdapter(_JAXArrays, _Adapter):
         if extra:
             raise LoadError(f"the linen model has variable collections besides params: {extra}")
         self._shapes = {".".join(path): tuple(leaf.shape) for path, leaf in _flatten(variables["params"])}
+        self._dtypes = {".".join(path): leaf.dtype for path, leaf in _flatten(variables["params"])}
         self.variables = None
 
     def modules(self):
@@ -660,7 +718,7 @@ class _LinenAdapter(_JAXArrays, _Adapter):
     def current(self, key):
         raise LoadError(f"a linen model's parameters come from the mapping alone; it leaves {key!r} unfilled")
 
-    def load(self, arrays, dtype):
+    def load(self, arrays, dtype, cast=True):
         import jax.numpy as jnp
 
         tree: dict = {}
@@ -669,11 +727,11 @@ class _LinenAdapter(_JAXArrays, _Adapter):
             node = tree
             for p in parents:
                 node = node.setdefault(p, {})
-            value = jnp.asarray(np.asarray(value, np.float32))
-            node[leaf] = value if dtype == "float32" else value.astype(getattr(jnp, dtype))
+            target = getattr(jnp, dtype) if cast else self._dtypes.get(key, jnp.float32)
+            node[leaf] = jnp.asarray(np.asarray(value, np.float32)).astype(target)
         self.variables = {"params": tree}
 
-    def run(self, inputs, recorder, watch):
+    def run(self, inputs, recorder, watch, functions: bool = True):
         import flax.linen as nn
 
         def intercept(next_fun, args, kwargs, context):
@@ -703,6 +761,20 @@ ADAPTERS = {"torch": _TorchAdapter, "mlx": _MLXAdapter, "nnx": _NNXAdapter, "lin
 
 # ----------------------------------------------------------------------------- recording
 
+def _guarded(method):
+    """A recorder callback runs inside the model's call: an exception in it is the tool's, kept
+    (the first) and raised as a ToolError after the call, never let loose inside the model."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised as the tool's own after the model returns
+            if self.error is None:
+                self.error = e
+    return call
+
+
 class _Recorder:
     """Module inputs and outputs by path (copied at once), and per block the attention's q, k,
     v and weights as the model computes them."""
@@ -717,7 +789,28 @@ class _Recorder:
         self.calls: dict[str, int] = {}
         self.attn: dict[int, dict[str, Any]] = {}
         self.scaled: dict[int, tuple] = {}
+        self.error: Exception | None = None
 
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise ToolError(f"capture failed while recording the forward: {describe_exception(self.error)}") \
+                from self.error
+
+    @_guarded
+    def native(self, query):
+        """torch._native_multi_head_attention ran in this block (nn.MultiheadAttention's fast path)."""
+        self._slot().setdefault("native", "torch._native_multi_head_attention (nn.MultiheadAttention's native "
+                                          "fast path)")
+
+    @_guarded
+    def scaled_inside(self, where):
+        """q was scaled inside ``where`` before q kᵀ, where no scalar multiply is seen: the left
+        operand of q kᵀ is not q."""
+        slot = self._slot()
+        if "logits_q" in slot and "q" not in slot:
+            slot.setdefault("q_scaled", where)
+
+    @_guarded
     def enter(self, path, value):
         self.calls[path] = self.calls.get(path, 0) + 1
         if path in self.blocks:
@@ -725,6 +818,7 @@ class _Recorder:
         if path not in self.inputs and value is not None:
             self.inputs[path] = self.adapter.copy(value)
 
+    @_guarded
     def leave(self, path, output):
         if path in self.blocks:
             self.block = None
@@ -739,6 +833,7 @@ class _Recorder:
     def _is(self, x, *tail) -> bool:
         return self.adapter.is_array(x) and tuple(x.shape[-len(tail):]) == tail and len(x.shape) >= 3
 
+    @_guarded
     def fused(self, q, k, v, where, heads_first):
         slot = self._slot()
         if "q" not in slot and all(self.adapter.is_array(t) for t in (q, k, v)):
@@ -746,11 +841,13 @@ class _Recorder:
             slot.update(q=copy(q), k=copy(k), v=copy(v), heads_first=heads_first, where=f"the q, k, v arguments of "
                         f"{where}", fused=where)
 
+    @_guarded
     def softmax(self, out):
         slot = self._slot()
         if "weights" not in slot and self._is(out, self.N, self.N):
             slot["weights"] = self.adapter.copy(out)
 
+    @_guarded
     def scalar_op(self, args, out):
         # Only q-shaped results are kept (a q scaled before q kᵀ), and kept alive so ids stay unique.
         if len(args) == 2 and self._is(out, self.N, self.hd):
@@ -764,6 +861,7 @@ class _Recorder:
         hit = self.scaled.get(id(x))
         return hit[0] if hit is not None and hit[1] is x else x
 
+    @_guarded
     def product(self, a, b, out, equation):
         if not (self.adapter.is_array(a) and self.adapter.is_array(b) and self.adapter.is_array(out)):
             return
@@ -839,10 +937,62 @@ class Plan:
         return {p: (w[0], w[1]) for p, w in out.items()}
 
 
+# Framework attention modules that project q, k, v and the output themselves: their output is
+# the attention stage (``attn``), and what they compute inside is read where the framework shows it.
+ATTENTION_MODULES = {
+    "MultiheadAttention": "torch.nn.MultiheadAttention: in_proj_weight (fused qkv, or q/k/v_proj_weight), "
+                          "in_proj_bias, out_proj (used by the module directly, never called)",
+    "MultiHeadAttention": "mlx.nn.MultiHeadAttention (query_proj, key_proj, value_proj, out_proj) or "
+                          "flax.nnx.MultiHeadAttention (query, key, value, out: LinearGeneral)",
+    "MultiHeadDotProductAttention": "flax.linen.MultiHeadDotProductAttention (query, key, value, out: DenseGeneral)",
+}
+# Child modules whose parameters their parent uses directly (they are never called themselves).
+_USED_BY_PARENT = {"MultiheadAttention": ("out_proj",)}
+
+
+def _kind_name(module) -> str:
+    return module if isinstance(module, str) else type(module).__name__
+
+
+def _caller(path: str, modules: Mapping[str, Any]) -> str:
+    """The module that uses ``path``'s parameters: itself, or its parent where the parent reads
+    them directly (torch's MultiheadAttention and its out_proj)."""
+    parent, _, leaf = path.rpartition(".")
+    if parent in modules and leaf in _USED_BY_PARENT.get(_kind_name(modules[parent]), ()):
+        return parent
+    return path
+
+
+def _config_argument(fn, positional: int | None, keyword: str = "config") -> str | None:
+    """How ``fn`` takes its second argument: "keyword" (it names ``keyword`` or takes **kwargs),
+    "positional" (it requires ``positional`` arguments, or takes *args), or None."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: called with its one argument
+        return None
+    kinds = inspect.Parameter
+    if any(p.name == keyword and p.kind != kinds.POSITIONAL_ONLY for p in params) or \
+            (keyword != "config" and any(p.kind == kinds.VAR_KEYWORD for p in params)):
+        return "keyword"
+    if positional is None:
+        return None
+    required = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+                and p.default is p.empty]
+    if len(required) >= positional or any(p.kind == kinds.VAR_POSITIONAL for p in params):
+        return "positional"
+    return None
+
+
+class TapOverrideError(ValueError):
+    """A ``taps=`` / ``--tap`` entry that names no stage or no module: a usage error."""
+
+
 def _override(spec: str) -> Source:
     path, _, side = spec.partition(":")
     if side not in ("", "in", "out"):
-        raise ValueError(f"tap override {spec!r}: the side after ':' must be 'in' or 'out'")
+        raise TapOverrideError(f"tap override {spec!r}: the side after ':' must be 'in' or 'out'")
     return Source("in" if side == "in" else "out", path)
 
 
@@ -858,7 +1008,7 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
         return list(dict.fromkeys(_module_of(m) for k in sorted(keys, reverse=True) for m in key_map[k]))
 
     def one(canonical_module: str, stage: str) -> str | None:
-        found = owners(canonical_module)
+        found = [_caller(m, modules) for m in owners(canonical_module)]
         if len(found) == 1 and found[0] in modules:
             return found[0]
         plan.unseen[stage] = (f"no module of its own holds {canonical_module}'s weights" if not found else
@@ -900,6 +1050,9 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
         for n, part in enumerate("qkv"):
             if block_paths[i] is None:
                 plan.unseen[f"{b}.attn.{part}"] = "the block has no module of its own"
+            elif len(qkv) == 1 and _kind_name(modules.get(qkv[0])) in ATTENTION_MODULES:
+                # the attention module projects q, k and v itself: its output is the attention's
+                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i)
             elif len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)
                 plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, fallback=("heads", qkv[n]))
             elif len(qkv) == 1:
@@ -956,17 +1109,20 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
         m = one("head", "pooled")
         put("pooled", m and Source("in", m))
         plan.sources["logits"] = Source("return")
+    elif not config.num_classes:  # headless (timm's num_classes=0): the output is the pooled features
+        plan.sources["pooled"] = Source("return", part="pooled")
+        plan.sources["logits"] = Source("return")
     else:
         plan.unseen["pooled"] = plan.unseen["logits"] = "the model has no classifier head (the mapping drops head)"
     for pattern, spec in (overrides or {}).items():
         for i in range(config.depth) if "{i}" in pattern else [None]:
             stage = pattern.replace("{i}", str(i)) if i is not None else pattern
             if stage not in tap_names(config):
-                raise ValueError(f"tap override {pattern!r}: {stage!r} is not a stage of this config "
+                raise TapOverrideError(f"tap override {pattern!r}: {stage!r} is not a stage of this config "
                                  "(see impls.tap_names)")
             src = _override(spec.replace("{i}", str(i)) if i is not None else spec)
             if src.path not in modules:
-                raise ValueError(f"tap override {pattern!r}: the model has no module {src.path!r}")
+                raise TapOverrideError(f"tap override {pattern!r}: the model has no module {src.path!r}")
             if stage.endswith(("attn.q", "attn.k", "attn.v")):
                 src.shape = "heads"
             plan.sources[stage] = src
@@ -986,9 +1142,18 @@ class ModelPort:
     images: "NCHW" (the canonical layout) or "NHWC" (what MLX and Flax convolutions take).
     taps: overrides, ``{"blocks.{i}.attn.weights": "layers.{i}.attn.softmax"}`` (":in" for a
     module's input).
-    output: ``model output -> logits`` (default: the array, a tuple's first, ``.logits``).
+    output: ``model output -> logits`` (default: the array, a tuple's first, ``.logits``); for a
+    headless model (``num_classes=0``) its pooled features.
     supports: the configs the port is written for (see conformance.support).
     call_kwargs: passed to every call of the model (``train=False``, ``deterministic=True``).
+    autocast: a PyTorch model keeps float32 weights and runs under ``torch.autocast`` in the
+    dtype asked for (bfloat16, float16): mixed precision as PyTorch users run it.
+
+    ``build`` is called as ``build(config, dtype=...)`` when it takes ``dtype`` (then the model
+    chooses each parameter's precision: Flax ``dtype``/``param_dtype``, Hugging Face
+    ``torch_dtype``), else ``build(config)`` and every parameter is cast to the dtype asked for.
+    ``convert`` is called as ``convert(state, config)`` when it takes two arguments (whatever
+    their names) or a ``config`` keyword, else ``convert(state)``.
     """
 
     build: Callable[[ViTConfig], Any]
@@ -999,6 +1164,7 @@ class ModelPort:
     output: Callable[[Any], Any] | None = None
     supports: Any = None
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    autocast: bool = False
 
     def __post_init__(self):
         if (self.rename is None) == (self.convert is None):
@@ -1014,10 +1180,15 @@ class ModelPort:
     # -- weights
 
     def _convert(self, state, config):
-        import inspect
+        how = _config_argument(self.convert, positional=2)
+        return (self.convert(state, config=config) if how == "keyword" else
+                self.convert(state, config) if how == "positional" else self.convert(state))
 
-        takes_config = "config" in inspect.signature(self.convert).parameters
-        return self.convert(state, config) if takes_config else self.convert(state)
+    def _build(self, config: ViTConfig, dtype: str):
+        """(model, whether the model chose its own parameter dtypes)."""
+        if _config_argument(self.build, positional=None, keyword="dtype") == "keyword":
+            return self.build(config, dtype=dtype), True
+        return self.build(config), False
 
     def key_map(self, state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, list[str]]:
         """canonical key -> the model keys it is sent to."""
@@ -1081,8 +1252,11 @@ class ModelPort:
         from conformance.support import check_supported, supports_of
 
         check_supported(supports_of(self), config)
-        model = self.build(config)
+        model, chosen = self._build(config, dtype)
         framework = framework_of(model)
+        if self.autocast and framework != "torch":
+            raise TypeError(f"ModelPort(autocast=True) runs a PyTorch model under torch.autocast; this is a "
+                            f"{framework} model (give build a dtype= argument instead)")
         if framework == "linen":  # unbound: shapes come from an abstract init on an image of this config
             import jax.numpy as jnp
 
@@ -1097,15 +1271,25 @@ class ModelPort:
         if dropped:
             raise LoadError(f"the mapping drops canonical keys the model needs: {', '.join(dropped[:8])}")
         arrays, unfilled = self.mapped(state, adapter, config)
-        adapter.load(arrays, dtype)
+        mixed = self.autocast and dtype != "float32"
+        adapter.load(arrays, dtype, cast=not (chosen or self.autocast))
+        if mixed:
+            adapter.autocast = dtype
         has_head = any(key_map.get(k) for k in ("head.weight", "head.bias"))
-        plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
+        try:
+            plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
+        except TapOverrideError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the plan is the tool's
+            raise ToolError(f"capture could not plan the taps: {describe_exception(e)}") from e
         findings = []
         if unfilled:
             findings.append(("load", f"the model has {len(unfilled)} parameter(s) the canonical weights do not fill, "
                                      f"left at the model's initial values: {', '.join(unfilled[:6])}"
                                      + (" ..." if len(unfilled) > 6 else "")))
-        return CapturedForward(self, adapter, plan, config, dtype, findings)
+        forward = CapturedForward(self, adapter, plan, config, dtype, findings)
+        forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
+        return forward
 
 
     def make_grad(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
@@ -1194,18 +1378,44 @@ class CapturedForward:
     def __init__(self, port: ModelPort, adapter: _Adapter, plan: Plan, config: ViTConfig, dtype: str, findings):
         self.port, self.adapter, self.plan, self.config, self.dtype = port, adapter, plan, config, dtype
         self.findings = findings
+        self.input_dtype = dtype
+        self._emitted: str | None = None
 
     def __call__(self, images) -> Taps:
         images = np.asarray(images)
         x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
-        recorder = _Recorder(self.adapter, self.config, images.shape[0], self.plan.blocks)
-        out = self.adapter.run(self.adapter.to_input(np.ascontiguousarray(x), self.dtype), recorder, self.plan.watch())
+        inputs = self.adapter.to_input(np.ascontiguousarray(x), self.input_dtype)
+        fast = self.adapter.fast_paths()
+        if not fast:
+            return self._pass(inputs, images.shape[0], functions=True)
+        # The model's own path first (hooks only: its native kernels run as for its user), then
+        # the internals those kernels hide, read in a second pass that leaves them; both are judged.
+        taps = self._pass(inputs, images.shape[0], functions=False)
+        second = self._pass(inputs, images.shape[0], functions=True)
+        for stage, why in second.unseen.items():
+            if stage in taps.unseen and taps.unseen[stage] != why:
+                taps.unseen[stage] = f"{taps.unseen[stage]} on the model's own path, and {why} off it"
+        for stage in second:
+            if stage in taps:
+                continue
+            own = taps.unseen.pop(stage, "not read")
+            second.sources[stage] = (f"{second.sources[stage]}, in a second pass under a TorchFunctionMode (on the "
+                                     f"model's own path: {own})")
+            taps.sources[stage] = second.sources[stage]
+        taps.second = second
+        return taps
+
+    def _pass(self, inputs, batch: int, functions: bool) -> Taps:
+        recorder = _Recorder(self.adapter, self.config, batch, self.plan.blocks)
+        out = self.adapter.run(inputs, recorder, self.plan.watch(), functions=functions)
+        recorder.raise_error()
         taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))
         for stage in tap_names(self.config):
             source = self.plan.sources.get(stage)
             if source is None:
                 continue
             try:
+                self._emitted = None
                 value, where = self._read(source, stage, recorder, out)
             except _Unseen as e:
                 taps.unseen[stage] = str(e)
@@ -1213,9 +1423,19 @@ class CapturedForward:
             except _Never as e:
                 taps.findings.append((stage, str(e)))
                 continue
+            except Exception as e:  # noqa: BLE001 - reading a recorded tensor is the tool's job
+                raise ToolError(f"capture failed reading stage {stage} ({source.kind} {source.path or ''}".rstrip()
+                                + f"): {describe_exception(e)}") from e
             taps[stage] = value
             taps.sources[stage] = where
+            if self._emitted:
+                taps.dtypes[stage] = self._emitted
         return taps
+
+    def _np(self, x) -> np.ndarray:
+        """A recorded array as NumPy, noting the dtype the model emitted it in."""
+        self._emitted = str(getattr(x, "dtype", "")).rsplit(".", 1)[-1]
+        return self.adapter.numpy(x)
 
     def _array(self, x, stage):
         arrays = _arrays_in(x, self.adapter.is_array)
@@ -1228,13 +1448,17 @@ class CapturedForward:
         B = rec.B
         if source.kind == "return":
             logits = self.port.output(out) if self.port.output else self._array(out, stage)
-            return self.adapter.numpy(logits), "the model's return value"
+            if source.part == "pooled" and len(getattr(logits, "shape", ())) == 3:
+                raise _Never(f"a headless model's output is its pooled features (B, D); it returned "
+                             f"{tuple(logits.shape)} tokens: give ModelPort(output=...) its pooled output")
+            what = "the model's return value" + (" (a headless model's pooled features)" if source.part else "")
+            return self._np(logits), what
         if source.kind in ("in", "out"):
             store = rec.inputs if source.kind == "in" else rec.outputs
             if source.path not in store:
                 raise _Never(f"the module {source.path!r} that holds its weights was never called: its weights "
                              "take no part in the forward")
-            x = self.adapter.numpy(self._array(store[source.path], stage))
+            x = self._np(self._array(store[source.path], stage))
             where = f"{'input' if source.kind == 'in' else 'output'} of {source.path}"
             if source.shape == "patches" and x.ndim == 4:
                 if self.adapter.name == "torch":
@@ -1249,26 +1473,32 @@ class CapturedForward:
         part = source.part
         if part == "weights":
             if "weights" in slot:
-                return self._heads4(self.adapter.numpy(slot["weights"]), c.num_tokens), "the softmax over keys"
+                return self._heads4(self._np(slot["weights"]), c.num_tokens), "the softmax over keys"
             raise _Unseen(f"computed inside {slot['fused']} (a fused kernel)" if "fused" in slot else
+                          f"computed inside {slot['native']}" if "native" in slot else
                           "no softmax over (N, N) logits was seen in this block")
         if part in slot:
-            x = self.adapter.numpy(slot[part])
+            x = self._np(slot[part])
             if not slot.get("heads_first", True):
                 x = x.transpose(0, 2, 1, 3)  # (B, N, H, hd) -> (B, H, N, hd)
             return self._heads4(x, c.head_dim), slot["where"]
         product = {"q": "logits_q", "k": "logits_k", "v": "product_v"}[part]
+        if part == "q" and "q_scaled" in slot:
+            raise _Unseen(f"scaled inside {slot['q_scaled']} before q kᵀ, where capture sees no multiply "
+                          "(need_weights=True; with need_weights=False q is an argument of the fused attention)")
         if product in slot:
             what = {"q": "the left operand of q kᵀ (before any scalar scale)", "k": "the right operand of q kᵀ",
                     "v": "the right operand of weights · v"}[part]
-            return self._heads4(self.adapter.numpy(slot[product]), c.head_dim), what
+            return self._heads4(self._np(slot[product]), c.head_dim), what
         kind, path = source.fallback or ("", "")
         if kind == "heads" and path in rec.outputs:
-            return _heads(self.adapter.numpy(self._array(rec.outputs[path], stage)), c), f"output of {path}, heads split"
+            return _heads(self._np(self._array(rec.outputs[path], stage)), c), f"output of {path}, heads split"
         if kind == "qkv" and path in rec.outputs:
-            x = self.adapter.numpy(self._array(rec.outputs[path], stage))
+            x = self._np(self._array(rec.outputs[path], stage))
             x = x.reshape(B, c.num_tokens, 3, c.num_heads, c.head_dim)[:, :, "qkv".index(part)].transpose(0, 2, 1, 3)
             return x, f"output of {path} split as timm's (3, H, hd): the port's own split is checked at attn.weights"
+        if "native" in slot:
+            raise _Unseen(f"computed inside {slot['native']}")
         raise _Unseen("no fused attention call, q kᵀ product or q/k/v projection was seen in this block")
 
     def _heads4(self, x, last):

@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     v = sub.add_parser("verify", help="check a port factory against the oracle, stage by stage",
                        description="Run a port and the float64 oracle on drawn inputs and report, per stage, "
                                    "the error against the tolerance and the first divergent stage. "
-                                   "Exit 0: conforms; 1: does not; 2: usage error.")
+                                   "Exit 0: conforms; 1: does not; 2: usage error; 3: the tool's own failure.")
     v.add_argument("port", nargs="?", help="the port: a factory or a ModelPort, 'pkg.module:name' (or a built-in: "
                                            "torch, mlx, jax, numpy)")
     v.add_argument("--attention", metavar="PKG.MODULE:MAKE_ATTENTION",
@@ -119,11 +119,16 @@ def main(argv=None) -> int:
     if args.command == "verify":
         from conformance.verify import UsageError, main as verify_main
 
+        from conformance.report import tool_failure
+
         try:
             return verify_main(args)
         except UsageError as e:
             print(f"usage error: {e}", file=sys.stderr)
             return 2
+        except Exception as e:  # noqa: BLE001 - the port's failures are findings inside verify: this is the tool's
+            print(tool_failure(e), file=sys.stderr)
+            return 3
     parser.error(f"unknown command {args.command!r}")
     return 2
 

@@ -9,12 +9,13 @@ finding with a one-line reason, never an exception.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from conformance.error_model import DTYPES, CaseModel, Chain, stage_kind  # noqa: F401 - stage_kind re-exported
+from conformance.error_model import DTYPES, CaseModel, Chain, stage_kind, stage_precision  # noqa: F401 - re-exported
 from conformance.tolerances import tolerance
 from impls.config import ViTConfig, tap_names, tap_shapes
 
@@ -33,6 +34,8 @@ class StageResult:
     mode: str = "local"
     e2e_ratio: float | None = None  # max|port - oracle| / max|noisy oracle - oracle|
     e2e_tol: float | None = None
+    stored: str | None = None  # the precision the stage was seen in (mixed precision: float32 under bfloat16)
+    tokens: str | None = None  # a stage emitted for some of its tokens: which were compared
 
     @property
     def separation(self) -> float:
@@ -77,16 +80,46 @@ def malformed(actual, shape, dtype: str = "float32") -> str | None:
             return f"dtype {got}: lower precision than the {dtype} asked for"
         if dtype == "float32" or got == "float64":
             return f"dtype {got}, asked for {dtype}: a wider type hides the {dtype} rounding being checked"
-        # bf16/fp16 returned as float32 (NumPy has no bfloat16): the values must be that dtype's.
-        import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy
-
-        finite = actual[np.isfinite(actual)]
-        if not np.array_equal(finite.astype(dtype).astype(np.float32), finite):
-            return f"values carry more than {dtype} precision: the port did not compute in {dtype}"
+        # bf16/fp16 returned as float32 (NumPy has no bfloat16): a stage in that dtype, or one the
+        # port keeps in float32 (mixed precision: stored_as tells which).
     if not np.isfinite(np.asarray(actual, np.float64)).all():
         a = np.asarray(actual, np.float64)
         return f"non-finite values: {int(np.isnan(a).sum())} NaN, {int(np.isinf(a).sum())} Inf"
     return None
+
+
+def stored_as(actual, dtype: str, emitted: str | None = None) -> str:
+    """The precision a well-formed stage was stored in: the dtype asked for, or float32 where a
+    port asked for bfloat16 or float16 keeps the stage in float32 (torch.autocast keeps LayerNorm
+    and the residual stream there; Flax ``dtype``/``param_dtype``): never finer than float32,
+    never coarser than asked. ``emitted``: the dtype the model emitted it in, where known."""
+    if dtype == "float32":
+        return "float32"
+    if emitted in (dtype, "float32"):
+        return emitted
+    a = np.asarray(actual)
+    if _dtype_name(a) == dtype:
+        return dtype
+    import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy
+
+    finite = a[np.isfinite(a)]
+    return dtype if np.array_equal(finite.astype(dtype).astype(finite.dtype), finite) else "float32"
+
+
+def token_subset(name: str, actual, shape, config: ViTConfig) -> tuple[int | None, str | None]:
+    """A stage emitted for some of its tokens, as equivalent code computes it: the final norm
+    applied to the class token only (CLIP/SigLIP-style towers, open_clip, many MLX ports) is the
+    same as timm's norm-then-pool when the class token is what is pooled. (the token index compared,
+    None) when ``actual`` is such a form, (None, why not) when it is the one-token form of a
+    pooling it is not equivalent to, (None, None) otherwise."""
+    got = tuple(np.shape(actual))
+    if name != "norm" or len(shape) != 3 or got not in ((shape[0], shape[2]), (shape[0], 1, shape[2])):
+        return None, None
+    if config.global_pool == "token":
+        return 0, None
+    return None, (f"shape {got}: the final norm applied to one vector per image, but global_pool="
+                  f"{config.global_pool!r} pools the patch tokens after the norm (timm norms every token, then "
+                  "pools): normalising the pooled vector is another computation")
 
 
 def ratio_over_bound(err: np.ndarray, bound) -> float:
@@ -96,41 +129,58 @@ def ratio_over_bound(err: np.ndarray, bound) -> float:
     return float(np.max(np.divide(err, bound, out=np.zeros_like(err), where=err > 0), initial=0.0))
 
 
-def stage_ratios(name: str, actual, model: Chain, taps: Mapping, local: bool = True) -> dict:
+def stage_ratios(name: str, actual, model: Chain, taps: Mapping, local: bool = True, precision=None,
+                 token: int | None = None) -> dict:
     """The error of a well-formed stage: max abs and relative error against the oracle, the
     end-to-end ratio (over the propagated spread) and, if ``local``, the local ratio (over the
-    unit bound of the stage computed from the port's own inputs)."""
-    a = np.asarray(actual, np.float64)
-    max_abs, rel = error(a, model.oracle[name])
+    unit bound of the stage computed from the port's own inputs, in ``precision``). ``token``:
+    the stage was emitted for that token only (``actual`` is its (B, D) row)."""
+    def rows(x):
+        return x if token is None else np.asarray(x)[:, token]
+
+    a = np.asarray(actual, np.float64).reshape(np.shape(rows(model.oracle[name])))
+    max_abs, rel = error(a, rows(model.oracle[name]))
     spread = model.spread(name)
     e2e = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))
     out = {"max_abs_err": max_abs, "rel_err": rel, "end-to-end": e2e}
     if local:
-        value, bound = model.local(name, taps)
-        out["local"] = ratio_over_bound(np.abs(a - value), bound + model.precision.tiny)
+        value, bound = model.local(name, taps, precision)
+        bound = np.broadcast_to(bound, np.shape(value))
+        out["local"] = ratio_over_bound(np.abs(a - rows(value)), rows(bound) + model.precision.tiny)
     return out
 
 
 def compare_stage(name: str, actual, model: Chain, taps: Mapping, *, dtype: str = "float32",
-                  shape=None, valid: set | None = None) -> StageResult:
-    """One emitted stage against the error model. ``valid``: the taps that are well-formed."""
+                  shape=None, valid: set | None = None, stored: Mapping[str, str] | None = None,
+                  token: int | None = None) -> StageResult:
+    """One emitted stage against the error model. ``valid``: the taps that are well-formed;
+    ``stored``: the precision each was seen in (default: the dtype asked for); ``token``: the
+    stage was emitted for that token only."""
     kind = model.kind(name)
     shape = model.oracle[name].shape if shape is None else shape
+    if token is not None:
+        shape = (shape[0], shape[2])
+        actual = np.asarray(actual).reshape(shape)
     reason = None if valid is not None and name in valid else malformed(actual, shape, dtype)
     local = model.can_check_locally(name, valid if valid is not None else taps)
     mode = "local" if local else "end-to-end"
-    tol = tolerance(kind, dtype, mode)
+    stored = stored or {}
+    seen = stored.get(name, dtype)
+    inputs = [stored.get(k, dtype) for k in model.inputs(name)] if local else []
+    precision = stage_precision(kind, dtype, seen, max(inputs, key=lambda d: -_BITS[d]) if inputs else None)
+    tol = tolerance(kind, precision.dtype, mode)
+    where = None if token is None else f"token {token} (the stage was emitted for it alone)"
     if reason:
         bad = float("inf") if reason.startswith("non-finite") else None
-        return StageResult(name, bad, bad, bad, tol, False, reason, mode)
-    r = stage_ratios(name, actual, model, taps, local)
+        return StageResult(name, bad, bad, bad, tol, False, reason, mode, stored=seen, tokens=where)
+    r = stage_ratios(name, actual, model, taps, local, precision, token)
     ratio, e2e, e2e_tol = r[mode], r["end-to-end"], tolerance(kind, dtype, "end-to-end")
     ok = ratio <= tol and e2e <= e2e_tol
     why = ""
     if not ok:
         why = (f"error {ratio:.3g}x its bound > tol {tol:.3g} ({'local' if local else 'end to end'})" if ratio > tol
                else f"end to end: error {e2e:.3g}x the propagated bound > tol {e2e_tol:.3g}")
-    return StageResult(name, r["max_abs_err"], r["rel_err"], ratio, tol, ok, why, mode, e2e, e2e_tol)
+    return StageResult(name, r["max_abs_err"], r["rel_err"], ratio, tol, ok, why, mode, e2e, e2e_tol, seen, where)
 
 
 def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: str = "float32") -> list[StageResult]:
@@ -145,12 +195,41 @@ def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: s
     if not isinstance(out, Mapping):
         out = {"logits": out}
     names = [n for n in tap_names(config) if n in out]
-    valid = {n for n in names if malformed(out[n], shapes[n], dtype) is None}
-    results = [compare_stage(n, out[n], model, out, dtype=dtype, shape=shapes[n], valid=valid) for n in names]
+    subsets = {n: token_subset(n, out[n], shapes[n], config) for n in names}
+    refused = {n: why for n, (_, why) in subsets.items() if why}
+    tokens = {n: t for n, (t, _) in subsets.items() if t is not None}
+    emitted = getattr(out, "dtypes", {})
+    valid = {n for n in names if n not in refused and malformed(
+        np.reshape(out[n], (shapes[n][0], shapes[n][2])) if n in tokens else out[n],
+        (shapes[n][0], shapes[n][2]) if n in tokens else shapes[n], dtype) is None}
+    stored = {n: stored_as(out[n], dtype, emitted.get(n)) for n in valid}
+    # Downstream stages read a one-token stage's full tensor: the rows the port computed, the
+    # oracle's elsewhere (they feed nothing the config pools).
+    taps = _expanded(out, {n: t for n, t in tokens.items() if n in valid}, model) if tokens else out
+    results = []
+    for n in names:
+        if n in refused:
+            kind = model.kind(n)
+            results.append(StageResult(n, None, None, None, tolerance(kind, dtype, "local"), False, refused[n]))
+            continue
+        results.append(compare_stage(n, out[n], model, taps, dtype=dtype, shape=shapes[n], valid=valid, stored=stored,
+                                     token=tokens.get(n)))
     if "logits" not in out and "logits" not in getattr(out, "unseen", {}):
         results.append(StageResult("logits", None, None, None, tolerance("logits", dtype, "end-to-end"), False,
                                    "the port returned no 'logits'", "end-to-end"))
     return results
+
+
+def _expanded(out: Mapping, tokens: Mapping[str, int], model: CaseModel):
+    """``out`` with each one-token stage widened to its full (B, N, D): the emitted row at its
+    token, the oracle's rows elsewhere (they feed nothing the config pools); attributes kept."""
+    full = copy.copy(out)
+    for name, token in tokens.items():
+        row = np.asarray(out[name], np.float64).reshape(out[name].shape[0], -1)
+        wide = np.array(model.oracle[name], np.float64)
+        wide[:, token] = row
+        full[name] = wide
+    return full
 
 
 def first_divergence(results: list[StageResult]) -> str | None:

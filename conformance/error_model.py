@@ -54,15 +54,31 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 @dataclass(frozen=True)
 class Precision:
+    """The roundings a stage commits: ``dtype`` its operands and weights are stored in,
+    ``output_dtype`` its output (mixed precision: a stage emitted in float32 when the port runs
+    in bfloat16), ``input_dtype`` its input taps' (a port may hold a summand more precisely than
+    its tap shows); both default to ``dtype``, as in a port that computes in one dtype."""
+
     dtype: str = "float32"
+    output_dtype: str | None = None
+    input_dtype: str | None = None
 
     def __post_init__(self):
-        if self.dtype not in UNIT_ROUNDOFF:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for d in (self.dtype, self.output_dtype or self.dtype, self.input_dtype or self.dtype):
+            if d not in UNIT_ROUNDOFF:
+                raise ValueError(f"dtype must be one of {DTYPES}, got {d!r}")
 
     @property
     def storage(self) -> float:
         return UNIT_ROUNDOFF[self.dtype]
+
+    @property
+    def output(self) -> float:
+        return UNIT_ROUNDOFF[self.output_dtype or self.dtype]
+
+    @property
+    def inputs(self) -> float:
+        return UNIT_ROUNDOFF[self.input_dtype or self.dtype]
 
     @property
     def compute(self) -> float:
@@ -84,7 +100,7 @@ def linear(x, w, b, p: Precision):
         y = y + b
         m2 = m2 + b * b
     m = np.sqrt(m2)
-    return y, p.compute * math.sqrt(x.shape[-1]) * m + p.storage * (np.abs(y) + m)
+    return y, p.compute * math.sqrt(x.shape[-1]) * m + p.storage * m + p.output * np.abs(y)
 
 
 def propagate_linear(dx, w):
@@ -101,11 +117,11 @@ def layer_norm(x, weight, bias, eps, p: Precision, dx=None):
     y = xh * weight + bias
     rms = np.sqrt(mu * mu + var)
     g = np.abs(weight)
-    bound = p.compute * math.sqrt(D) * g * (rms / sigma + np.abs(xh)) + p.storage * (np.abs(y) + g * np.abs(xh)
-                                                                                    + np.abs(bias))
+    bound = (p.compute * math.sqrt(D) * g * (rms / sigma + np.abs(xh)) + p.storage * (g * np.abs(xh) + np.abs(bias))
+             + p.output * np.abs(y))
     # The input may be held more precisely than its tap shows (XLA keeps bf16 sums in float32
     # until they are stored), or is a sum the port does not tap: one rounding of it either way.
-    dx = p.storage * np.abs(x) if dx is None else dx
+    dx = p.inputs * np.abs(x) if dx is None else dx
     bound = bound + g / sigma * (dx + np.sqrt((dx * dx).mean(-1, keepdims=True)))
     return y, bound
 
@@ -164,7 +180,7 @@ def softmax_weights(q, k, scale, p: Precision, mask=None):
     top = np.where(np.isfinite(top), top, 0.0)
     with np.errstate(divide="ignore"):  # a fully masked row: no weight, no bound
         E_bar = top + np.log(np.sum(np.exp(shifted - top), axis=-1, keepdims=True))
-    bound = np.minimum(P * np.expm1(np.minimum(E + E_bar, 80.0)), 1.0) + p.storage * P + p.tiny
+    bound = np.minimum(P * np.expm1(np.minimum(E + E_bar, 80.0)), 1.0) + p.output * P + p.tiny
     return P, bound
 
 
@@ -172,7 +188,7 @@ def attend(P, dP, v, p: Precision):
     """P v over keys (B, H, Nq, hd) and its bound, with P's own error dP carried."""
     o = P @ v
     m = np.sqrt((P * P) @ (v * v))
-    do = p.compute * math.sqrt(v.shape[-2]) * m + p.storage * (np.abs(o) + m)
+    do = p.compute * math.sqrt(v.shape[-2]) * m + p.storage * m + p.output * np.abs(o)
     if dP is not None:
         do = do + np.sqrt((dP * dP) @ (v * v))
     return o, do
@@ -250,7 +266,7 @@ def _mlp_act(x, s, prefix: str, config: ViTConfig, p: Precision, mlp_layer: str 
 def _scaled(x, gamma, p: Precision):
     """LayerScale: x * gamma, one rounding."""
     y = x * gamma
-    return y, p.storage * np.abs(y)
+    return y, p.output * np.abs(y)
 
 
 def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
@@ -279,21 +295,22 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
 
 
 def _sum(a, b, p: Precision):
+    """a + b, a a tap the port may have held more precisely than it emits (one rounding of it)."""
     y = a + b
-    return y, p.storage * (np.abs(a) + np.abs(b))
+    return y, p.output * (np.abs(a) + np.abs(b)) + p.inputs * np.abs(a)
 
 
 def _pool(x, config: ViTConfig, p: Precision):
     """avg, max or avgmax over the tokens (axis 1): mean accumulated in float32, max exact."""
     mean = x.mean(1)
-    dmean = p.compute * math.sqrt(x.shape[1]) * np.sqrt((x * x).mean(1)) + p.storage * np.abs(mean)
+    dmean = p.compute * math.sqrt(x.shape[1]) * np.sqrt((x * x).mean(1)) + p.output * np.abs(mean)
     if config.global_pool == "avg":
         return mean, dmean
     top = x.max(1)
     if config.global_pool == "max":
         return top, np.zeros_like(top)
     y = 0.5 * (top + mean)
-    return y, 0.5 * dmean + p.storage * (np.abs(top) + np.abs(y))
+    return y, 0.5 * dmean + p.output * (np.abs(top) + np.abs(y))
 
 
 def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapping[str, np.ndarray],
@@ -328,11 +345,11 @@ def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapp
             y, dy = x, p.storage * np.abs(x)
         elif config.global_pool == "token":
             y = t[_features(config)][:, 0]
-            dy = p.storage * np.abs(y)
+            dy = p.inputs * np.abs(y)
         else:
             y, dy = _pool(t[_features(config)][:, config.num_prefix_tokens:], config, p)
         if not config.use_fc_norm:
-            return y, dy + p.storage * np.abs(y)
+            return y, dy + p.output * np.abs(y)
         return layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], eps, p, dx=dy)
     if name == "logits":
         if not config.num_classes:
@@ -356,12 +373,12 @@ def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapp
         return _attend_and_project(inputs[0], inputs[1], s, f"{b}.attn.proj", p)
     if rest in ("ls1", "ls2"):
         return _scaled(inputs[0], s[f"{b}.{rest}.gamma"], p)
-    # A LayerScale output may enter the residual unrounded (XLA fuses x + h * gamma into one
-    # loop): its tap's rounding, u_s |h * gamma|, is then a difference too.
-    fused = 1.0 if config.init_values is not None else 0.0
+    # A summand may enter the residual more precisely than its tap shows (XLA fuses x + h * gamma
+    # into one loop; a port computing in float64 emits float32 taps): its tap's rounding,
+    # u |attn| and u |mlp|, is then a difference too.
     if rest == "norm2":
         r = inputs[0] + inputs[1]
-        dx = p.storage * (np.abs(r) + fused * np.abs(inputs[1]))
+        dx = p.output * np.abs(r) + p.inputs * np.abs(inputs[1])
         return layer_norm(r, s[f"{b}.norm2.weight"], s[f"{b}.norm2.bias"], eps, p, dx=dx)
     if rest == "mlp.act":
         return _mlp_act(inputs[0], s, f"{b}.mlp", config, p, config.mlp_layer)
@@ -370,7 +387,7 @@ def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapp
     if rest == "":
         r = inputs[0] + inputs[1]
         y = r + inputs[2]
-        return y, p.storage * (np.abs(r) + np.abs(y) + fused * (np.abs(inputs[1]) + np.abs(inputs[2])))
+        return y, p.output * (np.abs(r) + np.abs(y)) + p.inputs * (np.abs(inputs[1]) + np.abs(inputs[2]))
     raise KeyError(f"no error model for stage {name!r}")
 
 
@@ -447,9 +464,17 @@ class Chain:
             t[name] = value
         return t
 
-    def local(self, name: str, taps: Mapping[str, np.ndarray]):
-        """(oracle value, unit bound) of ``name`` computed from the port's own inputs ``taps``."""
-        return self.evaluate(name, {k: np.asarray(taps[k], np.float64) for k in self.inputs(name)})
+    def local(self, name: str, taps: Mapping[str, np.ndarray], precision: Precision | None = None):
+        """(oracle value, unit bound) of ``name`` computed from the port's own inputs ``taps``, in
+        ``precision`` (default: the chain's; mixed precision: the stage's as emitted)."""
+        t = {k: np.asarray(taps[k], np.float64) for k in self.inputs(name)}
+        if precision is None or precision == self.precision:
+            return self.evaluate(name, t)
+        saved, self.precision = self.precision, precision
+        try:
+            return self.evaluate(name, t)
+        finally:
+            self.precision = saved
 
     def beyond_range(self) -> str | None:
         """Why no port can represent this case in its dtype (the oracle reaches half the dtype's
@@ -560,3 +585,22 @@ def stage_kind(name: str) -> str:
         rest = name.split(".", 2)[2:]
         return rest[0] if rest else "block"
     return name
+
+
+# Stage kinds that contract (a matmul, the patch conv, q kᵀ, P v, a Linear before an
+# activation): emitted in float32 by a port asked for bfloat16 or float16, their operands may
+# still have been rounded to that dtype (torch.autocast, JAX's preferred_element_type).
+CONTRACTIONS = frozenset({"patch_embed", "attn.q", "attn.k", "attn.v", "attn.weights", "attn", "mlp.act", "mlp",
+                          "logits", "attn_pool.q", "attn_pool.k", "attn_pool.v", "attn_pool.weights",
+                          "attn_pool.proj", "attn_pool.mlp.act", "attn_pool.mlp"})
+
+
+def stage_precision(kind: str, asked: str, output: str, inputs: str | None = None) -> Precision:
+    """A stage's roundings from what the port emitted: ``output`` the stage's storage as seen,
+    ``inputs`` the coarsest of its input taps'. A stage emitted in the dtype asked for is judged
+    as a port computing in that dtype; one emitted in float32 (mixed precision) has float32
+    roundings, but for a contraction's operands, which may still be in the dtype asked for."""
+    if output == asked:
+        return Precision(asked)
+    operands = asked if kind in CONTRACTIONS else output
+    return Precision(operands, output_dtype=output, input_dtype=inputs or operands)

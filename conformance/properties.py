@@ -104,13 +104,13 @@ def _call(port: str, fn: Callable, *args, case=None):
     """Run a port; an exception or a malformed result is a finding, not a crash."""
     from hypothesis.errors import UnsatisfiedAssumption
 
-    from conformance.report import describe_exception
+    from conformance.report import ToolError, describe_exception
     from conformance.support import Unsupported
 
     try:
         return fn(*args)
-    except (UnsatisfiedAssumption, Unsupported):
-        raise  # a config the port does not support: discarded (hypothesis) or reported as such
+    except (UnsatisfiedAssumption, Unsupported, ToolError):
+        raise  # a config the port does not support: discarded (hypothesis) or reported as such; the tool's own
     except Exception as e:  # noqa: BLE001 - anything a port raises is reported
         raise _fail(port, f"the port raised {describe_exception(e)}", case) from e
 

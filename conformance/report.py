@@ -1,6 +1,26 @@
-"""Plain-text tables for the commands."""
+"""Plain-text tables for the commands, and how the tool's own failures are told apart."""
 
 from __future__ import annotations
+
+import traceback
+
+
+class ToolError(Exception):
+    """An exception inside vit-conformance itself (the mapping, capture, error model or
+    comparison), never a finding about the port: ``verify`` exits 3 with its last frames."""
+
+
+def tool_failure(e: BaseException, frames: int = 4) -> str:
+    """What the tool's own failure says: a line saying so, the exception and its last frames."""
+    cause = e.__cause__ if isinstance(e, ToolError) and e.__cause__ is not None else e
+    tb = traceback.extract_tb(cause.__traceback__)[-frames:]
+    lines = [f"INTERNAL ERROR of vit-conformance (a bug in the tool, not a finding about the port): "
+             f"{describe_exception(e)}"]
+    if cause is not e:
+        lines.append(f"  caused by {describe_exception(cause)}")
+    lines += [f"  at {f.filename}:{f.lineno} in {f.name}: {f.line}" for f in tb]
+    lines.append("  please report it with the command that produced it")
+    return "\n".join(lines)
 
 
 def fmt(value, spec: str = ".2e") -> str:
