@@ -76,12 +76,20 @@ def main(argv=None) -> int:
                    help="for a ModelPort: read STAGE from this module's output (or input); {i} for every block, "
                         "e.g. blocks.{i}.attn.weights=layers.{i}.attn.softmax (repeatable)")
     group = v.add_mutually_exclusive_group()
-    group.add_argument("--preset", choices=sorted(PRESETS), help="a named config (default: vit_test_token, or the "
-                                                                  "config stored in --weights)")
+    group.add_argument("--preset", choices=sorted(PRESETS), help="a named config (default: the config stored in "
+                                                                  "--weights, else vit_test_token or its square twin, "
+                                                                  "whichever the port supports)")
     group.add_argument("--config", help="a ViTConfig as JSON, inline or a file path")
+    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config field of the preset, --config or default (repeatable; the value is "
+                        "JSON: --set depth=2 --set num_classes=0)")
     v.add_argument("--weights", help="a canonical safetensors file (default: seeded weights)")
     v.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="what the port computes in: passed to the factory as dtype= unless float32")
+    v.add_argument("--policy", default="mixed", choices=["mixed", "autocast", "uniform"],
+                   help="with --dtype bfloat16/float16, what each stage may be stored in: mixed (the dtype or float32, "
+                        "each stage judged as stored), autocast (as torch.autocast: LayerNorm and the residual "
+                        "stream in float32), uniform (every stage in the dtype)")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--json", help="write the report as JSON here")
     v.add_argument("--plot", help="save a plot of error against stage here (PNG, SVG, PDF)")

@@ -183,10 +183,35 @@ def compare_stage(name: str, actual, model: Chain, taps: Mapping, *, dtype: str 
     return StageResult(name, r["max_abs_err"], r["rel_err"], ratio, tol, ok, why, mode, e2e, e2e_tol, seen, where)
 
 
-def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: str = "float32") -> list[StageResult]:
+# Precision policies for --dtype bfloat16 / float16 (``verify --policy``): what a stage may be
+# stored in. "mixed" (the default): the dtype asked for or float32, each stage judged as stored.
+# "autocast": as torch.autocast runs a ViT: contractions in the dtype asked for, LayerNorm's
+# output and the residual stream in float32 (a float32 stage elsewhere is still allowed: more
+# precise); a stage of those kinds in the lower dtype is a finding. "uniform": every stage in the
+# dtype asked for (a port that should run entirely in it).
+POLICIES = ("mixed", "autocast", "uniform")
+AUTOCAST_FLOAT32 = frozenset({"embed", "norm_pre", "norm1", "norm2", "block", "norm"})
+
+
+def policy_finding(name: str, kind: str, stored: str, dtype: str, policy: str, config: ViTConfig) -> str | None:
+    """Why a stage stored in ``stored`` breaks the precision ``policy``, or None."""
+    if dtype == "float32" or policy == "mixed":
+        return None
+    if policy == "uniform" and stored != dtype:
+        return f"stored in {stored} where the policy 'uniform' asks every stage in {dtype}"
+    f32 = kind in AUTOCAST_FLOAT32 or (kind == "pooled" and config.global_pool != "map")
+    if policy == "autocast" and f32 and stored == dtype:
+        return (f"stored in {dtype}, where torch.autocast keeps LayerNorm's output and the residual stream in "
+                "float32 (--policy autocast)")
+    return None
+
+
+def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: str = "float32",
+                    policy: str = "mixed") -> list[StageResult]:
     """Every stage the port emitted, in model order, against the error model of its case.
 
     ``out`` is what a port's forward returned: the logits, or a dict with "logits" and taps.
+    ``policy``: which storage precisions are allowed per stage (``POLICIES``).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -199,10 +224,18 @@ def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: s
     refused = {n: why for n, (_, why) in subsets.items() if why}
     tokens = {n: t for n, (t, _) in subsets.items() if t is not None}
     emitted = getattr(out, "dtypes", {})
+    for n in names:  # the dtype the model emitted, before the port's cast to NumPy
+        if n not in refused and _BITS.get(emitted.get(n), 99) < _BITS[dtype]:
+            refused[n] = f"emitted in {emitted[n]}: lower precision than the {dtype} asked for"
     valid = {n for n in names if n not in refused and malformed(
         np.reshape(out[n], (shapes[n][0], shapes[n][2])) if n in tokens else out[n],
         (shapes[n][0], shapes[n][2]) if n in tokens else shapes[n], dtype) is None}
     stored = {n: stored_as(out[n], dtype, emitted.get(n)) for n in valid}
+    for n in sorted(valid):
+        why = policy_finding(n, model.kind(n), stored[n], dtype, policy, config)
+        if why:
+            refused[n] = why
+            valid.discard(n)
     # Downstream stages read a one-token stage's full tensor: the rows the port computed, the
     # oracle's elsewhere (they feed nothing the config pools).
     taps = _expanded(out, {n: t for n, t in tokens.items() if n in valid}, model) if tokens else out
@@ -210,7 +243,8 @@ def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: s
     for n in names:
         if n in refused:
             kind = model.kind(n)
-            results.append(StageResult(n, None, None, None, tolerance(kind, dtype, "local"), False, refused[n]))
+            results.append(StageResult(n, None, None, None, tolerance(kind, dtype, "local"), False, refused[n],
+                                       stored=stored.get(n)))
             continue
         results.append(compare_stage(n, out[n], model, taps, dtype=dtype, shape=shapes[n], valid=valid, stored=stored,
                                      token=tokens.get(n)))

@@ -12,8 +12,10 @@ def _ln(x, w, b, eps):
     return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w + b
 
 
-def _vit(config, s, images, shared_norm=False, softmax_axis=-1, emit_taps=True, dtype=np.float32):
+def _vit(config, s, images, shared_norm=False, softmax_axis=-1, emit_taps=True, dtype=np.float32, eps=None,
+         attn_residual=True, mlp_taps=False):
     p = {k: v.astype(dtype) for k, v in s.items()}
+    config = config if eps is None else config.replace(norm_eps=eps)
     B, C, H, W = images.shape
     (ph, pw), D, nh = config.patch_size, config.embed_dim, config.num_heads
     x = images.astype(dtype).reshape(B, C, H // ph, ph, W // pw, pw).transpose(0, 2, 4, 1, 3, 5)
@@ -36,13 +38,16 @@ def _vit(config, s, images, shared_norm=False, softmax_axis=-1, emit_taps=True, 
         taps[b + "attn.weights"] = a
         h = (a @ v).transpose(0, 2, 1, 3).reshape(B, N, D) @ p[b + "attn.proj.weight"].T + p[b + "attn.proj.bias"]
         taps[b + "attn"] = h
-        x = x + h
+        x = x + h if attn_residual else h
         norm = "norm1" if shared_norm else "norm2"
         h = _ln(x, p[b + norm + ".weight"], p[b + norm + ".bias"], config.norm_eps)
         taps[b + "norm2"] = h
         h = h @ p[b + "mlp.fc1.weight"].T + p[b + "mlp.fc1.bias"]
         h = 0.5 * h * (1 + erf(h / dtype(np.sqrt(2))))
-        x = x + h @ p[b + "mlp.fc2.weight"].T + p[b + "mlp.fc2.bias"]
+        h = h @ p[b + "mlp.fc2.weight"].T + p[b + "mlp.fc2.bias"]
+        if mlp_taps:  # then the block's output is judged locally, from the taps it sums
+            taps[b + "mlp"] = h
+        x = x + h
         taps[f"blocks.{i}"] = x
     if config.global_pool == "avg":
         x = _ln(x[:, config.num_prefix_tokens:].mean(1), p["fc_norm.weight"], p["fc_norm.bias"], config.norm_eps)
@@ -101,6 +106,31 @@ def no_logits(config, state):
 def float64(config, state):
     """Computes in float64 where float32 was asked for: more precise, and not what runs."""
     return lambda images: _vit(config, state, images, dtype=np.float64)
+
+
+def _emitted_in_float32(forward):
+    return lambda images: {k: v.astype(np.float32) for k, v in forward(images).items()}
+
+
+def precise(config, state):
+    """Computes in float64 and emits float32 taps: more precise than it emits, and correct."""
+    return _emitted_in_float32(lambda images: _vit(config, state, images, dtype=np.float64, mlp_taps=True))
+
+
+def precise_shared_norm(config, state):
+    return _emitted_in_float32(lambda images: _vit(config, state, images, shared_norm=True, dtype=np.float64, mlp_taps=True))
+
+
+def precise_softmax_wrong_axis(config, state):
+    return _emitted_in_float32(lambda images: _vit(config, state, images, softmax_axis=-2, dtype=np.float64, mlp_taps=True))
+
+
+def precise_eps_1e5(config, state):
+    return _emitted_in_float32(lambda images: _vit(config, state, images, dtype=np.float64, mlp_taps=True, eps=1e-5))
+
+
+def precise_no_attn_residual(config, state):
+    return _emitted_in_float32(lambda images: _vit(config, state, images, dtype=np.float64, mlp_taps=True, attn_residual=False))
 
 
 def squeezes(config, state):
