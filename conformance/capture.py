@@ -66,6 +66,17 @@ class Taps(dict):
         # A second pass off the model's own path (a fused kernel's internals read where a function
         # mode moves it onto another path): judged too, its stages named in ``sources``.
         self.second: Taps | None = None
+        self.from_second: set[str] = set()  # stages here that only the second pass showed
+
+    def own_pass(self) -> "Taps":
+        """The stages read on the model's own path alone (a stage's local check then never takes
+        its inputs from another pass)."""
+        if not self.from_second:
+            return self
+        own = Taps({k: v for k, v in self.items() if k not in self.from_second}, unseen=self.unseen,
+                   findings=self.findings, sources=self.sources)
+        own.dtypes = {k: v for k, v in self.dtypes.items() if k not in self.from_second}
+        return own
 
 
 # ----------------------------------------------------------------------------- mapping
@@ -1402,6 +1413,10 @@ class CapturedForward:
             second.sources[stage] = (f"{second.sources[stage]}, in a second pass under a TorchFunctionMode (on the "
                                      f"model's own path: {own})")
             taps.sources[stage] = second.sources[stage]
+            taps[stage] = second[stage]
+            if stage in second.dtypes:
+                taps.dtypes[stage] = second.dtypes[stage]
+            taps.from_second.add(stage)
         taps.second = second
         return taps
 

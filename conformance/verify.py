@@ -218,7 +218,7 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
             if stage in names:
                 first_index = min(first_index, names.index(stage))
         second = getattr(out, "second", None)  # a second pass off the model's own path: judged too
-        results = compare_outputs(out, model, dtype=dtype, policy=policy)
+        results = compare_outputs(out.own_pass() if second is not None else out, model, dtype=dtype, policy=policy)
         if second is not None:
             results += [r for r in compare_outputs(second, model, dtype=dtype, policy=policy)
                         if r.name != "logits" or "logits" in second]

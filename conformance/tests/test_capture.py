@@ -103,7 +103,7 @@ def structure_of_vit_tiny():
 
 _JAX_COMPILES = pytest.mark.skipif(not heavy(), reason="thorough profile: JAX compiles each op of 12 more blocks "
                                                           "(3 to 6 s); the structure rule is the same for all")
-THIRD_PARTY = ["timm_vit:port", "hf_vit:port", "hf_vit:model_port", "mlx_image_vit:port",
+THIRD_PARTY = ["timm_vit:port", "hf_vit:port", "hf_vit:model_port", "mlx_image_vit:port", "torchvision_vit:port",
                pytest.param("nnx_vit:port", marks=_JAX_COMPILES), pytest.param("linen_vit:port", marks=_JAX_COMPILES)]
 
 
@@ -234,7 +234,8 @@ def test_cli_verifies_an_attention_port_and_an_example_with_a_tap_override(capsy
     report = json.loads((tmp_path / "c.json").read_text())
     assert code == 1 and report["first_divergence"] == "blocks.0.attn.q", out
     assert report["sources"]["blocks.0.mlp.act"] == "output of 1.0.1.fn.1.1", report["sources"]
-    code, out = cli(capsys, "conformance.examples.mlx_image_vit:port")
+    # a square-only port gets vit_test_token's square twin by default, and a non-square config it is given refused
+    code, out = cli(capsys, "conformance.examples.mlx_image_vit:port", "--preset", "vit_test_token")
     assert code == 2 and "img_size=(16, 24) (supported: square images only)" in out, out
     code, out = cli(capsys, "torch", "--tap", "norm=x")
     assert code == 2 and "--tap applies to a ModelPort" in out, out

@@ -1,0 +1,221 @@
+"""Ports as people wrote them, not as this project would: torchvision's ViT (nn.MultiheadAttention
+on its native fast path), open_clip's tower (a final norm on the pooled token, headless), timm
+under torch.autocast, a port more precise than its taps; and the tool's own failures told apart
+from the port's. Each property has its companion: the same code with a real bug is located."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conformance.capture import ModelPort
+from conformance.profiles import heavy
+from conformance.tests.test_capture import config_for, example, quick_cases
+from conformance.verify import default_config, load_config, verify
+from impls import get_config, tap_names
+
+DATA = Path(__file__).with_name("data")
+# ViT-Ti's depth, width and MLP on 32x32 images (16 patches); 4 heads instead of ViT-Ti's 3: torch
+# takes MultiheadAttention's native fast path only with an even number of heads.
+VIT_TI_SIZED = get_config("vit_tiny_patch16_224").replace(img_size=(32, 32), patch_size=(8, 8), num_heads=4,
+                                                          name="vit_tiny_patch16_224 at 32x32, 4 heads")
+
+
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    not heavy(), reason="thorough profile: a second 12-block oracle (6 s); ci runs timm's bfloat16 under autocast"))])
+def test_torchvision_vit_is_conformant_unmodified_on_its_native_mha_path(dtype, monkeypatch):
+    import torch
+
+    native = torch._native_multi_head_attention
+    calls = []
+    monkeypatch.setattr(torch, "_native_multi_head_attention", lambda *a, **k: calls.append(1) or native(*a, **k))
+    port = example("torchvision_vit:port")
+    report = verify(port, VIT_TI_SIZED, port="torchvision", dtype=dtype)
+    assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    assert len(report.stages) >= 75 and len(report.stages) + len(report.unseen) == len(tap_names(VIT_TI_SIZED))
+    # the kernel judged is the one users run: once per block per case on the model's own path
+    assert len(calls) >= VIT_TI_SIZED.depth * len(report.cases), len(calls)
+    assert set(report.unseen) == {f"blocks.{i}.attn.weights" for i in range(12)}
+    assert "native fast path" in report.unseen["blocks.0.attn.weights"]
+    assert "second pass" in report.sources["blocks.0.attn.q"]  # which stage came from which pass
+
+
+def test_torchvision_vit_reusing_ln_1_for_ln_2_is_located_at_norm2():
+    port = example("torchvision_vit:shared_norm_port")
+    config = config_for(port)
+    report = verify(port, config, port="shared norm", cases=quick_cases(config)[:1])
+    assert not report.conformant and report.first_divergence == "blocks.0.norm2", report.failures[:2]
+
+
+def test_open_clip_tower_with_a_pooled_token_norm_is_compared_on_that_token():
+    port = example("open_clip_vit:pooled_norm_port")
+    config = config_for(port)
+    assert config.num_classes == 0 and config.pre_norm
+    report = verify(port, config, port="open_clip", cases=quick_cases(config))
+    assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    norm = next(s for s in report.stages if s.name == "norm")
+    assert norm.tokens and norm.tokens.startswith("token 0")
+    # headless: its output is the pooled features, judged; nothing said about a dropped head
+    assert {"pooled", "logits"} <= {s.name for s in report.stages}
+    assert "pooled" not in report.unseen
+
+
+def test_normalising_the_average_is_not_normalising_then_averaging():
+    """The companion: a tower that averages the tokens and then norms, where the config norms
+    every token and then averages, is located at norm with the reason."""
+    port = example("open_clip_vit:avg_pool_norm_port")
+    config = config_for(port)
+    assert config.global_pool == "avg" and config.fc_norm is False
+    report = verify(port, config, port="avg then norm", cases=quick_cases(config)[:1])
+    assert report.first_divergence == "norm"
+    assert any("another computation" in f["reason"] for f in report.failures if f["stage"] == "norm")
+
+
+def test_a_headless_model_returning_tokens_is_told_to_give_its_pooled_output():
+    port = dataclasses.replace(example("open_clip_vit:port"), output=lambda out: out[:, None].expand(-1, 5, -1))
+    config = config_for(port)
+    report = verify(port, config, port="tokens out", cases=quick_cases(config)[:1])
+    assert report.first_divergence == "pooled"
+    assert any("headless model's output is its pooled features" in f["reason"] for f in report.failures)
+
+
+def test_timm_under_autocast_is_conformant_in_bfloat16_with_norms_judged_in_float32():
+    report = verify(example("timm_vit:autocast_port"), get_config("vit_test_token"), port="autocast",
+                    dtype="bfloat16", policy="autocast")
+    assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    stored = {s.name: s.stored for s in report.stages}
+    assert stored["blocks.0.norm1"] == stored["blocks.0"] == stored["embed"] == "float32"
+    assert stored["blocks.0.attn.q"] == stored["blocks.0.mlp"] == "bfloat16"
+
+
+def test_timm_under_autocast_with_eps_1e5_is_located_at_norm1():
+    report = verify(example("timm_vit:autocast_eps_1e5_port"), get_config("vit_test_token"), port="autocast eps",
+                    dtype="bfloat16")
+    assert report.first_divergence == "blocks.0.norm1", report.failures[:2]
+
+
+def test_the_autocast_policy_finds_a_residual_stream_in_bfloat16():
+    """The companion: a whole-bfloat16 model breaks --policy autocast at its first float32 stage."""
+    report = verify(example("timm_vit:port"), get_config("vit_test_token"), port="all bf16", dtype="bfloat16",
+                    policy="autocast")
+    assert report.first_divergence == "embed"
+    assert any("torch.autocast keeps" in f["reason"] for f in report.failures)
+
+
+@pytest.fixture
+def user_ports(monkeypatch):
+    monkeypatch.syspath_prepend(str(DATA))
+    import user_ports
+
+    return user_ports
+
+
+def test_a_port_more_precise_than_its_taps_is_conformant(user_ports):
+    """Computing in float64 and emitting float32 taps: the residual's bound counts the summands'
+    own rounding (before it, blocks.0 was 15x its unit bound here)."""
+    report = verify(user_ports.precise, get_config("vit_test_token"), port="precise")
+    assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    assert next(s for s in report.stages if s.name == "blocks.0").mode == "local"
+
+
+@pytest.mark.parametrize("mutant, stage", [("precise_shared_norm", "blocks.0.norm2"),
+                                           ("precise_softmax_wrong_axis", "blocks.0.attn.weights"),
+                                           ("precise_eps_1e5", "blocks.0.norm1"),
+                                           ("precise_no_attn_residual", "blocks.0.norm2")])
+def test_mutants_of_the_precise_port_are_located_at_their_own_stage(user_ports, mutant, stage):
+    report = verify(getattr(user_ports, mutant), get_config("vit_test_token"), port=mutant)
+    assert report.first_divergence == stage
+    if mutant == "precise_no_attn_residual":  # the residual bug is seen at the block too
+        assert not next(s for s in report.stages if s.name == "blocks.0").ok
+
+
+def test_an_exception_inside_the_tool_is_its_own_exit_3_not_the_port_s(monkeypatch, capsys):
+    from conformance import capture
+    from conformance.cli import main
+
+    def broken(self, *args, **kwargs):
+        raise IndexError("injected")
+
+    monkeypatch.setattr(capture.CapturedForward, "_read", broken)
+    code = main(["verify", "conformance.examples.timm_vit:port"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "INTERNAL ERROR of vit-conformance" in err and "IndexError: injected" in err and "the port raised" not in err
+    assert " in broken: " in err  # its last frames
+
+
+def test_an_exception_in_a_recorder_hook_is_the_tool_s_even_inside_the_model(monkeypatch):
+    from conformance import capture
+    from conformance.report import ToolError
+
+    monkeypatch.setattr(capture._Recorder, "softmax", capture._guarded(lambda self, out: 1 / 0))
+    with pytest.raises(ToolError, match="ZeroDivisionError"):
+        verify(example("timm_vit:explicit"), get_config("vit_test_token"), port="explicit")
+
+
+def test_a_square_only_port_gets_a_square_default_config():
+    port = example("torchvision_vit:port")
+    config = default_config(port)
+    assert config.img_size[0] == config.img_size[1] and config.name == "vit_test_token_square"
+    assert default_config(example("timm_vit:port")).name == "vit_test_token"
+    assert verify(port, config, port="tv", cases=quick_cases(config)[:1]).conformant
+
+
+def test_set_overrides_a_preset_and_names_a_bad_field():
+    from conformance.verify import UsageError
+
+    config = load_config("vit_base_patch16_siglip_224", None, None, settings=["depth=2", "num_classes=0"])
+    assert config.depth == 2 and config.num_classes == 0 and config.global_pool == "map"
+    with pytest.raises(UsageError, match="--set detph: not a config field"):
+        load_config("vit_base_patch16_siglip_224", None, None, settings=["detph=2"])
+    with pytest.raises(UsageError, match="num_heads"):
+        load_config("vit_base_patch16_siglip_224", None, None, settings=["num_heads=7"])
+
+
+def test_siglip_preset_with_set_verifies_from_the_command_line():
+    code = subprocess.run([sys.executable, "-m", "conformance", "verify", "torch", "--preset",
+                           "vit_base_patch16_siglip_224", "--set", "depth=1", "--set", "img_size=32",
+                           "--set", "embed_dim=48", "--set", "num_heads=2"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+    assert code.returncode == 0, code.stdout[-2000:] + code.stderr[-2000:]
+    assert "CONFORMANT" in code.stdout
+
+
+def test_convert_takes_the_config_positionally_and_build_the_dtype():
+    from conformance.examples.hf_vit import convert
+
+    seen = {}
+
+    def build(config, dtype):
+        from conformance.examples.hf_vit import build as hf_build
+
+        seen["dtype"] = dtype
+        return hf_build(config)
+
+    config = get_config("vit_test_token").replace(img_size=(16, 16))
+    port = ModelPort(build, convert=lambda state, c: (seen.setdefault("config", c), convert(state))[1],
+                     output=lambda out: out.logits, supports={"global_pool": "token", "square_images": True})
+    report = verify(port, config, port="positional", cases=quick_cases(config)[:1], dtype="float32")
+    assert report.conformant and seen["config"] == config and seen["dtype"] == "float32"
+
+
+def test_a_model_that_chooses_its_own_dtypes_keeps_them():
+    """build(config, dtype=...) decides each parameter's precision: a torch model that keeps its
+    LayerNorms in float32 under bfloat16 is loaded as built, and judged as stored."""
+    from conformance.references import timm_vit
+
+    def build(config, dtype):
+        import torch
+
+        model = timm_vit(config).to(getattr(torch, dtype))
+        return model
+
+    port = ModelPort(build, rename={}, supports=example("timm_vit:port").supports)
+    forward = port(get_config("vit_test_token"), quick_cases(get_config("vit_test_token"))[0].state, "bfloat16")
+    assert next(forward.adapter.model.parameters()).dtype.__repr__() == "torch.bfloat16"
+    images = np.zeros((1, 3, 16, 24), np.float32)
+    assert forward(images).dtypes["blocks.0.norm1"] == "bfloat16"
