@@ -3,11 +3,13 @@ gives the weight mapping from the canonical (timm) names, as a ``ModelPort`` nam
 
     python -m conformance verify conformance.examples.timm_vit:port --preset vit_tiny_patch16_224
 
-timm_vit            timm's VisionTransformer (names are timm's: an empty rename)
+timm_vit            timm's VisionTransformer (names are timm's: an empty rename), also under torch.autocast
 hf_vit              transformers' ViTForImageClassification and ViTModel (a convert that splits qkv)
 mlx_image_vit       mlx-image's VisionTransformer (MLX, NHWC, separate q/k/v projections)
 nnx_vit             a Flax NNX ViT built on nnx.MultiHeadAttention (LinearGeneral kernels)
 linen_vit           a Flax linen ViT with the original ViT checkpoints' module names
 seed_mlx_vit        the Korean post's MLX ViT as published, and with the shared norm it describes
 seed_einops_vit     the Chinese post's einops ViT as published (its "(h d qkv)" split)
+torchvision_vit     torchvision's VisionTransformer (nn.MultiheadAttention on its native fast path)
+open_clip_vit       open_clip's VisionTransformer, headless (a final norm on the pooled token, or on every token)
 """

@@ -219,3 +219,14 @@ def test_a_model_that_chooses_its_own_dtypes_keeps_them():
     assert next(forward.adapter.model.parameters()).dtype.__repr__() == "torch.bfloat16"
     images = np.zeros((1, 3, 16, 24), np.float32)
     assert forward(images).dtypes["blocks.0.norm1"] == "bfloat16"
+
+
+def test_mlx_multi_head_attention_shows_q_k_v_at_its_fused_call(monkeypatch):
+    monkeypatch.syspath_prepend(str(DATA))
+    import mlx_mha
+
+    config = get_config("vit_test_token")
+    report = verify(mlx_mha.port, config, port="mlx MHA", cases=quick_cases(config)[:1])
+    assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    assert "mx.fast.scaled_dot_product_attention" in report.sources["blocks.0.attn.q"]
+    assert set(report.unseen) == {"blocks.0.attn.weights", "blocks.1.attn.weights"}
