@@ -3,6 +3,7 @@
     pytest --pyargs conformance.tests --port mypkg.mymodule:make [--port ...] [--only-given-ports]
     pytest --pyargs conformance.tests --attention-port mypkg.mymodule:make_attention
     pytest --pyargs conformance.tests --grad-port mypkg.mymodule:make_grad
+    pytest --pyargs conformance.tests --port mypkg.mymodule:port --set num_classes=0   # a headless tower
 
 Registered through the ``pytest11`` entry point, so it is active wherever the package is
 installed. Tests that apply to a whole model take the ``port`` argument and run for every
@@ -42,6 +43,32 @@ def pytest_addoption(parser):
                          "unless float32)")
     group.addoption("--only-given-ports", action="store_true",
                     help="run only the given ports, not the built-in torch, mlx and jax ones")
+    group.addoption("--set", action="append", default=[], dest="vit_set", metavar="KEY=VALUE",
+                    help="fix one config field in every config drawn for the whole-model ports (repeatable; the "
+                         "value is JSON: --set num_classes=0 --set depth=2), as verify's --set")
+
+
+_SETTINGS: dict = {}  # --set: config fields fixed for the whole-model ports' drawn configs
+
+
+def settings_of(items: list[str]) -> dict:
+    """--set KEY=VALUE items as {field: value} (JSON values, else strings), fields checked."""
+    import json
+    from dataclasses import fields
+
+    from impls.config import ViTConfig
+
+    names = {f.name for f in fields(ViTConfig)} - {"name"}
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key.strip() not in names:
+            raise pytest.UsageError(f"--set {item!r}: KEY=VALUE with KEY a config field ({', '.join(sorted(names))})")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
 
 
 def pytest_configure(config):
@@ -49,6 +76,8 @@ def pytest_configure(config):
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     strategies.set_dtype(config.option.dtype)
+    _SETTINGS.clear()
+    _SETTINGS.update(settings_of(getattr(config.option, "vit_set", [])))
     config.addinivalue_line("markers", "vit_no_port: no port applies (deselected)")
     config.addinivalue_line("markers", "slow: builds full-size models")
 
@@ -126,9 +155,17 @@ def _supports(port):
     if port is None:
         return None
     try:
-        return supports_of(load_factory(port))
+        supports = supports_of(load_factory(port))
     except (ImportError, ValueError):
         return None  # the test itself reports a port that does not load
+    if _SETTINGS and isinstance(supports, dict):  # --set narrows what is drawn for every port
+        return {**supports, **_SETTINGS}
+    if _SETTINGS:
+        from conformance.support import fixed_config
+
+        fixed = fixed_config(supports)
+        return fixed.replace(**_SETTINGS) if fixed is not None else supports
+    return supports
 
 
 @pytest.fixture(autouse=True)

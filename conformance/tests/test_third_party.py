@@ -230,3 +230,16 @@ def test_mlx_multi_head_attention_shows_q_k_v_at_its_fused_call(monkeypatch):
     assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
     assert "mx.fast.scaled_dot_product_attention" in report.sources["blocks.0.attn.q"]
     assert set(report.unseen) == {"blocks.0.attn.weights", "blocks.1.attn.weights"}
+
+
+def test_the_plugin_s_set_fixes_a_field_in_every_drawn_config(monkeypatch):
+    from conformance import plugin
+    from conformance.support import build_config
+
+    monkeypatch.setattr(plugin, "_SETTINGS", plugin.settings_of(["num_classes=0", "depth=1"]))
+    supports = plugin._supports("torch")
+    drawn = get_config("vit_test_deep")
+    config = build_config(supports, {f: getattr(drawn, f) for f in drawn.__dataclass_fields__ if f != "name"})
+    assert config.num_classes == 0 and config.depth == 1 and config.embed_dim == drawn.embed_dim
+    with pytest.raises(pytest.UsageError, match="--set 'detph=1'"):
+        plugin.settings_of(["detph=1"])

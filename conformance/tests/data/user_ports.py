@@ -108,29 +108,21 @@ def float64(config, state):
     return lambda images: _vit(config, state, images, dtype=np.float64)
 
 
-def _emitted_in_float32(forward):
-    return lambda images: {k: v.astype(np.float32) for k, v in forward(images).items()}
+def _emitted_in_float32(**options):
+    """A port computing in float64 and emitting float32 taps (more precise than it emits)."""
+    def make(config, state):
+        def forward(images):
+            taps = _vit(config, state, images, dtype=np.float64, mlp_taps=True, **options)
+            return {k: v.astype(np.float32) for k, v in taps.items()}
+        return forward
+    return make
 
 
-def precise(config, state):
-    """Computes in float64 and emits float32 taps: more precise than it emits, and correct."""
-    return _emitted_in_float32(lambda images: _vit(config, state, images, dtype=np.float64, mlp_taps=True))
-
-
-def precise_shared_norm(config, state):
-    return _emitted_in_float32(lambda images: _vit(config, state, images, shared_norm=True, dtype=np.float64, mlp_taps=True))
-
-
-def precise_softmax_wrong_axis(config, state):
-    return _emitted_in_float32(lambda images: _vit(config, state, images, softmax_axis=-2, dtype=np.float64, mlp_taps=True))
-
-
-def precise_eps_1e5(config, state):
-    return _emitted_in_float32(lambda images: _vit(config, state, images, dtype=np.float64, mlp_taps=True, eps=1e-5))
-
-
-def precise_no_attn_residual(config, state):
-    return _emitted_in_float32(lambda images: _vit(config, state, images, dtype=np.float64, mlp_taps=True, attn_residual=False))
+precise = _emitted_in_float32()
+precise_shared_norm = _emitted_in_float32(shared_norm=True)
+precise_softmax_wrong_axis = _emitted_in_float32(softmax_axis=-2)
+precise_eps_1e5 = _emitted_in_float32(eps=1e-5)
+precise_no_attn_residual = _emitted_in_float32(attn_residual=False)
 
 
 def squeezes(config, state):
