@@ -35,7 +35,6 @@ the ``--port`` plugin and the zoo take it as they take any other. What it adds:
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 from collections.abc import Callable, Mapping
 import contextlib
@@ -177,6 +176,17 @@ class _Adapter:
         """Modules whose native kernel capture's function wrappers would switch off (none)."""
         return []
 
+    supports_gradients = False
+    channels_first = False  # a convolution's output is (B, D, h, w), not (B, h, w, D)
+
+    def gradients(self, inputs, loss, forward: "CapturedForward"):
+        """(loss value, {model key: gradient}, d loss / d inputs, {stage: cotangent} or None) of
+        the framework's own loss (impls.*_vit.loss_value) of the model's logits."""
+        from conformance.support import Unsupported
+
+        raise Unsupported(f"gradients of a {self.name} model are not supported yet (only of PyTorch, MLX and "
+                          "Flax NNX models)")
+
 
 # PyTorch modules with a native fast path that a TorchFunctionMode switches off.
 _TORCH_FAST_PATH = ("MultiheadAttention", "TransformerEncoderLayer")
@@ -184,6 +194,8 @@ _TORCH_FAST_PATH = ("MultiheadAttention", "TransformerEncoderLayer")
 
 class _TorchAdapter(_Adapter):
     name = "torch"
+    supports_gradients = True
+    channels_first = True
 
     def __init__(self, model):
         super().__init__(model)
@@ -191,14 +203,16 @@ class _TorchAdapter(_Adapter):
         self.retain = False  # record the graph's own tensors (a gradient pass), not copies
         self.autocast: str | None = None  # ModelPort(autocast=True): run under torch.autocast in this dtype
 
-    def cotangents(self, images, objective, loss, forward: "CapturedForward"):
-        """(value, {model key: gradient}, d value / d images, {stage: cotangent}) of
-        objective(model(images), loss) by autograd, with the cotangent at every stage read at a
+    def gradients(self, images, loss, forward: "CapturedForward"):
+        """(value, {model key: gradient}, d value / d images, {stage: cotangent}) of the
+        framework's loss of the model's logits by autograd, with the cotangent at every stage read at a
         module boundary (a module's input or output, the return value): the model runs once with
         the recorder keeping its own tensors with retain_grad, and each stage is read from their
         gradients as the forward reads it from their values (the same reshapes). Attention
         internals are not tapped."""
         import torch
+
+        from impls.torch_vit import loss_value
 
         self.model.requires_grad_(True).zero_grad(set_to_none=True)
         x = images.detach().clone().requires_grad_(True)
@@ -207,9 +221,9 @@ class _TorchAdapter(_Adapter):
         self.retain = True
         try:
             out = self.run(x, recorder, plan.watch())
-            logits = forward.port.output(out) if forward.port.output else _arrays_in(out, self.is_array)[0]
+            logits = forward.logits(out)
             logits.retain_grad()
-            value = objective(out, loss)
+            value = loss_value(logits, loss)
             value.backward()
         finally:
             self.retain = False
@@ -444,6 +458,7 @@ def _callbacks(recorder):
 
 class _MLXAdapter(_SwapAdapter):
     name = "mlx"
+    supports_gradients = True
 
     def by_type(self, kind, leaf, value):
         return np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if kind.startswith("Conv") and value.ndim == 4 \
@@ -485,7 +500,7 @@ class _MLXAdapter(_SwapAdapter):
 
         return mx.array(images).astype(getattr(mx, dtype))
 
-    def cotangents(self, images, loss_of_logits, loss, forward: "CapturedForward"):
+    def gradients(self, images, loss, forward: "CapturedForward"):
         """As the PyTorch adapter's: the cotangent at every stage read at a module boundary,
         here as the gradient of a zero added to each watched module's first call's input or
         output (MLX keeps no gradients on intermediate arrays), inside mx.value_and_grad over
@@ -493,10 +508,12 @@ class _MLXAdapter(_SwapAdapter):
         import mlx.core as mx
         from mlx.utils import tree_flatten
 
+        from impls.mlx_vit import loss_value
+
         plan, watch = forward.plan, forward.plan.watch()
         shapes = _Recorder(self, forward.config, images.shape[0], plan.blocks)
         out = self.run(images, shapes, watch)
-        logits = forward.port.output(out) if forward.port.output else _arrays_in(out, self.is_array)[0]
+        logits = forward.logits(out)
         zeros = {("in", k): mx.zeros(v.shape, v.dtype) for k, v in shapes.inputs.items() if self.is_array(v)}
         zeros |= {("out", k): mx.zeros(v.shape, v.dtype) for k, v in shapes.outputs.items() if self.is_array(v)}
         zeros[("return", "")] = mx.zeros(logits.shape, logits.dtype)
@@ -524,8 +541,7 @@ class _MLXAdapter(_SwapAdapter):
             finally:
                 for module, cls in reversed(swapped):
                     module.__class__ = cls
-            logits = forward.port.output(out) if forward.port.output else _arrays_in(out, self.is_array)[0]
-            return loss_of_logits(logits + added[("return", "")], loss)
+            return loss_value(forward.logits(out) + added[("return", "")], loss)
 
         keys = list(zeros)
         value, (g_params, g_x, g_zeros) = mx.value_and_grad(
@@ -538,19 +554,6 @@ class _MLXAdapter(_SwapAdapter):
         recorder.outputs = {p: grads[("out", p)] for kind, p in keys if kind == "out"}
         taps = _boundary_taps(forward, recorder, self.numpy(grads[("return", "")]))
         return float(value), {k: self.numpy(v) for k, v in tree_flatten(g_params)}, self.numpy(g_x), taps
-
-    def value_and_grad(self, inputs, objective, loss):
-        """By mx.value_and_grad over the model's trainable parameters and the inputs."""
-        import mlx.core as mx
-        from mlx.utils import tree_flatten
-
-        def f(params, x):
-            self.model.update(params)
-            return objective(self.model(x, **self.call_kwargs), loss)
-
-        value, (g_params, g_x) = mx.value_and_grad(f, argnums=(0, 1))(self.model.trainable_parameters(), inputs)
-        mx.eval(value, g_params, g_x)
-        return float(value), {k: self.numpy(v) for k, v in tree_flatten(g_params)}, self.numpy(g_x)
 
     def numpy(self, x):
         import mlx.core as mx
@@ -636,6 +639,7 @@ class _JAXArrays:
 
 class _NNXAdapter(_JAXArrays, _SwapAdapter):
     name = "nnx"
+    supports_gradients = True
 
     def __init__(self, model):
         from flax import nnx
@@ -660,12 +664,17 @@ class _NNXAdapter(_JAXArrays, _SwapAdapter):
             raise LoadError(f"the model was built abstractly (nnx.eval_shape) and the mapping leaves {key!r} unfilled")
         return np.asarray(value, np.float32)
 
-    def value_and_grad(self, inputs, objective, loss):
+    def gradients(self, inputs, loss, forward: "CapturedForward"):
         """By a jitted jax.value_and_grad over the model's nnx.Param state and the inputs, one
-        program per loss kind (and batch shape): eager, every op would compile on its own."""
+        program per loss kind (and batch shape): eager, every op would compile on its own. No
+        tap cotangents: the model is located at its first wrong parameter gradient."""
         from flax import nnx
 
         from impls.config import Loss
+        from impls.jax_vit import loss_value
+
+        def objective(out, loss):
+            return loss_value(forward.logits(out), loss)
 
         graphdef, params, rest = nnx.split(self.model, nnx.Param, ...)
         compiled = self.__dict__.setdefault("_compiled_grad", {})
@@ -680,7 +689,7 @@ class _NNXAdapter(_JAXArrays, _SwapAdapter):
         value, (g_params, g_x) = compiled[loss.kind](params, inputs, loss.labels, loss.weights)
         grads = {".".join(map(str, path)): self.numpy(v.get_value() if isinstance(v, nnx.Variable) else v)
                  for path, v in nnx.to_flat_state(g_params)}
-        return float(value), grads, self.numpy(g_x)
+        return float(value), grads, self.numpy(g_x), None
 
     def load(self, arrays, dtype, cast=True):
         import jax.numpy as jnp
@@ -1313,30 +1322,15 @@ class ModelPort:
         one is located at the first wrong parameter gradient in backward order."""
         forward = self(config, state, dtype)  # loaded strictly, as the forward is
         adapter = forward.adapter
-        if adapter.name not in GRAD_FRAMEWORKS:
-            from conformance.support import Unsupported
-
-            raise Unsupported(f"gradients of a {adapter.name} model are not supported yet (only of "
-                              f"{', '.join(GRAD_FRAMEWORKS)} models)")
+        if not adapter.supports_gradients:
+            adapter.gradients(None, None, forward)  # raises Unsupported, naming the framework
         where = self.entry_map(state, adapter, config)
-        loss_value = importlib.import_module(f"impls.{GRAD_FRAMEWORKS[adapter.name]}_vit").loss_value
-
-        def objective(out, loss):
-            logits = self.output(out) if self.output else _arrays_in(out, adapter.is_array)[0]
-            return loss_value(logits, loss)
 
         def grad(images, loss):
             images = np.asarray(images)
             x = images.transpose(0, 2, 3, 1) if self.images == "NHWC" else images
-
-            inputs = adapter.to_input(np.ascontiguousarray(x), dtype)
-            taps = None
-            if adapter.name == "torch":  # tap cotangents where the forward reads stages at module boundaries
-                value, native, g_x, taps = adapter.cotangents(inputs, objective, loss, forward)
-            elif adapter.name == "mlx":
-                value, native, g_x, taps = adapter.cotangents(inputs, loss_value, loss, forward)
-            else:
-                value, native, g_x = adapter.value_and_grad(inputs, objective, loss)
+            value, native, g_x, taps = adapter.gradients(adapter.to_input(np.ascontiguousarray(x), dtype), loss,
+                                                         forward)
             params = {}
             for key, targets in where.items():
                 g = np.zeros(state[key].size, np.float64)
@@ -1378,9 +1372,6 @@ class ModelPort:
                 # weights) gets both gradients summed by np.add.at, the adjoint of a copy
                 out[k].append((mk, index.astype(np.int64) - 1))
         return out
-
-
-GRAD_FRAMEWORKS = {"torch": "torch", "mlx": "mlx", "nnx": "jax"}
 
 
 class CapturedForward:
@@ -1447,6 +1438,10 @@ class CapturedForward:
                 taps.dtypes[stage] = self._emitted
         return taps
 
+    def logits(self, out):
+        """The logits in the model's output: ``output=``, else its first array."""
+        return self.port.output(out) if self.port.output else _arrays_in(out, self.adapter.is_array)[0]
+
     def _np(self, x) -> np.ndarray:
         """A recorded array as NumPy, noting the dtype the model emitted it in."""
         self._emitted = str(getattr(x, "dtype", "")).rsplit(".", 1)[-1]
@@ -1462,7 +1457,7 @@ class CapturedForward:
         c = self.config
         B = rec.B
         if source.kind == "return":
-            logits = self.port.output(out) if self.port.output else self._array(out, stage)
+            logits = self.port.output(out) if self.port.output else self._array(out, stage)  # names an empty output
             if source.part == "pooled" and len(getattr(logits, "shape", ())) == 3:
                 raise _Never(f"a headless model's output is its pooled features (B, D); it returned "
                              f"{tuple(logits.shape)} tokens: give ModelPort(output=...) its pooled output")
@@ -1476,7 +1471,7 @@ class CapturedForward:
             x = self._np(self._array(store[source.path], stage))
             where = f"{'input' if source.kind == 'in' else 'output'} of {source.path}"
             if source.shape == "patches" and x.ndim == 4:
-                if self.adapter.name == "torch":
+                if self.adapter.channels_first:  # a convolution's (B, D, gh, gw)
                     x = x.reshape(B, c.embed_dim, -1).transpose(0, 2, 1)
                 else:
                     x = x.reshape(B, -1, c.embed_dim)
