@@ -127,9 +127,9 @@ def test_captured_taps_survive_a_model_that_adds_residuals_in_place(monkeypatch)
     config = get_config("vit_test_token")
     assert verify(inplace_port, config, cases=quick_cases(config)).conformant
     # Companion: keep references instead of copies and `h += x` rewrites the attn tap.
-    import conformance.capture as capture
+    import conformance.capture.adapters as adapters
 
-    monkeypatch.setattr(capture._TorchAdapter, "copy", lambda self, x: x)
+    monkeypatch.setattr(adapters.TorchAdapter, "copy", lambda self, x: x)
     report = verify(inplace_port, config, cases=quick_cases(config))
     assert report.first_divergence == "blocks.0.attn" and report.separation() > 1e6
 
@@ -245,9 +245,9 @@ def test_without_interception_q_k_v_come_from_the_projections(monkeypatch):
     """Where no attention call or product is seen (an operator the capture cannot wrap), q, k,
     v are read from separate projections with the heads split, or from a fused qkv split as
     timm's (3, H, hd); the weights are then unseen."""
-    import conformance.capture as capture
+    import conformance.capture.adapters as adapters
 
-    monkeypatch.setattr(capture._MLXAdapter, "patches", lambda self, recorder: [])
+    monkeypatch.setattr(adapters.MLXAdapter, "patches", lambda self, recorder: [])
     for name, where in (("mlx_image_vit:port", "output of encoder.layers.0.self_attention.query_proj, heads split"),
                         ("seed_mlx_vit:port", "output of blocks.0.mhsa.qkv split as timm's (3, H, hd)")):
         port = example(name)

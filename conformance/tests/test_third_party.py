@@ -149,10 +149,10 @@ def test_an_exception_inside_the_tool_is_its_own_exit_3_not_the_port_s(monkeypat
 
 
 def test_an_exception_in_a_recorder_hook_is_the_tool_s_even_inside_the_model(monkeypatch):
-    from conformance import capture
+    from conformance.capture import recorder
     from conformance.report import ToolError
 
-    monkeypatch.setattr(capture._Recorder, "softmax", capture._guarded(lambda self, out: 1 / 0))
+    monkeypatch.setattr(recorder.Recorder, "softmax", recorder.guarded(lambda self, out: 1 / 0))
     with pytest.raises(ToolError, match="ZeroDivisionError"):
         verify(example("timm_vit:explicit"), get_config("vit_test_token"), port="explicit")
 

@@ -1,0 +1,66 @@
+"""What Flax NNX and linen share: JAX arrays, Flax's layouts and names, jax.nn and jnp wrapped."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from conformance.capture.recorder import callbacks, wrapped
+
+
+class JAXArrays:
+    """What Flax NNX and linen share: JAX arrays, Flax's layouts and names, and the wrapped JAX
+    functions (jax.nn's softmax and fused attention, jnp's matmul and einsum)."""
+
+    def by_type(self, kind, leaf, value):
+        if kind == "Conv" and leaf == "kernel" and value.ndim == 4:
+            return np.ascontiguousarray(value.transpose(2, 3, 1, 0))  # OIHW -> HWIO
+        if kind in ("Linear", "Dense") and leaf == "kernel" and value.ndim == 2:
+            return np.ascontiguousarray(value.T)  # (out, in) -> (in, out)
+        return value
+
+    def resolve(self, key, params):
+        if key in params or not key.endswith(".weight"):
+            return key
+        for leaf in ("kernel", "scale"):
+            if key[:-len("weight")] + leaf in params:
+                return key[:-len("weight")] + leaf
+        return key
+
+    def to_input(self, images, dtype):
+        import jax.numpy as jnp
+
+        return jnp.asarray(images).astype(getattr(jnp, dtype))
+
+    def numpy(self, x):
+        return np.asarray(x, np.float32) if str(x.dtype) == "bfloat16" else np.asarray(x)
+
+    def is_array(self, x):
+        import jax
+
+        return isinstance(x, jax.Array)
+
+    def copy(self, x):
+        return x
+
+    def patches(self, recorder):
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        on = callbacks(recorder)
+        softmax = wrapped(jax.nn.softmax, on.softmax)
+        return [(jax.nn, "dot_product_attention", wrapped(jax.nn.dot_product_attention, on.fused(
+                    "jax.nn.dot_product_attention", False, ("query", "key", "value")))),
+                (jax.nn, "softmax", softmax), (nnx, "softmax", softmax),
+                (jnp, "matmul", wrapped(jnp.matmul, on.product)),
+                (jnp, "einsum", wrapped(jnp.einsum, on.einsum))]
+
+
+def flatten(tree, prefix=()):
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            yield from flatten(v, prefix + (str(k),))
+        else:
+            yield prefix + (str(k),), v

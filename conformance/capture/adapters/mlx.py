@@ -1,0 +1,146 @@
+"""MLX models: modules recorded by a class swap, mx's softmax, fused attention and products
+wrapped, tap cotangents as gradients of added zeros."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from conformance.capture.adapters.base import SwapAdapter
+from conformance.capture.recorder import Recorder, callbacks, wrapped
+
+if TYPE_CHECKING:
+    from conformance.capture.port import CapturedForward
+
+
+class MLXAdapter(SwapAdapter):
+    name = "mlx"
+    supports_gradients = True
+
+    def by_type(self, kind, leaf, value):
+        return np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if kind.startswith("Conv") and value.ndim == 4 \
+            else value  # OIHW -> OHWI
+
+    def __init__(self, model):
+        super().__init__(model)
+        self._modules = dict(model.named_modules())
+
+    def modules(self):
+        return self._modules
+
+    def params(self):
+        from mlx.utils import tree_flatten
+
+        return {k: tuple(v.shape) for k, v in tree_flatten(self.model.parameters())}
+
+    def current(self, key):
+        from mlx.utils import tree_flatten
+
+        import mlx.core as mx
+
+        return np.array(dict(tree_flatten(self.model.parameters()))[key].astype(mx.float32))
+
+    def load(self, arrays, dtype, cast=True):
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        own = {k: v.dtype for k, v in tree_flatten(self.model.parameters())}
+        self.model.load_weights([(k, mx.array(np.asarray(v, np.float32)) if cast else
+                                  mx.array(np.asarray(v, np.float32)).astype(own.get(k, mx.float32)))
+                                 for k, v in arrays.items()], strict=True)
+        self.model.eval()
+        if cast and dtype != "float32":
+            self.model.set_dtype(getattr(mx, dtype))
+
+    def to_input(self, images, dtype):
+        import mlx.core as mx
+
+        return mx.array(images).astype(getattr(mx, dtype))
+
+    def gradients(self, images, loss, forward: "CapturedForward"):
+        """As the PyTorch adapter's: the cotangent at every stage read at a module boundary,
+        here as the gradient of a zero added to each watched module's first call's input or
+        output (MLX keeps no gradients on intermediate arrays), inside mx.value_and_grad over
+        the parameters, the images and those zeros. A first recording run gives their shapes."""
+        import mlx.core as mx
+        from mlx.utils import tree_flatten
+
+        from impls.mlx_vit import loss_value
+
+        plan, watch = forward.plan, forward.plan.watch()
+        shapes = Recorder(self, forward.config, images.shape[0], plan.blocks)
+        out = self.run(images, shapes, watch)
+        logits = forward.logits(out)
+        zeros = {("in", k): mx.zeros(v.shape, v.dtype) for k, v in shapes.inputs.items() if self.is_array(v)}
+        zeros |= {("out", k): mx.zeros(v.shape, v.dtype) for k, v in shapes.outputs.items() if self.is_array(v)}
+        zeros[("return", "")] = mx.zeros(logits.shape, logits.dtype)
+
+        def f(params, x, added):
+            self.model.update(params)
+            swapped, seen = [], set()
+            for path in {p for _, p in added if p}:
+                module = self.modules()[path]
+                cls = type(module)
+
+                def call(obj, *args, __cls=cls, __path=path, **kwargs):
+                    first = __path not in seen
+                    seen.add(__path)
+                    if first and ("in", __path) in added:
+                        i = next(i for i, a in enumerate(args) if self.is_array(a))
+                        args = (*args[:i], args[i] + added[("in", __path)], *args[i + 1:])
+                    out = __cls.__call__(obj, *args, **kwargs)
+                    return out + added[("out", __path)] if first and ("out", __path) in added else out
+
+                module.__class__ = type(cls.__name__, (cls,), {"__call__": call, "__module__": cls.__module__})
+                swapped.append((module, cls))
+            try:
+                out = self.model(x, **self.call_kwargs)
+            finally:
+                for module, cls in reversed(swapped):
+                    module.__class__ = cls
+            return loss_value(forward.logits(out) + added[("return", "")], loss)
+
+        keys = list(zeros)
+        value, (g_params, g_x, g_zeros) = mx.value_and_grad(
+            lambda params, x, z: f(params, x, dict(zip(keys, z))), argnums=(0, 1, 2))(
+            self.model.trainable_parameters(), images, [zeros[k] for k in keys])
+        mx.eval(value, g_params, g_x, g_zeros)
+        grads = dict(zip(keys, g_zeros))
+        recorder = Recorder(self, forward.config, images.shape[0], plan.blocks)
+        recorder.inputs = {p: grads[("in", p)] for kind, p in keys if kind == "in"}
+        recorder.outputs = {p: grads[("out", p)] for kind, p in keys if kind == "out"}
+        taps = forward.boundary_taps(recorder, self.numpy(grads[("return", "")]))
+        return float(value), {k: self.numpy(v) for k, v in tree_flatten(g_params)}, self.numpy(g_x), taps
+
+    def numpy(self, x):
+        import mlx.core as mx
+
+        return np.array(x.astype(mx.float32) if x.dtype == mx.bfloat16 else x)
+
+    def is_array(self, x):
+        import mlx.core as mx
+
+        return isinstance(x, mx.array)
+
+    def copy(self, x):
+        return x
+
+    def patches(self, recorder):
+        import mlx.core as mx
+        import mlx.nn as nn
+
+        on = callbacks(recorder)
+        softmax = wrapped(mx.softmax, on.softmax)
+        return [(mx.fast, "scaled_dot_product_attention",
+                 wrapped(mx.fast.scaled_dot_product_attention,
+                          on.fused("mx.fast.scaled_dot_product_attention", True, ("q", "k", "v")))),
+                (mx, "softmax", softmax),
+                # nn.softmax is mx.softmax under mx.compile, whose tracing would hand the wrapper a
+                # placeholder: called directly for the capture (the same single kernel).
+                (nn, "softmax", lambda x, axis=-1: softmax(x, axis=axis)),
+                (mx, "matmul", wrapped(mx.matmul, on.product)),
+                (mx, "einsum", wrapped(mx.einsum, on.einsum)),
+                (mx.array, "__matmul__", wrapped(mx.array.__matmul__, on.product)),
+                (mx.array, "__mul__", wrapped(mx.array.__mul__, on.scale)),
+                (mx.array, "__truediv__", wrapped(mx.array.__truediv__, on.scale))]

@@ -1,0 +1,180 @@
+"""PyTorch models: forward hooks, a TorchFunctionMode for the attention internals (a second pass
+where it would switch off a native kernel), autocast, autograd with tap cotangents."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from conformance.capture.adapters.base import BaseAdapter
+from conformance.capture.recorder import Recorder, callbacks, first_array, map_arrays, patched, wrapped
+
+if TYPE_CHECKING:
+    from conformance.capture.port import CapturedForward
+
+
+# PyTorch modules with a native fast path that a TorchFunctionMode switches off.
+TORCH_FAST_PATHS = ("MultiheadAttention", "TransformerEncoderLayer")
+
+
+class TorchAdapter(BaseAdapter):
+    name = "torch"
+    supports_gradients = True
+    channels_first = True
+
+    def __init__(self, model):
+        super().__init__(model)
+        self._modules = dict(model.named_modules())
+        self.retain = False  # record the graph's own tensors (a gradient pass), not copies
+        self.autocast: str | None = None  # ModelPort(autocast=True): run under torch.autocast in this dtype
+
+    def gradients(self, images, loss, forward: "CapturedForward"):
+        """(value, {model key: gradient}, d value / d images, {stage: cotangent}) of the
+        framework's loss of the model's logits by autograd, with the cotangent at every stage read at a
+        module boundary (a module's input or output, the return value): the model runs once with
+        the recorder keeping its own tensors with retain_grad, and each stage is read from their
+        gradients as the forward reads it from their values (the same reshapes). Attention
+        internals are not tapped."""
+        import torch
+
+        from impls.torch_vit import loss_value
+
+        self.model.requires_grad_(True).zero_grad(set_to_none=True)
+        x = images.detach().clone().requires_grad_(True)
+        plan = forward.plan
+        recorder = Recorder(self, forward.config, x.shape[0], plan.blocks)
+        self.retain = True
+        try:
+            out = self.run(x, recorder, plan.watch())
+            logits = forward.logits(out)
+            logits.retain_grad()
+            value = loss_value(logits, loss)
+            value.backward()
+        finally:
+            self.retain = False
+
+        def grad_of(t):
+            return t.grad if t.grad is not None else torch.zeros_like(t)
+
+        recorder.inputs = {k: map_arrays(v, grad_of, self.is_array) for k, v in recorder.inputs.items()}
+        recorder.outputs = {k: map_arrays(v, grad_of, self.is_array) for k, v in recorder.outputs.items()}
+        taps = forward.boundary_taps(recorder, self.numpy(grad_of(logits)))
+        params = {k: self.numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+                  for k, p in self.model.named_parameters()}
+        return value.item(), params, self.numpy(grad_of(x)), taps
+
+    def modules(self):
+        return self._modules
+
+    def params(self) -> dict[str, tuple]:
+        return {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
+
+    def current(self, key):
+        return self.model.state_dict()[key].detach().float().numpy()
+
+    def load(self, arrays: dict, dtype: str, cast: bool = True) -> None:
+        """Strictly; ``cast``: every parameter to ``dtype`` (else each keeps the dtype the model
+        built it in: load_state_dict copies into the existing tensors)."""
+        import torch
+
+        tensors = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in arrays.items()}
+        self.model.load_state_dict(tensors, strict=True)
+        self.model.eval()
+        if cast:
+            self.model.to(getattr(torch, dtype))
+
+    def to_input(self, images: np.ndarray, dtype: str):
+        import torch
+
+        return torch.tensor(images).to(getattr(torch, dtype))
+
+    def numpy(self, x) -> np.ndarray:
+        import torch
+
+        return x.detach().float().numpy() if x.dtype == torch.bfloat16 else x.detach().numpy()  # NumPy: no bf16
+
+    def is_array(self, x) -> bool:
+        import torch
+
+        return isinstance(x, torch.Tensor)
+
+    def copy(self, x):
+        if self.retain:  # a gradient pass: the tensor itself, whose gradient is the cotangent there
+            if x.requires_grad:
+                x.retain_grad()
+            return x
+        return x.detach().clone()
+
+    def fast_paths(self) -> list[str]:
+        """Modules whose native kernel a TorchFunctionMode would switch off (nn.MultiheadAttention
+        and nn.TransformerEncoderLayer leave their fast path when any argument has a torch function):
+        their model runs once on its own path with hooks only, and again for the internals."""
+        return [p for p, m in self._modules.items() if type(m).__name__ in TORCH_FAST_PATHS
+                and type(m).__module__.startswith("torch.nn")]
+
+    def run(self, inputs, recorder: "Recorder", watch: dict[str, tuple[bool, bool]], functions: bool = True):
+        """The model on ``inputs`` with forward hooks at ``watch``; with ``functions`` also a
+        TorchFunctionMode that records softmax, fused attention and the attention products
+        (without it the model runs exactly its own path, native kernels included)."""
+        import torch
+        import torch.nn.functional as F
+        from torch.overrides import TorchFunctionMode
+
+        handles = []
+        for path, (want_in, want_out) in watch.items():
+            module = self._modules[path]
+            if want_in:
+                handles.append(module.register_forward_pre_hook(
+                    lambda m, args, kwargs, path=path: recorder.enter(path, first_array(args, kwargs, self)),
+                    with_kwargs=True))
+            if want_out:
+                handles.append(module.register_forward_hook(
+                    lambda m, args, output, path=path: recorder.leave(path, output)))
+
+        sdpa = F.scaled_dot_product_attention
+        on = callbacks(recorder)
+        on_sdpa = on.fused("F.scaled_dot_product_attention", True, ("query", "key", "value"))
+        hooks = {"softmax": on.softmax, "matmul": on.product, "__matmul__": on.product, "bmm": on.product,
+                 "einsum": on.einsum, **dict.fromkeys(("mul", "__mul__", "__rmul__", "div", "__truediv__"), on.scale)}
+
+        # F.multi_head_attention_forward runs whole under the mode (a mode is off inside its own
+        # handler): its internals are recorded by wrapping the functions it calls for that call.
+        mha = F.multi_head_attention_forward
+        inside_mha = [(F, "scaled_dot_product_attention", wrapped(sdpa, on_sdpa)),
+                      (F, "softmax", wrapped(F.softmax, on.softmax)),
+                      (torch, "bmm", wrapped(torch.bmm, on.product)),
+                      (torch, "baddbmm", wrapped(torch.baddbmm, lambda a, k, out: on.product(a[1:], k, out)))]
+
+        class Intercept(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func is mha:
+                    with patched(inside_mha):
+                        out = func(*args, **kwargs)
+                    recorder.scaled_inside("F.multi_head_attention_forward")
+                    return out
+                out = func(*args, **kwargs)
+                hook = on_sdpa if func is sdpa else hooks.get(getattr(func, "__name__", ""))
+                if hook is not None:
+                    hook(args, kwargs, out)
+                return out
+
+        native = torch._native_multi_head_attention
+
+        def native_mha(*args, **kwargs):  # the fast path ran: noted, not changed
+            recorder.native(args[0] if args else None)
+            return native(*args, **kwargs)
+
+        autocast = (torch.autocast(inputs.device.type, dtype=getattr(torch, self.autocast)) if self.autocast
+                    else contextlib.nullcontext())
+        try:
+            torch._native_multi_head_attention = native_mha
+            with (torch.enable_grad() if self.retain else torch.no_grad()), autocast, \
+                    (Intercept() if functions else contextlib.nullcontext()):
+                return self.model(inputs, **self.call_kwargs)
+        finally:
+            torch._native_multi_head_attention = native
+            for h in handles:
+                h.remove()

@@ -1,0 +1,439 @@
+"""ModelPort (a model in its own framework and the mapping from the canonical weights) and the
+captured forward it builds: one run of the unmodified model, every planned stage read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from conformance.capture.adapters import ADAPTERS, BaseAdapter, LinenAdapter, framework_of
+from conformance.capture.mapping import LoadError, config_argument, rename_function
+from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
+from conformance.capture.recorder import Recorder, arrays_in
+from conformance.report import ToolError, describe_exception
+from impls.config import ViTConfig, tap_names
+
+
+class Taps(dict):
+    """What a captured forward returns: stage -> array, plus what it could not see and the
+    findings of the load (``unseen``: stage -> reason; ``findings``: (stage, reason))."""
+
+    def __init__(self, *args, unseen=None, findings=(), sources=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unseen: dict[str, str] = dict(unseen or {})
+        self.findings: list[tuple[str, str]] = list(findings)
+        self.sources: dict[str, str] = dict(sources or {})
+        self.dtypes: dict[str, str] = {}  # stage -> the dtype the model emitted it in (before any cast to NumPy)
+        # A second pass off the model's own path (a fused kernel's internals read where a function
+        # mode moves it onto another path): judged too, its stages named in ``sources``.
+        self.second: Taps | None = None
+        self.from_second: set[str] = set()  # stages here that only the second pass showed
+
+    def own_pass(self) -> "Taps":
+        """The stages read on the model's own path alone (a stage's local check then never takes
+        its inputs from another pass)."""
+        if not self.from_second:
+            return self
+        own = Taps({k: v for k, v in self.items() if k not in self.from_second}, unseen=self.unseen,
+                   findings=self.findings, sources=self.sources)
+        own.dtypes = {k: v for k, v in self.dtypes.items() if k not in self.from_second}
+        return own
+
+
+@dataclass
+class ModelPort:
+    """A model in its own framework, with the mapping from the canonical (timm) weights.
+
+    build: ``config -> model`` (an unloaded PyTorch, MLX or Flax NNX module, or an unbound linen one).
+    rename: a rename table or key function (names only; layouts follow the module types), or
+    convert: ``state -> {model key: array}`` in the model's own layouts.
+    images: "NCHW" (the canonical layout) or "NHWC" (what MLX and Flax convolutions take).
+    taps: overrides, ``{"blocks.{i}.attn.weights": "layers.{i}.attn.softmax"}`` (":in" for a
+    module's input).
+    output: ``model output -> logits`` (default: the array, a tuple's first, ``.logits``); for a
+    headless model (``num_classes=0``) its pooled features.
+    supports: the configs the port is written for (see conformance.support).
+    call_kwargs: passed to every call of the model (``train=False``, ``deterministic=True``).
+    autocast: a PyTorch model keeps float32 weights and runs under ``torch.autocast`` in the
+    dtype asked for (bfloat16, float16): mixed precision as PyTorch users run it.
+
+    ``build`` is called as ``build(config, dtype=...)`` when it takes ``dtype`` (then the model
+    chooses each parameter's precision: Flax ``dtype``/``param_dtype``, Hugging Face
+    ``torch_dtype``), else ``build(config)`` and every parameter is cast to the dtype asked for.
+    ``convert`` is called as ``convert(state, config)`` when it takes two arguments (whatever
+    their names) or a ``config`` keyword, else ``convert(state)``.
+    """
+
+    build: Callable[[ViTConfig], Any]
+    rename: Mapping[str, str | None] | Callable[[str], str | None] | None = None
+    convert: Callable[[dict], dict] | None = None
+    images: str = "NCHW"
+    taps: Mapping[str, str] = field(default_factory=dict)
+    output: Callable[[Any], Any] | None = None
+    supports: Any = None
+    call_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    autocast: bool = False
+
+    def __post_init__(self):
+        if (self.rename is None) == (self.convert is None):
+            raise TypeError("ModelPort needs exactly one of rename= (names) or convert= (a state -> state function)")
+        if self.images not in ("NCHW", "NHWC"):
+            raise ValueError(f"images must be 'NCHW' or 'NHWC', got {self.images!r}")
+
+    def with_taps(self, taps: Mapping[str, str]) -> "ModelPort":
+        from dataclasses import replace
+
+        return replace(self, taps={**self.taps, **taps})
+
+    # -- weights
+
+    def _convert(self, state, config):
+        how = config_argument(self.convert, positional=2)
+        return (self.convert(state, config=config) if how == "keyword" else
+                self.convert(state, config) if how == "positional" else self.convert(state))
+
+    def _build(self, config: ViTConfig, dtype: str):
+        """(model, whether the model chose its own parameter dtypes)."""
+        if config_argument(self.build, positional=None, keyword="dtype") == "keyword":
+            return self.build(config, dtype=dtype), True
+        return self.build(config), False
+
+    def key_map(self, state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, list[str]]:
+        """canonical key -> the model keys it is sent to."""
+        if self.rename is not None:
+            rename = rename_function(self.rename)
+            return {k: [m] if (m := rename(k)) is not None else [] for k in state}
+        # Probe the convert function with each key filled with its own index; a key sent to
+        # several model keys (a qkv split in three) is probed again with its element indices,
+        # which orders its targets by the rows they take.
+        probe = {k: np.full(v.shape, i + 1, np.float32) for i, (k, v) in enumerate(state.items())}
+        names = list(state)
+        out = {k: [] for k in state}
+        for mk, value in self._convert(probe, config).items():
+            for tag in np.unique(np.asarray(value)):
+                if float(tag).is_integer() and 1 <= tag <= len(names):
+                    out[names[int(tag) - 1]].append(mk)
+        for k, targets in out.items():
+            if len(targets) > 1:
+                probe = {n: np.zeros(v.shape, np.float32) for n, v in state.items()}
+                probe[k] = np.arange(1, state[k].size + 1, dtype=np.float32).reshape(state[k].shape)
+                converted = self._convert(probe, config)
+                out[k] = sorted(targets, key=lambda mk: float(np.min(np.asarray(converted[mk]))))
+        return out
+
+    def mapped(self, state: Mapping[str, np.ndarray], adapter: BaseAdapter, config: ViTConfig) -> tuple[dict, list[str]]:
+        """The model's arrays from the canonical state, strictly: (arrays, unfilled model keys)."""
+        params = adapter.params()
+        if self.rename is not None:
+            rename = rename_function(self.rename)
+            arrays = {}
+            for k, v in state.items():
+                mk = rename(k)
+                if mk is None:
+                    continue
+                mk = adapter.resolve(mk, params)
+                if mk in arrays:
+                    raise LoadError(f"the rename sends two canonical keys to {mk!r} (the second is {k!r})")
+                arrays[mk] = adapter.native(mk, np.asarray(v), params.get(mk, np.shape(v)))
+        else:
+            arrays = {k: np.asarray(v) for k, v in self._convert(dict(state), config).items()}
+        unknown = sorted(set(arrays) - set(params))
+        if unknown:
+            import difflib
+
+            near = difflib.get_close_matches(unknown[0], sorted(set(params) - set(arrays)), n=3, cutoff=0.5)
+            raise LoadError(f"the mapping gives {len(unknown)} key(s) the model does not have: "
+                            f"{', '.join(repr(k) for k in unknown[:8])}{' ...' if len(unknown) > 8 else ''}; "
+                            f"closest model keys to {unknown[0]!r}: {', '.join(repr(k) for k in near) or 'none'}")
+        wrong = [f"{k!r}: mapped {tuple(arrays[k].shape)}, the model has {params[k]}" for k in sorted(arrays)
+                 if tuple(arrays[k].shape) != tuple(params[k])]
+        if wrong:
+            raise LoadError(f"{len(wrong)} shape mismatch(es): " + "; ".join(wrong[:6]))
+        unfilled = sorted(set(params) - set(arrays))
+        for k in unfilled:
+            arrays[k] = adapter.current(k)
+        return arrays, unfilled
+
+    # -- the factory
+
+    def __call__(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
+        from conformance.support import check_supported, supports_of
+
+        check_supported(supports_of(self), config)
+        model, chosen = self._build(config, dtype)
+        framework = framework_of(model)
+        if self.autocast and framework != "torch":
+            raise TypeError(f"ModelPort(autocast=True) runs a PyTorch model under torch.autocast; this is a "
+                            f"{framework} model (give build a dtype= argument instead)")
+        if framework == "linen":  # unbound: shapes come from an abstract init on an image of this config
+            import jax.numpy as jnp
+
+            H, W = config.img_size
+            shape = (1, H, W, config.in_chans) if self.images == "NHWC" else (1, config.in_chans, H, W)
+            adapter = LinenAdapter(model, jnp.zeros(shape, jnp.float32))
+        else:
+            adapter = ADAPTERS[framework](model)
+        adapter.call_kwargs = dict(self.call_kwargs)
+        key_map = self.key_map(state, config)
+        dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))
+        if dropped:
+            raise LoadError(f"the mapping drops canonical keys the model needs: {', '.join(dropped[:8])}")
+        arrays, unfilled = self.mapped(state, adapter, config)
+        mixed = self.autocast and dtype != "float32"
+        adapter.load(arrays, dtype, cast=not (chosen or self.autocast))
+        if mixed:
+            adapter.autocast = dtype
+        has_head = any(key_map.get(k) for k in ("head.weight", "head.bias"))
+        try:
+            plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
+        except TapOverrideError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the plan is the tool's
+            raise ToolError(f"capture could not plan the taps: {describe_exception(e)}") from e
+        findings = []
+        if unfilled:
+            findings.append(("load", f"the model has {len(unfilled)} parameter(s) the canonical weights do not fill, "
+                                     f"left at the model's initial values: {', '.join(unfilled[:6])}"
+                                     + (" ..." if len(unfilled) > 6 else "")))
+        forward = CapturedForward(self, adapter, plan, config, dtype, findings)
+        forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
+        return forward
+
+
+    def make_grad(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
+        """A gradient factory (docs/gradients.md) from the unmodified model: grad(images, loss)
+        differentiates the framework's own loss of the model's logits with respect to its
+        parameters and the images, and brings each parameter's gradient back to its canonical
+        key and layout through the mapping (the adjoint of a re-layout is its inverse, found by
+        sending each entry's index through it). A PyTorch or MLX model also returns the cotangent
+        at every stage its forward is read at a module boundary (docs/gradients.md); a Flax NNX
+        one is located at the first wrong parameter gradient in backward order."""
+        forward = self(config, state, dtype)  # loaded strictly, as the forward is
+        adapter = forward.adapter
+        if not adapter.supports_gradients:
+            adapter.gradients(None, None, forward)  # raises Unsupported, naming the framework
+        where = self.entry_map(state, adapter, config)
+
+        def grad(images, loss):
+            images = np.asarray(images)
+            x = images.transpose(0, 2, 3, 1) if self.images == "NHWC" else images
+            value, native, g_x, taps = adapter.gradients(adapter.to_input(np.ascontiguousarray(x), dtype), loss,
+                                                         forward)
+            params = {}
+            for key, targets in where.items():
+                g = np.zeros(state[key].size, np.float64)
+                for mk, index in targets:
+                    taken = index >= 0
+                    np.add.at(g, index[taken], np.asarray(native[mk], np.float64).ravel()[taken])
+                params[key] = g.reshape(state[key].shape)
+            out = {"loss": value, "params": params, "images": g_x.transpose(0, 3, 1, 2) if self.images == "NHWC" else g_x}
+            return out if taps is None else out | {"taps": taps}
+
+        return grad
+
+    def entry_map(self, state, adapter: BaseAdapter, config: ViTConfig) -> dict[str, list[tuple[str, np.ndarray]]]:
+        """canonical key -> [(model key, the canonical flat index of each of its entries)]: each
+        key's entries numbered and sent through the mapping, as the weights are."""
+        probe = {k: np.arange(1, np.size(v) + 1, dtype=np.float64).reshape(np.shape(v)) for k, v in state.items()}
+        out: dict[str, list] = {k: [] for k in state}
+        if self.rename is not None:
+            arrays, _ = self.mapped(probe, adapter, config)
+            rename = rename_function(self.rename)
+            for k in state:
+                mk = rename(k)
+                if mk is not None:
+                    mk = adapter.resolve(mk, adapter.params())
+                    out[k].append((mk, np.asarray(arrays[mk]).ravel().astype(np.int64) - 1))
+            return out
+        for k, v in state.items():  # convert: one key at a time, the others zero
+            converted = self._convert({n: probe[n] if n == k else np.zeros(np.shape(w), np.float32)
+                                       for n, w in state.items()}, config)
+            for mk, value in converted.items():
+                index = np.asarray(value, np.float64).ravel()
+                if not np.any(index):
+                    continue
+                whole = index == np.round(index)
+                if not np.all(whole[index != 0]) or index.max() > np.size(v):
+                    raise LoadError(f"the convert function does more than re-lay out {k!r} (into {mk!r}: it scales or "
+                                    "mixes entries), so its gradient cannot be brought back")
+                # -1 where the model's entry does not come from k; an entry sent to two places (tied
+                # weights) gets both gradients summed by np.add.at, the adjoint of a copy
+                out[k].append((mk, index.astype(np.int64) - 1))
+        return out
+
+
+class CapturedForward:
+    """forward(images) -> Taps: runs the unmodified model once and reads every planned tap."""
+
+    def __init__(self, port: ModelPort, adapter: BaseAdapter, plan: Plan, config: ViTConfig, dtype: str, findings):
+        self.port, self.adapter, self.plan, self.config, self.dtype = port, adapter, plan, config, dtype
+        self.findings = findings
+        self.input_dtype = dtype
+        self._emitted: str | None = None
+
+    def __call__(self, images) -> Taps:
+        images = np.asarray(images)
+        x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
+        inputs = self.adapter.to_input(np.ascontiguousarray(x), self.input_dtype)
+        fast = self.adapter.fast_paths()
+        if not fast:
+            return self._pass(inputs, images.shape[0], functions=True)
+        # The model's own path first (hooks only: its native kernels run as for its user), then
+        # the internals those kernels hide, read in a second pass that leaves them; both are judged.
+        taps = self._pass(inputs, images.shape[0], functions=False)
+        second = self._pass(inputs, images.shape[0], functions=True)
+        for stage, why in second.unseen.items():
+            if stage in taps.unseen and taps.unseen[stage] != why:
+                taps.unseen[stage] = f"{taps.unseen[stage]} on the model's own path, and {why} off it"
+        for stage in second:
+            if stage in taps:
+                continue
+            own = taps.unseen.pop(stage, "not read")
+            second.sources[stage] = (f"{second.sources[stage]}, in a second pass under a TorchFunctionMode (on the "
+                                     f"model's own path: {own})")
+            taps.sources[stage] = second.sources[stage]
+            taps[stage] = second[stage]
+            if stage in second.dtypes:
+                taps.dtypes[stage] = second.dtypes[stage]
+            taps.from_second.add(stage)
+        taps.second = second
+        return taps
+
+    def _pass(self, inputs, batch: int, functions: bool) -> Taps:
+        recorder = Recorder(self.adapter, self.config, batch, self.plan.blocks)
+        out = self.adapter.run(inputs, recorder, self.plan.watch(), functions=functions)
+        recorder.raise_error()
+        taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))
+        for stage in tap_names(self.config):
+            source = self.plan.sources.get(stage)
+            if source is None:
+                continue
+            try:
+                self._emitted = None
+                value, where = self._read(source, stage, recorder, out)
+            except Unseen as e:
+                taps.unseen[stage] = str(e)
+                continue
+            except Never as e:
+                taps.findings.append((stage, str(e)))
+                continue
+            except Exception as e:  # noqa: BLE001 - reading a recorded tensor is the tool's job
+                raise ToolError(f"capture failed reading stage {stage} ({source.kind} {source.path or ''}".rstrip()
+                                + f"): {describe_exception(e)}") from e
+            taps[stage] = value
+            taps.sources[stage] = where
+            if self._emitted:
+                taps.dtypes[stage] = self._emitted
+        return taps
+
+    def boundary_taps(self, recorder: Recorder, logits_grad) -> dict[str, np.ndarray]:
+        """Every stage this forward reads at a module boundary (a module's input or output, the
+        return value), read from a recorder holding cotangents instead of values: the same reshapes."""
+        taps = {}
+        for stage in tap_names(self.config):
+            source = self.plan.sources.get(stage)
+            if source is None or source.kind not in ("in", "out", "return"):
+                continue
+            try:
+                taps[stage] = logits_grad if source.kind == "return" else self._read(source, stage, recorder, None)[0]
+            except (Unseen, Never):
+                continue
+        return taps
+
+    def logits(self, out):
+        """The logits in the model's output: ``output=``, else its first array."""
+        return self.port.output(out) if self.port.output else arrays_in(out, self.adapter.is_array)[0]
+
+    def _np(self, x) -> np.ndarray:
+        """A recorded array as NumPy, noting the dtype the model emitted it in."""
+        self._emitted = str(getattr(x, "dtype", "")).rsplit(".", 1)[-1]
+        return self.adapter.numpy(x)
+
+    def _array(self, x, stage):
+        arrays = arrays_in(x, self.adapter.is_array)
+        if not arrays:
+            raise Unseen(f"its module returned {type(x).__name__}, not an array")
+        return arrays[0]
+
+    def _read(self, source: Source, stage: str, rec: Recorder, out):
+        c = self.config
+        B = rec.B
+        if source.kind == "return":
+            logits = self.port.output(out) if self.port.output else self._array(out, stage)  # names an empty output
+            if source.part == "pooled" and len(getattr(logits, "shape", ())) == 3:
+                raise Never(f"a headless model's output is its pooled features (B, D); it returned "
+                             f"{tuple(logits.shape)} tokens: give ModelPort(output=...) its pooled output")
+            what = "the model's return value" + (" (a headless model's pooled features)" if source.part else "")
+            return self._np(logits), what
+        if source.kind in ("in", "out"):
+            store = rec.inputs if source.kind == "in" else rec.outputs
+            if source.path not in store:
+                raise Never(f"the module {source.path!r} that holds its weights was never called: its weights "
+                             "take no part in the forward")
+            x = self._np(self._array(store[source.path], stage))
+            where = f"{'input' if source.kind == 'in' else 'output'} of {source.path}"
+            if source.shape == "patches" and x.ndim == 4:
+                if self.adapter.channels_first:  # a convolution's (B, D, gh, gw)
+                    x = x.reshape(B, c.embed_dim, -1).transpose(0, 2, 1)
+                else:
+                    x = x.reshape(B, -1, c.embed_dim)
+            if source.shape == "heads":
+                x = _heads(x, c)
+            return x, where
+        # attention records
+        slot = rec.attn.get(source.block, {})
+        part = source.part
+        if part == "weights":
+            if "weights" in slot:
+                return self._heads4(self._np(slot["weights"]), c.num_tokens), "the softmax over keys"
+            raise Unseen(f"computed inside {slot['fused']} (a fused kernel)" if "fused" in slot else
+                          f"computed inside {slot['native']}" if "native" in slot else
+                          "no softmax over (N, N) logits was seen in this block")
+        if part in slot:
+            x = self._np(slot[part])
+            if not slot.get("heads_first", True):
+                x = x.transpose(0, 2, 1, 3)  # (B, N, H, hd) -> (B, H, N, hd)
+            return self._heads4(x, c.head_dim), slot["where"]
+        product = {"q": "logits_q", "k": "logits_k", "v": "product_v"}[part]
+        if part == "q" and "q_scaled" in slot:
+            raise Unseen(f"scaled inside {slot['q_scaled']} before q kᵀ, where capture sees no multiply "
+                          "(need_weights=True; with need_weights=False q is an argument of the fused attention)")
+        if product in slot:
+            what = {"q": "the left operand of q kᵀ (before any scalar scale)", "k": "the right operand of q kᵀ",
+                    "v": "the right operand of weights · v"}[part]
+            return self._heads4(self._np(slot[product]), c.head_dim), what
+        kind, path = source.fallback or ("", "")
+        if kind == "heads" and path in rec.outputs:
+            return _heads(self._np(self._array(rec.outputs[path], stage)), c), f"output of {path}, heads split"
+        if kind == "qkv" and path in rec.outputs:
+            x = self._np(self._array(rec.outputs[path], stage))
+            x = x.reshape(B, c.num_tokens, 3, c.num_heads, c.head_dim)[:, :, "qkv".index(part)].transpose(0, 2, 1, 3)
+            return x, f"output of {path} split as timm's (3, H, hd): the port's own split is checked at attn.weights"
+        if "native" in slot:
+            raise Unseen(f"computed inside {slot['native']}")
+        raise Unseen("no fused attention call, q kᵀ product or q/k/v projection was seen in this block")
+
+    def _heads4(self, x, last):
+        c = self.config
+        if x.ndim == 3 and x.shape[0] % c.num_heads == 0:  # (B*H, N, last)
+            x = x.reshape(-1, c.num_heads, *x.shape[1:])
+        return x
+
+
+def _heads(x, c):
+    if x.ndim == 3 and x.shape[-1] == c.embed_dim:  # (B, N, D) -> (B, H, N, hd)
+        return x.reshape(x.shape[0], x.shape[1], c.num_heads, c.head_dim).transpose(0, 2, 1, 3)
+    if x.ndim == 4 and x.shape[1:] == (c.num_tokens, c.num_heads, c.head_dim):  # (B, N, H, hd)
+        return x.transpose(0, 2, 1, 3)
+    return x
+
+
+class Unseen(Exception):
+    pass
+
+
+class Never(Exception):
+    pass
