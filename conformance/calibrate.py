@@ -102,8 +102,7 @@ def record_attention(rec: Recorder, case, mask, info) -> None:
 
 def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info) -> None:
     """Each framework's explicit path and its fused kernel from given q, k, v, locally."""
-    from conformance.tests.helpers import framework
-    from conformance.tests.test_attention import FUSED, qkv_arrays
+    from conformance.builtin import FUSED, framework, qkv_arrays
 
     q, k, v = qkv_arrays(shape, scale)
     s = shape.head_dim ** -0.5

@@ -92,9 +92,20 @@ def bench_table(result: dict | None = None) -> str:
 
 
 def tolerance_table() -> str:
-    from conformance.tolerances import calibration_table
+    """Per stage kind and dtype: the largest ratio measured on correct ports and the tolerance."""
+    from conformance.tolerances import MARGIN, MODES, measured
 
-    return calibration_table()
+    table = measured()
+    rows = []
+    for dtype, modes in table.items():
+        for kind in modes["local"]:
+            row = [f"`{kind}`", dtype]
+            for mode in MODES:
+                m = modes.get(mode, {}).get(kind)
+                row += ["-" if m is None else f"{m:.3g}", "-" if m is None else f"{MARGIN * m:.3g}"]
+            rows.append(row)
+    return markdown_table(["stage kind", "dtype", "local: largest ratio", "local: tolerance",
+                           "end to end: largest ratio", "end to end: tolerance"], rows)
 
 
 GENERATORS = {"zoo": zoo_table, "bench": bench_table, "tolerances": tolerance_table}

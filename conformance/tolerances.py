@@ -49,20 +49,3 @@ def tolerance(kind: str, dtype: str = "float32", mode: str = "local") -> float:
     if kind not in table[dtype][mode]:
         raise ValueError(f"no tolerance for stage kind {kind!r}; known: {sorted(table[dtype][mode])}")
     return MARGIN * table[dtype][mode][kind]
-
-
-def calibration_table() -> str:
-    """Per stage kind and dtype: the largest ratio measured on correct ports and the tolerance (docs)."""
-    from conformance.docs import markdown_table
-
-    table = measured()
-    rows = []
-    for dtype, modes in table.items():
-        for kind in modes["local"]:
-            row = [f"`{kind}`", dtype]
-            for mode in MODES:
-                m = modes.get(mode, {}).get(kind)
-                row += ["-" if m is None else f"{m:.3g}", "-" if m is None else f"{MARGIN * m:.3g}"]
-            rows.append(row)
-    return markdown_table(["stage kind", "dtype", "local: largest ratio", "local: tolerance",
-                           "end to end: largest ratio", "end to end: tolerance"], rows)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
 from hypothesis import settings
 
+from conformance.builtin import framework
 from impls import PORTS, load_factory
 
 
@@ -25,26 +25,6 @@ def run(port: str, config, state, images, **options):
     from conformance.properties import build
 
     return build(factory(port), config, state, **options)(images)
-
-
-def framework(port: str):
-    """(module, to_framework, to_numpy) for a built-in port."""
-    import importlib
-
-    module = importlib.import_module(f"impls.{port}_vit")
-    if port == "torch":
-        import torch
-
-        return module, torch.as_tensor, lambda t: t.numpy()
-    if port == "mlx":
-        import mlx.core as mx
-
-        return module, mx.array, np.array
-    if port == "jax":
-        import jax.numpy as jnp
-
-        return module, jnp.asarray, np.asarray
-    return module, np.asarray, np.asarray
 
 
 def attention(port: str, case, weights, fused: bool = False):

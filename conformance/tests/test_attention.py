@@ -9,25 +9,9 @@ from hypothesis import strategies as st
 from conformance import error_model as E
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.tests.helpers import attention, attention_model, attention_on_path, expect_failure, framework
+from conformance.builtin import FUSED, framework, qkv_arrays
+from conformance.tests.helpers import attention, attention_model, attention_on_path, expect_failure
 from weights import mha_shapes
-
-FUSED = {
-    "torch": lambda m, q, k, v, mask, scale: m.F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale),
-    "mlx": lambda m, q, k, v, mask, scale: m.mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask),
-    "jax": lambda m, q, k, v, mask, scale: m.jax.nn.dot_product_attention(
-        q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), scale=scale,
-        mask=mask if mask is not None and mask.dtype == m.jnp.bool_ else None,
-        bias=mask if mask is not None and mask.dtype != m.jnp.bool_ else None).swapaxes(1, 2),
-}
-
-
-def qkv_arrays(case: S.AttentionShape, scale: float):
-    rng = np.random.default_rng(case.seed)
-    shape_q = (case.batch, case.num_heads, case.q_len, case.head_dim)
-    shape_kv = (case.batch, case.num_heads, case.kv_len, case.head_dim)
-    return [rng.normal(0, scale, s).astype(np.float32) for s in (shape_q, shape_kv, shape_kv)]
-
 
 def _close(port, what, model, name, actual, expected, pair=True):
     """Within the propagated bound of the attention's error model (twice it for two port outputs)."""

@@ -32,7 +32,7 @@ from conformance.gradients import (
 )
 from conformance.profiles import heavy
 from conformance.tests.helpers import budget
-from conformance.verify_grad import load_grad_factory
+from conformance.verify.grad import load_grad_factory
 from conformance.zoo import MUTANTS
 from conformance.zoo.backward_mutants import OPTIMIZER_MUTANTS, forward_factory
 from impls import FRAMEWORK_PORTS, AdamW, get_config, load_factory
@@ -303,7 +303,7 @@ def test_timms_vision_transformer_in_training_mode_matches_the_reference(name):
     with every dropout and drop-path rate 0, through verify --grad on trained-like weights (its
     taps' cotangents by retain_grad on what its modules emit)."""
     from conformance.references import timm_make_grad
-    from conformance.verify_grad import format_grad_report, verify_grad
+    from conformance.verify.grad import format_grad_report, verify_grad
 
     config = get_config(name)
     report = verify_grad(timm_make_grad, config, port="timm", state=S.TrainedLike(6).make(config))
@@ -406,7 +406,7 @@ def test_verify_grad_locates_a_backward_mutant_on_a_weights_file_and_writes_its_
 
 
 def test_verify_grad_judges_a_factory_without_taps_on_its_parameters(user_ports):
-    from conformance.verify_grad import format_grad_report, verify_grad
+    from conformance.verify.grad import format_grad_report, verify_grad
 
     config = get_config("vit_test_token")
     report = verify_grad(user_ports.grad_params_only, config, state=init_state(config, seed=2))
@@ -421,7 +421,7 @@ def test_verify_grad_judges_a_factory_without_taps_on_its_parameters(user_ports)
     ("grad_shared_norm_mapping", "the port changed the state it was handed: replaced 'blocks.0.norm2.weight'"),
 ])
 def test_verify_grad_names_what_is_wrong_with_a_broken_factory_in_one_line(user_ports, factory, reason):
-    from conformance.verify_grad import format_grad_report, verify_grad
+    from conformance.verify.grad import format_grad_report, verify_grad
 
     config = get_config("vit_test_token")
     report = verify_grad(getattr(user_ports, factory), config, state=init_state(config, seed=2))
@@ -463,7 +463,7 @@ def test_an_unmodified_models_gradients_come_back_through_its_mapping(spec, monk
     """A ModelPort's gradients (verify --grad my_port:port): timm's model (PyTorch, names only),
     the README's MLX model (a rename), a Flax NNX ViT and transformers' ViT (convert functions,
     HF's split q, k, v): each parameter's gradient is brought back through the mapping."""
-    from conformance.verify_grad import format_grad_report, load_grad_factory, verify_grad
+    from conformance.verify.grad import format_grad_report, load_grad_factory, verify_grad
 
     monkeypatch.syspath_prepend(str(DATA))
     _, config = _model_port(spec) if not spec.startswith("my_port") else (None, SQUARE)
@@ -475,7 +475,7 @@ def test_a_forward_bug_in_an_unmodified_model_shows_in_its_gradients_from_the_he
     """Companion: the Chinese seed post's einops ViT (its (h d qkv) split, located by verify at
     blocks.0.attn.q) is not conformant in its gradients either: the first wrong one in backward
     order is the logits' cotangent, the logits being already wrong (verify locates the forward)."""
-    from conformance.verify_grad import verify_grad
+    from conformance.verify.grad import verify_grad
 
     port, config = _model_port("conformance.examples.seed_einops_vit:port")
     report = verify_grad(port.make_grad, config, port="seed", state=init_state(config, seed=3))
@@ -488,7 +488,7 @@ def test_an_unmodified_pytorch_models_backward_bug_is_located_at_its_stage():
     the attention module's output, blocks.1.attn, is the first wrong one in backward order."""
     from conformance.capture import ModelPort
     from conformance.examples.timm_vit import build
-    from conformance.verify_grad import verify_grad
+    from conformance.verify.grad import verify_grad
 
     def detached(config):
         model = build(config)
@@ -507,7 +507,7 @@ def test_an_unmodified_mlx_models_backward_bug_is_located_at_its_stage(monkeypat
     import mlx.core as mx
     import mlx.nn as nn
 
-    from conformance.verify_grad import verify_grad
+    from conformance.verify.grad import verify_grad
 
     monkeypatch.syspath_prepend(str(DATA))
     import my_port

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.tests.helpers import attention_factory, budget, check_property, expect_failure, factory, framework, mutant
+from conformance.builtin import framework
+from conformance.tests.helpers import attention_factory, budget, check_property, expect_failure, factory, mutant
 
 
 @given(b=st.integers(1, 3), n=st.integers(1, 9), h=st.integers(1, 4), hd=st.sampled_from([1, 2, 4, 8]),

@@ -33,7 +33,7 @@ def test_bad_images_raise_the_same_clear_error_in_every_port(impl, case):
 @pytest.mark.parametrize("impl", ["torch", "mlx", "jax"])
 def test_framework_modules_check_their_native_inputs_too(impl):
     """Called directly on framework arrays, each module raises the same error as the factory."""
-    from conformance.tests.helpers import framework
+    from conformance.builtin import framework
 
     module, to_fw, _ = framework(impl)
     if impl == "jax":

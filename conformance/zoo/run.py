@@ -62,7 +62,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 def verify_mutant(mutant: Mutant, dtype: str | None = None):
     make = load_factory(mutant.factory)
     if mutant.level == "gradient":
-        from conformance.verify_grad import verify_grad
+        from conformance.verify.grad import verify_grad
 
         return verify_grad(make, get_config(mutant.config), port=mutant.name)
     if mutant.level == "attention":
@@ -79,10 +79,12 @@ def _found(report) -> str | None:
 
 def _test_files() -> dict[str, Path]:
     """Test function name -> the installed file that defines it."""
-    import conformance.tests
+    import importlib.util
 
+    # where the shipped suite is installed, found without importing it (library code imports no test module)
+    suite = Path(importlib.util.find_spec("conformance").submodule_search_locations[0]) / "tests"
     files = {}
-    for path in sorted(Path(conformance.tests.__file__).parent.glob("test_*.py")):
+    for path in sorted(suite.glob("test_*.py")):
         for match in re.finditer(r"^def (test_\w+)\(", path.read_text(), re.M):
             files[match.group(1)] = path
     return files

@@ -31,7 +31,8 @@ from conformance.gradients import (
 from conformance.report import describe_exception
 from conformance.support import Unsupported
 from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
-from conformance.verify import Case, _finding, _read_only, state_changes
+from conformance.verify.cases import Case, read_only, state_changes
+from conformance.verify.report import finding
 from impls import FRAMEWORK_PORTS, load_factory, tap_names
 from impls.config import ViTConfig
 
@@ -117,7 +118,7 @@ def _structure_problem(out, reference: dict) -> str | None:
 def _models(config: ViTConfig, state: dict | None, seed: int, dtype: str) -> list[tuple[str, Case, GradModel]]:
     out = []
     for case, kind in grad_cases(config, state, seed):
-        case = Case(case.name, _read_only(case.images), {k: _read_only(v) for k, v in case.state.items()})
+        case = Case(case.name, read_only(case.images), {k: read_only(v) for k, v in case.state.items()})
         label = f"{case.name}, {'cross-entropy' if kind == 'cross_entropy' else 'linear loss'}"
         loss = draw_loss(config, len(case.images), kind, seed)
         out.append((label, case, GradModel(config, case.state, case.images, loss, dtype=dtype)))
@@ -145,26 +146,26 @@ def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", s
         if beyond:  # no port can represent it: judging it would be a false alarm
             report.skipped.append(f"{label}: {beyond}")
             continue
-        handed = {k: _read_only(v) for k, v in case.state.items()}
-        images = _read_only(case.images)
+        handed = {k: read_only(v) for k, v in case.state.items()}
+        images = read_only(case.images)
         try:
             out = (make_grad(config, handed) if dtype == "float32" else make_grad(config, handed, dtype=dtype))(images,
                                                                                                             loss)
         except Unsupported:
             raise
         except Exception as e:  # noqa: BLE001 - the port's failure is the finding
-            _finding(report, label, "backward", f"the port raised {describe_exception(e)}")
+            finding(report, label, "backward", f"the port raised {describe_exception(e)}")
             continue
         changed = state_changes(handed, case.state)
         if changed:
-            _finding(report, label, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
+            finding(report, label, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
             continue
         if not np.array_equal(images, case.images):
-            _finding(report, label, "backward", "the port wrote to the images it was handed")
+            finding(report, label, "backward", "the port wrote to the images it was handed")
             continue
         problem = _structure_problem(out, model.reference)
         if problem:
-            _finding(report, label, "backward", problem)
+            finding(report, label, "backward", problem)
             continue
         report.taps = report.taps or bool(out.get("taps"))
         order = {(kind_, name): i for i, (kind_, name, _) in enumerate(backward_order(list(model.reference["taps"]),

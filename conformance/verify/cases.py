@@ -1,0 +1,82 @@
+"""verify's fixed cases: every image kind on the given or seeded weights, the scales, offset and
+trained-like weights where real bugs show, in batches of 3 and 1; handed to a port read-only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from conformance.error_model import CaseModel
+from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
+from impls.config import ViTConfig
+
+
+BATCHES = (3, 1)  # 1 catches a port that squeezes the batch; 1 and 3 one that assumes 2
+
+
+@dataclass
+class Case:
+    name: str
+    images: np.ndarray
+    state: dict
+
+
+def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[Case]:
+    """Every image kind on the given (or seeded) weights, in batches of 3 and 1; with seeded
+    weights also weights at 4x timm's spread (activations of order 1 to 3, where tanh and exact
+    GELU differ most), a large common offset in every token (where a LayerNorm computing
+    E[x^2] - E[x]^2 fails), 64x (saturated softmax) and trained-like weights (massive
+    activations, attention logits in the hundreds: where a softmax without its max overflows;
+    and logits in the tens of thousands, below float16's 65504 only if q is scaled before q kᵀ)."""
+    cases = []
+    base = state if state is not None else WeightCase(seed, 1.0).make(config)
+    for i, kind in enumerate(IMAGE_KINDS):
+        batch = BATCHES[i % len(BATCHES)]
+        cases.append(Case(f"{kind} images (batch {batch})", make_images(config, batch, kind, seed + i), base))
+    if state is None:
+        for i, (w, label) in enumerate(((WeightCase(seed + 1, 4.0), "weights x4"),
+                                        (WeightCase(seed + 2, 4.0, OFFSET), "offset 1000"),
+                                        (WeightCase(seed + 3, 64.0), "weights x64"),
+                                        (TrainedLike(seed + 4), "trained-like weights"))):
+            batch = BATCHES[i % len(BATCHES)]
+            cases.append(Case(f"ordinary images (batch {batch}), {label}",
+                              make_images(config, batch, "ordinary", seed), w.make(config)))
+        images = make_images(config, 3, "ordinary", seed)
+        cases.append(Case("ordinary images (batch 3), trained-like weights, block 0 logits to 3e4", images,
+                          with_block0_logit(config, TrainedLike(seed + 4).make(config), images, 3e4)))
+    if config.dynamic_img_size:  # the position embedding resampled up and down at run time
+        gh, gw = config.grid_size
+        for grid in ((gh + 2, gw + 1), (max(1, gh // 2), max(1, gw - 1))):
+            cases.append(Case(f"ordinary images (batch 2) on a {grid[0]}x{grid[1]} patch grid",
+                              make_images(config, 2, "ordinary", seed + 5, grid), base))
+    return cases
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+def state_changes(handed: Mapping, original: Mapping) -> list[str]:
+    """What a port did to the state dict it was handed: keys removed, added or replaced."""
+    changes = [f"removed {k!r}" for k in sorted(original) if k not in handed]
+    changes += [f"added {k!r}" for k in sorted(handed) if k not in original]
+    changes += [f"replaced {k!r}" for k in sorted(original) if k in handed and not (
+        isinstance(handed[k], np.ndarray) and handed[k].shape == original[k].shape
+        and np.array_equal(handed[k], original[k]))]
+    return changes
+
+
+@lru_cache(maxsize=8)
+def seeded_cases(config: ViTConfig, seed: int, dtype: str) -> tuple[tuple[Case, CaseModel], ...]:
+    """The default cases on seeded weights and their error models, built once per config, seed
+    and dtype (the zoo verifies 28 ports on the same ones); their arrays are read-only."""
+    out = []
+    for case in default_cases(config, None, seed):
+        case = Case(case.name, read_only(case.images), {k: read_only(v) for k, v in case.state.items()})
+        out.append((case, CaseModel(config, case.state, case.images, dtype)))
+    return tuple(out)

@@ -1,0 +1,159 @@
+"""A verification's report: per stage the worst case, the findings, what was unseen and where each
+stage was read; as text, JSON and a plot."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from conformance.compare import StageResult
+from impls.config import ViTConfig
+
+
+@dataclass
+class Report:
+    port: str
+    config: ViTConfig
+    stages: list[StageResult] = field(default_factory=list)  # worst case per stage, model order
+    failures: list[dict] = field(default_factory=list)
+    cases: list[str] = field(default_factory=list)
+    first_divergence: str | None = None
+    worst_case: dict[str, str] = field(default_factory=dict)  # stage -> the case behind its row
+    dtype: str = "float32"
+    skipped: list[str] = field(default_factory=list)  # cases outside the dtype's range, and why
+    unseen: dict[str, str] = field(default_factory=dict)  # stage -> why a captured model cannot show it
+    sources: dict[str, str] = field(default_factory=dict)  # stage -> where a captured model's tap was read
+    attention: dict | None = None  # an attention port's options (then config is unused)
+
+    @property
+    def conformant(self) -> bool:
+        return not self.failures and all(s.ok for s in self.stages) and bool(self.stages)
+
+    def separation(self, stage: str | None = None) -> float | None:
+        """The port's error over the tolerance at ``stage`` (default: the first divergence)."""
+        stage = stage or self.first_divergence
+        r = next((s for s in self.stages if s.name == stage), None)
+        if r is None or r.ratio is None:
+            return None
+        return r.separation
+
+    def to_dict(self) -> dict:
+        return {
+            "port": self.port,
+            "conformant": self.conformant,
+            "dtype": self.dtype,
+            "first_divergence": self.first_divergence,
+            "stages": [{k: finite_or_none(v) for k, v in s.to_dict().items()} for s in self.stages],
+            "failures": self.failures,
+            "config": self.attention if self.attention is not None else self.config.to_dict(),
+            "cases": self.cases,
+            "worst_case": self.worst_case,
+            "skipped": self.skipped,
+            "checked": len(self.stages),
+            "unseen": self.unseen,
+            "sources": self.sources,
+        }
+
+
+def finite_or_none(value):
+    return None if isinstance(value, float) and not np.isfinite(value) else value
+
+
+def finding(report: Report, case: str, stage: str, reason: str) -> None:
+    finding = {"case": case, "stage": stage, "reason": reason}
+    if finding not in report.failures:  # a second pass repeats what the first found
+        report.failures.append(finding)
+
+
+def format_report(report: Report) -> str:
+    from conformance.report import table
+
+    rows = [[s.name, s.mode, s.max_abs_err, s.ratio, s.tol, s.e2e_ratio, s.e2e_tol, s.ok] for s in report.stages]
+    what = (f"MultiHeadAttention {report.attention}" if report.attention is not None else
+            f"{report.config.name or 'config'} {report.config.to_dict()}")
+    lines = [f"port {report.port} in {report.dtype}: {what}",
+             f"cases: {'; '.join(report.cases)}",
+             "each row: the case where the stage is worst; error = max over elements of |port - oracle| over the "
+             "error model's bound (docs/tolerances.md), local (from the port's own inputs to the stage) where the "
+             "port emits them, and end to end", "",
+             table(["stage", "checked", "max_abs_err", "error", "tol", "end to end", "tol", "ok"], rows), ""]
+    folded: dict[tuple[str, str], list[str]] = {}
+    for f in report.failures:  # one line per finding, its cases folded
+        folded.setdefault((f["stage"], f["reason"]), []).append(f["case"])
+    for (stage, reason), cases in folded.items():
+        more = f"; and {len(cases) - 1} more case(s)" if len(cases) > 1 else ""
+        lines.append(f"FAIL {stage} ({cases[0]}{more}): {reason}")
+    parts = {s.name: s.tokens for s in report.stages if s.tokens}
+    lines += summarize_stages(parts, "compared on")
+    stored = {}
+    for s in report.stages:
+        if s.stored and s.stored != report.dtype:
+            stored.setdefault(s.stored, []).append(s.name)
+    for precision, names in stored.items():
+        lines += summarize_stages(dict.fromkeys(names, f"seen in {precision} (mixed precision: judged as stored)"),
+                                  "precision")
+    lines += summarize_stages(report.unseen, "unseen")
+    lines += summarize_stages({k: v for k, v in report.sources.items() if not v.startswith(("output of", "input of",
+                                                                                             "the model's"))}, "read from")
+    for s in report.skipped:
+        lines.append(f"not judged: {s}")
+    judged = len(report.cases) - len(report.skipped)
+    seen = f" ({len(report.unseen)} unseen)" if report.unseen else ""
+    if report.conformant:
+        lines.append(f"CONFORMANT: all {len(report.stages)} stages checked{seen} within tolerance on {judged} cases")
+    else:
+        where = report.first_divergence or (report.failures[0]["stage"] if report.failures else "-")
+        ratio = report.separation()
+        lines.append(f"NOT CONFORMANT: first divergent stage {where}"
+                     + (f" (error {ratio:.3g}x the tolerance)" if ratio and np.isfinite(ratio) else ""))
+    return "\n".join(lines)
+
+
+def summarize_stages(stages: Mapping[str, str], label: str) -> list[str]:
+    """One line per reason, blocks folded: 'unseen: blocks.{0..11}.attn.weights: computed inside ...'."""
+    import re
+
+    patterns: dict[tuple[str, str], list[str]] = {}
+    for stage, reason in stages.items():
+        m = re.match(r"blocks\.(\d+)\.?(.*)", stage)
+        key = (f"blocks.{{i}}.{m.group(2)}".rstrip(".") if m else stage, reason)
+        patterns.setdefault(key, []).append(m.group(1) if m else "")
+    by_reason: dict[str, list[str]] = {}
+    for (pattern, reason), blocks in patterns.items():
+        where = pattern.replace("{i}", blocks[0] if len(blocks) == 1 else f"{{{blocks[0]}..{blocks[-1]}}}")
+        by_reason.setdefault(reason, []).append(where)
+    return [f"{label}: {', '.join(wheres)}: {reason}" for reason, wheres in by_reason.items()]
+
+
+def plot_report(report: Report, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [s for s in report.stages if s.ratio is not None and np.isfinite(s.ratio)]
+    x = np.arange(len(stages))
+    fig, ax = plt.subplots(figsize=(max(8, 0.18 * len(stages) + 3), 4.5))
+    floor = 1e-3
+    sep = [max(s.separation, floor) for s in stages]
+    ax.semilogy(x, sep, "o-", ms=3, label=f"{report.port}: error / tolerance")
+    ax.axhline(1.0, ls="--", color="gray", label="tolerance")
+    bad = [i for i, s in enumerate(stages) if not s.ok]
+    if bad:
+        ax.semilogy(bad, [sep[i] for i in bad], "x", color="red", ms=8, label="over tolerance")
+    if report.first_divergence:
+        idx = next((i for i, s in enumerate(stages) if s.name == report.first_divergence), None)
+        if idx is not None:
+            ax.axvline(idx, color="red", alpha=0.3)
+    ax.set_xticks(x)
+    ax.set_xticklabels([s.name for s in stages], rotation=90, fontsize=6)
+    ax.set_ylabel("error over the error model's bound, / tolerance")
+    verdict = "conformant" if report.conformant else f"first divergence: {report.first_divergence}"
+    ax.set_title(f"{report.port} ({report.dtype}) against the float64 oracle ({verdict})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
