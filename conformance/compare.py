@@ -15,11 +15,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from conformance.error_model import DTYPES, CaseModel, Chain, stage_kind, stage_precision  # noqa: F401 - re-exported
+from conformance.error_model import CaseModel, Chain, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
+from conformance.precision import DTYPES, coarsest
+from conformance.precision import SIGNIFICAND_BITS as _BITS
 from conformance.tolerances import tolerance
 from impls.config import ViTConfig, tap_names, tap_shapes
 
-_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}  # significand bits
 
 
 @dataclass
@@ -167,7 +168,7 @@ def compare_stage(name: str, actual, model: Chain, taps: Mapping, *, dtype: str 
     stored = stored or {}
     seen = stored.get(name, dtype)
     inputs = [stored.get(k, dtype) for k in model.inputs(name)] if local else []
-    precision = stage_precision(kind, dtype, seen, max(inputs, key=lambda d: -_BITS[d]) if inputs else None)
+    precision = stage_precision(kind, dtype, seen, coarsest(inputs) if inputs else None)
     tol = tolerance(kind, precision.dtype, mode)
     where = None if token is None else f"token {token} (the stage was emitted for it alone)"
     if reason:

@@ -42,14 +42,11 @@ from functools import cached_property
 import numpy as np
 from scipy.special import erf
 
+from conformance.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF
 from impls import numpy_vit as O
 from impls.config import ViTConfig, tap_names
 from weights.resample import bicubic_aa_matrix
 
-UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-SMALLEST_NORMAL = {"float64": float(np.finfo(np.float64).tiny), "float32": float(np.finfo(np.float32).tiny),
-                   "float16": float(np.finfo(np.float16).tiny), "bfloat16": float(np.finfo(np.float32).tiny)}
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 @dataclass(frozen=True)
@@ -479,7 +476,7 @@ class Chain:
     def beyond_range(self) -> str | None:
         """Why no port can represent this case in its dtype (the oracle reaches half the dtype's
         largest finite value somewhere: judging it would be a false alarm), or None."""
-        limit = float(np.finfo(np.float16 if self.precision.dtype == "float16" else np.float32).max) / 2
+        limit = LARGEST["float16" if self.precision.dtype == "float16" else "float32"] / 2
         largest = max(float(np.abs(v).max(initial=0.0)) for v in self.oracle.values())
         if largest > limit:
             return f"the oracle reaches {largest:.3g}, beyond {self.precision.dtype}'s range"

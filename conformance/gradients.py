@@ -42,11 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
+from conformance.precision import UNIT_ROUNDOFF
+from conformance.tolerances import MARGIN  # the same margin over the calibrated maximum as the forward's
 from impls import Loss, Perturbed
 
 CALIBRATION = Path(__file__).with_name("grad_calibration.json")
-UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
-MARGIN = 4.0
 KINDS = ("taps", "params", "images")
 GRAD_DTYPES = ("float32", "bfloat16")
 

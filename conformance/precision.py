@@ -1,0 +1,22 @@
+"""The floating-point formats the checks speak of, defined once: each dtype's unit roundoff (half
+an ulp at 1, the u of every bound), significand bits, smallest normal and largest finite value.
+bfloat16 has float32's exponent range and 8 significand bits; float16 11 bits and a range to
+65504."""
+
+from __future__ import annotations
+
+import numpy as np
+
+SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+UNIT_ROUNDOFF = {d: 2.0 ** -bits for d, bits in SIGNIFICAND_BITS.items()}
+SMALLEST_NORMAL = {"float64": float(np.finfo(np.float64).tiny), "float32": float(np.finfo(np.float32).tiny),
+                   "float16": float(np.finfo(np.float16).tiny), "bfloat16": float(np.finfo(np.float32).tiny)}
+LARGEST = {"float64": float(np.finfo(np.float64).max), "float32": float(np.finfo(np.float32).max),
+           "float16": float(np.finfo(np.float16).max), "bfloat16": float(np.finfo(np.float32).max)}
+# What a port may be asked to compute in (float64: the oracle's own, for the numpy port).
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def coarsest(dtypes) -> str:
+    """The dtype with the fewest significand bits."""
+    return min(dtypes, key=SIGNIFICAND_BITS.__getitem__)
