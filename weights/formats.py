@@ -376,7 +376,7 @@ def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nda
     flavour, p = detect_npz_flavour(w)
     _check_npz_pooling(config, flavour)
     n = _npz_names(config, flavour, p)
-    D, H, hd = config.embed_dim, config.num_heads, config.head_dim
+    D = config.embed_dim
     blk = _Blocks(w, p)
     out = {}
     try:

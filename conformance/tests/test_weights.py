@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 
 from conformance import strategies as S
-from impls import PRESETS, ViTConfig, get_config
+from impls import ViTConfig, get_config
 from weights import (
     FRAMEWORKS, WeightError, expected_shapes, from_native, init_state, load_state, read_config, save_state,
     to_native, validate_state,
