@@ -315,7 +315,10 @@ class CapturedForward:
                 self._emitted = None
                 value, where = self._read(source, stage, recorder, out)
             except Unseen as e:
-                taps.unseen[stage] = str(e)
+                why = str(e)
+                if not functions and source.kind == "attn" and "native" not in why:
+                    why = "not read there: it runs with hooks only (and took no native kernel)"
+                taps.unseen[stage] = why
                 continue
             except Never as e:
                 taps.findings.append((stage, str(e)))
@@ -382,6 +385,9 @@ class CapturedForward:
                     x = x.reshape(B, -1, c.embed_dim)
             if source.shape == "heads":
                 x = _heads(x, c)
+            if not source.shape and x.ndim == 3 and x.shape[:2] == (rec.N, B) != (B, rec.N):
+                # a sequence-first residual stream (OpenAI's CLIP, nn.MultiheadAttention(batch_first=False))
+                x, where = x.swapaxes(0, 1), f"{where}, sequence first (N, B, D)"
             return x, where
         # attention records
         slot = rec.attn.get(source.block, {})

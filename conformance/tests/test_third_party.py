@@ -243,3 +243,16 @@ def test_the_plugin_s_set_fixes_a_field_in_every_drawn_config(monkeypatch):
     assert config.num_classes == 0 and config.depth == 1 and config.embed_dim == drawn.embed_dim
     with pytest.raises(pytest.UsageError, match="--set 'detph=1'"):
         plugin.settings_of(["detph=1"])
+
+
+def test_a_sequence_first_multihead_attention_with_need_weights_shows_k_v_and_weights(monkeypatch):
+    monkeypatch.syspath_prepend(str(DATA))
+    import user_models
+
+    config = get_config("vit_test_token")
+    report = verify(user_models.seq_first_port, config, port="seq first", cases=quick_cases(config))
+    assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    checked = {s.name for s in report.stages}
+    assert {"blocks.0.attn.k", "blocks.0.attn.v", "blocks.0.attn.weights", "blocks.0.attn"} <= checked
+    assert "scaled inside F.multi_head_attention_forward" in report.unseen["blocks.0.attn.q"]
+    assert "sequence first" in report.sources["blocks.0.norm1"]

@@ -96,8 +96,9 @@ def format_report(report: Report) -> str:
         lines += summarize_stages(dict.fromkeys(names, f"seen in {precision} (mixed precision: judged as stored)"),
                                   "precision")
     lines += summarize_stages(report.unseen, "unseen")
-    lines += summarize_stages({k: v for k, v in report.sources.items() if not v.startswith(("output of", "input of",
-                                                                                             "the model's"))}, "read from")
+    plain = ("output of", "input of", "the model's")  # a module boundary: the usual place, not listed
+    lines += summarize_stages({k: v for k, v in report.sources.items() if not v.startswith(plain)
+                               or "sequence first" in v}, "read from")
     for s in report.skipped:
         lines.append(f"not judged: {s}")
     judged = len(report.cases) - len(report.skipped)

@@ -186,3 +186,44 @@ class NNSoftmaxViT(MLXViT):
 
 
 nn_softmax_port = ModelPort(NNSoftmaxViT, rename=RENAME, supports={"global_pool": "token"})
+
+
+class SeqFirstBlock(nn.Module):
+    """A block on nn.MultiheadAttention as older PyTorch code writes it: sequence first
+    (batch_first=False), called with its default need_weights=True (the head-averaged weights
+    returned and thrown away), which keeps torch off the native fast path."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(c.embed_dim, eps=c.norm_eps), nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
+        self.attn = nn.MultiheadAttention(c.embed_dim, c.num_heads)
+        self.mlp = Mlp(c)
+
+    def forward(self, x):  # (N, B, D)
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class SeqFirstViT(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.patch_embed = nn.Module()
+        self.patch_embed.proj = nn.Conv2d(c.in_chans, c.embed_dim, c.patch_size, stride=c.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, c.num_tokens, c.embed_dim))
+        self.blocks = nn.ModuleList([SeqFirstBlock(c) for _ in range(c.depth)])
+        self.norm, self.head = nn.LayerNorm(c.embed_dim, eps=c.norm_eps), nn.Linear(c.embed_dim, c.num_classes)
+
+    def forward(self, images):
+        x = self.patch_embed.proj(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], 1) + self.pos_embed
+        x = x.transpose(0, 1)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x.transpose(0, 1))[:, 0])
+
+
+seq_first_port = ModelPort(SeqFirstViT, rename={"attn.qkv.weight": "attn.in_proj_weight",
+                                                "attn.qkv.bias": "attn.in_proj_bias", "attn.proj": "attn.out_proj"},
+                           supports={"global_pool": "token", "qkv_bias": True})
