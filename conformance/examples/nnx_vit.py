@@ -14,18 +14,22 @@ except ImportError:  # the module stays importable for listing; build() needs Fl
     nnx = None
 
 
-def _modules(fast_variance=False):
+def _modules(fast_variance=False, dtype=None):
+    # dtype: Flax's mixed precision, the compute dtype of the projections and the MLP (their
+    # parameters stay float32, param_dtype's default); LayerNorm computes and returns float32.
+    compute = {} if dtype is None else {"dtype": dtype}
+
     class EncoderBlock(nnx.Module):
         def __init__(self, c, rngs):
             # Flax's default use_fast_variance=True computes E[x²] - E[x]², which cancels on
             # trained ViT activations (the zoo's jax_fast_variance); timm computes E[(x - E[x])²].
             self.ln_1 = nnx.LayerNorm(c.embed_dim, epsilon=c.norm_eps, use_fast_variance=fast_variance, rngs=rngs)
             self.attention = nnx.MultiHeadAttention(num_heads=c.num_heads, in_features=c.embed_dim,
-                                                    use_bias=c.qkv_bias, decode=False, rngs=rngs)
+                                                    use_bias=c.qkv_bias, decode=False, rngs=rngs, **compute)
             self.ln_2 = nnx.LayerNorm(c.embed_dim, epsilon=c.norm_eps, use_fast_variance=fast_variance, rngs=rngs)
-            self.mlp = nnx.Sequential(nnx.Linear(c.embed_dim, c.mlp_hidden_dim, rngs=rngs),
+            self.mlp = nnx.Sequential(nnx.Linear(c.embed_dim, c.mlp_hidden_dim, rngs=rngs, **compute),
                                       lambda x: nnx.gelu(x, approximate=False),
-                                      nnx.Linear(c.mlp_hidden_dim, c.embed_dim, rngs=rngs))
+                                      nnx.Linear(c.mlp_hidden_dim, c.embed_dim, rngs=rngs, **compute))
 
         def __call__(self, x):
             x = x + self.attention(self.ln_1(x))
@@ -34,12 +38,12 @@ def _modules(fast_variance=False):
     class ViT(nnx.Module):
         def __init__(self, c, rngs):
             self.stem = nnx.Conv(c.in_chans, c.embed_dim, kernel_size=c.patch_size, strides=c.patch_size,
-                                 padding="VALID", rngs=rngs)
+                                 padding="VALID", rngs=rngs, **compute)
             self.cls = nnx.Param(jnp.zeros((1, 1, c.embed_dim)))
             self.pos = nnx.Param(jnp.zeros((1, c.num_tokens, c.embed_dim)))
             self.encoder = nnx.List([EncoderBlock(c, rngs) for _ in range(c.depth)])
             self.ln = nnx.LayerNorm(c.embed_dim, epsilon=c.norm_eps, use_fast_variance=fast_variance, rngs=rngs)
-            self.classifier = nnx.Linear(c.embed_dim, c.num_classes, rngs=rngs)
+            self.classifier = nnx.Linear(c.embed_dim, c.num_classes, rngs=rngs, **compute)
 
         def __call__(self, images):  # NHWC
             x = self.stem(images)
@@ -56,6 +60,13 @@ def build(config, fast_variance=False):
     # Abstract, as Flax's checkpoint-restore recipe builds a model: shapes only, no initializer
     # run (eagerly each would compile); every parameter comes from the checkpoint.
     return nnx.eval_shape(lambda: _modules(fast_variance)(config, nnx.Rngs(0)))
+
+
+def build_mixed(config, dtype="float32"):
+    """Flax mixed precision: built for the dtype asked for (``dtype=`` on the projections, the
+    MLP and the stem; float32 parameters and LayerNorms), so one port serves every dtype."""
+    compute = None if dtype == "float32" else getattr(jnp, dtype)
+    return nnx.eval_shape(lambda: _modules(dtype=compute)(config, nnx.Rngs(0)))
 
 
 def _name(key):
@@ -98,3 +109,6 @@ port = ModelPort(build, convert=convert, images="NHWC", supports=SUPPORTS)
 # The same model with Flax's LayerNorm default (use_fast_variance=True): located at blocks.0.norm1.
 fast_variance_port = ModelPort(lambda config: build(config, fast_variance=True), convert=convert, images="NHWC",
                                supports=SUPPORTS)
+# Flax mixed precision (verify --dtype bfloat16): float32 parameters, bfloat16 compute in the
+# projections and the MLP, float32 LayerNorms and residual stream, each stage judged as stored.
+mixed_port = ModelPort(build_mixed, convert=convert, images="NHWC", supports=SUPPORTS)

@@ -256,3 +256,14 @@ def test_a_sequence_first_multihead_attention_with_need_weights_shows_k_v_and_we
     assert {"blocks.0.attn.k", "blocks.0.attn.v", "blocks.0.attn.weights", "blocks.0.attn"} <= checked
     assert "scaled inside F.multi_head_attention_forward" in report.unseen["blocks.0.attn.q"]
     assert "sequence first" in report.sources["blocks.0.norm1"]
+
+
+def test_a_flax_model_built_for_bfloat16_keeps_float32_norms_and_is_judged_as_stored():
+    """build(config, dtype=...): Flax's dtype= on the projections with float32 parameters and
+    LayerNorms; loaded without a cast, judged stage by stage in the precision each was stored in."""
+    port = example("nnx_vit:mixed_port")
+    config = config_for(port)
+    report = verify(port, config, port="flax mixed", cases=quick_cases(config)[:1], dtype="bfloat16")
+    assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    stored = {s.name: s.stored for s in report.stages}
+    assert stored["blocks.0.norm1"] == "float32" and stored["blocks.0.mlp"] == "bfloat16"
