@@ -17,108 +17,37 @@ from pathlib import Path
 
 import numpy as np
 
+from weights.canonical import WeightError, validate_state
 from weights.config import ConfigError, ViTConfig, get_config
-from weights import formats
-from weights.canonical import CONFIG_METADATA_KEY, WeightError, validate_state
-from weights.native import from_native, to_native
 
-LAYOUTS = ("canonical", "torch", "timm", "mlx", "flax", "hf", "big_vision", "open_clip")
-LAYOUT_METADATA_KEY = "vit_conformance_layout"
-_NATIVE = {"mlx": "mlx", "flax": "jax"}
-
-
-def _header(path: str) -> tuple[dict, set[str]]:
-    """A safetensors file's metadata and keys, without reading its tensors."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(path, framework="numpy") as f:
-            return f.metadata() or {}, set(f.keys())
-    except Exception as e:  # noqa: BLE001
-        raise WeightError(f"{path!r} is not a readable safetensors file: {e}") from None
+from weights.layouts import LAYOUTS, ORDER, REGISTRY
+from weights.layouts._io import LAYOUT_METADATA_KEY, header
 
 
 def detect(path: str) -> str:
+    """The layout of the file or directory at ``path``: the one this project wrote in its
+    metadata, else the first in ``weights.layouts.ORDER`` that recognises it."""
     p = Path(path)
-    if p.is_dir():
-        return "hf"
-    if not p.is_file():
+    if not p.is_dir() and not p.is_file():
         raise WeightError(f"{path!r} does not exist")
-    if p.suffix == ".npz":
-        return "big_vision"
-    if p.suffix in (".pth", ".pt", ".bin"):
-        return "timm"
-    if p.suffix == ".safetensors":
-        meta, keys = _header(path)
-        if LAYOUT_METADATA_KEY in meta:
-            return meta[LAYOUT_METADATA_KEY]
-        if CONFIG_METADATA_KEY in meta:
-            return "canonical"
-        if any(k.startswith(("vit.", "classifier.")) for k in keys):
-            raise WeightError(f"{path!r} is a Hugging Face state dict: convert its save_pretrained directory "
-                              "(with config.json) instead")
-        if any(k.startswith("visual.") for k in keys):
-            return "open_clip"
-        if any(k.endswith((".kernel", ".scale")) for k in keys):
-            return "flax"
-        if "patch_embed.proj.weight" in keys:
-            return "timm"
+    head = header(path) if p.is_file() and p.suffix == ".safetensors" else None
+    if head is not None and LAYOUT_METADATA_KEY in head[0]:
+        return head[0][LAYOUT_METADATA_KEY]
+    for name in ORDER:
+        if REGISTRY[name].detect(path, head):
+            return name
     raise WeightError(f"{path!r} matches no known layout ({', '.join(LAYOUTS)}); pass --from")
 
 
 def read(path: str, layout: str, config: ViTConfig | None = None, num_heads: int | None = None,
          img_size=None) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """Any layout -> (config, canonical state), validated strictly."""
-    if layout == "hf":
-        state, hf_config = formats.read_hf(path)
-        config = config or hf_config
-    elif layout == "open_clip":
-        if config is None and str(path).endswith(".safetensors"):  # written here: the config is stored
-            meta, _ = _header(str(path))
-            if CONFIG_METADATA_KEY in meta:
-                config = ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
-        if config is None:
-            raise WeightError(f"{path!r}: an open_clip state dict does not record its activation (QuickGELU for "
-                              "OpenAI's weights, GELU for LAION's: mlfoundations/open_clip#771) nor its heads; "
-                              "pass --preset or --config")
-        state = formats.from_open_clip(formats.read_timm(path), config)
-    elif layout == "big_vision":
-        w = formats.read_npz(path)
-        config = config or formats.infer_npz_config(w, img_size=img_size)
-        state = formats.from_npz(w, config)
-    else:
-        raw = formats.read_timm(path)
-        if config is None and str(path).endswith(".safetensors"):
-            meta, _ = _header(str(path))
-            if CONFIG_METADATA_KEY in meta:
-                config = ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
-        state = from_native(raw, _NATIVE[layout]) if layout in _NATIVE else raw
-        if config is None:
-            if layout in _NATIVE:
-                raise WeightError(f"{path!r}: a native {layout} file without a stored config; pass --config")
-            config = formats.infer_timm_config(state, num_heads=num_heads, img_size=img_size)
-    return config, formats.check(state, config, what=str(path))
+    return REGISTRY[layout].read(path, config, num_heads=num_heads, img_size=img_size)
 
 
 def write(state: dict[str, np.ndarray], config: ViTConfig, path: str, layout: str, npz_flavour: str = "vit") -> None:
-    from safetensors.numpy import save_file
-
     validate_state(state, config)
-    meta = {CONFIG_METADATA_KEY: json.dumps(config.to_dict())}
-    if layout == "hf":
-        formats.write_hf(state, config, path)
-    elif layout == "big_vision":
-        formats.write_npz(state, config, path, npz_flavour)
-    elif layout == "open_clip":
-        save_file(formats.to_open_clip(state, config), path, metadata={**meta, LAYOUT_METADATA_KEY: layout})
-    elif layout in ("timm", "torch") and str(path).endswith((".pth", ".pt", ".bin")):
-        import torch
-
-        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}, path)
-    elif layout in _NATIVE:
-        save_file(to_native(state, _NATIVE[layout]), path, metadata={**meta, LAYOUT_METADATA_KEY: layout})
-    else:
-        save_file({k: np.ascontiguousarray(v) for k, v in state.items()}, path, metadata=meta)
+    REGISTRY[layout].write(state, config, path, npz_flavour=npz_flavour)
 
 
 def main(argv=None) -> int:
