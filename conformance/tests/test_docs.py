@@ -59,3 +59,40 @@ def test_readme_is_a_two_minute_read():
     assert "pip install" in first_screen and "pytest" in first_screen
     for link in re.findall(r"\]\(((?:docs|conformance)/[^)#]+)", README.read_text()):
         assert (ROOT / link).exists(), f"README links to missing {link}"
+
+
+def readme_zoo_counts(text: str) -> tuple[int, int]:
+    m = re.search(r"runs the (\d+) mutant ports of the \[bug zoo\]\(docs/zoo.md\) \((\d+) of them backward\)", text)
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_readme_counts_the_zoo_as_the_catalogue_does():
+    from conformance.zoo import MUTANTS
+
+    backward = sum(1 for m in MUTANTS.values() if m.level == "gradient")
+    assert readme_zoo_counts(README.read_text()) == (len(MUTANTS), backward)
+    assert readme_zoo_counts(README.read_text().replace("the 47 mutant", "the 46 mutant")) != (len(MUTANTS), backward)
+
+
+def modules_missing_from_layout_table(table: str) -> list[str]:
+    """Library modules (not tests, examples or data) that docs/layouts.md's repository table
+    names neither by path nor by file name nor through their package's directory."""
+    missing = []
+    for package in ("impls", "weights", "conformance"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if "/tests/" in rel or "/examples/" in rel or path.name in ("__init__.py", "__main__.py"):
+                continue
+            parts = rel.split("/")
+            suffixes = ["/".join(parts[k:]) for k in range(len(parts))]  # conformance/capture/plan.py, ..., plan.py
+            folders = ["/".join(parts[k:-1]) + "/" for k in range(1, len(parts) - 1)]  # capture/
+            named = any(f"`{name}`" in table for name in suffixes + folders)
+            if not named:
+                missing.append(rel)
+    return missing
+
+
+def test_the_repository_table_names_every_library_module():
+    table = (ROOT / "docs" / "layouts.md").read_text().split("## Repository layout", 1)[1]
+    assert modules_missing_from_layout_table(table) == []
+    assert modules_missing_from_layout_table(table.replace("`builtin.py`", "`built-in`")) == ["conformance/builtin.py"]
