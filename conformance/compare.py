@@ -96,8 +96,10 @@ def stored_as(actual, dtype: str, emitted: str | None = None) -> str:
     never coarser than asked. ``emitted``: the dtype the model emitted it in, where known."""
     if dtype == "float32":
         return "float32"
-    if emitted in (dtype, "float32"):
-        return emitted
+    if emitted == dtype:
+        return dtype
+    # A float32 tensor may still hold values rounded to the dtype (x.bfloat16().float()): the values
+    # decide, and a float32 stage whose values all happen to be the dtype's is judged the looser way.
     a = np.asarray(actual)
     if _dtype_name(a) == dtype:
         return dtype

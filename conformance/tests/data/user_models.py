@@ -53,13 +53,15 @@ class Block(nn.Module):
 
 
 class InplaceViT(nn.Module):
+    block = Block
+
     def __init__(self, c):
         super().__init__()
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv2d(c.in_chans, c.embed_dim, c.patch_size, stride=c.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, c.num_tokens, c.embed_dim))
-        self.blocks = nn.ModuleList([Block(c) for _ in range(c.depth)])
+        self.blocks = nn.ModuleList([self.block(c) for _ in range(c.depth)])
         self.norm = nn.LayerNorm(c.embed_dim, eps=c.norm_eps)
         self.head = nn.Linear(c.embed_dim, c.num_classes)
 
@@ -205,15 +207,8 @@ class SeqFirstBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class SeqFirstViT(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.patch_embed = nn.Module()
-        self.patch_embed.proj = nn.Conv2d(c.in_chans, c.embed_dim, c.patch_size, stride=c.patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, c.num_tokens, c.embed_dim))
-        self.blocks = nn.ModuleList([SeqFirstBlock(c) for _ in range(c.depth)])
-        self.norm, self.head = nn.LayerNorm(c.embed_dim, eps=c.norm_eps), nn.Linear(c.embed_dim, c.num_classes)
+class SeqFirstViT(InplaceViT):
+    block = SeqFirstBlock
 
     def forward(self, images):
         x = self.patch_embed.proj(images).flatten(2).transpose(1, 2)
