@@ -17,6 +17,7 @@ import numpy as np
 
 from conformance.error_model import CaseModel, Chain, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
 from conformance.precision import DTYPES, coarsest
+from impls.stages import RESIDUAL
 from conformance.precision import SIGNIFICAND_BITS as _BITS
 from conformance.tolerances import tolerance
 from impls.config import ViTConfig, tap_names, tap_shapes
@@ -193,7 +194,7 @@ def compare_stage(name: str, actual, model: Chain, taps: Mapping, *, dtype: str 
 # precise); a stage of those kinds in the lower dtype is a finding. "uniform": every stage in the
 # dtype asked for (a port that should run entirely in it).
 POLICIES = ("mixed", "autocast", "uniform")
-AUTOCAST_FLOAT32 = frozenset({"embed", "norm_pre", "norm1", "norm2", "block", "norm"})
+AUTOCAST_FLOAT32 = RESIDUAL  # the residual stream and the LayerNorms of it (impls.stages)
 
 
 def policy_finding(name: str, kind: str, stored: str, dtype: str, policy: str, config: ViTConfig) -> str | None:

@@ -44,6 +44,7 @@ from scipy.special import erf
 
 from conformance.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF
 from impls import numpy_vit as O
+from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from impls.config import ViTConfig, tap_names
 from weights.resample import bicubic_aa_matrix
 
@@ -202,37 +203,6 @@ def _prev(i: int, config: ViTConfig) -> str:
 def _features(config: ViTConfig) -> str:
     """The tokens the head pools: after the final norm, or the last block's where fc_norm replaces it."""
     return "norm" if not config.use_fc_norm else f"blocks.{config.depth - 1}"
-
-
-def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
-    """The taps a stage is computed from (the images are always there)."""
-    if name == "patch_embed":
-        return ()
-    if name == "embed":
-        return ("patch_embed",)
-    if name == "norm_pre":
-        return ("embed",)
-    if name == "norm":
-        return (f"blocks.{config.depth - 1}",)
-    if name.startswith("attn_pool"):
-        return {"attn_pool.q": (), "attn_pool.k": (_features(config),), "attn_pool.v": (_features(config),),
-                "attn_pool.weights": ("attn_pool.q", "attn_pool.k"), "attn_pool.proj": ("attn_pool.weights", "attn_pool.v"),
-                "attn_pool.norm": ("attn_pool.proj",), "attn_pool.mlp.act": ("attn_pool.norm",),
-                "attn_pool.mlp": ("attn_pool.mlp.act",), "attn_pool": ("attn_pool.proj", "attn_pool.mlp")}[name]
-    if name == "pooled":
-        return ("attn_pool",) if config.global_pool == "map" else (_features(config),)
-    if name == "logits":
-        return ("pooled",)
-    _, i, *rest = name.split(".", 2)
-    i, b, rest = int(i), f"blocks.{i}", (rest[0] if rest else "")
-    prev = _prev(i, config)
-    q, k = (f"{b}.attn.q_norm", f"{b}.attn.k_norm") if config.qk_norm else (f"{b}.attn.q", f"{b}.attn.k")
-    attn = f"{b}.ls1" if config.init_values is not None else f"{b}.attn"
-    mlp = f"{b}.ls2" if config.init_values is not None else f"{b}.mlp"
-    return {"norm1": (prev,), "attn.q": (f"{b}.norm1",), "attn.k": (f"{b}.norm1",), "attn.v": (f"{b}.norm1",),
-            "attn.q_norm": (f"{b}.attn.q",), "attn.k_norm": (f"{b}.attn.k",), "attn.weights": (q, k),
-            "attn": (f"{b}.attn.weights", f"{b}.attn.v"), "ls1": (f"{b}.attn",), "norm2": (prev, attn),
-            "mlp.act": (f"{b}.norm2",), "mlp": (f"{b}.mlp.act",), "ls2": (f"{b}.mlp",), "": (prev, attn, mlp)}[rest]
 
 
 def _heads(y, num_heads: int):
@@ -575,21 +545,6 @@ def sdpa(q, k, v, mask=None, scale=None, precision: Precision | str = "float32")
     out, dout = attend(P, dP, v, p)
     return out, dout, P, dP
 
-
-def stage_kind(name: str) -> str:
-    """'blocks.3.attn.q' -> 'attn.q', 'blocks.3' -> 'block', 'logits' -> 'logits'."""
-    if name.startswith("blocks."):
-        rest = name.split(".", 2)[2:]
-        return rest[0] if rest else "block"
-    return name
-
-
-# Stage kinds that contract (a matmul, the patch conv, q kᵀ, P v, a Linear before an
-# activation): emitted in float32 by a port asked for bfloat16 or float16, their operands may
-# still have been rounded to that dtype (torch.autocast, JAX's preferred_element_type).
-CONTRACTIONS = frozenset({"patch_embed", "attn.q", "attn.k", "attn.v", "attn.weights", "attn", "mlp.act", "mlp",
-                          "logits", "attn_pool.q", "attn_pool.k", "attn_pool.v", "attn_pool.weights",
-                          "attn_pool.proj", "attn_pool.mlp.act", "attn_pool.mlp"})
 
 
 def stage_precision(kind: str, asked: str, output: str, inputs: str | None = None) -> Precision:

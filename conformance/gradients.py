@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.precision import UNIT_ROUNDOFF
+from impls.stages import cotangent_length, param_stage  # noqa: F401 - param_stage re-exported
 from conformance.tolerances import MARGIN  # the same margin over the calibrated maximum as the forward's
 from impls import Loss, Perturbed
 
@@ -96,28 +97,6 @@ def module_scales(grads: dict[str, np.ndarray]) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- stages
 
-_BLOCK_PARAMS = (("norm1.", "norm1"), ("attn.qkv.", "attn.q"), ("attn.q_norm.", "attn.q_norm"),
-                 ("attn.k_norm.", "attn.k_norm"), ("attn.proj.", "attn"), ("ls1.", "ls1"), ("norm2.", "norm2"),
-                 ("mlp.fc1", "mlp.act"), ("mlp.norm.", "mlp.act"), ("mlp.fc2.", "mlp"), ("ls2.", "ls2"))
-_POOL_PARAMS = (("latent", "q"), ("q.", "q"), ("kv.", "k"), ("proj.", "proj"), ("norm.", "norm"),
-                ("mlp.fc1.", "mlp.act"), ("mlp.fc2.", "mlp"))
-_TOP_PARAMS = {"pos_embed": "embed", "cls_token": "embed", "reg_token": "embed", "patch_embed": "patch_embed",
-               "norm_pre": "norm_pre", "norm": "norm", "fc_norm": "pooled", "head": "logits"}
-
-
-def param_stage(key: str) -> str:
-    """The stage whose operation uses parameter ``key``: its gradient is computed when the
-    backward reaches that stage's output (a fused qkv at q, the first of the three in
-    backward order to have all three cotangents)."""
-    if key.startswith("blocks."):
-        _, i, rest = key.split(".", 2)
-        return next(f"blocks.{i}.{stage}" for prefix, stage in _BLOCK_PARAMS if rest.startswith(prefix))
-    if key.startswith("attn_pool."):
-        rest = key[len("attn_pool."):]
-        return next(f"attn_pool.{stage}" for prefix, stage in _POOL_PARAMS if rest.startswith(prefix))
-    return _TOP_PARAMS[key.split(".")[0]]
-
-
 def backward_order(taps: list[str], params) -> list[tuple[str, str, str]]:
     """(kind, name, stage) from the logits back to the images: each tap's cotangent, then the
     parameters its stage uses."""
@@ -134,18 +113,6 @@ def backward_order(taps: list[str], params) -> list[tuple[str, str, str]]:
 
 # ----------------------------------------------------------------------------- the error model
 
-def _cotangent_length(tap: str, config, tokens: int) -> int:
-    """K of the backward contraction that produces the cotangent at ``tap``: its consumer's."""
-    D, hd, stage = config.embed_dim, config.head_dim, tap.split(".", 2)[-1] if tap.startswith("blocks.") else tap
-    hidden = config.mlp_act_dim if config.mlp_layer == "mlp" else 2 * config.mlp_act_dim
-    lengths = {"norm1": 3 * D, "attn.q": hd if config.qk_norm else tokens, "attn.k": hd if config.qk_norm else tokens,
-               "attn.q_norm": tokens, "attn.k_norm": tokens, "attn.v": tokens, "attn.weights": hd, "norm2": hidden,
-               "mlp.act": D, "embed": D, "norm_pre": D, "pooled": max(config.num_classes, 1),
-               "attn_pool.q": config.num_patches, "attn_pool.weights": hd, "attn_pool.proj": D,
-               "attn_pool.norm": config.mlp_hidden_dim, "attn_pool.mlp.act": D, "attn_pool": D}
-    if tap.startswith("blocks.") and tap.count(".") == 1:
-        return D  # a block's output: the next LayerNorm's backward, and the residual
-    return lengths.get(stage, 1)  # a sum or a selection: one rounding
 
 
 @lru_cache(maxsize=1)
@@ -243,7 +210,7 @@ class GradModel:
         oracle = self._forward.oracle
         bounds = {name: self._forward.evaluate(name, oracle)[1] for name in self.reference["taps"]}
         tokens = self.config.at_img_size(self.images.shape[-2:]).num_tokens
-        lengths = {name: _cotangent_length(name, self.config, tokens) for name in bounds}
+        lengths = {name: cotangent_length(name, self.config, tokens) for name in bounds}
         u_c, u_s = self.precision.compute, self.precision.storage
         rng = np.random.default_rng(self.seed)
         self._noisy.rounding = (rng, u_c)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from impls.stages import BLOCK, MODEL_OUT, block_taps, tap_names, tap_shapes  # noqa: F401 - re-exported
 from weights.config import GLOBAL_POOLS, PRESETS, ConfigError, ViTConfig, get_config
 
 
@@ -50,65 +51,9 @@ def require_original_vit(config: ViTConfig, port: str) -> None:
                           f"{', '.join(beyond)} (the float64 oracle does)")
 
 
-BLOCK_TAPS = (
-    "norm1", "attn.q", "attn.k", "attn.v", "attn.q_norm", "attn.k_norm", "attn.weights", "attn", "ls1", "norm2",
-    "mlp.act", "mlp", "ls2", "",
-)
-ATTN_POOL_TAPS = ("q", "k", "v", "weights", "proj", "norm", "mlp.act", "mlp", "")
-
-
-def block_taps(config: ViTConfig) -> tuple[str, ...]:
-    """The stages inside each block for ``config``, in order ('' is the block's output)."""
-    absent = set()
-    if not config.qk_norm:
-        absent |= {"attn.q_norm", "attn.k_norm"}
-    if config.init_values is None:
-        absent |= {"ls1", "ls2"}
-    return tuple(t for t in BLOCK_TAPS if t not in absent)
-
-
-def tap_names(config: ViTConfig) -> list[str]:
-    """The stages every port can emit, in the order the model computes them."""
-    names = ["patch_embed", "embed"] + (["norm_pre"] if config.pre_norm else [])
-    for i in range(config.depth):
-        names += [f"blocks.{i}.{t}" if t else f"blocks.{i}" for t in block_taps(config)]
-    if not config.use_fc_norm:
-        names.append("norm")
-    if config.global_pool == "map":
-        names += [f"attn_pool.{t}" if t else "attn_pool" for t in ATTN_POOL_TAPS]
-    names += ["pooled", "logits"]
-    return names
-
-
-def tap_shapes(config: ViTConfig, batch: int, img_size=None) -> dict[str, tuple[int, ...]]:
-    """The shape each tap must have for a batch of ``batch`` images (of ``img_size``, which
-    only a dynamic_img_size config takes other than its own)."""
-    config = config if img_size is None else config.at_img_size(img_size)
-    B, N, D = batch, config.num_tokens, config.embed_dim
-    H, hd = config.num_heads, config.head_dim
-    per_block = {
-        "norm1": (B, N, D), "attn.q": (B, H, N, hd), "attn.k": (B, H, N, hd), "attn.v": (B, H, N, hd),
-        "attn.q_norm": (B, H, N, hd), "attn.k_norm": (B, H, N, hd), "attn.weights": (B, H, N, N),
-        "attn": (B, N, D), "ls1": (B, N, D), "norm2": (B, N, D), "mlp.act": (B, N, config.mlp_act_dim),
-        "mlp": (B, N, D), "ls2": (B, N, D), "": (B, N, D),
-    }
-    shapes = {"patch_embed": (B, config.num_patches, D), "embed": (B, N, D)}
-    if config.pre_norm:
-        shapes["norm_pre"] = (B, N, D)
-    for i in range(config.depth):
-        for t in block_taps(config):
-            shapes[f"blocks.{i}.{t}" if t else f"blocks.{i}"] = per_block[t]
-    if not config.use_fc_norm:
-        shapes["norm"] = (B, N, D)
-    if config.global_pool == "map":
-        P = config.num_patches
-        shapes.update({"attn_pool.q": (B, H, 1, hd), "attn_pool.k": (B, H, P, hd), "attn_pool.v": (B, H, P, hd),
-                       "attn_pool.weights": (B, H, 1, P), "attn_pool.proj": (B, 1, D), "attn_pool.norm": (B, 1, D),
-                       "attn_pool.mlp.act": (B, 1, config.mlp_hidden_dim), "attn_pool.mlp": (B, 1, D),
-                       "attn_pool": (B, D)})
-    shapes["pooled"] = (B, D)
-    shapes["logits"] = (B, config.num_features)
-    return shapes
+# The stages themselves are defined once, in impls/stages.py.
+BLOCK_TAPS = tuple(s.name for s in BLOCK)
+ATTN_POOL_TAPS = tuple(s.name for s in MODEL_OUT if s.scope == "attn_pool")
 
 
 def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:

@@ -1,0 +1,228 @@
+"""The model's stages, defined once: the table every consumer reads.
+
+A stage is an intermediate result every port can emit (a "tap"), in the order the model
+computes it. Its entry says what the rest of the project needs to know about it:
+
+| field | meaning | read by |
+|---|---|---|
+| ``name`` | the stage's name in its scope (``norm1`` in ``blocks.{i}``, ``q`` in ``attn_pool``) | every consumer |
+| ``kind`` | the calibrated tolerance's stage kind | compare, tolerances, calibrate |
+| ``inputs`` | the stages it is computed from (patterns, below) | the error model's local checks |
+| ``shape`` | its shape, in symbols (``B N D``, ``B H N hd``) | ``tap_shapes`` |
+| ``when`` | the config option that makes it exist | ``tap_names`` |
+| ``params`` | the canonical weights its operation uses (relative to its scope) | gradients (backward order) |
+| ``contraction`` | it contracts (a matmul, the patch conv, q kᵀ, P v): its operands may be in a lower dtype than its output | mixed precision |
+| ``residual`` | it is the residual stream or a LayerNorm of it: torch.autocast keeps it in float32 | ``verify --policy autocast`` |
+| ``cotangent`` | the contraction length of its consumer's backward (gradients' rounding model) | gradients |
+
+Input patterns: ``{b}`` the stage's block (``blocks.3``); ``{prev}`` the block's input (the
+previous block, or ``norm_pre`` / ``embed`` before block 0); ``{q}``, ``{k}`` q and k as the
+attention weights see them (``attn.q_norm`` with qk-norm); ``{attn_out}``, ``{mlp_out}`` what a
+residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
+final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads.
+
+Adding a stage is one entry here, its math in ``conformance.error_model.evaluate``, a tap in
+each of the four ports, and its capture rule (docs/model.md, "Adding a stage").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from weights.config import ViTConfig
+
+
+def _always(config: ViTConfig) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    kind: str
+    inputs: tuple[str, ...]
+    shape: str
+    scope: str = ""  # "", "block" (blocks.{i}.name) or "attn_pool"
+    when: Callable[[ViTConfig], bool] = _always
+    params: tuple[str, ...] = ()
+    contraction: bool = False
+    residual: bool = False
+    cotangent: str = "1"  # a symbol of the config, or "1": a sum or a selection, one rounding
+
+    def full_name(self, i: int | None = None) -> str:
+        if self.scope == "block":
+            return f"blocks.{i}.{self.name}" if self.name else f"blocks.{i}"
+        if self.scope == "attn_pool":
+            return f"attn_pool.{self.name}" if self.name else "attn_pool"
+        return self.name
+
+
+def _pre_norm(c):
+    return c.pre_norm
+
+
+def _qk_norm(c):
+    return c.qk_norm
+
+
+def _layer_scale(c):
+    return c.init_values is not None
+
+
+def _final_norm(c):
+    return not c.use_fc_norm
+
+
+def _map(c):
+    return c.global_pool == "map"
+
+
+MODEL_IN = (
+    Stage("patch_embed", "patch_embed", (), "B P D", params=("patch_embed",), contraction=True),
+    Stage("embed", "embed", ("patch_embed",), "B N D", params=("pos_embed", "cls_token", "reg_token"), residual=True,
+          cotangent="D"),
+    Stage("norm_pre", "norm_pre", ("embed",), "B N D", when=_pre_norm, params=("norm_pre",), residual=True,
+          cotangent="D"),
+)
+BLOCK = (
+    Stage("norm1", "norm1", ("{prev}",), "B N D", "block", params=("norm1",), residual=True, cotangent="3D"),
+    Stage("attn.q", "attn.q", ("{b}.norm1",), "B H N hd", "block", params=("attn.qkv",), contraction=True,
+          cotangent="qk"),
+    Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="qk"),
+    Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N"),
+    Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "B H N hd", "block", _qk_norm, ("attn.q_norm",),
+          cotangent="N"),
+    Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "B H N hd", "block", _qk_norm, ("attn.k_norm",),
+          cotangent="N"),
+    Stage("attn.weights", "attn.weights", ("{q}", "{k}"), "B H N N", "block", contraction=True, cotangent="hd"),
+    Stage("attn", "attn", ("{b}.attn.weights", "{b}.attn.v"), "B N D", "block", params=("attn.proj",),
+          contraction=True),
+    Stage("ls1", "ls1", ("{b}.attn",), "B N D", "block", _layer_scale, ("ls1",)),
+    Stage("norm2", "norm2", ("{prev}", "{attn_out}"), "B N D", "block", params=("norm2",), residual=True,
+          cotangent="hidden"),
+    Stage("mlp.act", "mlp.act", ("{b}.norm2",), "B N act", "block", params=("mlp.fc1", "mlp.fc1_g", "mlp.fc1_x", "mlp.norm"),
+          contraction=True, cotangent="D"),
+    Stage("mlp", "mlp", ("{b}.mlp.act",), "B N D", "block", params=("mlp.fc2",), contraction=True),
+    Stage("ls2", "ls2", ("{b}.mlp",), "B N D", "block", _layer_scale, ("ls2",)),
+    Stage("", "block", ("{prev}", "{attn_out}", "{mlp_out}"), "B N D", "block", residual=True, cotangent="D"),
+)
+MODEL_OUT = (
+    Stage("norm", "norm", ("{last}",), "B N D", when=_final_norm, params=("norm",), residual=True),
+    Stage("q", "attn_pool.q", (), "B H 1 hd", "attn_pool", _map, ("latent", "q"), contraction=True,
+          cotangent="P"),
+    Stage("k", "attn_pool.k", ("{features}",), "B H P hd", "attn_pool", _map, ("kv",), contraction=True),
+    Stage("v", "attn_pool.v", ("{features}",), "B H P hd", "attn_pool", _map, contraction=True),
+    Stage("weights", "attn_pool.weights", ("attn_pool.q", "attn_pool.k"), "B H 1 P", "attn_pool", _map,
+          contraction=True, cotangent="hd"),
+    Stage("proj", "attn_pool.proj", ("attn_pool.weights", "attn_pool.v"), "B 1 D", "attn_pool", _map, ("proj",),
+          contraction=True, cotangent="D"),
+    Stage("norm", "attn_pool.norm", ("attn_pool.proj",), "B 1 D", "attn_pool", _map, ("norm",), cotangent="mlp"),
+    Stage("mlp.act", "attn_pool.mlp.act", ("attn_pool.norm",), "B 1 mlp", "attn_pool", _map, ("mlp.fc1",),
+          contraction=True, cotangent="D"),
+    Stage("mlp", "attn_pool.mlp", ("attn_pool.mlp.act",), "B 1 D", "attn_pool", _map, ("mlp.fc2",), contraction=True),
+    Stage("", "attn_pool", ("attn_pool.proj", "attn_pool.mlp"), "B D", "attn_pool", _map, cotangent="D"),
+    Stage("pooled", "pooled", ("{pool_in}",), "B D", params=("fc_norm",), cotangent="classes"),
+    Stage("logits", "logits", ("pooled",), "B classes", params=("head",), contraction=True),
+)
+STAGES = MODEL_IN + BLOCK + MODEL_OUT
+BY_KIND = {s.kind: s for s in STAGES}
+
+
+def block_taps(config: ViTConfig) -> tuple[str, ...]:
+    """The stages inside each block for ``config``, in order ('' is the block's output)."""
+    return tuple(s.name for s in BLOCK if s.when(config))
+
+
+def tap_names(config: ViTConfig) -> list[str]:
+    """The stages every port can emit, in the order the model computes them."""
+    names = [s.name for s in MODEL_IN if s.when(config)]
+    for i in range(config.depth):
+        names += [s.full_name(i) for s in BLOCK if s.when(config)]
+    return names + [s.full_name() for s in MODEL_OUT if s.when(config)]
+
+
+def stage_of(name: str) -> tuple[Stage, int | None]:
+    """The table's entry for a stage name, and its block index (None outside the blocks)."""
+    if name.startswith("blocks."):
+        _, i, *rest = name.split(".", 2)
+        return BY_KIND[rest[0] if rest else "block"], int(i)
+    return BY_KIND[name], None
+
+
+def stage_kind(name: str) -> str:
+    """'blocks.3.attn.q' -> 'attn.q', 'blocks.3' -> 'block', 'logits' -> 'logits'."""
+    return stage_of(name)[0].kind
+
+
+def _symbols(config: ViTConfig, batch: int) -> dict[str, int]:
+    return {"B": batch, "N": config.num_tokens, "D": config.embed_dim, "H": config.num_heads,
+            "hd": config.head_dim, "P": config.num_patches, "act": config.mlp_act_dim, "mlp": config.mlp_hidden_dim,
+            "classes": config.num_features, "1": 1}
+
+
+def tap_shapes(config: ViTConfig, batch: int, img_size=None) -> dict[str, tuple[int, ...]]:
+    """The shape each tap must have for a batch of ``batch`` images (of ``img_size``, which
+    only a dynamic_img_size config takes other than its own)."""
+    config = config if img_size is None else config.at_img_size(img_size)
+    symbols = _symbols(config, batch)
+    return {name: tuple(symbols[s] for s in stage_of(name)[0].shape.split()) for name in tap_names(config)}
+
+
+def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
+    """The taps a stage is computed from (the images are always there)."""
+    stage, i = stage_of(name)
+    b = f"blocks.{i}"
+    if i is not None:
+        prev = f"blocks.{i - 1}" if i else ("norm_pre" if config.pre_norm else "embed")
+    else:
+        prev = None
+    last = f"blocks.{config.depth - 1}"
+    features = "norm" if not config.use_fc_norm else last
+    qk = (f"{b}.attn.q_norm", f"{b}.attn.k_norm") if config.qk_norm else (f"{b}.attn.q", f"{b}.attn.k")
+    scaled = config.init_values is not None
+    values = {"{b}": b, "{prev}": prev, "{q}": qk[0], "{k}": qk[1], "{last}": last, "{features}": features,
+              "{attn_out}": f"{b}.ls1" if scaled else f"{b}.attn", "{mlp_out}": f"{b}.ls2" if scaled else f"{b}.mlp",
+              "{pool_in}": "attn_pool" if config.global_pool == "map" else features}
+
+    def resolve(pattern: str) -> str:
+        for key, value in values.items():
+            if key in pattern:
+                pattern = pattern.replace(key, value)
+        return pattern
+
+    return tuple(resolve(p) for p in stage.inputs)
+
+
+def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) -> int:
+    """K of the backward contraction that produces the cotangent at ``name``: its consumer's
+    (gradients' rounding model); 1 for a sum or a selection. ``tokens``: at the images' grid."""
+    stage, _ = stage_of(name)
+    tokens = config.num_tokens if tokens is None else tokens
+    hidden = config.mlp_act_dim if config.mlp_layer == "mlp" else 2 * config.mlp_act_dim
+    lengths = {"1": 1, "D": config.embed_dim, "3D": 3 * config.embed_dim, "N": tokens, "hd": config.head_dim,
+               "qk": config.head_dim if config.qk_norm else tokens, "hidden": hidden, "P": config.num_patches,
+               "mlp": config.mlp_hidden_dim, "classes": max(config.num_classes, 1)}
+    return lengths[stage.cotangent]
+
+
+def param_stage(key: str) -> str:
+    """The stage whose operation uses the canonical parameter ``key``: its gradient is computed
+    when the backward reaches that stage's output (a fused qkv at q, the first of the three in
+    backward order to have all three cotangents)."""
+    if key.startswith("blocks."):
+        _, i, rest = key.split(".", 2)
+        scope, entries = f"blocks.{i}", BLOCK
+    elif key.startswith("attn_pool."):
+        rest, scope, entries = key[len("attn_pool."):], "attn_pool", [s for s in MODEL_OUT if s.scope == "attn_pool"]
+    else:
+        rest, scope, entries = key, "", [s for s in STAGES if not s.scope]
+    for stage in entries:
+        for prefix in stage.params:
+            if rest == prefix or rest.startswith(prefix + "."):
+                return f"{scope}.{stage.name}".strip(".") if scope else stage.name
+    raise KeyError(f"no stage uses the parameter {key!r} (impls.stages)")
+
+
+CONTRACTIONS = frozenset(s.kind for s in STAGES if s.contraction)
+RESIDUAL = frozenset(s.kind for s in STAGES if s.residual)
