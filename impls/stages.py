@@ -14,6 +14,16 @@ computes it. Its entry says what the rest of the project needs to know about it:
 | ``contraction`` | it contracts (a matmul, the patch conv, q kᵀ, P v): its operands may be in a lower dtype than its output | mixed precision |
 | ``residual`` | it is the residual stream or a LayerNorm of it: torch.autocast keeps it in float32 | ``verify --policy autocast`` |
 | ``cotangent`` | the contraction length of its consumer's backward (gradients' rounding model) | gradients |
+| ``capture`` | where a model as its author wrote it shows the stage (rules below) | ``conformance.capture.plan`` |
+
+Capture rules, in the canonical (timm) module names the user's mapping sends weights to:
+``out:M`` / ``in:M`` the output / input of the model module that receives canonical module
+``M``'s weights (``@patches``: a convolution's output brought to tokens, ``@heads``: split into
+heads); ``in:next`` the input of the first block (or of ``norm_pre``); ``attn:PART`` q, k, v or
+the weights as the block's attention computes them (a fused call's arguments, q kᵀ's operands,
+the softmax's output; failing those, the projections' outputs); ``block`` the smallest module
+holding all the block's weights; ``pool`` the attention pool's module; ``head`` the input of
+the head (a headless model's output); ``return`` what the model returns; ``unseen:REASON``.
 
 Input patterns: ``{b}`` the stage's block (``blocks.3``); ``{prev}`` the block's input (the
 previous block, or ``norm_pre`` / ``embed`` before block 0); ``{q}``, ``{k}`` q and k as the
@@ -49,6 +59,10 @@ class Stage:
     contraction: bool = False
     residual: bool = False
     cotangent: str = "1"  # a symbol of the config, or "1": a sum or a selection, one rounding
+    capture: str | Callable[[ViTConfig], str] = ""  # where a model as written shows it (``capture_rule``)
+
+    def capture_rule(self, config: ViTConfig) -> str:
+        return self.capture(config) if callable(self.capture) else self.capture
 
     def full_name(self, i: int | None = None) -> str:
         if self.scope == "block":
@@ -78,52 +92,65 @@ def _map(c):
     return c.global_pool == "map"
 
 
+_POOL_INSIDE = "unseen:inside the attention pool: its q, k, v and weights are not read yet"
+
 MODEL_IN = (
-    Stage("patch_embed", "patch_embed", (), "B P D", params=("patch_embed",), contraction=True),
+    Stage("patch_embed", "patch_embed", (), "B P D", params=("patch_embed",), contraction=True,
+          capture="out:patch_embed.proj@patches"),
     Stage("embed", "embed", ("patch_embed",), "B N D", params=("pos_embed", "cls_token", "reg_token"), residual=True,
-          cotangent="D"),
+          cotangent="D", capture="in:next"),
     Stage("norm_pre", "norm_pre", ("embed",), "B N D", when=_pre_norm, params=("norm_pre",), residual=True,
-          cotangent="D"),
+          cotangent="D", capture="out:norm_pre"),
 )
 BLOCK = (
-    Stage("norm1", "norm1", ("{prev}",), "B N D", "block", params=("norm1",), residual=True, cotangent="3D"),
+    Stage("norm1", "norm1", ("{prev}",), "B N D", "block", params=("norm1",), residual=True, cotangent="3D",
+          capture="out:norm1"),
     Stage("attn.q", "attn.q", ("{b}.norm1",), "B H N hd", "block", params=("attn.qkv",), contraction=True,
-          cotangent="qk"),
-    Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="qk"),
-    Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N"),
+          cotangent="qk", capture=lambda c: "in:attn.q_norm@heads" if c.qk_norm else "attn:q"),
+    Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="qk",
+          capture=lambda c: "in:attn.k_norm@heads" if c.qk_norm else "attn:k"),
+    Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N", capture="attn:v"),
     Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "B H N hd", "block", _qk_norm, ("attn.q_norm",),
-          cotangent="N"),
+          cotangent="N", capture="out:attn.q_norm@heads"),
     Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "B H N hd", "block", _qk_norm, ("attn.k_norm",),
-          cotangent="N"),
-    Stage("attn.weights", "attn.weights", ("{q}", "{k}"), "B H N N", "block", contraction=True, cotangent="hd"),
+          cotangent="N", capture="out:attn.k_norm@heads"),
+    Stage("attn.weights", "attn.weights", ("{q}", "{k}"), "B H N N", "block", contraction=True, cotangent="hd",
+          capture="attn:weights"),
     Stage("attn", "attn", ("{b}.attn.weights", "{b}.attn.v"), "B N D", "block", params=("attn.proj",),
-          contraction=True),
-    Stage("ls1", "ls1", ("{b}.attn",), "B N D", "block", _layer_scale, ("ls1",)),
+          contraction=True, capture="out:attn.proj"),
+    Stage("ls1", "ls1", ("{b}.attn",), "B N D", "block", _layer_scale, ("ls1",), capture="out:ls1"),
     Stage("norm2", "norm2", ("{prev}", "{attn_out}"), "B N D", "block", params=("norm2",), residual=True,
-          cotangent="hidden"),
-    Stage("mlp.act", "mlp.act", ("{b}.norm2",), "B N act", "block", params=("mlp.fc1", "mlp.fc1_g", "mlp.fc1_x", "mlp.norm"),
-          contraction=True, cotangent="D"),
-    Stage("mlp", "mlp", ("{b}.mlp.act",), "B N D", "block", params=("mlp.fc2",), contraction=True),
-    Stage("ls2", "ls2", ("{b}.mlp",), "B N D", "block", _layer_scale, ("ls2",)),
-    Stage("", "block", ("{prev}", "{attn_out}", "{mlp_out}"), "B N D", "block", residual=True, cotangent="D"),
+          cotangent="hidden", capture="out:norm2"),
+    Stage("mlp.act", "mlp.act", ("{b}.norm2",), "B N act", "block",
+          params=("mlp.fc1", "mlp.fc1_g", "mlp.fc1_x", "mlp.norm"), contraction=True, cotangent="D",
+          capture="in:mlp.fc2"),
+    Stage("mlp", "mlp", ("{b}.mlp.act",), "B N D", "block", params=("mlp.fc2",), contraction=True,
+          capture="out:mlp.fc2"),
+    Stage("ls2", "ls2", ("{b}.mlp",), "B N D", "block", _layer_scale, ("ls2",), capture="out:ls2"),
+    Stage("", "block", ("{prev}", "{attn_out}", "{mlp_out}"), "B N D", "block", residual=True, cotangent="D",
+          capture="block"),
 )
 MODEL_OUT = (
-    Stage("norm", "norm", ("{last}",), "B N D", when=_final_norm, params=("norm",), residual=True),
+    Stage("norm", "norm", ("{last}",), "B N D", when=_final_norm, params=("norm",), residual=True, capture="out:norm"),
     Stage("q", "attn_pool.q", (), "B H 1 hd", "attn_pool", _map, ("latent", "q"), contraction=True,
-          cotangent="P"),
-    Stage("k", "attn_pool.k", ("{features}",), "B H P hd", "attn_pool", _map, ("kv",), contraction=True),
-    Stage("v", "attn_pool.v", ("{features}",), "B H P hd", "attn_pool", _map, contraction=True),
+          cotangent="P", capture=_POOL_INSIDE),
+    Stage("k", "attn_pool.k", ("{features}",), "B H P hd", "attn_pool", _map, ("kv",), contraction=True,
+          capture=_POOL_INSIDE),
+    Stage("v", "attn_pool.v", ("{features}",), "B H P hd", "attn_pool", _map, contraction=True, capture=_POOL_INSIDE),
     Stage("weights", "attn_pool.weights", ("attn_pool.q", "attn_pool.k"), "B H 1 P", "attn_pool", _map,
-          contraction=True, cotangent="hd"),
+          contraction=True, cotangent="hd", capture=_POOL_INSIDE),
     Stage("proj", "attn_pool.proj", ("attn_pool.weights", "attn_pool.v"), "B 1 D", "attn_pool", _map, ("proj",),
-          contraction=True, cotangent="D"),
-    Stage("norm", "attn_pool.norm", ("attn_pool.proj",), "B 1 D", "attn_pool", _map, ("norm",), cotangent="mlp"),
+          contraction=True, cotangent="D", capture="out:proj"),
+    Stage("norm", "attn_pool.norm", ("attn_pool.proj",), "B 1 D", "attn_pool", _map, ("norm",), cotangent="mlp",
+          capture="out:norm"),
     Stage("mlp.act", "attn_pool.mlp.act", ("attn_pool.norm",), "B 1 mlp", "attn_pool", _map, ("mlp.fc1",),
-          contraction=True, cotangent="D"),
-    Stage("mlp", "attn_pool.mlp", ("attn_pool.mlp.act",), "B 1 D", "attn_pool", _map, ("mlp.fc2",), contraction=True),
-    Stage("", "attn_pool", ("attn_pool.proj", "attn_pool.mlp"), "B D", "attn_pool", _map, cotangent="D"),
-    Stage("pooled", "pooled", ("{pool_in}",), "B D", params=("fc_norm",), cotangent="classes"),
-    Stage("logits", "logits", ("pooled",), "B classes", params=("head",), contraction=True),
+          contraction=True, cotangent="D", capture="in:mlp.fc2"),
+    Stage("mlp", "attn_pool.mlp", ("attn_pool.mlp.act",), "B 1 D", "attn_pool", _map, ("mlp.fc2",), contraction=True,
+          capture="out:mlp.fc2"),
+    Stage("", "attn_pool", ("attn_pool.proj", "attn_pool.mlp"), "B D", "attn_pool", _map, cotangent="D",
+          capture="pool"),
+    Stage("pooled", "pooled", ("{pool_in}",), "B D", params=("fc_norm",), cotangent="classes", capture="head"),
+    Stage("logits", "logits", ("pooled",), "B classes", params=("head",), contraction=True, capture="return"),
 )
 STAGES = MODEL_IN + BLOCK + MODEL_OUT
 BY_KIND = {s.kind: s for s in STAGES}

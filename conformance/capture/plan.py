@@ -8,6 +8,7 @@ from typing import Any
 
 from conformance.capture.mapping import common_module, module_of
 from impls.config import ViTConfig, tap_names
+from impls.stages import stage_of
 
 
 @dataclass
@@ -100,12 +101,6 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
                               "not a submodule that is called")
         return None
 
-    def put(stage, source):
-        if source is not None and stage not in plan.unseen:
-            plan.sources[stage] = source
-
-    m = one("patch_embed.proj", "patch_embed")
-    put("patch_embed", Source("out", m, shape="patches") if m is not None else None)
     block_paths = []
     for i in range(config.depth):
         keys = [k for k in key_map if k.startswith(f"blocks.{i}.")]
@@ -114,89 +109,76 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
     if len(set(block_paths)) != len(block_paths):
         block_paths = [None] * config.depth  # blocks share a module: the weights are not per block
     plan.blocks = {p: i for i, p in enumerate(block_paths) if p is not None}
-    if config.pre_norm:
-        m = one("norm_pre", "norm_pre")
-        put("norm_pre", m and Source("out", m))
-        put("embed", m and Source("in", m))
-        if m is None:
-            plan.unseen["embed"] = plan.unseen["norm_pre"]
-    elif block_paths and block_paths[0] is not None:
-        plan.sources["embed"] = Source("in", block_paths[0])
-    else:
-        plan.unseen["embed"] = "no module holds block 0's weights alone, so its input cannot be read"
-    for i in range(config.depth):
-        b = f"blocks.{i}"
-        for part in ("norm1", "norm2"):
-            m = one(f"{b}.{part}", f"{b}.{part}")
-            put(f"{b}.{part}", m and Source("out", m))
-        qkv = owners(f"{b}.attn.qkv")
-        for n, part in enumerate("qkv"):
+    headless = not has_head and not config.num_classes  # timm's num_classes=0: the output is the pooled features
+
+    def attention(i: int, part: str, stage: str) -> Source | None:
+        """q, k, v or the weights of block i's attention: the attention record, failing it the
+        projections' outputs (separate q/k/v modules, or a fused qkv split as timm's)."""
+        if block_paths[i] is None:
+            plan.unseen[stage] = "the block has no module of its own"
+            return None
+        if part == "weights":
+            return Source("attn", part="weights", block=i)
+        qkv = owners(f"blocks.{i}.attn.qkv")
+        if len(qkv) == 1 and kind_name(modules.get(qkv[0])) in ATTENTION_MODULES:
+            return Source("attn", part=part, block=i)  # the module projects q, k and v itself
+        if len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)
+            return Source("attn", part=part, block=i, fallback=("heads", qkv["qkv".index(part)]))
+        if len(qkv) == 1:
+            return Source("attn", part=part, block=i, fallback=("qkv", qkv[0]))
+        return Source("attn", part=part, block=i)
+
+    def source(name: str) -> Source | None:
+        """The rule of the stage table (impls.stages) applied to this model."""
+        stage, i = stage_of(name)
+        rule = stage.capture_rule(config)
+        scope = f"blocks.{i}." if stage.scope == "block" else "attn_pool." if stage.scope == "attn_pool" else ""
+        what, _, arg = rule.partition(":")
+        if what in ("out", "in") and arg == "next":  # the input of block 0, or of norm_pre before it
+            if config.pre_norm:
+                m = one("norm_pre", name)
+                return m and Source("in", m)
+            if block_paths and block_paths[0] is not None:
+                return Source("in", block_paths[0])
+            plan.unseen[name] = "no module holds block 0's weights alone, so its input cannot be read"
+            return None
+        if what in ("out", "in"):
+            module, _, shape = arg.partition("@")
+            m = one(scope + module, name)
+            return m and Source(what, m, shape=shape)
+        if what == "attn":
+            return attention(i, arg, name)
+        if what == "block":
             if block_paths[i] is None:
-                plan.unseen[f"{b}.attn.{part}"] = "the block has no module of its own"
-            elif len(qkv) == 1 and kind_name(modules.get(qkv[0])) in ATTENTION_MODULES:
-                # the attention module projects q, k and v itself: its output is the attention's
-                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i)
-            elif len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)
-                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, fallback=("heads", qkv[n]))
-            elif len(qkv) == 1:
-                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i, fallback=("qkv", qkv[0]))
-            else:
-                plan.sources[f"{b}.attn.{part}"] = Source("attn", part=part, block=i)
-        if config.qk_norm:  # the attention call sees the normalised q and k; the projections' are the norms' inputs
-            for part in "qk":
-                m = one(f"{b}.attn.{part}_norm", f"{b}.attn.{part}_norm")
-                put(f"{b}.attn.{part}", m and Source("in", m, shape="heads"))
-                put(f"{b}.attn.{part}_norm", m and Source("out", m, shape="heads"))
-                if m is None:
-                    plan.unseen[f"{b}.attn.{part}"] = plan.unseen[f"{b}.attn.{part}_norm"]
-        for ls in ("ls1", "ls2") if config.init_values is not None else ():
-            m = one(f"{b}.{ls}", f"{b}.{ls}")
-            put(f"{b}.{ls}", m and Source("out", m))
-        if block_paths[i] is not None:
-            plan.sources[f"{b}.attn.weights"] = Source("attn", part="weights", block=i)
-        else:
-            plan.unseen[f"{b}.attn.weights"] = "the block has no module of its own"
-        m = one(f"{b}.attn.proj", f"{b}.attn")
-        put(f"{b}.attn", m and Source("out", m))
-        m = one(f"{b}.mlp.fc2", f"{b}.mlp")
-        put(f"{b}.mlp", m and Source("out", m))
-        if m:
-            plan.sources[f"{b}.mlp.act"] = Source("in", m)
-        else:
-            plan.unseen[f"{b}.mlp.act"] = plan.unseen[f"{b}.mlp"]
-        if block_paths[i] is not None:
-            plan.sources[b] = Source("out", block_paths[i])
-        else:
-            plan.unseen[b] = "no module holds this block's weights alone"
-    if not config.use_fc_norm:
-        m = one("norm", "norm")
-        put("norm", m and Source("out", m))
-    if config.global_pool == "map":
-        keys = [k for k in key_map if k.startswith("attn_pool.")]
-        pool = common_module({module_of(mk) for k in keys for mk in key_map[k]})
-        if pool and pool in modules:
-            plan.sources["attn_pool"] = Source("out", pool)
-        else:
-            plan.unseen["attn_pool"] = "no module of its own holds the attention pool's weights"
-        for stage, owner in (("attn_pool.proj", "attn_pool.proj"), ("attn_pool.norm", "attn_pool.norm"),
-                             ("attn_pool.mlp", "attn_pool.mlp.fc2")):
-            m = one(owner, stage)
-            put(stage, m and Source("out", m))
-            if stage == "attn_pool.mlp":
-                put("attn_pool.mlp.act", m and Source("in", m))
-                if m is None:
-                    plan.unseen["attn_pool.mlp.act"] = plan.unseen[stage]
-        for part in ("q", "k", "v", "weights"):
-            plan.unseen[f"attn_pool.{part}"] = "inside the attention pool: its q, k, v and weights are not read yet"
-    if has_head:
-        m = one("head", "pooled")
-        put("pooled", m and Source("in", m))
-        plan.sources["logits"] = Source("return")
-    elif not config.num_classes:  # headless (timm's num_classes=0): the output is the pooled features
-        plan.sources["pooled"] = Source("return", part="pooled")
-        plan.sources["logits"] = Source("return")
-    else:
-        plan.unseen["pooled"] = plan.unseen["logits"] = "the model has no classifier head (the mapping drops head)"
+                plan.unseen[name] = "no module holds this block's weights alone"
+                return None
+            return Source("out", block_paths[i])
+        if what == "pool":
+            keys = [k for k in key_map if k.startswith("attn_pool.")]
+            pool = common_module({module_of(mk) for k in keys for mk in key_map[k]})
+            if pool and pool in modules:
+                return Source("out", pool)
+            plan.unseen[name] = "no module of its own holds the attention pool's weights"
+            return None
+        if what in ("head", "return"):
+            if headless:
+                return Source("return", part="pooled" if what == "head" else "")
+            if not has_head:
+                plan.unseen[name] = "the model has no classifier head (the mapping drops head)"
+                return None
+            if what == "return":
+                return Source("return")
+            m = one("head", name)
+            return m and Source("in", m)
+        if what == "unseen":
+            plan.unseen[name] = arg
+            return None
+        raise ValueError(f"stage {name!r}: unknown capture rule {rule!r} (impls.stages)")
+
+    for name in tap_names(config):
+        found = source(name)
+        if found is not None and name not in plan.unseen:
+            plan.sources[name] = found
     for pattern, spec in (overrides or {}).items():
         for i in range(config.depth) if "{i}" in pattern else [None]:
             stage = pattern.replace("{i}", str(i)) if i is not None else pattern
