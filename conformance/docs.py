@@ -108,7 +108,27 @@ def tolerance_table() -> str:
                            "end to end: largest ratio", "end to end: tolerance"], rows)
 
 
-GENERATORS = {"zoo": zoo_table, "bench": bench_table, "tolerances": tolerance_table}
+def stage_table() -> str:
+    """The stage table (impls.stages): every stage, its shape, the option it needs, what it is
+    computed from, where capture reads it in a model as written, the weights it uses."""
+    from impls.config import get_config
+    from impls.stages import OPTIONS, STAGES
+
+    plain, qk = get_config("vit_test_token"), get_config("vit_test_token").replace(qk_norm=True)
+    rows = []
+    for stage in STAGES:
+        rule, with_qk = stage.capture_rule(plain), stage.capture_rule(qk)
+        capture = f"`{rule}`" + (f" (with `qk_norm`: `{with_qk}`)" if with_qk != rule else "")
+        scope = {"block": "blocks.{i}.", "attn_pool": "attn_pool."}.get(stage.scope, "")
+        name = (scope + stage.name) if stage.name else scope.rstrip(".")
+        rows.append([f"`{name}`", f"({', '.join(stage.shape.split())})", OPTIONS[stage.when],
+                     ", ".join(f"`{i}`" for i in stage.inputs) or "the images", capture,
+                     ", ".join(f"`{p}`" for p in stage.params), stage.note])
+    return markdown_table(["stage", "shape", "exists with", "computed from", "read from a model as written",
+                           "weights", "note"], rows)
+
+
+GENERATORS = {"zoo": zoo_table, "bench": bench_table, "tolerances": tolerance_table, "stages": stage_table}
 
 
 # ----------------------------------------------------------------------------- blocks

@@ -60,6 +60,7 @@ class Stage:
     residual: bool = False
     cotangent: str = "1"  # a symbol of the config, or "1": a sum or a selection, one rounding
     capture: str | Callable[[ViTConfig], str] = ""  # where a model as written shows it (``capture_rule``)
+    note: str = ""  # what it is, for docs/model.md
 
     def capture_rule(self, config: ViTConfig) -> str:
         return self.capture(config) if callable(self.capture) else self.capture
@@ -96,9 +97,11 @@ _POOL_INSIDE = "unseen:inside the attention pool: its q, k, v and weights are no
 
 MODEL_IN = (
     Stage("patch_embed", "patch_embed", (), "B P D", params=("patch_embed",), contraction=True,
-          capture="out:patch_embed.proj@patches"),
+          capture="out:patch_embed.proj@patches",
+          note='before prefix tokens and position'),
     Stage("embed", "embed", ("patch_embed",), "B N D", params=("pos_embed", "cls_token", "reg_token"), residual=True,
-          cotangent="D", capture="in:next"),
+          cotangent="D", capture="in:next",
+          note='after prefix tokens and position; N = prefix tokens + P'),
     Stage("norm_pre", "norm_pre", ("embed",), "B N D", when=_pre_norm, params=("norm_pre",), residual=True,
           cotangent="D", capture="out:norm_pre"),
 )
@@ -106,7 +109,8 @@ BLOCK = (
     Stage("norm1", "norm1", ("{prev}",), "B N D", "block", params=("norm1",), residual=True, cotangent="3D",
           capture="out:norm1"),
     Stage("attn.q", "attn.q", ("{b}.norm1",), "B H N hd", "block", params=("attn.qkv",), contraction=True,
-          cotangent="qk", capture=lambda c: "in:attn.q_norm@heads" if c.qk_norm else "attn:q"),
+          cotangent="qk", capture=lambda c: "in:attn.q_norm@heads" if c.qk_norm else "attn:q",
+          note='split from `qkv`, q before scaling'),
     Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="qk",
           capture=lambda c: "in:attn.k_norm@heads" if c.qk_norm else "attn:k"),
     Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N", capture="attn:v"),
@@ -115,20 +119,25 @@ BLOCK = (
     Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "B H N hd", "block", _qk_norm, ("attn.k_norm",),
           cotangent="N", capture="out:attn.k_norm@heads"),
     Stage("attn.weights", "attn.weights", ("{q}", "{k}"), "B H N N", "block", contraction=True, cotangent="hd",
-          capture="attn:weights"),
+          capture="attn:weights",
+          note='softmax over the last axis'),
     Stage("attn", "attn", ("{b}.attn.weights", "{b}.attn.v"), "B N D", "block", params=("attn.proj",),
-          contraction=True, capture="out:attn.proj"),
-    Stage("ls1", "ls1", ("{b}.attn",), "B N D", "block", _layer_scale, ("ls1",), capture="out:ls1"),
+          contraction=True, capture="out:attn.proj",
+          note='after `proj`'),
+    Stage("ls1", "ls1", ("{b}.attn",), "B N D", "block", _layer_scale, ("ls1",), capture="out:ls1",
+          note='`attn * gamma`'),
     Stage("norm2", "norm2", ("{prev}", "{attn_out}"), "B N D", "block", params=("norm2",), residual=True,
           cotangent="hidden", capture="out:norm2"),
     Stage("mlp.act", "mlp.act", ("{b}.norm2",), "B N act", "block",
           params=("mlp.fc1", "mlp.fc1_g", "mlp.fc1_x", "mlp.norm"), contraction=True, cotangent="D",
-          capture="in:mlp.fc2"),
+          capture="in:mlp.fc2",
+          note="fc2's input: the activation, or SwiGLU's `act(gate) * value`"),
     Stage("mlp", "mlp", ("{b}.mlp.act",), "B N D", "block", params=("mlp.fc2",), contraction=True,
           capture="out:mlp.fc2"),
     Stage("ls2", "ls2", ("{b}.mlp",), "B N D", "block", _layer_scale, ("ls2",), capture="out:ls2"),
     Stage("", "block", ("{prev}", "{attn_out}", "{mlp_out}"), "B N D", "block", residual=True, cotangent="D",
-          capture="block"),
+          capture="block",
+          note='the block output'),
 )
 MODEL_OUT = (
     Stage("norm", "norm", ("{last}",), "B N D", when=_final_norm, params=("norm",), residual=True, capture="out:norm"),
@@ -148,8 +157,10 @@ MODEL_OUT = (
     Stage("mlp", "attn_pool.mlp", ("attn_pool.mlp.act",), "B 1 D", "attn_pool", _map, ("mlp.fc2",), contraction=True,
           capture="out:mlp.fc2"),
     Stage("", "attn_pool", ("attn_pool.proj", "attn_pool.mlp"), "B D", "attn_pool", _map, cotangent="D",
-          capture="pool"),
-    Stage("pooled", "pooled", ("{pool_in}",), "B D", params=("fc_norm",), cotangent="classes", capture="head"),
+          capture="pool",
+          note="the latent's output"),
+    Stage("pooled", "pooled", ("{pool_in}",), "B D", params=("fc_norm",), cotangent="classes", capture="head",
+          note="the head's input (after `fc_norm` where there is one)"),
     Stage("logits", "logits", ("pooled",), "B classes", params=("head",), contraction=True, capture="return"),
 )
 STAGES = MODEL_IN + BLOCK + MODEL_OUT
@@ -250,6 +261,10 @@ def param_stage(key: str) -> str:
                 return f"{scope}.{stage.name}".strip(".") if scope else stage.name
     raise KeyError(f"no stage uses the parameter {key!r} (impls.stages)")
 
+
+# The option each ``when`` stands for (docs/model.md's table).
+OPTIONS = {_always: "", _pre_norm: "`pre_norm`", _qk_norm: "`qk_norm`", _layer_scale: "`init_values`",
+           _final_norm: "no `fc_norm`", _map: '`global_pool="map"`'}
 
 CONTRACTIONS = frozenset(s.kind for s in STAGES if s.contraction)
 RESIDUAL = frozenset(s.kind for s in STAGES if s.residual)

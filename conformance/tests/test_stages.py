@@ -1,0 +1,65 @@
+"""The stage table (impls/stages.py) is complete: every stage it defines has an error model, a
+capture rule capture knows, a calibrated tolerance in every dtype, and a tap in every built-in
+port, on configs that switch every option on; what docs/model.md's "Adding a stage" promises."""
+
+import numpy as np
+import pytest
+
+from conformance.error_model import CaseModel
+from conformance.strategies import make_images
+from conformance.tolerances import MODES, dtypes, tolerance
+from impls import load_factory
+from impls.config import get_config, tap_names
+from impls.stages import STAGES, stage_of
+from weights import init_state
+
+# Every option a stage can need: pre_norm, qk_norm, LayerScale, the MAP head, and the final norm.
+CONFIGS = [get_config("vit_test_clip").replace(qk_norm=True, init_values=1e-5),
+           get_config("vit_test_siglip").replace(pre_norm=True, qk_norm=True)]
+RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
+
+
+def incomplete(stages=STAGES, configs=CONFIGS) -> list[str]:
+    """What the table's stages lack, one line each."""
+    problems = []
+    covered = {stage_of(name)[0] for c in configs for name in tap_names(c)}
+    problems += [f"{s.kind}: no config here switches it on" for s in stages if s not in covered]
+    for s in stages:
+        for c in configs:
+            if s.capture_rule(c).partition(":")[0] not in RULES:
+                problems.append(f"{s.kind}: capture rule {s.capture_rule(c)!r} is not one of {RULES}")
+        for dtype in dtypes():
+            for mode in MODES:
+                try:
+                    tolerance(s.kind, dtype, mode)
+                except ValueError:
+                    problems.append(f"{s.kind}: no calibrated {mode} tolerance in {dtype}")
+    return sorted(set(problems))
+
+
+def test_every_stage_has_a_capture_rule_and_a_calibrated_tolerance():
+    assert incomplete() == []
+
+
+def test_the_completeness_check_names_a_stage_without_its_parts():
+    """The companion: an entry with an unknown capture rule and a kind never calibrated."""
+    import dataclasses
+
+    new = dataclasses.replace(STAGES[1], name="embed2", kind="embed2", capture="somewhere")
+    problems = incomplete(STAGES + (new,))
+    assert "embed2: no config here switches it on" in problems
+    assert any(p.startswith("embed2: capture rule 'somewhere'") for p in problems)
+    assert "embed2: no calibrated local tolerance in float32" in problems
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk"])
+def test_every_stage_has_an_error_model_and_a_tap_in_every_builtin_port(config):
+    state = init_state(config, seed=0)
+    images = make_images(config, 2, "ordinary", 0)
+    model = CaseModel(config, state, images)
+    for name in tap_names(config):
+        value, bound = model.local(name, model.oracle)  # raises for a stage without its math
+        assert np.shape(value) == np.shape(model.oracle[name]) and np.all(np.asarray(bound) >= 0), name
+    for port in ("numpy", "torch", "mlx"):  # JAX's taps are checked by test_model on the same configs
+        out = load_factory(port)(config, state)(images)
+        assert sorted(set(tap_names(config)) - set(out)) == [], port
