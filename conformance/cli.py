@@ -1,4 +1,4 @@
-"""python -m conformance [agree] | verify PORT | zoo | bench | docs
+"""python -m conformance [agree] | verify PORT | zoo | bench | docs | calibrate [--grad]
 
 ``agree`` (the default): build a preset with seeded weights, run the PyTorch, MLX and JAX ports
 and the float64 oracle on the same images, and print a per-stage agreement table.
@@ -11,8 +11,8 @@ import sys
 import time
 
 
-from conformance.compare import compare_outputs, first_divergence
-from conformance.error_model import CaseModel
+from conformance.numerics.compare import compare_outputs, first_divergence
+from conformance.numerics.error_model import CaseModel
 from conformance.report import table
 from conformance.strategies import make_images
 from impls import FRAMEWORK_PORTS, PRESETS, get_config, load_factory
@@ -109,6 +109,19 @@ def main(argv=None) -> int:
     b.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
     d = sub.add_parser("docs", help="regenerate the tables in docs/ from code and committed measurements")
     d.add_argument("--check", action="store_true", help="only check: exit 1 naming each stale table")
+    c = sub.add_parser("calibrate", add_help=False,
+                       help="measure the correct ports' errors the tolerances come from (--grad: the gradient bound's)")
+    c.add_argument("rest", nargs="*")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["calibrate"]:  # its own options: conformance.numerics.calibrate, or gradients with --grad
+        rest = argv[1:]
+        if "--grad" in rest:
+            from conformance.numerics.gradients import main as grad_main
+
+            return grad_main([a for a in rest if a != "--grad"])
+        from conformance.numerics.calibrate import main as calibrate_main
+
+        return calibrate_main(rest)
     args = parser.parse_args(argv)
     if args.command == "bench":
         from conformance.bench import main as bench_main

@@ -4,8 +4,8 @@
     python -m conformance docs --check    exit 1 naming each block that differs (a test runs this)
 
 A block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``. Its
-source is code (the zoo's catalogue) or a committed measurement: conformance/calibration.json
-(``python -m conformance.calibrate``), docs/data/zoo.json (``python -m conformance zoo --json``)
+source is code (the zoo's catalogue) or a committed measurement: conformance/numerics/calibration.json
+(``python -m conformance calibrate``), docs/data/zoo.json (``python -m conformance zoo --json``)
 and docs/data/bench.json (``python -m conformance bench --json``).
 """
 
@@ -93,7 +93,7 @@ def bench_table(result: dict | None = None) -> str:
 
 def tolerance_table() -> str:
     """Per stage kind and dtype: the largest ratio measured on correct ports and the tolerance."""
-    from conformance.tolerances import MARGIN, MODES, measured
+    from conformance.numerics.tolerances import MARGIN, MODES, measured
 
     table = measured()
     rows = []

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from einops import rearrange
 
-from conformance import error_model as E
-from conformance.compare import StageResult, compare_outputs, compare_stage, describe_failures, error, ratio_over_bound
-from conformance.tolerances import tolerance
+from conformance.numerics import error_model as E
+from conformance.numerics.compare import StageResult, compare_outputs, compare_stage, describe_failures, error, ratio_over_bound
+from conformance.numerics.tolerances import tolerance
 from impls import numpy_vit as oracle_impl
 from impls.config import ViTConfig, tap_names
 

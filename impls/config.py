@@ -111,7 +111,7 @@ class Perturbed(dict):
     """Taps for a gradient pass: each tap's value continues the forward plus ``delta[name]``.
     A port adds zeros there and differentiates with respect to them too: the gradient of a
     zero perturbation is the cotangent dL/d(stage output) at that tap. The float64 reference
-    adds noise there to propagate rounding (conformance/gradients.py). Names without a delta
+    adds noise there to propagate rounding (conformance/numerics/gradients.py). Names without a delta
     pass unchanged; ``used`` lists the taps the forward reached, in forward order."""
 
     def __init__(self, delta):

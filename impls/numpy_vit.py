@@ -535,7 +535,7 @@ def loss_value(logits, loss: Loss):
 def _traced(name: str = "impls._numpy_vit_traced"):
     """This file executed again with ``np`` and ``erf`` bound to autograd's (HIPS/autograd), so
     the oracle's own float64 forward, unchanged, is differentiated in reverse mode. (Another
-    ``name`` is another copy: conformance.gradients perturbs one's softmax backward.)"""
+    ``name`` is another copy: conformance.numerics.gradients perturbs one's softmax backward.)"""
     import autograd.numpy as anp
     from autograd.scipy.special import erf as aerf
 
@@ -551,7 +551,7 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bo
     """Gradient factory, the float64 reference: canonical state -> grad(images, loss) returning
     {"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap:
     dL/d(stage output)}}. ``grad(..., perturbed=...)`` builds the taps from the zeros added at
-    each tap (impls.Perturbed by default; conformance.gradients propagates rounding that way)."""
+    each tap (impls.Perturbed by default; conformance.numerics.gradients propagates rounding that way)."""
     from autograd import value_and_grad
 
     validate_state(state, config)

@@ -31,7 +31,7 @@ attention weights see them (``attn.q_norm`` with qk-norm); ``{attn_out}``, ``{ml
 residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
 final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads.
 
-Adding a stage is one entry here, its math in ``conformance.error_model.evaluate``, a tap in
+Adding a stage is one entry here, its math in ``conformance.numerics.error_model.evaluate``, a tap in
 each of the four ports, and its capture rule (docs/model.md, "Adding a stage").
 """
 

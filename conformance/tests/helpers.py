@@ -47,7 +47,7 @@ def attention_on_path(path: str, case, weights):
 
 def attention_model(case, weights, x, context=None, mask=None):
     """The error model of ``attention(port, case, weights)`` on these inputs."""
-    from conformance.error_model import AttentionModel
+    from conformance.numerics.error_model import AttentionModel
     from weights import mha_shapes
 
     shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import error_model as E
+from conformance.numerics import error_model as E
 from conformance import properties as P
 from conformance import strategies as S
 from conformance.builtin import FUSED, framework, qkv_arrays

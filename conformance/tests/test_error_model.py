@@ -5,10 +5,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import error_model as E
+from conformance.numerics import error_model as E
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.compare import compare_outputs
+from conformance.numerics.compare import compare_outputs
 from conformance.tests.helpers import budget, expect_failure, factory
 from impls import get_config, numpy_vit
 
@@ -72,7 +72,7 @@ def test_local_check_fails_on_a_perturbation_one_bound_wide_times_the_tolerance(
         def perturbed(images):
             out = forward(images)
             _, bound = case.error_model().local("blocks.0.norm1", out)
-            from conformance.tolerances import tolerance
+            from conformance.numerics.tolerances import tolerance
 
             out["blocks.0.norm1"] = out["blocks.0.norm1"].copy()
             out["blocks.0.norm1"][0, 1, 2] += np.float32(2.5 * tolerance("norm1") * bound[0, 1, 2])

@@ -13,7 +13,7 @@ from conformance.profiles import heavy
 from conformance.references import timm_state, timm_vit
 from conformance.tests.helpers import factory
 from conformance import properties as P
-from conformance.error_model import CaseModel
+from conformance.numerics.error_model import CaseModel
 from impls import get_config
 from weights import WeightError, init_state
 from weights import formats

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.gradients import (
+from conformance.numerics.gradients import (
     GRAD_DTYPES,
     KINDS,
     GradModel,
@@ -257,7 +257,7 @@ def test_the_gradient_check_locates_a_wrong_tap_before_the_parameters_behind_it(
 def test_the_gradient_tolerances_are_the_margin_times_the_calibrated_largest_ratios():
     """Every tolerance (taps, parameters, images; float32 and bfloat16) comes from
     grad_calibration.json as committed."""
-    from conformance.gradients import CALIBRATION, MARGIN
+    from conformance.numerics.gradients import CALIBRATION, MARGIN
 
     calibration = json.loads(CALIBRATION.read_text())
     assert set(calibration) == set(GRAD_DTYPES)

@@ -4,8 +4,8 @@ import copy
 import json
 import warnings
 
-from conformance.provenance import collect, differences
-from conformance.tolerances import CALIBRATION
+from conformance.numerics.provenance import collect, differences
+from conformance.numerics.tolerances import CALIBRATION
 
 
 class ProvenanceWarning(UserWarning):
@@ -15,7 +15,7 @@ class ProvenanceWarning(UserWarning):
 def test_running_versions_match_the_calibrated_ones_or_warn():
     recorded = json.loads(CALIBRATION.read_text()).get("provenance")
     assert recorded and recorded.get("versions", {}).get("torch"), \
-        "calibration.json records no provenance: rerun python -m conformance.calibrate"
+        "calibration.json records no provenance: rerun python -m conformance.numerics.calibrate"
     diff = differences(recorded)
     if diff:
         warnings.warn(ProvenanceWarning("tolerances were calibrated on other software or hardware: "

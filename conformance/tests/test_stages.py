@@ -5,9 +5,9 @@ port, on configs that switch every option on; what docs/model.md's "Adding a sta
 import numpy as np
 import pytest
 
-from conformance.error_model import CaseModel
+from conformance.numerics.error_model import CaseModel
 from conformance.strategies import make_images
-from conformance.tolerances import MODES, dtypes, tolerance
+from conformance.numerics.tolerances import MODES, dtypes, tolerance
 from impls import load_factory
 from impls.config import get_config, tap_names
 from impls.stages import STAGES, stage_of

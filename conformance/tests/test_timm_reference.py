@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conformance import properties as P
-from conformance.compare import error
-from conformance.error_model import CaseModel
+from conformance.numerics.compare import error
+from conformance.numerics.error_model import CaseModel
 from conformance.profiles import heavy
 from conformance.references import timm_state, timm_taps, timm_vit
 from conformance.tests.helpers import run

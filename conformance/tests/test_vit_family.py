@@ -11,7 +11,7 @@ import torch
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.compare import error
+from conformance.numerics.compare import error
 from conformance.profiles import heavy
 from conformance.references import timm_taps, timm_vit
 from conformance.support import Unsupported

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from conformance.compare import StageResult
+from conformance.numerics.compare import StageResult
 from conformance.report import describe_exception
 from conformance.verify.cases import read_only
 from conformance.verify.report import Report, finding
@@ -43,7 +43,7 @@ def attention_cases(seed: int = 0):
 def verify_attention(make_attention: Callable, *, port: str = "attention port", seed: int = 0) -> Report:
     """An attention factory against the oracle's MultiHeadAttention, per mask case, end to end
     (the port emits no q, k, v), on read-only inputs."""
-    from conformance.compare import compare_stage
+    from conformance.numerics.compare import compare_stage
     from impls.config import get_config
 
     cases = attention_cases(seed)

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from conformance.error_model import CaseModel
+from conformance.numerics.error_model import CaseModel
 from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
 from impls.config import ViTConfig
 

@@ -160,7 +160,7 @@ def _config_and_state(args, make=None) -> tuple[ViTConfig, dict | None]:
 
 
 def _main_grad(args) -> int:
-    from conformance.gradients import check_grad_dtype
+    from conformance.numerics.gradients import check_grad_dtype
     from conformance.support import Unsupported
     from conformance.verify.grad import format_grad_report, load_grad_factory, verify_grad
 

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from conformance.compare import StageResult, compare_outputs
-from conformance.error_model import CaseModel
+from conformance.numerics.compare import StageResult, compare_outputs
+from conformance.numerics.error_model import CaseModel
 from conformance.report import ToolError, describe_exception
 from conformance.support import Unsupported
 from conformance.verify.cases import Case, default_cases, read_only, seeded_cases, state_changes

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from conformance.gradients import (
+from conformance.numerics.gradients import (
     KINDS,
     GradModel,
     GradResult,

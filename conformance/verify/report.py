@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.compare import StageResult
+from conformance.numerics.compare import StageResult
 from impls.config import ViTConfig
 
 

@@ -42,7 +42,7 @@ from functools import cached_property
 import numpy as np
 from scipy.special import erf
 
-from conformance.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF
+from conformance.numerics.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF
 from impls import numpy_vit as O
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from impls.config import ViTConfig, tap_names

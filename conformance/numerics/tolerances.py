@@ -1,13 +1,13 @@
 """The tolerance policy: per stage kind, dtype and mode, the largest error ratio a correct port
 may show (docs/tolerances.md).
 
-The ratio is the error over the error model's bound (conformance/error_model.py): locally,
+The ratio is the error over the error model's bound (conformance/numerics/error_model.py): locally,
 ``max_i |port_i − oracle_i| / unit_bound_i`` with the stage computed from the port's own
 inputs; end to end, ``max|port − oracle| / max|noisy oracle − oracle|``. Because the bound
 already carries the conditioning (accumulation length, magnitudes summed, a LayerNorm's mean
 against its spread, the logits' range) and the dtype's roundoff, one constant per stage kind
 serves every checkpoint. The constants are not chosen by hand: each is ``MARGIN`` times the
-largest ratio that ``python -m conformance.calibrate`` measured on the correct torch, MLX and
+largest ratio that ``python -m conformance.numerics.calibrate`` measured on the correct torch, MLX and
 JAX ports (calibration.json beside this file, with the case behind each maximum and the
 versions, BLAS and CPU it was measured on).
 """

@@ -10,7 +10,7 @@ output) is the gradient of a zero added there (impls.Perturbed).
 the reference's forward and backward are run again, in float64, with
 
 * every forward stage perturbed by Gaussian noise of its unit bound from the forward's error
-  model (conformance/error_model.py: a LayerNorm of a token whose mean is large against its
+  model (conformance/numerics/error_model.py: a LayerNorm of a token whose mean is large against its
   spread, a softmax over large logits get large bounds), so a gradient that depends on an
   ill-conditioned activation inherits its uncertainty; and
 * every tap's cotangent perturbed by noise of its own rounding, ``u_c √K rms + u_s |g|`` with
@@ -25,8 +25,8 @@ the reference's forward and backward are run again, in float64, with
 A tensor's **ratio** is max|port − reference| / max|noisy − reference| over the runs (never
 below the dtype's roundoff of its module's largest gradient: a gradient zero in exact
 arithmetic is judged against its module); its tolerance is ``MARGIN`` times the largest ratio
-measured on the correct ports (``python -m conformance.gradients``, kept in
-conformance/grad_calibration.json), for taps, parameters and images apart. A divergence is
+measured on the correct ports (``python -m conformance.numerics.gradients``, kept in
+conformance/numerics/grad_calibration.json), for taps, parameters and images apart. A divergence is
 located at the first tap or parameter outside its tolerance in backward order: the logits'
 cotangent first, then each stage's output cotangent followed by the parameters that stage
 uses, back to the patch embedding and the images.
@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.precision import UNIT_ROUNDOFF
+from conformance.numerics.precision import UNIT_ROUNDOFF
 from impls.stages import cotangent_length, param_stage  # noqa: F401 - param_stage re-exported
-from conformance.tolerances import MARGIN  # the same margin over the calibrated maximum as the forward's
+from conformance.numerics.tolerances import MARGIN  # the same margin over the calibrated maximum as the forward's
 from impls import Loss, Perturbed
 
 CALIBRATION = Path(__file__).with_name("grad_calibration.json")
@@ -186,7 +186,7 @@ class GradModel:
 
     def __init__(self, config, state, images, loss: Loss, dtype: str = "float32", runs: int | None = None,
                  seed: int = 0):
-        from conformance.error_model import CaseModel, Precision
+        from conformance.numerics.error_model import CaseModel, Precision
         from impls import numpy_vit
 
         self.config, self.images, self.loss, self.dtype = config, np.asarray(images), loss, dtype
@@ -394,11 +394,18 @@ def calibrate(cases: int = 60, ports=("torch", "mlx", "jax"), seed: int = 0, dty
     return record
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
+    """``python -m conformance calibrate --grad [--cases N] [--dtype D]``: writes grad_calibration.json."""
     import argparse
 
-    parser = argparse.ArgumentParser(description="calibrate the gradient bound on the correct ports")
+    parser = argparse.ArgumentParser(prog="python -m conformance calibrate --grad",
+                                     description="calibrate the gradient bound on the correct ports")
     parser.add_argument("--cases", type=int, default=60)
     parser.add_argument("--dtype", default="float32", choices=GRAD_DTYPES)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(json.dumps(calibrate(args.cases, dtype=args.dtype), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from conformance.error_model import CaseModel, Chain, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
-from conformance.precision import DTYPES, coarsest
+from conformance.numerics.error_model import CaseModel, Chain, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
+from conformance.numerics.precision import DTYPES, coarsest
 from impls.stages import RESIDUAL
-from conformance.precision import SIGNIFICAND_BITS as _BITS
-from conformance.tolerances import tolerance
+from conformance.numerics.precision import SIGNIFICAND_BITS as _BITS
+from conformance.numerics.tolerances import tolerance
 from impls.config import ViTConfig, tap_names, tap_shapes
 
 

@@ -1,7 +1,7 @@
 """Measure the correct ports' error ratios under the error model and write the policy data.
 
-    python -m conformance.calibrate [--examples 300] [--low-precision-every 3] [--seed 0]
-                                    [--out conformance/calibration.json]
+    python -m conformance calibrate [--examples 300] [--low-precision-every 3] [--seed 0]
+                                    [--out conformance/numerics/calibration.json]
 
 Draws whole-model cases with the suite's own strategies (configs, images of every kind,
 seeded weights at every scale and offset, trained-like weights), then runs the timm presets
@@ -12,7 +12,7 @@ explicit and fused paths of every framework, with masks) and raw scaled-dot-prod
 attention against each framework's fused kernel. For each dtype, mode (local, end to end),
 stage kind and port it records the distribution of the ratio of the error to the error
 model's bound, the case behind the largest, and what produced it (versions, BLAS, CPU).
-conformance/tolerances.py turns the per-kind maximum into a tolerance with a margin.
+conformance/numerics/tolerances.py turns the per-kind maximum into a tolerance with a margin.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from conformance import error_model as E
-from conformance import provenance
+from conformance.numerics import error_model as E
+from conformance.numerics import provenance
 from conformance import strategies as S
-from conformance.compare import ratio_over_bound, stage_ratios
+from conformance.numerics.compare import ratio_over_bound, stage_ratios
 from impls import FRAMEWORK_PORTS, get_config, load_factory
 
 DEFAULT_OUT = Path(__file__).with_name("calibration.json")
@@ -170,7 +170,7 @@ def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance.calibrate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m conformance calibrate", description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--low-precision-every", type=int, default=3, help="bf16 and fp16 on every n-th drawn case")
     parser.add_argument("--attention-examples", type=int, default=100)
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     table, skipped = measure(args.examples, args.seed, args.low_precision_every, tuple(args.presets), args.attention_examples)
     payload = {"examples": args.examples, "seed": args.seed, "presets": args.presets, "seconds": round(time.perf_counter() - t0, 1),
-               "metric": "error over the error model's bound (conformance/error_model.py), per stage",
+               "metric": "error over the error model's bound (conformance/numerics/error_model.py), per stage",
                "provenance": provenance.collect(), "ratios": table,
                "skipped_beyond_range": [{"dtype": c["dtype"], "why": c["why"], "weights": c.get("weights"),
                                          "images": c.get("images")} for c in skipped]}
