@@ -79,6 +79,15 @@ class GradReport:
     dtype: str = "float32"
     taps: bool = False  # the port returned tap cotangents
 
+    kind = "gradient"
+
+    def located(self) -> str | None:
+        """Where the port first diverges in backward order: the first tap or parameter, or the
+        first finding's stage."""
+        if self.first_divergence is not None:
+            return self.first_divergence.name
+        return self.failures[0]["stage"] if self.failures else None
+
     @property
     def conformant(self) -> bool:
         return not self.failures and bool(self.results) and all(r.ok for r in self.results)

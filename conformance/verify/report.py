@@ -29,6 +29,15 @@ class Report:
     attention: dict | None = None  # an attention port's options (then config is unused)
 
     @property
+    def kind(self) -> str:
+        """What was verified: "forward" (a whole model) or "attention" (an attention port)."""
+        return "attention" if self.attention is not None else "forward"
+
+    def located(self) -> str | None:
+        """Where the port first diverges: the first divergent stage, or the first finding's stage."""
+        return self.first_divergence or (self.failures[0]["stage"] if self.failures else None)
+
+    @property
     def conformant(self) -> bool:
         return not self.failures and all(s.ok for s in self.stages) and bool(self.stages)
 

@@ -70,13 +70,6 @@ def verify_mutant(mutant: Mutant, dtype: str | None = None):
     return verify(make, get_config(mutant.config), port=mutant.name, dtype=dtype or mutant.dtype)
 
 
-def _found(report) -> str | None:
-    if hasattr(report, "first_case"):  # a GradReport: the first tap or parameter in backward order
-        return report.first_divergence.name if report.first_divergence else (
-            report.failures[0]["stage"] if report.failures else None)
-    return report.first_divergence or (report.failures[0]["stage"] if report.failures else None)
-
-
 def _test_files() -> dict[str, Path]:
     """Test function name -> the installed file that defines it."""
     import importlib.util
@@ -140,14 +133,14 @@ def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verif
                      source=m.source, dtype=m.dtype)
         if with_verify:
             report = verify_mutant(m)
-            row.found = _found(report)
+            row.found = report.located()
             row.ratio = report.separation(row.found) if row.found else None
             row.exposing_case = report.worst_case.get(row.found or "") or next(
                 (f["case"] for f in report.failures if f["stage"] == row.found), None)
             if all_dtypes and m.level == "model":  # gradients: float32 only
                 for dtype in DTYPES:
                     r = report if dtype == m.dtype else verify_mutant(m, dtype)
-                    found = _found(r)
+                    found = r.located()
                     row.by_dtype[dtype] = {"found": found, "ratio": r.separation(found) if found else None,
                                            "case": r.worst_case.get(found or "")}
         rows.append(row)
