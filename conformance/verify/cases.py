@@ -80,3 +80,37 @@ def seeded_cases(config: ViTConfig, seed: int, dtype: str) -> tuple[tuple[Case, 
         case = Case(case.name, read_only(case.images), {k: read_only(v) for k, v in case.state.items()})
         out.append((case, CaseModel(config, case.state, case.images, dtype)))
     return tuple(out)
+
+
+class Handed:
+    """A case as a port is handed it: read-only copies of its state and images, and what a
+    misbehaving port does with them told as a finding (the forward, gradient and attention checks
+    share it). ``call`` runs a step of the port; ``tampered`` says how it changed its inputs."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        self.state = {k: read_only(v) for k, v in case.state.items()}
+        self.images = read_only(case.images)
+
+    def call(self, report, stage: str, fn, *args):
+        """(True, fn(*args)), or (False, None) with the port's exception a finding at ``stage``;
+        an ``Unsupported`` config and the tool's own failures pass through."""
+        from conformance.report import ToolError, describe_exception
+        from conformance.support import Unsupported
+        from conformance.verify.report import finding
+
+        try:
+            return True, fn(*args)
+        except (Unsupported, ToolError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the port's failure is the finding
+            wrote = isinstance(e, ValueError) and "read-only" in str(e)
+            finding(report, self.case.name, stage, ("the port wrote to its inputs, which verify hands read-only: "
+                                                    if wrote else "the port raised ") + describe_exception(e))
+            return False, None
+
+    def changed_state(self) -> list[str]:
+        return state_changes(self.state, self.case.state)
+
+    def wrote_images(self) -> bool:
+        return not np.array_equal(self.images, self.case.images)

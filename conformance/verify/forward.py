@@ -8,9 +8,7 @@ import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.error_model import CaseModel
-from conformance.report import ToolError, describe_exception
-from conformance.support import Unsupported
-from conformance.verify.cases import Case, default_cases, read_only, seeded_cases, state_changes
+from conformance.verify.cases import Case, Handed, default_cases, seeded_cases
 from conformance.verify.report import Report, finding
 from impls import tap_names
 from impls.config import ViTConfig
@@ -41,29 +39,18 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
             report.skipped.append(f"{case.name}: {beyond}")
             continue
         judged.append(case)
-        handed = {k: read_only(v) for k, v in case.state.items()}
-        images = read_only(case.images)
-        try:
-            forward = build(make, config, handed, dtype)
-        except (Unsupported, ToolError):
-            raise
-        except Exception as e:  # noqa: BLE001 - the port's failure is the finding
-            finding(report, case.name, "load", f"the port raised {describe_exception(e)}")
+        handed = Handed(case)
+        built, forward = handed.call(report, "load", build, make, config, handed.state, dtype)
+        if not built:
             continue
-        changed = state_changes(handed, case.state)
+        changed = handed.changed_state()
         if changed:
             finding(report, case.name, "load", f"the port changed the state it was handed: {', '.join(changed[:4])}")
             continue
-        try:
-            out = forward(images)
-        except ToolError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            wrote = isinstance(e, ValueError) and "read-only" in str(e)
-            finding(report, case.name, "forward", ("the port wrote to its inputs, which verify hands read-only: "
-                                                    if wrote else "the port raised ") + describe_exception(e))
+        ran, out = handed.call(report, "forward", forward, handed.images)
+        if not ran:
             continue
-        if not np.array_equal(images, case.images) or state_changes(handed, case.state):
+        if handed.wrote_images() or handed.changed_state():
             finding(report, case.name, "forward", "the port wrote to its inputs (images or state) during forward")
             continue
         if isinstance(out, Mapping):

@@ -28,10 +28,8 @@ from conformance.numerics.gradients import (
     compare_gradients,
     draw_loss,
 )
-from conformance.report import describe_exception
-from conformance.support import Unsupported
 from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
-from conformance.verify.cases import Case, read_only, state_changes
+from conformance.verify.cases import Case, Handed, read_only
 from conformance.verify.report import finding
 from impls import FRAMEWORK_PORTS, load_factory, tap_names
 from impls.config import ViTConfig
@@ -155,21 +153,21 @@ def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", s
         if beyond:  # no port can represent it: judging it would be a false alarm
             report.skipped.append(f"{label}: {beyond}")
             continue
-        handed = {k: read_only(v) for k, v in case.state.items()}
-        images = read_only(case.images)
-        try:
-            out = (make_grad(config, handed) if dtype == "float32" else make_grad(config, handed, dtype=dtype))(images,
-                                                                                                            loss)
-        except Unsupported:
-            raise
-        except Exception as e:  # noqa: BLE001 - the port's failure is the finding
-            finding(report, label, "backward", f"the port raised {describe_exception(e)}")
+        handed = Handed(Case(label, case.images, case.state))
+
+        def backward():
+            grad = make_grad(config, handed.state) if dtype == "float32" else make_grad(config, handed.state,
+                                                                                        dtype=dtype)
+            return grad(handed.images, loss)
+
+        ran, out = handed.call(report, "backward", backward)
+        if not ran:
             continue
-        changed = state_changes(handed, case.state)
+        changed = handed.changed_state()
         if changed:
             finding(report, label, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
             continue
-        if not np.array_equal(images, case.images):
+        if handed.wrote_images():
             finding(report, label, "backward", "the port wrote to the images it was handed")
             continue
         problem = _structure_problem(out, model.reference)
