@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from hypothesis import settings
 
@@ -96,3 +97,7 @@ def expect_failure(check, *args, match: str | None = None):
     if match is not None:
         assert re.search(match, str(info.value)), str(info.value)
     return info.value
+
+
+# The user models and ports the project's own tests verify (tests/), kept beside the suite so docs link them.
+DATA_DIR = Path(__file__).with_name("data")

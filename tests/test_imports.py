@@ -5,7 +5,7 @@ test module. Read from the source with ast, so nothing is imported to check it."
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("impls", "weights", "conformance")
 
 

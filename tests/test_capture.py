@@ -20,8 +20,9 @@ from conformance.support import Unsupported, build_config, supports_of
 from conformance.verify import Case, verify
 from impls import get_config, tap_names
 from weights import init_state
+from conformance.tests.helpers import DATA_DIR
 
-DATA = Path(__file__).with_name("data")
+DATA = DATA_DIR
 SMALL = dataclasses.replace(get_config("vit_test_token"), img_size=(16, 16), name="vit_test_token_square")
 
 # example -> the stage it is located at (None: conformant), and the stages it cannot show per block

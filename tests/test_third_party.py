@@ -7,18 +7,18 @@ import dataclasses
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conformance.capture import ModelPort
 from conformance.profiles import heavy
-from conformance.tests.test_capture import config_for, example, quick_cases
+from tests.test_capture import config_for, example, quick_cases
 from conformance.verify import default_config, load_config, verify
 from impls import get_config, tap_names
+from conformance.tests.helpers import DATA_DIR
 
-DATA = Path(__file__).with_name("data")
+DATA = DATA_DIR
 # ViT-Ti's depth, width and MLP on 32x32 images (16 patches); 4 heads instead of ViT-Ti's 3: torch
 # takes MultiheadAttention's native fast path only with an even number of heads.
 VIT_TI_SIZED = get_config("vit_tiny_patch16_224").replace(img_size=(32, 32), patch_size=(8, 8), num_heads=4,

@@ -6,11 +6,11 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
+from conformance.tests.helpers import DATA_DIR
 
-DATA = Path(__file__).with_name("data") / "user_ports.py"
+DATA = DATA_DIR / "user_ports.py"
 MAIN = "test_every_tap_of_every_port_matches_the_oracle"
 NORMS = "test_each_layernorm_is_used_where_it_belongs"
 TIMM = "test_port_equals_timm_at_every_stage"
