@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from conformance.tests.helpers import DATA_DIR
@@ -86,34 +87,31 @@ def test_a_port_written_for_one_config_is_judged_on_it_and_others_are_reported_u
     assert "config not supported by the port: " in out and "the port supports only vit_test_token" in out
 
 
-def test_only_given_ports_deselects_the_projects_own_tests():
-    """The collection hook on stand-in items: with a given port only the items that judge a
-    given port stay; without one (or without the flag) nothing is deselected."""
-    from types import SimpleNamespace
+def port_less_tests(suite: Path) -> list[str]:
+    """Test functions of a suite that take none of the plugin's port parameters."""
+    import ast
 
-    from conformance.plugin import pytest_collection_modifyitems
+    from conformance.plugin import PORT_PARAMS
 
-    def item(**params):
-        return SimpleNamespace(callspec=SimpleNamespace(params=params), get_closest_marker=lambda name: None)
+    out = []
+    for path in sorted(suite.glob("test_*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and \
+                    not {a.arg for a in node.args.args} & set(PORT_PARAMS):
+                out.append(f"{path.name}::{node.name}")
+    return out
 
-    def run(only, ports, attention_ports=(), grad_ports=()):
-        items = [item(port="user_ports:correct"), item(attention_path="user_ports:attn"), item(),
-                 item(framework_port="torch"), item(port=None)] + [item(grad_port=g) for g in grad_ports]
-        dropped = []
-        config = SimpleNamespace(option=SimpleNamespace(only_given_ports=only, port=list(ports),
-                                                        attention_port=list(attention_ports),
-                                                        grad_port=list(grad_ports)),
-                                 hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)))
-        pytest_collection_modifyitems(config, items)
-        return items, dropped
 
-    kept, dropped = run(True, ["user_ports:correct"], ["user_ports:attn"])
-    assert [i.callspec.params for i in kept] == [{"port": "user_ports:correct"}, {"attention_path": "user_ports:attn"}]
-    assert len(dropped) == 3
-    assert len(run(False, ["user_ports:correct"])[0]) == 5 and len(run(True, [])[0]) == 5
-    kept, dropped = run(True, [], grad_ports=["user_ports:grad_params_only"])  # a gradient factory alone
-    assert {"grad_port": "user_ports:grad_params_only"} in [i.callspec.params for i in kept]
-    assert {"framework_port": "torch"} in [i.callspec.params for i in dropped]
+def test_the_shipped_suite_holds_only_tests_of_ports(tmp_path):
+    """--only-given-ports runs exactly the tests about the given ports because every test the
+    package ships judges a port (the project's own tests are in tests/); the companion: a test
+    that takes no port is named."""
+    import conformance.tests
+
+    suite = Path(conformance.tests.__file__).parent
+    assert port_less_tests(suite) == []
+    (tmp_path / "test_x.py").write_text("def test_config_round_trips():\n    pass\n")
+    assert port_less_tests(tmp_path) == ["test_x.py::test_config_round_trips"]
 
 
 def test_given_ports_run_beside_the_builtin_ones_by_default():
