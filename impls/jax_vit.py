@@ -126,7 +126,7 @@ class SiLU(nnx.Module):
 ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate=True), "quick_gelu": QuickGELU, "silu": SiLU}
 
 
-def _tap(taps, name, value):
+def record_tap(taps, name, value):
     """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
     if taps is None:
         return value
@@ -178,13 +178,13 @@ class Attention(nnx.Module):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        q = _tap(taps, f"{name}.q", q)
-        k = _tap(taps, f"{name}.k", k)
-        v = _tap(taps, f"{name}.v", v)
+        q = record_tap(taps, f"{name}.q", q)
+        k = record_tap(taps, f"{name}.k", k)
+        v = record_tap(taps, f"{name}.v", v)
         if isinstance(self.q_norm, nnx.LayerNorm):
             q, k = self.q_norm(q), self.k_norm(k)
-            q = _tap(taps, f"{name}.q_norm", q)
-            k = _tap(taps, f"{name}.k_norm", k)
+            q = record_tap(taps, f"{name}.q_norm", q)
+            k = record_tap(taps, f"{name}.k_norm", k)
         if self.fused_attn and taps is None:
             x = jax.nn.dot_product_attention(
                 q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), scale=self.scale
@@ -193,11 +193,11 @@ class Attention(nnx.Module):
             q = q * self.scale
             attn = _matmul(q, k.swapaxes(-2, -1))
             attn = jax.nn.softmax(attn.astype(jnp.float32), axis=-1).astype(v.dtype)  # over keys, in float32
-            attn = _tap(taps, f"{name}.weights", attn)
+            attn = record_tap(taps, f"{name}.weights", attn)
             x = _matmul(attn, v)
         x = merge_heads(x)  # head-major
         x = self.proj(x)
-        x = _tap(taps, name, x)
+        x = record_tap(taps, name, x)
         return x
 
 
@@ -249,18 +249,18 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = split_heads(self.q(jnp.broadcast_to(self.latent[...], (B, *self.latent.shape[1:]))), self.num_heads)
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         k, v = kv[0], kv[1]
-        q = _tap(taps, f"{name}.q", q)
-        k = _tap(taps, f"{name}.k", k)
-        v = _tap(taps, f"{name}.v", v)
+        q = record_tap(taps, f"{name}.q", q)
+        k = record_tap(taps, f"{name}.k", k)
+        v = record_tap(taps, f"{name}.v", v)
         x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None,
-                                               tap=lambda w: _tap(taps, f"{name}.weights", w))
+                                               tap=lambda w: record_tap(taps, f"{name}.weights", w))
         x = self.proj(merge_heads(x))
-        x = _tap(taps, f"{name}.proj", x)
+        x = record_tap(taps, f"{name}.proj", x)
         h = self.norm(x)
-        h = _tap(taps, f"{name}.norm", h)
+        h = record_tap(taps, f"{name}.norm", h)
         x = x + self.mlp(h, taps, f"{name}.mlp")
         x = x[:, 0]  # the latent's token
-        x = _tap(taps, name, x)
+        x = record_tap(taps, name, x)
         return x
 
 
@@ -272,9 +272,9 @@ class Mlp(nnx.Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
-        x = _tap(taps, f"{name}.act", x)
+        x = record_tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        x = _tap(taps, name, x)
+        x = record_tap(taps, name, x)
         return x
 
 
@@ -289,9 +289,9 @@ class SwiGLUPacked(nnx.Module):
     def __call__(self, x, taps=None, name="mlp"):
         gate, x = jnp.split(self.fc1(x), 2, axis=-1)
         x = self.act(gate) * x
-        x = _tap(taps, f"{name}.act", x)
+        x = record_tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        x = _tap(taps, name, x)
+        x = record_tap(taps, name, x)
         return x
 
 
@@ -306,9 +306,9 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        x = _tap(taps, f"{name}.act", x)
+        x = record_tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        x = _tap(taps, name, x)
+        x = record_tap(taps, name, x)
         return x
 
 
@@ -333,20 +333,20 @@ class Block(nnx.Module):
 
     def __call__(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
-        h = _tap(taps, f"{name}.norm1", h)
+        h = record_tap(taps, f"{name}.norm1", h)
         h = self.attn(h, taps, f"{name}.attn")
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
-            h = _tap(taps, f"{name}.ls1", h)
+            h = record_tap(taps, f"{name}.ls1", h)
         x = x + h
         h = self.norm2(x)
-        h = _tap(taps, f"{name}.norm2", h)
+        h = record_tap(taps, f"{name}.norm2", h)
         h = self.mlp(h, taps, f"{name}.mlp")
         if isinstance(self.ls2, LayerScale):
             h = self.ls2(h)
-            h = _tap(taps, f"{name}.ls2", h)
+            h = record_tap(taps, f"{name}.ls2", h)
         x = x + h
-        x = _tap(taps, name, x)
+        x = record_tap(taps, name, x)
         return x
 
 
@@ -390,17 +390,17 @@ class VisionTransformer(nnx.Module):
     def forward_features(self, x, taps=None):
         grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
         x = self.patch_embed(x)
-        x = _tap(taps, "patch_embed", x)
+        x = record_tap(taps, "patch_embed", x)
         x = self._pos_embed(x, grid)
-        x = _tap(taps, "embed", x)
+        x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
-            x = _tap(taps, "norm_pre", x)
+            x = record_tap(taps, "norm_pre", x)
         for i, blk in enumerate(self.blocks):
             x = blk(x, taps, f"blocks.{i}")
         if not self.config.use_fc_norm:
             x = self.norm(x)
-            x = _tap(taps, "norm", x)
+            x = record_tap(taps, "norm", x)
         return x
 
     def pool(self, x, taps=None):
@@ -421,9 +421,9 @@ class VisionTransformer(nnx.Module):
         x = self.pool(x, taps)
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
-        x = _tap(taps, "pooled", x)
+        x = record_tap(taps, "pooled", x)
         x = self.head(x) if self.config.num_classes else x
-        x = _tap(taps, "logits", x)
+        x = record_tap(taps, "logits", x)
         return x
 
     def __call__(self, x, return_taps: bool = False, taps=None):

@@ -27,15 +27,15 @@ class AttentionNormOverEmbedDim(T.Attention):
         k = torch.nn.functional.layer_norm(k, (C,), self.k_norm.weight.repeat(self.num_heads),
                                            self.k_norm.bias.repeat(self.num_heads), self.k_norm.eps)
         heads = [t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v)]
-        T._tap(taps, f"{name}.q", heads[0])  # after the norm: the only q this port has
-        T._tap(taps, f"{name}.k", heads[1])
-        T._tap(taps, f"{name}.v", heads[2])
-        T._tap(taps, f"{name}.q_norm", heads[0])
-        T._tap(taps, f"{name}.k_norm", heads[1])
+        T.record_tap(taps, f"{name}.q", heads[0])  # after the norm: the only q this port has
+        T.record_tap(taps, f"{name}.k", heads[1])
+        T.record_tap(taps, f"{name}.v", heads[2])
+        T.record_tap(taps, f"{name}.q_norm", heads[0])
+        T.record_tap(taps, f"{name}.k_norm", heads[1])
         attn = (heads[0] * self.scale @ heads[1].transpose(-2, -1)).softmax(-1)
-        T._tap(taps, f"{name}.weights", attn)
+        T.record_tap(taps, f"{name}.weights", attn)
         x = self.proj(T.merge_heads(attn @ heads[2]))
-        T._tap(taps, name, x)
+        T.record_tap(taps, name, x)
         return x
 
 

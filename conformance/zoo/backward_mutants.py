@@ -157,10 +157,10 @@ class AttentionSoftmaxKernel(J.Attention):
     def __call__(self, x, taps=None, name="attn"):  # J.Attention's explicit path, the kernel's softmax
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
-        q, k, v = (J._tap(taps, f"{name}.{n}", t) for n, t in zip("qkv", qkv))
+        q, k, v = (J.record_tap(taps, f"{name}.{n}", t) for n, t in zip("qkv", qkv))
         attn = _softmax_kernel(J._matmul(q * self.scale, k.swapaxes(-2, -1)).astype(jax.numpy.float32))
-        attn = J._tap(taps, f"{name}.weights", attn.astype(v.dtype))
-        x = J._tap(taps, name, self.proj(J.merge_heads(J._matmul(attn, v))))
+        attn = J.record_tap(taps, f"{name}.weights", attn.astype(v.dtype))
+        x = J.record_tap(taps, name, self.proj(J.merge_heads(J._matmul(attn, v))))
         return x
 
 

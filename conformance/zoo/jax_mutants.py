@@ -33,12 +33,12 @@ class AttentionMergeHeadDimFirst(J.Attention):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         for t, n in ((q, "q"), (k, "k"), (v, "v")):
-            J._tap(taps, f"{name}.{n}", t)
+            J.record_tap(taps, f"{name}.{n}", t)
         attn = jax.nn.softmax(J._matmul(q * self.scale, k.swapaxes(-2, -1)), axis=-1)
-        J._tap(taps, f"{name}.weights", attn)
+        J.record_tap(taps, f"{name}.weights", attn)
         x = J._matmul(attn, v).transpose(0, 2, 3, 1).reshape(B, N, C)
         x = self.proj(x)
-        J._tap(taps, name, x)
+        J.record_tap(taps, name, x)
         return x
 
 

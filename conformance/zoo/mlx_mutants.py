@@ -16,12 +16,12 @@ class BlockSharedNorm(M.Block):
 
     def __call__(self, x, taps=None, name="blocks.0"):
         h = self.norm1(x)
-        M._tap(taps, f"{name}.norm1", h)
+        M.record_tap(taps, f"{name}.norm1", h)
         x = x + self.attn(h, taps, f"{name}.attn")
         h = self.norm1(x)
-        M._tap(taps, f"{name}.norm2", h)
+        M.record_tap(taps, f"{name}.norm2", h)
         x = x + self.mlp(h, taps, f"{name}.mlp")
-        M._tap(taps, name, x)
+        M.record_tap(taps, name, x)
         return x
 
 
@@ -35,9 +35,9 @@ class MlpWithDropout(M.Mlp):
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.drop(self.act(self.fc1(x)))
-        M._tap(taps, f"{name}.act", x)
+        M.record_tap(taps, f"{name}.act", x)
         x = self.fc2(x)
-        M._tap(taps, name, x)
+        M.record_tap(taps, name, x)
         return x
 
 
@@ -51,9 +51,9 @@ class MlpExtraNorm(M.Mlp):
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
-        M._tap(taps, f"{name}.act", x)
+        M.record_tap(taps, f"{name}.act", x)
         x = self.fc2(self._extra_norm(x))
-        M._tap(taps, name, x)
+        M.record_tap(taps, name, x)
         return x
 
 
@@ -76,11 +76,11 @@ def _attend(self, x, taps, name, axis, scale):
     qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
     q, k, v = qkv[0], qkv[1], qkv[2]
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
-        M._tap(taps, f"{name}.{n}", t)
+        M.record_tap(taps, f"{name}.{n}", t)
     attn = mx.softmax((q * scale) @ k.swapaxes(-2, -1), axis=axis)
-    M._tap(taps, f"{name}.weights", attn)
+    M.record_tap(taps, f"{name}.weights", attn)
     x = self.proj((attn @ v).transpose(0, 2, 1, 3).reshape(B, N, C))
-    M._tap(taps, name, x)
+    M.record_tap(taps, name, x)
     return x
 
 

@@ -19,7 +19,7 @@ class AttentionProjectsInput(T.Attention):
         inp = x
         super().forward(x, taps, name)  # computes (and taps) q, k, v, weights
         x = self.proj(inp)
-        T._tap(taps, name, x)
+        T.record_tap(taps, name, x)
         return x
 
 
@@ -32,14 +32,14 @@ def _attend(self, x, qkv, taps, name, weights=None):
     """The correct attention from q, k, v on, but for ``weights(q, k)`` when given."""
     q, k, v = qkv
     for t, n in ((q, "q"), (k, "k"), (v, "v")):
-        T._tap(taps, f"{name}.{n}", t)
+        T.record_tap(taps, f"{name}.{n}", t)
     if weights is None:
         attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
     else:
         attn = weights(q, k)
-    T._tap(taps, f"{name}.weights", attn)
+    T.record_tap(taps, f"{name}.weights", attn)
     x = self.proj(T.merge_heads(attn @ v))
-    T._tap(taps, name, x)
+    T.record_tap(taps, name, x)
     return x
 
 
@@ -83,7 +83,7 @@ class AttentionFusedDropout(T.Attention):
     def forward(self, x, taps=None, name="attn"):
         q, k, v = _timm_qkv(self, x)
         x = self.proj(T.merge_heads(F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)))
-        T._tap(taps, name, x)
+        T.record_tap(taps, name, x)
         return x
 
 
@@ -110,9 +110,9 @@ class VisionTransformerMeanPoolsAll(T.VisionTransformer):
 
     def forward_head(self, x, taps=None):
         x = x.mean(dim=1)
-        T._tap(taps, "pooled", x)
+        T.record_tap(taps, "pooled", x)
         x = self.head(x)
-        T._tap(taps, "logits", x)
+        T.record_tap(taps, "logits", x)
         return x
 
 
@@ -159,7 +159,7 @@ class AttentionCausal(T.Attention):
     def forward(self, x, taps=None, name="attn"):
         q, k, v = _timm_qkv(self, x)
         x = self.proj(T.merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
-        T._tap(taps, name, x)
+        T.record_tap(taps, name, x)
         return x
 
 
@@ -251,9 +251,9 @@ class VisionTransformerTokenSumInInputDtype(T.VisionTransformer):
         for i in range(1, tokens.shape[1]):
             total = total + tokens[:, i]
         x = self.fc_norm(total / tokens.shape[1])
-        T._tap(taps, "pooled", x)
+        T.record_tap(taps, "pooled", x)
         x = self.head(x)
-        T._tap(taps, "logits", x)
+        T.record_tap(taps, "logits", x)
         return x
 
 
