@@ -217,12 +217,12 @@ def transformers_port(config: ViTConfig, state: dict[str, np.ndarray], dtype: st
     from transformers import ViTForImageClassification
     from transformers.utils import logging
 
-    from weights import formats
+    from weights import hf
 
     logging.disable_progress_bar()
     torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])
     with tempfile.TemporaryDirectory() as tmp:
-        formats.write_hf(state, config, tmp)
+        hf.write_hf(state, config, tmp)
         model = ViTForImageClassification.from_pretrained(tmp).eval().to(torch_dtype)
 
     @torch.no_grad()

@@ -14,7 +14,7 @@ from conformance import properties as P
 from conformance.numerics.error_model import CaseModel
 from impls import get_config
 from weights import WeightError, init_state
-from weights import formats
+from weights import formats, hf
 from weights.convert import LAYOUTS, detect, read, write
 from weights.resample import resample_abs_pos_embed, resample_state
 from conformance.tests.test_formats import assert_logits_close, images  # noqa: F401
@@ -91,12 +91,12 @@ def test_hf_export_loads_in_transformers_and_gives_the_ports_logits(tmp_path):
 
 
 def test_hf_config_settings_are_taken_not_assumed():
-    hf = formats.vit_config_to_hf(get_config("vit_test_token"))
-    assert formats.hf_config_to_vit(hf) == get_config("vit_test_token")
+    settings = hf.vit_config_to_hf(get_config("vit_test_token"))
+    assert hf.hf_config_to_vit(settings) == get_config("vit_test_token")
     with pytest.raises(WeightError, match="gelu_new"):
-        formats.hf_config_to_vit({**hf, "hidden_act": "gelu_new"})
+        hf.hf_config_to_vit({**settings, "hidden_act": "gelu_new"})
     with pytest.raises(WeightError, match="avg"):
-        formats.vit_config_to_hf(get_config("vit_test_avg"))
+        hf.vit_config_to_hf(get_config("vit_test_avg"))
 
 
 @pytest.mark.parametrize("kind", list(HF_OUTPUTS))
@@ -147,15 +147,14 @@ def test_hf_family_export_loads_strictly_in_transformers_and_round_trips_bitwise
 
 
 def test_hf_family_layouts_refuse_what_they_cannot_hold():
-    from weights import hf_family
 
     with pytest.raises(WeightError, match="no Hugging Face layout holds"):
-        hf_family.model_type_for(get_config("vit_test_token").replace(qk_norm=True))
+        hf.model_type_for(get_config("vit_test_token").replace(qk_norm=True))
     with pytest.raises(WeightError, match="visual_projection has no bias"):
         config = get_config("vit_test_clip").replace(img_size=16)
-        hf_family.to_family_hf(init_state(config), config)
+        hf.to_family_hf(init_state(config), config)
     with pytest.raises(WeightError, match="classifier reads the class token and the patch mean"):
-        hf_family.family_config_to_vit({"model_type": "dinov2", "architectures": ["Dinov2ForImageClassification"],
+        hf.family_config_to_vit({"model_type": "dinov2", "architectures": ["Dinov2ForImageClassification"],
                                         "hidden_size": 24, "num_hidden_layers": 1, "num_attention_heads": 3})
 
 

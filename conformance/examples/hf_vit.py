@@ -5,7 +5,7 @@ convert that renames and splits timm's fused qkv, as conversion scripts do."""
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
-from weights.formats import vit_config_to_hf
+from weights.hf import vit_config_to_hf
 
 RENAME = {"cls_token": "embeddings.cls_token", "pos_embed": "embeddings.position_embeddings",
           "patch_embed.proj": "embeddings.patch_embeddings.projection", "blocks": "layers",

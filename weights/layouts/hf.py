@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from weights import formats
+from weights import formats, hf
 from weights.canonical import WeightError
 
 
@@ -18,10 +18,10 @@ def detect(path, header) -> bool:
 
 
 def read(path, config=None, **options):
-    state, hf_config = formats.read_hf(path)
+    state, hf_config = hf.read_hf(path)
     config = config or hf_config
     return config, formats.check(state, config, what=str(path))
 
 
 def write(state, config, path, **options) -> None:
-    formats.write_hf(state, config, path)
+    hf.write_hf(state, config, path)
