@@ -111,7 +111,7 @@ def tolerance_table() -> str:
 def stage_table() -> str:
     """The stage table (impls.stages): every stage, its shape, the option it needs, what it is
     computed from, where capture reads it in a model as written, the weights it uses."""
-    from impls.config import get_config
+    from impls.protocol import get_config
     from impls.stages import OPTIONS, STAGES
 
     plain, qk = get_config("vit_test_token"), get_config("vit_test_token").replace(qk_norm=True)

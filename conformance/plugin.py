@@ -56,7 +56,7 @@ def settings_of(items: list[str]) -> dict:
     import json
     from dataclasses import fields
 
-    from impls.config import ViTConfig
+    from impls.protocol import ViTConfig
 
     names = {f.name for f in fields(ViTConfig)} - {"name"}
     out = {}

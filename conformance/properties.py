@@ -22,7 +22,7 @@ from conformance.numerics import error_model as E
 from conformance.numerics.compare import StageResult, compare_outputs, compare_stage, describe_failures, error, ratio_over_bound
 from conformance.numerics.tolerances import tolerance
 from impls import numpy_vit as oracle_impl
-from impls.config import ViTConfig, tap_names
+from impls.protocol import ViTConfig, tap_names
 
 
 class PropertyFailure(AssertionError):

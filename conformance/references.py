@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from impls.config import ViTConfig
+from impls.protocol import ViTConfig
 
 
 def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None, **rates):
@@ -132,7 +132,7 @@ def timm_make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, train: bo
     the tensors its modules emit (v, a view taken beside the forward, has none)."""
     import torch
 
-    from impls.config import check_images
+    from impls.protocol import check_images
     from impls.torch_vit import loss_value
 
     model = timm_vit(config, state, **rates).requires_grad_(True).train(train)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-from impls.config import ViTConfig
+from impls.protocol import ViTConfig
 from weights.config import ACT_LAYERS, GLOBAL_POOLS, MLP_LAYERS
 from weights import init_params, init_state
 

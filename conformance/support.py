@@ -7,7 +7,7 @@ A port factory (or a ``ModelPort``) may carry ``supports``:
   ``square_images`` / ``square_patches``: ``{"global_pool": "token", "in_chans": 3,
   "qkv_bias": (True,), "square_images": True}``. The ViT family's options (``reg_tokens``,
   ``init_values``, ``global_pool="map"``, ``mlp_layer`` ...) the mapping does not name stay at
-  the original ViT's values (``impls.config.ORIGINAL_VIT``): a port written for the 2020 ViT
+  the original ViT's values (``impls.protocol.ORIGINAL_VIT``): a port written for the 2020 ViT
   need not list them, and a port of DINOv2 names what it adds
   (``{"init_values": (1e-5,), "reg_tokens": (0, 4), "no_embed_class": (False, True)}``).
 
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from impls.config import ANY, ORIGINAL_VIT, VIT_FAMILY, ConfigError, Unsupported, ViTConfig, get_config  # noqa: F401
+from impls.protocol import ANY, ORIGINAL_VIT, VIT_FAMILY, ConfigError, Unsupported, ViTConfig, get_config  # noqa: F401
 
 SHAPE_RULES = ("square_images", "square_patches")
 

@@ -4,7 +4,7 @@ Every port module exposes ``make(config, state)``: a *port factory* (see the REA
 "Port protocol"). Frameworks are imported only when their port is used.
 """
 
-from impls.config import (
+from impls.protocol import (
     ORIGINAL_VIT,
     AdamW,
     PRESETS,

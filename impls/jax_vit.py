@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from impls.config import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
+from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -558,7 +558,7 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 # ----------------------------------------------------------------------------- gradients
 
 def loss_value(logits: jax.Array, loss: Loss) -> jax.Array:
-    """The loss of the logits (impls.config.Loss), with JAX's own ops."""
+    """The loss of the logits (impls.protocol.Loss), with JAX's own ops."""
     if loss.kind == "linear":
         return jnp.sum(logits * jnp.asarray(loss.weights, dtype=logits.dtype))
     log_softmax = jax.nn.log_softmax(logits, axis=-1)

@@ -16,7 +16,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from impls.config import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes  # noqa: E402
+from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes  # noqa: E402
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
 from weights.resample import bicubic_aa_matrix  # noqa: E402
 
@@ -485,7 +485,7 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 # ----------------------------------------------------------------------------- gradients
 
 def loss_value(logits: mx.array, loss: Loss) -> mx.array:
-    """The loss of the logits (impls.config.Loss), with MLX's own ops."""
+    """The loss of the logits (impls.protocol.Loss), with MLX's own ops."""
     if loss.kind == "linear":
         return (logits * mx.array(loss.weights, dtype=logits.dtype)).sum()
     return nn.losses.cross_entropy(logits, mx.array(loss.labels), reduction="mean")

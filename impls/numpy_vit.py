@@ -13,7 +13,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import erf
 
-from impls.config import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
+from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -523,7 +523,7 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 # ----------------------------------------------------------------------------- gradients
 
 def loss_value(logits, loss: Loss):
-    """The loss of the logits (impls.config.Loss), in this file's NumPy."""
+    """The loss of the logits (impls.protocol.Loss), in this file's NumPy."""
     if loss.kind == "linear":
         return np.sum(logits * loss.weights)
     m = np.max(logits, axis=-1, keepdims=True)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impls.config import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
+from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
@@ -473,7 +473,7 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 # ----------------------------------------------------------------------------- gradients
 
 def loss_value(logits: torch.Tensor, loss: Loss) -> torch.Tensor:
-    """The loss of the logits (impls.config.Loss), with torch's own ops."""
+    """The loss of the logits (impls.protocol.Loss), with torch's own ops."""
     if loss.kind == "linear":
         return (logits * torch.tensor(loss.weights, dtype=logits.dtype)).sum()
     return F.cross_entropy(logits, torch.tensor(loss.labels, dtype=torch.long))

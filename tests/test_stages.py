@@ -9,7 +9,7 @@ from conformance.numerics.error_model import CaseModel
 from conformance.strategies import make_images
 from conformance.numerics.tolerances import MODES, dtypes, tolerance
 from impls import load_factory
-from impls.config import get_config, tap_names
+from impls.protocol import get_config, tap_names
 from impls.stages import STAGES, stage_of
 from weights import init_state
 

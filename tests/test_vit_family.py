@@ -162,9 +162,9 @@ def test_invalid_family_options_raise_config_error_naming_them(options, message)
 
 
 def test_a_port_of_the_original_vit_refuses_family_options_by_name():
-    """impls.config.ORIGINAL_VIT is the supports declaration of a port written for the 2020 ViT."""
+    """impls.protocol.ORIGINAL_VIT is the supports declaration of a port written for the 2020 ViT."""
     from conformance.support import check_supported
-    from impls.config import ORIGINAL_VIT
+    from impls.protocol import ORIGINAL_VIT
 
     check_supported(ORIGINAL_VIT, get_config("vit_test_avg_nocls"))
     for options, named in ((VARIANTS["dinov2_reg"], "reg_tokens=4"), (VARIANTS["siglip_map"], "global_pool='map'"),

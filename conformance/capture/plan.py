@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.capture.mapping import common_module, module_of
-from impls.config import ViTConfig, tap_names
+from impls.protocol import ViTConfig, tap_names
 from impls.stages import stage_of
 
 

@@ -14,7 +14,7 @@ from conformance.capture.mapping import LoadError, config_argument, rename_funct
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.recorder import Recorder, arrays_in
 from conformance.report import ToolError, describe_exception
-from impls.config import ViTConfig, tap_names
+from impls.protocol import ViTConfig, tap_names
 
 
 class Taps(dict):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from conformance.report import ToolError, describe_exception
-from impls.config import ViTConfig
+from impls.protocol import ViTConfig
 
 
 def guarded(method):

@@ -2,7 +2,7 @@
 its stages are read by forward hooks and its fused attention's q, k, v by a TorchFunctionMode."""
 
 from conformance.capture import ModelPort
-from impls.config import VIT_FAMILY
+from impls.protocol import VIT_FAMILY
 
 
 def build(config, fused_attn=True):

@@ -20,7 +20,7 @@ from conformance.numerics.precision import DTYPES, coarsest
 from impls.stages import RESIDUAL
 from conformance.numerics.precision import SIGNIFICAND_BITS as _BITS
 from conformance.numerics.tolerances import tolerance
-from impls.config import ViTConfig, tap_names, tap_shapes
+from impls.protocol import ViTConfig, tap_names, tap_shapes
 
 
 

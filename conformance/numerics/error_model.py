@@ -45,7 +45,7 @@ from scipy.special import erf
 from conformance.numerics.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF
 from impls import numpy_vit as O
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
-from impls.config import ViTConfig, tap_names
+from impls.protocol import ViTConfig, tap_names
 from weights.resample import bicubic_aa_matrix
 
 

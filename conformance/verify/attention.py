@@ -44,7 +44,7 @@ def verify_attention(make_attention: Callable, *, port: str = "attention port", 
     """An attention factory against the oracle's MultiHeadAttention, per mask case, end to end
     (the port emits no q, k, v), on read-only inputs."""
     from conformance.numerics.compare import compare_stage
-    from impls.config import get_config
+    from impls.protocol import get_config
 
     cases = attention_cases(seed)
     report = Report(port, get_config("vit_test_token"), cases=[c[0] for c in cases], attention=dict(cases[0][1].options))

@@ -11,7 +11,7 @@ import numpy as np
 
 from conformance.numerics.error_model import CaseModel
 from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
-from impls.config import ViTConfig
+from impls.protocol import ViTConfig
 
 
 BATCHES = (3, 1)  # 1 catches a port that squeezes the batch; 1 and 3 one that assumes 2

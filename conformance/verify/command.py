@@ -10,7 +10,7 @@ from conformance.verify.attention import verify_attention
 from conformance.verify.forward import verify
 from conformance.verify.report import Report, format_report, plot_report
 from impls import load_factory
-from impls.config import ViTConfig
+from impls.protocol import ViTConfig
 
 
 class UsageError(Exception):

@@ -11,7 +11,7 @@ from conformance.numerics.error_model import CaseModel
 from conformance.verify.cases import Case, Handed, default_cases, seeded_cases
 from conformance.verify.report import Report, finding
 from impls import tap_names
-from impls.config import ViTConfig
+from impls.protocol import ViTConfig
 
 
 def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict | None = None,

@@ -32,7 +32,7 @@ from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.verify.cases import Case, Handed, read_only
 from conformance.verify.report import finding
 from impls import FRAMEWORK_PORTS, load_factory, tap_names
-from impls.config import ViTConfig
+from impls.protocol import ViTConfig
 
 
 def load_grad_factory(spec: str) -> Callable:

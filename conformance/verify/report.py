@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.numerics.compare import StageResult
-from impls.config import ViTConfig
+from impls.protocol import ViTConfig
 
 
 @dataclass

@@ -47,7 +47,7 @@ class NNXAdapter(JAXArrays, SwapAdapter):
         tap cotangents: the model is located at its first wrong parameter gradient."""
         from flax import nnx
 
-        from impls.config import Loss
+        from impls.protocol import Loss
         from impls.jax_vit import loss_value
 
         def objective(out, loss):

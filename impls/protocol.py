@@ -1,4 +1,6 @@
-"""What the ports share beyond the config: tap names and shapes, and the input check.
+"""The port protocol's shared parts: the input check, what a port supports (the original ViT,
+the family), the loss a gradient factory computes, a gradient pass's taps, one AdamW step's
+settings; the stage table's names re-exported (impls/stages.py defines the stages).
 
 The config itself lives in weights/config.py (it defines the checkpoint's names and shapes),
 so impls depends on weights and never the other way round.
