@@ -267,3 +267,18 @@ def test_a_flax_model_built_for_bfloat16_keeps_float32_norms_and_is_judged_as_st
     assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
     stored = {s.name: s.stored for s in report.stages}
     assert stored["blocks.0.norm1"] == "float32" and stored["blocks.0.mlp"] == "bfloat16"
+
+
+@pytest.mark.parametrize("name, unseen", [("hf_vit:clip_port", {"attn.weights"}),
+                                          ("hf_vit:siglip_port", {"attn.weights"})])
+def test_transformers_clip_and_siglip_towers_are_conformant_unmodified(name, unseen):
+    """CLIPVisionModel norms the class token alone (compared on it); SiglipVisionModel's MAP head
+    is an nn.MultiheadAttention. Both headless: their pooler_output is the pooled stage."""
+    port = example(name)
+    config = config_for(port)
+    report = verify(port, config, port=name, cases=quick_cases(config)[:2])
+    assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
+    assert {n.split(".", 2)[2] for n in report.unseen if n.startswith("blocks.")} == unseen
+    assert {"pooled", "norm" if "clip" in name else "attn_pool.proj"} <= {s.name for s in report.stages}
+    if "clip" in name:
+        assert next(s for s in report.stages if s.name == "norm").tokens.startswith("token 0")
