@@ -82,7 +82,8 @@ def _override(spec: str) -> Source:
 
 def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Mapping[str, Any],
                overrides: Mapping[str, str] | None = None, has_head: bool = True) -> Plan:
-    """Which module (or record) each tap is read from, from where the mapping sends the weights."""
+    """Which module (or record) each tap is read from, from where the mapping sends the weights:
+    each stage's capture rule in the stage table (impls.stages) applied to this model."""
     plan = Plan()
 
     def owners(canonical_module: str) -> list[str]:
