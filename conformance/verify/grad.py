@@ -30,7 +30,7 @@ from conformance.numerics.gradients import (
 )
 from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.verify.cases import Case, Handed, read_only
-from conformance.verify.report import finding
+from conformance.verify.report import VerifyReport, finding
 from impls import FRAMEWORK_PORTS, load_factory, tap_names
 from impls.protocol import ViTConfig
 
@@ -64,17 +64,13 @@ def grad_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> l
 
 
 @dataclass
-class GradReport:
-    port: str
-    config: ViTConfig
+class GradReport(VerifyReport):
+    """The gradient check's report: per tensor (tap cotangents, parameters, the images) in
+    backward order, the first divergence a tensor."""
+
     results: list[GradResult] = field(default_factory=list)  # worst case per tensor, backward order
-    failures: list[dict] = field(default_factory=list)
-    cases: list[str] = field(default_factory=list)
-    worst_case: dict[str, str] = field(default_factory=dict)
     first_divergence: GradResult | None = None
     first_case: str | None = None
-    skipped: list[str] = field(default_factory=list)  # cases outside float32's range, and why
-    dtype: str = "float32"
     taps: bool = False  # the port returned tap cotangents
 
     kind = "gradient"

@@ -14,16 +14,31 @@ from impls.protocol import ViTConfig
 
 
 @dataclass
-class Report:
+class VerifyReport:
+    """What every check's report holds: the port, its config, the cases (and those not judged,
+    with why), the findings about the port (``finding``), the case behind each row, the dtype.
+    ``kind`` says which check it is; ``located()`` where the port first diverges."""
+
     port: str
     config: ViTConfig
-    stages: list[StageResult] = field(default_factory=list)  # worst case per stage, model order
     failures: list[dict] = field(default_factory=list)
     cases: list[str] = field(default_factory=list)
-    first_divergence: str | None = None
-    worst_case: dict[str, str] = field(default_factory=dict)  # stage -> the case behind its row
-    dtype: str = "float32"
+    worst_case: dict[str, str] = field(default_factory=dict)  # row -> the case behind it
     skipped: list[str] = field(default_factory=list)  # cases outside the dtype's range, and why
+    dtype: str = "float32"
+
+    kind = ""
+
+    def located(self) -> str | None:
+        raise NotImplementedError
+
+
+@dataclass
+class Report(VerifyReport):
+    """The forward (a whole model, stage by stage) or an attention port's report."""
+
+    stages: list[StageResult] = field(default_factory=list)  # worst case per stage, model order
+    first_divergence: str | None = None
     unseen: dict[str, str] = field(default_factory=dict)  # stage -> why a captured model cannot show it
     sources: dict[str, str] = field(default_factory=dict)  # stage -> where a captured model's tap was read
     attention: dict | None = None  # an attention port's options (then config is unused)
@@ -71,7 +86,7 @@ def finite_or_none(value):
     return None if isinstance(value, float) and not np.isfinite(value) else value
 
 
-def finding(report: Report, case: str, stage: str, reason: str) -> None:
+def finding(report: VerifyReport, case: str, stage: str, reason: str) -> None:
     finding = {"case": case, "stage": stage, "reason": reason}
     if finding not in report.failures:  # a second pass repeats what the first found
         report.failures.append(finding)
