@@ -117,9 +117,10 @@ def token_subset(name: str, actual, shape, config: ViTConfig) -> tuple[int | Non
     None) when ``actual`` is such a form, (None, why not) when it is the one-token form of a
     pooling it is not equivalent to, (None, None) otherwise."""
     got = tuple(np.shape(actual))
-    if name != "norm" or len(shape) != 3 or got not in ((shape[0], shape[2]), (shape[0], 1, shape[2])):
-        return None, None
-    if config.global_pool == "token":
+    if name != "norm" or len(shape) != 3 or got == tuple(shape) or got not in ((shape[0], shape[2]),
+                                                                               (shape[0], 1, shape[2])):
+        return None, None  # the whole stage (with one token, (B, 1, D) is the whole of it), or another shape
+    if config.global_pool == "token" or shape[1] == 1:  # the class token pooled, or the only token
         return 0, None
     return None, (f"shape {got}: the final norm applied to one vector per image, but global_pool="
                   f"{config.global_pool!r} pools the patch tokens after the norm (timm norms every token, then "
