@@ -436,7 +436,7 @@ def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nd
 
 def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
     """A save_pretrained directory (config.json + model.safetensors or pytorch_model.bin): ViT,
-    or a family model (weights/py)."""
+    or a family model (the family's layouts above)."""
 
     d = Path(path)
     if not (d / "config.json").is_file():

@@ -273,13 +273,13 @@ class CapturedForward:
         self.findings = findings
         self.input_dtype = dtype
         self._emitted: str | None = None
+        self.fast_paths = adapter.fast_paths()  # the model's modules do not change between calls
 
     def __call__(self, images) -> Taps:
         images = np.asarray(images)
         x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
         inputs = self.adapter.to_input(np.ascontiguousarray(x), self.input_dtype)
-        fast = self.adapter.fast_paths()
-        if not fast:
+        if not self.fast_paths:
             return self._pass(inputs, images.shape[0], functions=True)
         # The model's own path first (hooks only: its native kernels run as for its user), then
         # the internals those kernels hide, read in a second pass that leaves them; both are judged.
