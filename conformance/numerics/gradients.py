@@ -84,6 +84,11 @@ class GradResult:
     ok: bool
     reason: str = ""
 
+    @property
+    def separation(self) -> float:
+        """The error over the tolerance (> 1: outside)."""
+        return self.error / max(self.tol, 1e-300)
+
 
 def module_scales(grads: dict[str, np.ndarray]) -> dict[str, float]:
     """Each tensor's scale: the largest |gradient| among its module's tensors (pos_embed,

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import numpy as np
 
 from conformance.numerics.compare import StageResult
-from conformance.report import describe_exception
-from conformance.verify.cases import read_only
+from conformance.verify.cases import Case, Handed
+from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.report import Report, finding
 
 
@@ -40,37 +40,47 @@ def attention_cases(seed: int = 0):
     return cases
 
 
-def verify_attention(make_attention: Callable, *, port: str = "attention port", seed: int = 0) -> Report:
-    """An attention factory against the oracle's MultiHeadAttention, per mask case, end to end
-    (the port emits no q, k, v), on read-only inputs."""
-    from conformance.numerics.compare import compare_stage
-    from impls.protocol import get_config
+class AttentionCall:
+    """The attention variant: build the attention port on the case's state and options, call it
+    on (x, context, mask), compare its output and weights (when it returns them)."""
 
-    cases = attention_cases(seed)
-    report = Report(port, get_config("vit_test_token"), cases=[c[0] for c in cases], attention=dict(cases[0][1].options))
-    worst: dict[str, StageResult] = {}
-    first = len(ATTENTION_STAGES)
-    for name, case, mask in cases:
-        model = case.error_model(mask=mask)  # the oracle runs first
-        x, ctx = read_only(case.x), read_only(case.context)
-        try:
-            out, weights = make_attention({k: read_only(v) for k, v in case.state.items()}, **case.options)(x, ctx,
-                                                                                                            mask)
-        except Exception as e:  # noqa: BLE001
-            finding(report, name, "forward", f"the port raised {describe_exception(e)}")
-            continue
-        if not (np.array_equal(x, case.x) and np.array_equal(ctx, case.context)):
-            finding(report, name, "forward", "the port wrote to its inputs")
-            continue
+    def __init__(self, make_attention: Callable, options: dict):
+        self.make_attention, self.options = make_attention, options
+
+    def run(self, handed: Handed, model, report: Report, label: str):
+        ran, out = handed.call(report, "forward", lambda: self.make_attention(handed.state, **self.options)(
+            handed.images, handed.context, handed.case.mask))
+        if not ran:
+            return None
+        if handed.wrote_images():
+            finding(report, label, "forward", "the port wrote to its inputs")
+            return None
+        return out
+
+    def compare(self, out, model, report: Report, label: str, outcome: Outcome) -> list[StageResult]:
+        from conformance.numerics.compare import compare_stage
+
+        out, weights = out
         results = [compare_stage("attn", out, model, {})]
         if weights is not None:
             results.insert(0, compare_stage("attn.weights", weights, model, {}))
-        for r in results:
-            if not r.ok:
-                first = min(first, ATTENTION_STAGES.index(r.name))
-            if r.name not in worst or r.separation > worst[r.name].separation:
-                worst[r.name] = r
-                report.worst_case[r.name] = name
-    report.stages = [worst[n] for n in ATTENTION_STAGES if n in worst]
-    report.first_divergence = ATTENTION_STAGES[first] if first < len(ATTENTION_STAGES) else None
+        return results
+
+    def index(self, result: StageResult) -> int:
+        return ATTENTION_STAGES.index(result.name)
+
+
+def verify_attention(make_attention: Callable, *, port: str = "attention port", seed: int = 0) -> Report:
+    """An attention factory against the oracle's MultiHeadAttention, per mask case, end to end
+    (the port emits no q, k, v), on read-only inputs."""
+    from impls.protocol import get_config
+
+    cases = attention_cases(seed)
+    options = dict(cases[0][1].options)
+    report = Report(port, get_config("vit_test_token"), cases=[c[0] for c in cases], attention=options)
+    outcome = run_cases(report, AttentionCall(make_attention, options),
+                        ((name, Case(name, case.x, case.state, case.context, mask), case.error_model(mask=mask))
+                         for name, case, mask in cases))  # the oracle runs first
+    report.stages = [outcome.worst[n] for n in ATTENTION_STAGES if n in outcome.worst]
+    report.first_divergence = outcome.first[1] if outcome.first is not None else None
     return report

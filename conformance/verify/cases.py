@@ -19,9 +19,14 @@ BATCHES = (3, 1)  # 1 catches a port that squeezes the batch; 1 and 3 one that a
 
 @dataclass
 class Case:
+    """What a port is handed: the images (an attention port's query input ``x``), the canonical
+    state, and for an attention port its context and mask."""
+
     name: str
     images: np.ndarray
     state: dict
+    context: np.ndarray | None = None
+    mask: np.ndarray | None = None
 
 
 def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[Case]:
@@ -91,6 +96,7 @@ class Handed:
         self.case = case
         self.state = {k: read_only(v) for k, v in case.state.items()}
         self.images = read_only(case.images)
+        self.context = None if case.context is None else read_only(case.context)
 
     def call(self, report, stage: str, fn, *args):
         """(True, fn(*args)), or (False, None) with the port's exception a finding at ``stage``;
@@ -113,4 +119,6 @@ class Handed:
         return state_changes(self.state, self.case.state)
 
     def wrote_images(self) -> bool:
-        return not np.array_equal(self.images, self.case.images)
+        """Whether the port wrote to the images (or an attention port's context)."""
+        return not np.array_equal(self.images, self.case.images) or (
+            self.context is not None and not np.array_equal(self.context, self.case.context))

@@ -30,6 +30,7 @@ from conformance.numerics.gradients import (
 )
 from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.verify.cases import Case, Handed, read_only
+from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.report import VerifyReport, finding
 from impls import FRAMEWORK_PORTS, load_factory, tap_names
 from impls.protocol import ViTConfig
@@ -121,8 +122,8 @@ def _structure_problem(out, reference: dict) -> str | None:
 def _models(config: ViTConfig, state: dict | None, seed: int, dtype: str) -> list[tuple[str, Case, GradModel]]:
     out = []
     for case, kind in grad_cases(config, state, seed):
-        case = Case(case.name, read_only(case.images), {k: read_only(v) for k, v in case.state.items()})
         label = f"{case.name}, {'cross-entropy' if kind == 'cross_entropy' else 'linear loss'}"
+        case = Case(label, read_only(case.images), {k: read_only(v) for k, v in case.state.items()})
         loss = draw_loss(config, len(case.images), kind, seed)
         out.append((label, case, GradModel(config, case.state, case.images, loss, dtype=dtype)))
     return out
@@ -135,58 +136,60 @@ def _seeded_models(config: ViTConfig, seed: int, dtype: str) -> tuple:
     return tuple(_models(config, None, seed, dtype))
 
 
+class Backward:
+    """The backward variant: build the gradient factory on the case's state, take the loss's
+    gradients on its images, compare every tap cotangent, parameter and image gradient."""
+
+    def __init__(self, make_grad: Callable, config: ViTConfig, dtype: str):
+        self.make_grad, self.config, self.dtype = make_grad, config, dtype
+        self.order: dict[tuple[str, str], int] = {}
+
+    def run(self, handed: Handed, model: GradModel, report: GradReport, label: str):
+        config, dtype = self.config, self.dtype
+
+        def backward():
+            grad = self.make_grad(config, handed.state) if dtype == "float32" else self.make_grad(
+                config, handed.state, dtype=dtype)
+            return grad(handed.images, model.loss)
+
+        ran, out = handed.call(report, "backward", backward)
+        if not ran:
+            return None
+        changed = handed.changed_state()
+        if changed:
+            finding(report, label, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
+            return None
+        if handed.wrote_images():
+            finding(report, label, "backward", "the port wrote to the images it was handed")
+            return None
+        problem = _structure_problem(out, model.reference)
+        if problem:
+            finding(report, label, "backward", problem)
+            return None
+        return out
+
+    def compare(self, out, model: GradModel, report: GradReport, label: str, outcome: Outcome) -> list[GradResult]:
+        report.taps = report.taps or bool(out.get("taps"))
+        self.order = {(kind, name): i for i, (kind, name, _) in enumerate(backward_order(
+            list(model.reference["taps"]), model.reference["params"]))}
+        return compare_gradients(out, model)  # taps, parameters, "images" and "loss" never share a name
+
+    def index(self, result: GradResult) -> int:
+        return self.order.get((result.kind, result.name), len(self.order))
+
+
 def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", state: dict | None = None,
                 seed: int = 0, dtype: str = "float32") -> GradReport:
     """``dtype`` (float32 or bfloat16) is passed to the factory as dtype= unless float32."""
     check_grad_dtype(dtype)
     models = _seeded_models(config, seed, dtype) if state is None else _models(config, state, seed, dtype)
     report = GradReport(port, config, cases=[label for label, _, _ in models], dtype=dtype)
-    worst: dict[str, GradResult] = {}
-    first: tuple[int, GradResult, str] | None = None
-    for label, case, model in models:  # the reference runs first
-        loss = model.loss
-        beyond = model.beyond_range()
-        if beyond:  # no port can represent it: judging it would be a false alarm
-            report.skipped.append(f"{label}: {beyond}")
-            continue
-        handed = Handed(Case(label, case.images, case.state))
-
-        def backward():
-            grad = make_grad(config, handed.state) if dtype == "float32" else make_grad(config, handed.state,
-                                                                                        dtype=dtype)
-            return grad(handed.images, loss)
-
-        ran, out = handed.call(report, "backward", backward)
-        if not ran:
-            continue
-        changed = handed.changed_state()
-        if changed:
-            finding(report, label, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
-            continue
-        if handed.wrote_images():
-            finding(report, label, "backward", "the port wrote to the images it was handed")
-            continue
-        problem = _structure_problem(out, model.reference)
-        if problem:
-            finding(report, label, "backward", problem)
-            continue
-        report.taps = report.taps or bool(out.get("taps"))
-        order = {(kind_, name): i for i, (kind_, name, _) in enumerate(backward_order(list(model.reference["taps"]),
-                                                                                     model.reference["params"]))}
-        for r in compare_gradients(out, model):
-            key = r.name  # taps, parameters, "images" and "loss" never share a name
-            if key not in worst or r.error / max(r.tol, 1e-300) > worst[key].error / max(worst[key].tol, 1e-300):
-                worst[key] = r
-                report.worst_case[key] = label
-            if not r.ok:
-                index = order.get((r.kind, r.name), len(order))
-                if first is None or index < first[0]:
-                    first = (index, r, label)
+    outcome = run_cases(report, Backward(make_grad, config, dtype), models)  # the references were built first
     ordered = {f"{k}:{n}": i for i, (k, n, _) in enumerate(backward_order(
-        tap_names(config), [r.name for r in worst.values() if r.kind == "params"]))}
-    report.results = sorted(worst.values(), key=lambda r: ordered.get(f"{r.kind}:{r.name}", len(ordered)))
-    if first:
-        report.first_divergence, report.first_case = first[1], first[2]
+        tap_names(config), [r.name for r in outcome.worst.values() if r.kind == "params"]))}
+    report.results = sorted(outcome.worst.values(), key=lambda r: ordered.get(f"{r.kind}:{r.name}", len(ordered)))
+    if outcome.first is not None:
+        report.first_divergence, report.first_case = outcome.first_result, outcome.first[2]
     return report
 
 

@@ -1,0 +1,86 @@
+"""One case loop for every check. The forward (a whole model against the oracle), the backward
+(a gradient factory against the float64 reference) and an attention port are its variants: each
+says how to call the port on a handed case and how to compare what came back; the loop does the
+rest the same way for all three.
+
+For each case, in order: the reference runs first (the loop is handed it built); a case no port
+can represent in the dtype is skipped with the reason; the port gets read-only copies of the
+case (``Handed``); its exceptions and its writes to its inputs are findings; each comparison's
+row keeps its worst case; the earliest divergence in the variant's order is kept with its case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from conformance.verify.cases import Case, Handed
+from conformance.verify.report import VerifyReport
+
+
+class Result(Protocol):
+    """A row of a report: a stage's, a tensor's gradient's."""
+
+    name: str
+    ok: bool
+
+    @property
+    def separation(self) -> float:
+        """The error over its tolerance (> 1: outside)."""
+
+
+class Reference(Protocol):
+    """What the loop needs of a case's reference (``CaseModel``, ``GradModel``, ``AttentionModel``)."""
+
+    def beyond_range(self) -> str | None:
+        """Why no port can represent the case in the dtype, or None."""
+
+
+class Variant(Protocol):
+    """What differs between the checks."""
+
+    def run(self, handed: Handed, reference, report: VerifyReport, label: str) -> Any | None:
+        """Call the port on the handed case: its output, or None once a finding says why not."""
+
+    def compare(self, out, reference, report: VerifyReport, label: str, outcome: Outcome) -> Iterable[Result]:
+        """The rows for one case (findings about the output go to ``report``, divergences the
+        rows do not show to ``outcome.diverged``)."""
+
+    def index(self, result: Result) -> int:
+        """A row's place in the order a divergence is located in (model order, backward order)."""
+
+
+@dataclass
+class Outcome:
+    """What the loop found: per row the worst case's result, the earliest divergence."""
+
+    worst: dict[str, Result] = field(default_factory=dict)
+    first: tuple[int, str, str] | None = None  # (place in the variant's order, row name, case)
+    first_result: Result | None = None
+    judged: list[Case] = field(default_factory=list)
+
+    def diverged(self, index: int, name: str, label: str, result: Result | None = None) -> None:
+        if self.first is None or index < self.first[0]:
+            self.first, self.first_result = (index, name, label), result
+
+
+def run_cases(report: VerifyReport, variant: Variant, cases: Iterable[tuple[str, Case, Reference]]) -> Outcome:
+    outcome = Outcome()
+    for label, case, reference in cases:
+        beyond = reference.beyond_range()
+        if beyond:  # judging it would be a false alarm
+            report.skipped.append(f"{label}: {beyond}")
+            continue
+        outcome.judged.append(case)
+        out = variant.run(Handed(case), reference, report, label)
+        if out is None:
+            continue
+        for r in variant.compare(out, reference, report, label, outcome):
+            prev = outcome.worst.get(r.name)
+            if prev is None or r.separation > prev.separation:
+                outcome.worst[r.name] = r
+                report.worst_case[r.name] = label
+            if not r.ok:
+                outcome.diverged(variant.index(r), r.name, label, r)
+    return outcome
