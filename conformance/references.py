@@ -6,6 +6,7 @@ are read through forward hooks on timm's own modules, not recomputed here.
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import contextmanager
 
 import numpy as np
@@ -61,64 +62,60 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
     return {k: _numpy(v) for k, v in taps.items()}
 
 
+def _timm_scopes(model):
+    """(the table's scope, the stage-name prefix, timm's module) for every scope timm's model has."""
+    yield "", "", model
+    for i, blk in enumerate(model.blocks):
+        yield "block", f"blocks.{i}", blk
+    if model.attn_pool is not None:
+        yield "attn_pool", "attn_pool", model.attn_pool
+
+
 @contextmanager
 def _hooked(model, taps: dict):
-    """While inside, timm's modules record each stage of the tap protocol into ``taps``."""
+    """While inside, timm's modules record each stage of the tap protocol into ``taps``, where
+    the stage table's ``timm`` rules say (impls.stages). A stage exists where its module does:
+    an ``out:`` rule on an ``nn.Identity`` (LayerScale, qk-norm, a final norm timm left out) is
+    no stage."""
     import torch
 
-    hooks = []
+    from impls.stages import STAGES
 
-    def out(name):
-        return lambda module, args, output: taps.__setitem__(name, output)
+    hooks, softmax = [], []
 
-    def arg(name):
-        return lambda module, args: taps.__setitem__(name, args[0])
+    def record(name, how, attention):
+        def store(value):
+            if how == "tokens" and value.ndim == 4:  # NHWC under dynamic_img_size: flattened as the tap
+                value = value.flatten(1, 2)
+            elif how == "v":  # the last of a fused projection's parts, split into its attention's heads
+                b, n, width = value.shape
+                heads, head_dim = attention.num_heads, attention.head_dim
+                value = value.reshape(b, n, width // (heads * head_dim), heads, head_dim)[:, :, -1].transpose(1, 2)
+            taps[name] = value
+        return store
 
-    def v_of(name, num_heads, head_dim, parts):
-        def hook(module, args, o):
-            taps[name] = o.reshape(o.shape[0], o.shape[1], parts, num_heads, head_dim)[:, :, parts - 1].transpose(1, 2)
-        return hook
-
-    hooks.append(model.patch_embed.register_forward_hook(  # NHWC under dynamic_img_size: flattened as the tap
-        lambda m, a, o: taps.__setitem__("patch_embed", o.flatten(1, 2) if o.ndim == 4 else o)))
-    hooks.append(model.pos_drop.register_forward_hook(out("embed")))
-    if not isinstance(model.norm_pre, torch.nn.Identity):
-        hooks.append(model.norm_pre.register_forward_hook(out("norm_pre")))
-    for i, blk in enumerate(model.blocks):
-        p = f"blocks.{i}"
-        blk.attn.fused_attn = False  # the explicit path, whose weights pass through attn_drop
-        hooks.append(blk.norm1.register_forward_hook(out(f"{p}.norm1")))
-        hooks.append(blk.attn.q_norm.register_forward_pre_hook(arg(f"{p}.attn.q")))
-        hooks.append(blk.attn.k_norm.register_forward_pre_hook(arg(f"{p}.attn.k")))
-        hooks.append(blk.attn.qkv.register_forward_hook(v_of(f"{p}.attn.v", blk.attn.num_heads, blk.attn.head_dim, 3)))
-        if not isinstance(blk.attn.q_norm, torch.nn.Identity):
-            hooks.append(blk.attn.q_norm.register_forward_hook(out(f"{p}.attn.q_norm")))
-            hooks.append(blk.attn.k_norm.register_forward_hook(out(f"{p}.attn.k_norm")))
-        hooks.append(blk.attn.attn_drop.register_forward_hook(out(f"{p}.attn.weights")))
-        hooks.append(blk.attn.register_forward_hook(out(f"{p}.attn")))
-        for ls in ("ls1", "ls2"):
-            if not isinstance(getattr(blk, ls), torch.nn.Identity):
-                hooks.append(getattr(blk, ls).register_forward_hook(out(f"{p}.{ls}")))
-        hooks.append(blk.norm2.register_forward_hook(out(f"{p}.norm2")))
-        hooks.append(blk.mlp.fc2.register_forward_pre_hook(arg(f"{p}.mlp.act")))  # act, or act(gate) * value
-        hooks.append(blk.mlp.register_forward_hook(out(f"{p}.mlp")))
-        hooks.append(blk.register_forward_hook(out(p)))
-    if not isinstance(model.norm, torch.nn.Identity):
-        hooks.append(model.norm.register_forward_hook(out("norm")))
-    pool = model.attn_pool
-    if pool is not None:
-        pool.fused_attn = False
-        hooks.append(pool.q_norm.register_forward_pre_hook(arg("attn_pool.q")))
-        hooks.append(pool.k_norm.register_forward_pre_hook(arg("attn_pool.k")))
-        hooks.append(pool.kv.register_forward_hook(v_of("attn_pool.v", pool.num_heads, pool.head_dim, 2)))
-        hooks.append(pool.proj.register_forward_hook(out("attn_pool.proj")))
-        hooks.append(pool.norm.register_forward_hook(out("attn_pool.norm")))
-        hooks.append(pool.mlp.fc2.register_forward_pre_hook(arg("attn_pool.mlp.act")))
-        hooks.append(pool.mlp.register_forward_hook(out("attn_pool.mlp")))
-        hooks.append(pool.register_forward_hook(out("attn_pool")))
-    hooks.append(model.head.register_forward_pre_hook(lambda m, args: taps.__setitem__("pooled", args[0])))
+    for scope, prefix, root in _timm_scopes(model):
+        for attention in (m for m in root.modules() if hasattr(m, "fused_attn")):
+            attention.fused_attn = False  # the explicit path, whose weights pass through attn_drop
+        for stage in (s for s in STAGES if s.scope == scope):
+            name = f"{prefix}.{stage.name}".strip(".") if prefix else stage.name
+            rule, _, how = stage.timm_rule().partition("@")
+            where, _, path = rule.partition(":")
+            if where == "return":
+                continue  # timm_taps keeps the model's output
+            if where == "softmax":
+                softmax.append((root, name))
+                continue
+            module = root.get_submodule(path) if path else root
+            store = record(name, how, root.get_submodule(path.rpartition(".")[0]))
+            if where == "in":
+                hooks.append(module.register_forward_pre_hook(lambda m, args, store=store: store(args[0])))
+            elif not isinstance(module, torch.nn.Identity):
+                hooks.append(module.register_forward_hook(lambda m, args, output, store=store: store(output)))
     try:
-        with _softmax_outputs(pool, taps, "attn_pool.weights"):
+        with contextlib.ExitStack() as stack:
+            for root, name in softmax:
+                stack.enter_context(_SoftmaxRecorder(root, taps, name))
             yield taps
     finally:
         for h in hooks:
@@ -157,8 +154,8 @@ def timm_make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, train: bo
 
 
 class _SoftmaxRecorder:
-    """The attention weights of timm's AttentionPoolLatent, which passes them through no module:
-    the output of the softmax called while ``module`` runs."""
+    """The output of the softmax called while ``module`` runs (timm's AttentionPoolLatent passes
+    its attention weights through no module)."""
 
     def __init__(self, module, taps, name):
         self.module, self.taps, self.name = module, taps, name
@@ -185,12 +182,6 @@ class _SoftmaxRecorder:
     def __exit__(self, *exc):
         self.pre.remove()
         self.post.remove()
-
-
-def _softmax_outputs(module, taps, name):
-    import contextlib
-
-    return contextlib.nullcontext() if module is None else _SoftmaxRecorder(module, taps, name)
 
 
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}

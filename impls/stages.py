@@ -15,6 +15,7 @@ computes it. Its entry says what the rest of the project needs to know about it:
 | ``residual`` | it is the residual stream or a LayerNorm of it: torch.autocast keeps it in float32 | ``verify --policy autocast`` |
 | ``cotangent`` | the contraction length of its consumer's backward (gradients' rounding model) | gradients |
 | ``capture`` | where a model as its author wrote it shows the stage (rules below) | ``conformance.capture.plan`` |
+| ``timm`` | where timm's ``VisionTransformer`` shows it (default ``out:`` its own name) | ``conformance.references`` |
 
 Capture rules, in the canonical (timm) module names the user's mapping sends weights to:
 ``out:M`` / ``in:M`` the output / input of the model module that receives canonical module
@@ -24,6 +25,11 @@ the weights as the block's attention computes them (a fused call's arguments, q 
 the softmax's output; failing those, the projections' outputs); ``block`` the smallest module
 holding all the block's weights; ``pool`` the attention pool's module; ``head`` the input of
 the head (a headless model's output); ``return`` what the model returns; ``unseen:REASON``.
+
+timm rules, in timm's module names relative to the stage's scope (the model, ``blocks[i]``,
+``attn_pool``), read by forward hooks: ``out:M`` / ``in:M`` as above (``out:`` the scope's own
+module; ``@tokens`` an NHWC output flattened, ``@v`` the value part of a fused projection, split
+into heads); ``softmax`` the softmax called inside the scope; ``return`` the model's output.
 
 Input patterns: ``{b}`` the stage's block (``blocks.3``); ``{prev}`` the block's input (the
 previous block, or ``norm_pre`` / ``embed`` before block 0); ``{q}``, ``{k}`` q and k as the
@@ -60,7 +66,11 @@ class Stage:
     residual: bool = False
     cotangent: str = "1"  # a symbol of the config, or "1": a sum or a selection, one rounding
     capture: str | Callable[[ViTConfig], str] = ""  # where a model as written shows it (``capture_rule``)
+    timm: str = ""  # where timm's VisionTransformer shows it (``timm_rule``)
     note: str = ""  # what it is, for docs/model.md
+
+    def timm_rule(self) -> str:
+        return self.timm or f"out:{self.name}"
 
     def capture_rule(self, config: ViTConfig) -> str:
         return self.capture(config) if callable(self.capture) else self.capture
@@ -97,10 +107,10 @@ _POOL_INSIDE = "unseen:inside the attention pool: its q, k, v and weights are no
 
 MODEL_IN = (
     Stage("patch_embed", "patch_embed", (), "B P D", params=("patch_embed",), contraction=True,
-          capture="out:patch_embed.proj@patches",
+          capture="out:patch_embed.proj@patches", timm="out:patch_embed@tokens",
           note='before prefix tokens and position'),
     Stage("embed", "embed", ("patch_embed",), "B N D", params=("pos_embed", "cls_token", "reg_token"), residual=True,
-          cotangent="D", capture="in:next",
+          cotangent="D", capture="in:next", timm="out:pos_drop",
           note='after prefix tokens and position; N = prefix tokens + P'),
     Stage("norm_pre", "norm_pre", ("embed",), "B N D", when=_pre_norm, params=("norm_pre",), residual=True,
           cotangent="D", capture="out:norm_pre"),
@@ -109,17 +119,18 @@ BLOCK = (
     Stage("norm1", "norm1", ("{prev}",), "B N D", "block", params=("norm1",), residual=True, cotangent="3D",
           capture="out:norm1"),
     Stage("attn.q", "attn.q", ("{b}.norm1",), "B H N hd", "block", params=("attn.qkv",), contraction=True,
-          cotangent="qk", capture=lambda c: "in:attn.q_norm@heads" if c.qk_norm else "attn:q",
+          cotangent="qk", capture=lambda c: "in:attn.q_norm@heads" if c.qk_norm else "attn:q", timm="in:attn.q_norm",
           note='split from `qkv`, q before scaling'),
     Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="qk",
-          capture=lambda c: "in:attn.k_norm@heads" if c.qk_norm else "attn:k"),
-    Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N", capture="attn:v"),
+          capture=lambda c: "in:attn.k_norm@heads" if c.qk_norm else "attn:k", timm="in:attn.k_norm"),
+    Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N", capture="attn:v",
+          timm="out:attn.qkv@v"),
     Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "B H N hd", "block", _qk_norm, ("attn.q_norm",),
           cotangent="N", capture="out:attn.q_norm@heads"),
     Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "B H N hd", "block", _qk_norm, ("attn.k_norm",),
           cotangent="N", capture="out:attn.k_norm@heads"),
     Stage("attn.weights", "attn.weights", ("{q}", "{k}"), "B H N N", "block", contraction=True, cotangent="hd",
-          capture="attn:weights",
+          capture="attn:weights", timm="out:attn.attn_drop",
           note='softmax over the last axis'),
     Stage("attn", "attn", ("{b}.attn.weights", "{b}.attn.v"), "B N D", "block", params=("attn.proj",),
           contraction=True, capture="out:attn.proj",
@@ -130,7 +141,7 @@ BLOCK = (
           cotangent="hidden", capture="out:norm2"),
     Stage("mlp.act", "mlp.act", ("{b}.norm2",), "B N act", "block",
           params=("mlp.fc1", "mlp.fc1_g", "mlp.fc1_x", "mlp.norm"), contraction=True, cotangent="D",
-          capture="in:mlp.fc2",
+          capture="in:mlp.fc2", timm="in:mlp.fc2",
           note="fc2's input: the activation, or SwiGLU's `act(gate) * value`"),
     Stage("mlp", "mlp", ("{b}.mlp.act",), "B N D", "block", params=("mlp.fc2",), contraction=True,
           capture="out:mlp.fc2"),
@@ -142,26 +153,29 @@ BLOCK = (
 MODEL_OUT = (
     Stage("norm", "norm", ("{last}",), "B N D", when=_final_norm, params=("norm",), residual=True, capture="out:norm"),
     Stage("q", "attn_pool.q", (), "B H 1 hd", "attn_pool", _map, ("latent", "q"), contraction=True,
-          cotangent="P", capture=_POOL_INSIDE),
+          cotangent="P", capture=_POOL_INSIDE, timm="in:q_norm"),
     Stage("k", "attn_pool.k", ("{features}",), "B H P hd", "attn_pool", _map, ("kv",), contraction=True,
-          capture=_POOL_INSIDE),
-    Stage("v", "attn_pool.v", ("{features}",), "B H P hd", "attn_pool", _map, contraction=True, capture=_POOL_INSIDE),
+          capture=_POOL_INSIDE, timm="in:k_norm"),
+    Stage("v", "attn_pool.v", ("{features}",), "B H P hd", "attn_pool", _map, contraction=True, capture=_POOL_INSIDE,
+          timm="out:kv@v"),
     Stage("weights", "attn_pool.weights", ("attn_pool.q", "attn_pool.k"), "B H 1 P", "attn_pool", _map,
-          contraction=True, cotangent="hd", capture=_POOL_INSIDE),
+          contraction=True, cotangent="hd", capture=_POOL_INSIDE, timm="softmax"),
     Stage("proj", "attn_pool.proj", ("attn_pool.weights", "attn_pool.v"), "B 1 D", "attn_pool", _map, ("proj",),
           contraction=True, cotangent="D", capture="out:proj"),
     Stage("norm", "attn_pool.norm", ("attn_pool.proj",), "B 1 D", "attn_pool", _map, ("norm",), cotangent="mlp",
           capture="out:norm"),
     Stage("mlp.act", "attn_pool.mlp.act", ("attn_pool.norm",), "B 1 mlp", "attn_pool", _map, ("mlp.fc1",),
-          contraction=True, cotangent="D", capture="in:mlp.fc2"),
+          contraction=True, cotangent="D", capture="in:mlp.fc2", timm="in:mlp.fc2"),
     Stage("mlp", "attn_pool.mlp", ("attn_pool.mlp.act",), "B 1 D", "attn_pool", _map, ("mlp.fc2",), contraction=True,
           capture="out:mlp.fc2"),
     Stage("", "attn_pool", ("attn_pool.proj", "attn_pool.mlp"), "B D", "attn_pool", _map, cotangent="D",
           capture="pool",
           note="the latent's output"),
     Stage("pooled", "pooled", ("{pool_in}",), "B D", params=("fc_norm",), cotangent="classes", capture="head",
+          timm="in:head",
           note="the head's input (after `fc_norm` where there is one)"),
-    Stage("logits", "logits", ("pooled",), "B classes", params=("head",), contraction=True, capture="return"),
+    Stage("logits", "logits", ("pooled",), "B classes", params=("head",), contraction=True, capture="return",
+          timm="return"),
 )
 STAGES = MODEL_IN + BLOCK + MODEL_OUT
 BY_KIND = {s.kind: s for s in STAGES}

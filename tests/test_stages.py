@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from conformance.numerics.error_model import CaseModel
+from conformance.references import timm_taps, timm_vit
 from conformance.strategies import make_images
 from conformance.numerics.tolerances import MODES, dtypes, tolerance
 from impls import load_factory
@@ -17,6 +18,7 @@ from weights import init_state
 CONFIGS = [get_config("vit_test_clip").replace(qk_norm=True, init_values=1e-5),
            get_config("vit_test_siglip").replace(pre_norm=True, qk_norm=True)]
 RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
+TIMM_RULES = ("out", "in", "softmax", "return")
 
 
 def incomplete(stages=STAGES, configs=CONFIGS) -> list[str]:
@@ -28,6 +30,8 @@ def incomplete(stages=STAGES, configs=CONFIGS) -> list[str]:
         for c in configs:
             if s.capture_rule(c).partition(":")[0] not in RULES:
                 problems.append(f"{s.kind}: capture rule {s.capture_rule(c)!r} is not one of {RULES}")
+        if s.timm_rule().partition(":")[0] not in TIMM_RULES:
+            problems.append(f"{s.kind}: timm rule {s.timm_rule()!r} is not one of {TIMM_RULES}")
         for dtype in dtypes():
             for mode in MODES:
                 try:
@@ -45,10 +49,11 @@ def test_the_completeness_check_names_a_stage_without_its_parts():
     """The companion: an entry with an unknown capture rule and a kind never calibrated."""
     import dataclasses
 
-    new = dataclasses.replace(STAGES[1], name="embed2", kind="embed2", capture="somewhere")
+    new = dataclasses.replace(STAGES[1], name="embed2", kind="embed2", capture="somewhere", timm="hook:x")
     problems = incomplete(STAGES + (new,))
     assert "embed2: no config here switches it on" in problems
     assert any(p.startswith("embed2: capture rule 'somewhere'") for p in problems)
+    assert any(p.startswith("embed2: timm rule 'hook:x'") for p in problems)
     assert "embed2: no calibrated local tolerance in float32" in problems
 
 
@@ -63,3 +68,5 @@ def test_every_stage_has_an_error_model_and_a_tap_in_every_builtin_port(config):
     for port in ("numpy", "torch", "mlx"):  # JAX's taps are checked by test_model on the same configs
         out = load_factory(port)(config, state)(images)
         assert sorted(set(tap_names(config)) - set(out)) == [], port
+    # timm's hooks, read from the table's timm rules, show every stage and no other
+    assert sorted(timm_taps(timm_vit(config, state), images)) == sorted(tap_names(config))
