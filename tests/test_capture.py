@@ -289,3 +289,19 @@ def test_drawn_configs_move_inside_what_a_port_supports():
         "img_size=(16, 24) (supported: square images only)"
     with pytest.raises(ValueError, match="unknown option"):
         unsupported_option({"pooling": "token"}, get_config("vit_test_token"))
+
+
+def test_each_adapter_is_named_by_the_import_path_of_the_module_system_it_reads():
+    """docs/model.md's names: an adapter's name is a module path, and framework_of finds it from
+    a model's class; a class from elsewhere is refused naming the module systems."""
+    import importlib.util
+
+    import torch
+
+    from conformance.capture import ADAPTERS, framework_of
+
+    assert sorted(ADAPTERS) == ["flax.linen", "flax.nnx", "mlx.nn", "torch.nn"]
+    assert all(importlib.util.find_spec(name) is not None for name in ADAPTERS)
+    assert framework_of(torch.nn.Linear(2, 2)) == "torch.nn"
+    with pytest.raises(TypeError, match="torch.nn, mlx.nn, flax.nnx, flax.linen"):
+        framework_of(object())

@@ -429,7 +429,7 @@ def test_gradients_of_a_model_whose_mapping_they_cannot_pass_back_are_refused_wi
     from conformance.examples.timm_vit import build
     from conformance.support import Unsupported
 
-    with pytest.raises(Unsupported, match="gradients of a linen model are not supported"):
+    with pytest.raises(Unsupported, match="gradients of a flax.linen model are not supported"):
         linen_port.make_grad(_model_port("conformance.examples.linen_vit:port")[1], init_state(SQUARE, seed=3))
     scaled = ModelPort(build, convert=lambda state: {k: 2 * v for k, v in state.items()})
     with pytest.raises(LoadError, match="the mapping drops canonical keys"):  # the forward's strict load

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.capture.adapters import ADAPTERS, BaseAdapter, LinenAdapter, framework_of
+from conformance.capture.adapters import ADAPTERS, BaseAdapter, framework_of
 from conformance.capture.mapping import LoadError, config_argument, rename_function
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.recorder import Recorder, arrays_in
@@ -164,18 +164,11 @@ class ModelPort:
 
         check_supported(supports_of(self), config)
         model, chosen = self._build(config, dtype)
-        framework = framework_of(model)
-        if self.autocast and framework != "torch":
+        framework = ADAPTERS[framework_of(model)]
+        if self.autocast and not framework.supports_autocast:
             raise TypeError(f"ModelPort(autocast=True) runs a PyTorch model under torch.autocast; this is a "
-                            f"{framework} model (give build a dtype= argument instead)")
-        if framework == "linen":  # unbound: shapes come from an abstract init on an image of this config
-            import jax.numpy as jnp
-
-            H, W = config.img_size
-            shape = (1, H, W, config.in_chans) if self.images == "NHWC" else (1, config.in_chans, H, W)
-            adapter = LinenAdapter(model, jnp.zeros(shape, jnp.float32))
-        else:
-            adapter = ADAPTERS[framework](model)
+                            f"{framework.name} model (give build a dtype= argument instead)")
+        adapter = framework.bind(model, config, self.images)
         adapter.call_kwargs = dict(self.call_kwargs)
         key_map = self.key_map(state, config)
         dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))

@@ -1,6 +1,7 @@
 """One module per framework adapter, each written against ``base.Adapter``; ``ADAPTERS`` is the
-registry capture looks a model's framework up in (``framework_of``). Adding a framework is one
-module here and one entry below."""
+registry capture looks a model's module system up in (``framework_of``), keyed by each adapter's
+``name``: the import path of the module system it reads. Adding a framework is one module here
+and one entry below."""
 
 from __future__ import annotations
 
@@ -11,21 +12,18 @@ from conformance.capture.adapters.nnx import NNXAdapter
 from conformance.capture.adapters.torch import TorchAdapter
 
 
+ADAPTERS = {cls.name: cls for cls in (TorchAdapter, MLXAdapter, NNXAdapter, LinenAdapter)}
+
+
 def framework_of(model) -> str:
-    """The framework of a model object, from its class hierarchy (no framework is imported)."""
+    """The module system of a model object (an ``ADAPTERS`` key), from its class hierarchy: the
+    adapter whose name prefixes a class's module (no framework is imported)."""
     modules = [c.__module__ for c in type(model).__mro__]
-    if any(m.startswith("torch.nn") for m in modules):
-        return "torch"
-    if any(m.startswith("mlx.nn") for m in modules):
-        return "mlx"
-    if any(m.startswith("flax.nnx") for m in modules):
-        return "nnx"
-    if any(m.startswith("flax.linen") for m in modules):
-        return "linen"
-    raise TypeError(f"a model port needs a PyTorch, MLX, Flax NNX or Flax linen module, got {type(model).__name__}")
-
-
-ADAPTERS = {"torch": TorchAdapter, "mlx": MLXAdapter, "nnx": NNXAdapter, "linen": LinenAdapter}
+    for name in ADAPTERS:
+        if any(m == name or m.startswith(name + ".") for m in modules):
+            return name
+    raise TypeError(f"a model port needs a PyTorch, MLX, Flax NNX or Flax linen module (a class from one of "
+                    f"{', '.join(ADAPTERS)}), got {type(model).__name__}")
 
 
 __all__ = ["ADAPTERS", "Adapter", "BaseAdapter", "LinenAdapter", "MLXAdapter", "NNXAdapter", "SwapAdapter",

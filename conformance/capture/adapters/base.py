@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 class Adapter(Protocol):
     """What capture needs from a framework (``BaseAdapter`` implements the shared parts).
 
-    name                      the framework ("torch", "mlx", "nnx", "linen")
+    name                      the module system it reads, as its import path ("torch.nn", "mlx.nn",
+                              "flax.nnx", "flax.linen"): a model whose class comes from there is its
+    bind(model, config, images)  the adapter for a model built for ``config`` (a classmethod)
+    supports_autocast         whether the model can run under its framework's autocast
     call_kwargs               passed to every call of the model (ModelPort(call_kwargs=...))
     supports_gradients        whether ``gradients`` is implemented
     channels_first            a convolution's output is (B, D, h, w) (PyTorch) or (B, h, w, D)
@@ -42,9 +45,12 @@ class Adapter(Protocol):
 
     name: str
     call_kwargs: dict
+    supports_autocast: bool
     supports_gradients: bool
     channels_first: bool
 
+    @classmethod
+    def bind(cls, model, config, images: str = "NCHW") -> Adapter: ...
     def modules(self) -> Mapping[str, Any]: ...
     def kind(self, path: str) -> str: ...
     def params(self) -> dict[str, tuple]: ...
@@ -65,10 +71,16 @@ class BaseAdapter:
     """One framework's access to a model: its parameters, loading, and calling it with hooks."""
 
     name = ""
+    supports_autocast = False
 
     def __init__(self, model):
         self.model = model
         self.call_kwargs: dict = {}  # ModelPort(call_kwargs=...): e.g. train=False
+
+    @classmethod
+    def bind(cls, model, config, images: str = "NCHW"):
+        """The adapter for ``model``, built for ``config`` (whose images are ``images``)."""
+        return cls(model)
 
     def modules(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -15,7 +15,16 @@ class LinenAdapter(JAXArrays, BaseAdapter):
     """A Flax linen module (unbound) and its variables: shapes and module types from an
     abstract ``init`` (no initializer runs), calls recorded through ``nn.intercept_methods``."""
 
-    name = "linen"
+    name = "flax.linen"
+
+    @classmethod
+    def bind(cls, model, config, images: str = "NCHW"):
+        """Unbound: shapes come from an abstract init on an image of ``config``."""
+        import jax.numpy as jnp
+
+        H, W = config.img_size
+        shape = (1, H, W, config.in_chans) if images == "NHWC" else (1, config.in_chans, H, W)
+        return cls(model, jnp.zeros(shape, jnp.float32))
 
     def __init__(self, model, example):
         import flax.linen as nn

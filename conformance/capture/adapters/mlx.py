@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class MLXAdapter(SwapAdapter):
-    name = "mlx"
+    name = "mlx.nn"
     supports_gradients = True
 
     def by_type(self, kind, leaf, value):

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class NNXAdapter(JAXArrays, SwapAdapter):
-    name = "nnx"
+    name = "flax.nnx"
     supports_gradients = True
 
     def __init__(self, model):

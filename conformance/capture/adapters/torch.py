@@ -20,7 +20,8 @@ TORCH_FAST_PATHS = ("MultiheadAttention", "TransformerEncoderLayer")
 
 
 class TorchAdapter(BaseAdapter):
-    name = "torch"
+    name = "torch.nn"
+    supports_autocast = True
     supports_gradients = True
     channels_first = True
 
