@@ -7,7 +7,6 @@ Choose a profile with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME
 
 import os
 
-import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -32,27 +31,4 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: 0 if item.path.name in first else 1)
 
 
-# The built-in JAX port compiles every new config and batch shape with XLA (0.6 to 1.4 s each on
-# the 2-core VM, docs/properties.md), where torch and MLX run a drawn case in milliseconds. In
-# the ci profile it runs half the drawn cases of each property (at least one, and every explicit
-# example); the thorough profile runs the same count for every port. Users' ports are not scaled.
-JAX_SHARE = 2
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    test = getattr(item, "obj", None)
-    current = getattr(test, "_hypothesis_internal_use_settings", None)
-    builtin_jax = any(str(params.get(name, "")).partition("+")[0] == "jax"
-                      for name in ("port", "attention_port", "attention_path", "framework_port", "grad_port"))
-    if current is None or not builtin_jax or profiles.heavy():
-        return (yield)
-    from hypothesis import settings
-
-    # Hypothesis reads a test's settings when it is called; restored for the other ports.
-    test._hypothesis_internal_use_settings = settings(current, max_examples=max(1, current.max_examples // JAX_SHARE))
-    try:
-        return (yield)
-    finally:
-        test._hypothesis_internal_use_settings = current
+# The built-in JAX port's share of each property's drawn cases: conformance.tests.helpers.drawn.

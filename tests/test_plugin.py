@@ -136,3 +136,26 @@ def test_given_ports_run_beside_the_builtin_ones_by_default():
                             "grad_port": ["torch", "mlx", "jax", "user_ports:g"]}
     assert ports(True) == {"port": ["user_ports:correct"], "attention_path": ["user_ports:a"],
                            "grad_port": ["user_ports:g"]}
+
+
+def test_the_builtin_jax_port_draws_its_share_of_cases_and_every_other_port_all():
+    """helpers.drawn: in the ci profile the built-in JAX port draws 1/JAX_SHARE of a property's
+    cases and runs every explicit example; torch and a user's port named like a module draw all."""
+    from collections import Counter
+
+    from hypothesis import strategies as st
+
+    from conformance.profiles import heavy
+    from conformance.tests.helpers import JAX_SHARE, drawn
+
+    calls = Counter()
+
+    @drawn(4, examples=[dict(x=-1)], x=st.integers(0, 10**9))
+    def prop(port, x):
+        calls[port, x < 0] += 1
+
+    for port in ("torch", "jax", "jax_port:make"):
+        prop(port=port)
+    assert calls["torch", True] == calls["jax", True] == calls["jax_port:make", True] == 1
+    assert calls["torch", False] == calls["jax_port:make", False] == 4
+    assert calls["jax", False] == (4 if heavy() else 4 // JAX_SHARE)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from functools import lru_cache
 from pathlib import Path
 
-from hypothesis import settings
+from hypothesis import example, given, settings
 
 from conformance.builtin import framework
 from impls import PORTS, load_factory
@@ -19,6 +20,43 @@ def factory(port: str):
 def budget(divisor: int = 1, minimum: int = 3) -> int:
     """A share of the active profile's max_examples, for tests that run whole models."""
     return max(minimum, settings.default.max_examples // divisor)
+
+
+# The built-in JAX port compiles every new config and batch shape with XLA (0.6 to 1.4 s each on
+# the 2-core VM, docs/properties.md), where torch and MLX run a drawn case in milliseconds: in
+# the ci profile it draws 1/JAX_SHARE of each property's cases (at least one; every explicit
+# example runs). The thorough profile draws the same count for every port; users' ports are
+# never scaled.
+JAX_SHARE = 2
+
+
+def drawn(max_examples: int | None, examples=(), **strategies):
+    """``@settings(max_examples=...)``, ``@example(**e)`` for each of ``examples`` and
+    ``@given(**strategies)`` in one decorator (``None``: the profile's count), built twice with
+    Hypothesis's public decorators: once for every port, once with the built-in JAX port's share
+    of the drawn cases. Each call runs the one its port parameter asks for."""
+    from conformance import profiles
+    from conformance.plugin import PORT_PARAMS
+
+    count = settings.default.max_examples if max_examples is None else max_examples
+
+    def decorate(body):
+        def build(n: int):
+            test = given(**strategies)(body)
+            for kwargs in reversed(list(examples)):  # run in the order listed
+                test = example(**kwargs)(test)
+            return settings(max_examples=n)(test)
+
+        every, shared = build(count), build(max(1, count // JAX_SHARE))
+
+        @functools.wraps(every)
+        def test(*args, **kwargs):
+            builtin_jax = any(str(kwargs.get(name, "")).partition("+")[0] == "jax" for name in PORT_PARAMS)
+            return (shared if builtin_jax and not profiles.heavy() else every)(*args, **kwargs)
+
+        return test
+
+    return decorate
 
 
 def run(port: str, config, state, images, **options):

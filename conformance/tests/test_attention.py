@@ -3,14 +3,13 @@ masked rows, cross-attention with another context length and width, all against 
 
 import numpy as np
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.numerics import error_model as E
 from conformance import properties as P
 from conformance import strategies as S
 from conformance.builtin import FUSED, framework, qkv_arrays
-from conformance.tests.helpers import attention, attention_model, attention_on_path
+from conformance.tests.helpers import attention, attention_model, attention_on_path, drawn
 from weights import mha_shapes
 
 def _close(port, what, model, name, actual, expected, pair=True):
@@ -26,7 +25,7 @@ def _close_to_oracle(port, model, out, weights):
                pair=False)
 
 
-@given(case=S.attention_shapes(), data=st.data(), scale=st.sampled_from([0.3, 1.0, 3.0]))
+@drawn(None, case=S.attention_shapes(), data=st.data(), scale=st.sampled_from([0.3, 1.0, 3.0]))
 def test_explicit_attention_equals_the_frameworks_fused_kernel(framework_port, case, data, scale):
     """Our explicit softmax(q k^T * scale + mask) v against F.scaled_dot_product_attention,
     mx.fast.scaled_dot_product_attention and jax.nn.dot_product_attention (no dead rows: there
@@ -48,7 +47,7 @@ def test_explicit_attention_equals_the_frameworks_fused_kernel(framework_port, c
     P.check_close(framework_port, "weights vs oracle", to_np(weights), oracle_w, bound_w, "sdpa.weights")
 
 
-@given(case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), data=st.data())
+@drawn(None, case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), data=st.data())
 def test_multihead_attention_matches_oracle_with_and_without_mask(attention_path, case, weights, data):
     """Every built-in port's explicit and fused paths, and every given attention port."""
     mask = data.draw(st.one_of(st.none(), S.masks(case)))
@@ -59,7 +58,7 @@ def test_multihead_attention_matches_oracle_with_and_without_mask(attention_path
     _close_to_oracle(attention_path, model, out, attn)
 
 
-@given(case=S.attention_shapes(cross=True), weights=S.weight_cases(S.SCALES[:4], offsets=False))
+@drawn(None, case=S.attention_shapes(cross=True), weights=S.weight_cases(S.SCALES[:4], offsets=False))
 def test_cross_attention_takes_context_of_another_length_and_width(attention_port, case, weights):
     x, ctx = case.inputs()
     out, attn = attention(attention_port, case, weights)(x, ctx)
@@ -69,7 +68,7 @@ def test_cross_attention_takes_context_of_another_length_and_width(attention_por
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
-@given(case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), row=st.integers(0, 6))
+@drawn(None, case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), row=st.integers(0, 6))
 def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(attention_path, kind, case, weights, row):
     """The documented behaviour of every port, built-in or given: a query that may attend to no
     key gets zero weights and a zero attention output, so after ``proj`` it equals proj's bias.
@@ -86,7 +85,7 @@ def test_fully_masked_query_row_gives_zero_output_before_proj_and_zero_weights(a
     _close_to_oracle(attention_path, attention_model(case, weights, x, ctx, mask), state_out, attn)
 
 
-@given(case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), data=st.data())
+@drawn(None, case=S.attention_shapes(), weights=S.weight_cases(S.SCALES[:4], offsets=False), data=st.data())
 def test_boolean_mask_equals_additive_zero_or_minus_inf_mask(attention_port, case, weights, data):
     keep = data.draw(S.masks(case, kind="bool"))
     additive = np.where(keep, 0.0, -np.inf).astype(np.float32)
@@ -99,7 +98,7 @@ def test_boolean_mask_equals_additive_zero_or_minus_inf_mask(attention_port, cas
     _close(attention_port, "boolean vs additive mask: weights", model, "attn.weights", w_b, w_a)
 
 
-@given(case=S.attention_shapes(cross=True), weights=S.weight_cases(S.SCALES[:4], offsets=False), data=st.data())
+@drawn(None, case=S.attention_shapes(cross=True), weights=S.weight_cases(S.SCALES[:4], offsets=False), data=st.data())
 def test_masked_keys_do_not_influence_the_output(attention_port, case, weights, data):
     keep = data.draw(S.masks(case, kind="bool", allow_dead_rows=False))
     x, ctx = case.inputs()

@@ -2,17 +2,15 @@
 within the tolerance policy, as the explicit paths do; and MLX on Linux runs on OpenBLAS."""
 
 
-from hypothesis import given, settings
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.tests.helpers import budget, factory
+from conformance.tests.helpers import budget, drawn, factory
 
 FAST = {"torch": dict(fused_attn=True), "mlx": dict(fused_attn=True, compiled=True), "jax": dict(fused_attn=True)}
 
 
-@settings(max_examples=budget(2))
-@given(case=S.model_cases())
+@drawn(budget(2), case=S.model_cases())
 def test_fused_and_compiled_forward_matches_the_oracle(framework_port, case):
     fast = FAST[framework_port]
     make = lambda config, state: factory(framework_port)(config, state, taps=False, **fast)  # noqa: E731

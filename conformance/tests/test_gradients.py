@@ -10,7 +10,7 @@ import dataclasses
 from functools import cache, lru_cache
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from conformance import strategies as S
@@ -23,7 +23,7 @@ from conformance.numerics.gradients import (
     step_bound,
 )
 from conformance.profiles import heavy
-from conformance.tests.helpers import budget
+from conformance.tests.helpers import budget, drawn
 from conformance.verify.grad import load_grad_factory
 from impls import FRAMEWORK_PORTS, AdamW, get_config
 from impls import numpy_vit as N
@@ -46,8 +46,10 @@ def _drawn_case(config, weights, batch, kind, dtype):
     return state, images, GradModel(config, state, images, loss, dtype=dtype)
 
 
-@settings(max_examples=budget(3))
-@given(config=S.grad_configs(max_depth=2), weights=S.model_weights(), batch=st.integers(1, 3),
+@drawn(budget(3),
+       config=S.grad_configs(max_depth=2),
+       weights=S.model_weights(),
+       batch=st.integers(1, 3),
        kind=st.sampled_from(["cross_entropy", "linear"]))
 def test_every_taps_and_parameters_gradient_and_the_images_match_the_reference(grad_port, config, weights, batch,
                                                                                kind):

@@ -1,12 +1,11 @@
 """Patch embedding: equals the oracle, the conv equals rearrange + linear, a one-patch shift
 shifts the token grid, tokens are row-major; on non-square images and patches, 1 to 4 channels."""
 
-from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conformance import properties as P
 from conformance import strategies as S
-from conformance.tests.helpers import budget, check_property, factory
+from conformance.tests.helpers import budget, check_property, drawn, factory
 from impls import ViTConfig
 
 def _fixed_case(in_chans=3, patch=(2, 3), grid=(2, 3), kind="ordinary"):
@@ -24,14 +23,12 @@ def _check_patch_embed_equals_oracle(port, make, case):
     P.check_stages_match_oracle(port, make, case, ("patch_embed",))
 
 
-@settings(max_examples=budget(2))
-@given(case=PATCH_CASES)
+@drawn(budget(2), case=PATCH_CASES)
 def test_patch_embed_equals_the_oracle(port, case):
     check_property(_check_patch_embed_equals_oracle, port, factory(port), case)
 
 
-@settings(max_examples=budget(2))
-@given(data=st.data(), in_chans=st.sampled_from([1, 3, 4]))
+@drawn(budget(2), data=st.data(), in_chans=st.sampled_from([1, 3, 4]))
 def test_patch_embed_holds_for_1_3_and_4_channels_on_non_square_images(port, data, in_chans):
     config = data.draw(S.configs(max_depth=1, family=False).filter(lambda c: c.grid_size[0] != c.grid_size[1])
                        .map(lambda c: c.replace(in_chans=in_chans)))
@@ -40,22 +37,20 @@ def test_patch_embed_holds_for_1_3_and_4_channels_on_non_square_images(port, dat
     check_property(P.check_patch_embed_is_rearrange_then_linear, port, factory(port), case)
 
 
-@settings(max_examples=budget(2))
-@example(case=_fixed_case(patch=(3, 3)))  # square and asymmetric: an H/W swap loads, and shows
-@given(case=PATCH_CASES)
+@drawn(budget(2), examples=[dict(case=_fixed_case(patch=(3, 3)))], case=PATCH_CASES)
 def test_conv_patch_embed_equals_rearrange_then_linear(port, case):
     check_property(P.check_patch_embed_is_rearrange_then_linear, port, factory(port), case)
 
 
-@settings(max_examples=budget(2))
-@given(case=S.model_cases(S.configs(max_depth=1, max_grid=4, family=False).filter(lambda c: min(c.grid_size) >= 2),
+@drawn(budget(2),
+       case=S.model_cases(S.configs(max_depth=1, max_grid=4, family=False).filter(lambda c: min(c.grid_size) >= 2),
                           weights=S.weight_cases(S.SCALES[:4], offsets=False)))
 def test_shifting_the_image_by_one_patch_shifts_the_token_grid(port, case):
     check_property(P.check_patch_shift_shifts_tokens, port, factory(port), case)
 
 
-@settings(max_examples=budget(2))
-@given(case=S.model_cases(S.configs(max_depth=1, family=False).filter(lambda c: min(c.grid_size) >= 2),
+@drawn(budget(2),
+       case=S.model_cases(S.configs(max_depth=1, family=False).filter(lambda c: min(c.grid_size) >= 2),
                           weights=S.weight_cases(S.SCALES[:4], offsets=False)),
        patch=st.tuples(st.integers(0, 3), st.integers(0, 3)))
 def test_tokens_come_out_row_major(port, case, patch):
