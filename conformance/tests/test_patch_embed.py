@@ -15,7 +15,7 @@ def _fixed_case(in_chans=3, patch=(2, 3), grid=(2, 3), kind="ordinary"):
 
 
 # Depth 1 and the original ViT suffice: these properties read the patch_embed tap, which the
-# family's options do not change (pre_norm's missing bias aside: properties.py handles it).
+# family's options do not change (pre_norm's missing bias aside: conformance.properties handles it).
 PATCH_CASES = S.model_cases(S.configs(max_depth=1, family=False), weights=S.weight_cases(S.SCALES[:4], offsets=False))
 
 

@@ -1,38 +1,15 @@
-"""Hugging Face layouts, to and from the canonical (timm) state, in one module.
-
-* ``vit`` (``ViTForImageClassification``, ``ViTModel``): separate query/key/value,
-  ``layernorm_before`` and ``layernorm_after``, settings (``layer_norm_eps`` among them) from
-  ``config.json``.
-* ``dinov2`` (``Dinov2Model``): ``layer_scale{1,2}.lambda1`` are timm's ``ls{1,2}.gamma``; the
-  SwiGLU FFN's ``weights_in`` is timm's packed ``fc1`` (gate rows first). ``mask_token`` is
-  used only with ``bool_masked_pos`` (training): it is dropped on import and written as zeros.
-* ``dinov2_with_registers``: the position embedding keeps an entry for the class token and
-  ``register_tokens`` get none; timm (``no_embed_class=True``) folds that entry into
-  ``cls_token`` on import (pytorch-image-models#2014), and it is written back as zero.
-* ``clip_vision_model`` (and a whole ``clip`` checkpoint's vision tower): no patch bias,
-  ``pre_layrnorm`` is ``norm_pre``, ``post_layernorm`` is the final ``norm`` (Hugging Face
-  applies it to the class token only, which is the same pooled feature), ``visual_projection``
-  (no bias) is the head, with a zero bias.
-* ``siglip_vision_model`` (and a ``siglip`` checkpoint's vision tower): no class token, the
-  MAP head ``head.*`` is timm's ``attn_pool`` (``in_proj_weight`` rows are q, k, v).
-
-Every mapping is a rename, a split or a concatenation (and the class-token fold, a float32
-sum with an entry written back as zero), so canonical -> Hugging Face -> canonical is bitwise.
-Settings come from config.json; a setting the canonical form cannot hold is refused by name.
-"""
+"""The ViT family's Hugging Face layouts (Dinov2, Dinov2 with registers, CLIP's and SigLIP's
+vision towers): config.json to and from a ``ViTConfig``, the state to and from canonical."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
-from weights.formats import read_timm
+
 
 FAMILY_MODEL_TYPES = ("dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
 _TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}  # whole checkpoints: the vision tower
@@ -333,138 +310,3 @@ def to_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_type:
     return {k: np.ascontiguousarray(t) for k, t in out.items()}
 
 
-# ----------------------------------------------------------------------------- Hugging Face
-
-_HF_BLOCK = {
-    "layernorm_before": "norm1", "attention.output.dense": "attn.proj", "layernorm_after": "norm2",
-    "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2",
-}
-
-
-def hf_config_to_vit(hf: Mapping) -> ViTConfig:
-    """ViTConfig from a Hugging Face ViT config.json: every setting taken, none assumed."""
-    if hf.get("model_type") != "vit":
-        raise WeightError(f"config.json has model_type {hf.get('model_type')!r}, expected 'vit' (or a family model: "
-                          "dinov2, dinov2_with_registers, clip_vision_model, siglip_vision_model, clip, siglip)")
-    if hf.get("hidden_act", "gelu") != "gelu":
-        raise WeightError(f"hidden_act {hf['hidden_act']!r} is not supported: the ports use exact GELU ('gelu')")
-    D = hf["hidden_size"]
-    num_labels = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 2)
-    img = hf.get("image_size", 224)
-    patch = hf.get("patch_size", 16)
-    return ViTConfig(
-        img_size=tuple(img) if isinstance(img, list) else img, patch_size=tuple(patch) if isinstance(patch, list) else patch,
-        in_chans=hf.get("num_channels", 3), num_classes=num_labels, global_pool="token", class_token=True,
-        embed_dim=D, depth=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-        mlp_ratio=hf.get("intermediate_size", 4 * D) / D, qkv_bias=hf.get("qkv_bias", True),
-        norm_eps=hf.get("layer_norm_eps", 1e-12),
-    )
-
-
-def _original_vit_only(config: ViTConfig, layout: str) -> None:
-    """A layout of the original ViT cannot hold the family's options: refuse rather than drop
-    (a LayerScale gamma silently left behind is mlx-image#26)."""
-    beyond = config.beyond_original_vit()
-    if beyond:
-        raise WeightError(f"the {layout} layout holds the original ViT, not {', '.join(beyond)}: writing it would "
-                          "drop those weights")
-
-
-def vit_config_to_hf(config: ViTConfig) -> dict:
-    _original_vit_only(config, "Hugging Face ViT")
-    if config.global_pool != "token" or not config.class_token:
-        raise WeightError("Hugging Face ViTForImageClassification pools the class token: "
-                          "global_pool='avg' has no Hugging Face layout")
-    return {
-        "architectures": ["ViTForImageClassification"], "model_type": "vit", "hidden_size": config.embed_dim,
-        "num_hidden_layers": config.depth, "num_attention_heads": config.num_heads,
-        "intermediate_size": config.mlp_hidden_dim, "hidden_act": "gelu", "layer_norm_eps": config.norm_eps,
-        "image_size": list(config.img_size), "patch_size": list(config.patch_size),
-        "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
-        "id2label": {str(i): f"LABEL_{i}" for i in range(config.num_classes)},
-        "label2id": {f"LABEL_{i}": i for i in range(config.num_classes)},
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-    }
-
-
-def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
-    s = {k.removeprefix("vit."): v for k, v in state.items() if not k.startswith("vit.pooler.")}
-    out = {}
-    try:
-        out["cls_token"] = s["embeddings.cls_token"]
-        out["pos_embed"] = s["embeddings.position_embeddings"]
-        out["patch_embed.proj.weight"] = s["embeddings.patch_embeddings.projection.weight"]
-        out["patch_embed.proj.bias"] = s["embeddings.patch_embeddings.projection.bias"]
-        for i in range(config.depth):
-            hf, b = f"encoder.layer.{i}.", f"blocks.{i}."
-            att = hf + "attention.attention."
-            # timm's fused rows are (3, heads, head_dim): q rows, then k rows, then v rows.
-            out[b + "attn.qkv.weight"] = np.concatenate([s[att + n + ".weight"] for n in ("query", "key", "value")])
-            if config.qkv_bias:
-                out[b + "attn.qkv.bias"] = np.concatenate([s[att + n + ".bias"] for n in ("query", "key", "value")])
-            for hf_name, timm_name in _HF_BLOCK.items():
-                out[f"{b}{timm_name}.weight"] = s[f"{hf}{hf_name}.weight"]
-                out[f"{b}{timm_name}.bias"] = s[f"{hf}{hf_name}.bias"]
-        out["norm.weight"], out["norm.bias"] = s["layernorm.weight"], s["layernorm.bias"]
-        if config.num_classes:
-            out["head.weight"], out["head.bias"] = state["classifier.weight"], state["classifier.bias"]
-    except KeyError as e:
-        raise WeightError(f"Hugging Face checkpoint is missing key {e.args[0]!r} for {config}") from None
-    return {k: out[k] for k in expected_shapes(config)}
-
-
-def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
-    vit_config_to_hf(config)  # refuses layouts Hugging Face cannot hold
-    D = config.embed_dim
-    out = {"vit.embeddings.cls_token": state["cls_token"], "vit.embeddings.position_embeddings": state["pos_embed"],
-           "vit.embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
-           "vit.embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"]}
-    for i in range(config.depth):
-        hf, b = f"vit.encoder.layer.{i}.", f"blocks.{i}."
-        for j, n in enumerate(("query", "key", "value")):
-            out[f"{hf}attention.attention.{n}.weight"] = state[b + "attn.qkv.weight"][j * D:(j + 1) * D]
-            if config.qkv_bias:
-                out[f"{hf}attention.attention.{n}.bias"] = state[b + "attn.qkv.bias"][j * D:(j + 1) * D]
-        for hf_name, timm_name in _HF_BLOCK.items():
-            out[f"{hf}{hf_name}.weight"] = state[f"{b}{timm_name}.weight"]
-            out[f"{hf}{hf_name}.bias"] = state[f"{b}{timm_name}.bias"]
-    out["vit.layernorm.weight"], out["vit.layernorm.bias"] = state["norm.weight"], state["norm.bias"]
-    if config.num_classes:
-        out["classifier.weight"], out["classifier.bias"] = state["head.weight"], state["head.bias"]
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
-
-
-def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
-    """A save_pretrained directory (config.json + model.safetensors or pytorch_model.bin): ViT,
-    or a family model (the family's layouts above)."""
-
-    d = Path(path)
-    if not (d / "config.json").is_file():
-        raise WeightError(f"{str(d)!r} has no config.json: not a Hugging Face checkpoint directory")
-    hf = json.loads((d / "config.json").read_text())
-    model_type, _ = vision_config(hf)
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (d / name).is_file():
-            raw = read_timm(d / name)
-            if model_type == "vit":
-                config = hf_config_to_vit(hf)
-                return from_hf(raw, config), config
-            config = family_config_to_vit(hf, raw)
-            return from_family_hf(raw, config, model_type), config
-    raise WeightError(f"{str(d)!r} has neither model.safetensors nor pytorch_model.bin")
-
-
-def write_hf(state, config: ViTConfig, path) -> None:
-    """The original ViT as ViTForImageClassification; a family config as the Hugging Face model
-    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower)."""
-    from safetensors.numpy import save_file
-
-
-    if config.beyond_original_vit():
-        hf, tensors = family_config_to_hf(config), to_family_hf(state, config)
-    else:
-        hf, tensors = vit_config_to_hf(config), to_hf(state, config)
-    d = Path(path)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,92 @@
+"""Hugging Face layouts, to and from the canonical (timm) state, in one package: ``vit`` (the
+original ViT), ``family`` (the ViT family's towers), and here reading and writing a checkpoint
+directory.
+
+* ``vit`` (``ViTForImageClassification``, ``ViTModel``): separate query/key/value,
+  ``layernorm_before`` and ``layernorm_after``, settings (``layer_norm_eps`` among them) from
+  ``config.json``.
+* ``dinov2`` (``Dinov2Model``): ``layer_scale{1,2}.lambda1`` are timm's ``ls{1,2}.gamma``; the
+  SwiGLU FFN's ``weights_in`` is timm's packed ``fc1`` (gate rows first). ``mask_token`` is
+  used only with ``bool_masked_pos`` (training): it is dropped on import and written as zeros.
+* ``dinov2_with_registers``: the position embedding keeps an entry for the class token and
+  ``register_tokens`` get none; timm (``no_embed_class=True``) folds that entry into
+  ``cls_token`` on import (pytorch-image-models#2014), and it is written back as zero.
+* ``clip_vision_model`` (and a whole ``clip`` checkpoint's vision tower): no patch bias,
+  ``pre_layrnorm`` is ``norm_pre``, ``post_layernorm`` is the final ``norm`` (Hugging Face
+  applies it to the class token only, which is the same pooled feature), ``visual_projection``
+  (no bias) is the head, with a zero bias.
+* ``siglip_vision_model`` (and a ``siglip`` checkpoint's vision tower): no class token, the
+  MAP head ``head.*`` is timm's ``attn_pool`` (``in_proj_weight`` rows are q, k, v).
+
+Every mapping is a rename, a split or a concatenation (and the class-token fold, a float32
+sum with an entry written back as zero), so canonical -> Hugging Face -> canonical is bitwise.
+Settings come from config.json; a setting the canonical form cannot hold is refused by name.
+"""
+
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from weights.canonical import WeightError
+from weights.config import ViTConfig
+from weights.formats import read_timm
+
+from weights.hf.family import (
+    FAMILY_MODEL_TYPES,
+    vision_config,
+    family_config_to_vit,
+    model_type_for,
+    family_config_to_hf,
+    from_family_hf,
+    to_family_hf,
+)
+from weights.hf.vit import (
+    hf_config_to_vit,
+    vit_config_to_hf,
+    from_hf,
+    to_hf,
+)
+
+
+def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
+    """A save_pretrained directory (config.json + model.safetensors or pytorch_model.bin): ViT,
+    or a family model (the family's layouts above)."""
+
+    d = Path(path)
+    if not (d / "config.json").is_file():
+        raise WeightError(f"{str(d)!r} has no config.json: not a Hugging Face checkpoint directory")
+    hf = json.loads((d / "config.json").read_text())
+    model_type, _ = vision_config(hf)
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (d / name).is_file():
+            raw = read_timm(d / name)
+            if model_type == "vit":
+                config = hf_config_to_vit(hf)
+                return from_hf(raw, config), config
+            config = family_config_to_vit(hf, raw)
+            return from_family_hf(raw, config, model_type), config
+    raise WeightError(f"{str(d)!r} has neither model.safetensors nor pytorch_model.bin")
+
+
+def write_hf(state, config: ViTConfig, path) -> None:
+    """The original ViT as ViTForImageClassification; a family config as the Hugging Face model
+    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower)."""
+    from safetensors.numpy import save_file
+
+
+    if config.beyond_original_vit():
+        hf, tensors = family_config_to_hf(config), to_family_hf(state, config)
+    else:
+        hf, tensors = vit_config_to_hf(config), to_hf(state, config)
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+__all__ = ['FAMILY_MODEL_TYPES', 'family_config_to_hf', 'family_config_to_vit', 'from_family_hf', 'from_hf', 'hf_config_to_vit', 'model_type_for', 'read_hf', 'to_family_hf', 'to_hf', 'vision_config', 'vit_config_to_hf', 'write_hf']
