@@ -38,8 +38,12 @@ def vit_flops(config, batch: int) -> float:
     """Multiply-adds x 2 of one forward (matmuls and the patch conv; elementwise work left out)."""
     N, D, H = config.num_tokens, config.embed_dim, config.num_heads
     ph, pw = config.patch_size
-    per_block = 2 * N * D * 3 * D + 2 * 2 * H * N * N * config.head_dim + 2 * N * D * D + 2 * 2 * N * D * config.mlp_hidden_dim
-    total = 2 * config.num_patches * D * config.in_chans * ph * pw + config.depth * per_block + 2 * D * config.num_classes
+    per_block = (
+        2 * N * D * 3 * D + 2 * 2 * H * N * N * config.head_dim + 2 * N * D * D + 2 * 2 * N * D * config.mlp_hidden_dim
+    )
+    total = (
+        2 * config.num_patches * D * config.in_chans * ph * pw + config.depth * per_block + 2 * D * config.num_classes
+    )
     return float(batch * total)
 
 
@@ -108,6 +112,7 @@ def measure_entry(name: str, batch: int, label: str, warmup: int, repeats: int) 
     _, port, options = next(e for e in ENTRIES if e[0] == label)
     base = _reset_peak_rss()
     if port is None:
+
         def fn(images):  # timm as its users run it for inference, as the torch port runs
             with torch.inference_mode():
                 return model(torch.from_numpy(images))
@@ -134,20 +139,41 @@ def run(models=MODELS, batches=(1, 8), warmup: int = 2, repeats: int = 5, entrie
             flops = vit_flops(config, batch)
             timm_seconds = None
             for label, port, _ in entries:
-                out = subprocess.run([sys.executable, "-m", "conformance.bench", name, str(batch), label, str(warmup),
-                                      str(repeats)], capture_output=True, text=True)
+                out = subprocess.run(
+                    [sys.executable, "-m", "conformance.bench", name, str(batch), label, str(warmup), str(repeats)],
+                    capture_output=True,
+                    text=True,
+                )
                 if out.returncode:
                     raise RuntimeError(f"{name} b{batch} {label} failed:\n{out.stderr[-2000:]}")
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 timm_seconds = r["seconds"] if port is None else timm_seconds
-                rows.append({"model": name, "batch": batch, "port": label, "seconds": r["seconds"],
-                             "images_per_s": batch / r["seconds"], "ratio_to_timm": timm_seconds / r["seconds"],
-                             "gflops": flops / r["seconds"] / 1e9,
-                             "peak_fraction": flops / r["seconds"] / 1e9 / max(peak.values()), "peak_mb": r["peak_mb"]})
+                rows.append(
+                    {
+                        "model": name,
+                        "batch": batch,
+                        "port": label,
+                        "seconds": r["seconds"],
+                        "images_per_s": batch / r["seconds"],
+                        "ratio_to_timm": timm_seconds / r["seconds"],
+                        "gflops": flops / r["seconds"] / 1e9,
+                        "peak_fraction": flops / r["seconds"] / 1e9 / max(peak.values()),
+                        "peak_mb": r["peak_mb"],
+                    }
+                )
                 print(_format_row(rows[-1]), flush=True)
-    return {"machine": {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count(),
-                        "matmul_peak_gflops": peak, "mlx_sgemm": sgemm_provider()},
-            "warmup": warmup, "repeats": repeats, "rows": rows}
+    return {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": _cpu_name(),
+            "cores": os.cpu_count(),
+            "matmul_peak_gflops": peak,
+            "mlx_sgemm": sgemm_provider(),
+        },
+        "warmup": warmup,
+        "repeats": repeats,
+        "rows": rows,
+    }
 
 
 def _cpu_name() -> str:
@@ -161,18 +187,22 @@ def _cpu_name() -> str:
 
 
 def _format_row(r: dict) -> str:
-    return (f"{r['model']:22} b{r['batch']:<2} {r['port']:15} {r['images_per_s']:8.2f} img/s  "
-            f"{r['ratio_to_timm']:5.2f}x timm  {r['gflops']:6.1f} GFLOP/s ({100 * r['peak_fraction']:4.0f}% of peak)  "
-            f"peak {r['peak_mb']:7.1f} MB")
+    return (
+        f"{r['model']:22} b{r['batch']:<2} {r['port']:15} {r['images_per_s']:8.2f} img/s  "
+        f"{r['ratio_to_timm']:5.2f}x timm  {r['gflops']:6.1f} GFLOP/s ({100 * r['peak_fraction']:4.0f}% of peak)  "
+        f"peak {r['peak_mb']:7.1f} MB"
+    )
 
 
 def main(args) -> int:
     models = args.models or list(MODELS)
     result = run(models, tuple(args.batches), args.warmup, args.repeats)
     m = result["machine"]
-    print(f"\nmachine: {m['processor']}, {m['cores']} cores; float32 matmul peak (2048^2): "
-          + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in m["matmul_peak_gflops"].items())
-          + f"; MLX cblas_sgemm from {m['mlx_sgemm']}")
+    print(
+        f"\nmachine: {m['processor']}, {m['cores']} cores; float32 matmul peak (2048^2): "
+        + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in m["matmul_peak_gflops"].items())
+        + f"; MLX cblas_sgemm from {m['mlx_sgemm']}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     if args.markdown:

@@ -34,9 +34,13 @@ FUSED = {
     "torch": lambda m, q, k, v, mask, scale: m.F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale),
     "mlx": lambda m, q, k, v, mask, scale: m.mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask),
     "jax": lambda m, q, k, v, mask, scale: m.jax.nn.dot_product_attention(
-        q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), scale=scale,
+        q.swapaxes(1, 2),
+        k.swapaxes(1, 2),
+        v.swapaxes(1, 2),
+        scale=scale,
         mask=mask if mask is not None and mask.dtype == m.jnp.bool_ else None,
-        bias=mask if mask is not None and mask.dtype != m.jnp.bool_ else None).swapaxes(1, 2),
+        bias=mask if mask is not None and mask.dtype != m.jnp.bool_ else None,
+    ).swapaxes(1, 2),
 }
 
 

@@ -30,10 +30,14 @@ def agree(args) -> int:
         out = load_factory(port)(config, state, dtype=args.dtype)(images)
         results[port] = {r.name: r for r in compare_outputs(out, model, dtype=args.dtype)}
     seconds = time.perf_counter() - t0
-    print(f"{args.preset}: seeded weights (seed {args.seed}), {args.batch} images {config.in_chans}x"
-          f"{config.img_size[0]}x{config.img_size[1]}; {args.dtype} ports against the float64 oracle")
-    print("error = max over elements of |port - oracle| over the error model's bound for the stage computed from "
-          "the port's own inputs (docs/tolerances.md); tol: the calibrated largest error of correct ports x 4\n")
+    print(
+        f"{args.preset}: seeded weights (seed {args.seed}), {args.batch} images {config.in_chans}x"
+        f"{config.img_size[0]}x{config.img_size[1]}; {args.dtype} ports against the float64 oracle"
+    )
+    print(
+        "error = max over elements of |port - oracle| over the error model's bound for the stage computed from "
+        "the port's own inputs (docs/tolerances.md); tol: the calibrated largest error of correct ports x 4\n"
+    )
     rows = []
     for name in model.names:
         rs = [results[p][name] for p in args.ports]
@@ -46,8 +50,10 @@ def agree(args) -> int:
             print(f"{port}: diverges first at {stage}")
         return 1
     worst = max((r.separation, p, n) for p, rs in results.items() for n, r in rs.items())
-    print(f"all {len(args.ports)} ports agree with the oracle at all {len(model.names)} stages; closest to its "
-          f"tolerance: {worst[2]} ({worst[1]}) at {worst[0]:.2f} of it; {seconds:.1f} s")
+    print(
+        f"all {len(args.ports)} ports agree with the oracle at all {len(model.names)} stages; closest to its "
+        f"tolerance: {worst[2]} ({worst[1]}) at {worst[0]:.2f} of it; {seconds:.1f} s"
+    )
     return 0
 
 
@@ -61,42 +67,78 @@ def main(argv=None) -> int:
         target.add_argument("--batch", type=int, default=2)
         target.add_argument("--ports", nargs="+", default=list(FRAMEWORK_PORTS), choices=list(FRAMEWORK_PORTS))
         target.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    v = sub.add_parser("verify", help="check a port factory against the oracle, stage by stage",
-                       description="Run a port and the float64 oracle on drawn inputs and report, per stage, "
-                                   "the error against the tolerance and the first divergent stage. "
-                                   "Exit 0: conforms; 1: does not; 2: usage error; 3: the tool's own failure.")
-    v.add_argument("port", nargs="?", help="the port: a factory or a ModelPort, 'pkg.module:name' (or a built-in: "
-                                           "torch, mlx, jax, numpy)")
-    v.add_argument("--attention", metavar="PKG.MODULE:MAKE_ATTENTION",
-                   help="verify an attention factory instead of a whole model (see docs/verify.md)")
-    v.add_argument("--grad", metavar="PKG.MODULE:MAKE_GRAD",
-                   help="verify a gradient factory instead: every tap's cotangent in backward order, every "
-                        "parameter's gradient and the images' (or a built-in: torch, mlx, jax; docs/gradients.md)")
-    v.add_argument("--tap", action="append", default=[], metavar="STAGE=MODULE[:in]",
-                   help="for a ModelPort: read STAGE from this module's output (or input); {i} for every block, "
-                        "e.g. blocks.{i}.attn.weights=layers.{i}.attn.softmax (repeatable)")
+    v = sub.add_parser(
+        "verify",
+        help="check a port factory against the oracle, stage by stage",
+        description="Run a port and the float64 oracle on drawn inputs and report, per stage, "
+        "the error against the tolerance and the first divergent stage. "
+        "Exit 0: conforms; 1: does not; 2: usage error; 3: the tool's own failure.",
+    )
+    v.add_argument(
+        "port",
+        nargs="?",
+        help="the port: a factory or a ModelPort, 'pkg.module:name' (or a built-in: torch, mlx, jax, numpy)",
+    )
+    v.add_argument(
+        "--attention",
+        metavar="PKG.MODULE:MAKE_ATTENTION",
+        help="verify an attention factory instead of a whole model (see docs/verify.md)",
+    )
+    v.add_argument(
+        "--grad",
+        metavar="PKG.MODULE:MAKE_GRAD",
+        help="verify a gradient factory instead: every tap's cotangent in backward order, every "
+        "parameter's gradient and the images' (or a built-in: torch, mlx, jax; docs/gradients.md)",
+    )
+    v.add_argument(
+        "--tap",
+        action="append",
+        default=[],
+        metavar="STAGE=MODULE[:in]",
+        help="for a ModelPort: read STAGE from this module's output (or input); {i} for every block, "
+        "e.g. blocks.{i}.attn.weights=layers.{i}.attn.softmax (repeatable)",
+    )
     group = v.add_mutually_exclusive_group()
-    group.add_argument("--preset", choices=sorted(PRESETS), help="a named config (default: the config stored in "
-                                                                  "--weights, else vit_test_token or its square twin, "
-                                                                  "whichever the port supports)")
+    group.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="a named config (default: the config stored in "
+        "--weights, else vit_test_token or its square twin, "
+        "whichever the port supports)",
+    )
     group.add_argument("--config", help="a ViTConfig as JSON, inline or a file path")
-    v.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config field of the preset, --config or default (repeatable; the value is "
-                        "JSON: --set depth=2 --set num_classes=0)")
+    v.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config field of the preset, --config or default (repeatable; the value is "
+        "JSON: --set depth=2 --set num_classes=0)",
+    )
     v.add_argument("--weights", help="a canonical safetensors file (default: seeded weights)")
-    v.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="what the port computes in: passed to the factory as dtype= unless float32")
-    v.add_argument("--policy", default="mixed", choices=["mixed", "autocast", "uniform"],
-                   help="with --dtype bfloat16/float16, what each stage may be stored in: mixed (the dtype or float32, "
-                        "each stage judged as stored), autocast (as torch.autocast: LayerNorm and the residual "
-                        "stream in float32), uniform (every stage in the dtype)")
+    v.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="what the port computes in: passed to the factory as dtype= unless float32",
+    )
+    v.add_argument(
+        "--policy",
+        default="mixed",
+        choices=["mixed", "autocast", "uniform"],
+        help="with --dtype bfloat16/float16, what each stage may be stored in: mixed (the dtype or float32, "
+        "each stage judged as stored), autocast (as torch.autocast: LayerNorm and the residual "
+        "stream in float32), uniform (every stage in the dtype)",
+    )
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--json", help="write the report as JSON here")
     v.add_argument("--plot", help="save a plot of error against stage here (PNG, SVG, PDF)")
     z = sub.add_parser("zoo", help="run the bug zoo through verify and the --port plugin, one row per mutant")
     z.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
     z.add_argument("--no-plugin", action="store_true", help="verify only, skip the sampled pytest run")
-    z.add_argument("--no-dtypes", action="store_true", help="verify each mutant in its own dtype only, not in all three")
+    z.add_argument(
+        "--no-dtypes", action="store_true", help="verify each mutant in its own dtype only, not in all three"
+    )
     z.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the sampled run")
     z.add_argument("--json", help="write the rows as JSON here (docs/data/zoo.json feeds docs/zoo.md)")
     z.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
@@ -105,12 +147,17 @@ def main(argv=None) -> int:
     b.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--json", help="write the rows and the machine here (docs/data/bench.json feeds docs/performance.md)")
+    b.add_argument(
+        "--json", help="write the rows and the machine here (docs/data/bench.json feeds docs/performance.md)"
+    )
     b.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
     d = sub.add_parser("docs", help="regenerate the tables in docs/ from code and committed measurements")
     d.add_argument("--check", action="store_true", help="only check: exit 1 naming each stale table")
-    c = sub.add_parser("calibrate", add_help=False,
-                       help="measure the correct ports' errors the tolerances come from (--grad: the gradient bound's)")
+    c = sub.add_parser(
+        "calibrate",
+        add_help=False,
+        help="measure the correct ports' errors the tolerances come from (--grad: the gradient bound's)",
+    )
     c.add_argument("rest", nargs="*")
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["calibrate"]:  # its own options: conformance.numerics.calibrate, or gradients with --grad

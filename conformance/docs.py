@@ -38,6 +38,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 
 # ----------------------------------------------------------------------------- generators
 
+
 def zoo_table(measured: dict | None = None) -> str:
     """Every mutant of the catalogue, with what `python -m conformance zoo --json` measured: where
     verify locates it and by how much, in its own dtype and (model mutants) in the other two."""
@@ -61,14 +62,41 @@ def zoo_table(measured: dict | None = None) -> str:
         caught = f"{len(r['caught_by'])}/{len(r['sampled'])}" if r.get("sampled") else "-"
         by_dtype = r.get("by_dtype") or {}
         own = {"found": r.get("found"), "ratio": r.get("ratio")} if r else None
-        dtypes = [cell(by_dtype.get(d) if by_dtype else (own if d == m.dtype else None), m.first_divergence)
-                  if r else "not measured" for d in ("float32", "bfloat16", "float16")]
+        dtypes = [
+            cell(by_dtype.get(d) if by_dtype else (own if d == m.dtype else None), m.first_divergence)
+            if r
+            else "not measured"
+            for d in ("float32", "bfloat16", "float16")
+        ]
         if m.level in ("attention", "gradient"):
             dtypes[1:] = ["-", "-"]  # attention factories take no dtype; gradients are checked in float32
-        rows.append([f"`{m.name}`", m.description, m.source, f"`{m.first_divergence}`", m.dtype, *dtypes,
-                     r.get("exposing_case"), caught])
-    return markdown_table(["mutant", "bug", "from", "declared stage", "dtype", "float32", "bfloat16", "float16",
-                           "exposing case", "caught by"], rows)
+        rows.append(
+            [
+                f"`{m.name}`",
+                m.description,
+                m.source,
+                f"`{m.first_divergence}`",
+                m.dtype,
+                *dtypes,
+                r.get("exposing_case"),
+                caught,
+            ]
+        )
+    return markdown_table(
+        [
+            "mutant",
+            "bug",
+            "from",
+            "declared stage",
+            "dtype",
+            "float32",
+            "bfloat16",
+            "float16",
+            "exposing case",
+            "caught by",
+        ],
+        rows,
+    )
 
 
 def bench_table(result: dict | None = None) -> str:
@@ -79,16 +107,32 @@ def bench_table(result: dict | None = None) -> str:
         result = json.loads(path.read_text())
     m = result["machine"]
     peak = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in m["matmul_peak_gflops"].items())
-    head = (f"Measured with `python -m conformance bench` (warm-up {result['warmup']}, median of {result['repeats']}) "
-            f"on {m['processor']}, {m['cores']} cores, {m['platform']}; float32 2048² matmul peak in the same run: "
-            f"{peak}; MLX's `cblas_sgemm` from `{m['mlx_sgemm']}`.\n\n")
-    names = {"vit_tiny_patch16_224": "ViT-Ti/16", "vit_small_patch16_224": "ViT-S/16",
-             "vit_base_patch16_224": "ViT-B/16"}
-    rows = [[names.get(r["model"], r["model"]), r["batch"], r["port"], f"{r['images_per_s']:.2f}",
-             f"{r['ratio_to_timm']:.2f}", f"{r['gflops']:.0f}", f"{100 * r['peak_fraction']:.0f}%",
-             f"{r['peak_mb']:.0f}"] for r in result["rows"]]
-    return head + markdown_table(["model", "batch", "port", "images/s", "× timm", "GFLOP/s", "% of peak",
-                                  "peak MB"], rows)
+    head = (
+        f"Measured with `python -m conformance bench` (warm-up {result['warmup']}, median of {result['repeats']}) "
+        f"on {m['processor']}, {m['cores']} cores, {m['platform']}; float32 2048² matmul peak in the same run: "
+        f"{peak}; MLX's `cblas_sgemm` from `{m['mlx_sgemm']}`.\n\n"
+    )
+    names = {
+        "vit_tiny_patch16_224": "ViT-Ti/16",
+        "vit_small_patch16_224": "ViT-S/16",
+        "vit_base_patch16_224": "ViT-B/16",
+    }
+    rows = [
+        [
+            names.get(r["model"], r["model"]),
+            r["batch"],
+            r["port"],
+            f"{r['images_per_s']:.2f}",
+            f"{r['ratio_to_timm']:.2f}",
+            f"{r['gflops']:.0f}",
+            f"{100 * r['peak_fraction']:.0f}%",
+            f"{r['peak_mb']:.0f}",
+        ]
+        for r in result["rows"]
+    ]
+    return head + markdown_table(
+        ["model", "batch", "port", "images/s", "× timm", "GFLOP/s", "% of peak", "peak MB"], rows
+    )
 
 
 def tolerance_table() -> str:
@@ -104,8 +148,17 @@ def tolerance_table() -> str:
                 m = modes.get(mode, {}).get(kind)
                 row += ["-" if m is None else f"{m:.3g}", "-" if m is None else f"{MARGIN * m:.3g}"]
             rows.append(row)
-    return markdown_table(["stage kind", "dtype", "local: largest ratio", "local: tolerance",
-                           "end to end: largest ratio", "end to end: tolerance"], rows)
+    return markdown_table(
+        [
+            "stage kind",
+            "dtype",
+            "local: largest ratio",
+            "local: tolerance",
+            "end to end: largest ratio",
+            "end to end: tolerance",
+        ],
+        rows,
+    )
 
 
 def stage_table() -> str:
@@ -121,17 +174,27 @@ def stage_table() -> str:
         capture = f"`{rule}`" + (f" (with `qk_norm`: `{with_qk}`)" if with_qk != rule else "")
         scope = {"block": "blocks.{i}.", "attn_pool": "attn_pool."}.get(stage.scope, "")
         name = (scope + stage.name) if stage.name else scope.rstrip(".")
-        rows.append([f"`{name}`", f"({', '.join(stage.shape.split())})", OPTIONS[stage.when],
-                     ", ".join(f"`{i}`" for i in stage.inputs) or "the images", capture,
-                     ", ".join(f"`{p}`" for p in stage.params), stage.note])
-    return markdown_table(["stage", "shape", "exists with", "computed from", "read from a model as written",
-                           "weights", "note"], rows)
+        rows.append(
+            [
+                f"`{name}`",
+                f"({', '.join(stage.shape.split())})",
+                OPTIONS[stage.when],
+                ", ".join(f"`{i}`" for i in stage.inputs) or "the images",
+                capture,
+                ", ".join(f"`{p}`" for p in stage.params),
+                stage.note,
+            ]
+        )
+    return markdown_table(
+        ["stage", "shape", "exists with", "computed from", "read from a model as written", "weights", "note"], rows
+    )
 
 
 GENERATORS = {"zoo": zoo_table, "bench": bench_table, "tolerances": tolerance_table, "stages": stage_table}
 
 
 # ----------------------------------------------------------------------------- blocks
+
 
 def render(text: str) -> str:
     def fill(match: re.Match) -> str:

@@ -30,22 +30,49 @@ profiles.load_default()
 
 def pytest_addoption(parser):
     group = parser.getgroup("vit-conformance", "ViT conformance suite")
-    group.addoption("--port", action="append", default=[], metavar="PKG.MODULE:MAKE",
-                    help="a port factory make(config, state) -> forward(images) to test (repeatable)")
-    group.addoption("--attention-port", action="append", default=[], metavar="PKG.MODULE:MAKE_ATTENTION",
-                    help="an attention factory make_attention(state, dim=..., context_dim=..., num_heads=..., "
-                         "head_dim=..., qkv_bias=...) -> forward(x, context, mask) -> (out, weights) (repeatable)")
-    group.addoption("--grad-port", action="append", default=[], metavar="PKG.MODULE:MAKE_GRAD",
-                    help="a gradient factory make_grad(config, state) -> grad(images, loss) -> {'loss', 'params', "
-                         "'images', 'taps'} to test (repeatable; docs/gradients.md)")
-    group.addoption("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                    help="what the whole-model cases ask every port to compute in (passed to factories as dtype= "
-                         "unless float32)")
-    group.addoption("--only-given-ports", action="store_true",
-                    help="run only the given ports, not the built-in torch, mlx and jax ones")
-    group.addoption("--set", action="append", default=[], dest="vit_set", metavar="KEY=VALUE",
-                    help="fix one config field in every config drawn for the whole-model ports (repeatable; the "
-                         "value is JSON: --set num_classes=0 --set depth=2), as verify's --set")
+    group.addoption(
+        "--port",
+        action="append",
+        default=[],
+        metavar="PKG.MODULE:MAKE",
+        help="a port factory make(config, state) -> forward(images) to test (repeatable)",
+    )
+    group.addoption(
+        "--attention-port",
+        action="append",
+        default=[],
+        metavar="PKG.MODULE:MAKE_ATTENTION",
+        help="an attention factory make_attention(state, dim=..., context_dim=..., num_heads=..., "
+        "head_dim=..., qkv_bias=...) -> forward(x, context, mask) -> (out, weights) (repeatable)",
+    )
+    group.addoption(
+        "--grad-port",
+        action="append",
+        default=[],
+        metavar="PKG.MODULE:MAKE_GRAD",
+        help="a gradient factory make_grad(config, state) -> grad(images, loss) -> {'loss', 'params', "
+        "'images', 'taps'} to test (repeatable; docs/gradients.md)",
+    )
+    group.addoption(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="what the whole-model cases ask every port to compute in (passed to factories as dtype= unless float32)",
+    )
+    group.addoption(
+        "--only-given-ports",
+        action="store_true",
+        help="run only the given ports, not the built-in torch, mlx and jax ones",
+    )
+    group.addoption(
+        "--set",
+        action="append",
+        default=[],
+        dest="vit_set",
+        metavar="KEY=VALUE",
+        help="fix one config field in every config drawn for the whole-model ports (repeatable; the "
+        "value is JSON: --set num_classes=0 --set depth=2), as verify's --set",
+    )
 
 
 _SETTINGS: dict = {}  # --set: config fields fixed for the whole-model ports' drawn configs
@@ -99,8 +126,11 @@ def pytest_generate_tests(metafunc):
         _parametrize(metafunc, "attention_port", builtin + list(opts.attention_port))
     if "attention_path" in metafunc.fixturenames:
         # Each built-in port's explicit and fused paths, and every given attention port.
-        _parametrize(metafunc, "attention_path", [f"{p}{path}" for p in builtin for path in ("", "+fused")]
-                     + list(opts.attention_port))
+        _parametrize(
+            metafunc,
+            "attention_path",
+            [f"{p}{path}" for p in builtin for path in ("", "+fused")] + list(opts.attention_port),
+        )
     if "grad_port" in metafunc.fixturenames:
         _parametrize(metafunc, "grad_port", builtin + list(opts.grad_port))
     if "framework_port" in metafunc.fixturenames:
@@ -176,5 +206,7 @@ def pytest_report_header(config):
     given = list(opts.port) + list(opts.attention_port) + list(opts.grad_port)
     dtype = f", computing in {opts.dtype}" if opts.dtype != "float32" else ""
     if given:
-        return f"vit-conformance: ports {given}" + (" only" if opts.only_given_ports else " and the built-in ones") + dtype
+        return (
+            f"vit-conformance: ports {given}" + (" only" if opts.only_given_ports else " and the built-in ones") + dtype
+        )
     return f"vit-conformance: built-in ports{dtype}" if dtype else None

@@ -23,13 +23,28 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
 
     mlp_layer = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}[config.mlp_layer]
     model = VisionTransformer(
-        img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans,
-        num_classes=config.num_classes, global_pool=config.global_pool, class_token=config.class_token,
-        embed_dim=config.embed_dim, depth=config.depth, num_heads=config.num_heads,
-        mlp_ratio=config.mlp_ratio, qkv_bias=config.qkv_bias, reg_tokens=config.reg_tokens,
-        no_embed_class=config.no_embed_class, pre_norm=config.pre_norm, fc_norm=config.fc_norm,
-        init_values=config.init_values, qk_norm=config.qk_norm, act_layer=config.act_layer,
-        proj_bias=config.proj_bias, mlp_layer=mlp_layer, dynamic_img_size=config.dynamic_img_size, **rates,
+        img_size=config.img_size,
+        patch_size=config.patch_size,
+        in_chans=config.in_chans,
+        num_classes=config.num_classes,
+        global_pool=config.global_pool,
+        class_token=config.class_token,
+        embed_dim=config.embed_dim,
+        depth=config.depth,
+        num_heads=config.num_heads,
+        mlp_ratio=config.mlp_ratio,
+        qkv_bias=config.qkv_bias,
+        reg_tokens=config.reg_tokens,
+        no_embed_class=config.no_embed_class,
+        pre_norm=config.pre_norm,
+        fc_norm=config.fc_norm,
+        init_values=config.init_values,
+        qk_norm=config.qk_norm,
+        act_layer=config.act_layer,
+        proj_bias=config.proj_bias,
+        mlp_layer=mlp_layer,
+        dynamic_img_size=config.dynamic_img_size,
+        **rates,
     )
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):
@@ -92,6 +107,7 @@ def _hooked(model, taps: dict):
                 heads, head_dim = attention.num_heads, attention.head_dim
                 value = value.reshape(b, n, width // (heads * head_dim), heads, head_dim)[:, :, -1].transpose(1, 2)
             taps[name] = value
+
         return store
 
     for scope, prefix, root in _timm_scopes(model):
@@ -147,8 +163,12 @@ def timm_make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, train: bo
                 t.retain_grad()
         value = loss_value(logits, loss)
         value.backward()
-        return {"loss": value.item(), "params": {k: _numpy(p.grad) for k, p in model.named_parameters()},
-                "images": _numpy(x.grad), "taps": {k: _numpy(t.grad) for k, t in taps.items() if t.grad is not None}}
+        return {
+            "loss": value.item(),
+            "params": {k: _numpy(p.grad) for k, p in model.named_parameters()},
+            "images": _numpy(x.grad),
+            "taps": {k: _numpy(t.grad) for k, t in taps.items() if t.grad is not None},
+        }
 
     return grad
 
@@ -175,8 +195,9 @@ class _SoftmaxRecorder:
 
         self.mode = Mode()
         self.pre = self.module.register_forward_pre_hook(lambda m, a: None if self.mode.__enter__() else None)
-        self.post = self.module.register_forward_hook(lambda m, a, o: None if self.mode.__exit__(None, None, None)
-                                                      else None)
+        self.post = self.module.register_forward_hook(
+            lambda m, a, o: None if self.mode.__exit__(None, None, None) else None
+        )
         return self
 
     def __exit__(self, *exc):

@@ -14,8 +14,9 @@ def tool_failure(e: BaseException, frames: int = 4) -> str:
     """What the tool's own failure says: a line saying so, the exception and its last frames."""
     cause = e.__cause__ if isinstance(e, ToolError) and e.__cause__ is not None else e
     tb = traceback.extract_tb(cause.__traceback__)[-frames:]
-    lines = [f"INTERNAL ERROR of vit-conformance (a bug in the tool, not a finding about the port): "
-             f"{describe_exception(e)}"]
+    lines = [
+        f"INTERNAL ERROR of vit-conformance (a bug in the tool, not a finding about the port): {describe_exception(e)}"
+    ]
     if cause is not e:
         lines.append(f"  caused by {describe_exception(cause)}")
     lines += [f"  at {f.filename}:{f.lineno} in {f.name}: {f.line}" for f in tb]

@@ -48,8 +48,16 @@ def family_options(draw) -> dict:
 
 
 @st.composite
-def configs(draw, max_depth: int = 3, max_heads: int = 4, head_dims=(2, 4, 8), max_patch: int = 8,
-            max_grid: int = 4, pools=None, family: bool | str = True) -> ViTConfig:
+def configs(
+    draw,
+    max_depth: int = 3,
+    max_heads: int = 4,
+    head_dims=(2, 4, 8),
+    max_patch: int = 8,
+    max_grid: int = 4,
+    pools=None,
+    family: bool | str = True,
+) -> ViTConfig:
     """Small ViT configs with non-square grids and patches, 1 to 4 channels, every pooling;
     a third of them with the ViT family's options drawn (``family``; ``"half"``: half of them,
     the calibration's share), the rest the original ViT; moved inside what the port under test
@@ -98,7 +106,8 @@ def grad_configs(max_depth: int = 2, family: bool | str = True) -> st.SearchStra
     output is +-1 whatever the input, so the gradient through it is zero in exact arithmetic
     but for eps / var, and a float32 port returns rounding there (docs/gradients.md)."""
     return configs(max_depth=max_depth, family=family).filter(
-        lambda c: c.embed_dim > 2 and (not c.qk_norm or c.embed_dim // c.num_heads > 2))
+        lambda c: c.embed_dim > 2 and (not c.qk_norm or c.embed_dim // c.num_heads > 2)
+    )
 
 
 def family_configs(max_depth: int = 2, **fixed) -> st.SearchStrategy[ViTConfig]:
@@ -111,8 +120,11 @@ def family_configs(max_depth: int = 2, **fixed) -> st.SearchStrategy[ViTConfig]:
     @st.composite
     def draw_config(draw):
         base = draw(configs(max_depth=max_depth, family=False))
-        values = {**{k: getattr(base, k) for k in base.__dataclass_fields__ if k != "name"},
-                  **draw(family_options()), **fixed}
+        values = {
+            **{k: getattr(base, k) for k in base.__dataclass_fields__ if k != "name"},
+            **draw(family_options()),
+            **fixed,
+        }
         if values["global_pool"] == "token" and not values["class_token"]:
             values["class_token"] = True
         try:
@@ -160,9 +172,13 @@ def make_images(config: ViTConfig, batch: int, kind: str, seed: int, grid=None) 
 def image_cases(kinds=IMAGE_KINDS, max_batch: int = 3) -> st.SearchStrategy[ImageCase]:
     """Images of every kind; for a dynamic_img_size model, on a drawn patch grid (smaller or
     larger than the position embedding's: it is resampled both ways)."""
-    return st.builds(ImageCase, kind=st.sampled_from(kinds), seed=st.integers(0, 2**31 - 1),
-                     batch=st.integers(1, max_batch),
-                     grid=st.tuples(st.integers(1, 5), st.integers(1, 5)))
+    return st.builds(
+        ImageCase,
+        kind=st.sampled_from(kinds),
+        seed=st.integers(0, 2**31 - 1),
+        batch=st.integers(1, max_batch),
+        grid=st.tuples(st.integers(1, 5), st.integers(1, 5)),
+    )
 
 
 def add_patch_offset(state: dict[str, np.ndarray], config: ViTConfig, offset: float) -> None:
@@ -174,7 +190,7 @@ def add_patch_offset(state: dict[str, np.ndarray], config: ViTConfig, offset: fl
         state["patch_embed.proj.bias"] = state["patch_embed.proj.bias"] + np.float32(offset)
     else:
         pos = state["pos_embed"].copy()
-        pos[:, config.embed_len - config.num_patches:] += np.float32(offset)
+        pos[:, config.embed_len - config.num_patches :] += np.float32(offset)
         state["pos_embed"] = pos
 
 
@@ -220,8 +236,11 @@ class TrainedLike:
         state = init_state(config, seed=self.seed)
         D, hd = config.embed_dim, config.head_dim
         for key in state:
-            if key.endswith(("norm1.weight", "norm2.weight")) or key in ("norm.weight", "fc_norm.weight",
-                                                                        "norm_pre.weight"):
+            if key.endswith(("norm1.weight", "norm2.weight")) or key in (
+                "norm.weight",
+                "fc_norm.weight",
+                "norm_pre.weight",
+            ):
                 gamma = np.exp(rng.normal(0.0, 0.8, D)) * rng.choice([-1.0, 1.0], D)
                 state[key] = gamma.astype(np.float32)
                 bias_key = key[: -len("weight")] + "bias"
@@ -248,13 +267,14 @@ class TrainedLike:
             sigma = np.sqrt(self.logit / (np.sqrt(hd) * top))
             w = state[f"blocks.{i}.attn.qkv.weight"].copy()
             w[:hd] = rng.normal(0.0, sigma, (hd, D))
-            w[D:D + hd] = w[:hd]
+            w[D : D + hd] = w[:hd]
             state[f"blocks.{i}.attn.qkv.weight"] = w.astype(np.float32)
         return state
 
 
-def with_block0_logit(config: ViTConfig, state: dict[str, np.ndarray], images: np.ndarray,
-                      target: float) -> dict[str, np.ndarray]:
+def with_block0_logit(
+    config: ViTConfig, state: dict[str, np.ndarray], images: np.ndarray, target: float
+) -> dict[str, np.ndarray]:
     """``state`` with block 0's head-0 query and key rows (and biases) rescaled so that its
     largest attention logit on ``images`` is ``target``: the scaled logits stay in float16's
     range (65504) while the unscaled q k^T leaves it for target * sqrt(head_dim) > 65504."""
@@ -262,11 +282,11 @@ def with_block0_logit(config: ViTConfig, state: dict[str, np.ndarray], images: n
 
     taps = numpy_vit.make(config, state)(images)
     q, k = taps["blocks.0.attn.q"][:, 0], taps["blocks.0.attn.k"][:, 0]
-    current = float((q @ np.swapaxes(k, -2, -1)).max()) * config.head_dim ** -0.5
+    current = float((q @ np.swapaxes(k, -2, -1)).max()) * config.head_dim**-0.5
     factor = np.float32(np.sqrt(target / current)) if current > 0 else np.float32(1.0)
     D, hd = config.embed_dim, config.head_dim
     state = dict(state)
-    rows = np.r_[0:hd, D:D + hd]
+    rows = np.r_[0:hd, D : D + hd]
     for key in ("blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias"):
         if key in state:
             t = state[key].copy()
@@ -294,8 +314,12 @@ def weight_cases(draw, scales=SCALES, offsets: bool = True) -> WeightCase:
 
 @st.composite
 def trained_like_weights(draw) -> TrainedLike:
-    return TrainedLike(draw(st.integers(0, 2**31 - 1)), massive=draw(st.sampled_from([30.0, 300.0, 1000.0])),
-                       logit=draw(st.sampled_from([100.0, 1000.0, 3000.0])), offset=draw(st.sampled_from([0.0, 30.0])))
+    return TrainedLike(
+        draw(st.integers(0, 2**31 - 1)),
+        massive=draw(st.sampled_from([30.0, 300.0, 1000.0])),
+        logit=draw(st.sampled_from([100.0, 1000.0, 3000.0])),
+        offset=draw(st.sampled_from([0.0, 30.0])),
+    )
 
 
 def model_weights() -> st.SearchStrategy:
@@ -337,9 +361,17 @@ def attention_shapes(draw, cross: bool | None = None, min_len: int = 1, max_len:
         context_dim = draw(st.sampled_from([3, 6, 10]))
     else:
         kv_len, context_dim = q_len, dim
-    return AttentionShape(batch=draw(st.integers(1, 3)), num_heads=num_heads, head_dim=head_dim, dim=dim,
-                         q_len=q_len, kv_len=kv_len, context_dim=context_dim, qkv_bias=draw(st.booleans()),
-                         seed=draw(st.integers(0, 2**31 - 1)))
+    return AttentionShape(
+        batch=draw(st.integers(1, 3)),
+        num_heads=num_heads,
+        head_dim=head_dim,
+        dim=dim,
+        q_len=q_len,
+        kv_len=kv_len,
+        context_dim=context_dim,
+        qkv_bias=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
 
 
 @st.composite
@@ -368,25 +400,36 @@ def model_cases(draw, config_strategy=None, images=None, weights=None, min_batch
     w = draw(model_weights() if weights is None else weights)
     img = draw(image_cases() if images is None else images)
     img = ImageCase(img.kind, img.seed, draw(st.integers(min_batch, max_batch)), img.grid)
-    return ModelCase(config, w.make(config), img.make(config), info={"weights": w, "images": img},
-                     dtype=current_dtype())
+    return ModelCase(
+        config, w.make(config), img.make(config), info={"weights": w, "images": img}, dtype=current_dtype()
+    )
 
 
 @st.composite
-def attention_property_cases(draw, cross: bool | None = None, weights=None, square_heads: bool = False,
-                             min_len: int = 1):
+def attention_property_cases(
+    draw, cross: bool | None = None, weights=None, square_heads: bool = False, min_len: int = 1
+):
     """A standalone attention case as a properties.AttentionCase (context None for self-attention)."""
     from conformance.properties import AttentionCase
     from weights import mha_shapes
 
     case = draw(attention_shapes(cross=cross, min_len=min_len))
     if square_heads:
-        case = AttentionShape(**{**vars(case), "dim": case.num_heads * case.head_dim,
-                                "context_dim": case.num_heads * case.head_dim if case.kv_len == case.q_len
-                                else case.context_dim})
+        case = AttentionShape(
+            **{
+                **vars(case),
+                "dim": case.num_heads * case.head_dim,
+                "context_dim": case.num_heads * case.head_dim if case.kv_len == case.q_len else case.context_dim,
+            }
+        )
     w = draw(weight_cases(SCALES[:4], offsets=False) if weights is None else weights)
-    options = dict(dim=case.dim, context_dim=case.context_dim, num_heads=case.num_heads, head_dim=case.head_dim,
-                   qkv_bias=case.qkv_bias)
+    options = dict(
+        dim=case.dim,
+        context_dim=case.context_dim,
+        num_heads=case.num_heads,
+        head_dim=case.head_dim,
+        qkv_bias=case.qkv_bias,
+    )
     state = w.make_params(mha_shapes(**options))
     x, ctx = case.inputs()
     self_attention = case.kv_len == case.q_len and case.context_dim == case.dim and draw(st.booleans())
@@ -420,17 +463,38 @@ def hard_model_cases():
 
     config, many = get_config("vit_test_token"), get_config("vit_test_avg_100_tokens")
     cases = []
-    for cfg, weights, kind in ((config, WeightCase(7, 1.0), "near_constant"), (config, WeightCase(7, 4.0), "ordinary"),
-                               (config, WeightCase(7, 4.0, OFFSET), "ordinary"), (config, TrainedLike(7), "ordinary")):
+    for cfg, weights, kind in (
+        (config, WeightCase(7, 1.0), "near_constant"),
+        (config, WeightCase(7, 4.0), "ordinary"),
+        (config, WeightCase(7, 4.0, OFFSET), "ordinary"),
+        (config, TrainedLike(7), "ordinary"),
+    ):
         img = ImageCase(kind, 7, 2)
-        cases.append(ModelCase(cfg, weights.make(cfg), img.make(cfg), info={"weights": weights, "images": img},
-                               dtype=current_dtype()))
+        cases.append(
+            ModelCase(
+                cfg, weights.make(cfg), img.make(cfg), info={"weights": weights, "images": img}, dtype=current_dtype()
+            )
+        )
     img = ImageCase("ordinary", 7, 2)
     state = with_block0_logit(config, TrainedLike(7).make(config), img.make(config), 3e4)
-    cases.append(ModelCase(config, state, img.make(config), dtype=current_dtype(),
-                           info={"weights": "TrainedLike(seed=7), block 0 logits at 3e4", "images": img}))
+    cases.append(
+        ModelCase(
+            config,
+            state,
+            img.make(config),
+            dtype=current_dtype(),
+            info={"weights": "TrainedLike(seed=7), block 0 logits at 3e4", "images": img},
+        )
+    )
     if heavy() or current_dtype() == "float16":  # where float16 is checked: another config, another JAX compile
         weights, img = WeightCase(7, 4.0, OFFSET), ImageCase("ordinary", 7, 2)
-        cases.append(ModelCase(many, weights.make(many), img.make(many), info={"weights": weights, "images": img},
-                               dtype=current_dtype()))
+        cases.append(
+            ModelCase(
+                many,
+                weights.make(many),
+                img.make(many),
+                info={"weights": weights, "images": img},
+                dtype=current_dtype(),
+            )
+        )
     return cases

@@ -71,8 +71,11 @@ def unsupported_option(supports, config: ViTConfig) -> str | None:
         return None
     fixed = fixed_config(supports)
     if fixed is not None:
-        diff = [f"{f.name}={getattr(config, f.name)!r} (supported: {getattr(fixed, f.name)!r})" for f in fields(ViTConfig)
-                if f.name != "name" and getattr(config, f.name) != getattr(fixed, f.name)]
+        diff = [
+            f"{f.name}={getattr(config, f.name)!r} (supported: {getattr(fixed, f.name)!r})"
+            for f in fields(ViTConfig)
+            if f.name != "name" and getattr(config, f.name) != getattr(fixed, f.name)
+        ]
         return f"{diff[0]}; the port supports only {fixed.name or 'one config'}" if diff else None
     _validate(supports)
     supports = _with_family_defaults(supports)
@@ -151,4 +154,3 @@ def describe(supports) -> str:
     if supports == VIT_FAMILY:
         return "the whole ViT family"
     return ", ".join(f"{k}={'<predicate>' if callable(v) and v is not ANY else v!r}" for k, v in supports.items())
-

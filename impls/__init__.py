@@ -45,6 +45,19 @@ def load_factory(spec: str):
 
 __all__ = [
     "Perturbed",
-    "AdamW", "ORIGINAL_VIT", "VIT_FAMILY", "PRESETS", "PORTS", "FRAMEWORK_PORTS", "ConfigError", "InputError", "Loss", "ViTConfig", "check_images",
-    "get_config", "load_factory", "tap_names", "tap_shapes",
+    "AdamW",
+    "ORIGINAL_VIT",
+    "VIT_FAMILY",
+    "PRESETS",
+    "PORTS",
+    "FRAMEWORK_PORTS",
+    "ConfigError",
+    "InputError",
+    "Loss",
+    "ViTConfig",
+    "check_images",
+    "get_config",
+    "load_factory",
+    "tap_names",
+    "tap_shapes",
 ]

@@ -27,6 +27,7 @@ PRECISION = jax.lax.Precision.HIGHEST
 
 # ----------------------------------------------------------------------------- functional
 
+
 def _matmul(a, b):
     return jnp.matmul(a, b, precision=PRECISION)
 
@@ -102,8 +103,16 @@ class GELU(nnx.Module):
 
 
 def Conv2d(in_chans, out_chans, kernel_size, stride, bias, rngs):
-    return nnx.Conv(in_chans, out_chans, kernel_size=kernel_size, strides=stride, padding="VALID", use_bias=bias,
-                    precision=PRECISION, rngs=rngs)
+    return nnx.Conv(
+        in_chans,
+        out_chans,
+        kernel_size=kernel_size,
+        strides=stride,
+        padding="VALID",
+        use_bias=bias,
+        precision=PRECISION,
+        rngs=rngs,
+    )
 
 
 class Identity(nnx.Module):
@@ -152,8 +161,9 @@ class PatchEmbed(nnx.Module):
     def __init__(self, config: ViTConfig, *, rngs: nnx.Rngs):
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, config.patch_size,
-                           not config.pre_norm, rngs)
+        self.proj = Conv2d(
+            config.in_chans, config.embed_dim, config.patch_size, config.patch_size, not config.pre_norm, rngs
+        )
 
     def __call__(self, x):
         x = self.proj(x.transpose(0, 2, 3, 1))  # NCHW -> NHWC -> (B, gh, gw, D)
@@ -163,11 +173,21 @@ class PatchEmbed(nnx.Module):
 class Attention(nnx.Module):
     """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False,
-                 qk_norm: bool = False, proj_bias: bool = True, norm_eps: float = 1e-6, *, rngs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        fused_attn: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        norm_eps: float = 1e-6,
+        *,
+        rngs,
+    ):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, use_bias=qkv_bias, rngs=rngs)
         self.q_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()  # per head
@@ -208,12 +228,11 @@ class MultiHeadAttention(nnx.Module):
     with rows ordered (2, heads, head_dim), ``proj`` (dim, H*hd); here as (in, out) kernels.
     """
 
-    def __init__(self, dim, context_dim=None, num_heads=8, head_dim=None, qkv_bias=True, fused_attn=False,
-                 *, rngs):
+    def __init__(self, dim, context_dim=None, num_heads=8, head_dim=None, qkv_bias=True, fused_attn=False, *, rngs):
         context_dim = dim if context_dim is None else context_dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads if head_dim is None else head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         inner = num_heads * self.head_dim
         self.q = Linear(dim, inner, use_bias=qkv_bias, rngs=rngs)
@@ -237,8 +256,17 @@ class AttentionPoolLatent(MultiHeadAttention):
     """timm's AttentionPoolLatent (the 'map' head): a learned latent query attends over the
     tokens, then x + mlp(norm(x)); the latent's output is the pooled feature."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float,
-                 fused_attn: bool = False, *, rngs):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float,
+        act_layer: str,
+        norm_eps: float,
+        fused_attn: bool = False,
+        *,
+        rngs,
+    ):
         super().__init__(dim, num_heads=num_heads, fused_attn=fused_attn, rngs=rngs)
         self.latent = nnx.Param(jnp.zeros((1, 1, dim)))
         self.norm = LayerNorm(dim, epsilon=norm_eps, rngs=rngs)
@@ -252,8 +280,14 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
         v = record_tap(taps, f"{name}.v", v)
-        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None,
-                                               tap=lambda w: record_tap(taps, f"{name}.weights", w))
+        x, attn = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            scale=self.scale,
+            fused=self.fused_attn and taps is None,
+            tap=lambda w: record_tap(taps, f"{name}.weights", w),
+        )
         x = self.proj(merge_heads(x))
         x = record_tap(taps, f"{name}.proj", x)
         h = self.norm(x)
@@ -322,13 +356,21 @@ class Block(nnx.Module):
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None, *, rngs):
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, epsilon=config.norm_eps, rngs=rngs)
-        self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
-                                              fused_attn=fused_attn, qk_norm=config.qk_norm,
-                                              proj_bias=config.proj_bias, norm_eps=config.norm_eps, rngs=rngs)
+        self.attn = (attn_layer or Attention)(
+            dim,
+            config.num_heads,
+            qkv_bias=config.qkv_bias,
+            fused_attn=fused_attn,
+            qk_norm=config.qk_norm,
+            proj_bias=config.proj_bias,
+            norm_eps=config.norm_eps,
+            rngs=rngs,
+        )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, epsilon=config.norm_eps, rngs=rngs)
-        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(dim, config.mlp_hidden_dim, config.act_layer,
-                                                              config.proj_bias, rngs=rngs)
+        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
+            dim, config.mlp_hidden_dim, config.act_layer, config.proj_bias, rngs=rngs
+        )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
     def __call__(self, x, taps=None, name="blocks.0"):
@@ -351,8 +393,17 @@ class Block(nnx.Module):
 
 
 class VisionTransformer(nnx.Module):
-    def __init__(self, config: ViTConfig, fused_attn: bool = False, embed_layer=None, block_fn=None,
-                 attn_layer=None, mlp_layer=None, *, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        config: ViTConfig,
+        fused_attn: bool = False,
+        embed_layer=None,
+        block_fn=None,
+        attn_layer=None,
+        mlp_layer=None,
+        *,
+        rngs: nnx.Rngs,
+    ):
         self.config = config
         D = config.embed_dim
         self.patch_embed = (embed_layer or PatchEmbed)(config, rngs=rngs)
@@ -363,14 +414,15 @@ class VisionTransformer(nnx.Module):
         self.pos_embed = nnx.Param(jnp.zeros((1, config.embed_len, D)))
         if config.pre_norm:
             self.norm_pre = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
-        self.blocks = nnx.List([
-            (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, rngs=rngs) for _ in range(config.depth)
-        ])
+        self.blocks = nnx.List(
+            [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, rngs=rngs) for _ in range(config.depth)]
+        )
         if not config.use_fc_norm:
             self.norm = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
         if config.global_pool == "map":
-            self.attn_pool = AttentionPoolLatent(D, config.num_heads, config.mlp_ratio, config.act_layer,
-                                                 config.norm_eps, fused_attn, rngs=rngs)
+            self.attn_pool = AttentionPoolLatent(
+                D, config.num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn, rngs=rngs
+            )
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, epsilon=config.norm_eps, rngs=rngs)
         if config.num_classes:
@@ -380,8 +432,7 @@ class VisionTransformer(nnx.Module):
         B, _, D = x.shape
         c = self.config
         pos = resample_pos_embed(self.pos_embed[...], c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
-        tokens = ([self.cls_token] if c.class_token else []) + \
-            ([self.reg_token] if c.reg_tokens else [])
+        tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
         prefix = [jnp.broadcast_to(t[...], (B, t.shape[1], D)) for t in tokens]  # class token, then registers
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return jnp.concatenate(prefix + [x + pos], axis=1)
@@ -407,7 +458,7 @@ class VisionTransformer(nnx.Module):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
-        x = x[:, self.config.num_prefix_tokens:]  # the patch tokens: class and register tokens excluded
+        x = x[:, self.config.num_prefix_tokens :]  # the patch tokens: class and register tokens excluded
         if pool == "map":
             return self.attn_pool(x, taps)
         mean = x.mean(axis=1, dtype=jnp.float32).astype(x.dtype)  # accumulated in float32
@@ -436,11 +487,14 @@ class VisionTransformer(nnx.Module):
 
 # ----------------------------------------------------------------------------- loading
 
+
 def _params(abstract: nnx.State, native: dict[str, np.ndarray], dtype=jnp.float32) -> nnx.State:
     """Strict: every Param present, nothing extra, every shape equal (Flax's update is not).
     A new state: ``abstract`` (shapes only) is shared by every state loaded for its config."""
     paths = {".".join(map(str, path)): (path, var) for path, var in nnx.to_flat_state(abstract)}
-    check_exact_match({k: tuple(var.shape) for k, (_, var) in paths.items()}, {k: np.shape(v) for k, v in native.items()})
+    check_exact_match(
+        {k: tuple(var.shape) for k, (_, var) in paths.items()}, {k: np.shape(v) for k, v in native.items()}
+    )
     pure: dict = {}
     for key, value in native.items():
         path = paths[key][0]
@@ -492,8 +546,16 @@ def _numpy(a: jax.Array) -> np.ndarray:
     return np.asarray(a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a)  # NumPy has no bfloat16
 
 
-def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         dtype: str = "float32", model_cls=None, **layers):
+def make(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    *,
+    taps: bool = True,
+    fused_attn: bool = False,
+    dtype: str = "float32",
+    model_cls=None,
+    **layers,
+):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays, computed in
     ``dtype`` (float32, bfloat16, float16; bfloat16 results come back as float32 arrays).
 
@@ -537,12 +599,19 @@ def _compiled_attention(options: tuple, model_cls):
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
 
 
-def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,
-                   model_cls=None):
+def make_attention(
+    state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False, model_cls=None
+):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
-    options = (("dim", dim), ("context_dim", context_dim), ("num_heads", num_heads), ("head_dim", head_dim),
-               ("qkv_bias", qkv_bias), ("fused_attn", fused_attn))
+    options = (
+        ("dim", dim),
+        ("context_dim", context_dim),
+        ("num_heads", num_heads),
+        ("head_dim", head_dim),
+        ("qkv_bias", qkv_bias),
+        ("fused_attn", fused_attn),
+    )
     model_cls = model_cls or MultiHeadAttention
     apply, abstract, head_dim = _compiled_attention(options, model_cls)
     validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, head_dim, qkv_bias))
@@ -557,6 +626,7 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 
 # ----------------------------------------------------------------------------- gradients
 
+
 def loss_value(logits: jax.Array, loss: Loss) -> jax.Array:
     """The loss of the logits (impls.protocol.Loss), with JAX's own ops."""
     if loss.kind == "linear":
@@ -567,8 +637,10 @@ def loss_value(logits: jax.Array, loss: Loss) -> jax.Array:
 
 def _canonical(state: nnx.State) -> dict[str, np.ndarray]:
     """An NNX state of parameters (or of their gradients) under canonical keys and layouts."""
-    native = {".".join(map(str, path)): _numpy(var.get_value() if isinstance(var, nnx.Variable) else var)
-              for path, var in nnx.to_flat_state(state)}
+    native = {
+        ".".join(map(str, path)): _numpy(var.get_value() if isinstance(var, nnx.Variable) else var)
+        for path, var in nnx.to_flat_state(state)
+    }
     return from_native(native, FRAMEWORK)
 
 
@@ -587,8 +659,15 @@ def _compiled_grad(config: ViTConfig, fused_attn: bool, kind: str, layers: tuple
     return jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2))), used
 
 
-def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
-              model_cls=None, **layers):
+def make_grad(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    *,
+    dtype: str = "float32",
+    fused_attn: bool = False,
+    model_cls=None,
+    **layers,
+):
     """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
     {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap: dL/d(stage output)}}, by
     jax.value_and_grad in ``dtype``; a tap's cotangent is the gradient of a zero added there."""
@@ -600,10 +679,16 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)
         apply, used = _compiled_grad(config, fused_attn, loss.kind, layers)
-        zeros = {k: np.zeros(shape, DTYPES[dtype]) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
+        zeros = {
+            k: np.zeros(shape, DTYPES[dtype]) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()
+        }
         value, (g_params, g_images, g_taps) = apply(params, images, zeros, loss.labels, loss.weights)
-        return {"loss": float(value), "params": _canonical(g_params), "images": _numpy(g_images),
-                "taps": {k: _numpy(g_taps[k]) for k in used}}
+        return {
+            "loss": float(value),
+            "params": _canonical(g_params),
+            "images": _numpy(g_images),
+            "taps": {k: _numpy(g_taps[k]) for k in used},
+        }
 
     return grad
 
@@ -623,8 +708,19 @@ def adamw(hp: AdamW):
     return optax.adamw(hp.lr, b1=hp.betas[0], b2=hp.betas[1], eps=hp.eps, weight_decay=hp.weight_decay, mask=mask)
 
 
-def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,
-               dtype: str = "float32", optimizer=adamw, fused_attn: bool = False, model_cls=None, **layers):
+def adamw_step(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    images,
+    loss: Loss,
+    hp: AdamW,
+    *,
+    dtype: str = "float32",
+    optimizer=adamw,
+    fused_attn: bool = False,
+    model_cls=None,
+    **layers,
+):
     """One AdamW step from a fresh optimizer state (``optimizer(hp)``): the new canonical state."""
     import optax
 
@@ -633,7 +729,9 @@ def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Lo
     images = np.asarray(images)
     check_images(images.shape, str(images.dtype), config)
     apply, _ = _compiled_grad(config, fused_attn, loss.kind, layers)
-    zeros = {k: np.zeros(shape, DTYPES[dtype]) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
+    zeros = {
+        k: np.zeros(shape, DTYPES[dtype]) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()
+    }
     _, (grads, _, _) = apply(params, images, zeros, loss.labels, loss.weights)
     tx = optimizer(hp)
 

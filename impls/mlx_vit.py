@@ -26,6 +26,7 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 # ----------------------------------------------------------------------------- functional
 
+
 def _dead_rows(mask: mx.array) -> mx.array:
     """Query rows in which the mask leaves no key."""
     keep = mask if mask.dtype == mx.bool_ else mask > -mx.inf
@@ -94,8 +95,7 @@ class QuickGELU(nn.Module):
         return x * mx.sigmoid(1.702 * x)  # nn.GELU(approx="fast") computes the same
 
 
-ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approx="precise"), "quick_gelu": QuickGELU,
-              "silu": nn.SiLU}
+ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approx="precise"), "quick_gelu": QuickGELU, "silu": nn.SiLU}
 
 
 def record_tap(taps, name, value):
@@ -126,8 +126,9 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size,
-                           bias=not config.pre_norm)
+        self.proj = Conv2d(
+            config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
+        )
 
     def __call__(self, x):
         x = self.proj(x.transpose(0, 2, 3, 1))  # NCHW -> NHWC -> (B, gh, gw, D)
@@ -137,12 +138,20 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False,
-                 qk_norm: bool = False, proj_bias: bool = True, norm_eps: float = 1e-6):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        fused_attn: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        norm_eps: float = 1e-6,
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else Identity()  # per head, before the scale
@@ -186,7 +195,7 @@ class MultiHeadAttention(nn.Module):
         context_dim = dim if context_dim is None else context_dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads if head_dim is None else head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         inner = num_heads * self.head_dim
         self.q = Linear(dim, inner, bias=qkv_bias)
@@ -210,8 +219,9 @@ class AttentionPoolLatent(MultiHeadAttention):
     """timm's AttentionPoolLatent (the 'map' head): a learned latent query attends over the
     tokens, then x + mlp(norm(x)); the latent's output is the pooled feature."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float,
-                 fused_attn: bool = False):
+    def __init__(
+        self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float, fused_attn: bool = False
+    ):
         super().__init__(dim, num_heads=num_heads, fused_attn=fused_attn)
         self.latent = mx.zeros((1, 1, dim))
         self.norm = LayerNorm(dim, eps=norm_eps)
@@ -225,8 +235,14 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
         v = record_tap(taps, f"{name}.v", v)
-        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None,
-                                               tap=lambda w: record_tap(taps, f"{name}.weights", w))
+        x, attn = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            scale=self.scale,
+            fused=self.fused_attn and taps is None,
+            tap=lambda w: record_tap(taps, f"{name}.weights", w),
+        )
         x = self.proj(merge_heads(x))
         x = record_tap(taps, f"{name}.proj", x)
         h = self.norm(x)
@@ -299,13 +315,20 @@ class Block(nn.Module):
         super().__init__()
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, eps=config.norm_eps)
-        self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
-                                              fused_attn=fused_attn, qk_norm=config.qk_norm,
-                                              proj_bias=config.proj_bias, norm_eps=config.norm_eps)
+        self.attn = (attn_layer or Attention)(
+            dim,
+            config.num_heads,
+            qkv_bias=config.qkv_bias,
+            fused_attn=fused_attn,
+            qk_norm=config.qk_norm,
+            proj_bias=config.proj_bias,
+            norm_eps=config.norm_eps,
+        )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(dim, config.mlp_hidden_dim, config.act_layer,
-                                                              config.proj_bias)
+        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
+            dim, config.mlp_hidden_dim, config.act_layer, config.proj_bias
+        )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
     def __call__(self, x, taps=None, name="blocks.0"):
@@ -328,8 +351,15 @@ class Block(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, config: ViTConfig, fused_attn: bool = False, embed_layer=None, block_fn=None,
-                 attn_layer=None, mlp_layer=None):
+    def __init__(
+        self,
+        config: ViTConfig,
+        fused_attn: bool = False,
+        embed_layer=None,
+        block_fn=None,
+        attn_layer=None,
+        mlp_layer=None,
+    ):
         super().__init__()
         self.config = config
         D = config.embed_dim
@@ -341,14 +371,13 @@ class VisionTransformer(nn.Module):
         self.pos_embed = mx.zeros((1, config.embed_len, D))
         if config.pre_norm:
             self.norm_pre = LayerNorm(D, eps=config.norm_eps)
-        self.blocks = [
-            (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)
-        ]
+        self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
         if not config.use_fc_norm:
             self.norm = LayerNorm(D, eps=config.norm_eps)
         if config.global_pool == "map":
-            self.attn_pool = AttentionPoolLatent(D, config.num_heads, config.mlp_ratio, config.act_layer,
-                                                 config.norm_eps, fused_attn)
+            self.attn_pool = AttentionPoolLatent(
+                D, config.num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
+            )
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, eps=config.norm_eps)
         if config.num_classes:
@@ -358,8 +387,7 @@ class VisionTransformer(nn.Module):
         B, _, D = x.shape
         c = self.config
         pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
-        tokens = ([self.cls_token] if c.class_token else []) + \
-            ([self.reg_token] if c.reg_tokens else [])
+        tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
         prefix = [mx.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class token, then registers
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return mx.concatenate(prefix + [x + pos], axis=1)
@@ -385,7 +413,7 @@ class VisionTransformer(nn.Module):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
-        x = x[:, self.config.num_prefix_tokens:]  # the patch tokens: class and register tokens excluded
+        x = x[:, self.config.num_prefix_tokens :]  # the patch tokens: class and register tokens excluded
         if pool == "map":
             return self.attn_pool(x, taps)
         mean = x.astype(mx.float32).mean(axis=1).astype(x.dtype)  # accumulated in float32
@@ -414,6 +442,7 @@ class VisionTransformer(nn.Module):
 
 # ----------------------------------------------------------------------------- loading
 
+
 def load_state_dict(model: nn.Module, native: dict[str, np.ndarray]) -> None:
     """Strict: our check names every bad key, then MLX's own strict path loads."""
     from mlx.utils import tree_flatten
@@ -437,8 +466,17 @@ def _loaded(config: ViTConfig, state, dtype: str, fused_attn: bool, model_cls, l
     return model
 
 
-def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         dtype: str = "float32", compiled: bool = False, model_cls=None, **layers):
+def make(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    *,
+    taps: bool = True,
+    fused_attn: bool = False,
+    dtype: str = "float32",
+    compiled: bool = False,
+    model_cls=None,
+    **layers,
+):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays, computed in
     ``dtype`` (float32, bfloat16, float16; bfloat16 results come back as float32 arrays).
 
@@ -446,7 +484,7 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     module classes, as timm's VisionTransformer allows. ``compiled`` runs it through mx.compile.
     """
     model = _loaded(config, state, dtype, fused_attn, model_cls, layers)
-    call = (lambda x: model(x, return_taps=taps))
+    call = lambda x: model(x, return_taps=taps)
     call = mx.compile(call) if compiled else call  # the weights are captured as constants
 
     def forward(images: np.ndarray):
@@ -459,12 +497,12 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     return forward
 
 
-
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
 
 
-def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,
-                   model_cls=None):
+def make_attention(
+    state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False, model_cls=None
+):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
     model = (model_cls or MultiHeadAttention)(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
@@ -475,7 +513,11 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
     def forward(x, context=None, mask=None):
         context = None if context is None else mx.array(context)
         mask = None if mask is None else mx.array(mask)
-        out, attn = (model(mx.array(x), context, mask), None) if fused_attn else model(mx.array(x), context, mask, return_weights=True)
+        out, attn = (
+            (model(mx.array(x), context, mask), None)
+            if fused_attn
+            else model(mx.array(x), context, mask, return_weights=True)
+        )
         mx.eval(out, attn)
         return np.array(out), None if attn is None else np.array(attn)
 
@@ -484,6 +526,7 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 
 # ----------------------------------------------------------------------------- gradients
 
+
 def loss_value(logits: mx.array, loss: Loss) -> mx.array:
     """The loss of the logits (impls.protocol.Loss), with MLX's own ops."""
     if loss.kind == "linear":
@@ -491,8 +534,15 @@ def loss_value(logits: mx.array, loss: Loss) -> mx.array:
     return nn.losses.cross_entropy(logits, mx.array(loss.labels), reduction="mean")
 
 
-def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
-              model_cls=None, **layers):
+def make_grad(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    *,
+    dtype: str = "float32",
+    fused_attn: bool = False,
+    model_cls=None,
+    **layers,
+):
     """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
     {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap: dL/d(stage output)}}, by
     mx.value_and_grad in ``dtype``; a tap's cotangent is the gradient of a zero added there."""
@@ -513,13 +563,19 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
     def grad(images: np.ndarray, loss: Loss):
         images = np.asarray(images)
         check_images(images.shape, str(images.dtype), config)
-        zeros = {k: mx.zeros(shape, dtype=DTYPES[dtype])
-                 for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
+        zeros = {
+            k: mx.zeros(shape, dtype=DTYPES[dtype])
+            for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()
+        }
         value, (g_params, g_images, g_taps) = differentiate(model.trainable_parameters(), mx.array(images), zeros, loss)
         mx.eval(value, g_params, g_images, g_taps)
         native = {k: _numpy(v) for k, v in tree_flatten(g_params)}
-        return {"loss": float(value), "params": from_native(native, FRAMEWORK), "images": _numpy(g_images),
-                "taps": {k: _numpy(g_taps[k]) for k in used}}
+        return {
+            "loss": float(value),
+            "params": from_native(native, FRAMEWORK),
+            "images": _numpy(g_images),
+            "taps": {k: _numpy(g_taps[k]) for k in used},
+        }
 
     return grad
 
@@ -530,15 +586,26 @@ def adamw(hp: AdamW):
     import mlx.optimizers as optim
 
     def make(weight_decay):
-        return optim.AdamW(learning_rate=hp.lr, betas=list(hp.betas), eps=hp.eps, weight_decay=weight_decay,
-                           bias_correction=True)
+        return optim.AdamW(
+            learning_rate=hp.lr, betas=list(hp.betas), eps=hp.eps, weight_decay=weight_decay, bias_correction=True
+        )
 
-    return optim.MultiOptimizer([make(0.0), make(hp.weight_decay)],
-                                [lambda key, p: not hp.decays(key, p.ndim)])
+    return optim.MultiOptimizer([make(0.0), make(hp.weight_decay)], [lambda key, p: not hp.decays(key, p.ndim)])
 
 
-def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,
-               dtype: str = "float32", optimizer=adamw, fused_attn: bool = False, model_cls=None, **layers):
+def adamw_step(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    images,
+    loss: Loss,
+    hp: AdamW,
+    *,
+    dtype: str = "float32",
+    optimizer=adamw,
+    fused_attn: bool = False,
+    model_cls=None,
+    **layers,
+):
     """One AdamW step from a fresh optimizer (``optimizer(hp)``): the new canonical state."""
     from mlx.utils import tree_flatten
 

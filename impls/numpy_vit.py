@@ -22,6 +22,7 @@ FRAMEWORK = "numpy"
 
 # ----------------------------------------------------------------------------- functional
 
+
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     m = np.max(x, axis=axis, keepdims=True)
     # A row that is -inf everywhere (fully masked) gives exp() = 0, not NaN.
@@ -43,7 +44,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     # torch's GELU(approximate="tanh"), timm's "gelu_tanh" (SigLIP).
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def quick_gelu(x: np.ndarray) -> np.ndarray:
@@ -102,6 +103,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False, ta
 
 
 # ----------------------------------------------------------------------------- layers
+
 
 class Module:
     """Just enough of a module system for strict loading: arrays are parameters."""
@@ -212,11 +214,19 @@ class PatchEmbed(Module):
 class Attention(Module):
     """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False,
-                 qk_norm: bool = False, proj_bias: bool = True, norm_eps: float = 1e-6):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        fused_attn: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        norm_eps: float = 1e-6,
+    ):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         if qk_norm:  # over head_dim, per head, before the scale
@@ -257,7 +267,7 @@ class MultiHeadAttention(Module):
         context_dim = dim if context_dim is None else context_dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads if head_dim is None else head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         inner = num_heads * self.head_dim
         self.q = Linear(dim, inner, bias=qkv_bias)
@@ -280,8 +290,9 @@ class AttentionPoolLatent(MultiHeadAttention):
     """timm's AttentionPoolLatent (the 'map' head): a learned latent query attends over the
     tokens, then x + mlp(norm(x)); the latent's output is the pooled feature."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float,
-                 fused_attn: bool = False):
+    def __init__(
+        self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float, fused_attn: bool = False
+    ):
         super().__init__(dim, num_heads=num_heads, fused_attn=fused_attn)
         self.latent = np.zeros((1, 1, dim))
         self.norm = LayerNorm(dim, eps=norm_eps)
@@ -295,8 +306,9 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
         v = record_tap(taps, f"{name}.v", v)
-        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale,
-                                               tap=lambda w: record_tap(taps, f"{name}.weights", w))
+        x, attn = scaled_dot_product_attention(
+            q, k, v, scale=self.scale, tap=lambda w: record_tap(taps, f"{name}.weights", w)
+        )
         x = self.proj(merge_heads(x))
         x = record_tap(taps, f"{name}.proj", x)
         h = self.norm(x)
@@ -365,13 +377,20 @@ class Block(Module):
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, eps=config.norm_eps)
-        self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
-                                              fused_attn=fused_attn, qk_norm=config.qk_norm,
-                                              proj_bias=config.proj_bias, norm_eps=config.norm_eps)
+        self.attn = (attn_layer or Attention)(
+            dim,
+            config.num_heads,
+            qkv_bias=config.qkv_bias,
+            fused_attn=fused_attn,
+            qk_norm=config.qk_norm,
+            proj_bias=config.proj_bias,
+            norm_eps=config.norm_eps,
+        )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(dim, config.mlp_hidden_dim, config.act_layer,
-                                                              config.proj_bias)
+        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
+            dim, config.mlp_hidden_dim, config.act_layer, config.proj_bias
+        )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
     def __call__(self, x, taps=None, name="blocks.0"):
@@ -394,8 +413,15 @@ class Block(Module):
 
 
 class VisionTransformer(Module):
-    def __init__(self, config: ViTConfig, fused_attn: bool = False, embed_layer=None, block_fn=None,
-                 attn_layer=None, mlp_layer=None):
+    def __init__(
+        self,
+        config: ViTConfig,
+        fused_attn: bool = False,
+        embed_layer=None,
+        block_fn=None,
+        attn_layer=None,
+        mlp_layer=None,
+    ):
         self.config = config
         D = config.embed_dim
         self.patch_embed = (embed_layer or PatchEmbed)(config)
@@ -406,14 +432,13 @@ class VisionTransformer(Module):
         self.pos_embed = np.zeros((1, config.embed_len, D))
         if config.pre_norm:
             self.norm_pre = LayerNorm(D, eps=config.norm_eps)
-        self.blocks = [
-            (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)
-        ]
+        self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
         if not config.use_fc_norm:
             self.norm = LayerNorm(D, eps=config.norm_eps)
         if config.global_pool == "map":
-            self.attn_pool = AttentionPoolLatent(D, config.num_heads, config.mlp_ratio, config.act_layer,
-                                                 config.norm_eps, fused_attn)
+            self.attn_pool = AttentionPoolLatent(
+                D, config.num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
+            )
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, eps=config.norm_eps)
         if config.num_classes:
@@ -423,8 +448,7 @@ class VisionTransformer(Module):
         B, _, D = x.shape
         c = self.config
         pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
-        tokens = ([self.cls_token] if c.class_token else []) + \
-            ([self.reg_token] if c.reg_tokens else [])
+        tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
         prefix = [np.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class token, then registers
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return np.concatenate(prefix + [x + pos], axis=1)
@@ -450,7 +474,7 @@ class VisionTransformer(Module):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
-        x = x[:, self.config.num_prefix_tokens:]  # the patch tokens: class and register tokens excluded
+        x = x[:, self.config.num_prefix_tokens :]  # the patch tokens: class and register tokens excluded
         if pool == "map":
             return self.attn_pool(x, taps)
         if pool == "avg":
@@ -477,6 +501,7 @@ class VisionTransformer(Module):
 
 # ----------------------------------------------------------------------------- loading
 
+
 def load_state_dict(model: Module, native: dict[str, np.ndarray]) -> None:
     """Strict: every parameter present, nothing extra, every shape equal."""
     current = dict(model.named_parameters())
@@ -485,8 +510,15 @@ def load_state_dict(model: Module, native: dict[str, np.ndarray]) -> None:
         model.set_parameter(key, np.asarray(value, dtype=np.float64))
 
 
-def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         model_cls=None, **layers):
+def make(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    *,
+    taps: bool = True,
+    fused_attn: bool = False,
+    model_cls=None,
+    **layers,
+):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays.
 
     ``model_cls`` and ``layers`` (embed_layer, block_fn, attn_layer, mlp_layer) swap in other
@@ -505,8 +537,9 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
 
 
-def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,
-                   model_cls=None):
+def make_attention(
+    state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False, model_cls=None
+):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
     model = (model_cls or MultiHeadAttention)(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
@@ -521,6 +554,7 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 
 
 # ----------------------------------------------------------------------------- gradients
+
 
 def loss_value(logits, loss: Loss):
     """The loss of the logits (impls.protocol.Loss), in this file's NumPy."""
@@ -546,8 +580,7 @@ def _traced(name: str = "impls._numpy_vit_traced"):
     return module
 
 
-def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bool = False, model_cls=None,
-              **layers):
+def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bool = False, model_cls=None, **layers):
     """Gradient factory, the float64 reference: canonical state -> grad(images, loss) returning
     {"loss": float, "params": {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap:
     dL/d(stage output)}}. ``grad(..., perturbed=...)`` builds the taps from the zeros added at
@@ -579,8 +612,12 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, fused_attn: bo
         zeros = {k: np.zeros(shape) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
         value, (g_params, g_images, g_taps) = differentiate(native, images, zeros, loss, perturbed)
         # The oracle's layout is the canonical one; from_native would round to float32.
-        return {"loss": float(value), "params": dict(g_params), "images": g_images,
-                "taps": {k: g_taps[k] for k in used}}
+        return {
+            "loss": float(value),
+            "params": dict(g_params),
+            "images": g_images,
+            "taps": {k: g_taps[k] for k in used},
+        }
 
     return grad
 
@@ -595,7 +632,7 @@ def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Lo
     for key, p in state.items():
         g, p = grads["params"][key], np.asarray(p, np.float64)
         m, v = (1 - b1) * g, (1 - b2) * g * g
-        m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        m_hat, v_hat = m / (1 - b1**t), v / (1 - b2**t)
         wd = hp.weight_decay if hp.decays(key, p.ndim) else 0.0
         new[key] = p * (1 - hp.lr * wd) - hp.lr * m_hat / (np.sqrt(v_hat) + hp.eps)
     return new, grads

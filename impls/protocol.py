@@ -26,9 +26,19 @@ class Unsupported(ValueError):
 
 # What a port of the original ViT supports (conformance.support's form): every option of the
 # ViT family at its default.
-ORIGINAL_VIT = {"global_pool": ("token", "avg"), "reg_tokens": 0, "no_embed_class": False, "pre_norm": False,
-                "fc_norm": (None,), "init_values": (None,), "qk_norm": False, "act_layer": "gelu", "proj_bias": True,
-                "mlp_layer": "mlp", "dynamic_img_size": False}
+ORIGINAL_VIT = {
+    "global_pool": ("token", "avg"),
+    "reg_tokens": 0,
+    "no_embed_class": False,
+    "pre_norm": False,
+    "fc_norm": (None,),
+    "init_values": (None,),
+    "qk_norm": False,
+    "act_layer": "gelu",
+    "proj_bias": True,
+    "mlp_layer": "mlp",
+    "dynamic_img_size": False,
+}
 
 
 class _Any:
@@ -49,8 +59,10 @@ VIT_FAMILY = {option: ANY for option in ORIGINAL_VIT}
 def require_original_vit(config: ViTConfig, port: str) -> None:
     beyond = config.beyond_original_vit()
     if beyond:
-        raise Unsupported(f"config not supported by the port: the {port} port implements the original ViT, not "
-                          f"{', '.join(beyond)} (the float64 oracle does)")
+        raise Unsupported(
+            f"config not supported by the port: the {port} port implements the original ViT, not "
+            f"{', '.join(beyond)} (the float64 oracle does)"
+        )
 
 
 # The stages themselves are defined once, in impls/stages.py.
@@ -72,9 +84,11 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
         raise InputError(f"images must have {C} channels (in_chans) on axis 1, got shape {tuple(shape)}")
     if config.dynamic_img_size:
         (ph, pw) = config.patch_size
-        if (shape[2] < ph or shape[3] < pw or shape[2] % ph or shape[3] % pw):
-            raise InputError(f"images must have a height divisible by {ph} and a width by {pw} (patch_size, with "
-                             f"dynamic_img_size) on axes 2, 3, got shape {tuple(shape)}")
+        if shape[2] < ph or shape[3] < pw or shape[2] % ph or shape[3] % pw:
+            raise InputError(
+                f"images must have a height divisible by {ph} and a width by {pw} (patch_size, with "
+                f"dynamic_img_size) on axes 2, 3, got shape {tuple(shape)}"
+            )
     elif tuple(shape[2:]) != (H, W):
         raise InputError(f"images must be {H}x{W} (img_size) on axes 2, 3, got shape {tuple(shape)}")
     dtype = str(dtype).rsplit(".", 1)[-1]  # torch.float32, mlx.core.float32 -> float32
@@ -82,8 +96,25 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
         raise InputError(f"images must be float32, got dtype {dtype}")
 
 
-__all__ = ["GLOBAL_POOLS", "PRESETS", "ConfigError", "InputError", "Unsupported", "ViTConfig", "get_config",
-           "tap_names", "tap_shapes", "check_images", "BLOCK_TAPS", "ATTN_POOL_TAPS", "block_taps", "ORIGINAL_VIT", "VIT_FAMILY", "ANY", "require_original_vit"]
+__all__ = [
+    "GLOBAL_POOLS",
+    "PRESETS",
+    "ConfigError",
+    "InputError",
+    "Unsupported",
+    "ViTConfig",
+    "get_config",
+    "tap_names",
+    "tap_shapes",
+    "check_images",
+    "BLOCK_TAPS",
+    "ATTN_POOL_TAPS",
+    "block_taps",
+    "ORIGINAL_VIT",
+    "VIT_FAMILY",
+    "ANY",
+    "require_original_vit",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +127,7 @@ class Loss:
     """
 
     kind: str
-    labels: np.ndarray | None = None   # (B,) int, for cross_entropy
+    labels: np.ndarray | None = None  # (B,) int, for cross_entropy
     weights: np.ndarray | None = None  # (B, num_classes) float, for linear
 
     def __post_init__(self):

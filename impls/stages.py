@@ -105,6 +105,8 @@ def _map(c):
 
 _POOL_INSIDE = "unseen:inside the attention pool: its q, k, v and weights are not read yet"
 
+# A table: one entry per row (the formatter would give each argument a line).
+# fmt: off
 MODEL_IN = (
     Stage("patch_embed", "patch_embed", (), "B P D", params=("patch_embed",), contraction=True,
           capture="out:patch_embed.proj@patches", timm="out:patch_embed@tokens",
@@ -177,6 +179,7 @@ MODEL_OUT = (
     Stage("logits", "logits", ("pooled",), "B classes", params=("head",), contraction=True, capture="return",
           timm="return"),
 )
+# fmt: on
 STAGES = MODEL_IN + BLOCK + MODEL_OUT
 BY_KIND = {s.kind: s for s in STAGES}
 
@@ -208,9 +211,18 @@ def stage_kind(name: str) -> str:
 
 
 def _symbols(config: ViTConfig, batch: int) -> dict[str, int]:
-    return {"B": batch, "N": config.num_tokens, "D": config.embed_dim, "H": config.num_heads,
-            "hd": config.head_dim, "P": config.num_patches, "act": config.mlp_act_dim, "mlp": config.mlp_hidden_dim,
-            "classes": config.num_features, "1": 1}
+    return {
+        "B": batch,
+        "N": config.num_tokens,
+        "D": config.embed_dim,
+        "H": config.num_heads,
+        "hd": config.head_dim,
+        "P": config.num_patches,
+        "act": config.mlp_act_dim,
+        "mlp": config.mlp_hidden_dim,
+        "classes": config.num_features,
+        "1": 1,
+    }
 
 
 def tap_shapes(config: ViTConfig, batch: int, img_size=None) -> dict[str, tuple[int, ...]]:
@@ -233,9 +245,17 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
     features = "norm" if not config.use_fc_norm else last
     qk = (f"{b}.attn.q_norm", f"{b}.attn.k_norm") if config.qk_norm else (f"{b}.attn.q", f"{b}.attn.k")
     scaled = config.init_values is not None
-    values = {"{b}": b, "{prev}": prev, "{q}": qk[0], "{k}": qk[1], "{last}": last, "{features}": features,
-              "{attn_out}": f"{b}.ls1" if scaled else f"{b}.attn", "{mlp_out}": f"{b}.ls2" if scaled else f"{b}.mlp",
-              "{pool_in}": "attn_pool" if config.global_pool == "map" else features}
+    values = {
+        "{b}": b,
+        "{prev}": prev,
+        "{q}": qk[0],
+        "{k}": qk[1],
+        "{last}": last,
+        "{features}": features,
+        "{attn_out}": f"{b}.ls1" if scaled else f"{b}.attn",
+        "{mlp_out}": f"{b}.ls2" if scaled else f"{b}.mlp",
+        "{pool_in}": "attn_pool" if config.global_pool == "map" else features,
+    }
 
     def resolve(pattern: str) -> str:
         for key, value in values.items():
@@ -252,9 +272,18 @@ def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) ->
     stage, _ = stage_of(name)
     tokens = config.num_tokens if tokens is None else tokens
     hidden = config.mlp_act_dim if config.mlp_layer == "mlp" else 2 * config.mlp_act_dim
-    lengths = {"1": 1, "D": config.embed_dim, "3D": 3 * config.embed_dim, "N": tokens, "hd": config.head_dim,
-               "qk": config.head_dim if config.qk_norm else tokens, "hidden": hidden, "P": config.num_patches,
-               "mlp": config.mlp_hidden_dim, "classes": max(config.num_classes, 1)}
+    lengths = {
+        "1": 1,
+        "D": config.embed_dim,
+        "3D": 3 * config.embed_dim,
+        "N": tokens,
+        "hd": config.head_dim,
+        "qk": config.head_dim if config.qk_norm else tokens,
+        "hidden": hidden,
+        "P": config.num_patches,
+        "mlp": config.mlp_hidden_dim,
+        "classes": max(config.num_classes, 1),
+    }
     return lengths[stage.cotangent]
 
 
@@ -266,7 +295,7 @@ def param_stage(key: str) -> str:
         _, i, rest = key.split(".", 2)
         scope, entries = f"blocks.{i}", BLOCK
     elif key.startswith("attn_pool."):
-        rest, scope, entries = key[len("attn_pool."):], "attn_pool", [s for s in MODEL_OUT if s.scope == "attn_pool"]
+        rest, scope, entries = key[len("attn_pool.") :], "attn_pool", [s for s in MODEL_OUT if s.scope == "attn_pool"]
     else:
         rest, scope, entries = key, "", [s for s in STAGES if not s.scope]
     for stage in entries:
@@ -277,8 +306,14 @@ def param_stage(key: str) -> str:
 
 
 # The option each ``when`` stands for (docs/model.md's table).
-OPTIONS = {_always: "", _pre_norm: "`pre_norm`", _qk_norm: "`qk_norm`", _layer_scale: "`init_values`",
-           _final_norm: "no `fc_norm`", _map: '`global_pool="map"`'}
+OPTIONS = {
+    _always: "",
+    _pre_norm: "`pre_norm`",
+    _qk_norm: "`qk_norm`",
+    _layer_scale: "`init_values`",
+    _final_norm: "no `fc_norm`",
+    _map: '`global_pool="map"`',
+}
 
 CONTRACTIONS = frozenset(s.kind for s in STAGES if s.contraction)
 RESIDUAL = frozenset(s.kind for s in STAGES if s.residual)

@@ -21,6 +21,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # ----------------------------------------------------------------------------- functional
 
+
 def _dead_rows(mask: torch.Tensor) -> torch.Tensor:
     """Query rows in which the mask leaves no key."""
     keep = mask if mask.dtype == torch.bool else mask > -torch.inf
@@ -88,8 +89,7 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
-ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate="tanh"), "quick_gelu": QuickGELU,
-              "silu": nn.SiLU}
+ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate="tanh"), "quick_gelu": QuickGELU, "silu": nn.SiLU}
 
 
 def record_tap(taps, name, value):
@@ -120,8 +120,9 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size,
-                           bias=not config.pre_norm)
+        self.proj = Conv2d(
+            config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
+        )
 
     def forward(self, x):
         x = self.proj(x)  # (B, D, gh, gw)
@@ -131,12 +132,20 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """timm's Attention: fused qkv with rows ordered (3, heads, head_dim)."""
 
-    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True, fused_attn: bool = False,
-                 qk_norm: bool = False, proj_bias: bool = True, norm_eps: float = 1e-6):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        qkv_bias: bool = True,
+        fused_attn: bool = False,
+        qk_norm: bool = False,
+        proj_bias: bool = True,
+        norm_eps: float = 1e-6,
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else Identity()  # per head, before the scale
@@ -180,7 +189,7 @@ class MultiHeadAttention(nn.Module):
         context_dim = dim if context_dim is None else context_dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads if head_dim is None else head_dim
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
         inner = num_heads * self.head_dim
         self.q = Linear(dim, inner, bias=qkv_bias)
@@ -204,8 +213,9 @@ class AttentionPoolLatent(MultiHeadAttention):
     """timm's AttentionPoolLatent (the 'map' head): a learned latent query attends over the
     tokens, then x + mlp(norm(x)); the latent's output is the pooled feature."""
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float,
-                 fused_attn: bool = False):
+    def __init__(
+        self, dim: int, num_heads: int, mlp_ratio: float, act_layer: str, norm_eps: float, fused_attn: bool = False
+    ):
         super().__init__(dim, num_heads=num_heads, fused_attn=fused_attn)
         self.latent = nn.Parameter(torch.zeros(1, 1, dim))
         self.norm = LayerNorm(dim, eps=norm_eps)
@@ -219,8 +229,14 @@ class AttentionPoolLatent(MultiHeadAttention):
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
         v = record_tap(taps, f"{name}.v", v)
-        x, attn = scaled_dot_product_attention(q, k, v, scale=self.scale, fused=self.fused_attn and taps is None,
-                                               tap=lambda w: record_tap(taps, f"{name}.weights", w))
+        x, attn = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            scale=self.scale,
+            fused=self.fused_attn and taps is None,
+            tap=lambda w: record_tap(taps, f"{name}.weights", w),
+        )
         x = self.proj(merge_heads(x))
         x = record_tap(taps, f"{name}.proj", x)
         h = self.norm(x)
@@ -293,13 +309,20 @@ class Block(nn.Module):
         super().__init__()
         dim = config.embed_dim
         self.norm1 = LayerNorm(dim, eps=config.norm_eps)
-        self.attn = (attn_layer or Attention)(dim, config.num_heads, qkv_bias=config.qkv_bias,
-                                              fused_attn=fused_attn, qk_norm=config.qk_norm,
-                                              proj_bias=config.proj_bias, norm_eps=config.norm_eps)
+        self.attn = (attn_layer or Attention)(
+            dim,
+            config.num_heads,
+            qkv_bias=config.qkv_bias,
+            fused_attn=fused_attn,
+            qk_norm=config.qk_norm,
+            proj_bias=config.proj_bias,
+            norm_eps=config.norm_eps,
+        )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
-        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(dim, config.mlp_hidden_dim, config.act_layer,
-                                                              config.proj_bias)
+        self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
+            dim, config.mlp_hidden_dim, config.act_layer, config.proj_bias
+        )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
     def forward(self, x, taps=None, name="blocks.0"):
@@ -322,8 +345,15 @@ class Block(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, config: ViTConfig, fused_attn: bool = False, embed_layer=None, block_fn=None,
-                 attn_layer=None, mlp_layer=None):
+    def __init__(
+        self,
+        config: ViTConfig,
+        fused_attn: bool = False,
+        embed_layer=None,
+        block_fn=None,
+        attn_layer=None,
+        mlp_layer=None,
+    ):
         super().__init__()
         self.config = config
         D = config.embed_dim
@@ -335,14 +365,15 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, config.embed_len, D))
         if config.pre_norm:
             self.norm_pre = LayerNorm(D, eps=config.norm_eps)
-        self.blocks = nn.ModuleList([
-            (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)
-        ])
+        self.blocks = nn.ModuleList(
+            [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
+        )
         if not config.use_fc_norm:
             self.norm = LayerNorm(D, eps=config.norm_eps)
         if config.global_pool == "map":
-            self.attn_pool = AttentionPoolLatent(D, config.num_heads, config.mlp_ratio, config.act_layer,
-                                                 config.norm_eps, fused_attn)
+            self.attn_pool = AttentionPoolLatent(
+                D, config.num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
+            )
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, eps=config.norm_eps)
         if config.num_classes:
@@ -352,8 +383,7 @@ class VisionTransformer(nn.Module):
         B, _, D = x.shape
         c = self.config
         pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
-        tokens = ([self.cls_token] if c.class_token else []) + \
-            ([self.reg_token] if c.reg_tokens else [])
+        tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
         prefix = [t.expand(B, -1, -1) for t in tokens]  # class token, then registers
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return torch.cat(prefix + [x + pos], dim=1)
@@ -379,7 +409,7 @@ class VisionTransformer(nn.Module):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
-        x = x[:, self.config.num_prefix_tokens:]  # the patch tokens: class and register tokens excluded
+        x = x[:, self.config.num_prefix_tokens :]  # the patch tokens: class and register tokens excluded
         if pool == "map":
             return self.attn_pool(x, taps)
         mean = x.mean(dim=1, dtype=torch.float32).to(x.dtype)  # accumulated in float32
@@ -408,6 +438,7 @@ class VisionTransformer(nn.Module):
 
 # ----------------------------------------------------------------------------- loading
 
+
 def load_state_dict(model: nn.Module, native: dict[str, np.ndarray]) -> None:
     """Strict: our check names every bad key, then torch's own strict path loads."""
     current = model.state_dict()
@@ -429,8 +460,16 @@ def _loaded(config: ViTConfig, state, dtype: str, fused_attn: bool, model_cls, l
     return model.to(DTYPES[dtype]).eval()
 
 
-def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, fused_attn: bool = False,
-         dtype: str = "float32", model_cls=None, **layers):
+def make(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    *,
+    taps: bool = True,
+    fused_attn: bool = False,
+    dtype: str = "float32",
+    model_cls=None,
+    **layers,
+):
     """Port factory: canonical float32 state -> forward(images) on NumPy arrays, computed in
     ``dtype`` (float32, bfloat16, float16; bfloat16 results come back as float32 arrays).
 
@@ -447,16 +486,18 @@ def make(config: ViTConfig, state: dict[str, np.ndarray], *, taps: bool = True, 
     return forward
 
 
-
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
 
 
-def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False,
-                   model_cls=None):
+def make_attention(
+    state, *, dim, context_dim=None, num_heads, head_dim=None, qkv_bias=True, fused_attn=False, model_cls=None
+):
     """Attention factory: canonical ``q``/``kv``/``proj`` state -> forward(x, context=None, mask=None)
     on NumPy arrays, returning (out, weights); weights are None on the fused path."""
     with torch.device("meta"):
-        model = (model_cls or MultiHeadAttention)(dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn)
+        model = (model_cls or MultiHeadAttention)(
+            dim, context_dim, num_heads, head_dim, qkv_bias, fused_attn=fused_attn
+        )
     validate_state(state, expected=mha_shapes(dim, context_dim, num_heads, model.head_dim, qkv_bias))
     load_state_dict(model, to_native(state, FRAMEWORK))
 
@@ -472,6 +513,7 @@ def make_attention(state, *, dim, context_dim=None, num_heads, head_dim=None, qk
 
 # ----------------------------------------------------------------------------- gradients
 
+
 def loss_value(logits: torch.Tensor, loss: Loss) -> torch.Tensor:
     """The loss of the logits (impls.protocol.Loss), with torch's own ops."""
     if loss.kind == "linear":
@@ -479,8 +521,15 @@ def loss_value(logits: torch.Tensor, loss: Loss) -> torch.Tensor:
     return F.cross_entropy(logits, torch.tensor(loss.labels, dtype=torch.long))
 
 
-def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "float32", fused_attn: bool = False,
-              model_cls=None, **layers):
+def make_grad(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    *,
+    dtype: str = "float32",
+    fused_attn: bool = False,
+    model_cls=None,
+    **layers,
+):
     """Gradient factory: canonical state -> grad(images, loss) returning {"loss": float, "params":
     {canonical key: dL/dparam}, "images": dL/dimages, "taps": {tap: dL/d(stage output)}}, by
     torch's autograd in ``dtype``; a tap's cotangent is the gradient of a zero added there."""
@@ -491,17 +540,27 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
         check_images(images.shape, str(images.dtype), config)
         model.zero_grad(set_to_none=True)
         x = torch.tensor(images, requires_grad=True)  # float32 in, as forward
-        zeros = {k: torch.zeros(shape, dtype=DTYPES[dtype], requires_grad=True)
-                 for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()}
+        zeros = {
+            k: torch.zeros(shape, dtype=DTYPES[dtype], requires_grad=True)
+            for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()
+        }
         taps = Perturbed(zeros)
         value = loss_value(model(x, taps=taps), loss)
         value.backward()
-        native = {k: _numpy(p.grad) if p.grad is not None else np.zeros(p.shape, np.float32)
-                  for k, p in model.named_parameters()}
-        cotangents = {k: _numpy(zeros[k].grad) if zeros[k].grad is not None else np.zeros(zeros[k].shape, np.float32)
-                      for k in taps.used}
-        return {"loss": value.item(), "params": from_native(native, FRAMEWORK), "images": _numpy(x.grad),
-                "taps": cotangents}
+        native = {
+            k: _numpy(p.grad) if p.grad is not None else np.zeros(p.shape, np.float32)
+            for k, p in model.named_parameters()
+        }
+        cotangents = {
+            k: _numpy(zeros[k].grad) if zeros[k].grad is not None else np.zeros(zeros[k].shape, np.float32)
+            for k in taps.used
+        }
+        return {
+            "loss": value.item(),
+            "params": from_native(native, FRAMEWORK),
+            "images": _numpy(x.grad),
+            "taps": cotangents,
+        }
 
     return grad
 
@@ -509,16 +568,29 @@ def make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, dtype: str = "
 def param_groups(named_parameters, hp: AdamW) -> list[dict]:
     """The decayed and the undecayed parameters (hp.decays), as timm's param groups."""
     named = list(named_parameters)
-    return [{"params": [p for k, p in named if hp.decays(k, p.ndim)], "weight_decay": hp.weight_decay},
-            {"params": [p for k, p in named if not hp.decays(k, p.ndim)], "weight_decay": 0.0}]
+    return [
+        {"params": [p for k, p in named if hp.decays(k, p.ndim)], "weight_decay": hp.weight_decay},
+        {"params": [p for k, p in named if not hp.decays(k, p.ndim)], "weight_decay": 0.0},
+    ]
 
 
 def adamw(named_parameters, hp: AdamW) -> torch.optim.Optimizer:
     return torch.optim.AdamW(param_groups(named_parameters, hp), lr=hp.lr, betas=hp.betas, eps=hp.eps)
 
 
-def adamw_step(config: ViTConfig, state: dict[str, np.ndarray], images, loss: Loss, hp: AdamW, *,
-               dtype: str = "float32", optimizer=adamw, fused_attn: bool = False, model_cls=None, **layers):
+def adamw_step(
+    config: ViTConfig,
+    state: dict[str, np.ndarray],
+    images,
+    loss: Loss,
+    hp: AdamW,
+    *,
+    dtype: str = "float32",
+    optimizer=adamw,
+    fused_attn: bool = False,
+    model_cls=None,
+    **layers,
+):
     """One AdamW step from a fresh optimizer (``optimizer(named_parameters, hp)``): the new
     canonical state."""
     model = _loaded(config, state, dtype, fused_attn, model_cls, layers).requires_grad_(True)

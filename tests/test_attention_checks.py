@@ -14,5 +14,12 @@ def test_fully_masked_row_check_fails_on_the_mean_of_the_values():
     out[:, 1] += rng.normal(size=(2, 6)).astype(np.float32)  # proj(mean of v) instead of proj(0)
     expect_failure(P.check_fully_masked_row, "mean_of_values", out, None, 1, bias, match="proj's bias")
     weights = np.full((2, 3, 4, 5), 0.2, np.float32)
-    expect_failure(P.check_fully_masked_row, "uniform_weights", np.broadcast_to(bias, (2, 4, 6)), weights, 1, bias,
-                   match="zero weights")
+    expect_failure(
+        P.check_fully_masked_row,
+        "uniform_weights",
+        np.broadcast_to(bias, (2, 4, 6)),
+        weights,
+        1,
+        bias,
+        match="zero weights",
+    )

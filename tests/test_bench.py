@@ -6,8 +6,9 @@ from conformance.bench import matmul_peak, time_forward, vit_flops
 from impls import get_config
 
 
-@pytest.mark.parametrize("name, gmacs", [("vit_tiny_patch16_224", 1.3), ("vit_small_patch16_224", 4.6),
-                                         ("vit_base_patch16_224", 17.6)])
+@pytest.mark.parametrize(
+    "name, gmacs", [("vit_tiny_patch16_224", 1.3), ("vit_small_patch16_224", 4.6), ("vit_base_patch16_224", 17.6)]
+)
 def test_flop_count_matches_timms_published_gmacs(name, gmacs):
     """timm's model cards give 1.3, 4.6 and 17.6 GMACs for ViT-Ti, S and B/16 at 224."""
     assert round(vit_flops(get_config(name), 1) / 2 / 1e9, 1) == gmacs

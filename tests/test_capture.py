@@ -58,11 +58,19 @@ def quick_cases(config, seed=0):
     variance cancels), and weights offset by 1000. verify's own cases add a batch of 1."""
     from conformance.strategies import TrainedLike, WeightCase, make_images
 
-    return [Case("ordinary images (batch 3)", make_images(config, 3, "ordinary", seed), WeightCase(seed, 1.0).make(config)),
-            Case("trained-like weights (batch 3)", make_images(config, 3, "ordinary", seed),
-                 TrainedLike(seed + 4).make(config)),
-            Case("offset 1000 (batch 3)", make_images(config, 3, "ordinary", seed),
-                 WeightCase(seed + 2, 4.0, 1000.0).make(config))]
+    return [
+        Case("ordinary images (batch 3)", make_images(config, 3, "ordinary", seed), WeightCase(seed, 1.0).make(config)),
+        Case(
+            "trained-like weights (batch 3)",
+            make_images(config, 3, "ordinary", seed),
+            TrainedLike(seed + 4).make(config),
+        ),
+        Case(
+            "offset 1000 (batch 3)",
+            make_images(config, 3, "ordinary", seed),
+            WeightCase(seed + 2, 4.0, 1000.0).make(config),
+        ),
+    ]
 
 
 # The Flax examples run in one test, so one process compiles JAX's ops for them all. Capture
@@ -72,8 +80,11 @@ FLAX = [name for name in EXAMPLES if name.startswith(("nnx_vit", "linen_vit"))]
 FLAX_RUN = [name for name in FLAX if heavy() or name in ("nnx_vit:port", "linen_vit:fast_variance_port")]
 
 
-@pytest.mark.parametrize("names", [[name] for name in EXAMPLES if name not in FLAX] + [FLAX_RUN],
-                         ids=lambda names: names[0] if len(names) == 1 else "flax")
+@pytest.mark.parametrize(
+    "names",
+    [[name] for name in EXAMPLES if name not in FLAX] + [FLAX_RUN],
+    ids=lambda names: names[0] if len(names) == 1 else "flax",
+)
 def test_each_example_is_verified_unmodified_and_located_at_its_bug(names):
     for name in names:
         _check_example(name)
@@ -102,10 +113,20 @@ def structure_of_vit_tiny():
     return dataclasses.replace(get_config("vit_tiny_patch16_224"), img_size=(32, 32), embed_dim=12, name=None)
 
 
-_JAX_COMPILES = pytest.mark.skipif(not heavy(), reason="thorough profile: JAX compiles each op of 12 more blocks "
-                                                          "(3 to 6 s); the structure rule is the same for all")
-THIRD_PARTY = ["timm_vit:port", "hf_vit:port", "hf_vit:model_port", "mlx_image_vit:port", "torchvision_vit:port",
-               pytest.param("nnx_vit:port", marks=_JAX_COMPILES), pytest.param("linen_vit:port", marks=_JAX_COMPILES)]
+_JAX_COMPILES = pytest.mark.skipif(
+    not heavy(),
+    reason="thorough profile: JAX compiles each op of 12 more blocks "
+    "(3 to 6 s); the structure rule is the same for all",
+)
+THIRD_PARTY = [
+    "timm_vit:port",
+    "hf_vit:port",
+    "hf_vit:model_port",
+    "mlx_image_vit:port",
+    "torchvision_vit:port",
+    pytest.param("nnx_vit:port", marks=_JAX_COMPILES),
+    pytest.param("linen_vit:port", marks=_JAX_COMPILES),
+]
 
 
 @pytest.mark.parametrize("name", THIRD_PARTY)
@@ -147,8 +168,9 @@ def test_a_tap_override_reads_a_stage_the_interception_cannot_see():
     plain = verify(own_softmax_port, config, cases=quick_cases(config))
     assert plain.conformant and set(plain.unseen) == {"blocks.0.attn.weights", "blocks.1.attn.weights"}
     assert "no softmax" in plain.unseen["blocks.0.attn.weights"]
-    given = verify(own_softmax_port.with_taps({"blocks.{i}.attn.weights": "layers.{i}.attend"}), config,
-                   cases=quick_cases(config))
+    given = verify(
+        own_softmax_port.with_taps({"blocks.{i}.attn.weights": "layers.{i}.attend"}), config, cases=quick_cases(config)
+    )
     assert given.conformant and not given.unseen and "blocks.1.attn.weights" in {s.name for s in given.stages}
     with pytest.raises(ValueError, match="no module 'layers.0.softmax'"):
         own_softmax_port.with_taps({"blocks.{i}.attn.weights": "layers.{i}.softmax"})(config, init_state(config))
@@ -163,21 +185,29 @@ def _mlx_example_port(**changes):
     return dataclasses.replace(my_port.port, **changes)
 
 
-@pytest.mark.parametrize("rename, message", [
-    ({"blocks": "blocks"}, "the mapping gives 24 key(s) the model does not have: 'blocks.0.ff_in.bias', "),
-    ({"mlp.fc1": "ff_out", "mlp.fc2": "ff_in"}, "shape mismatch(es): 'layers.0.ff_in.bias': mapped (24,), the model "
-                                                "has (96,)"),
-    ({"head": None}, None),
-    ({"pos_embed": None}, "the mapping drops canonical keys the model needs: pos_embed"),
-], ids=["missing-key", "wrong-shape", "head-dropped", "key-dropped"])
+@pytest.mark.parametrize(
+    "rename, message",
+    [
+        ({"blocks": "blocks"}, "the mapping gives 24 key(s) the model does not have: 'blocks.0.ff_in.bias', "),
+        (
+            {"mlp.fc1": "ff_out", "mlp.fc2": "ff_in"},
+            "shape mismatch(es): 'layers.0.ff_in.bias': mapped (24,), the model has (96,)",
+        ),
+        ({"head": None}, None),
+        ({"pos_embed": None}, "the mapping drops canonical keys the model needs: pos_embed"),
+    ],
+    ids=["missing-key", "wrong-shape", "head-dropped", "key-dropped"],
+)
 def test_a_mapping_that_does_not_fit_is_a_load_finding_naming_keys_and_shapes(rename, message):
     port = _mlx_example_port()
     port = dataclasses.replace(port, rename={**port.rename, **rename})
     config = get_config("vit_test_token")
     if message is None:  # the model's classifier left at its initial values: named, located at load
         report = verify(port, config, cases=quick_cases(config))
-        assert any("do not fill, left at the model's initial values: classifier.bias, classifier.weight" in f["reason"]
-                   for f in report.failures), report.failures
+        assert any(
+            "do not fill, left at the model's initial values: classifier.bias, classifier.weight" in f["reason"]
+            for f in report.failures
+        ), report.failures
         assert report.first_divergence == "load" and not report.conformant
         return
     with pytest.raises(LoadError) as info:
@@ -225,13 +255,22 @@ def test_cli_verifies_an_attention_port_and_an_example_with_a_tap_override(capsy
         code, out = cli(capsys, "--attention", "user_ports:correct_attention", "--json", str(tmp_path / "a.json"))
         assert code == 0 and "CONFORMANT: all 2 stages" in out, out
         assert json.loads((tmp_path / "a.json").read_text())["config"]["num_heads"] == 2
-        code, out = cli(capsys, "--attention", "user_ports:mean_of_values_attention", "--json", str(tmp_path / "b.json"))
+        code, out = cli(
+            capsys, "--attention", "user_ports:mean_of_values_attention", "--json", str(tmp_path / "b.json")
+        )
         assert code == 1 and json.loads((tmp_path / "b.json").read_text())["first_divergence"] == "attn.weights", out
     finally:
         sys.path.remove(str(DATA))
-    code, out = cli(capsys, "conformance.examples.seed_einops_vit:port", "--config",
-                    json.dumps(config_for(example("seed_einops_vit:port")).to_dict()),
-                    "--tap", "blocks.{i}.mlp.act=1.{i}.1.fn.1.1", "--json", str(tmp_path / "c.json"))
+    code, out = cli(
+        capsys,
+        "conformance.examples.seed_einops_vit:port",
+        "--config",
+        json.dumps(config_for(example("seed_einops_vit:port")).to_dict()),
+        "--tap",
+        "blocks.{i}.mlp.act=1.{i}.1.fn.1.1",
+        "--json",
+        str(tmp_path / "c.json"),
+    )
     report = json.loads((tmp_path / "c.json").read_text())
     assert code == 1 and report["first_divergence"] == "blocks.0.attn.q", out
     assert report["sources"]["blocks.0.mlp.act"] == "output of 1.0.1.fn.1.1", report["sources"]
@@ -249,8 +288,10 @@ def test_without_interception_q_k_v_come_from_the_projections(monkeypatch):
     import conformance.capture.adapters as adapters
 
     monkeypatch.setattr(adapters.MLXAdapter, "patches", lambda self, recorder: [])
-    for name, where in (("mlx_image_vit:port", "output of encoder.layers.0.self_attention.query_proj, heads split"),
-                        ("seed_mlx_vit:port", "output of blocks.0.mhsa.qkv split as timm's (3, H, hd)")):
+    for name, where in (
+        ("mlx_image_vit:port", "output of encoder.layers.0.self_attention.query_proj, heads split"),
+        ("seed_mlx_vit:port", "output of blocks.0.mhsa.qkv split as timm's (3, H, hd)"),
+    ):
         port = example(name)
         config = config_for(port)
         report = verify(port, config, cases=quick_cases(config)[:1])
@@ -278,15 +319,33 @@ def test_a_rename_converts_layouts_by_module_type_even_where_shapes_cannot_tell(
 def test_drawn_configs_move_inside_what_a_port_supports():
     from conformance.support import unsupported_option
 
-    drawn = dict(img_size=(12, 8), patch_size=(4, 2), in_chans=2, num_classes=3, global_pool="avg",
-                 class_token=False, embed_dim=8, depth=1, num_heads=2, mlp_ratio=2.0, qkv_bias=True)
-    for supports in ({"square_patches": True}, {"square_images": True}, {"global_pool": "token", "in_chans": 3},
-                     {"qkv_bias": (False,), "mlp_ratio": (1.0, 4.0)}, "vit_test_token"):
+    drawn = dict(
+        img_size=(12, 8),
+        patch_size=(4, 2),
+        in_chans=2,
+        num_classes=3,
+        global_pool="avg",
+        class_token=False,
+        embed_dim=8,
+        depth=1,
+        num_heads=2,
+        mlp_ratio=2.0,
+        qkv_bias=True,
+    )
+    for supports in (
+        {"square_patches": True},
+        {"square_images": True},
+        {"global_pool": "token", "in_chans": 3},
+        {"qkv_bias": (False,), "mlp_ratio": (1.0, 4.0)},
+        "vit_test_token",
+    ):
         config = build_config(supports, drawn)
         assert config is not None and unsupported_option(supports, config) is None, (supports, config)
     assert build_config({"depth": lambda d: d > 1}, drawn) is None  # a predicate rejects: the draw is discarded
-    assert unsupported_option({"square_images": True}, get_config("vit_test_token")) == \
-        "img_size=(16, 24) (supported: square images only)"
+    assert (
+        unsupported_option({"square_images": True}, get_config("vit_test_token"))
+        == "img_size=(16, 24) (supported: square images only)"
+    )
     with pytest.raises(ValueError, match="unknown option"):
         unsupported_option({"pooling": "token"}, get_config("vit_test_token"))
 

@@ -21,9 +21,12 @@ def commands_missing_from_ci(readme: str, ci: str) -> list[str]:
     ci_lines = {line.strip() for line in ci.splitlines()}
     parts = [p.strip() for cmd in readme_commands(readme) for p in cmd.split("&&")]
     # .ci/run names its venv .venv-ci (so a developer's .venv is left alone) and sources it.
-    parts = [p.replace("python -m venv .venv", "python3 -m venv .venv-ci").replace(". .venv/bin/activate",
-                                                                                 ". .venv-ci/bin/activate")
-             for p in parts]
+    parts = [
+        p.replace("python -m venv .venv", "python3 -m venv .venv-ci").replace(
+            ". .venv/bin/activate", ". .venv-ci/bin/activate"
+        )
+        for p in parts
+    ]
     parts = [p.replace("pip install", "python -m pip install --quiet") if p.startswith("pip ") else p for p in parts]
     return [p for p in parts if p not in ci_lines]
 

@@ -47,8 +47,8 @@ def test_softmax_bound_saturates_at_one_when_logits_swamp_the_dtype():
     """bf16 logits of 3e4 carry no information below 128: any weight in [0, 1] must pass."""
     rng = np.random.default_rng(2)
     q = rng.normal(0, 100.0, (1, 1, 5, 8))
-    P_, bound = E.softmax_weights(q, q, 8 ** -0.5, E.Precision("bfloat16"))
-    assert np.all(bound <= 1.0 + 2.0 ** -8 + 1e-30) and np.all(bound[P_ > 1e-3] > 0.5)
+    P_, bound = E.softmax_weights(q, q, 8**-0.5, E.Precision("bfloat16"))
+    assert np.all(bound <= 1.0 + 2.0**-8 + 1e-30) and np.all(bound[P_ > 1e-3] > 0.5)
 
 
 def test_a_correct_port_stays_within_its_bounds_on_trained_like_weights_in_every_dtype():
@@ -77,6 +77,7 @@ def test_local_check_fails_on_a_perturbation_one_bound_wide_times_the_tolerance(
             out["blocks.0.norm1"] = out["blocks.0.norm1"].copy()
             out["blocks.0.norm1"][0, 1, 2] += np.float32(2.5 * tolerance("norm1") * bound[0, 1, 2])
             return out
+
         return perturbed
 
     expect_failure(P.check_matches_oracle, "perturbed", make, case, match="first divergent stage: blocks.0.norm1")
@@ -87,7 +88,7 @@ def test_trained_like_weights_have_massive_activations_and_logits_in_the_hundred
     for seed in range(3):
         out = factory("numpy")(config, S.TrainedLike(seed).make(config))(S.make_images(config, 2, "ordinary", seed))
         q, k = out["blocks.0.attn.q"], out["blocks.0.attn.k"]
-        logits = np.einsum("bhnd,bhmd->bhnm", q, k) * config.head_dim ** -0.5
+        logits = np.einsum("bhnd,bhmd->bhnm", q, k) * config.head_dim**-0.5
         assert 88 < logits.max() < 5000, logits.max()
         assert np.abs(out["embed"]).max() > 256
 
@@ -95,9 +96,17 @@ def test_trained_like_weights_have_massive_activations_and_logits_in_the_hundred
 @settings(max_examples=budget(2))
 @given(case=S.attention_property_cases(), data=st.data())
 def test_the_attention_error_models_clean_chain_is_the_oracles_attention(case, data):
-    shape = S.AttentionShape(case.x.shape[0], case.options["num_heads"], case.options["head_dim"], case.options["dim"],
-                             case.x.shape[1], (case.context if case.context is not None else case.x).shape[1],
-                             case.options["context_dim"], case.options["qkv_bias"], 0)
+    shape = S.AttentionShape(
+        case.x.shape[0],
+        case.options["num_heads"],
+        case.options["head_dim"],
+        case.options["dim"],
+        case.x.shape[1],
+        (case.context if case.context is not None else case.x).shape[1],
+        case.options["context_dim"],
+        case.options["qkv_bias"],
+        0,
+    )
     mask = data.draw(st.one_of(st.none(), S.masks(shape)))
     model = case.error_model(mask=mask)
     out, weights = numpy_vit.make_attention(case.state, **case.options)(case.x, case.context, mask)

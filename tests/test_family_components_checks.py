@@ -22,10 +22,12 @@ class AttentionNormOverEmbedDim(T.Attention):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, C)
         q, k, v = (qkv[:, :, j] for j in range(3))
-        q = torch.nn.functional.layer_norm(q, (C,), self.q_norm.weight.repeat(self.num_heads),
-                                           self.q_norm.bias.repeat(self.num_heads), self.q_norm.eps)
-        k = torch.nn.functional.layer_norm(k, (C,), self.k_norm.weight.repeat(self.num_heads),
-                                           self.k_norm.bias.repeat(self.num_heads), self.k_norm.eps)
+        q = torch.nn.functional.layer_norm(
+            q, (C,), self.q_norm.weight.repeat(self.num_heads), self.q_norm.bias.repeat(self.num_heads), self.q_norm.eps
+        )
+        k = torch.nn.functional.layer_norm(
+            k, (C,), self.k_norm.weight.repeat(self.num_heads), self.k_norm.bias.repeat(self.num_heads), self.k_norm.eps
+        )
         heads = [t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v)]
         T.record_tap(taps, f"{name}.q", heads[0])  # after the norm: the only q this port has
         T.record_tap(taps, f"{name}.k", heads[1])
@@ -58,40 +60,70 @@ class VisionTransformerMeanQueryPool(T.VisionTransformer):
 
 
 def test_layerscale_check_fails_on_gammas_left_unloaded():
-    expect_failure(P.check_layerscale_scales_only_its_branch, "mlx_layerscale_not_loaded",
-                   mutant("mlx_layerscale_not_loaded"), _case("vit_test_dinov2"), 5, match="blocks.0")
+    expect_failure(
+        P.check_layerscale_scales_only_its_branch,
+        "mlx_layerscale_not_loaded",
+        mutant("mlx_layerscale_not_loaded"),
+        _case("vit_test_dinov2"),
+        5,
+        match="blocks.0",
+    )
 
 
 def test_prefix_token_check_fails_on_registers_in_the_patch_mean():
-    expect_failure(P.check_prefix_tokens_as_timm, "torch_registers_in_patch_mean", mutant("torch_registers_in_patch_mean"),
-                   _case("vit_test_registers_avg"), match="pooled")
+    expect_failure(
+        P.check_prefix_tokens_as_timm,
+        "torch_registers_in_patch_mean",
+        mutant("torch_registers_in_patch_mean"),
+        _case("vit_test_registers_avg"),
+        match="pooled",
+    )
 
 
 def test_qk_norm_check_fails_on_a_norm_over_the_embedding():
     def make(config, state, **kw):
         return T.make(config, state, attn_layer=AttentionNormOverEmbedDim, **kw)
 
-    expect_failure(P.check_qk_norm_per_head, "qk_norm_over_embed_dim", make, _case("vit_test_token", qk_norm=True),
-                   match="attn.q_norm")
+    expect_failure(
+        P.check_qk_norm_per_head,
+        "qk_norm_over_embed_dim",
+        make,
+        _case("vit_test_token", qk_norm=True),
+        match="attn.q_norm",
+    )
 
 
 def test_map_head_check_fails_on_a_query_that_is_not_the_latent():
     def make(config, state, **kw):
         return T.make(config, state, model_cls=VisionTransformerMeanQueryPool, **kw)
 
-    expect_failure(P.check_map_head_queries_with_the_latent, "mean_token_query", make, _case("vit_test_siglip"),
-                   match="attn_pool.q")
+    expect_failure(
+        P.check_map_head_queries_with_the_latent,
+        "mean_token_query",
+        make,
+        _case("vit_test_siglip"),
+        match="attn_pool.q",
+    )
 
 
 def test_activation_check_fails_on_gelu_for_quick_gelu():
-    expect_failure(P.check_activation_is_the_named_one, "torch_gelu_for_quick_gelu", mutant("torch_gelu_for_quick_gelu"),
-                   _case("vit_test_clip"), match="mlp.act")
+    expect_failure(
+        P.check_activation_is_the_named_one,
+        "torch_gelu_for_quick_gelu",
+        mutant("torch_gelu_for_quick_gelu"),
+        _case("vit_test_clip"),
+        match="mlp.act",
+    )
 
 
 def test_family_properties_do_not_apply_without_their_option():
     case = _case("vit_test_token")
-    for check in (P.check_layerscale_scales_only_its_branch, P.check_qk_norm_per_head,
-                  P.check_map_head_queries_with_the_latent, P.check_prefix_tokens_as_timm):
+    for check in (
+        P.check_layerscale_scales_only_its_branch,
+        P.check_qk_norm_per_head,
+        P.check_map_head_queries_with_the_latent,
+        P.check_prefix_tokens_as_timm,
+    ):
         args = (0,) if check is P.check_layerscale_scales_only_its_branch else ()
         try:
             check("torch", factory("torch"), case, *args)

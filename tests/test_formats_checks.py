@@ -41,15 +41,20 @@ def hf_family_model(kind: str):
     if kind == "dinov2_with_registers":
         return _drawn(tf.Dinov2WithRegistersModel(tf.Dinov2WithRegistersConfig(**small, num_register_tokens=2)))
     if kind == "clip":
-        return _drawn(tf.CLIPVisionModelWithProjection(tf.CLIPVisionConfig(**small, intermediate_size=48,
-                                                                           projection_dim=8)))
+        return _drawn(
+            tf.CLIPVisionModelWithProjection(tf.CLIPVisionConfig(**small, intermediate_size=48, projection_dim=8))
+        )
     return _drawn(tf.SiglipVisionModel(tf.SiglipVisionConfig(**small, intermediate_size=48)))
 
 
 # What each model's outputs are in the tap protocol.
-HF_OUTPUTS = {"dinov2": ("last_hidden_state", "norm"), "dinov2_swiglu": ("last_hidden_state", "norm"),
-              "dinov2_with_registers": ("last_hidden_state", "norm"), "clip": ("image_embeds", "logits"),
-              "siglip": ("pooler_output", "pooled")}
+HF_OUTPUTS = {
+    "dinov2": ("last_hidden_state", "norm"),
+    "dinov2_swiglu": ("last_hidden_state", "norm"),
+    "dinov2_with_registers": ("last_hidden_state", "norm"),
+    "clip": ("image_embeds", "logits"),
+    "siglip": ("pooler_output", "pooled"),
+}
 
 
 FAMILY_ROUND_TRIPS = [("vit_test_dinov2", "hf", ()), ("vit_test_siglip", "big_vision", ("--npz-flavour", "big_vision"))]
@@ -115,8 +120,17 @@ def test_hf_family_checkpoint_imports_and_the_oracle_and_a_port_match_transforme
     errors = CaseModel(config, state, x)
     for name in ("numpy", port):
         got = factory(name)(config, state)(x)[stage]
-        P.check_close(name, f"{stage} vs transformers {kind}", got, ref, errors.spread(stage), errors.kind(stage),
-                      pair=True, mode="end-to-end", stage=stage)
+        P.check_close(
+            name,
+            f"{stage} vs transformers {kind}",
+            got,
+            ref,
+            errors.spread(stage),
+            errors.kind(stage),
+            pair=True,
+            mode="end-to-end",
+            stage=stage,
+        )
 
 
 @pytest.mark.parametrize("preset", ["vit_test_dinov2", "vit_test_clip", "vit_test_siglip"])
@@ -131,19 +145,33 @@ def test_hf_family_export_loads_strictly_in_transformers_and_round_trips_bitwise
     back_config, back = read(str(tmp_path / "hf"), "hf")
     assert back_config.replace(init_values=config.init_values) == config
     assert list(back) == list(state) and all(back[k].tobytes() == state[k].tobytes() for k in state)
-    cls = {"vit_test_dinov2": tf.Dinov2WithRegistersModel, "vit_test_clip": tf.CLIPVisionModelWithProjection,
-           "vit_test_siglip": tf.SiglipVisionModel}[preset]
+    cls = {
+        "vit_test_dinov2": tf.Dinov2WithRegistersModel,
+        "vit_test_clip": tf.CLIPVisionModelWithProjection,
+        "vit_test_siglip": tf.SiglipVisionModel,
+    }[preset]
     model, info = cls.from_pretrained(tmp_path / "hf", output_loading_info=True)
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     x = images(config)
     with torch.no_grad():
         out = model.eval()(pixel_values=torch.from_numpy(x))
-    attr, stage = {"vit_test_dinov2": ("last_hidden_state", "norm"), "vit_test_clip": ("image_embeds", "logits"),
-                   "vit_test_siglip": ("pooler_output", "pooled")}[preset]
+    attr, stage = {
+        "vit_test_dinov2": ("last_hidden_state", "norm"),
+        "vit_test_clip": ("image_embeds", "logits"),
+        "vit_test_siglip": ("pooler_output", "pooled"),
+    }[preset]
     errors = CaseModel(config, state, x)
-    P.check_close("numpy", f"our {preset} export in transformers", factory("numpy")(config, state)(x)[stage],
-                  getattr(out, attr).numpy(), errors.spread(stage), errors.kind(stage), pair=True, mode="end-to-end",
-                  stage=stage)
+    P.check_close(
+        "numpy",
+        f"our {preset} export in transformers",
+        factory("numpy")(config, state)(x)[stage],
+        getattr(out, attr).numpy(),
+        errors.spread(stage),
+        errors.kind(stage),
+        pair=True,
+        mode="end-to-end",
+        stage=stage,
+    )
 
 
 def test_hf_family_layouts_refuse_what_they_cannot_hold():
@@ -154,8 +182,15 @@ def test_hf_family_layouts_refuse_what_they_cannot_hold():
         config = get_config("vit_test_clip").replace(img_size=16)
         hf.to_family_hf(init_state(config), config)
     with pytest.raises(WeightError, match="classifier reads the class token and the patch mean"):
-        hf.family_config_to_vit({"model_type": "dinov2", "architectures": ["Dinov2ForImageClassification"],
-                                        "hidden_size": 24, "num_hidden_layers": 1, "num_attention_heads": 3})
+        hf.family_config_to_vit(
+            {
+                "model_type": "dinov2",
+                "architectures": ["Dinov2ForImageClassification"],
+                "hidden_size": 24,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 3,
+            }
+        )
 
 
 def test_open_clip_visual_tower_imports_exports_and_matches_open_clip(tmp_path):
@@ -165,8 +200,11 @@ def test_open_clip_visual_tower_imports_exports_and_matches_open_clip(tmp_path):
     from open_clip.model import CLIPVisionCfg, _build_vision_tower
     from safetensors.numpy import save_file
 
-    tower = _drawn(_build_vision_tower(8, CLIPVisionCfg(layers=2, width=24, head_width=8, patch_size=4, image_size=16),
-                                       quick_gelu=True))
+    tower = _drawn(
+        _build_vision_tower(
+            8, CLIPVisionCfg(layers=2, width=24, head_width=8, patch_size=4, image_size=16), quick_gelu=True
+        )
+    )
     config = get_config("vit_test_clip").replace(img_size=16, num_classes=8)
     theirs = {f"visual.{k}": v.detach().numpy() for k, v in tower.state_dict().items()}
     state = formats.from_open_clip(theirs, config)
@@ -174,8 +212,17 @@ def test_open_clip_visual_tower_imports_exports_and_matches_open_clip(tmp_path):
     with torch.no_grad():
         ref = tower(torch.from_numpy(x)).numpy()
     errors = CaseModel(config, state, x)
-    P.check_close("numpy", "logits vs open_clip", factory("numpy")(config, state)(x)["logits"], ref,
-                  errors.spread("logits"), "logits", pair=True, mode="end-to-end", stage="logits")
+    P.check_close(
+        "numpy",
+        "logits vs open_clip",
+        factory("numpy")(config, state)(x)["logits"],
+        ref,
+        errors.spread("logits"),
+        "logits",
+        pair=True,
+        mode="end-to-end",
+        stage="logits",
+    )
     back = formats.to_open_clip(state, config)
     assert all(back[k].tobytes() == theirs[k].tobytes() for k in theirs) and set(back) == set(theirs)
     tower.load_state_dict({k.removeprefix("visual."): torch.from_numpy(v) for k, v in back.items()}, strict=True)
@@ -195,8 +242,16 @@ def test_npz_export_loads_in_timms_load_weights_and_matches_the_ports(flavour, t
         state["pos_embed"][:, 0] = 0.0  # big_vision gives the class token no position
     path = tmp_path / "w.npz"
     formats.write_npz(state, config, path, flavour)
-    model = VisionTransformer(img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2,
-                              num_heads=3, no_embed_class=flavour == "big_vision").eval()
+    model = VisionTransformer(
+        img_size=16,
+        patch_size=4,
+        in_chans=3,
+        num_classes=7,
+        embed_dim=24,
+        depth=2,
+        num_heads=3,
+        no_embed_class=flavour == "big_vision",
+    ).eval()
     _load_weights(model, str(path))
     x = images(config)
     with torch.no_grad():
@@ -237,7 +292,8 @@ def test_a_scanned_big_vision_npz_reads_as_its_unscanned_twin(tmp_path):
     scanned = {k: v for k, v in w.items() if "encoderblock_" not in k}
     for k in [k for k in w if "encoderblock_0/" in k]:
         scanned[k.replace("encoderblock_0/", "encoderblock/")] = np.stack(
-            [w[k.replace("encoderblock_0/", f"encoderblock_{i}/")] for i in range(config.depth)])
+            [w[k.replace("encoderblock_0/", f"encoderblock_{i}/")] for i in range(config.depth)]
+        )
     inferred = formats.infer_npz_config(scanned)
     assert inferred.depth == config.depth and inferred.global_pool == "map"
     back = formats.from_npz(scanned, config)
@@ -269,8 +325,9 @@ def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path):
     src = tmp_path / "src.safetensors"
     write(state, config, str(src), "canonical")
     out = tmp_path / ("out" if layout == "hf" else "out.npz" if layout == "big_vision" else "out.safetensors")
-    run = subprocess.run([sys.executable, "-m", "weights", "convert", str(src), str(out), "--to", layout],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "weights", "convert", str(src), str(out), "--to", layout], capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr
     got_config, back = read(str(out), detect(str(out)), None if layout != "timm" else config)
     assert got_config == config
@@ -285,8 +342,11 @@ def test_family_layouts_round_trip_bitwise_through_the_command(preset, layout, f
         state["head.bias"][:] = 0.0
     src, out = tmp_path / "src.safetensors", tmp_path / ("out.npz" if layout == "big_vision" else "out")
     write(state, config, str(src), "canonical")
-    run = subprocess.run([sys.executable, "-m", "weights", "convert", str(src), str(out), "--to", layout, *flags],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "weights", "convert", str(src), str(out), "--to", layout, *flags],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     got_config, back = read(str(out), detect(str(out)), config if layout == "big_vision" else None)
     assert got_config.replace(init_values=config.init_values) == config
@@ -298,9 +358,20 @@ def test_family_layouts_round_trip_bitwise_through_the_command(preset, layout, f
     [
         (lambda d: (d / "x.txt").write_text("hello") and d / "x.txt", "matches no known layout"),
         (lambda d: _npz(d, {"foo": np.zeros(2)}), "neither 'embedding/kernel'"),
-        (lambda d: _safetensors(d, {"blocks.0.attn.qkv.weight": np.zeros((3, 1), np.float32)}), "matches no known layout"),
-        (lambda d: _safetensors(d, {"patch_embed.proj.weight": np.zeros((8, 3, 4, 4), np.float32),
-                                    "pos_embed": np.zeros((1, 5, 8), np.float32)}), "missing"),
+        (
+            lambda d: _safetensors(d, {"blocks.0.attn.qkv.weight": np.zeros((3, 1), np.float32)}),
+            "matches no known layout",
+        ),
+        (
+            lambda d: _safetensors(
+                d,
+                {
+                    "patch_embed.proj.weight": np.zeros((8, 3, 4, 4), np.float32),
+                    "pos_embed": np.zeros((1, 5, 8), np.float32),
+                },
+            ),
+            "missing",
+        ),
         (lambda d: d / "nope.safetensors", "does not exist"),
         (lambda d: _npz(d, {"embedding/kernel": np.array([object()], dtype=object)}), "refusing to load them"),
     ],
@@ -308,8 +379,11 @@ def test_family_layouts_round_trip_bitwise_through_the_command(preset, layout, f
 )
 def test_convert_gives_a_clear_error_and_exit_2(make_file, message, tmp_path):
     src = make_file(tmp_path)
-    run = subprocess.run([sys.executable, "-m", "weights", "convert", str(src), str(tmp_path / "o.safetensors"),
-                          "--to", "canonical"], capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "weights", "convert", str(src), str(tmp_path / "o.safetensors"), "--to", "canonical"],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
 
 
@@ -320,21 +394,41 @@ def test_convert_names_the_key_whose_shape_does_not_fit(tmp_path):
     from safetensors.numpy import save_file
 
     save_file(state, str(tmp_path / "bad.safetensors"))
-    run = subprocess.run([sys.executable, "-m", "weights", "convert", str(tmp_path / "bad.safetensors"),
-                          str(tmp_path / "o.safetensors"), "--to", "mlx", "--config", json.dumps(config.to_dict())],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "weights",
+            "convert",
+            str(tmp_path / "bad.safetensors"),
+            str(tmp_path / "o.safetensors"),
+            "--to",
+            "mlx",
+            "--config",
+            json.dumps(config.to_dict()),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 2 and "'blocks.1.mlp.fc1.weight': expected shape (96, 24), found (96, 10)" in run.stderr
 
 
-@pytest.mark.parametrize("old, new, prefix", [((4, 4), (6, 6), 1), ((14, 14), (7, 9), 1), ((3, 5), (5, 3), 0),
-                                              ((8, 8), (8, 8), 1)])
+@pytest.mark.parametrize(
+    "old, new, prefix", [((4, 4), (6, 6), 1), ((14, 14), (7, 9), 1), ((3, 5), (5, 3), 0), ((8, 8), (8, 8), 1)]
+)
 def test_pos_embed_resampling_equals_timms(old, new, prefix):
     from timm.layers import resample_abs_pos_embed as timm_resample
 
     pos = np.random.default_rng(0).normal(size=(1, prefix + old[0] * old[1], 16)).astype(np.float32)
     ours = resample_abs_pos_embed(pos, new, old, num_prefix_tokens=prefix)
-    ref = timm_resample(torch.from_numpy(pos), new_size=list(new), old_size=list(old), num_prefix_tokens=prefix,
-                        interpolation="bicubic", antialias=True).numpy()
+    ref = timm_resample(
+        torch.from_numpy(pos),
+        new_size=list(new),
+        old_size=list(old),
+        num_prefix_tokens=prefix,
+        interpolation="bicubic",
+        antialias=True,
+    ).numpy()
     assert ours.shape == ref.shape and np.array_equal(ours, ref)
 
 

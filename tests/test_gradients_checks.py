@@ -74,6 +74,7 @@ def finite_difference_error(config, state, images, loss, reference, entries=2, h
                 return N.loss_value(model.forward_head(model.forward_features(x0)), loss)
             finally:
                 model.set_parameter(key, saved)
+
         return (-at(2) + 8 * at(1) - 8 * at(-1) + at(-2)) / (12 * step)
 
     worst, where = 0.0, ""
@@ -127,6 +128,7 @@ def verify_cli(capsys):
             code = e.code
         captured = capsys.readouterr()
         return code, captured.out + captured.err
+
     return run
 
 
@@ -146,15 +148,25 @@ def _model_port(spec):
     return port, build_config(supports_of(port), SQUARE.to_dict() | {"name": None}) or SQUARE
 
 
-@pytest.mark.parametrize("kind", ["cross_entropy", pytest.param("linear", marks=pytest.mark.skipif(
-    not heavy(), reason="thorough profile: the linear loss (cross-entropy in ci)"))])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "cross_entropy",
+        pytest.param(
+            "linear",
+            marks=pytest.mark.skipif(not heavy(), reason="thorough profile: the linear loss (cross-entropy in ci)"),
+        ),
+    ],
+)
 @pytest.mark.parametrize("name", FD_PRESETS)
 def test_reference_gradient_equals_central_finite_differences(name, kind):
     config, state, images = _case(name)
     loss = draw_loss(config, images.shape[0], kind, 3)
     reference = N.make_grad(config, state)(images, loss)
     worst, where = finite_difference_error(config, state, images, loss, reference)
-    assert worst <= 1.0, f"{name}: the reference differs from central differences by {worst:.3g}x the allowance at {where}"
+    assert worst <= 1.0, (
+        f"{name}: the reference differs from central differences by {worst:.3g}x the allowance at {where}"
+    )
 
 
 def test_the_finite_difference_check_fails_on_a_reference_with_another_activations_derivative():
@@ -173,8 +185,9 @@ def test_a_gross_backward_bug_is_caught_in_bfloat16_too():
 
     config, state, images = _case("vit_test_token")
     model = GradModel(config, state, images, draw_loss(config, 2, "cross_entropy", 3), dtype="bfloat16")
-    failure = first_failure(compare_gradients(torch_pos_embed_frozen(config, state, dtype="bfloat16")(images, model.loss),
-                                              model))
+    failure = first_failure(
+        compare_gradients(torch_pos_embed_frozen(config, state, dtype="bfloat16")(images, model.loss), model)
+    )
     assert failure is not None and failure.name == "pos_embed"
 
 
@@ -239,8 +252,14 @@ def test_the_path_check_fails_on_a_tap_recorded_beside_the_forward():
     assert _zero_cotangents(grads["taps"]) == ["blocks.0.attn.weights"]
 
 
-@pytest.mark.parametrize("name", ["vit_test_siglip", pytest.param("vit_test_token", marks=ONE_PRESET_IN_CI),
-                                  pytest.param("vit_test_dinov2", marks=ONE_PRESET_IN_CI)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vit_test_siglip",
+        pytest.param("vit_test_token", marks=ONE_PRESET_IN_CI),
+        pytest.param("vit_test_dinov2", marks=ONE_PRESET_IN_CI),
+    ],
+)
 def test_timms_vision_transformer_in_training_mode_matches_the_reference(name):
     """timm's own model, an independent gradient oracle, as fine-tuning runs it: model.train()
     with every dropout and drop-path rate 0, through verify --grad on trained-like weights (its
@@ -286,8 +305,10 @@ def test_a_train_mode_switch_at_rate_0_gives_eval_numerics_bitwise():
         out.backward(torch.tensor(g))
         assert np.array_equal(out.detach().numpy(), x) and np.array_equal(t.grad.numpy(), g), type(layer).__name__
     q, k, v = (torch.tensor(x[:, :, :, :]) for _ in range(3))
-    assert torch.equal(torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.0),
-                       torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    assert torch.equal(
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.0),
+        torch.nn.functional.scaled_dot_product_attention(q, k, v),
+    )
     drop = mnn.Dropout(0.0)
     drop.train()
     out, (dx,) = mx.vjp(drop, [mx.array(x)], [mx.array(g)])
@@ -309,8 +330,14 @@ def test_verify_grad_locates_a_backward_mutant_on_a_weights_file_and_writes_its_
 
     config = get_config("vit_test_token")
     save_state(init_state(config, seed=4), tmp_path / "w.safetensors", config)
-    code, out = verify_cli("--grad", "conformance.zoo.backward_mutants:torch_attn_residual_detached",
-                           "--weights", str(tmp_path / "w.safetensors"), "--json", str(tmp_path / "r.json"))
+    code, out = verify_cli(
+        "--grad",
+        "conformance.zoo.backward_mutants:torch_attn_residual_detached",
+        "--weights",
+        str(tmp_path / "w.safetensors"),
+        "--json",
+        str(tmp_path / "r.json"),
+    )
     assert code == 1, out
     assert "NOT CONFORMANT: first divergence in backward order: the cotangent of tap blocks.1.attn" in out, out
     report = json.loads((tmp_path / "r.json").read_text())
@@ -328,11 +355,14 @@ def test_verify_grad_judges_a_factory_without_taps_on_its_parameters(user_ports)
     assert {r.kind for r in report.results} == {"params", "images", "loss"}
 
 
-@pytest.mark.parametrize("factory, reason", [
-    ("grad_nan", "params['head.bias'] is not finite"),
-    ("grad_no_images", "must return a mapping with 'loss', 'params' and 'images'"),
-    ("grad_shared_norm_mapping", "the port changed the state it was handed: replaced 'blocks.0.norm2.weight'"),
-])
+@pytest.mark.parametrize(
+    "factory, reason",
+    [
+        ("grad_nan", "params['head.bias'] is not finite"),
+        ("grad_no_images", "must return a mapping with 'loss', 'params' and 'images'"),
+        ("grad_shared_norm_mapping", "the port changed the state it was handed: replaced 'blocks.0.norm2.weight'"),
+    ],
+)
 def test_verify_grad_names_what_is_wrong_with_a_broken_factory_in_one_line(user_ports, factory, reason):
     from conformance.verify.grad import format_grad_report, verify_grad
 
@@ -343,19 +373,31 @@ def test_verify_grad_names_what_is_wrong_with_a_broken_factory_in_one_line(user_
     assert "FAIL backward (batch 3, cross-entropy): " in format_grad_report(report)
 
 
-@pytest.mark.parametrize("args, message", [
-    (("torch", "--grad", "torch"), "alone"),
-    (("--grad", "torch", "--dtype", "float16"), "float16 gradients are not checked: without loss scaling"),
-    (("--grad", "no_such_module:make_grad"), "cannot load gradient factory"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("torch", "--grad", "torch"), "alone"),
+        (("--grad", "torch", "--dtype", "float16"), "float16 gradients are not checked: without loss scaling"),
+        (("--grad", "no_such_module:make_grad"), "cannot load gradient factory"),
+    ],
+)
 def test_verify_grad_usage_errors_exit_2_with_the_reason(verify_cli, args, message):
     code, out = verify_cli(*args)
     assert code == 2 and message in out, out
 
 
-@pytest.mark.parametrize("spec", ["conformance.examples.timm_vit:port", "my_port:port", "conformance.examples.hf_vit:port",
-                                  pytest.param("conformance.examples.nnx_vit:port", marks=pytest.mark.skipif(
-                                      not heavy(), reason="thorough profile: XLA compiles the NNX model's gradient"))])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "conformance.examples.timm_vit:port",
+        "my_port:port",
+        "conformance.examples.hf_vit:port",
+        pytest.param(
+            "conformance.examples.nnx_vit:port",
+            marks=pytest.mark.skipif(not heavy(), reason="thorough profile: XLA compiles the NNX model's gradient"),
+        ),
+    ],
+)
 def test_an_unmodified_models_gradients_come_back_through_its_mapping(spec, monkeypatch):
     """A ModelPort's gradients (verify --grad my_port:port): timm's model (PyTorch, names only),
     the README's MLX model (a rename), a Flax NNX ViT and transformers' ViT (convert functions,

@@ -15,8 +15,14 @@ def _model_case():
 
 
 def test_head_slice_check_fails_on_heads_merged_head_dim_first():
-    expect_failure(P.check_heads_merge_head_major, "mutant", mutant("jax_heads_merged_head_dim_first"),
-                   _model_case(), 1, match="other heads' slices")
+    expect_failure(
+        P.check_heads_merge_head_major,
+        "mutant",
+        mutant("jax_heads_merged_head_dim_first"),
+        _model_case(),
+        1,
+        match="other heads' slices",
+    )
 
 
 def test_single_heads_check_fails_on_a_scale_by_the_model_width():
@@ -24,6 +30,10 @@ def test_single_heads_check_fails_on_a_scale_by_the_model_width():
 
     options = dict(dim=8, context_dim=8, num_heads=2, head_dim=4, qkv_bias=True)
     rng = np.random.default_rng(0)
-    case = P.AttentionCase(options, S.WeightCase(0, 16.0).make_params(mha_shapes(**options)),
-                           rng.normal(size=(1, 4, 8)).astype(np.float32), None)
+    case = P.AttentionCase(
+        options,
+        S.WeightCase(0, 16.0).make_params(mha_shapes(**options)),
+        rng.normal(size=(1, 4, 8)).astype(np.float32),
+        None,
+    )
     expect_failure(P.check_multihead_is_single_heads_concatenated, "mutant", mutant("torch_mha_scale_by_dim"), case)

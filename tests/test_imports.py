@@ -95,6 +95,9 @@ def test_the_cycle_check_finds_a_cycle():
 
 def test_no_library_module_imports_a_test_module():
     tests = "conformance.tests"
-    bad = {m: sorted(d for d in deps if d == tests or d.startswith(tests + "."))
-           for m, deps in import_graph().items() if not (m == tests or m.startswith(tests + "."))}
+    bad = {
+        m: sorted(d for d in deps if d == tests or d.startswith(tests + "."))
+        for m, deps in import_graph().items()
+        if not (m == tests or m.startswith(tests + "."))
+    }
     assert {m: d for m, d in bad.items() if d} == {}

@@ -21,8 +21,19 @@ GIVEN = ("correct", "shared_norm", "logits_only", "single_config", "single_confi
 def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}"):
     env = dict(os.environ, PYTHONPATH=str(cwd))
     env.pop("HYPOTHESIS_PROFILE", None)
-    cmd = [sys.executable, "-m", "pytest", "--pyargs", "conformance.tests", "-p", "no:cacheprovider", "-q",
-           "--hypothesis-profile=zoo", *(["-k", select] if select else []), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--pyargs",
+        "conformance.tests",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--hypothesis-profile=zoo",
+        *(["-k", select] if select else []),
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -33,13 +44,23 @@ def given_only(tmp_path_factory):
     of them written for one config (and declaring it), and the timm comparison over presets."""
     d = tmp_path_factory.mktemp("elsewhere")
     shutil.copy(DATA, d / "user_ports.py")
-    code, out = run_pytest(d, "--only-given-ports", "-rs", f"--junitxml={d / 'r.xml'}",
-                           *[a for p in GIVEN for a in ("--port", f"user_ports:{p}")],
-                           select=f"{MAIN} or {NORMS} or ({TIMM} and project_init and (vit_test_token or "
-                                  "vit_test_deep))")
+    code, out = run_pytest(
+        d,
+        "--only-given-ports",
+        "-rs",
+        f"--junitxml={d / 'r.xml'}",
+        *[a for p in GIVEN for a in ("--port", f"user_ports:{p}")],
+        select=f"{MAIN} or {NORMS} or ({TIMM} and project_init and (vit_test_token or vit_test_deep))",
+    )
     outcome = {}
     for case in ET.parse(d / "r.xml").getroot().iter("testcase"):
-        status = "failed" if case.find("failure") is not None else "skipped" if case.find("skipped") is not None else "passed"
+        status = (
+            "failed"
+            if case.find("failure") is not None
+            else "skipped"
+            if case.find("skipped") is not None
+            else "passed"
+        )
         outcome[case.get("name")] = status
     return d, code, out, outcome
 
@@ -69,7 +90,8 @@ def test_a_logits_only_port_is_checked_end_to_end_and_tap_properties_are_skipped
 def test_only_given_ports_leaves_the_builtin_ones_out(given_only):
     _, _, _, outcome = given_only
     assert {name for name in outcome if not name.startswith(TIMM)} == {
-        f"{t}[user_ports:{p}]" for t in (MAIN, NORMS) for p in GIVEN}
+        f"{t}[user_ports:{p}]" for t in (MAIN, NORMS) for p in GIVEN
+    }
     assert all("[user_ports:" in name for name in outcome)
 
 
@@ -79,8 +101,10 @@ def test_a_port_written_for_one_config_is_judged_on_it_and_others_are_reported_u
     _, _, out, outcome = given_only
     mine = {name: status for name, status in outcome.items() if "user_ports:single_config" in name}
     assert {n for n, s in mine.items() if s == "failed"} == {
-        f"{MAIN}[user_ports:single_config_shared_norm]", f"{NORMS}[user_ports:single_config_shared_norm]",
-        f"{TIMM}[user_ports:single_config_shared_norm-vit_test_token-project_init]"}, out
+        f"{MAIN}[user_ports:single_config_shared_norm]",
+        f"{NORMS}[user_ports:single_config_shared_norm]",
+        f"{TIMM}[user_ports:single_config_shared_norm-vit_test_token-project_init]",
+    }, out
     assert mine[f"{TIMM}[user_ports:single_config-vit_test_token-project_init]"] == "passed"
     assert mine[f"{MAIN}[user_ports:single_config]"] == mine[f"{NORMS}[user_ports:single_config]"] == "passed"
     assert mine[f"{TIMM}[user_ports:single_config-vit_test_deep-project_init]"] == "skipped"
@@ -96,8 +120,11 @@ def port_less_tests(suite: Path) -> list[str]:
     out = []
     for path in sorted(suite.glob("test_*.py")):
         for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and \
-                    not {a.arg for a in node.args.args} & set(PORT_PARAMS):
+            if (
+                isinstance(node, ast.FunctionDef)
+                and node.name.startswith("test_")
+                and not {a.arg for a in node.args.args} & set(PORT_PARAMS)
+            ):
                 out.append(f"{path.name}::{node.name}")
     return out
 
@@ -123,19 +150,30 @@ def test_given_ports_run_beside_the_builtin_ones_by_default():
 
     def ports(only):
         seen = {}
-        option = SimpleNamespace(only_given_ports=only, port=["user_ports:correct"], attention_port=["user_ports:a"],
-                                 grad_port=["user_ports:g"])
-        metafunc = SimpleNamespace(fixturenames=["port", "attention_path", "grad_port"], config=SimpleNamespace(option=option),
-                                   parametrize=lambda name, values, ids: seen.__setitem__(name, values))
+        option = SimpleNamespace(
+            only_given_ports=only,
+            port=["user_ports:correct"],
+            attention_port=["user_ports:a"],
+            grad_port=["user_ports:g"],
+        )
+        metafunc = SimpleNamespace(
+            fixturenames=["port", "attention_path", "grad_port"],
+            config=SimpleNamespace(option=option),
+            parametrize=lambda name, values, ids: seen.__setitem__(name, values),
+        )
         pytest_generate_tests(metafunc)
         return seen
 
-    assert ports(False) == {"port": ["torch", "mlx", "jax", "user_ports:correct"],
-                            "attention_path": ["torch", "torch+fused", "mlx", "mlx+fused", "jax", "jax+fused",
-                                               "user_ports:a"],
-                            "grad_port": ["torch", "mlx", "jax", "user_ports:g"]}
-    assert ports(True) == {"port": ["user_ports:correct"], "attention_path": ["user_ports:a"],
-                           "grad_port": ["user_ports:g"]}
+    assert ports(False) == {
+        "port": ["torch", "mlx", "jax", "user_ports:correct"],
+        "attention_path": ["torch", "torch+fused", "mlx", "mlx+fused", "jax", "jax+fused", "user_ports:a"],
+        "grad_port": ["torch", "mlx", "jax", "user_ports:g"],
+    }
+    assert ports(True) == {
+        "port": ["user_ports:correct"],
+        "attention_path": ["user_ports:a"],
+        "grad_port": ["user_ports:g"],
+    }
 
 
 def test_the_builtin_jax_port_draws_its_share_of_cases_and_every_other_port_all():

@@ -14,12 +14,15 @@ class ProvenanceWarning(UserWarning):
 
 def test_running_versions_match_the_calibrated_ones_or_warn():
     recorded = json.loads(CALIBRATION.read_text()).get("provenance")
-    assert recorded and recorded.get("versions", {}).get("torch"), \
+    assert recorded and recorded.get("versions", {}).get("torch"), (
         "calibration.json records no provenance: rerun python -m conformance.numerics.calibrate"
+    )
     diff = differences(recorded)
     if diff:
-        warnings.warn(ProvenanceWarning("tolerances were calibrated on other software or hardware: "
-                                        + "; ".join(diff)), stacklevel=1)
+        warnings.warn(
+            ProvenanceWarning("tolerances were calibrated on other software or hardware: " + "; ".join(diff)),
+            stacklevel=1,
+        )
 
 
 def test_differences_name_a_changed_framework_blas_and_cpu():

@@ -15,8 +15,10 @@ from impls.stages import STAGES, stage_of
 from weights import init_state
 
 # Every option a stage can need: pre_norm, qk_norm, LayerScale, the MAP head, and the final norm.
-CONFIGS = [get_config("vit_test_clip").replace(qk_norm=True, init_values=1e-5),
-           get_config("vit_test_siglip").replace(pre_norm=True, qk_norm=True)]
+CONFIGS = [
+    get_config("vit_test_clip").replace(qk_norm=True, init_values=1e-5),
+    get_config("vit_test_siglip").replace(pre_norm=True, qk_norm=True),
+]
 RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
 TIMM_RULES = ("out", "in", "softmax", "return")
 

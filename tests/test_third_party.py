@@ -21,12 +21,24 @@ from conformance.tests.helpers import DATA_DIR
 DATA = DATA_DIR
 # ViT-Ti's depth, width and MLP on 32x32 images (16 patches); 4 heads instead of ViT-Ti's 3: torch
 # takes MultiheadAttention's native fast path only with an even number of heads.
-VIT_TI_SIZED = get_config("vit_tiny_patch16_224").replace(img_size=(32, 32), patch_size=(8, 8), num_heads=4,
-                                                          name="vit_tiny_patch16_224 at 32x32, 4 heads")
+VIT_TI_SIZED = get_config("vit_tiny_patch16_224").replace(
+    img_size=(32, 32), patch_size=(8, 8), num_heads=4, name="vit_tiny_patch16_224 at 32x32, 4 heads"
+)
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
-    not heavy(), reason="thorough profile: a second 12-block oracle (6 s); ci runs timm's bfloat16 under autocast"))])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "float32",
+        pytest.param(
+            "bfloat16",
+            marks=pytest.mark.skipif(
+                not heavy(),
+                reason="thorough profile: a second 12-block oracle (6 s); ci runs timm's bfloat16 under autocast",
+            ),
+        ),
+    ],
+)
 def test_torchvision_vit_is_conformant_unmodified_on_its_native_mha_path(dtype, monkeypatch):
     import torch
 
@@ -84,8 +96,13 @@ def test_a_headless_model_returning_tokens_is_told_to_give_its_pooled_output():
 
 
 def test_timm_under_autocast_is_conformant_in_bfloat16_with_norms_judged_in_float32():
-    report = verify(example("timm_vit:autocast_port"), get_config("vit_test_token"), port="autocast",
-                    dtype="bfloat16", policy="autocast")
+    report = verify(
+        example("timm_vit:autocast_port"),
+        get_config("vit_test_token"),
+        port="autocast",
+        dtype="bfloat16",
+        policy="autocast",
+    )
     assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
     stored = {s.name: s.stored for s in report.stages}
     assert stored["blocks.0.norm1"] == stored["blocks.0"] == stored["embed"] == "float32"
@@ -93,15 +110,17 @@ def test_timm_under_autocast_is_conformant_in_bfloat16_with_norms_judged_in_floa
 
 
 def test_timm_under_autocast_with_eps_1e5_is_located_at_norm1():
-    report = verify(example("timm_vit:autocast_eps_1e5_port"), get_config("vit_test_token"), port="autocast eps",
-                    dtype="bfloat16")
+    report = verify(
+        example("timm_vit:autocast_eps_1e5_port"), get_config("vit_test_token"), port="autocast eps", dtype="bfloat16"
+    )
     assert report.first_divergence == "blocks.0.norm1", report.failures[:2]
 
 
 def test_the_autocast_policy_finds_a_residual_stream_in_bfloat16():
     """The companion: a whole-bfloat16 model breaks --policy autocast at its first float32 stage."""
-    report = verify(example("timm_vit:port"), get_config("vit_test_token"), port="all bf16", dtype="bfloat16",
-                    policy="autocast")
+    report = verify(
+        example("timm_vit:port"), get_config("vit_test_token"), port="all bf16", dtype="bfloat16", policy="autocast"
+    )
     assert report.first_divergence == "embed"
     assert any("torch.autocast keeps" in f["reason"] for f in report.failures)
 
@@ -122,10 +141,15 @@ def test_a_port_more_precise_than_its_taps_is_conformant(user_ports):
     assert next(s for s in report.stages if s.name == "blocks.0").mode == "local"
 
 
-@pytest.mark.parametrize("mutant, stage", [("precise_shared_norm", "blocks.0.norm2"),
-                                           ("precise_softmax_wrong_axis", "blocks.0.attn.weights"),
-                                           ("precise_eps_1e5", "blocks.0.norm1"),
-                                           ("precise_no_attn_residual", "blocks.0.norm2")])
+@pytest.mark.parametrize(
+    "mutant, stage",
+    [
+        ("precise_shared_norm", "blocks.0.norm2"),
+        ("precise_softmax_wrong_axis", "blocks.0.attn.weights"),
+        ("precise_eps_1e5", "blocks.0.norm1"),
+        ("precise_no_attn_residual", "blocks.0.norm2"),
+    ],
+)
 def test_mutants_of_the_precise_port_are_located_at_their_own_stage(user_ports, mutant, stage):
     report = verify(getattr(user_ports, mutant), get_config("vit_test_token"), port=mutant)
     assert report.first_divergence == stage
@@ -177,10 +201,29 @@ def test_set_overrides_a_preset_and_names_a_bad_field():
 
 
 def test_siglip_preset_with_set_verifies_from_the_command_line():
-    code = subprocess.run([sys.executable, "-m", "conformance", "verify", "torch", "--preset",
-                           "vit_base_patch16_siglip_224", "--set", "depth=1", "--set", "img_size=32",
-                           "--set", "embed_dim=48", "--set", "num_heads=2"], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
+    code = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "conformance",
+            "verify",
+            "torch",
+            "--preset",
+            "vit_base_patch16_siglip_224",
+            "--set",
+            "depth=1",
+            "--set",
+            "img_size=32",
+            "--set",
+            "embed_dim=48",
+            "--set",
+            "num_heads=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
     assert code.returncode == 0, code.stdout[-2000:] + code.stderr[-2000:]
     assert "CONFORMANT" in code.stdout
 
@@ -197,8 +240,12 @@ def test_convert_takes_the_config_positionally_and_build_the_dtype():
         return hf_build(config)
 
     config = get_config("vit_test_token").replace(img_size=(16, 16))
-    port = ModelPort(build, convert=lambda state, c: (seen.setdefault("config", c), convert(state))[1],
-                     output=lambda out: out.logits, supports={"global_pool": "token", "square_images": True})
+    port = ModelPort(
+        build,
+        convert=lambda state, c: (seen.setdefault("config", c), convert(state))[1],
+        output=lambda out: out.logits,
+        supports={"global_pool": "token", "square_images": True},
+    )
     report = verify(port, config, port="positional", cases=quick_cases(config)[:1], dtype="float32")
     assert report.conformant and seen["config"] == config and seen["dtype"] == "float32"
 
@@ -269,8 +316,9 @@ def test_a_flax_model_built_for_bfloat16_keeps_float32_norms_and_is_judged_as_st
     assert stored["blocks.0.norm1"] == "float32" and stored["blocks.0.mlp"] == "bfloat16"
 
 
-@pytest.mark.parametrize("name, unseen", [("hf_vit:clip_port", {"attn.weights"}),
-                                          ("hf_vit:siglip_port", {"attn.weights"})])
+@pytest.mark.parametrize(
+    "name, unseen", [("hf_vit:clip_port", {"attn.weights"}), ("hf_vit:siglip_port", {"attn.weights"})]
+)
 def test_transformers_clip_and_siglip_towers_are_conformant_unmodified(name, unseen):
     """CLIPVisionModel norms the class token alone (compared on it); SiglipVisionModel's MAP head
     is an nn.MultiheadAttention. Both headless: their pooler_output is the pooled stage."""

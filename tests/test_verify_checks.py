@@ -35,8 +35,14 @@ def user_dir(tmp_path_factory):
 def run_cli(user_dir, *args):
     """``python -m conformance verify ARGS`` as a user types it, in a subprocess."""
     env = dict(os.environ, PYTHONPATH=str(user_dir))
-    proc = subprocess.run([sys.executable, "-m", "conformance", "verify", *args], cwd=user_dir, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance", "verify", *args],
+        cwd=user_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -83,8 +89,12 @@ DTYPES = ("float32", "bfloat16", "float16")
 # Every port in every dtype in the thorough profile; in ci every port in float32 and torch in
 # bf16 and fp16 (the built-in ports run every dtype on seeded offset and x64 weights above,
 # timm and transformers on trained-like weights).
-WEIGHT_FILE_PORTS = [(p, d) for p in ("torch", "mlx", "jax", "timm", "transformers") for d in DTYPES
-                     if heavy() or d == "float32" or p == "torch"]
+WEIGHT_FILE_PORTS = [
+    (p, d)
+    for p in ("torch", "mlx", "jax", "timm", "transformers")
+    for d in DTYPES
+    if heavy() or d == "float32" or p == "torch"
+]
 
 
 @pytest.mark.parametrize(
@@ -100,8 +110,13 @@ WEIGHT_FILE_PORTS = [(p, d) for p in ("torch", "mlx", "jax", "timm", "transforme
         ("no_logits", False, "logits", "the port returned no 'logits'"),
         ("float64", False, "patch_embed", "dtype float64, asked for float32"),
         ("squeezes", False, "logits", "shape (7,), expected (1, 7)"),
-        ("edits_state", False, "load", "the port changed the state it was handed: replaced 'blocks.0.norm2.bias', "
-                                     "replaced 'blocks.0.norm2.weight'"),
+        (
+            "edits_state",
+            False,
+            "load",
+            "the port changed the state it was handed: replaced 'blocks.0.norm2.bias', "
+            "replaced 'blocks.0.norm2.weight'",
+        ),
         ("pops_key", False, "load", "the port changed the state it was handed: removed 'head.bias'"),
         ("clips_images", False, "forward", "the port wrote to its inputs"),
     ],
@@ -123,7 +138,8 @@ def test_cli_exit_0_for_a_conformant_port_with_json_and_plot(user_dir):
     assert report["port"] == "user_ports:correct" and report["conformant"] is True
     assert report["first_divergence"] is None and report["failures"] == []
     assert {"name", "max_abs_err", "rel_err", "ratio", "tol", "e2e_ratio", "e2e_tol", "mode", "ok"} <= set(
-        report["stages"][0])
+        report["stages"][0]
+    )
     assert [s["name"] for s in report["stages"]][:2] == ["patch_embed", "embed"]
     assert (user_dir / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -198,8 +214,11 @@ def test_the_readme_example_verifies_an_unmodified_model_and_locates_its_shared_
         return code, captured.out + captured.err, json.loads(report.read_text())
 
     code, out, report = run(tmp_path / "ok.json")
-    assert code == 0 and len(report["stages"]) == 23 and set(report["unseen"]) == {
-        "blocks.0.attn.weights", "blocks.1.attn.weights"}, out
+    assert (
+        code == 0
+        and len(report["stages"]) == 23
+        and set(report["unseen"]) == {"blocks.0.attn.weights", "blocks.1.attn.weights"}
+    ), out
     model = (tmp_path / "my_vit.py").read_text()
     buggy = model.replace("self.ff_in(self.ln_ff(x))", "self.ff_in(self.ln_attn(x))")
     assert buggy != model
@@ -218,17 +237,20 @@ def test_the_readme_example_verifies_an_unmodified_model_and_locates_its_shared_
 def test_timm_and_transformers_as_ports_pass_verify_on_trained_like_weights(reference, dtype, weights):
     """Implementations nobody here wrote, on weights conditioned like a trained ViT's, in every
     dtype: a verdict of NOT CONFORMANT here would be a false alarm."""
-    report = verify(load_factory(REFERENCES[reference]), CONFIG, port=reference, state=weights.make(CONFIG),
-                    dtype=dtype)
+    report = verify(
+        load_factory(REFERENCES[reference]), CONFIG, port=reference, state=weights.make(CONFIG), dtype=dtype
+    )
     assert report.conformant, [(s.name, s.reason) for s in report.stages if not s.ok] + report.failures
 
 
-@pytest.mark.parametrize("weights", [S.WeightCase(3, 4.0, S.OFFSET), S.WeightCase(4, 64.0)],
-                         ids=["offset-1000", "spread-x64"])
+@pytest.mark.parametrize(
+    "weights", [S.WeightCase(3, 4.0, S.OFFSET), S.WeightCase(4, 64.0)], ids=["offset-1000", "spread-x64"]
+)
 @pytest.mark.parametrize("which, dtype", WEIGHT_FILE_PORTS)
 def test_ports_pass_verify_on_weight_files_with_a_large_offset_and_a_wide_spread(which, dtype, weights, tmp_path):
     path = tmp_path / "w.safetensors"
     save_state(weights.make(CONFIG), path, CONFIG)
-    report = verify(load_factory(REFERENCES.get(which, which)), CONFIG, port=which, state=load_state(path, CONFIG),
-                    dtype=dtype)
+    report = verify(
+        load_factory(REFERENCES.get(which, which)), CONFIG, port=which, state=load_state(path, CONFIG), dtype=dtype
+    )
     assert report.conformant, [(s.name, s.reason) for s in report.stages if not s.ok] + report.failures

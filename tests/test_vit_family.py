@@ -65,9 +65,11 @@ def test_oracle_equals_timm_in_float64_at_every_stage_for_each_option(name):
     assert_oracle_equals_timm_in_float64(oracle, ref, config, name)
 
 
-DYNAMIC = {"dynamic": dict(dynamic_img_size=True), "dynamic_dinov2_reg": dict(dynamic_img_size=True, reg_tokens=2,
-                                                                               no_embed_class=True, init_values=0.5),
-           "dynamic_siglip": dict(dynamic_img_size=True, class_token=False, global_pool="map")}
+DYNAMIC = {
+    "dynamic": dict(dynamic_img_size=True),
+    "dynamic_dinov2_reg": dict(dynamic_img_size=True, reg_tokens=2, no_embed_class=True, init_values=0.5),
+    "dynamic_siglip": dict(dynamic_img_size=True, class_token=False, global_pool="map"),
+}
 
 
 @pytest.mark.parametrize("name", list(DYNAMIC))
@@ -85,7 +87,8 @@ def test_oracle_equals_timm_in_float64_on_images_of_another_size(name, grid):
     # timm resamples in float32 even in a float64 model (posemb.float()); here in the model's dtype,
     # so the comparison is float64 throughout (the resampling itself: the test below).
     float64_resample = lambda posemb, new_size, old_size=None, num_prefix_tokens=1, **kw: torch.from_numpy(  # noqa: E731
-        resample_pos_embed(posemb.numpy(), old_size, new_size, num_prefix_tokens))
+        resample_pos_embed(posemb.numpy(), old_size, new_size, num_prefix_tokens)
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tvt, "resample_abs_pos_embed", float64_resample)
         ref = timm_taps(model, x)
@@ -136,8 +139,10 @@ def test_fixed_size_models_refuse_other_sizes_and_dynamic_ones_need_whole_patche
 def test_the_timm_comparison_fails_when_an_option_is_dropped():
     """Companion: the oracle built without LayerScale, or with the position embedding over the
     prefix tokens, against timm with them."""
-    for dropped, kept in ((dict(init_values=None), VARIANTS["deit3"]), (dict(no_embed_class=False, reg_tokens=0),
-                                                                         dict(reg_tokens=0, no_embed_class=True))):
+    for dropped, kept in (
+        (dict(init_values=None), VARIANTS["deit3"]),
+        (dict(no_embed_class=False, reg_tokens=0), dict(reg_tokens=0, no_embed_class=True)),
+    ):
         config = BASE.replace(**kept)
         state = init_state(config, seed=3)
         ref = timm_taps(timm_vit(config, state, dtype=torch.float64), images(config))
@@ -150,12 +155,15 @@ def test_the_timm_comparison_fails_when_an_option_is_dropped():
         assert error(oracle["logits"], ref["logits"])[1] > 1e-6, dropped
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(reg_tokens=-1), "reg_tokens must be an int >= 0"),
-    (dict(act_layer="relu"), "act_layer must be one of"),
-    (dict(init_values=0.0), "init_values must be None"),
-    (dict(fc_norm="yes"), "fc_norm must be None"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(reg_tokens=-1), "reg_tokens must be an int >= 0"),
+        (dict(act_layer="relu"), "act_layer must be one of"),
+        (dict(init_values=0.0), "init_values must be None"),
+        (dict(fc_norm="yes"), "fc_norm must be None"),
+    ],
+)
 def test_invalid_family_options_raise_config_error_naming_them(options, message):
     with pytest.raises(ConfigError, match=message):
         BASE.replace(**options)
@@ -167,8 +175,11 @@ def test_a_port_of_the_original_vit_refuses_family_options_by_name():
     from impls.protocol import ORIGINAL_VIT
 
     check_supported(ORIGINAL_VIT, get_config("vit_test_avg_nocls"))
-    for options, named in ((VARIANTS["dinov2_reg"], "reg_tokens=4"), (VARIANTS["siglip_map"], "global_pool='map'"),
-                           (dict(mlp_layer="swiglu"), "mlp_layer='swiglu'")):
+    for options, named in (
+        (VARIANTS["dinov2_reg"], "reg_tokens=4"),
+        (VARIANTS["siglip_map"], "global_pool='map'"),
+        (dict(mlp_layer="swiglu"), "mlp_layer='swiglu'"),
+    ):
         with pytest.raises(Unsupported, match=re.escape(named)):
             check_supported(ORIGINAL_VIT, BASE.replace(**options))
 
@@ -249,10 +260,13 @@ def test_oracle_equals_the_named_timm_model_in_float64_at_every_stage(name):
     assert_oracle_equals_timm_in_float64(oracle, ref, config, name)
 
 
-@pytest.mark.parametrize("name, wrong, stage", [
-    ("vit_base_patch16_clip_quickgelu_224", dict(act_layer="gelu"), "blocks.0.mlp.act"),
-    ("vit_base_patch16_clip_224", dict(norm_eps=1e-6), "norm_pre"),
-])
+@pytest.mark.parametrize(
+    "name, wrong, stage",
+    [
+        ("vit_base_patch16_clip_quickgelu_224", dict(act_layer="gelu"), "blocks.0.mlp.act"),
+        ("vit_base_patch16_clip_224", dict(norm_eps=1e-6), "norm_pre"),
+    ],
+)
 def test_the_named_timm_comparison_fails_on_an_option_the_keys_do_not_show(name, wrong, stage):
     """Companion: GELU for QuickGELU (open_clip#771's bug), or the default eps for CLIP's 1e-5."""
     config, overrides = reduced(name)
@@ -283,8 +297,11 @@ def test_every_port_is_within_its_bound_at_every_stage_of_a_family_preset(name):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not heavy(), reason="full-size presets (DINOv2 at 518: 1370 tokens): the thorough profile "
-                                        "runs them (HYPOTHESIS_PROFILE=thorough)")
+@pytest.mark.skipif(
+    not heavy(),
+    reason="full-size presets (DINOv2 at 518: 1370 tokens): the thorough profile "
+    "runs them (HYPOTHESIS_PROFILE=thorough)",
+)
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_full_size_family_preset_oracle_equals_timm_and_every_port_is_within_its_bound(name):
     """timm.create_model(name) with its own init, one image: the oracle against timm in float64

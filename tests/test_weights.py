@@ -8,8 +8,16 @@ from hypothesis import given
 from conformance import strategies as S
 from impls import ViTConfig, get_config
 from weights import (
-    FRAMEWORKS, WeightError, expected_shapes, from_native, init_state, load_state, read_config, save_state,
-    to_native, validate_state,
+    FRAMEWORKS,
+    WeightError,
+    expected_shapes,
+    from_native,
+    init_state,
+    load_state,
+    read_config,
+    save_state,
+    to_native,
+    validate_state,
 )
 from weights.canonical import CONFIG_METADATA_KEY
 
@@ -97,10 +105,14 @@ def _broken(change):
     "change, words",
     [
         (lambda s: s.pop("blocks.1.norm2.bias"), ["missing key 'blocks.1.norm2.bias'", "(24,)"]),
-        (lambda s: s.update({"blocks.0.attn.q.weight": np.zeros((24, 24), np.float32)}),
-         ["unexpected key 'blocks.0.attn.q.weight'", "(24, 24)"]),
-        (lambda s: s.update({"blocks.0.attn.qkv.weight": np.zeros((24, 72), np.float32)}),
-         ["'blocks.0.attn.qkv.weight'", "expected shape (72, 24)", "found (24, 72)"]),
+        (
+            lambda s: s.update({"blocks.0.attn.q.weight": np.zeros((24, 24), np.float32)}),
+            ["unexpected key 'blocks.0.attn.q.weight'", "(24, 24)"],
+        ),
+        (
+            lambda s: s.update({"blocks.0.attn.qkv.weight": np.zeros((24, 72), np.float32)}),
+            ["'blocks.0.attn.qkv.weight'", "expected shape (72, 24)", "found (24, 72)"],
+        ),
         (lambda s: s.update({"head.bias": np.zeros(7, np.int64)}), ["'head.bias'", "float", "int64"]),
         (lambda s: s["pos_embed"].__setitem__((0, 1, 2), np.nan), ["'pos_embed'", "finite", "1 NaN"]),
         (lambda s: s["cls_token"].__setitem__((0, 0, 0), np.inf), ["'cls_token'", "finite", "1 Inf"]),
@@ -150,6 +162,7 @@ def test_every_port_loader_is_strict_on_native_tensors(impl):
 
 
 # ----------------------------------------------------------------------------- files
+
 
 def test_safetensors_file_round_trips_with_its_config(tmp_path):
     state = init_state(CONFIG, seed=5)

@@ -29,13 +29,17 @@ def test_the_zoo_holds_at_least_20_model_mutants_and_every_declared_bug_class():
 @pytest.mark.parametrize("mutant", MODEL + ATTENTION + GRADIENT, ids=lambda m: m.name)
 def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
     if mutant.level == "gradient" and mutant.framework == "jax" and not heavy():
-        pytest.skip("thorough profile: XLA compiles the mutant's gradient for verify's batches (8 s); in ci "
-                    "test_gradients locates it on one case")
+        pytest.skip(
+            "thorough profile: XLA compiles the mutant's gradient for verify's batches (8 s); in ci "
+            "test_gradients locates it on one case"
+        )
     report = verify_mutant(mutant)
     assert not report.conformant
     assert report.kind == {"model": "forward"}.get(mutant.level, mutant.level)
     assert report.located() == mutant.first_divergence, (report.located(), report.failures)
-    assert report.separation() >= mutant.min_ratio, f"{mutant.name}: error only {report.separation():.3g}x the tolerance"
+    assert report.separation() >= mutant.min_ratio, (
+        f"{mutant.name}: error only {report.separation():.3g}x the tolerance"
+    )
     assert mutant.min_ratio >= MIN_RATIO or mutant.note, "a ratio below 10 needs a reason"
 
 
@@ -46,12 +50,16 @@ def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_por
     mutants through --grad-port (verify locates them all in ci, the test above, but for the JAX
     backward one, which test_gradients locates). The torch gradient factory, wrapped as a user's,
     runs --grad-port in ci."""
-    mutants = [m for m in MUTANTS.values()
-               if heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax")]
+    mutants = [
+        m for m in MUTANTS.values() if heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax")
+    ]
     # In ci the torch port stands for the correct ports on the plugin path (the main suite runs
     # all three through every sampled test as built-ins); the thorough profile wraps all three.
-    correct = (CORRECT_MODEL + CORRECT_ATTENTION + CORRECT_GRADIENT if heavy() else
-               (CORRECT_MODEL[0], CORRECT_ATTENTION[0], CORRECT_GRADIENT[0]))
+    correct = (
+        CORRECT_MODEL + CORRECT_ATTENTION + CORRECT_GRADIENT
+        if heavy()
+        else (CORRECT_MODEL[0], CORRECT_ATTENTION[0], CORRECT_GRADIENT[0])
+    )
     rows, correct = run_zoo(mutants, with_plugin=True, workers=1, with_verify=False, correct_ports=correct)
     missed = {r.name: r.missed for r in rows if not r.caught}
     assert not missed, missed

@@ -14,6 +14,17 @@ from weights.init import init_params, init_state
 from weights.native import FRAMEWORKS, from_native, to_native
 
 __all__ = [
-    "FRAMEWORKS", "WeightError", "check_exact_match", "expected_shapes", "from_native", "init_params",
-    "init_state", "load_state", "mha_shapes", "read_config", "save_state", "to_native", "validate_state",
+    "FRAMEWORKS",
+    "WeightError",
+    "check_exact_match",
+    "expected_shapes",
+    "from_native",
+    "init_params",
+    "init_state",
+    "load_state",
+    "mha_shapes",
+    "read_config",
+    "save_state",
+    "to_native",
+    "validate_state",
 ]

@@ -86,7 +86,12 @@ def mha_shapes(dim: int, context_dim: int | None, num_heads: int, head_dim: int,
     """Canonical keys of the standalone MultiHeadAttention (timm AttentionPoolLatent names)."""
     context_dim = dim if context_dim is None else context_dim
     inner = num_heads * head_dim
-    shapes = {"q.weight": (inner, dim), "kv.weight": (2 * inner, context_dim), "proj.weight": (dim, inner), "proj.bias": (dim,)}
+    shapes = {
+        "q.weight": (inner, dim),
+        "kv.weight": (2 * inner, context_dim),
+        "proj.weight": (dim, inner),
+        "proj.bias": (dim,),
+    }
     if qkv_bias:
         shapes.update({"q.bias": (inner,), "kv.bias": (2 * inner,)})
     return shapes
@@ -97,8 +102,16 @@ def attn_pool_shapes(dim: int, num_heads: int, hidden: int) -> dict[str, tuple[i
     ``norm`` and ``mlp`` on the residual."""
     shapes = mha_shapes(dim, None, num_heads, dim // num_heads)
     shapes = {k: shapes[k] for k in ("q.weight", "q.bias", "kv.weight", "kv.bias", "proj.weight", "proj.bias")}
-    shapes.update({"norm.weight": (dim,), "norm.bias": (dim,), "mlp.fc1.weight": (hidden, dim),
-                   "mlp.fc1.bias": (hidden,), "mlp.fc2.weight": (dim, hidden), "mlp.fc2.bias": (dim,)})
+    shapes.update(
+        {
+            "norm.weight": (dim,),
+            "norm.bias": (dim,),
+            "mlp.fc1.weight": (hidden, dim),
+            "mlp.fc1.bias": (hidden,),
+            "mlp.fc2.weight": (dim, hidden),
+            "mlp.fc2.bias": (dim,),
+        }
+    )
     return shapes
 
 
@@ -125,8 +138,9 @@ def check_exact_match(expected: Mapping[str, tuple], found: Mapping[str, tuple],
     _raise(shape_problems(expected, found), what)
 
 
-def validate_state(state: Mapping[str, np.ndarray], config: ViTConfig | None = None, *, expected=None,
-                   what: str = "state") -> None:
+def validate_state(
+    state: Mapping[str, np.ndarray], config: ViTConfig | None = None, *, expected=None, what: str = "state"
+) -> None:
     """Check keys, shapes, dtypes and values of a canonical state against ``config``."""
     if expected is None:
         expected = expected_shapes(config)

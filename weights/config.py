@@ -52,8 +52,10 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
         raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
     if isinstance(value, int):
         return (value, value)
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
         return (int(value[0]), int(value[1]))
     raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
@@ -104,14 +106,14 @@ class ViTConfig:
                 f"remainders {(img[0] % patch[0], img[1] % patch[1])}"
             )
         if self.embed_dim % self.num_heads:
-            raise ConfigError(
-                f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
-            )
+            raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
         if self.global_pool not in GLOBAL_POOLS:
             raise ConfigError(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
         if not self.class_token and self.global_pool == "token":
-            raise ConfigError(f'class_token=False needs a global_pool other than "token" ({GLOBAL_POOLS[1:]}): '
-                              'there is no token to pool')
+            raise ConfigError(
+                f'class_token=False needs a global_pool other than "token" ({GLOBAL_POOLS[1:]}): '
+                "there is no token to pool"
+            )
         if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
             raise ConfigError(f"mlp_ratio must give a hidden width >= 1, got {self.mlp_ratio!r}")
         if not 0 < self.norm_eps < 1:
@@ -127,9 +129,19 @@ class ViTConfig:
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
         if self.mlp_layer == "swiglu_packed" and self.mlp_hidden_dim % 2:
-            raise ConfigError(f"mlp_layer='swiglu_packed' splits fc1's {self.mlp_hidden_dim} outputs (embed_dim * "
-                              "mlp_ratio) into gate and value halves: it must be even")
-        for key in ("no_embed_class", "pre_norm", "qk_norm", "proj_bias", "qkv_bias", "class_token", "dynamic_img_size"):
+            raise ConfigError(
+                f"mlp_layer='swiglu_packed' splits fc1's {self.mlp_hidden_dim} outputs (embed_dim * "
+                "mlp_ratio) into gate and value halves: it must be even"
+            )
+        for key in (
+            "no_embed_class",
+            "pre_norm",
+            "qk_norm",
+            "proj_bias",
+            "qkv_bias",
+            "class_token",
+            "dynamic_img_size",
+        ):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
 
@@ -176,8 +188,18 @@ class ViTConfig:
     def beyond_original_vit(self) -> list[str]:
         """The options set beyond the original ViT (2020), as ``name=value``."""
         defaults = ViTConfig.__dataclass_fields__
-        names = ("reg_tokens", "no_embed_class", "pre_norm", "fc_norm", "init_values", "qk_norm", "act_layer",
-                 "proj_bias", "mlp_layer", "dynamic_img_size")
+        names = (
+            "reg_tokens",
+            "no_embed_class",
+            "pre_norm",
+            "fc_norm",
+            "init_values",
+            "qk_norm",
+            "act_layer",
+            "proj_bias",
+            "mlp_layer",
+            "dynamic_img_size",
+        )
         beyond = [f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n].default]
         if self.global_pool not in ("token", "avg"):
             beyond.insert(0, f"global_pool={self.global_pool!r}")
@@ -220,6 +242,8 @@ class ViTConfig:
         return cls(**d)
 
 
+# A table: one entry per row (the formatter would give each argument a line).
+# fmt: off
 PRESETS: dict[str, ViTConfig] = {
     # timm's presets (timm.models.vision_transformer).
     "vit_tiny_patch16_224": ViTConfig(patch_size=16, embed_dim=192, depth=12, num_heads=3),
@@ -293,6 +317,7 @@ PRESETS: dict[str, ViTConfig] = {
         class_token=False, global_pool="map", act_layer="gelu_tanh",
     ),
 }
+# fmt: on
 PRESETS = {name: cfg.replace(name=name) for name, cfg in PRESETS.items()}
 
 

@@ -39,8 +39,9 @@ def detect(path: str) -> str:
     raise WeightError(f"{path!r} matches no known layout ({', '.join(LAYOUTS)}); pass --from")
 
 
-def read(path: str, layout: str, config: ViTConfig | None = None, num_heads: int | None = None,
-         img_size=None) -> tuple[ViTConfig, dict[str, np.ndarray]]:
+def read(
+    path: str, layout: str, config: ViTConfig | None = None, num_heads: int | None = None, img_size=None
+) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """Any layout -> (config, canonical state), validated strictly."""
     return REGISTRY[layout].read(path, config, num_heads=num_heads, img_size=img_size)
 
@@ -62,10 +63,19 @@ def main(argv=None) -> int:
     c.add_argument("--config", help="the config of the weights, as JSON (inline or a file)")
     c.add_argument("--num-heads", type=int, help="for a timm state dict without a stored config")
     c.add_argument("--img-size", type=int, nargs="+", help="for a checkpoint whose grid is not square")
-    c.add_argument("--npz-flavour", choices=("vit", "big_vision"), default="vit",
-                   help="with --to big_vision: the original ViT key layout (default) or big_vision's")
-    c.add_argument("--resample-to", type=int, nargs="+", metavar="SIZE",
-                   help="resample the position embedding for another image size (bicubic, antialiased)")
+    c.add_argument(
+        "--npz-flavour",
+        choices=("vit", "big_vision"),
+        default="vit",
+        help="with --to big_vision: the original ViT key layout (default) or big_vision's",
+    )
+    c.add_argument(
+        "--resample-to",
+        type=int,
+        nargs="+",
+        metavar="SIZE",
+        help="resample the position embedding for another image size (bicubic, antialiased)",
+    )
     args = parser.parse_args(argv)
     try:
         config = None
@@ -74,8 +84,11 @@ def main(argv=None) -> int:
         elif args.config:
             text = Path(args.config).read_text() if os.path.isfile(args.config) else args.config
             config = ViTConfig.from_dict(json.loads(text))
-        img_size = tuple(args.img_size) if args.img_size and len(args.img_size) == 2 else (
-            args.img_size[0] if args.img_size else None)
+        img_size = (
+            tuple(args.img_size)
+            if args.img_size and len(args.img_size) == 2
+            else (args.img_size[0] if args.img_size else None)
+        )
         layout = args.src_layout or detect(args.src)
         config, state = read(args.src, layout, config, args.num_heads, img_size)
         if args.resample_to:

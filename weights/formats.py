@@ -44,8 +44,10 @@ def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
-            raise WeightError(f"{path!r} holds objects other than tensors; refusing to unpickle them "
-                              f"(torch.load(weights_only=True): {str(e).splitlines()[0]})") from None
+            raise WeightError(
+                f"{path!r} holds objects other than tensors; refusing to unpickle them "
+                f"(torch.load(weights_only=True): {str(e).splitlines()[0]})"
+            ) from None
         except Exception as e:  # noqa: BLE001
             raise WeightError(f"{path!r} is not a readable torch checkpoint: {e}") from None
         for wrapper in ("state_dict", "model", "module"):  # the usual training-script wrappers
@@ -57,8 +59,9 @@ def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
     raise WeightError(f"{path!r}: expected .safetensors, .pth, .pt or .bin for a timm checkpoint")
 
 
-def infer_timm_config(state: Mapping[str, np.ndarray], num_heads: int | None = None,
-                      img_size=None, norm_eps: float = 1e-6) -> ViTConfig:
+def infer_timm_config(
+    state: Mapping[str, np.ndarray], num_heads: int | None = None, img_size=None, norm_eps: float = 1e-6
+) -> ViTConfig:
     """A ViTConfig from a timm state dict's shapes. Heads are not in the shapes: ``num_heads``
     defaults to timm's convention for its presets, embed_dim // 64."""
     try:
@@ -71,50 +74,79 @@ def infer_timm_config(state: Mapping[str, np.ndarray], num_heads: int | None = N
     class_token = "cls_token" in state
     n_patches = n_pos - (1 if class_token else 0)
     if img_size is None:
-        side = int(round(n_patches ** 0.5))
+        side = int(round(n_patches**0.5))
         if side * side != n_patches:
             raise WeightError(f"pos_embed has {n_patches} patch positions, not a square grid: pass img_size")
         img_size = (side * ph, side * pw)
     return ViTConfig(
-        img_size=img_size, patch_size=(ph, pw), in_chans=C,
+        img_size=img_size,
+        patch_size=(ph, pw),
+        in_chans=C,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
-        global_pool="avg" if "fc_norm.weight" in state else "token", class_token=class_token,
-        embed_dim=D, depth=depth, num_heads=num_heads or max(1, D // 64), mlp_ratio=hidden / D,
-        qkv_bias="blocks.0.attn.qkv.bias" in state, norm_eps=norm_eps,
+        global_pool="avg" if "fc_norm.weight" in state else "token",
+        class_token=class_token,
+        embed_dim=D,
+        depth=depth,
+        num_heads=num_heads or max(1, D // 64),
+        mlp_ratio=hidden / D,
+        qkv_bias="blocks.0.attn.qkv.bias" in state,
+        norm_eps=norm_eps,
     )
 
 
 # ----------------------------------------------------------------------------- big_vision / original ViT
 
+
 def _npz_names(config: ViTConfig, flavour: str, prefix: str | None = None) -> dict:
     if flavour == "big_vision":  # params/, or params/img/ in a two-tower (SigLIP) checkpoint
-        return {"prefix": "params/" if prefix is None else prefix, "pos": "pos_embedding",
-                "mha": "MultiHeadDotProductAttention_0", "ln2": "LayerNorm_1", "mlp": "MlpBlock_0"}
-    return {"prefix": "", "pos": "Transformer/posembed_input/pos_embedding", "mha": "MultiHeadDotProductAttention_1",
-            "ln2": "LayerNorm_2", "mlp": "MlpBlock_3"}
+        return {
+            "prefix": "params/" if prefix is None else prefix,
+            "pos": "pos_embedding",
+            "mha": "MultiHeadDotProductAttention_0",
+            "ln2": "LayerNorm_1",
+            "mlp": "MlpBlock_0",
+        }
+    return {
+        "prefix": "",
+        "pos": "Transformer/posembed_input/pos_embedding",
+        "mha": "MultiHeadDotProductAttention_1",
+        "ln2": "LayerNorm_2",
+        "mlp": "MlpBlock_3",
+    }
 
 
 # What the .npz layouts hold beyond the original ViT: SigLIP's MAP head, 'gap' pooling (after
 # the final norm: fc_norm=False), no class token, and (big_vision) a class token without a
 # position entry. The activation is not stored: big_vision's is tanh GELU (flax's nn.gelu),
 # timm reads its checkpoints with the act_layer of the model it builds.
-_NPZ_HOLDS = {"reg_tokens": (0,), "pre_norm": (False,), "init_values": (None,), "qk_norm": (False,),
-              "proj_bias": (True,), "mlp_layer": ("mlp",)}
+_NPZ_HOLDS = {
+    "reg_tokens": (0,),
+    "pre_norm": (False,),
+    "init_values": (None,),
+    "qk_norm": (False,),
+    "proj_bias": (True,),
+    "mlp_layer": ("mlp",),
+}
 
 
 def _check_npz_pooling(config: ViTConfig, flavour: str = "vit") -> None:
     wrong = [f"{k}={getattr(config, k)!r}" for k, ok in _NPZ_HOLDS.items() if getattr(config, k) not in ok]
     if config.no_embed_class and config.class_token and flavour != "big_vision":
-        wrong.append("no_embed_class=True (the original ViT layout gives the class token a position; "
-                     "write big_vision's)")
+        wrong.append(
+            "no_embed_class=True (the original ViT layout gives the class token a position; write big_vision's)"
+        )
     if wrong:
-        raise WeightError(f"the .npz layout holds the original ViT and SigLIP's options, not {', '.join(wrong)}: "
-                          "writing it would drop those weights")
+        raise WeightError(
+            f"the .npz layout holds the original ViT and SigLIP's options, not {', '.join(wrong)}: "
+            "writing it would drop those weights"
+        )
     if config.global_pool in ("avg", "avgmax", "max") and config.use_fc_norm or config.global_pool in ("avgmax", "max"):
-        raise WeightError("the .npz layouts pool the class token, attend with a MAP head, or (big_vision's 'gap') "
-                          f"average after the final norm; this config's global_pool={config.global_pool!r} with "
-                          "fc_norm normalises after pooling (timm's fc_norm), a different function: no .npz layout "
-                          "holds it")
+        raise WeightError(
+            "the .npz layouts pool the class token, attend with a MAP head, or (big_vision's 'gap') "
+            f"average after the final norm; this config's global_pool={config.global_pool!r} with "
+            "fc_norm normalises after pooling (timm's fc_norm), a different function: no .npz layout "
+            "holds it"
+        )
 
 
 def _split_heads_kernel(w, H, hd, D):
@@ -132,11 +164,16 @@ def to_npz(state: Mapping[str, np.ndarray], config: ViTConfig, flavour: str = "v
     pos = state["pos_embed"]
     if flavour == "big_vision" and config.class_token and not config.no_embed_class:
         if np.any(pos[:, 0]):
-            raise WeightError("big_vision gives the class token no position embedding, but pos_embed[:, 0] is not "
-                              "zero: write the original ViT layout ('vit') instead")
+            raise WeightError(
+                "big_vision gives the class token no position embedding, but pos_embed[:, 0] is not "
+                "zero: write the original ViT layout ('vit') instead"
+            )
         pos = pos[:, 1:]
-    out = {f"{p}embedding/kernel": state["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # OIHW -> HWIO
-           f"{p}embedding/bias": state["patch_embed.proj.bias"], f"{p}{n['pos']}": pos}
+    out = {
+        f"{p}embedding/kernel": state["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # OIHW -> HWIO
+        f"{p}embedding/bias": state["patch_embed.proj.bias"],
+        f"{p}{n['pos']}": pos,
+    }
     if config.class_token:
         out[f"{p}cls"] = state["cls_token"]
     for i in range(config.depth):
@@ -146,26 +183,36 @@ def to_npz(state: Mapping[str, np.ndarray], config: ViTConfig, flavour: str = "v
         qkv = state[b + "attn.qkv.weight"].reshape(3, H, hd, D)
         for j, name in enumerate(("query", "key", "value")):
             out[f"{m}{name}/kernel"] = qkv[j].transpose(2, 0, 1)  # (H, hd, D) -> (D, H, hd)
-            out[f"{m}{name}/bias"] = (state[b + "attn.qkv.bias"].reshape(3, H, hd)[j] if config.qkv_bias
-                                      else np.zeros((H, hd), np.float32))
+            out[f"{m}{name}/bias"] = (
+                state[b + "attn.qkv.bias"].reshape(3, H, hd)[j] if config.qkv_bias else np.zeros((H, hd), np.float32)
+            )
         out[f"{m}out/kernel"] = state[b + "attn.proj.weight"].reshape(D, H, hd).transpose(1, 2, 0)  # (H, hd, D)
         out[f"{m}out/bias"] = state[b + "attn.proj.bias"]
         out[f"{e}{n['ln2']}/scale"], out[f"{e}{n['ln2']}/bias"] = state[b + "norm2.weight"], state[b + "norm2.bias"]
         for j, fc in enumerate(("fc1", "fc2")):
             out[f"{e}{n['mlp']}/Dense_{j}/kernel"] = state[f"{b}mlp.{fc}.weight"].T
             out[f"{e}{n['mlp']}/Dense_{j}/bias"] = state[f"{b}mlp.{fc}.bias"]
-    out[f"{p}Transformer/encoder_norm/scale"], out[f"{p}Transformer/encoder_norm/bias"] = state["norm.weight"], state["norm.bias"]
+    out[f"{p}Transformer/encoder_norm/scale"], out[f"{p}Transformer/encoder_norm/bias"] = (
+        state["norm.weight"],
+        state["norm.bias"],
+    )
     if config.global_pool == "map":
         h, m = f"{p}MAPHead_0/", f"{p}MAPHead_0/MultiHeadDotProductAttention_0/"
         out[h + "probe"] = state["attn_pool.latent"]
         kv = state["attn_pool.kv.weight"].reshape(2, D, D)
         kv_bias = state["attn_pool.kv.bias"].reshape(2, H, hd)
-        for name, w, bias in (("query", state["attn_pool.q.weight"], state["attn_pool.q.bias"].reshape(H, hd)),
-                              ("key", kv[0], kv_bias[0]), ("value", kv[1], kv_bias[1])):
+        for name, w, bias in (
+            ("query", state["attn_pool.q.weight"], state["attn_pool.q.bias"].reshape(H, hd)),
+            ("key", kv[0], kv_bias[0]),
+            ("value", kv[1], kv_bias[1]),
+        ):
             out[f"{m}{name}/kernel"], out[f"{m}{name}/bias"] = _split_heads_kernel(w, H, hd, D), bias
         out[f"{m}out/kernel"] = state["attn_pool.proj.weight"].reshape(D, H, hd).transpose(1, 2, 0)
         out[f"{m}out/bias"] = state["attn_pool.proj.bias"]
-        out[h + "LayerNorm_0/scale"], out[h + "LayerNorm_0/bias"] = state["attn_pool.norm.weight"], state["attn_pool.norm.bias"]
+        out[h + "LayerNorm_0/scale"], out[h + "LayerNorm_0/bias"] = (
+            state["attn_pool.norm.weight"],
+            state["attn_pool.norm.bias"],
+        )
         for j, fc in enumerate(("fc1", "fc2")):
             out[f"{h}MlpBlock_0/Dense_{j}/kernel"] = state[f"attn_pool.mlp.{fc}.weight"].T
             out[f"{h}MlpBlock_0/Dense_{j}/bias"] = state[f"attn_pool.mlp.{fc}.bias"]
@@ -181,9 +228,11 @@ def detect_npz_flavour(w: Mapping) -> tuple[str, str]:
             return "big_vision", prefix
     if "embedding/kernel" in w:
         return "vit", ""
-    raise WeightError("an .npz with neither 'embedding/kernel' (original ViT) nor 'params/embedding/kernel' / "
-                      "'params/img/embedding/kernel' (big_vision, SigLIP): not a ViT checkpoint layout this "
-                      "project knows")
+    raise WeightError(
+        "an .npz with neither 'embedding/kernel' (original ViT) nor 'params/embedding/kernel' / "
+        "'params/img/embedding/kernel' (big_vision, SigLIP): not a ViT checkpoint layout this "
+        "project knows"
+    )
 
 
 class _Blocks:
@@ -217,17 +266,26 @@ def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None, act_laye
     pool = "map" if f"{p}MAPHead_0/probe" in w else ("token" if class_token else "avg")
     n_pos = w[f"{p}{n['pos']}"].shape[1] - (1 if flavour == "vit" else 0)
     if img_size is None:
-        side = int(round(n_pos ** 0.5))
+        side = int(round(n_pos**0.5))
         if side * side != n_pos:
             raise WeightError(f"position embedding has {n_pos} patch positions, not a square grid: pass img_size")
         img_size = (side * ph, side * pw)
-    return ViTConfig(img_size=img_size, patch_size=(ph, pw), in_chans=C,
-                     num_classes=w[f"{p}head/bias"].shape[0] if f"{p}head/bias" in w else 0,
-                     global_pool=pool, class_token=class_token, fc_norm=False if pool == "avg" else None,
-                     embed_dim=D, depth=blocks.depth(), num_heads=H,
-                     mlp_ratio=blocks(0, f"{n['mlp']}/Dense_0/kernel").shape[1] / D,
-                     qkv_bias=any(np.any(w[k]) for k in w if re.search(r"encoderblock.*/(query|key|value)/bias$", k)),
-                     norm_eps=norm_eps, act_layer=act_layer)
+    return ViTConfig(
+        img_size=img_size,
+        patch_size=(ph, pw),
+        in_chans=C,
+        num_classes=w[f"{p}head/bias"].shape[0] if f"{p}head/bias" in w else 0,
+        global_pool=pool,
+        class_token=class_token,
+        fc_norm=False if pool == "avg" else None,
+        embed_dim=D,
+        depth=blocks.depth(),
+        num_heads=H,
+        mlp_ratio=blocks(0, f"{n['mlp']}/Dense_0/kernel").shape[1] / D,
+        qkv_bias=any(np.any(w[k]) for k in w if re.search(r"encoderblock.*/(query|key|value)/bias$", k)),
+        norm_eps=norm_eps,
+        act_layer=act_layer,
+    )
 
 
 def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
@@ -250,7 +308,8 @@ def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nda
             b, m = f"blocks.{i}.", f"{n['mha']}/"
             out[b + "norm1.weight"], out[b + "norm1.bias"] = blk(i, "LayerNorm_0/scale"), blk(i, "LayerNorm_0/bias")
             out[b + "attn.qkv.weight"] = np.concatenate(
-                [blk(i, f"{m}{x}/kernel").reshape(D, -1).T for x in ("query", "key", "value")])
+                [blk(i, f"{m}{x}/kernel").reshape(D, -1).T for x in ("query", "key", "value")]
+            )
             bias = np.concatenate([blk(i, f"{m}{x}/bias").reshape(-1) for x in ("query", "key", "value")])
             if config.qkv_bias:
                 out[b + "attn.qkv.bias"] = bias
@@ -262,17 +321,25 @@ def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nda
             for j, fc in enumerate(("fc1", "fc2")):
                 out[f"{b}mlp.{fc}.weight"] = blk(i, f"{n['mlp']}/Dense_{j}/kernel").T
                 out[f"{b}mlp.{fc}.bias"] = blk(i, f"{n['mlp']}/Dense_{j}/bias")
-        out["norm.weight"], out["norm.bias"] = w[f"{p}Transformer/encoder_norm/scale"], w[f"{p}Transformer/encoder_norm/bias"]
+        out["norm.weight"], out["norm.bias"] = (
+            w[f"{p}Transformer/encoder_norm/scale"],
+            w[f"{p}Transformer/encoder_norm/bias"],
+        )
         if config.global_pool == "map":
             h, m = f"{p}MAPHead_0/", f"{p}MAPHead_0/MultiHeadDotProductAttention_0/"
             out["attn_pool.latent"] = w[h + "probe"]
             out["attn_pool.q.weight"] = w[m + "query/kernel"].reshape(D, -1).T
             out["attn_pool.q.bias"] = w[m + "query/bias"].reshape(-1)
-            out["attn_pool.kv.weight"] = np.concatenate([w[f"{m}{x}/kernel"].reshape(D, -1).T for x in ("key", "value")])
+            out["attn_pool.kv.weight"] = np.concatenate(
+                [w[f"{m}{x}/kernel"].reshape(D, -1).T for x in ("key", "value")]
+            )
             out["attn_pool.kv.bias"] = np.concatenate([w[f"{m}{x}/bias"].reshape(-1) for x in ("key", "value")])
             out["attn_pool.proj.weight"] = w[m + "out/kernel"].reshape(-1, D).T
             out["attn_pool.proj.bias"] = w[m + "out/bias"]
-            out["attn_pool.norm.weight"], out["attn_pool.norm.bias"] = w[h + "LayerNorm_0/scale"], w[h + "LayerNorm_0/bias"]
+            out["attn_pool.norm.weight"], out["attn_pool.norm.bias"] = (
+                w[h + "LayerNorm_0/scale"],
+                w[h + "LayerNorm_0/bias"],
+            )
             for j, fc in enumerate(("fc1", "fc2")):
                 out[f"attn_pool.mlp.{fc}.weight"] = w[f"{h}MlpBlock_0/Dense_{j}/kernel"].T
                 out[f"attn_pool.mlp.{fc}.bias"] = w[f"{h}MlpBlock_0/Dense_{j}/bias"]
@@ -285,18 +352,34 @@ def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nda
 
 # ----------------------------------------------------------------------------- open_clip
 
-_OPEN_CLIP_BLOCK = {"norm1": "ln_1", "attn.qkv": "attn.in_proj", "attn.proj": "attn.out_proj", "norm2": "ln_2",
-                    "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj"}
-_OPEN_CLIP_HOLDS = {"reg_tokens": (0,), "no_embed_class": (False,), "pre_norm": (True,), "fc_norm": (None, False),
-                    "qk_norm": (False,), "proj_bias": (True,), "qkv_bias": (True,), "mlp_layer": ("mlp",),
-                    "global_pool": ("token",), "class_token": (True,)}
+_OPEN_CLIP_BLOCK = {
+    "norm1": "ln_1",
+    "attn.qkv": "attn.in_proj",
+    "attn.proj": "attn.out_proj",
+    "norm2": "ln_2",
+    "mlp.fc1": "mlp.c_fc",
+    "mlp.fc2": "mlp.c_proj",
+}
+_OPEN_CLIP_HOLDS = {
+    "reg_tokens": (0,),
+    "no_embed_class": (False,),
+    "pre_norm": (True,),
+    "fc_norm": (None, False),
+    "qk_norm": (False,),
+    "proj_bias": (True,),
+    "qkv_bias": (True,),
+    "mlp_layer": ("mlp",),
+    "global_pool": ("token",),
+    "class_token": (True,),
+}
 
 
 def _open_clip_holds(config: ViTConfig) -> None:
     wrong = [f"{k}={getattr(config, k)!r}" for k, ok in _OPEN_CLIP_HOLDS.items() if getattr(config, k) not in ok]
     if wrong:
-        raise WeightError(f"open_clip's VisionTransformer (token pooling after ln_post, pre_norm) cannot hold "
-                          f"{', '.join(wrong)}")
+        raise WeightError(
+            f"open_clip's VisionTransformer (token pooling after ln_post, pre_norm) cannot hold {', '.join(wrong)}"
+        )
 
 
 def from_open_clip(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
@@ -333,10 +416,15 @@ def to_open_clip(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str
     _open_clip_holds(config)
     if config.num_classes and np.any(state["head.bias"]):
         raise WeightError("open_clip's proj has no bias, but head.bias is not zero: not representable")
-    out = {"class_embedding": state["cls_token"].reshape(-1), "positional_embedding": state["pos_embed"][0],
-           "conv1.weight": state["patch_embed.proj.weight"], "ln_pre.weight": state["norm_pre.weight"],
-           "ln_pre.bias": state["norm_pre.bias"], "ln_post.weight": state["norm.weight"],
-           "ln_post.bias": state["norm.bias"]}
+    out = {
+        "class_embedding": state["cls_token"].reshape(-1),
+        "positional_embedding": state["pos_embed"][0],
+        "conv1.weight": state["patch_embed.proj.weight"],
+        "ln_pre.weight": state["norm_pre.weight"],
+        "ln_pre.bias": state["norm_pre.bias"],
+        "ln_post.weight": state["norm.weight"],
+        "ln_post.bias": state["norm.bias"],
+    }
     for i in range(config.depth):
         r, b = f"transformer.resblocks.{i}.", f"blocks.{i}."
         for ours, theirs in _OPEN_CLIP_BLOCK.items():

@@ -34,16 +34,21 @@ def bicubic_aa_matrix(n_in: int, n_out: int) -> np.ndarray:
     return R
 
 
-def resample_abs_pos_embed(pos_embed: np.ndarray, new_size: tuple[int, int], old_size: tuple[int, int] | None = None,
-                           num_prefix_tokens: int = 1, interpolation: str = "bicubic",
-                           antialias: bool = True) -> np.ndarray:
+def resample_abs_pos_embed(
+    pos_embed: np.ndarray,
+    new_size: tuple[int, int],
+    old_size: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 1,
+    interpolation: str = "bicubic",
+    antialias: bool = True,
+) -> np.ndarray:
     import torch
     import torch.nn.functional as F
 
     _, n, dim = pos_embed.shape
     n_grid = n - num_prefix_tokens
     if old_size is None:
-        side = int(round(n_grid ** 0.5))
+        side = int(round(n_grid**0.5))
         if side * side != n_grid:
             raise WeightError(f"pos_embed has {n_grid} grid positions, not a square: pass old_size")
         old_size = (side, side)
@@ -58,7 +63,9 @@ def resample_abs_pos_embed(pos_embed: np.ndarray, new_size: tuple[int, int], old
     return np.concatenate([prefix.astype(np.float32), g], axis=1)
 
 
-def resample_state(state: dict[str, np.ndarray], config: ViTConfig, img_size) -> tuple[ViTConfig, dict[str, np.ndarray]]:
+def resample_state(
+    state: dict[str, np.ndarray], config: ViTConfig, img_size
+) -> tuple[ViTConfig, dict[str, np.ndarray]]:
     """The config and state for running the same weights at ``img_size``."""
     new_config = config.replace(img_size=img_size)
     prefix = 0 if config.no_embed_class else config.num_prefix_tokens  # pytorch-image-models#1365

@@ -41,5 +41,18 @@ from conformance.capture.mapping import LoadError, rename_function
 from conformance.capture.plan import ATTENTION_MODULES, Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.port import CapturedForward, ModelPort, Taps
 
-__all__ = ["ADAPTERS", "ATTENTION_MODULES", "Adapter", "CapturedForward", "LoadError", "ModelPort", "Plan", "Source",
-           "TapOverrideError", "Taps", "framework_of", "infer_plan", "rename_function"]
+__all__ = [
+    "ADAPTERS",
+    "ATTENTION_MODULES",
+    "Adapter",
+    "CapturedForward",
+    "LoadError",
+    "ModelPort",
+    "Plan",
+    "Source",
+    "TapOverrideError",
+    "Taps",
+    "framework_of",
+    "infer_plan",
+    "rename_function",
+]

@@ -32,7 +32,7 @@ def rename_function(table: Mapping[str, str | None] | Callable[[str], str | None
             if new is None:
                 return None
             repl = new.replace("{i}", m.group("i")) if "i" in pattern.groupindex else new
-            key = key[:m.start()] + m.group(1) + repl + key[m.end():]
+            key = key[: m.start()] + m.group(1) + repl + key[m.end() :]
         return key
 
     return rename
@@ -64,13 +64,15 @@ def config_argument(fn, positional: int | None, keyword: str = "config") -> str 
     except (TypeError, ValueError):  # a builtin or C callable: called with its one argument
         return None
     kinds = inspect.Parameter
-    if any(p.name == keyword and p.kind != kinds.POSITIONAL_ONLY for p in params) or \
-            (keyword != "config" and any(p.kind == kinds.VAR_KEYWORD for p in params)):
+    if any(p.name == keyword and p.kind != kinds.POSITIONAL_ONLY for p in params) or (
+        keyword != "config" and any(p.kind == kinds.VAR_KEYWORD for p in params)
+    ):
         return "keyword"
     if positional is None:
         return None
-    required = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
-                and p.default is p.empty]
+    required = [
+        p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
     if len(required) >= positional or any(p.kind == kinds.VAR_POSITIONAL for p in params):
         return "positional"
     return None

@@ -45,9 +45,9 @@ class Plan:
 # the attention stage (``attn``), and what they compute inside is read where the framework shows it.
 ATTENTION_MODULES = {
     "MultiheadAttention": "torch.nn.MultiheadAttention: in_proj_weight (fused qkv, or q/k/v_proj_weight), "
-                          "in_proj_bias, out_proj (used by the module directly, never called)",
+    "in_proj_bias, out_proj (used by the module directly, never called)",
     "MultiHeadAttention": "mlx.nn.MultiHeadAttention (query_proj, key_proj, value_proj, out_proj) or "
-                          "flax.nnx.MultiHeadAttention (query, key, value, out: LinearGeneral)",
+    "flax.nnx.MultiHeadAttention (query, key, value, out: LinearGeneral)",
     "MultiHeadDotProductAttention": "flax.linen.MultiHeadDotProductAttention (query, key, value, out: DenseGeneral)",
 }
 
@@ -80,8 +80,13 @@ def _override(spec: str) -> Source:
     return Source("in" if side == "in" else "out", path)
 
 
-def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Mapping[str, Any],
-               overrides: Mapping[str, str] | None = None, has_head: bool = True) -> Plan:
+def infer_plan(
+    config: ViTConfig,
+    key_map: Mapping[str, list[str]],
+    modules: Mapping[str, Any],
+    overrides: Mapping[str, str] | None = None,
+    has_head: bool = True,
+) -> Plan:
     """Which module (or record) each tap is read from, from where the mapping sends the weights:
     each stage's capture rule in the stage table (impls.stages) applied to this model."""
     plan = Plan()
@@ -96,10 +101,13 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
         found = [caller(m, modules) for m in owners(canonical_module)]
         if len(found) == 1 and found[0] in modules:
             return found[0]
-        plan.unseen[stage] = (f"no module of its own holds {canonical_module}'s weights" if not found else
-                              f"{canonical_module}'s weights go to {len(found)} modules ({', '.join(found)})"
-                              if len(found) > 1 else f"{canonical_module}'s weights sit in {found[0] or 'the root'}, "
-                              "not a submodule that is called")
+        plan.unseen[stage] = (
+            f"no module of its own holds {canonical_module}'s weights"
+            if not found
+            else f"{canonical_module}'s weights go to {len(found)} modules ({', '.join(found)})"
+            if len(found) > 1
+            else f"{canonical_module}'s weights sit in {found[0] or 'the root'}, not a submodule that is called"
+        )
         return None
 
     block_paths = []
@@ -184,8 +192,9 @@ def infer_plan(config: ViTConfig, key_map: Mapping[str, list[str]], modules: Map
         for i in range(config.depth) if "{i}" in pattern else [None]:
             stage = pattern.replace("{i}", str(i)) if i is not None else pattern
             if stage not in tap_names(config):
-                raise TapOverrideError(f"tap override {pattern!r}: {stage!r} is not a stage of this config "
-                                 "(see impls.tap_names)")
+                raise TapOverrideError(
+                    f"tap override {pattern!r}: {stage!r} is not a stage of this config (see impls.tap_names)"
+                )
             src = _override(spec.replace("{i}", str(i)) if i is not None else spec)
             if src.path not in modules:
                 raise TapOverrideError(f"tap override {pattern!r}: the model has no module {src.path!r}")

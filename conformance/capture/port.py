@@ -37,8 +37,12 @@ class Taps(dict):
         its inputs from another pass)."""
         if not self.from_second:
             return self
-        own = Taps({k: v for k, v in self.items() if k not in self.from_second}, unseen=self.unseen,
-                   findings=self.findings, sources=self.sources)
+        own = Taps(
+            {k: v for k, v in self.items() if k not in self.from_second},
+            unseen=self.unseen,
+            findings=self.findings,
+            sources=self.sources,
+        )
         own.dtypes = {k: v for k, v in self.dtypes.items() if k not in self.from_second}
         return own
 
@@ -92,8 +96,13 @@ class ModelPort:
 
     def _convert(self, state, config):
         how = config_argument(self.convert, positional=2)
-        return (self.convert(state, config=config) if how == "keyword" else
-                self.convert(state, config) if how == "positional" else self.convert(state))
+        return (
+            self.convert(state, config=config)
+            if how == "keyword"
+            else self.convert(state, config)
+            if how == "positional"
+            else self.convert(state)
+        )
 
     def _build(self, config: ViTConfig, dtype: str):
         """(model, whether the model chose its own parameter dtypes)."""
@@ -124,7 +133,9 @@ class ModelPort:
                 out[k] = sorted(targets, key=lambda mk: float(np.min(np.asarray(converted[mk]))))
         return out
 
-    def mapped(self, state: Mapping[str, np.ndarray], adapter: BaseAdapter, config: ViTConfig) -> tuple[dict, list[str]]:
+    def mapped(
+        self, state: Mapping[str, np.ndarray], adapter: BaseAdapter, config: ViTConfig
+    ) -> tuple[dict, list[str]]:
         """The model's arrays from the canonical state, strictly: (arrays, unfilled model keys)."""
         params = adapter.params()
         if self.rename is not None:
@@ -145,11 +156,16 @@ class ModelPort:
             import difflib
 
             near = difflib.get_close_matches(unknown[0], sorted(set(params) - set(arrays)), n=3, cutoff=0.5)
-            raise LoadError(f"the mapping gives {len(unknown)} key(s) the model does not have: "
-                            f"{', '.join(repr(k) for k in unknown[:8])}{' ...' if len(unknown) > 8 else ''}; "
-                            f"closest model keys to {unknown[0]!r}: {', '.join(repr(k) for k in near) or 'none'}")
-        wrong = [f"{k!r}: mapped {tuple(arrays[k].shape)}, the model has {params[k]}" for k in sorted(arrays)
-                 if tuple(arrays[k].shape) != tuple(params[k])]
+            raise LoadError(
+                f"the mapping gives {len(unknown)} key(s) the model does not have: "
+                f"{', '.join(repr(k) for k in unknown[:8])}{' ...' if len(unknown) > 8 else ''}; "
+                f"closest model keys to {unknown[0]!r}: {', '.join(repr(k) for k in near) or 'none'}"
+            )
+        wrong = [
+            f"{k!r}: mapped {tuple(arrays[k].shape)}, the model has {params[k]}"
+            for k in sorted(arrays)
+            if tuple(arrays[k].shape) != tuple(params[k])
+        ]
         if wrong:
             raise LoadError(f"{len(wrong)} shape mismatch(es): " + "; ".join(wrong[:6]))
         unfilled = sorted(set(params) - set(arrays))
@@ -166,8 +182,10 @@ class ModelPort:
         model, chosen = self._build(config, dtype)
         framework = ADAPTERS[framework_of(model)]
         if self.autocast and not framework.supports_autocast:
-            raise TypeError(f"ModelPort(autocast=True) runs a PyTorch model under torch.autocast; this is a "
-                            f"{framework.name} model (give build a dtype= argument instead)")
+            raise TypeError(
+                f"ModelPort(autocast=True) runs a PyTorch model under torch.autocast; this is a "
+                f"{framework.name} model (give build a dtype= argument instead)"
+            )
         adapter = framework.bind(model, config, self.images)
         adapter.call_kwargs = dict(self.call_kwargs)
         key_map = self.key_map(state, config)
@@ -188,13 +206,17 @@ class ModelPort:
             raise ToolError(f"capture could not plan the taps: {describe_exception(e)}") from e
         findings = []
         if unfilled:
-            findings.append(("load", f"the model has {len(unfilled)} parameter(s) the canonical weights do not fill, "
-                                     f"left at the model's initial values: {', '.join(unfilled[:6])}"
-                                     + (" ..." if len(unfilled) > 6 else "")))
+            findings.append(
+                (
+                    "load",
+                    f"the model has {len(unfilled)} parameter(s) the canonical weights do not fill, "
+                    f"left at the model's initial values: {', '.join(unfilled[:6])}"
+                    + (" ..." if len(unfilled) > 6 else ""),
+                )
+            )
         forward = CapturedForward(self, adapter, plan, config, dtype, findings)
         forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
         return forward
-
 
     def make_grad(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
         """A gradient factory (docs/gradients.md) from the unmodified model: grad(images, loss)
@@ -213,8 +235,9 @@ class ModelPort:
         def grad(images, loss):
             images = np.asarray(images)
             x = images.transpose(0, 2, 3, 1) if self.images == "NHWC" else images
-            value, native, g_x, taps = adapter.gradients(adapter.to_input(np.ascontiguousarray(x), dtype), loss,
-                                                         forward)
+            value, native, g_x, taps = adapter.gradients(
+                adapter.to_input(np.ascontiguousarray(x), dtype), loss, forward
+            )
             params = {}
             for key, targets in where.items():
                 g = np.zeros(state[key].size, np.float64)
@@ -222,7 +245,11 @@ class ModelPort:
                     taken = index >= 0
                     np.add.at(g, index[taken], np.asarray(native[mk], np.float64).ravel()[taken])
                 params[key] = g.reshape(state[key].shape)
-            out = {"loss": value, "params": params, "images": g_x.transpose(0, 3, 1, 2) if self.images == "NHWC" else g_x}
+            out = {
+                "loss": value,
+                "params": params,
+                "images": g_x.transpose(0, 3, 1, 2) if self.images == "NHWC" else g_x,
+            }
             return out if taps is None else out | {"taps": taps}
 
         return grad
@@ -242,16 +269,19 @@ class ModelPort:
                     out[k].append((mk, np.asarray(arrays[mk]).ravel().astype(np.int64) - 1))
             return out
         for k, v in state.items():  # convert: one key at a time, the others zero
-            converted = self._convert({n: probe[n] if n == k else np.zeros(np.shape(w), np.float32)
-                                       for n, w in state.items()}, config)
+            converted = self._convert(
+                {n: probe[n] if n == k else np.zeros(np.shape(w), np.float32) for n, w in state.items()}, config
+            )
             for mk, value in converted.items():
                 index = np.asarray(value, np.float64).ravel()
                 if not np.any(index):
                     continue
                 whole = index == np.round(index)
                 if not np.all(whole[index != 0]) or index.max() > np.size(v):
-                    raise LoadError(f"the convert function does more than re-lay out {k!r} (into {mk!r}: it scales or "
-                                    "mixes entries), so its gradient cannot be brought back")
+                    raise LoadError(
+                        f"the convert function does more than re-lay out {k!r} (into {mk!r}: it scales or "
+                        "mixes entries), so its gradient cannot be brought back"
+                    )
                 # -1 where the model's entry does not come from k; an entry sent to two places (tied
                 # weights) gets both gradients summed by np.add.at, the adjoint of a copy
                 out[k].append((mk, index.astype(np.int64) - 1))
@@ -285,8 +315,9 @@ class CapturedForward:
             if stage in taps:
                 continue
             own = taps.unseen.pop(stage, "not read")
-            second.sources[stage] = (f"{second.sources[stage]}, in a second pass under a TorchFunctionMode (on the "
-                                     f"model's own path: {own})")
+            second.sources[stage] = (
+                f"{second.sources[stage]}, in a second pass under a TorchFunctionMode (on the model's own path: {own})"
+            )
             taps.sources[stage] = second.sources[stage]
             taps[stage] = second[stage]
             if stage in second.dtypes:
@@ -317,8 +348,10 @@ class CapturedForward:
                 taps.findings.append((stage, str(e)))
                 continue
             except Exception as e:  # noqa: BLE001 - reading a recorded tensor is the tool's job
-                raise ToolError(f"capture failed reading stage {stage} ({source.kind} {source.path or ''}".rstrip()
-                                + f"): {describe_exception(e)}") from e
+                raise ToolError(
+                    f"capture failed reading stage {stage} ({source.kind} {source.path or ''}".rstrip()
+                    + f"): {describe_exception(e)}"
+                ) from e
             taps[stage] = value
             taps.sources[stage] = where
             if self._emitted:
@@ -360,15 +393,19 @@ class CapturedForward:
         if source.kind == "return":
             logits = self.port.output(out) if self.port.output else self._array(out, stage)  # names an empty output
             if source.part == "pooled" and len(getattr(logits, "shape", ())) == 3:
-                raise Never(f"a headless model's output is its pooled features (B, D); it returned "
-                             f"{tuple(logits.shape)} tokens: give ModelPort(output=...) its pooled output")
+                raise Never(
+                    f"a headless model's output is its pooled features (B, D); it returned "
+                    f"{tuple(logits.shape)} tokens: give ModelPort(output=...) its pooled output"
+                )
             what = "the model's return value" + (" (a headless model's pooled features)" if source.part else "")
             return self._np(logits), what
         if source.kind in ("in", "out"):
             store = rec.inputs if source.kind == "in" else rec.outputs
             if source.path not in store:
-                raise Never(f"the module {source.path!r} that holds its weights was never called: its weights "
-                             "take no part in the forward")
+                raise Never(
+                    f"the module {source.path!r} that holds its weights was never called: its weights "
+                    "take no part in the forward"
+                )
             x = self._np(self._array(store[source.path], stage))
             where = f"{'input' if source.kind == 'in' else 'output'} of {source.path}"
             if source.shape == "patches" and x.ndim == 4:
@@ -388,9 +425,13 @@ class CapturedForward:
         if part == "weights":
             if "weights" in slot:
                 return self._heads4(self._np(slot["weights"]), c.num_tokens), "the softmax over keys"
-            raise Unseen(f"computed inside {slot['fused']} (a fused kernel)" if "fused" in slot else
-                          f"computed inside {slot['native']}" if "native" in slot else
-                          "no softmax over (N, N) logits was seen in this block")
+            raise Unseen(
+                f"computed inside {slot['fused']} (a fused kernel)"
+                if "fused" in slot
+                else f"computed inside {slot['native']}"
+                if "native" in slot
+                else "no softmax over (N, N) logits was seen in this block"
+            )
         if part in slot:
             x = self._np(slot[part])
             if not slot.get("heads_first", True):
@@ -398,11 +439,16 @@ class CapturedForward:
             return self._heads4(x, c.head_dim), slot["where"]
         product = {"q": "logits_q", "k": "logits_k", "v": "product_v"}[part]
         if part == "q" and "q_scaled" in slot:
-            raise Unseen(f"scaled inside {slot['q_scaled']} before q kᵀ, where capture sees no multiply "
-                          "(need_weights=True; with need_weights=False q is an argument of the fused attention)")
+            raise Unseen(
+                f"scaled inside {slot['q_scaled']} before q kᵀ, where capture sees no multiply "
+                "(need_weights=True; with need_weights=False q is an argument of the fused attention)"
+            )
         if product in slot:
-            what = {"q": "the left operand of q kᵀ (before any scalar scale)", "k": "the right operand of q kᵀ",
-                    "v": "the right operand of weights · v"}[part]
+            what = {
+                "q": "the left operand of q kᵀ (before any scalar scale)",
+                "k": "the right operand of q kᵀ",
+                "v": "the right operand of weights · v",
+            }[part]
             return self._heads4(self._np(slot[product]), c.head_dim), what
         kind, path = source.fallback or ("", "")
         if kind == "heads" and path in rec.outputs:

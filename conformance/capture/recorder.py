@@ -23,6 +23,7 @@ def guarded(method):
         except Exception as e:  # noqa: BLE001 - re-raised as the tool's own after the model returns
             if self.error is None:
                 self.error = e
+
     return call
 
 
@@ -44,14 +45,16 @@ class Recorder:
 
     def raise_error(self) -> None:
         if self.error is not None:
-            raise ToolError(f"capture failed while recording the forward: {describe_exception(self.error)}") \
-                from self.error
+            raise ToolError(
+                f"capture failed while recording the forward: {describe_exception(self.error)}"
+            ) from self.error
 
     @guarded
     def native(self, query):
         """torch._native_multi_head_attention ran in this block (nn.MultiheadAttention's fast path)."""
-        self._slot().setdefault("native", "torch._native_multi_head_attention (nn.MultiheadAttention's native "
-                                          "fast path)")
+        self._slot().setdefault(
+            "native", "torch._native_multi_head_attention (nn.MultiheadAttention's native fast path)"
+        )
 
     @guarded
     def scaled_inside(self, where):
@@ -82,15 +85,21 @@ class Recorder:
         return self.attn.setdefault(self.block, {})
 
     def _is(self, x, *tail) -> bool:
-        return self.adapter.is_array(x) and tuple(x.shape[-len(tail):]) == tail and len(x.shape) >= 3
+        return self.adapter.is_array(x) and tuple(x.shape[-len(tail) :]) == tail and len(x.shape) >= 3
 
     @guarded
     def fused(self, q, k, v, where, heads_first):
         slot = self._slot()
         if "q" not in slot and all(self.adapter.is_array(t) for t in (q, k, v)):
             copy = self.adapter.copy
-            slot.update(q=copy(q), k=copy(k), v=copy(v), heads_first=heads_first, where=f"the q, k, v arguments of "
-                        f"{where}", fused=where)
+            slot.update(
+                q=copy(q),
+                k=copy(k),
+                v=copy(v),
+                heads_first=heads_first,
+                where=f"the q, k, v arguments of {where}",
+                fused=where,
+            )
 
     @guarded
     def softmax(self, out):
@@ -181,6 +190,7 @@ def wrapped(fn, on_call):
         out = fn(*args, **kwargs)
         on_call(args, kwargs, out)
         return out
+
     return wrapper
 
 
@@ -192,15 +202,18 @@ def callbacks(recorder):
         def hook(args, kwargs, out):
             if recorder.block is not None:
                 fn(args, kwargs, out)
+
         return hook
 
     def fused(where, heads_first, names):
-        return inside(lambda a, k, out: recorder.fused(*(list(a) + [k.get(n) for n in names])[:3], where,
-                                                       heads_first=heads_first))
+        return inside(
+            lambda a, k, out: recorder.fused(*(list(a) + [k.get(n) for n in names])[:3], where, heads_first=heads_first)
+        )
 
     return SimpleNamespace(
         softmax=inside(lambda a, k, out: recorder.softmax(out)),
         product=inside(lambda a, k, out: recorder.product(a[0], a[1], out, None)),
         einsum=inside(lambda a, k, out: recorder.product(a[1], a[2], out, a[0]) if len(a) == 3 else None),
         scale=inside(lambda a, k, out: recorder.scalar_op(a, out)),
-        fused=fused)
+        fused=fused,
+    )

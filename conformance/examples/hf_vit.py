@@ -7,10 +7,17 @@ import numpy as np
 from conformance.capture import ModelPort, rename_function
 from weights.hf import vit_config_to_hf
 
-RENAME = {"cls_token": "embeddings.cls_token", "pos_embed": "embeddings.position_embeddings",
-          "patch_embed.proj": "embeddings.patch_embeddings.projection", "blocks": "layers",
-          "norm1": "layernorm_before", "norm2": "layernorm_after", "attn.proj": "attention.o_proj",
-          "norm": "layernorm", "head": "classifier"}
+RENAME = {
+    "cls_token": "embeddings.cls_token",
+    "pos_embed": "embeddings.position_embeddings",
+    "patch_embed.proj": "embeddings.patch_embeddings.projection",
+    "blocks": "layers",
+    "norm1": "layernorm_before",
+    "norm2": "layernorm_after",
+    "attn.proj": "attention.o_proj",
+    "norm": "layernorm",
+    "head": "classifier",
+}
 
 
 def convert(state, prefix="vit.", head=True):
@@ -45,8 +52,12 @@ def build_model(config):
 SUPPORTS = {"global_pool": "token", "square_images": True, "square_patches": True}
 port = ModelPort(build, convert=convert, output=lambda out: out.logits, supports=SUPPORTS)
 # ViTModel has no classifier: the mapping drops head, so pooled and logits are unseen.
-model_port = ModelPort(build_model, convert=lambda state: convert(state, prefix="", head=False),
-                       output=lambda out: out.last_hidden_state, supports=SUPPORTS)
+model_port = ModelPort(
+    build_model,
+    convert=lambda state: convert(state, prefix="", head=False),
+    output=lambda out: out.last_hidden_state,
+    supports=SUPPORTS,
+)
 
 
 def _family(model_type: str, classes: tuple[str, str]):
@@ -58,8 +69,11 @@ def _family(model_type: str, classes: tuple[str, str]):
 
     def build(config):
         transformers = importlib.import_module("transformers")
-        settings = {k: v for k, v in hf.family_config_to_hf(config, model_type).items()
-                    if k not in ("model_type", "architectures")}
+        settings = {
+            k: v
+            for k, v in hf.family_config_to_hf(config, model_type).items()
+            if k not in ("model_type", "architectures")
+        }
         return getattr(transformers, classes[1])(getattr(transformers, classes[0])(**settings)).eval()
 
     def convert(state, config):  # the tower's own state dict has no "vision_model." prefix
@@ -72,11 +86,31 @@ def _family(model_type: str, classes: tuple[str, str]):
 # that token) and returns it as pooler_output; SiglipVisionModel's MAP head is an
 # nn.MultiheadAttention (so capture runs two passes) and its pooler_output is the pooled feature.
 _CLIP = _family("clip_vision_model", ("CLIPVisionConfig", "CLIPVisionModel"))
-clip_port = ModelPort(_CLIP[0], convert=_CLIP[1], output=lambda out: out.pooler_output,
-                      supports={"pre_norm": True, "num_classes": 0, "global_pool": "token",
-                                "act_layer": ("quick_gelu", "gelu"), "norm_eps": 1e-5, "square_images": True,
-                                "square_patches": True})
+clip_port = ModelPort(
+    _CLIP[0],
+    convert=_CLIP[1],
+    output=lambda out: out.pooler_output,
+    supports={
+        "pre_norm": True,
+        "num_classes": 0,
+        "global_pool": "token",
+        "act_layer": ("quick_gelu", "gelu"),
+        "norm_eps": 1e-5,
+        "square_images": True,
+        "square_patches": True,
+    },
+)
 _SIGLIP = _family("siglip_vision_model", ("SiglipVisionConfig", "SiglipVisionModel"))
-siglip_port = ModelPort(_SIGLIP[0], convert=_SIGLIP[1], output=lambda out: out.pooler_output,
-                        supports={"num_classes": 0, "global_pool": "map", "class_token": False,
-                                  "act_layer": "gelu_tanh", "square_images": True, "square_patches": True})
+siglip_port = ModelPort(
+    _SIGLIP[0],
+    convert=_SIGLIP[1],
+    output=lambda out: out.pooler_output,
+    supports={
+        "num_classes": 0,
+        "global_pool": "map",
+        "class_token": False,
+        "act_layer": "gelu_tanh",
+        "square_images": True,
+        "square_patches": True,
+    },
+)

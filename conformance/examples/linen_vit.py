@@ -86,5 +86,6 @@ def convert(state, config):
 SUPPORTS = {"global_pool": "token", "class_token": True}
 port = ModelPort(build, convert=convert, images="NHWC", supports=SUPPORTS)
 # linen's LayerNorm default, use_fast_variance=True: located at blocks.0.norm1 on trained-like weights.
-fast_variance_port = ModelPort(lambda config: build(config, fast_variance=True), convert=convert, images="NHWC",
-                               supports=SUPPORTS)
+fast_variance_port = ModelPort(
+    lambda config: build(config, fast_variance=True), convert=convert, images="NHWC", supports=SUPPORTS
+)

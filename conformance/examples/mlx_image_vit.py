@@ -8,9 +8,19 @@ import numpy as np
 
 from conformance.capture import ModelPort, rename_function
 
-RENAME = {"patch_embed.proj": "conv_proj", "cls_token": "class_token", "pos_embed": "encoder.pos_embedding",
-          "blocks": "encoder.layers", "norm1": "ln_1", "norm2": "ln_2", "attn.proj": "self_attention.out_proj",
-          "mlp.fc1": "mlp.linear_1", "mlp.fc2": "mlp.linear_2", "norm": "encoder.ln", "head": "heads.layers.0"}
+RENAME = {
+    "patch_embed.proj": "conv_proj",
+    "cls_token": "class_token",
+    "pos_embed": "encoder.pos_embedding",
+    "blocks": "encoder.layers",
+    "norm1": "ln_1",
+    "norm2": "ln_2",
+    "attn.proj": "self_attention.out_proj",
+    "mlp.fc1": "mlp.linear_1",
+    "mlp.fc2": "mlp.linear_2",
+    "norm": "encoder.ln",
+    "head": "heads.layers.0",
+}
 
 
 def convert(state):
@@ -31,10 +41,16 @@ def build(config):
     import mlx.nn as nn
     from conformance.examples.vendor.mlxim_vit import VisionTransformer
 
-    return VisionTransformer(image_size=config.img_size[0], patch_size=config.patch_size[0],
-                             num_layers=config.depth, num_heads=config.num_heads, hidden_dim=config.embed_dim,
-                             mlp_dim=config.mlp_hidden_dim, num_classes=config.num_classes,
-                             norm_layer=partial(nn.LayerNorm, eps=config.norm_eps))
+    return VisionTransformer(
+        image_size=config.img_size[0],
+        patch_size=config.patch_size[0],
+        num_layers=config.depth,
+        num_heads=config.num_heads,
+        hidden_dim=config.embed_dim,
+        mlp_dim=config.mlp_hidden_dim,
+        num_classes=config.num_classes,
+        norm_layer=partial(nn.LayerNorm, eps=config.norm_eps),
+    )
 
 
 # Square 3-channel images, the class token, and bias on every attention projection (attn_bias

@@ -24,12 +24,15 @@ def _modules(fast_variance=False, dtype=None):
             # Flax's default use_fast_variance=True computes E[x²] - E[x]², which cancels on
             # trained ViT activations (the zoo's jax_fast_variance); timm computes E[(x - E[x])²].
             self.ln_1 = nnx.LayerNorm(c.embed_dim, epsilon=c.norm_eps, use_fast_variance=fast_variance, rngs=rngs)
-            self.attention = nnx.MultiHeadAttention(num_heads=c.num_heads, in_features=c.embed_dim,
-                                                    use_bias=c.qkv_bias, decode=False, rngs=rngs, **compute)
+            self.attention = nnx.MultiHeadAttention(
+                num_heads=c.num_heads, in_features=c.embed_dim, use_bias=c.qkv_bias, decode=False, rngs=rngs, **compute
+            )
             self.ln_2 = nnx.LayerNorm(c.embed_dim, epsilon=c.norm_eps, use_fast_variance=fast_variance, rngs=rngs)
-            self.mlp = nnx.Sequential(nnx.Linear(c.embed_dim, c.mlp_hidden_dim, rngs=rngs, **compute),
-                                      lambda x: nnx.gelu(x, approximate=False),
-                                      nnx.Linear(c.mlp_hidden_dim, c.embed_dim, rngs=rngs, **compute))
+            self.mlp = nnx.Sequential(
+                nnx.Linear(c.embed_dim, c.mlp_hidden_dim, rngs=rngs, **compute),
+                lambda x: nnx.gelu(x, approximate=False),
+                nnx.Linear(c.mlp_hidden_dim, c.embed_dim, rngs=rngs, **compute),
+            )
 
         def __call__(self, x):
             x = x + self.attention(self.ln_1(x))
@@ -37,8 +40,15 @@ def _modules(fast_variance=False, dtype=None):
 
     class ViT(nnx.Module):
         def __init__(self, c, rngs):
-            self.stem = nnx.Conv(c.in_chans, c.embed_dim, kernel_size=c.patch_size, strides=c.patch_size,
-                                 padding="VALID", rngs=rngs, **compute)
+            self.stem = nnx.Conv(
+                c.in_chans,
+                c.embed_dim,
+                kernel_size=c.patch_size,
+                strides=c.patch_size,
+                padding="VALID",
+                rngs=rngs,
+                **compute,
+            )
             self.cls = nnx.Param(jnp.zeros((1, 1, c.embed_dim)))
             self.pos = nnx.Param(jnp.zeros((1, c.num_tokens, c.embed_dim)))
             self.encoder = nnx.List([EncoderBlock(c, rngs) for _ in range(c.depth)])
@@ -92,12 +102,14 @@ def convert(state, config):
         elif ".attn.qkv." in key:
             block = key.split(".attn.")[0].replace("blocks.", "encoder.")
             for name, third in zip(("query", "key", "value"), np.split(value, 3)):
-                out[f"{block}.attention.{name}.kernel" if key.endswith("weight") else f"{block}.attention.{name}.bias"] = (
-                    third.T.reshape(D, H, hd) if key.endswith("weight") else third.reshape(H, hd))
+                out[
+                    f"{block}.attention.{name}.kernel" if key.endswith("weight") else f"{block}.attention.{name}.bias"
+                ] = third.T.reshape(D, H, hd) if key.endswith("weight") else third.reshape(H, hd)
         elif ".attn.proj." in key:
             block = key.split(".attn.")[0].replace("blocks.", "encoder.")
             out[f"{block}.attention.out.kernel" if key.endswith("weight") else f"{block}.attention.out.bias"] = (
-                value.T.reshape(H, hd, D) if key.endswith("weight") else value)
+                value.T.reshape(H, hd, D) if key.endswith("weight") else value
+            )
         else:
             name, kernel = _name(key)
             out[name] = value.T if kernel else value
@@ -107,8 +119,9 @@ def convert(state, config):
 SUPPORTS = {"global_pool": "token", "qkv_bias": True}
 port = ModelPort(build, convert=convert, images="NHWC", supports=SUPPORTS)
 # The same model with Flax's LayerNorm default (use_fast_variance=True): located at blocks.0.norm1.
-fast_variance_port = ModelPort(lambda config: build(config, fast_variance=True), convert=convert, images="NHWC",
-                               supports=SUPPORTS)
+fast_variance_port = ModelPort(
+    lambda config: build(config, fast_variance=True), convert=convert, images="NHWC", supports=SUPPORTS
+)
 # Flax mixed precision (verify --dtype bfloat16): float32 parameters, bfloat16 compute in the
 # projections and the MLP, float32 LayerNorms and residual stream, each stage judged as stored.
 mixed_port = ModelPort(build_mixed, convert=convert, images="NHWC", supports=SUPPORTS)

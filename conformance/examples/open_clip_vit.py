@@ -17,28 +17,57 @@ no patch-embedding bias, QuickGELU (OpenAI's weights) or GELU.
 
 from conformance.capture import ModelPort
 
-RENAME = {"cls_token": "class_embedding", "pos_embed": "positional_embedding", "patch_embed.proj": "conv1",
-          "norm_pre": "ln_pre", "blocks": "transformer.resblocks", "norm1": "ln_1", "norm2": "ln_2",
-          "attn.qkv.weight": "attn.in_proj_weight", "attn.qkv.bias": "attn.in_proj_bias", "attn.proj": "attn.out_proj",
-          "mlp.fc1": "mlp.c_fc", "mlp.fc2": "mlp.c_proj", "norm": "ln_post"}
-SUPPORTS = {"pre_norm": True, "norm_eps": 1e-5, "num_classes": 0, "global_pool": "token", "qkv_bias": True,
-            "act_layer": ("quick_gelu", "gelu"), "square_images": True, "square_patches": True}
+RENAME = {
+    "cls_token": "class_embedding",
+    "pos_embed": "positional_embedding",
+    "patch_embed.proj": "conv1",
+    "norm_pre": "ln_pre",
+    "blocks": "transformer.resblocks",
+    "norm1": "ln_1",
+    "norm2": "ln_2",
+    "attn.qkv.weight": "attn.in_proj_weight",
+    "attn.qkv.bias": "attn.in_proj_bias",
+    "attn.proj": "attn.out_proj",
+    "mlp.fc1": "mlp.c_fc",
+    "mlp.fc2": "mlp.c_proj",
+    "norm": "ln_post",
+}
+SUPPORTS = {
+    "pre_norm": True,
+    "norm_eps": 1e-5,
+    "num_classes": 0,
+    "global_pool": "token",
+    "qkv_bias": True,
+    "act_layer": ("quick_gelu", "gelu"),
+    "square_images": True,
+    "square_patches": True,
+}
 
 
 def build(config, pool_type="tok", final_ln_after_pool=False):
     import torch.nn as nn
     from open_clip.transformer import QuickGELU, VisionTransformer
 
-    model = VisionTransformer(image_size=config.img_size[0], patch_size=config.patch_size[0], width=config.embed_dim,
-                              layers=config.depth, heads=config.num_heads, mlp_ratio=config.mlp_ratio,
-                              output_dim=config.embed_dim, pool_type=pool_type,
-                              final_ln_after_pool=final_ln_after_pool,
-                              act_layer=QuickGELU if config.act_layer == "quick_gelu" else nn.GELU)
+    model = VisionTransformer(
+        image_size=config.img_size[0],
+        patch_size=config.patch_size[0],
+        width=config.embed_dim,
+        layers=config.depth,
+        heads=config.num_heads,
+        mlp_ratio=config.mlp_ratio,
+        output_dim=config.embed_dim,
+        pool_type=pool_type,
+        final_ln_after_pool=final_ln_after_pool,
+        act_layer=QuickGELU if config.act_layer == "quick_gelu" else nn.GELU,
+    )
     model.proj = None  # headless: the pooled features are the output
     return model.eval()
 
 
 port = ModelPort(build, rename=RENAME, supports=SUPPORTS)
 pooled_norm_port = ModelPort(lambda config: build(config, final_ln_after_pool=True), rename=RENAME, supports=SUPPORTS)
-avg_pool_norm_port = ModelPort(lambda config: build(config, pool_type="avg", final_ln_after_pool=True), rename=RENAME,
-                               supports={**SUPPORTS, "global_pool": "avg", "fc_norm": False, "class_token": True})
+avg_pool_norm_port = ModelPort(
+    lambda config: build(config, pool_type="avg", final_ln_after_pool=True),
+    rename=RENAME,
+    supports={**SUPPORTS, "global_pool": "avg", "fc_norm": False, "class_token": True},
+)

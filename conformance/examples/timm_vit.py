@@ -24,5 +24,6 @@ explicit = ModelPort(lambda config: build(config, fused_attn=False), rename={}, 
 autocast_port = ModelPort(build, rename={}, supports=VIT_FAMILY, autocast=True)
 # The same with every LayerNorm's eps at 1e-5 (timm's ViTs use 1e-6): a float32 LayerNorm under
 # autocast is judged at float32's rounding, so the eps is located at blocks.0.norm1.
-autocast_eps_1e5_port = ModelPort(lambda config: build(config.replace(norm_eps=1e-5)), rename={}, supports=VIT_FAMILY,
-                                  autocast=True)
+autocast_eps_1e5_port = ModelPort(
+    lambda config: build(config.replace(norm_eps=1e-5)), rename={}, supports=VIT_FAMILY, autocast=True
+)

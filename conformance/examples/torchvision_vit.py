@@ -12,22 +12,44 @@ With an odd number of heads (ViT-Ti's 3) torch itself never takes the fast path.
 
 from conformance.capture import ModelPort
 
-RENAME = {"cls_token": "class_token", "pos_embed": "encoder.pos_embedding", "patch_embed.proj": "conv_proj",
-          "blocks.{i}": "encoder.layers.encoder_layer_{i}", "norm1": "ln_1", "norm2": "ln_2",
-          "attn.qkv.weight": "self_attention.in_proj_weight", "attn.qkv.bias": "self_attention.in_proj_bias",
-          "attn.proj": "self_attention.out_proj", "mlp.fc1": "mlp.0", "mlp.fc2": "mlp.3", "norm": "encoder.ln",
-          "head": "heads.head"}
+RENAME = {
+    "cls_token": "class_token",
+    "pos_embed": "encoder.pos_embedding",
+    "patch_embed.proj": "conv_proj",
+    "blocks.{i}": "encoder.layers.encoder_layer_{i}",
+    "norm1": "ln_1",
+    "norm2": "ln_2",
+    "attn.qkv.weight": "self_attention.in_proj_weight",
+    "attn.qkv.bias": "self_attention.in_proj_bias",
+    "attn.proj": "self_attention.out_proj",
+    "mlp.fc1": "mlp.0",
+    "mlp.fc2": "mlp.3",
+    "norm": "encoder.ln",
+    "head": "heads.head",
+}
 # torchvision's ViT: class-token pooling, biases everywhere, square images and patches, GELU, eps 1e-6.
-SUPPORTS = {"global_pool": "token", "qkv_bias": True, "norm_eps": 1e-6, "square_images": True,
-            "square_patches": True, "num_classes": lambda n: n > 0}
+SUPPORTS = {
+    "global_pool": "token",
+    "qkv_bias": True,
+    "norm_eps": 1e-6,
+    "square_images": True,
+    "square_patches": True,
+    "num_classes": lambda n: n > 0,
+}
 
 
 def build(config):
     from torchvision.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(image_size=config.img_size[0], patch_size=config.patch_size[0], num_layers=config.depth,
-                             num_heads=config.num_heads, hidden_dim=config.embed_dim,
-                             mlp_dim=config.mlp_hidden_dim, num_classes=config.num_classes).eval()
+    return VisionTransformer(
+        image_size=config.img_size[0],
+        patch_size=config.patch_size[0],
+        num_layers=config.depth,
+        num_heads=config.num_heads,
+        hidden_dim=config.embed_dim,
+        mlp_dim=config.mlp_hidden_dim,
+        num_classes=config.num_classes,
+    ).eval()
 
 
 def build_shared_norm(config):
@@ -38,8 +60,12 @@ def build_shared_norm(config):
     model = build(config)
 
     def forward(block, input):
-        x = block.dropout(block.self_attention(block.ln_1(input), block.ln_1(input), block.ln_1(input),
-                                               need_weights=False)[0]) + input
+        x = (
+            block.dropout(
+                block.self_attention(block.ln_1(input), block.ln_1(input), block.ln_1(input), need_weights=False)[0]
+            )
+            + input
+        )
         return x + block.mlp(block.ln_1(x))
 
     for layer in model.encoder.layers:

@@ -58,8 +58,12 @@ class Recorder:
         for (dtype, mode, kind, port), values in sorted(self.values.items()):
             v = np.asarray(values)
             out.setdefault(dtype, {}).setdefault(mode, {}).setdefault(kind, {})[port] = {
-                "n": int(v.size), "p50": float(np.median(v)), "p99": float(np.quantile(v, 0.99)),
-                "max": float(v.max()), "worst_case": self.worst[(dtype, mode, kind, port)]}
+                "n": int(v.size),
+                "p50": float(np.median(v)),
+                "p99": float(np.quantile(v, 0.99)),
+                "max": float(v.max()),
+                "worst_case": self.worst[(dtype, mode, kind, port)],
+            }
         return out
 
 
@@ -78,9 +82,11 @@ def record_model(rec: Recorder, factories, config, state, x, info, dtypes, ports
                     rec.add((dtype, mode, kind, port), r[mode], {**info, "stage": name})
             if dtype == "float32":  # the fast path emits logits only: end to end
                 fast = factories[port](config, state, taps=False, **FAST[port])(x)
-                rec.add((dtype, "end-to-end", "logits", port),
-                        stage_ratios("logits", fast, model, {}, local=False)["end-to-end"],
-                        {**info, "stage": "logits", "path": "fast"})
+                rec.add(
+                    (dtype, "end-to-end", "logits", port),
+                    stage_ratios("logits", fast, model, {}, local=False)["end-to-end"],
+                    {**info, "stage": "logits", "path": "fast"},
+                )
 
 
 def record_attention(rec: Recorder, case, mask, info) -> None:
@@ -91,13 +97,17 @@ def record_attention(rec: Recorder, case, mask, info) -> None:
     for port in FRAMEWORK_PORTS:
         module = __import__(PORTS[port].split(":")[0], fromlist=["make_attention"])
         for fused in (False, True):
-            out, weights = module.make_attention(case.state, **case.options, fused_attn=fused)(case.x, case.context,
-                                                                                              mask)
+            out, weights = module.make_attention(case.state, **case.options, fused_attn=fused)(
+                case.x, case.context, mask
+            )
             for name, value in (("attn", out), ("attn.weights", weights)):
                 if value is not None:
                     r = stage_ratios(name, value, model, {}, local=False)
-                    rec.add(("float32", "end-to-end", model.kind(name), port), r["end-to-end"],
-                            {**info, "stage": name, "fused": fused})
+                    rec.add(
+                        ("float32", "end-to-end", model.kind(name), port),
+                        r["end-to-end"],
+                        {**info, "stage": name, "fused": fused},
+                    )
 
 
 def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info) -> None:
@@ -105,16 +115,18 @@ def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info
     from conformance.builtin import FUSED, framework, qkv_arrays
 
     q, k, v = qkv_arrays(shape, scale)
-    s = shape.head_dim ** -0.5
+    s = shape.head_dim**-0.5
     ref, dref, P, dP = E.sdpa(q, k, v, mask, s)
     for port in FRAMEWORK_PORTS:
         module, to_fw, to_np = framework(port)
         args = [to_fw(a) for a in (q, k, v)] + [None if mask is None else to_fw(mask)]
         explicit, weights = module.scaled_dot_product_attention(*args, scale=s)
         fused = FUSED[port](module, *args, s)
-        for kind, value, expected, bound in (("sdpa.out", to_np(explicit), ref, dref),
-                                             ("sdpa.out", to_np(fused), ref, dref),
-                                             ("sdpa.weights", to_np(weights), P, dP)):
+        for kind, value, expected, bound in (
+            ("sdpa.out", to_np(explicit), ref, dref),
+            ("sdpa.out", to_np(fused), ref, dref),
+            ("sdpa.weights", to_np(weights), P, dP),
+        ):
             err = np.abs(np.asarray(value, np.float64) - expected)
             rec.add(("float32", "local", kind, port), ratio_over_bound(err, bound + E.SMALLEST_NORMAL["float32"]), info)
 
@@ -125,35 +137,58 @@ def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, 
     count = [0]
 
     @hypothesis_seed(seed)
-    @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples, database=None, deadline=None, derandomize=False, suppress_health_check=list(HealthCheck)
+    )
     @given(config=S.configs(family="half"), weights=S.model_weights(), images=S.image_cases())
     def run(config, weights, images):
         count[0] += 1
         dtypes = ("float32", *LOW_PRECISION) if count[0] % low_every == 0 else ("float32",)
-        record_model(rec, factories, config, weights.make(config), images.make(config),
-                     {"config": config.to_dict(), "weights": repr(weights), "images": vars(images)}, dtypes)
+        record_model(
+            rec,
+            factories,
+            config,
+            weights.make(config),
+            images.make(config),
+            {"config": config.to_dict(), "weights": repr(weights), "images": vars(images)},
+            dtypes,
+        )
 
     run()
     for name in presets:  # full-size shapes: wider reductions than the drawn configs
         config = get_config(name)
         for weights in (S.WeightCase(seed, 1.0), S.TrainedLike(seed)):
             for kind in ("ordinary", "near_constant"):
-                record_model(rec, factories, config, weights.make(config), S.make_images(config, 2, kind, seed),
-                             {"preset": name, "weights": repr(weights), "images": kind}, ("float32", *LOW_PRECISION))
+                record_model(
+                    rec,
+                    factories,
+                    config,
+                    weights.make(config),
+                    S.make_images(config, 2, kind, seed),
+                    {"preset": name, "weights": repr(weights), "images": kind},
+                    ("float32", *LOW_PRECISION),
+                )
 
     @hypothesis_seed(seed)
     @settings(max_examples=attention_examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=S.attention_property_cases(), data=st.data(), big=st.booleans())
     def attention(case, data, big):
-        shape = S.AttentionShape(case.x.shape[0], case.options["num_heads"], case.options["head_dim"],
-                                 case.options["dim"], case.x.shape[1],
-                                 (case.context if case.context is not None else case.x).shape[1],
-                                 case.options["context_dim"], case.options["qkv_bias"], 0)
+        shape = S.AttentionShape(
+            case.x.shape[0],
+            case.options["num_heads"],
+            case.options["head_dim"],
+            case.options["dim"],
+            case.x.shape[1],
+            (case.context if case.context is not None else case.x).shape[1],
+            case.options["context_dim"],
+            case.options["qkv_bias"],
+            0,
+        )
         mask = data.draw(st.one_of(st.none(), S.masks(shape)))
         if big:  # logits in the hundreds
-            case = type(case)(case.options, case.state, case.x * 30, None if case.context is None else case.context * 30,
-                              case.info)
+            case = type(case)(
+                case.options, case.state, case.x * 30, None if case.context is None else case.context * 30, case.info
+            )
         record_attention(rec, case, mask, {"attention": case.options, "mask": mask is not None, "x30": big})
 
     attention()
@@ -174,17 +209,29 @@ def main(argv=None) -> int:
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--low-precision-every", type=int, default=3, help="bf16 and fp16 on every n-th drawn case")
     parser.add_argument("--attention-examples", type=int, default=100)
-    parser.add_argument("--presets", nargs="*", default=list(PRESET_NAMES), help="full-size presets to run (none: --presets)")
+    parser.add_argument(
+        "--presets", nargs="*", default=list(PRESET_NAMES), help="full-size presets to run (none: --presets)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    table, skipped = measure(args.examples, args.seed, args.low_precision_every, tuple(args.presets), args.attention_examples)
-    payload = {"examples": args.examples, "seed": args.seed, "presets": args.presets, "seconds": round(time.perf_counter() - t0, 1),
-               "metric": "error over the error model's bound (conformance/numerics/error_model.py), per stage",
-               "provenance": provenance.collect(), "ratios": table,
-               "skipped_beyond_range": [{"dtype": c["dtype"], "why": c["why"], "weights": c.get("weights"),
-                                         "images": c.get("images")} for c in skipped]}
+    table, skipped = measure(
+        args.examples, args.seed, args.low_precision_every, tuple(args.presets), args.attention_examples
+    )
+    payload = {
+        "examples": args.examples,
+        "seed": args.seed,
+        "presets": args.presets,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "metric": "error over the error model's bound (conformance/numerics/error_model.py), per stage",
+        "provenance": provenance.collect(),
+        "ratios": table,
+        "skipped_beyond_range": [
+            {"dtype": c["dtype"], "why": c["why"], "weights": c.get("weights"), "images": c.get("images")}
+            for c in skipped
+        ],
+    }
     args.out.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     for dtype, modes in table.items():
         for mode, kinds in modes.items():

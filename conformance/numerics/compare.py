@@ -23,7 +23,6 @@ from conformance.numerics.tolerances import tolerance
 from impls.protocol import ViTConfig, tap_names, tap_shapes
 
 
-
 @dataclass
 class StageResult:
     name: str
@@ -117,14 +116,20 @@ def token_subset(name: str, actual, shape, config: ViTConfig) -> tuple[int | Non
     None) when ``actual`` is such a form, (None, why not) when it is the one-token form of a
     pooling it is not equivalent to, (None, None) otherwise."""
     got = tuple(np.shape(actual))
-    if name != "norm" or len(shape) != 3 or got == tuple(shape) or got not in ((shape[0], shape[2]),
-                                                                               (shape[0], 1, shape[2])):
+    if (
+        name != "norm"
+        or len(shape) != 3
+        or got == tuple(shape)
+        or got not in ((shape[0], shape[2]), (shape[0], 1, shape[2]))
+    ):
         return None, None  # the whole stage (with one token, (B, 1, D) is the whole of it), or another shape
     if config.global_pool == "token" or shape[1] == 1:  # the class token pooled, or the only token
         return 0, None
-    return None, (f"shape {got}: the final norm applied to one vector per image, but global_pool="
-                  f"{config.global_pool!r} pools the patch tokens after the norm (timm norms every token, then "
-                  "pools): normalising the pooled vector is another computation")
+    return None, (
+        f"shape {got}: the final norm applied to one vector per image, but global_pool="
+        f"{config.global_pool!r} pools the patch tokens after the norm (timm norms every token, then "
+        "pools): normalising the pooled vector is another computation"
+    )
 
 
 def ratio_over_bound(err: np.ndarray, bound) -> float:
@@ -134,12 +139,14 @@ def ratio_over_bound(err: np.ndarray, bound) -> float:
     return float(np.max(np.divide(err, bound, out=np.zeros_like(err), where=err > 0), initial=0.0))
 
 
-def stage_ratios(name: str, actual, model: Chain, taps: Mapping, local: bool = True, precision=None,
-                 token: int | None = None) -> dict:
+def stage_ratios(
+    name: str, actual, model: Chain, taps: Mapping, local: bool = True, precision=None, token: int | None = None
+) -> dict:
     """The error of a well-formed stage: max abs and relative error against the oracle, the
     end-to-end ratio (over the propagated spread) and, if ``local``, the local ratio (over the
     unit bound of the stage computed from the port's own inputs, in ``precision``). ``token``:
     the stage was emitted for that token only (``actual`` is its (B, D) row)."""
+
     def rows(x):
         return x if token is None else np.asarray(x)[:, token]
 
@@ -155,9 +162,18 @@ def stage_ratios(name: str, actual, model: Chain, taps: Mapping, local: bool = T
     return out
 
 
-def compare_stage(name: str, actual, model: Chain, taps: Mapping, *, dtype: str = "float32",
-                  shape=None, valid: set | None = None, stored: Mapping[str, str] | None = None,
-                  token: int | None = None) -> StageResult:
+def compare_stage(
+    name: str,
+    actual,
+    model: Chain,
+    taps: Mapping,
+    *,
+    dtype: str = "float32",
+    shape=None,
+    valid: set | None = None,
+    stored: Mapping[str, str] | None = None,
+    token: int | None = None,
+) -> StageResult:
     """One emitted stage against the error model. ``valid``: the taps that are well-formed;
     ``stored``: the precision each was seen in (default: the dtype asked for); ``token``: the
     stage was emitted for that token only."""
@@ -183,8 +199,11 @@ def compare_stage(name: str, actual, model: Chain, taps: Mapping, *, dtype: str 
     ok = ratio <= tol and e2e <= e2e_tol
     why = ""
     if not ok:
-        why = (f"error {ratio:.3g}x its bound > tol {tol:.3g} ({'local' if local else 'end to end'})" if ratio > tol
-               else f"end to end: error {e2e:.3g}x the propagated bound > tol {e2e_tol:.3g}")
+        why = (
+            f"error {ratio:.3g}x its bound > tol {tol:.3g} ({'local' if local else 'end to end'})"
+            if ratio > tol
+            else f"end to end: error {e2e:.3g}x the propagated bound > tol {e2e_tol:.3g}"
+        )
     return StageResult(name, r["max_abs_err"], r["rel_err"], ratio, tol, ok, why, mode, e2e, e2e_tol, seen, where)
 
 
@@ -206,13 +225,16 @@ def policy_finding(name: str, kind: str, stored: str, dtype: str, policy: str, c
         return f"stored in {stored} where the policy 'uniform' asks every stage in {dtype}"
     f32 = kind in AUTOCAST_FLOAT32 or (kind == "pooled" and config.global_pool != "map")
     if policy == "autocast" and f32 and stored == dtype:
-        return (f"stored in {dtype}, where torch.autocast keeps LayerNorm's output and the residual stream in "
-                "float32 (--policy autocast)")
+        return (
+            f"stored in {dtype}, where torch.autocast keeps LayerNorm's output and the residual stream in "
+            "float32 (--policy autocast)"
+        )
     return None
 
 
-def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: str = "float32",
-                    policy: str = "mixed") -> list[StageResult]:
+def compare_outputs(
+    out, model: CaseModel, *, batch: int | None = None, dtype: str = "float32", policy: str = "mixed"
+) -> list[StageResult]:
     """Every stage the port emitted, in model order, against the error model of its case.
 
     ``out`` is what a port's forward returned: the logits, or a dict with "logits" and taps.
@@ -232,9 +254,17 @@ def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: s
     for n in names:  # the dtype the model emitted, before the port's cast to NumPy
         if n not in refused and _BITS.get(emitted.get(n), 99) < _BITS[dtype]:
             refused[n] = f"emitted in {emitted[n]}: lower precision than the {dtype} asked for"
-    valid = {n for n in names if n not in refused and malformed(
-        np.reshape(out[n], (shapes[n][0], shapes[n][2])) if n in tokens else out[n],
-        (shapes[n][0], shapes[n][2]) if n in tokens else shapes[n], dtype) is None}
+    valid = {
+        n
+        for n in names
+        if n not in refused
+        and malformed(
+            np.reshape(out[n], (shapes[n][0], shapes[n][2])) if n in tokens else out[n],
+            (shapes[n][0], shapes[n][2]) if n in tokens else shapes[n],
+            dtype,
+        )
+        is None
+    }
     stored = {n: stored_as(out[n], dtype, emitted.get(n)) for n in valid}
     for n in sorted(valid):
         why = policy_finding(n, model.kind(n), stored[n], dtype, policy, config)
@@ -248,14 +278,30 @@ def compare_outputs(out, model: CaseModel, *, batch: int | None = None, dtype: s
     for n in names:
         if n in refused:
             kind = model.kind(n)
-            results.append(StageResult(n, None, None, None, tolerance(kind, dtype, "local"), False, refused[n],
-                                       stored=stored.get(n)))
+            results.append(
+                StageResult(
+                    n, None, None, None, tolerance(kind, dtype, "local"), False, refused[n], stored=stored.get(n)
+                )
+            )
             continue
-        results.append(compare_stage(n, out[n], model, taps, dtype=dtype, shape=shapes[n], valid=valid, stored=stored,
-                                     token=tokens.get(n)))
+        results.append(
+            compare_stage(
+                n, out[n], model, taps, dtype=dtype, shape=shapes[n], valid=valid, stored=stored, token=tokens.get(n)
+            )
+        )
     if "logits" not in out and "logits" not in getattr(out, "unseen", {}):
-        results.append(StageResult("logits", None, None, None, tolerance("logits", dtype, "end-to-end"), False,
-                                   "the port returned no 'logits'", "end-to-end"))
+        results.append(
+            StageResult(
+                "logits",
+                None,
+                None,
+                None,
+                tolerance("logits", dtype, "end-to-end"),
+                False,
+                "the port returned no 'logits'",
+                "end-to-end",
+            )
+        )
     return results
 
 

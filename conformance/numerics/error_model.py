@@ -49,7 +49,6 @@ from impls.protocol import ViTConfig, tap_names
 from weights.resample import bicubic_aa_matrix
 
 
-
 @dataclass(frozen=True)
 class Precision:
     """The roundings a stage commits: ``dtype`` its operands and weights are stored in,
@@ -90,6 +89,7 @@ class Precision:
 
 # ----------------------------------------------------------------------------- operations
 
+
 def linear(x, w, b, p: Precision):
     """y = x wᵀ + b and its unit bound; w is (out, in)."""
     y = x @ w.T
@@ -115,8 +115,11 @@ def layer_norm(x, weight, bias, eps, p: Precision, dx=None):
     y = xh * weight + bias
     rms = np.sqrt(mu * mu + var)
     g = np.abs(weight)
-    bound = (p.compute * math.sqrt(D) * g * (rms / sigma + np.abs(xh)) + p.storage * (g * np.abs(xh) + np.abs(bias))
-             + p.output * np.abs(y))
+    bound = (
+        p.compute * math.sqrt(D) * g * (rms / sigma + np.abs(xh))
+        + p.storage * (g * np.abs(xh) + np.abs(bias))
+        + p.output * np.abs(y)
+    )
     # The input may be held more precisely than its tap shows (XLA keeps bf16 sums in float32
     # until they are stored), or is a sum the port does not tap: one rounding of it either way.
     dx = p.inputs * np.abs(x) if dx is None else dx
@@ -135,7 +138,7 @@ def activation(name: str, h):
         return h * cdf, cdf + h * np.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)
     if name == "gelu_tanh":
         c = math.sqrt(2.0 / math.pi)
-        t = np.tanh(c * (h + 0.044715 * h ** 3))
+        t = np.tanh(c * (h + 0.044715 * h**3))
         return 0.5 * h * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * h * h)
     k = 1.702 if name == "quick_gelu" else 1.0  # silu: x sigmoid(x)
     sg = _sigmoid(k * h)
@@ -194,6 +197,7 @@ def attend(P, dP, v, p: Precision):
 
 # ----------------------------------------------------------------------------- stages
 
+
 def _prev(i: int, config: ViTConfig) -> str:
     if i:
         return f"blocks.{i - 1}"
@@ -226,7 +230,9 @@ def _mlp_act(x, s, prefix: str, config: ViTConfig, p: Precision, mlp_layer: str 
         (g, dg), (v, dv) = (linear(x, *_rows(s, f"{prefix}.{fc}", slice(None)), p) for fc in ("fc1_g", "fc1_x"))
     else:  # swiglu_packed: fc1's rows are the gate, then the value
         half = config.mlp_hidden_dim // 2
-        (g, dg), (v, dv) = (linear(x, *_rows(s, f"{prefix}.fc1", rows), p) for rows in (slice(0, half), slice(half, None)))
+        (g, dg), (v, dv) = (
+            linear(x, *_rows(s, f"{prefix}.fc1", rows), p) for rows in (slice(0, half), slice(half, None))
+        )
     return gated(g, dg, v, dv, p, act)
 
 
@@ -256,8 +262,12 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
     taps = math.sqrt(np.count_nonzero(Rh, 1).max()) + math.sqrt(np.count_nonzero(Rw, 1).max())
     (oh, ow) = config.grid_size
     stored = 0.0 if p.dtype in ("float32", "float64") else p.storage  # the table held in a lower dtype
-    bound = (p.compute * (taps + 1.0) * m + p.compute * ((oh + 4) * m_h + (ow + 4) * m_w)
-             + stored * m + p.storage * np.abs(new[:, n:]))
+    bound = (
+        p.compute * (taps + 1.0) * m
+        + p.compute * ((oh + 4) * m_h + (ow + 4) * m_w)
+        + stored * m
+        + p.storage * np.abs(new[:, n:])
+    )
     return new, np.concatenate([np.zeros_like(pos[:, :n]), bound], 1)
 
 
@@ -280,15 +290,23 @@ def _pool(x, config: ViTConfig, p: Precision):
     return y, 0.5 * dmean + p.output * (np.abs(top) + np.abs(y))
 
 
-def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapping[str, np.ndarray],
-             config: ViTConfig, p: Precision):
+def evaluate(
+    name: str,
+    t: Mapping[str, np.ndarray],
+    images: np.ndarray,
+    s: Mapping[str, np.ndarray],
+    config: ViTConfig,
+    p: Precision,
+):
     """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64)."""
     eps = config.norm_eps
     H, hd = config.num_heads, config.head_dim
     if name == "patch_embed":
         (ph, pw), w = config.patch_size, s["patch_embed.proj.weight"]
         B, C, Hi, Wi = images.shape
-        patches = images.reshape(B, C, Hi // ph, ph, Wi // pw, pw).transpose(0, 2, 4, 1, 3, 5).reshape(B, -1, C * ph * pw)
+        patches = (
+            images.reshape(B, C, Hi // ph, ph, Wi // pw, pw).transpose(0, 2, 4, 1, 3, 5).reshape(B, -1, C * ph * pw)
+        )
         return linear(patches, w.reshape(w.shape[0], -1), s.get("patch_embed.proj.bias"), p)
     if name == "embed":
         x = t["patch_embed"]
@@ -314,7 +332,7 @@ def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapp
             y = t[_features(config)][:, 0]
             dy = p.inputs * np.abs(y)
         else:
-            y, dy = _pool(t[_features(config)][:, config.num_prefix_tokens:], config, p)
+            y, dy = _pool(t[_features(config)][:, config.num_prefix_tokens :], config, p)
         if not config.use_fc_norm:
             return y, dy + p.output * np.abs(y)
         return layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], eps, p, dx=dy)
@@ -335,7 +353,7 @@ def evaluate(name: str, t: Mapping[str, np.ndarray], images: np.ndarray, s: Mapp
         n = rest.split(".")[1]
         return layer_norm(inputs[0], s[f"{b}.attn.{n}.weight"], s[f"{b}.attn.{n}.bias"], eps, p)
     if rest == "attn.weights":
-        return softmax_weights(inputs[0], inputs[1], hd ** -0.5, p)
+        return softmax_weights(inputs[0], inputs[1], hd**-0.5, p)
     if rest == "attn":
         return _attend_and_project(inputs[0], inputs[1], s, f"{b}.attn.proj", p)
     if rest in ("ls1", "ls2"):
@@ -370,18 +388,18 @@ def _attend_and_project(P, v, s, proj: str, p: Precision):
 def _attn_pool(name: str, t, batch: int, s, config: ViTConfig, p: Precision):
     """timm's AttentionPoolLatent: the latent's query over the patch tokens, then x + mlp(norm(x))."""
     H, D = config.num_heads, config.embed_dim
-    stage = name[len("attn_pool."):] if name != "attn_pool" else ""
+    stage = name[len("attn_pool.") :] if name != "attn_pool" else ""
     if stage == "q":
         latent = np.broadcast_to(s["attn_pool.latent"], (batch, 1, D))
         y, bound = linear(latent, *_rows(s, "attn_pool.q", slice(None)), p)
         return _heads(y, H), _heads(bound, H)
     if stage in ("k", "v"):
-        x = t[_features(config)][:, config.num_prefix_tokens:]
+        x = t[_features(config)][:, config.num_prefix_tokens :]
         rows = slice(0, D) if stage == "k" else slice(D, 2 * D)
         y, bound = linear(x, *_rows(s, "attn_pool.kv", rows), p)
         return _heads(y, H), _heads(bound, H)
     if stage == "weights":
-        return softmax_weights(t["attn_pool.q"], t["attn_pool.k"], config.head_dim ** -0.5, p)
+        return softmax_weights(t["attn_pool.q"], t["attn_pool.k"], config.head_dim**-0.5, p)
     if stage == "proj":
         return _attend_and_project(t["attn_pool.weights"], t["attn_pool.v"], s, "attn_pool.proj", p)
     if stage == "norm":
@@ -463,16 +481,24 @@ class Chain:
             rng = np.random.default_rng(self.seed)
             elements = sum(np.size(v) for v in self.oracle.values())
             runs = [self.run(rng) for _ in range(max(self.noisy_runs, min(8, int(4e6 // max(elements, 1)))))]
-            self._spread = {k: max(float(np.abs(r[k] - v).max(initial=0.0)) for r in runs)
-                            for k, v in self.oracle.items()}
+            self._spread = {
+                k: max(float(np.abs(r[k] - v).max(initial=0.0)) for r in runs) for k, v in self.oracle.items()
+            }
         return self._spread[name]
 
 
 class CaseModel(Chain):
     """The error model of one whole-model case: config, canonical state, images, dtype."""
 
-    def __init__(self, config: ViTConfig, state: Mapping[str, np.ndarray], images: np.ndarray,
-                 precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0):
+    def __init__(
+        self,
+        config: ViTConfig,
+        state: Mapping[str, np.ndarray],
+        images: np.ndarray,
+        precision: Precision | str = "float32",
+        noisy_runs: int = 2,
+        seed: int = 0,
+    ):
         super().__init__(precision, noisy_runs, seed)
         self.config = config
         self.images = np.asarray(images)
@@ -499,8 +525,17 @@ class AttentionModel(Chain):
 
     names = ATTENTION_STAGES
 
-    def __init__(self, options: Mapping, state: Mapping[str, np.ndarray], x, context=None, mask=None,
-                 precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0):
+    def __init__(
+        self,
+        options: Mapping,
+        state: Mapping[str, np.ndarray],
+        x,
+        context=None,
+        mask=None,
+        precision: Precision | str = "float32",
+        noisy_runs: int = 2,
+        seed: int = 0,
+    ):
         super().__init__(precision, noisy_runs, seed)
         self.options = dict(options)
         self._s = {k: np.asarray(v, np.float64) for k, v in state.items()}
@@ -509,8 +544,13 @@ class AttentionModel(Chain):
         self._mask = mask
 
     def inputs(self, name):
-        return {"attn.q": (), "attn.k": (), "attn.v": (), "attn.weights": ("attn.q", "attn.k"),
-                "attn": ("attn.weights", "attn.v")}[name]
+        return {
+            "attn.q": (),
+            "attn.k": (),
+            "attn.v": (),
+            "attn.weights": ("attn.q", "attn.k"),
+            "attn": ("attn.weights", "attn.v"),
+        }[name]
 
     def kind(self, name):
         return "mha." + name.split(".", 1)[1] if "." in name else "mha.out"
@@ -527,7 +567,7 @@ class AttentionModel(Chain):
             bias = s.get("kv.bias")
             y, bound = linear(self._ctx, s["kv.weight"][rows], None if bias is None else bias[rows], p)
         elif name == "attn.weights":
-            return softmax_weights(t["attn.q"], t["attn.k"], hd ** -0.5, p, self._mask)
+            return softmax_weights(t["attn.q"], t["attn.k"], hd**-0.5, p, self._mask)
         else:
             out, dout = attend(t["attn.weights"], None, t["attn.v"], p)
             merged, dmerged = O.merge_heads(out), O.merge_heads(dout)
@@ -544,7 +584,6 @@ def sdpa(q, k, v, mask=None, scale=None, precision: Precision | str = "float32")
     P, dP = softmax_weights(q, k, scale, p, mask)
     out, dout = attend(P, dP, v, p)
     return out, dout, P, dP
-
 
 
 def stage_precision(kind: str, asked: str, output: str, inputs: str | None = None) -> Precision:

@@ -54,10 +54,12 @@ GRAD_DTYPES = ("float32", "bfloat16")
 
 def check_grad_dtype(dtype: str) -> None:
     if dtype == "float16":
-        raise ValueError("float16 gradients are not checked: without loss scaling small cotangents underflow "
-                         "(float16's smallest normal is 6.1e-5), and all three ports agree with one another and not "
-                         "with the reference there (measured: 169 times the spread at a key's cotangent); bfloat16 "
-                         "keeps float32's range")
+        raise ValueError(
+            "float16 gradients are not checked: without loss scaling small cotangents underflow "
+            "(float16's smallest normal is 6.1e-5), and all three ports agree with one another and not "
+            "with the reference there (measured: 169 times the spread at a key's cotangent); bfloat16 "
+            "keeps float32's range"
+        )
     if dtype not in GRAD_DTYPES:
         raise ValueError(f"gradients are calibrated in {' and '.join(GRAD_DTYPES)}, not {dtype}")
 
@@ -76,10 +78,10 @@ def _calibration() -> dict:
 
 @dataclass
 class GradResult:
-    name: str        # a tap, a canonical parameter key, "images" or "loss"
-    kind: str        # "taps", "params", "images" or "loss"
-    stage: str       # the stage the tap or parameter belongs to
-    error: float     # max |port - ref| / max |noisy - ref|
+    name: str  # a tap, a canonical parameter key, "images" or "loss"
+    kind: str  # "taps", "params", "images" or "loss"
+    stage: str  # the stage the tap or parameter belongs to
+    error: float  # max |port - ref| / max |noisy - ref|
     tol: float
     ok: bool
     reason: str = ""
@@ -102,6 +104,7 @@ def module_scales(grads: dict[str, np.ndarray]) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- stages
 
+
 def backward_order(taps: list[str], params) -> list[tuple[str, str, str]]:
     """(kind, name, stage) from the logits back to the images: each tap's cotangent, then the
     parameters its stage uses."""
@@ -119,7 +122,6 @@ def backward_order(taps: list[str], params) -> list[tuple[str, str, str]]:
 # ----------------------------------------------------------------------------- the error model
 
 
-
 @lru_cache(maxsize=1)
 def _rounded():
     """identity(x) whose vector-Jacobian product adds ``noise`` times the cotangent's rounding."""
@@ -133,6 +135,7 @@ def _rounded():
         def add_rounding(g):
             rms = np.sqrt(np.mean(g * g, axis=-1, keepdims=True))
             return g + noise * (u_c * math.sqrt(length) * rms + u_s * np.abs(g))
+
         return add_rounding
 
     defvjp(rounded, vjp)
@@ -165,6 +168,7 @@ def _noisy_oracle():
             n = x.shape[axis]
             bound = u * (np.abs(Pg) + P * (math.sqrt(n) * np.sqrt(np.sum(Pg * Pg, axis, keepdims=True)) + np.abs(s)))
             return Pg - P * s + rng.standard_normal(P.shape) * bound
+
         return back
 
     defvjp(softmax, vjp)
@@ -189,8 +193,9 @@ class GradModel:
     """The reference gradient of one case (config, state, images, loss) and the spread of a
     correct port's rounding around it, per tap, parameter and the images."""
 
-    def __init__(self, config, state, images, loss: Loss, dtype: str = "float32", runs: int | None = None,
-                 seed: int = 0):
+    def __init__(
+        self, config, state, images, loss: Loss, dtype: str = "float32", runs: int | None = None, seed: int = 0
+    ):
         from conformance.numerics.error_model import CaseModel, Precision
         from impls import numpy_vit
 
@@ -220,13 +225,20 @@ class GradModel:
         rng = np.random.default_rng(self.seed)
         self._noisy.rounding = (rng, u_c)
         ref = self.reference
-        out = {"taps": dict.fromkeys(ref["taps"], 0.0), "params": dict.fromkeys(ref["params"], 0.0),
-               "images": 0.0, "loss": 0.0}
+        out = {
+            "taps": dict.fromkeys(ref["taps"], 0.0),
+            "params": dict.fromkeys(ref["params"], 0.0),
+            "images": 0.0,
+            "loss": 0.0,
+        }
         for _ in range(self.runs):
             forward = {k: rng.standard_normal(b.shape) * b for k, b in bounds.items()}
             backward = {k: rng.standard_normal(b.shape) for k, b in bounds.items()}
-            noisy = self._grad(self.images, self.loss, perturbed=partial(_Rounding, forward=forward, backward=backward,
-                                                                          lengths=lengths, u_c=u_c, u_s=u_s))
+            noisy = self._grad(
+                self.images,
+                self.loss,
+                perturbed=partial(_Rounding, forward=forward, backward=backward, lengths=lengths, u_c=u_c, u_s=u_s),
+            )
             for of in ("taps", "params"):
                 for k, r in ref[of].items():
                     out[of][k] = max(out[of][k], float(np.max(np.abs(noisy[of][k] - r), initial=0.0)))
@@ -278,12 +290,22 @@ def compare_gradients(got: dict, model: GradModel) -> list[GradResult]:
         expected = ref[kind] if kind == "images" else ref[kind][name]
         tol = grad_tolerance(dtype, kind)
         if np.shape(value) != expected.shape:
-            results.append(GradResult(name, kind, stage, np.inf, tol, False,
-                                      f"shape {np.shape(value)}, expected {expected.shape}"))
+            results.append(
+                GradResult(name, kind, stage, np.inf, tol, False, f"shape {np.shape(value)}, expected {expected.shape}")
+            )
             continue
         e = model.ratio(kind, name, value)
-        results.append(GradResult(name, kind, stage, e, tol, bool(e <= tol), "" if e <= tol else
-                                  f"{e:.3g} times its propagated rounding, over the tolerance {tol:.3g}"))
+        results.append(
+            GradResult(
+                name,
+                kind,
+                stage,
+                e,
+                tol,
+                bool(e <= tol),
+                "" if e <= tol else f"{e:.3g} times its propagated rounding, over the tolerance {tol:.3g}",
+            )
+        )
     diff = abs(got["loss"] - ref["loss"])
     e = diff / max(model.spread["loss"], model.floor("loss", "loss"))
     tol = grad_tolerance(dtype, "taps")
@@ -299,8 +321,11 @@ def first_failure(results: list[GradResult]) -> GradResult | None:
 def describe(results: list[GradResult], limit: int = 5) -> str:
     bad = [r for r in results if not r.ok]
     lines = [f"{len(bad)} of {len(results)} gradients outside their tolerance (backward order):"]
-    lines += [f"  {r.kind[:-1] if r.kind in ('taps', 'params') else r.kind} {r.name}: "
-              f"{r.reason or f'{r.error:.3g} > {r.tol:.3g}'}" for r in bad[:limit]]
+    lines += [
+        f"  {r.kind[:-1] if r.kind in ('taps', 'params') else r.kind} {r.name}: "
+        f"{r.reason or f'{r.error:.3g} > {r.tol:.3g}'}"
+        for r in bad[:limit]
+    ]
     return "\n".join(lines + ([f"  ... and {len(bad) - limit} more"] if len(bad) > limit else []))
 
 
@@ -320,7 +345,7 @@ def step_bound(state: dict, model: GradModel, hp) -> dict[str, np.ndarray]:
     halved through the square root for beta2 and whole for beta1."""
     u = UNIT_ROUNDOFF[model.dtype]
     (b1, b2), t = hp.betas, 1
-    bias = u * (0.5 * t * b2 / (1 - b2 ** t) + t * b1 / (1 - b1 ** t))
+    bias = u * (0.5 * t * b2 / (1 - b2**t) + t * b1 / (1 - b1**t))
 
     def update(x):
         return x / (np.abs(x) + hp.eps)
@@ -338,8 +363,17 @@ def compare_step(got: dict, ref: dict, bounds: dict) -> list[GradResult]:
     results = []
     for key, r in ref.items():
         ratio = float(np.max(np.abs(np.asarray(got[key], np.float64) - r) / bounds[key]))
-        results.append(GradResult(key, "params", "", ratio, 1.0, ratio <= 1.0, "" if ratio <= 1.0 else
-                                  f"{ratio:.3g} times its entries' bound after one step"))
+        results.append(
+            GradResult(
+                key,
+                "params",
+                "",
+                ratio,
+                1.0,
+                ratio <= 1.0,
+                "" if ratio <= 1.0 else f"{ratio:.3g} times its entries' bound after one step",
+            )
+        )
     return results
 
 
@@ -368,14 +402,23 @@ def calibrate(cases: int = 60, ports=("torch", "mlx", "jax"), seed: int = 0, dty
     count = [0]
 
     @hypothesis_seed(seed)
-    @settings(max_examples=cases, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(config=S.grad_configs(max_depth=2, family="half"), weights=S.model_weights(),
-           batch=st.integers(1, 3), kind=st.sampled_from(["cross_entropy", "linear"]))
+    @settings(
+        max_examples=cases,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        config=S.grad_configs(max_depth=2, family="half"),
+        weights=S.model_weights(),
+        batch=st.integers(1, 3),
+        kind=st.sampled_from(["cross_entropy", "linear"]),
+    )
     def run(config, weights, batch, kind):
         state = weights.make(config)
-        images = S.make_images(config, batch, "ordinary", weights.seed % 2 ** 20)
-        model = GradModel(config, state, images, draw_loss(config, batch, kind, weights.seed % 2 ** 20), dtype=dtype)
+        images = S.make_images(config, batch, "ordinary", weights.seed % 2**20)
+        model = GradModel(config, state, images, draw_loss(config, batch, kind, weights.seed % 2**20), dtype=dtype)
         if model.beyond_range():
             return
         for port in ports:
@@ -384,16 +427,28 @@ def calibrate(cases: int = 60, ports=("torch", "mlx", "jax"), seed: int = 0, dty
                 ratio = model.ratio(of, name, got[of] if of == "images" else got[of][name])
                 if ratio > largest[of][port]:
                     largest[of][port] = ratio
-                    where[of][port] = {"case": count[0], "tensor": name, "weights": repr(weights),
-                                       "config": config.to_dict()}
+                    where[of][port] = {
+                        "case": count[0],
+                        "tensor": name,
+                        "weights": repr(weights),
+                        "config": config.to_dict(),
+                    }
         count[0] += 1
-        print(f"case {count[0]}: " + ", ".join(f"{p} " + " / ".join(f"{largest[of][p]:.2f}" for of in KINDS)
-                                                for p in ports), flush=True)
+        print(
+            f"case {count[0]}: "
+            + ", ".join(f"{p} " + " / ".join(f"{largest[of][p]:.2f}" for of in KINDS) for p in ports),
+            flush=True,
+        )
 
     run()
-    record = {"cases": count[0], "seed": seed, "by_port": largest, "where": where,
-              "largest_ratio": {of: max(largest[of].values()) for of in KINDS},
-              "measure": "max |g_port - g_ref| / max |g_noisy - g_ref| per tensor (GradModel's noisy runs)"}
+    record = {
+        "cases": count[0],
+        "seed": seed,
+        "by_port": largest,
+        "where": where,
+        "largest_ratio": {of: max(largest[of].values()) for of in KINDS},
+        "measure": "max |g_port - g_ref| / max |g_noisy - g_ref| per tensor (GradModel's noisy runs)",
+    }
     existing = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
     CALIBRATION.write_text(json.dumps(existing | {dtype: record}, indent=1, default=str) + "\n")
     return record
@@ -403,8 +458,9 @@ def main(argv=None) -> int:
     """``python -m conformance calibrate --grad [--cases N] [--dtype D]``: writes grad_calibration.json."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m conformance calibrate --grad",
-                                     description="calibrate the gradient bound on the correct ports")
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance calibrate --grad", description="calibrate the gradient bound on the correct ports"
+    )
     parser.add_argument("--cases", type=int, default=60)
     parser.add_argument("--dtype", default="float32", choices=GRAD_DTYPES)
     args = parser.parse_args(argv)

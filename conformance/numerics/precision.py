@@ -8,11 +8,19 @@ from __future__ import annotations
 import numpy as np
 
 SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
-UNIT_ROUNDOFF = {d: 2.0 ** -bits for d, bits in SIGNIFICAND_BITS.items()}
-SMALLEST_NORMAL = {"float64": float(np.finfo(np.float64).tiny), "float32": float(np.finfo(np.float32).tiny),
-                   "float16": float(np.finfo(np.float16).tiny), "bfloat16": float(np.finfo(np.float32).tiny)}
-LARGEST = {"float64": float(np.finfo(np.float64).max), "float32": float(np.finfo(np.float32).max),
-           "float16": float(np.finfo(np.float16).max), "bfloat16": float(np.finfo(np.float32).max)}
+UNIT_ROUNDOFF = {d: 2.0**-bits for d, bits in SIGNIFICAND_BITS.items()}
+SMALLEST_NORMAL = {
+    "float64": float(np.finfo(np.float64).tiny),
+    "float32": float(np.finfo(np.float32).tiny),
+    "float16": float(np.finfo(np.float16).tiny),
+    "bfloat16": float(np.finfo(np.float32).tiny),
+}
+LARGEST = {
+    "float64": float(np.finfo(np.float64).max),
+    "float32": float(np.finfo(np.float32).max),
+    "float16": float(np.finfo(np.float16).max),
+    "bfloat16": float(np.finfo(np.float32).max),
+}
 # What a port may be asked to compute in (float64: the oracle's own, for the numpy port).
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 

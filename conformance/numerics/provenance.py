@@ -29,8 +29,13 @@ def versions() -> dict[str, str | None]:
 
 
 def cpu() -> dict:
-    info = {"machine": platform.machine(), "system": platform.system(), "cores": os.cpu_count(),
-            "model": platform.processor() or None, "flags": []}
+    info = {
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "cores": os.cpu_count(),
+        "model": platform.processor() or None,
+        "flags": [],
+    }
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -101,6 +106,7 @@ def differences(recorded: dict | None, running: dict | None = None, packages=NUM
             lines.append(f"{name} BLAS: calibrated with {value}, running {running.get('blas', {}).get(name)}")
     rc, nc = recorded.get("cpu", {}), running.get("cpu", {})
     if (rc.get("machine"), rc.get("flags")) != (nc.get("machine"), nc.get("flags")):
-        lines.append(f"CPU: calibrated on {rc.get('model')} {rc.get('flags')}, running on {nc.get('model')} "
-                     f"{nc.get('flags')}")
+        lines.append(
+            f"CPU: calibrated on {rc.get('model')} {rc.get('flags')}, running on {nc.get('model')} {nc.get('flags')}"
+        )
     return lines

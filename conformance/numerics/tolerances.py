@@ -31,9 +31,13 @@ def calibration() -> dict:
 @lru_cache(maxsize=1)
 def measured() -> dict:
     """{dtype: {mode: {stage kind: largest ratio over the framework ports}}}."""
-    return {dtype: {mode: {kind: max(p["max"] for p in ports.values()) for kind, ports in kinds.items()}
-                    for mode, kinds in modes.items()}
-            for dtype, modes in calibration()["ratios"].items()}
+    return {
+        dtype: {
+            mode: {kind: max(p["max"] for p in ports.values()) for kind, ports in kinds.items()}
+            for mode, kinds in modes.items()
+        }
+        for dtype, modes in calibration()["ratios"].items()
+    }
 
 
 def dtypes() -> list[str]:

@@ -24,8 +24,10 @@ from conformance.properties.core import (
 
 # ----------------------------------------------------------------------------- attention
 
-def run_attention(port: str, make_attention: Callable, case: AttentionCase, x=None, context="same", mask=None,
-                  state=None):
+
+def run_attention(
+    port: str, make_attention: Callable, case: AttentionCase, x=None, context="same", mask=None, state=None
+):
     forward = _call(port, lambda: make_attention(case.state if state is None else state, **case.options), case=case)
     ctx = case.context if isinstance(context, str) else context
     out, weights = _call(port, forward, case.x if x is None else x, ctx, mask, case=case)
@@ -37,7 +39,9 @@ def _oracle_attention(case: AttentionCase, x=None, context="same", mask=None):
     return oracle_impl.make_attention(case.state, **case.options)(case.x if x is None else x, ctx, mask)
 
 
-def check_cross_attention_weights_sum_to_one_over_keys(port: str, make_attention: Callable, case: AttentionCase) -> None:
+def check_cross_attention_weights_sum_to_one_over_keys(
+    port: str, make_attention: Callable, case: AttentionCase
+) -> None:
     """With Nq != Nk, weights (B, H, Nq, Nk) sum to 1 over keys; over queries they do not."""
     _, w = run_attention(port, make_attention, case)
     if w is None:
@@ -46,9 +50,17 @@ def check_cross_attention_weights_sum_to_one_over_keys(port: str, make_attention
     if w.shape[-2:] != (nq, nk):
         raise _fail(port, "attention weights have the wrong shape", case, shape=w.shape, expected=f"(B, H, {nq}, {nk})")
     sums = w.sum(-1)
-    check_close(port, "attention weights do not sum to 1 over keys", sums, np.ones_like(sums),
-                nk * case.error_model().spread("attn.weights"), "mha.weights", mode="end-to-end", case=case,
-                stage="attn.weights")
+    check_close(
+        port,
+        "attention weights do not sum to 1 over keys",
+        sums,
+        np.ones_like(sums),
+        nk * case.error_model().spread("attn.weights"),
+        "mha.weights",
+        mode="end-to-end",
+        case=case,
+        stage="attn.weights",
+    )
 
 
 def check_query_constant_changes_nothing(port: str, make_attention: Callable, case: AttentionCase, shift: np.ndarray):
@@ -87,8 +99,9 @@ def check_multihead_is_single_heads_concatenated(port: str, make_attention: Call
     inner = H * hd
     if o["dim"] != inner:
         raise NotApplicable("needs dim == num_heads * head_dim for an identity proj")
-    state = dict(case.state, **{"proj.weight": np.eye(inner, dtype=np.float32),
-                                "proj.bias": np.zeros(inner, np.float32)})
+    state = dict(
+        case.state, **{"proj.weight": np.eye(inner, dtype=np.float32), "proj.bias": np.zeros(inner, np.float32)}
+    )
     out, _ = run_attention(port, make_attention, case, state=state)
     ctx = (case.context if case.context is not None else case.x).astype(np.float64)
     x = case.x.astype(np.float64)
@@ -99,23 +112,44 @@ def check_multihead_is_single_heads_concatenated(port: str, make_attention: Call
         sl = slice(h * hd, (h + 1) * hd)
         k, v = kv[..., :inner][..., sl], kv[..., inner:][..., sl]
         heads.append(oracle_impl.scaled_dot_product_attention(q[..., sl], k, v)[0])
-    _within(port, "multi-head attention is not its single heads concatenated head-major", case, "attn",
-            out, np.concatenate(heads, axis=-1), case.error_model(state=state), pair=False)
+    _within(
+        port,
+        "multi-head attention is not its single heads concatenated head-major",
+        case,
+        "attn",
+        out,
+        np.concatenate(heads, axis=-1),
+        case.error_model(state=state),
+        pair=False,
+    )
 
 
 def check_large_logits_finite_and_match_oracle(port: str, make_attention: Callable, case: AttentionCase) -> None:
     """Inputs scaled until logits are in the hundreds: outputs stay finite and match the oracle."""
-    big = AttentionCase(case.options, case.state, case.x * 30.0,
-                        None if case.context is None else case.context * 30.0, case.info)
+    big = AttentionCase(
+        case.options, case.state, case.x * 30.0, None if case.context is None else case.context * 30.0, case.info
+    )
     out, w = run_attention(port, make_attention, big)
     ref, ref_w = _oracle_attention(big)
     if not np.isfinite(out).all():
         raise _fail(port, "large logits gave non-finite outputs", big, non_finite=int((~np.isfinite(out)).sum()))
     _within(port, "attention with large logits differs from the oracle", big, "attn", out, ref, pair=False)
     if w is not None:
-        _within(port, "attention weights with large logits differ from the oracle", big, "attn.weights", w, ref_w,
-                pair=False)
+        _within(
+            port,
+            "attention weights with large logits differ from the oracle",
+            big,
+            "attn.weights",
+            w,
+            ref_w,
+            pair=False,
+        )
 
 
 __all__ = [name for name in dir() if name.startswith(("check_", "run_"))] + [
-    "AttentionCase", "ModelCase", "NotApplicable", "PropertyFailure", "error"]
+    "AttentionCase",
+    "ModelCase",
+    "NotApplicable",
+    "PropertyFailure",
+    "error",
+]

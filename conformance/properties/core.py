@@ -14,7 +14,6 @@ from conformance.numerics.tolerances import tolerance
 from impls.protocol import ViTConfig
 
 
-
 class PropertyFailure(AssertionError):
     """A port violates a property; the message says where, ``stage`` names the stage if one."""
 
@@ -38,8 +37,12 @@ class ModelCase:
     dtype: str = "float32"  # what the port is asked to compute in
 
     def describe(self) -> dict:
-        return {"config": self.config, **self.info, **({"dtype": self.dtype} if self.dtype != "float32" else {}),
-                "images": f"{self.images.shape} {self.info.get('images', '')}".strip()}
+        return {
+            "config": self.config,
+            **self.info,
+            **({"dtype": self.dtype} if self.dtype != "float32" else {}),
+            "images": f"{self.images.shape} {self.info.get('images', '')}".strip(),
+        }
 
     def __repr__(self) -> str:  # what hypothesis prints for a failing example: no state dict
         return f"ModelCase({', '.join(f'{k}={v}' for k, v in self.describe().items())})"
@@ -53,8 +56,9 @@ class ModelCase:
             if getattr(self, "_model", None) is None:
                 self._model = E.CaseModel(self.config, self.state, self.images, self.dtype)
             return self._model
-        return E.CaseModel(self.config, self.state if state is None else state,
-                           self.images if images is None else images, self.dtype)
+        return E.CaseModel(
+            self.config, self.state if state is None else state, self.images if images is None else images, self.dtype
+        )
 
 
 @dataclass
@@ -68,8 +72,12 @@ class AttentionCase:
     info: dict = field(default_factory=dict)
 
     def describe(self) -> dict:
-        return {"attention": self.options, "x": self.x.shape,
-                "context": None if self.context is None else self.context.shape, **self.info}
+        return {
+            "attention": self.options,
+            "x": self.x.shape,
+            "context": None if self.context is None else self.context.shape,
+            **self.info,
+        }
 
     def __repr__(self) -> str:
         return f"AttentionCase({', '.join(f'{k}={v}' for k, v in self.describe().items())})"
@@ -79,8 +87,9 @@ class AttentionCase:
 
     def error_model(self, x=None, context="same", mask=None, state=None) -> E.AttentionModel:
         ctx = self.context if isinstance(context, str) else context
-        return E.AttentionModel(self.options, self.state if state is None else state, self.x if x is None else x,
-                                ctx, mask)
+        return E.AttentionModel(
+            self.options, self.state if state is None else state, self.x if x is None else x, ctx, mask
+        )
 
 
 def _fail(port: str, what: str, case, **details) -> PropertyFailure:
@@ -130,15 +139,23 @@ def check_fully_masked_row(port: str, out, weights, row: int, proj_bias) -> None
     output), and zero weights."""
     out = np.asarray(out)
     if not np.isfinite(out).all():
-        raise PropertyFailure(f"port {port!r}: a fully masked query row gives non-finite output "
-                              f"({int(np.isnan(out).sum())} NaN)", stage="attn")
+        raise PropertyFailure(
+            f"port {port!r}: a fully masked query row gives non-finite output ({int(np.isnan(out).sum())} NaN)",
+            stage="attn",
+        )
     got = out[:, row]
     if not np.array_equal(got, np.broadcast_to(proj_bias, got.shape)):
-        raise PropertyFailure(f"port {port!r}: fully masked query row {row} is not proj's bias (a zero attention "
-                              f"output): max |out - bias| = {np.abs(got - proj_bias).max():.3g}", stage="attn")
+        raise PropertyFailure(
+            f"port {port!r}: fully masked query row {row} is not proj's bias (a zero attention "
+            f"output): max |out - bias| = {np.abs(got - proj_bias).max():.3g}",
+            stage="attn",
+        )
     if weights is not None and np.any(np.asarray(weights)[:, :, row] != 0):
-        raise PropertyFailure(f"port {port!r}: fully masked query row {row} should get zero weights, got row sums "
-                              f"{np.asarray(weights)[:, :, row].sum(-1).ravel()[:4]}", stage="attn.weights")
+        raise PropertyFailure(
+            f"port {port!r}: fully masked query row {row} should get zero weights, got row sums "
+            f"{np.asarray(weights)[:, :, row].sum(-1).ravel()[:4]}",
+            stage="attn.weights",
+        )
 
 
 def run_model(port: str, make: Callable, case: ModelCase, images=None, state=None) -> dict:
@@ -172,8 +189,20 @@ class _Arrays:
         return self.shapes
 
 
-def check_close(port: str, what: str, actual, expected, bound, kind: str, *, pair: bool = False,
-                mode: str = "local", dtype: str = "float32", case=None, stage: str | None = None) -> None:
+def check_close(
+    port: str,
+    what: str,
+    actual,
+    expected,
+    bound,
+    kind: str,
+    *,
+    pair: bool = False,
+    mode: str = "local",
+    dtype: str = "float32",
+    case=None,
+    stage: str | None = None,
+) -> None:
     """|actual - expected| within ``tolerance(kind, dtype, mode)`` times ``bound``: the error
     model's per-element unit bound (local) or its propagated spread, a number (end to end).
     ``pair``: both are outputs of ports, each within the tolerance of the truth, so twice it."""
@@ -187,15 +216,31 @@ def check_close(port: str, what: str, actual, expected, bound, kind: str, *, pai
     diff = np.abs(a - e)
     ratio = ratio_over_bound(diff, np.asarray(bound, np.float64) + E.SMALLEST_NORMAL[dtype])
     if ratio > tol:
-        raise _fail(port, what, case, stage=stage or kind,
-                    error=f"max_abs_err {float(diff.max()):.3e}, error {ratio:.3g}x the {mode} bound > tol {tol:.3g}")
+        raise _fail(
+            port,
+            what,
+            case,
+            stage=stage or kind,
+            error=f"max_abs_err {float(diff.max()):.3e}, error {ratio:.3g}x the {mode} bound > tol {tol:.3g}",
+        )
 
 
 def _within(port, what, case, name, actual, expected, model=None, pair=True) -> None:
     """Two outputs of a stage agree within the propagated bound of ``model`` (default: the case's)."""
     model = case.error_model() if model is None else model
-    check_close(port, what, actual, expected, model.spread(name), model.kind(name), pair=pair, mode="end-to-end",
-                dtype=getattr(case, "dtype", "float32"), case=case, stage=name)
+    check_close(
+        port,
+        what,
+        actual,
+        expected,
+        model.spread(name),
+        model.kind(name),
+        pair=pair,
+        mode="end-to-end",
+        dtype=getattr(case, "dtype", "float32"),
+        case=case,
+        stage=name,
+    )
 
 
 def _local(port, what, case, out, name, model=None) -> None:
@@ -205,5 +250,3 @@ def _local(port, what, case, out, name, model=None) -> None:
     r = compare_stage(name, out[name], model, out, dtype=case.dtype)
     if r.ratio is None or r.ratio > r.tol:
         raise _fail(port, what, case, stage=name, error=r.reason or f"error {r.ratio:.3g}x its bound > tol {r.tol:.3g}")
-
-

@@ -29,6 +29,7 @@ from conformance.properties.core import (
 
 # ----------------------------------------------------------------------------- whole model
 
+
 def _representable(case: ModelCase) -> None:
     """A drawn case no port can represent in its dtype (float16 overflows on huge images at a
     large weight scale) is discarded, not judged."""
@@ -73,6 +74,7 @@ def check_stages_match_oracle(port: str, make: Callable, case: ModelCase, stages
 
 # ----------------------------------------------------------------------------- the ViT family
 
+
 def check_layerscale_scales_only_its_branch(port: str, make: Callable, case: ModelCase, channel: int) -> None:
     """One channel of block 0's ls2 gamma changed: the block's output moves in that channel
     only, by the change times the MLP branch (x + gamma * mlp, not (x + mlp) * gamma), and
@@ -88,12 +90,20 @@ def check_layerscale_scales_only_its_branch(port: str, make: Callable, case: Mod
     state["blocks.0.ls2.gamma"] = gamma
     moved = run_model(port, make, case, state=state)
     if not np.array_equal(np.asarray(moved["blocks.0.norm2"]), np.asarray(out["blocks.0.norm2"])):
-        raise _fail(port, "changing ls2's gamma moved norm2, which comes before the MLP branch", case,
-                    stage="blocks.0.ls2")
+        raise _fail(
+            port, "changing ls2's gamma moved norm2, which comes before the MLP branch", case, stage="blocks.0.ls2"
+        )
     expected = np.asarray(out["blocks.0"], np.float64).copy()
     expected[..., c] += (float(gamma[c]) - old) * np.asarray(out["blocks.0.mlp"], np.float64)[..., c]
-    _within(port, f"changing channel {c} of ls2's gamma should move the block output by the change times the "
-                  "MLP branch in that channel only", case, "blocks.0", np.asarray(moved["blocks.0"]), expected)
+    _within(
+        port,
+        f"changing channel {c} of ls2's gamma should move the block output by the change times the "
+        "MLP branch in that channel only",
+        case,
+        "blocks.0",
+        np.asarray(moved["blocks.0"]),
+        expected,
+    )
 
 
 def check_prefix_tokens_as_timm(port: str, make: Callable, case: ModelCase) -> None:
@@ -118,8 +128,9 @@ def check_qk_norm_per_head(port: str, make: Callable, case: ModelCase) -> None:
     out = run_model(port, make, case)
     for i in range(case.config.depth):
         for part in ("q_norm", "k_norm"):
-            _local(port, f"attn.{part} is not a LayerNorm over head_dim of each head", case, out,
-                   f"blocks.{i}.attn.{part}")
+            _local(
+                port, f"attn.{part} is not a LayerNorm over head_dim of each head", case, out, f"blocks.{i}.attn.{part}"
+            )
 
 
 def check_map_head_queries_with_the_latent(port: str, make: Callable, case: ModelCase) -> None:
@@ -130,8 +141,13 @@ def check_map_head_queries_with_the_latent(port: str, make: Callable, case: Mode
     out = run_model(port, make, case)
     _needs(out, "attn_pool.q")
     _local(port, "the attention pool's query is not q(latent)", case, out, "attn_pool.q")
-    _local(port, "the attention pool's weights are not softmax(q k^T) over the patch tokens", case, out,
-           "attn_pool.weights")
+    _local(
+        port,
+        "the attention pool's weights are not softmax(q k^T) over the patch tokens",
+        case,
+        out,
+        "attn_pool.weights",
+    )
 
 
 def check_activation_is_the_named_one(port: str, make: Callable, case: ModelCase) -> None:
@@ -154,19 +170,31 @@ def check_batch_elements_independent(port: str, make: Callable, case: ModelCase,
     b = run_model(port, make, case, images=changed)
     for name in a:
         if name in b:
-            _within(port, "element 0 changed when the other batch elements changed", case, name,
-                    np.asarray(b[name])[:1], np.asarray(a[name])[:1])
+            _within(
+                port,
+                "element 0 changed when the other batch elements changed",
+                case,
+                name,
+                np.asarray(b[name])[:1],
+                np.asarray(a[name])[:1],
+            )
 
 
 def check_batch_size_invariant(port: str, make: Callable, case: ModelCase) -> None:
     """Each element alone gives what it gives inside the batch."""
     full = run_model(port, make, case)
     for i in range(case.images.shape[0]):
-        alone = run_model(port, make, case, images=case.images[i:i + 1])
+        alone = run_model(port, make, case, images=case.images[i : i + 1])
         for name in full:
             if name in alone:
-                _within(port, f"element {i} run alone differs from element {i} in a batch of "
-                        f"{case.images.shape[0]}", case, name, np.asarray(alone[name]), np.asarray(full[name])[i:i + 1])
+                _within(
+                    port,
+                    f"element {i} run alone differs from element {i} in a batch of {case.images.shape[0]}",
+                    case,
+                    name,
+                    np.asarray(alone[name]),
+                    np.asarray(full[name])[i : i + 1],
+                )
 
 
 def check_deterministic(port: str, make: Callable, case: ModelCase) -> None:
@@ -204,8 +232,17 @@ def check_attention_weights_are_softmax_over_keys(port: str, make: Callable, cas
         w = np.asarray(out[f"{b}.weights"], np.float64)
         _, bound = model.local(f"{b}.weights", out)
         sums = w.sum(-1)
-        check_close(port, "attention weights do not sum to 1 over keys", sums, np.ones_like(sums), bound.sum(-1),
-                    "attn.weights", dtype=case.dtype, case=case, stage=f"{b}.weights")
+        check_close(
+            port,
+            "attention weights do not sum to 1 over keys",
+            sums,
+            np.ones_like(sums),
+            bound.sum(-1),
+            "attn.weights",
+            dtype=case.dtype,
+            case=case,
+            stage=f"{b}.weights",
+        )
         _local(port, "attention weights are not softmax(q k^T / sqrt(head_dim)) over keys", case, out, f"{b}.weights")
 
 
@@ -229,14 +266,23 @@ def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, hea
     a = np.asarray(base["blocks.0.attn"], np.float64)
     b = np.asarray(perturbed["blocks.0.attn"], np.float64)
     inside = np.zeros(D, bool)
-    inside[head * hd:(head + 1) * hd] = True
+    inside[head * hd : (head + 1) * hd] = True
     model = case.error_model(state=state)
-    _within(port, f"perturbing head {head}'s value weights changed other heads' slices of the merged output",
-            case, "blocks.0.attn", b[..., ~inside], a[..., ~inside], model)
-    if np.abs(b[..., inside] - a[..., inside]).max() <= 2 * tolerance("attn", case.dtype, "end-to-end") * \
-            model.spread("blocks.0.attn"):
-        raise _fail(port, f"perturbing head {head}'s value weights did not change its own slice", case,
-                    stage="blocks.0.attn")
+    _within(
+        port,
+        f"perturbing head {head}'s value weights changed other heads' slices of the merged output",
+        case,
+        "blocks.0.attn",
+        b[..., ~inside],
+        a[..., ~inside],
+        model,
+    )
+    if np.abs(b[..., inside] - a[..., inside]).max() <= 2 * tolerance("attn", case.dtype, "end-to-end") * model.spread(
+        "blocks.0.attn"
+    ):
+        raise _fail(
+            port, f"perturbing head {head}'s value weights did not change its own slice", case, stage="blocks.0.attn"
+        )
 
 
 def _grid(case: ModelCase) -> tuple[int, int]:
@@ -262,8 +308,17 @@ def check_patch_embed_is_rearrange_then_linear(port: str, make: Callable, case: 
     w = case.state["patch_embed.proj.weight"].astype(np.float64)
     expected = patches @ w.reshape(w.shape[0], -1).T + case.state.get("patch_embed.proj.bias", 0.0)
     _, bound = case.error_model().local("patch_embed", out)
-    check_close(port, "patch_embed differs from rearrange + linear", out["patch_embed"], expected, bound,
-                "patch_embed", dtype=case.dtype, case=case, stage="patch_embed")
+    check_close(
+        port,
+        "patch_embed differs from rearrange + linear",
+        out["patch_embed"],
+        expected,
+        bound,
+        "patch_embed",
+        dtype=case.dtype,
+        case=case,
+        stage="patch_embed",
+    )
 
 
 def check_patch_shift_shifts_tokens(port: str, make: Callable, case: ModelCase) -> None:
@@ -285,9 +340,18 @@ def check_patch_shift_shifts_tokens(port: str, make: Callable, case: ModelCase) 
             expected = np.concatenate([np.zeros_like(grid[:, :1]), grid[:, :-1]], axis=1)
         out = run_model(port, make, case, images=shifted, state=state)
         _, bound = case.error_model(images=shifted, state=state).local("patch_embed", out)
-        check_close(port, f"shifting the image {name} by one patch did not shift the token grid {name} by one",
-                    out["patch_embed"], expected.reshape(grid.shape[0], -1, cfg.embed_dim), bound, "patch_embed",
-                    pair=True, dtype=case.dtype, case=case, stage="patch_embed")
+        check_close(
+            port,
+            f"shifting the image {name} by one patch did not shift the token grid {name} by one",
+            out["patch_embed"],
+            expected.reshape(grid.shape[0], -1, cfg.embed_dim),
+            bound,
+            "patch_embed",
+            pair=True,
+            dtype=case.dtype,
+            case=case,
+            stage="patch_embed",
+        )
 
 
 def check_tokens_row_major(port: str, make: Callable, case: ModelCase, patch: tuple[int, int]) -> None:
@@ -298,14 +362,19 @@ def check_tokens_row_major(port: str, make: Callable, case: ModelCase, patch: tu
     if gh > 1 and gw > 1 and i * gw + j == j * gh + i:  # a patch where row- and column-major orders differ
         i = (i + 1) % gh
     images = np.zeros_like(case.images)
-    images[:, :, i * ph:(i + 1) * ph, j * pw:(j + 1) * pw] = case.images[:, :, i * ph:(i + 1) * ph, j * pw:(j + 1) * pw]
+    images[:, :, i * ph : (i + 1) * ph, j * pw : (j + 1) * pw] = case.images[
+        :, :, i * ph : (i + 1) * ph, j * pw : (j + 1) * pw
+    ]
     state = _without_patch_bias(case)
     out = run_model(port, make, case, images=images, state=state)
     _needs(out, "patch_embed")
     tokens = np.asarray(out["patch_embed"], np.float64)
     lit = np.flatnonzero(np.abs(tokens).max(axis=(0, 2)) > 0)
     if list(lit) != [i * gw + j] and not (lit.size == 0 and not images.any()):
-        raise _fail(port, f"patch ({i}, {j}) of a {gh}x{gw} grid should light token {i * gw + j} only",
-                    case, stage="patch_embed", lit_tokens=list(lit))
-
-
+        raise _fail(
+            port,
+            f"patch ({i}, {j}) of a {gh}x{gw} grid should light token {i * gw + j} only",
+            case,
+            stage="patch_embed",
+            lit_tokens=list(lit),
+        )

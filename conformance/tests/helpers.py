@@ -71,8 +71,13 @@ def attention(port: str, case, weights, fused: bool = False):
     from weights import mha_shapes
 
     shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
-    options = dict(dim=case.dim, context_dim=case.context_dim, num_heads=case.num_heads, head_dim=case.head_dim,
-                   qkv_bias=case.qkv_bias)
+    options = dict(
+        dim=case.dim,
+        context_dim=case.context_dim,
+        num_heads=case.num_heads,
+        head_dim=case.head_dim,
+        qkv_bias=case.qkv_bias,
+    )
     if fused:
         options["fused_attn"] = True  # built-in ports only: not part of the attention protocol
     return attention_factory(port)(weights.make_params(shapes), **options)
@@ -90,8 +95,13 @@ def attention_model(case, weights, x, context=None, mask=None):
     from weights import mha_shapes
 
     shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
-    options = dict(dim=case.dim, context_dim=case.context_dim, num_heads=case.num_heads, head_dim=case.head_dim,
-                   qkv_bias=case.qkv_bias)
+    options = dict(
+        dim=case.dim,
+        context_dim=case.context_dim,
+        num_heads=case.num_heads,
+        head_dim=case.head_dim,
+        qkv_bias=case.qkv_bias,
+    )
     return AttentionModel(options, weights.make_params(shapes), x, context, mask)
 
 

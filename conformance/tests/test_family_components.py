@@ -46,8 +46,10 @@ def test_the_map_head_is_attention_of_the_learned_latent_over_the_patch_tokens(p
     check_property(P.check_map_head_queries_with_the_latent, port, factory(port), case)
 
 
-@drawn(budget(5, minimum=1),
-       case=cases(act_layer=S.ACT_LAYERS[1]) | cases(act_layer=S.ACT_LAYERS[2]) | cases(mlp_layer="swiglu"))
+@drawn(
+    budget(5, minimum=1),
+    case=cases(act_layer=S.ACT_LAYERS[1]) | cases(act_layer=S.ACT_LAYERS[2]) | cases(mlp_layer="swiglu"),
+)
 def test_each_activation_is_what_its_name_says(port, case):
     _budget(port)
     check_property(P.check_activation_is_the_named_one, port, factory(port), case)

@@ -1,8 +1,6 @@
 """Fast paths (each framework's fused attention, mx.compile, jax.jit) agree with the oracle
 within the tolerance policy, as the explicit paths do; and MLX on Linux runs on OpenBLAS."""
 
-
-
 from conformance import properties as P
 from conformance import strategies as S
 from conformance.tests.helpers import budget, drawn, factory

@@ -1,7 +1,6 @@
 """Real checkpoint layouts, checked against the libraries that define them, all offline:
 timm and transformers build and save their own models with random weights here."""
 
-
 import numpy as np
 import pytest
 import torch
@@ -29,6 +28,7 @@ def assert_logits_close(port, config, state, x, ref, what):
 
 # ----------------------------------------------------------------------------- timm
 
+
 @pytest.mark.parametrize("name, suffix", [(name, ".safetensors") for name in TIMM_CONFIGS] + [("vit_test_avg", ".pth")])
 def test_timm_checkpoint_imports_and_every_port_matches_timms_forward(framework_port, name, suffix, tmp_path):
     config = get_config(name)
@@ -52,12 +52,23 @@ def test_timm_checkpoint_imports_and_every_port_matches_timms_forward(framework_
 
 # ----------------------------------------------------------------------------- Hugging Face
 
+
 def hf_model(eps, seed=0):
     from transformers import ViTConfig as HFConfig, ViTForImageClassification
 
     torch.manual_seed(seed)
-    cfg = HFConfig(hidden_size=24, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96, image_size=16,
-                   patch_size=4, num_channels=3, num_labels=5, layer_norm_eps=eps, qkv_bias=True)
+    cfg = HFConfig(
+        hidden_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=96,
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+        num_labels=5,
+        layer_norm_eps=eps,
+        qkv_bias=True,
+    )
     model = ViTForImageClassification(cfg).eval()
     with torch.no_grad():  # transformers' init leaves norms at ones/zeros and biases at zero: draw them
         for name, p in model.named_parameters():

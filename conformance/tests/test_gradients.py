@@ -41,24 +41,27 @@ def _case(name, batch=2, seed=1):
 @lru_cache(maxsize=16)  # the ci profile draws the same cases for every port
 def _drawn_case(config, weights, batch, kind, dtype):
     state = weights.make(config)
-    images = S.make_images(config, batch, "ordinary", weights.seed % 2 ** 20)
-    loss = draw_loss(config, batch, kind, weights.seed % 2 ** 20)
+    images = S.make_images(config, batch, "ordinary", weights.seed % 2**20)
+    loss = draw_loss(config, batch, kind, weights.seed % 2**20)
     return state, images, GradModel(config, state, images, loss, dtype=dtype)
 
 
-@drawn(budget(3),
-       config=S.grad_configs(max_depth=2),
-       weights=S.model_weights(),
-       batch=st.integers(1, 3),
-       kind=st.sampled_from(["cross_entropy", "linear"]))
-def test_every_taps_and_parameters_gradient_and_the_images_match_the_reference(grad_port, config, weights, batch,
-                                                                               kind):
+@drawn(
+    budget(3),
+    config=S.grad_configs(max_depth=2),
+    weights=S.model_weights(),
+    batch=st.integers(1, 3),
+    kind=st.sampled_from(["cross_entropy", "linear"]),
+)
+def test_every_taps_and_parameters_gradient_and_the_images_match_the_reference(grad_port, config, weights, batch, kind):
     """Drawn configs, weights at every scale and offset and trained-like ones, in the run's
     dtype (--dtype bfloat16 too); a gradient factory that returns no tap cotangents is judged on
     its parameters' and the images'."""
     if grad_port == "jax" and not heavy():
-        pytest.skip("thorough profile: XLA compiles each drawn config's gradient (2 to 4 s); in ci the JAX port's "
-                    "gradients are checked on vit_test_token with trained-like weights, its AdamW step and a mutant")
+        pytest.skip(
+            "thorough profile: XLA compiles each drawn config's gradient (2 to 4 s); in ci the JAX port's "
+            "gradients are checked on vit_test_token with trained-like weights, its AdamW step and a mutant"
+        )
     dtype = S.current_dtype()
     if dtype == "float16":
         pytest.skip("float16 gradients are not checked: without loss scaling they underflow (docs/gradients.md)")
@@ -69,12 +72,24 @@ def test_every_taps_and_parameters_gradient_and_the_images_match_the_reference(g
     results = compare_gradients(got, model)
     if grad_port in FRAMEWORK_PORTS:
         assert {r.name for r in results if r.kind == "taps"} == set(model.reference["taps"])
-    assert all(r.ok for r in results), f"{grad_port}, {config}, {weights}, {model.loss.describe()}:\n{describe(results)}"
+    assert all(r.ok for r in results), (
+        f"{grad_port}, {config}, {weights}, {model.loss.describe()}:\n{describe(results)}"
+    )
 
 
 CI_PRESETS = ("vit_test_token", "vit_test_dinov2", "vit_test_siglip")
-PRESETS = ["vit_test_token", "vit_test_avg", "vit_test_avg_nocls", "vit_test_deep", "vit_test_dinov2",
-           "vit_test_registers_avg", "vit_test_dynamic", "vit_test_clip", "vit_test_siglip", "vit_test_avg_100_tokens"]
+PRESETS = [
+    "vit_test_token",
+    "vit_test_avg",
+    "vit_test_avg_nocls",
+    "vit_test_deep",
+    "vit_test_dinov2",
+    "vit_test_registers_avg",
+    "vit_test_dynamic",
+    "vit_test_clip",
+    "vit_test_siglip",
+    "vit_test_avg_100_tokens",
+]
 
 
 @cache
@@ -91,9 +106,13 @@ def test_every_presets_gradients_match_the_reference(framework_port, name, train
     """The test presets (timm's options, small), seeded and trained-like."""
     import importlib
 
-    if not heavy() and (not trained or name not in CI_PRESETS or (framework_port == "jax" and name != "vit_test_token")):
-        pytest.skip("thorough profile: in ci trained-like weights on three presets (JAX on one); the drawn "
-                    "property covers the options")
+    if not heavy() and (
+        not trained or name not in CI_PRESETS or (framework_port == "jax" and name != "vit_test_token")
+    ):
+        pytest.skip(
+            "thorough profile: in ci trained-like weights on three presets (JAX on one); the drawn "
+            "property covers the options"
+        )
     config, state, images, model = _preset_model(name, trained)
     got = importlib.import_module(f"impls.{framework_port}_vit").make_grad(config, state)(images, model.loss)
     results = compare_gradients(got, model)
@@ -112,7 +131,8 @@ def test_every_ports_bfloat16_gradients_match_the_reference(framework_port, name
     state, images = S.TrainedLike(5).make(config), S.make_images(config, 2, "ordinary", 5)
     model = GradModel(config, state, images, draw_loss(config, 2, "cross_entropy", 5), dtype="bfloat16")
     got = importlib.import_module(f"impls.{framework_port}_vit").make_grad(config, state, dtype="bfloat16")(
-        images, model.loss)
+        images, model.loss
+    )
     results = compare_gradients(got, model)
     assert all(r.ok for r in results), f"{framework_port}, {name}:\n{describe(results)}"
 
@@ -153,8 +173,10 @@ def _step_case(name="vit_test_token", decay="all"):
     return config, state, images, loss, hp, reference, step_bound(state, GradModel(config, state, images, loss), hp)
 
 
-@pytest.mark.parametrize("name, decay", [("vit_test_token", "all"), ("vit_test_token", "timm"),
-                                         pytest.param("vit_test_dinov2", "timm", marks=THOROUGH)])
+@pytest.mark.parametrize(
+    "name, decay",
+    [("vit_test_token", "all"), ("vit_test_token", "timm"), pytest.param("vit_test_dinov2", "timm", marks=THOROUGH)],
+)
 def test_one_adamw_step_of_every_port_matches_the_reference(framework_port, name, decay):
     """Decay on every parameter, and timm's rule (no decay on norms, biases, LayerScale gammas
     and the embeddings), each framework's way: param groups, MultiOptimizer, optax's mask."""

@@ -22,8 +22,17 @@ def disagreeing_stages(port, model: CaseModel, out, ref) -> list[str]:
     failing = []
     for stage in [s for s in tap_names(model.config) if s in out]:
         try:
-            P.check_close(port, f"{stage} vs timm", out[stage], ref[stage], model.spread(stage), model.kind(stage),
-                          pair=True, mode="end-to-end", stage=stage)
+            P.check_close(
+                port,
+                f"{stage} vs timm",
+                out[stage],
+                ref[stage],
+                model.spread(stage),
+                model.kind(stage),
+                pair=True,
+                mode="end-to-end",
+                stage=stage,
+            )
         except P.PropertyFailure:
             failing.append(stage)
     return failing
@@ -33,8 +42,11 @@ def images_for(config, batch=2, seed=0):
     return np.random.default_rng(seed).normal(size=(batch, config.in_chans, *config.img_size)).astype(np.float32)
 
 
-@pytest.mark.parametrize("name, weights", [(name, "project_init") for name in CONFIGS]
-                         + [("vit_test_token", "timm_init"), ("vit_test_avg_nocls", "timm_init")])
+@pytest.mark.parametrize(
+    "name, weights",
+    [(name, "project_init") for name in CONFIGS]
+    + [("vit_test_token", "timm_init"), ("vit_test_avg_nocls", "timm_init")],
+)
 def test_port_equals_timm_at_every_stage(port, name, weights):
     """timm's own init (ones/zeros norms, zero biases) and the project's; timm's state_dict is
     fed to the port through the canonical format. Both run in float32, so each is within the
@@ -50,8 +62,17 @@ def test_port_equals_timm_at_every_stage(port, name, weights):
     assert "logits" in out, f"[{port}] returned no logits"
     model = CaseModel(config, state, x)
     for stage in [s for s in tap_names(config) if s in out]:
-        P.check_close(port, f"{stage} vs timm ({name}, {weights})", out[stage], ref[stage], model.spread(stage),
-                      model.kind(stage), pair=True, mode="end-to-end", stage=stage)
+        P.check_close(
+            port,
+            f"{stage} vs timm ({name}, {weights})",
+            out[stage],
+            ref[stage],
+            model.spread(stage),
+            model.kind(stage),
+            pair=True,
+            mode="end-to-end",
+            stage=stage,
+        )
 
 
 @pytest.mark.slow
@@ -70,8 +91,17 @@ def test_port_logits_equal_timm_on_a_full_size_model(framework_port, name):
     state = timm_state(model)
     out = run(framework_port, config, state, x, taps=False)
     model = CaseModel(config, state, x)
-    P.check_close(framework_port, "logits vs timm", out, ref, model.spread("logits"), "logits", pair=True,
-                  mode="end-to-end", stage="logits")
+    P.check_close(
+        framework_port,
+        "logits vs timm",
+        out,
+        ref,
+        model.spread("logits"),
+        "logits",
+        pair=True,
+        mode="end-to-end",
+        stage="logits",
+    )
 
 
 def test_timm_comparison_fails_on_a_port_fed_swapped_norms(framework_port):
@@ -80,7 +110,10 @@ def test_timm_comparison_fails_on_a_port_fed_swapped_norms(framework_port):
     model = timm_vit(config, init_state(config, seed=4))
     state = timm_state(model)
     for p in ("weight", "bias"):
-        state[f"blocks.0.norm1.{p}"], state[f"blocks.0.norm2.{p}"] = state[f"blocks.0.norm2.{p}"], state[f"blocks.0.norm1.{p}"]
+        state[f"blocks.0.norm1.{p}"], state[f"blocks.0.norm2.{p}"] = (
+            state[f"blocks.0.norm2.{p}"],
+            state[f"blocks.0.norm1.{p}"],
+        )
     x = images_for(config, seed=1)
     ref, out = timm_taps(model, x), run(framework_port, config, state, x)
     failing = disagreeing_stages(framework_port, CaseModel(config, state, x), out, ref)

@@ -22,6 +22,24 @@ from conformance.verify.forward import verify
 from conformance.verify.grad import format_grad_report, load_grad_factory, verify_grad
 from conformance.verify.report import Report, format_report, plot_report, summarize_stages
 
-__all__ = ["BATCHES", "Case", "Report", "UsageError", "attention_cases", "default_cases", "default_config",
-           "format_grad_report", "format_report", "load_config", "load_grad_factory", "main", "plot_report",
-           "state_changes", "summarize_stages", "verify", "verify_attention", "verify_grad", "with_settings"]
+__all__ = [
+    "BATCHES",
+    "Case",
+    "Report",
+    "UsageError",
+    "attention_cases",
+    "default_cases",
+    "default_config",
+    "format_grad_report",
+    "format_report",
+    "load_config",
+    "load_grad_factory",
+    "main",
+    "plot_report",
+    "state_changes",
+    "summarize_stages",
+    "verify",
+    "verify_attention",
+    "verify_grad",
+    "with_settings",
+]

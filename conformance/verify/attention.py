@@ -31,9 +31,12 @@ def attention_cases(seed: int = 0):
     keep[..., 0] = True
     dead = keep.copy()
     dead[:, :, 2] = False
-    masks = {"no mask": None, "boolean mask": keep, "additive mask": np.where(keep, rng.normal(0, 2, keep.shape),
-                                                                              -np.inf).astype(np.float32),
-             "fully masked row": dead}
+    masks = {
+        "no mask": None,
+        "boolean mask": keep,
+        "additive mask": np.where(keep, rng.normal(0, 2, keep.shape), -np.inf).astype(np.float32),
+        "fully masked row": dead,
+    }
     cases = [(name, AttentionCase(options, state, x, ctx), mask) for name, mask in masks.items()]
     # Logits in the hundreds: where a softmax that does not subtract the row maximum overflows.
     cases.append(("large logits", AttentionCase(options, state, x * 30, ctx * 30), None))
@@ -48,8 +51,11 @@ class AttentionCall:
         self.make_attention, self.options = make_attention, options
 
     def run(self, handed: Handed, model, report: Report, label: str):
-        ran, out = handed.call(report, "forward", lambda: self.make_attention(handed.state, **self.options)(
-            handed.images, handed.context, handed.case.mask))
+        ran, out = handed.call(
+            report,
+            "forward",
+            lambda: self.make_attention(handed.state, **self.options)(handed.images, handed.context, handed.case.mask),
+        )
         if not ran:
             return None
         if handed.wrote_images():
@@ -78,9 +84,14 @@ def verify_attention(make_attention: Callable, *, port: str = "attention port", 
     cases = attention_cases(seed)
     options = dict(cases[0][1].options)
     report = Report(port, get_config("vit_test_token"), cases=[c[0] for c in cases], attention=options)
-    outcome = run_cases(report, AttentionCall(make_attention, options),
-                        ((name, Case(name, case.x, case.state, case.context, mask), case.error_model(mask=mask))
-                         for name, case, mask in cases))  # the oracle runs first
+    outcome = run_cases(
+        report,
+        AttentionCall(make_attention, options),
+        (
+            (name, Case(name, case.x, case.state, case.context, mask), case.error_model(mask=mask))
+            for name, case, mask in cases
+        ),
+    )  # the oracle runs first
     report.stages = [outcome.worst[n] for n in ATTENTION_STAGES if n in outcome.worst]
     report.first_divergence = outcome.first[1] if outcome.first is not None else None
     return report

@@ -42,21 +42,40 @@ def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -
         batch = BATCHES[i % len(BATCHES)]
         cases.append(Case(f"{kind} images (batch {batch})", make_images(config, batch, kind, seed + i), base))
     if state is None:
-        for i, (w, label) in enumerate(((WeightCase(seed + 1, 4.0), "weights x4"),
-                                        (WeightCase(seed + 2, 4.0, OFFSET), "offset 1000"),
-                                        (WeightCase(seed + 3, 64.0), "weights x64"),
-                                        (TrainedLike(seed + 4), "trained-like weights"))):
+        for i, (w, label) in enumerate(
+            (
+                (WeightCase(seed + 1, 4.0), "weights x4"),
+                (WeightCase(seed + 2, 4.0, OFFSET), "offset 1000"),
+                (WeightCase(seed + 3, 64.0), "weights x64"),
+                (TrainedLike(seed + 4), "trained-like weights"),
+            )
+        ):
             batch = BATCHES[i % len(BATCHES)]
-            cases.append(Case(f"ordinary images (batch {batch}), {label}",
-                              make_images(config, batch, "ordinary", seed), w.make(config)))
+            cases.append(
+                Case(
+                    f"ordinary images (batch {batch}), {label}",
+                    make_images(config, batch, "ordinary", seed),
+                    w.make(config),
+                )
+            )
         images = make_images(config, 3, "ordinary", seed)
-        cases.append(Case("ordinary images (batch 3), trained-like weights, block 0 logits to 3e4", images,
-                          with_block0_logit(config, TrainedLike(seed + 4).make(config), images, 3e4)))
+        cases.append(
+            Case(
+                "ordinary images (batch 3), trained-like weights, block 0 logits to 3e4",
+                images,
+                with_block0_logit(config, TrainedLike(seed + 4).make(config), images, 3e4),
+            )
+        )
     if config.dynamic_img_size:  # the position embedding resampled up and down at run time
         gh, gw = config.grid_size
         for grid in ((gh + 2, gw + 1), (max(1, gh // 2), max(1, gw - 1))):
-            cases.append(Case(f"ordinary images (batch 2) on a {grid[0]}x{grid[1]} patch grid",
-                              make_images(config, 2, "ordinary", seed + 5, grid), base))
+            cases.append(
+                Case(
+                    f"ordinary images (batch 2) on a {grid[0]}x{grid[1]} patch grid",
+                    make_images(config, 2, "ordinary", seed + 5, grid),
+                    base,
+                )
+            )
     return cases
 
 
@@ -70,9 +89,16 @@ def state_changes(handed: Mapping, original: Mapping) -> list[str]:
     """What a port did to the state dict it was handed: keys removed, added or replaced."""
     changes = [f"removed {k!r}" for k in sorted(original) if k not in handed]
     changes += [f"added {k!r}" for k in sorted(handed) if k not in original]
-    changes += [f"replaced {k!r}" for k in sorted(original) if k in handed and not (
-        isinstance(handed[k], np.ndarray) and handed[k].shape == original[k].shape
-        and np.array_equal(handed[k], original[k]))]
+    changes += [
+        f"replaced {k!r}"
+        for k in sorted(original)
+        if k in handed
+        and not (
+            isinstance(handed[k], np.ndarray)
+            and handed[k].shape == original[k].shape
+            and np.array_equal(handed[k], original[k])
+        )
+    ]
     return changes
 
 
@@ -111,8 +137,13 @@ class Handed:
             raise
         except Exception as e:  # noqa: BLE001 - the port's failure is the finding
             wrote = isinstance(e, ValueError) and "read-only" in str(e)
-            finding(report, self.case.name, stage, ("the port wrote to its inputs, which verify hands read-only: "
-                                                    if wrote else "the port raised ") + describe_exception(e))
+            finding(
+                report,
+                self.case.name,
+                stage,
+                ("the port wrote to its inputs, which verify hands read-only: " if wrote else "the port raised ")
+                + describe_exception(e),
+            )
             return False, None
 
     def changed_state(self) -> list[str]:
@@ -121,4 +152,5 @@ class Handed:
     def wrote_images(self) -> bool:
         """Whether the port wrote to the images (or an attention port's context)."""
         return not np.array_equal(self.images, self.case.images) or (
-            self.context is not None and not np.array_equal(self.context, self.case.context))
+            self.context is not None and not np.array_equal(self.context, self.case.context)
+        )

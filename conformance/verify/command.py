@@ -48,7 +48,9 @@ def with_settings(config: ViTConfig, settings: list[str]) -> ViTConfig:
         if not sep or not key:
             raise UsageError(f"--set {item!r} must look like KEY=VALUE (e.g. depth=2, num_classes=0)")
         if key not in config.__dataclass_fields__ or key == "name":
-            raise UsageError(f"--set {key}: not a config field; fields: {', '.join(f for f in config.__dataclass_fields__ if f != 'name')}")
+            raise UsageError(
+                f"--set {key}: not a config field; fields: {', '.join(f for f in config.__dataclass_fields__ if f != 'name')}"
+            )
         try:
             changes[key] = json.loads(raw)
         except ValueError:
@@ -61,8 +63,9 @@ def with_settings(config: ViTConfig, settings: list[str]) -> ViTConfig:
         raise UsageError(f"--set {', '.join(f'{k}={v!r}' for k, v in changes.items())}: {e}") from None
 
 
-def load_config(preset: str | None, config_json: str | None, weights: str | None, make=None,
-                settings: list[str] | None = None) -> ViTConfig:
+def load_config(
+    preset: str | None, config_json: str | None, weights: str | None, make=None, settings: list[str] | None = None
+) -> ViTConfig:
     from impls import ConfigError, get_config
     from weights import WeightError, read_config
 
@@ -100,8 +103,10 @@ def _with_taps(make, taps: list[str]):
     from conformance.capture import ModelPort
 
     if not isinstance(make, ModelPort):
-        raise UsageError("--tap applies to a ModelPort (a model and its weight mapping), not a port factory: a factory "
-                         "names its taps itself")
+        raise UsageError(
+            "--tap applies to a ModelPort (a model and its weight mapping), not a port factory: a factory "
+            "names its taps itself"
+        )
     overrides = {}
     for t in taps:
         stage, sep, module = t.partition("=")
@@ -135,8 +140,15 @@ def main(args) -> int:
     make = _with_taps(_load(args.port, "port"), args.tap)
     config, state = _config_and_state(args, make)
     try:
-        report = verify(make, config, port=args.port, state=state, seed=args.seed, dtype=args.dtype,
-                        policy=getattr(args, "policy", "mixed"))
+        report = verify(
+            make,
+            config,
+            port=args.port,
+            state=state,
+            seed=args.seed,
+            dtype=args.dtype,
+            policy=getattr(args, "policy", "mixed"),
+        )
     except (Unsupported, ValueError) as e:
         if isinstance(e, Unsupported) or "tap override" in str(e):
             raise UsageError(str(e)) from None

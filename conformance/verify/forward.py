@@ -55,11 +55,15 @@ class Forward:
             if stage in names:
                 outcome.diverged(names.index(stage), stage, label)
         second = getattr(out, "second", None)  # a second pass off the model's own path: judged too
-        results = compare_outputs(out.own_pass() if second is not None else out, model, dtype=self.dtype,
-                                  policy=self.policy)
+        results = compare_outputs(
+            out.own_pass() if second is not None else out, model, dtype=self.dtype, policy=self.policy
+        )
         if second is not None:
-            results += [r for r in compare_outputs(second, model, dtype=self.dtype, policy=self.policy)
-                        if r.name != "logits" or "logits" in second]
+            results += [
+                r
+                for r in compare_outputs(second, model, dtype=self.dtype, policy=self.policy)
+                if r.name != "logits" or "logits" in second
+            ]
         for r in results:
             if not r.ok and (r.ratio is None or not np.isfinite(r.ratio)):
                 finding(report, label, r.name, r.reason)
@@ -69,8 +73,17 @@ class Forward:
         return self.names.index(result.name)
 
 
-def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict | None = None,
-           cases: list[Case] | None = None, seed: int = 0, dtype: str = "float32", policy: str = "mixed") -> Report:
+def verify(
+    make: Callable,
+    config: ViTConfig,
+    *,
+    port: str = "port",
+    state: dict | None = None,
+    cases: list[Case] | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+    policy: str = "mixed",
+) -> Report:
     from conformance.properties import ModelCase, PropertyFailure, check_deterministic
 
     from conformance.support import check_supported, supports_of
@@ -84,8 +97,11 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
     report = Report(port, config, cases=[c.name for c, _ in pairs], dtype=dtype)
     variant = Forward(make, config, dtype, policy)
     # the oracle runs first, case by case
-    outcome = run_cases(report, variant, ((case.name, case, model or CaseModel(config, case.state, case.images, dtype))
-                                          for case, model in pairs))
+    outcome = run_cases(
+        report,
+        variant,
+        ((case.name, case, model or CaseModel(config, case.state, case.images, dtype)) for case, model in pairs),
+    )
     names = variant.names
     report.stages = [outcome.worst[n] for n in names if n in outcome.worst]
     for n in report.unseen:
@@ -99,6 +115,7 @@ def verify(make: Callable, config: ViTConfig, *, port: str = "port", state: dict
         try:
             check_deterministic(port, make, ModelCase(config, case.state, case.images, dtype=dtype))
         except PropertyFailure as e:
-            finding(report, case.name, e.stage or "logits", "two calls on the same input differ (randomness at "
-                                                            "inference)")
+            finding(
+                report, case.name, e.stage or "logits", "two calls on the same input differ (randomness at inference)"
+            )
     return report

@@ -52,15 +52,25 @@ def grad_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> l
     attention logits in the thousands: softmax rows nearly one-hot); cross-entropy and a linear
     functional of the logits alternately."""
     base = state if state is not None else WeightCase(seed, 1.0).make(config)
-    cases = [(Case("batch 3", make_images(config, 3, "ordinary", seed), base), "cross_entropy"),
-             (Case("batch 1", make_images(config, 1, "ordinary", seed + 1), base), "linear")]
+    cases = [
+        (Case("batch 3", make_images(config, 3, "ordinary", seed), base), "cross_entropy"),
+        (Case("batch 1", make_images(config, 1, "ordinary", seed + 1), base), "linear"),
+    ]
     if state is None:
-        for i, (w, label) in enumerate(((WeightCase(seed + 1, 4.0), "weights x4"),
-                                        (WeightCase(seed + 2, 4.0, OFFSET), "offset 1000"),
-                                        (TrainedLike(seed + 4), "trained-like weights"))):
+        for i, (w, label) in enumerate(
+            (
+                (WeightCase(seed + 1, 4.0), "weights x4"),
+                (WeightCase(seed + 2, 4.0, OFFSET), "offset 1000"),
+                (TrainedLike(seed + 4), "trained-like weights"),
+            )
+        ):
             batch = (3, 1)[i % 2]
-            cases.append((Case(f"batch {batch}, {label}", make_images(config, batch, "ordinary", seed), w.make(config)),
-                          ("cross_entropy", "linear")[i % 2]))
+            cases.append(
+                (
+                    Case(f"batch {batch}, {label}", make_images(config, batch, "ordinary", seed), w.make(config)),
+                    ("cross_entropy", "linear")[i % 2],
+                )
+            )
     return cases
 
 
@@ -96,13 +106,32 @@ class GradReport(VerifyReport):
 
     def to_dict(self) -> dict:
         first = self.first_divergence
-        return {"port": self.port, "conformant": self.conformant, "dtype": self.dtype, "config": self.config.to_dict(),
-                "cases": self.cases, "skipped": self.skipped, "taps": self.taps, "failures": self.failures,
-                "first_divergence": None if first is None else {"kind": first.kind, "name": first.name,
-                                                                "stage": first.stage, "case": self.first_case},
-                "results": [{"kind": r.kind, "name": r.name, "stage": r.stage, "ok": r.ok, "reason": r.reason,
-                             "error": r.error if np.isfinite(r.error) else None, "tol": r.tol,
-                             "case": self.worst_case.get(r.name)} for r in self.results]}
+        return {
+            "port": self.port,
+            "conformant": self.conformant,
+            "dtype": self.dtype,
+            "config": self.config.to_dict(),
+            "cases": self.cases,
+            "skipped": self.skipped,
+            "taps": self.taps,
+            "failures": self.failures,
+            "first_divergence": None
+            if first is None
+            else {"kind": first.kind, "name": first.name, "stage": first.stage, "case": self.first_case},
+            "results": [
+                {
+                    "kind": r.kind,
+                    "name": r.name,
+                    "stage": r.stage,
+                    "ok": r.ok,
+                    "reason": r.reason,
+                    "error": r.error if np.isfinite(r.error) else None,
+                    "tol": r.tol,
+                    "case": self.worst_case.get(r.name),
+                }
+                for r in self.results
+            ],
+        }
 
 
 def _structure_problem(out, reference: dict) -> str | None:
@@ -148,8 +177,11 @@ class Backward:
         config, dtype = self.config, self.dtype
 
         def backward():
-            grad = self.make_grad(config, handed.state) if dtype == "float32" else self.make_grad(
-                config, handed.state, dtype=dtype)
+            grad = (
+                self.make_grad(config, handed.state)
+                if dtype == "float32"
+                else self.make_grad(config, handed.state, dtype=dtype)
+            )
             return grad(handed.images, model.loss)
 
         ran, out = handed.call(report, "backward", backward)
@@ -170,23 +202,38 @@ class Backward:
 
     def compare(self, out, model: GradModel, report: GradReport, label: str, outcome: Outcome) -> list[GradResult]:
         report.taps = report.taps or bool(out.get("taps"))
-        self.order = {(kind, name): i for i, (kind, name, _) in enumerate(backward_order(
-            list(model.reference["taps"]), model.reference["params"]))}
+        self.order = {
+            (kind, name): i
+            for i, (kind, name, _) in enumerate(
+                backward_order(list(model.reference["taps"]), model.reference["params"])
+            )
+        }
         return compare_gradients(out, model)  # taps, parameters, "images" and "loss" never share a name
 
     def index(self, result: GradResult) -> int:
         return self.order.get((result.kind, result.name), len(self.order))
 
 
-def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", state: dict | None = None,
-                seed: int = 0, dtype: str = "float32") -> GradReport:
+def verify_grad(
+    make_grad: Callable,
+    config: ViTConfig,
+    *,
+    port: str = "port",
+    state: dict | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> GradReport:
     """``dtype`` (float32 or bfloat16) is passed to the factory as dtype= unless float32."""
     check_grad_dtype(dtype)
     models = _seeded_models(config, seed, dtype) if state is None else _models(config, state, seed, dtype)
     report = GradReport(port, config, cases=[label for label, _, _ in models], dtype=dtype)
     outcome = run_cases(report, Backward(make_grad, config, dtype), models)  # the references were built first
-    ordered = {f"{k}:{n}": i for i, (k, n, _) in enumerate(backward_order(
-        tap_names(config), [r.name for r in outcome.worst.values() if r.kind == "params"]))}
+    ordered = {
+        f"{k}:{n}": i
+        for i, (k, n, _) in enumerate(
+            backward_order(tap_names(config), [r.name for r in outcome.worst.values() if r.kind == "params"])
+        )
+    }
     report.results = sorted(outcome.worst.values(), key=lambda r: ordered.get(f"{r.kind}:{r.name}", len(ordered)))
     if outcome.first is not None:
         report.first_divergence, report.first_case = outcome.first_result, outcome.first[2]
@@ -196,10 +243,13 @@ def verify_grad(make_grad: Callable, config: ViTConfig, *, port: str = "port", s
 def format_grad_report(report: GradReport, limit: int = 12) -> str:
     from conformance.report import table
 
-    lines = [f"gradients of {report.port} in {report.dtype}: {report.config.name or 'config'} {report.config.to_dict()}",
-             f"cases: {'; '.join(report.cases)}",
-             "error = max |port - reference| over the reference's propagated rounding (docs/gradients.md), in "
-             "backward order: each tap's cotangent, then the parameters its stage uses", ""]
+    lines = [
+        f"gradients of {report.port} in {report.dtype}: {report.config.name or 'config'} {report.config.to_dict()}",
+        f"cases: {'; '.join(report.cases)}",
+        "error = max |port - reference| over the reference's propagated rounding (docs/gradients.md), in "
+        "backward order: each tap's cotangent, then the parameters its stage uses",
+        "",
+    ]
     if not report.taps:
         lines.append("the port returned no tap cotangents: divergences are located at parameters only")
     bad = [r for r in report.results if not r.ok]
@@ -209,8 +259,10 @@ def format_grad_report(report: GradReport, limit: int = 12) -> str:
     for kind, rs in summary.items():
         if rs:
             top = max(rs, key=lambda r: r.error / r.tol if r.tol else np.inf)
-            lines.append(f"{kind}: {sum(r.ok for r in rs)} of {len(rs)} within tolerance; largest {top.error:.3g} "
-                         f"({top.name}) against {top.tol:.3g}")
+            lines.append(
+                f"{kind}: {sum(r.ok for r in rs)} of {len(rs)} within tolerance; largest {top.error:.3g} "
+                f"({top.name}) against {top.tol:.3g}"
+            )
     if rows:
         lines += ["", table(["kind", "name", "error", "tol", "ok"], rows)]
         if len(bad) > limit:
@@ -219,13 +271,17 @@ def format_grad_report(report: GradReport, limit: int = 12) -> str:
         lines.append(f"FAIL {f['stage']} ({f['case']}): {f['reason']}")
     lines += [f"not judged: {s}" for s in report.skipped]
     if report.conformant:
-        lines.append(f"CONFORMANT: {len(report.results)} gradients within tolerance on "
-                     f"{len(report.cases) - len(report.skipped)} cases")
+        lines.append(
+            f"CONFORMANT: {len(report.results)} gradients within tolerance on "
+            f"{len(report.cases) - len(report.skipped)} cases"
+        )
     elif report.first_divergence is not None:
         r = report.first_divergence
         what = "the cotangent of tap" if r.kind == "taps" else ("the gradient of" if r.kind == "params" else "")
-        lines.append(f"NOT CONFORMANT: first divergence in backward order: {what} {r.name} (stage {r.stage}), "
-                     f"{r.error:.3g} against a tolerance of {r.tol:.3g} ({report.first_case})")
+        lines.append(
+            f"NOT CONFORMANT: first divergence in backward order: {what} {r.name} (stage {r.stage}), "
+            f"{r.error:.3g} against a tolerance of {r.tol:.3g} ({report.first_case})"
+        )
     else:
         lines.append(f"NOT CONFORMANT: {report.failures[0]['reason'] if report.failures else 'nothing was checked'}")
     return "\n".join(lines)

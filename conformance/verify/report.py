@@ -96,14 +96,21 @@ def format_report(report: Report) -> str:
     from conformance.report import table
 
     rows = [[s.name, s.mode, s.max_abs_err, s.ratio, s.tol, s.e2e_ratio, s.e2e_tol, s.ok] for s in report.stages]
-    what = (f"MultiHeadAttention {report.attention}" if report.attention is not None else
-            f"{report.config.name or 'config'} {report.config.to_dict()}")
-    lines = [f"port {report.port} in {report.dtype}: {what}",
-             f"cases: {'; '.join(report.cases)}",
-             "each row: the case where the stage is worst; error = max over elements of |port - oracle| over the "
-             "error model's bound (docs/tolerances.md), local (from the port's own inputs to the stage) where the "
-             "port emits them, and end to end", "",
-             table(["stage", "checked", "max_abs_err", "error", "tol", "end to end", "tol", "ok"], rows), ""]
+    what = (
+        f"MultiHeadAttention {report.attention}"
+        if report.attention is not None
+        else f"{report.config.name or 'config'} {report.config.to_dict()}"
+    )
+    lines = [
+        f"port {report.port} in {report.dtype}: {what}",
+        f"cases: {'; '.join(report.cases)}",
+        "each row: the case where the stage is worst; error = max over elements of |port - oracle| over the "
+        "error model's bound (docs/tolerances.md), local (from the port's own inputs to the stage) where the "
+        "port emits them, and end to end",
+        "",
+        table(["stage", "checked", "max_abs_err", "error", "tol", "end to end", "tol", "ok"], rows),
+        "",
+    ]
     folded: dict[tuple[str, str], list[str]] = {}
     for f in report.failures:  # one line per finding, its cases folded
         folded.setdefault((f["stage"], f["reason"]), []).append(f["case"])
@@ -117,12 +124,14 @@ def format_report(report: Report) -> str:
         if s.stored and s.stored != report.dtype:
             stored.setdefault(s.stored, []).append(s.name)
     for precision, names in stored.items():
-        lines += summarize_stages(dict.fromkeys(names, f"seen in {precision} (mixed precision: judged as stored)"),
-                                  "precision")
+        lines += summarize_stages(
+            dict.fromkeys(names, f"seen in {precision} (mixed precision: judged as stored)"), "precision"
+        )
     lines += summarize_stages(report.unseen, "unseen")
     plain = ("output of", "input of", "the model's")  # a module boundary: the usual place, not listed
-    lines += summarize_stages({k: v for k, v in report.sources.items() if not v.startswith(plain)
-                               or "sequence first" in v}, "read from")
+    lines += summarize_stages(
+        {k: v for k, v in report.sources.items() if not v.startswith(plain) or "sequence first" in v}, "read from"
+    )
     for s in report.skipped:
         lines.append(f"not judged: {s}")
     judged = len(report.cases) - len(report.skipped)
@@ -132,8 +141,10 @@ def format_report(report: Report) -> str:
     else:
         where = report.first_divergence or (report.failures[0]["stage"] if report.failures else "-")
         ratio = report.separation()
-        lines.append(f"NOT CONFORMANT: first divergent stage {where}"
-                     + (f" (error {ratio:.3g}x the tolerance)" if ratio and np.isfinite(ratio) else ""))
+        lines.append(
+            f"NOT CONFORMANT: first divergent stage {where}"
+            + (f" (error {ratio:.3g}x the tolerance)" if ratio and np.isfinite(ratio) else "")
+        )
     return "\n".join(lines)
 
 

@@ -25,8 +25,9 @@ class VisionTransformerFrozenPosEmbed(T.VisionTransformer):
     def _pos_embed(self, x, grid):
         B, _, D = x.shape
         c = self.config
-        pos = T.resample_pos_embed(self.pos_embed.detach(), c.grid_size, grid,
-                                   0 if c.no_embed_class else c.num_prefix_tokens)
+        pos = T.resample_pos_embed(
+            self.pos_embed.detach(), c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens
+        )
         tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
         prefix = [t.expand(B, -1, -1) for t in tokens]
         if c.no_embed_class:
@@ -58,7 +59,7 @@ class _GeluHalfBackward(_ExactGelu):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        return grad * 0.5 * (1.0 + torch.erf(x * 0.5 ** 0.5))
+        return grad * 0.5 * (1.0 + torch.erf(x * 0.5**0.5))
 
 
 class MlpGeluHalfBackward(T.Mlp):
@@ -193,8 +194,9 @@ def _torch_adam_l2(named_parameters, hp):
 
 
 def _torch_adamw_decays_everything(named_parameters, hp):
-    return torch.optim.AdamW([p for _, p in named_parameters], lr=hp.lr, betas=hp.betas, eps=hp.eps,
-                             weight_decay=hp.weight_decay)
+    return torch.optim.AdamW(
+        [p for _, p in named_parameters], lr=hp.lr, betas=hp.betas, eps=hp.eps, weight_decay=hp.weight_decay
+    )
 
 
 def _optax_adamw_defaults(hp):
@@ -211,15 +213,29 @@ def _optax_eps_inside_sqrt(hp):
 
 OPTIMIZER_MUTANTS = {
     # name: (adamw_step, the difference, the decay rule it is run under)
-    "mlx_adamw_without_bias_correction": (partial(M.adamw_step, optimizer=_mlx_adamw_defaults),
-                                          "mlx.optimizers.AdamW's default bias_correction=False", "all"),
-    "torch_adam_with_l2_decay": (partial(T.adamw_step, optimizer=_torch_adam_l2),
-                                 "torch.optim.Adam(weight_decay=...): L2 added to the gradient, not decoupled", "all"),
-    "jax_optax_default_weight_decay": (partial(J.adamw_step, optimizer=_optax_adamw_defaults),
-                                       "optax.adamw's default weight_decay 1e-4 for torch's 1e-2", "all"),
-    "jax_optax_eps_inside_sqrt": (partial(J.adamw_step, optimizer=_optax_eps_inside_sqrt),
-                                  "optax.adamw(eps=0, eps_root=eps): eps under the square root", "all"),
-    "torch_adamw_decays_norms_and_biases": (partial(T.adamw_step, optimizer=_torch_adamw_decays_everything),
-                                            "AdamW(model.parameters()) where timm's rule exempts norms, biases and "
-                                            "embeddings", "timm"),
+    "mlx_adamw_without_bias_correction": (
+        partial(M.adamw_step, optimizer=_mlx_adamw_defaults),
+        "mlx.optimizers.AdamW's default bias_correction=False",
+        "all",
+    ),
+    "torch_adam_with_l2_decay": (
+        partial(T.adamw_step, optimizer=_torch_adam_l2),
+        "torch.optim.Adam(weight_decay=...): L2 added to the gradient, not decoupled",
+        "all",
+    ),
+    "jax_optax_default_weight_decay": (
+        partial(J.adamw_step, optimizer=_optax_adamw_defaults),
+        "optax.adamw's default weight_decay 1e-4 for torch's 1e-2",
+        "all",
+    ),
+    "jax_optax_eps_inside_sqrt": (
+        partial(J.adamw_step, optimizer=_optax_eps_inside_sqrt),
+        "optax.adamw(eps=0, eps_root=eps): eps under the square root",
+        "all",
+    ),
+    "torch_adamw_decays_norms_and_biases": (
+        partial(T.adamw_step, optimizer=_torch_adamw_decays_everything),
+        "AdamW(model.parameters()) where timm's rule exempts norms, biases and embeddings",
+        "timm",
+    ),
 }

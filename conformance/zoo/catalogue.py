@@ -36,6 +36,8 @@ MAIN_GRADIENT_TEST = ("test_every_taps_and_parameters_gradient_and_the_images_ma
 _T, _M, _J = "conformance.zoo.torch_mutants", "conformance.zoo.mlx_mutants", "conformance.zoo.jax_mutants"
 _B = "conformance.zoo.backward_mutants"
 
+# A table: one entry per row (the formatter would give each argument a line).
+# fmt: off
 _ALL = [
     Mutant("mlx_shared_layernorm", "mlx", f"{_M}:shared_layernorm",
            "one LayerNorm (norm1) reused before the MLP", "seed post 000 (MLX ViT); allenai/OLMo#222",
@@ -222,5 +224,6 @@ _ALL = [
            "a custom_vjp softmax whose backward is P g, without - P sum(P g)", "hand-written attention kernels "
            "(tenstorrent/tt-forge-onnx#1383 checks backward for this reason)", "blocks.1.attn.k", level="gradient", plugin_in_ci=False),
 ]
+# fmt: on
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}

@@ -85,6 +85,7 @@ layernorm_fast_variance = partial(J.make, block_fn=BlockFastVariance)
 
 # ----------------------------------------------------------------------------- attention level
 
+
 class MultiHeadAttentionMaskAfterSoftmax(J.MultiHeadAttention):
     """The mask multiplied into the weights after softmax, never renormalised."""
 

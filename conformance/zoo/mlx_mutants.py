@@ -127,6 +127,7 @@ attention_scale_missing = partial(M.make, attn_layer=AttentionNoScale)
 
 # ----------------------------------------------------------------------------- attention level
 
+
 class MultiHeadAttentionMaskInverted(M.MultiHeadAttention):
     """A boolean mask read as True = masked (the other common convention)."""
 
@@ -177,8 +178,9 @@ class AttentionPoolLatentDefaultGELU(M.AttentionPoolLatent):
 class VisionTransformerMapHeadDefaultGELU(M.VisionTransformer):
     def __init__(self, config, fused_attn=False, *args, **kwargs):
         super().__init__(config, fused_attn, *args, **kwargs)
-        self.attn_pool = AttentionPoolLatentDefaultGELU(config.embed_dim, config.num_heads, config.mlp_ratio,
-                                                        config.act_layer, config.norm_eps, fused_attn)
+        self.attn_pool = AttentionPoolLatentDefaultGELU(
+            config.embed_dim, config.num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
+        )
 
 
 def map_head_exact_gelu(config, state, **kw):

@@ -83,8 +83,9 @@ def _test_files() -> dict[str, Path]:
     return files
 
 
-def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile: str = "zoo",
-               dtype: str = "float32") -> dict:
+def run_plugin(
+    selection: list[tuple[str, str, str]], workers: int = 2, profile: str = "zoo", dtype: str = "float32"
+) -> dict:
     """One pytest run, exactly as a user runs it (``--port`` / ``--attention-port``), of the
     given (test, port spec, level) triples; returns {(test, spec): "passed" | "failed" | ...}."""
     files = _test_files()
@@ -96,9 +97,19 @@ def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile:
     gradient = sorted({spec for _, spec, level in selection if level == "gradient"})
     with tempfile.TemporaryDirectory() as tmp:
         junit = os.path.join(tmp, "zoo.xml")
-        cmd = [sys.executable, "-m", "pytest", "--only-given-ports", "-q", "-p", "no:cacheprovider",
-               f"--hypothesis-profile={profile}", f"--junitxml={junit}", f"--rootdir={files[selection[0][0]].parent}",
-               f"--dtype={dtype}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--only-given-ports",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--hypothesis-profile={profile}",
+            f"--junitxml={junit}",
+            f"--rootdir={files[selection[0][0]].parent}",
+            f"--dtype={dtype}",
+        ]
         if workers > 1:
             cmd += ["-n", str(workers)]
         cmd += [arg for spec in model for arg in ("--port", spec)]
@@ -107,7 +118,9 @@ def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile:
         cmd += [f"{files[test]}::{test}[{spec}]" for test, spec, _ in selection]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if not os.path.exists(junit):
-            raise RuntimeError(f"pytest did not run (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise RuntimeError(
+                f"pytest did not run (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
         outcome = {(test, spec): "not run" for test, spec, _ in selection}
         for case in ET.parse(junit).getroot().iter("testcase"):
             test, _, params = case.get("name", "").partition("[")
@@ -119,30 +132,48 @@ def run_plugin(selection: list[tuple[str, str, str]], workers: int = 2, profile:
         return outcome
 
 
-def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verify: bool = True,
-            all_dtypes: bool = False,
-            correct_ports: tuple[str, ...] = CORRECT_MODEL + CORRECT_ATTENTION + CORRECT_GRADIENT
-            ) -> tuple[list[ZooRow], dict]:
+def run_zoo(
+    mutants=None,
+    with_plugin: bool = True,
+    workers: int = 2,
+    with_verify: bool = True,
+    all_dtypes: bool = False,
+    correct_ports: tuple[str, ...] = CORRECT_MODEL + CORRECT_ATTENTION + CORRECT_GRADIENT,
+) -> tuple[list[ZooRow], dict]:
     """``all_dtypes``: also verify every model mutant in the other dtypes, to show where each
     bug can be seen and where it sinks below the dtype's own roundoff. ``correct_ports``: the
     built-in ports wrapped as user ports that run beside the mutants (they must pass)."""
     mutants = list(MUTANTS.values()) if mutants is None else list(mutants)
     rows = []
     for m in mutants:
-        row = ZooRow(m.name, m.framework, m.level, m.first_divergence, None, None, None, description=m.description,
-                     source=m.source, dtype=m.dtype)
+        row = ZooRow(
+            m.name,
+            m.framework,
+            m.level,
+            m.first_divergence,
+            None,
+            None,
+            None,
+            description=m.description,
+            source=m.source,
+            dtype=m.dtype,
+        )
         if with_verify:
             report = verify_mutant(m)
             row.found = report.located()
             row.ratio = report.separation(row.found) if row.found else None
             row.exposing_case = report.worst_case.get(row.found or "") or next(
-                (f["case"] for f in report.failures if f["stage"] == row.found), None)
+                (f["case"] for f in report.failures if f["stage"] == row.found), None
+            )
             if all_dtypes and m.level == "model":  # gradients: float32 only
                 for dtype in DTYPES:
                     r = report if dtype == m.dtype else verify_mutant(m, dtype)
                     found = r.located()
-                    row.by_dtype[dtype] = {"found": found, "ratio": r.separation(found) if found else None,
-                                           "case": r.worst_case.get(found or "")}
+                    row.by_dtype[dtype] = {
+                        "found": found,
+                        "ratio": r.separation(found) if found else None,
+                        "case": r.worst_case.get(found or ""),
+                    }
         rows.append(row)
     correct: dict = {}
     if with_plugin:
@@ -153,9 +184,11 @@ def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verif
             group = [m for m in mutants if m.dtype == dtype]
             selection = [(test, m.factory, m.level) for m in group for test in m.sample]
             if dtype == "float32":
-                for level, specs, tests in (("model", CORRECT_MODEL, CORRECT_SAMPLE_MODEL),
-                                            ("attention", CORRECT_ATTENTION, CORRECT_SAMPLE_ATTENTION),
-                                            ("gradient", CORRECT_GRADIENT, CORRECT_SAMPLE_GRADIENT)):
+                for level, specs, tests in (
+                    ("model", CORRECT_MODEL, CORRECT_SAMPLE_MODEL),
+                    ("attention", CORRECT_ATTENTION, CORRECT_SAMPLE_ATTENTION),
+                    ("gradient", CORRECT_GRADIENT, CORRECT_SAMPLE_GRADIENT),
+                ):
                     selection += [(test, spec, level) for spec in specs if spec in correct_ports for test in tests]
             if not selection:
                 continue
@@ -164,8 +197,9 @@ def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verif
                 if m.dtype == dtype:
                     row.caught_by = [t for t in m.sample if outcome[(t, m.factory)] == "failed"]
                     row.sampled = list(m.sample)
-                    row.missed = [f"{t} ({outcome[(t, m.factory)]})" for t in m.sample
-                                  if outcome[(t, m.factory)] != "failed"]
+                    row.missed = [
+                        f"{t} ({outcome[(t, m.factory)]})" for t in m.sample if outcome[(t, m.factory)] != "failed"
+                    ]
             for test, spec, _ in selection:
                 if spec in (*CORRECT_MODEL, *CORRECT_ATTENTION, *CORRECT_GRADIENT):
                     correct.setdefault(spec, [])
@@ -177,20 +211,35 @@ def run_zoo(mutants=None, with_plugin: bool = True, workers: int = 2, with_verif
 def format_zoo(rows: list[ZooRow], correct: dict) -> str:
     from conformance.report import table
 
-    body = [[r.name, r.found or "-", "yes" if r.located else f"NO ({r.declared})",
-             None if r.ratio is None else float(r.ratio), r.exposing_case or "-",
-             f"{len(r.caught_by)}/{len(r.sampled)}" if r.sampled else "-"] for r in rows]
+    body = [
+        [
+            r.name,
+            r.found or "-",
+            "yes" if r.located else f"NO ({r.declared})",
+            None if r.ratio is None else float(r.ratio),
+            r.exposing_case or "-",
+            f"{len(r.caught_by)}/{len(r.sampled)}" if r.sampled else "-",
+        ]
+        for r in rows
+    ]
     lines = [table(["mutant", "first divergence", "located", "ratio", "exposing case", "caught"], body), ""]
     for r in rows:
         if r.sampled:
-            lines.append(f"{r.name}: caught by {', '.join(r.caught_by) or 'nothing'}"
-                         + (f"; MISSED by {', '.join(r.missed)}" if r.missed else ""))
+            lines.append(
+                f"{r.name}: caught by {', '.join(r.caught_by) or 'nothing'}"
+                + (f"; MISSED by {', '.join(r.missed)}" if r.missed else "")
+            )
     lines.append("")
     ratios = [r.ratio for r in rows if r.ratio is not None]
-    caught = (f"{sum(r.caught for r in rows)} of {len(rows)} mutants caught by every sampled test"
-              if any(r.sampled for r in rows) else "sampled pytest run skipped (--no-plugin)")
-    lines.append(f"{caught}; {sum(r.located for r in rows)} of {len(rows)} located at their declared stage; "
-                 f"smallest ratio {min(ratios, default=float('nan')):.3g}")
+    caught = (
+        f"{sum(r.caught for r in rows)} of {len(rows)} mutants caught by every sampled test"
+        if any(r.sampled for r in rows)
+        else "sampled pytest run skipped (--no-plugin)"
+    )
+    lines.append(
+        f"{caught}; {sum(r.located for r in rows)} of {len(rows)} located at their declared stage; "
+        f"smallest ratio {min(ratios, default=float('nan')):.3g}"
+    )
     for spec, failures in correct.items():
         lines.append(f"correct port {spec}: " + ("passes its sample" if not failures else f"FAILS {failures}"))
     return "\n".join(lines)
@@ -205,12 +254,15 @@ def main(args) -> int:
         print(f"usage error: unknown mutants {unknown}; known: {sorted(MUTANTS)}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rows, correct = run_zoo([MUTANTS[n] for n in names], with_plugin=not args.no_plugin, workers=args.workers,
-                            all_dtypes=not args.no_dtypes)
+    rows, correct = run_zoo(
+        [MUTANTS[n] for n in names], with_plugin=not args.no_plugin, workers=args.workers, all_dtypes=not args.no_dtypes
+    )
     print(format_zoo(rows, correct))
     print(f"({time.perf_counter() - t0:.0f} s)")
-    measured = {"mutants": [asdict(r) | {"located": r.located, "caught": r.caught} for r in rows],
-                "correct_ports": correct}
+    measured = {
+        "mutants": [asdict(r) | {"located": r.located, "caught": r.caught} for r in rows],
+        "correct_ports": correct,
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(measured, f, indent=1)

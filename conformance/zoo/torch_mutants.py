@@ -48,8 +48,14 @@ class AttentionScaleAfterSoftmax(T.Attention):
 
     def forward(self, x, taps=None, name="attn"):
         emb_size = x.shape[-1]
-        return _attend(self, x, _timm_qkv(self, x), taps, name,
-                       lambda q, k: (q @ k.transpose(-2, -1)).softmax(dim=-1) / emb_size ** 0.5)
+        return _attend(
+            self,
+            x,
+            _timm_qkv(self, x),
+            taps,
+            name,
+            lambda q, k: (q @ k.transpose(-2, -1)).softmax(dim=-1) / emb_size**0.5,
+        )
 
 
 class AttentionScaleByEmbedDim(T.Attention):
@@ -57,7 +63,7 @@ class AttentionScaleByEmbedDim(T.Attention):
 
     def __init__(self, dim, *args, **kwargs):
         super().__init__(dim, *args, **kwargs)
-        self.scale = dim ** -0.5
+        self.scale = dim**-0.5
 
 
 class AttentionQkvHeadsFirst(T.Attention):
@@ -134,6 +140,7 @@ mean_pool_instead_of_cls = partial(T.make, model_cls=VisionTransformerMeanPoolsA
 
 # ----------------------------------------------------------------------------- attention level
 
+
 class MultiHeadAttentionMaskNotAssigned(T.MultiHeadAttention):
     """`energy.masked_fill(~mask, fill)` whose result is never assigned: the mask never masks
     (seed post 002)."""
@@ -149,8 +156,14 @@ class AttentionSoftmaxOverBatch(T.Attention):
     """softmax(dim=0): the axis counted from the front, normalising across the batch."""
 
     def forward(self, x, taps=None, name="attn"):
-        return _attend(self, x, _timm_qkv(self, x), taps, name,
-                       lambda q, k: ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=0))
+        return _attend(
+            self,
+            x,
+            _timm_qkv(self, x),
+            taps,
+            name,
+            lambda q, k: ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=0),
+        )
 
 
 class AttentionCausal(T.Attention):
@@ -176,7 +189,7 @@ class MultiHeadAttentionScaleByDim(T.MultiHeadAttention):
 
     def __init__(self, dim, *args, **kwargs):
         super().__init__(dim, *args, **kwargs)
-        self.scale = dim ** -0.5
+        self.scale = dim**-0.5
 
 
 class MultiHeadAttentionNaiveSoftmax(T.MultiHeadAttention):
@@ -201,6 +214,7 @@ softmax_over_batch = partial(T.make, attn_layer=AttentionSoftmaxOverBatch)
 
 # ----------------------------------------------------------------------------- precision
 
+
 def _naive_softmax(logits):
     return logits.exp() / logits.exp().sum(dim=-1, keepdim=True)
 
@@ -210,8 +224,9 @@ class AttentionNaiveSoftmax(T.Attention):
     = NaN once a logit passes 88 in float32, 11 in float16 (facebookresearch/deit#109)."""
 
     def forward(self, x, taps=None, name="attn"):
-        return _attend(self, x, _timm_qkv(self, x), taps, name,
-                       lambda q, k: _naive_softmax((q * self.scale) @ k.transpose(-2, -1)))
+        return _attend(
+            self, x, _timm_qkv(self, x), taps, name, lambda q, k: _naive_softmax((q * self.scale) @ k.transpose(-2, -1))
+        )
 
 
 class AttentionScaledAfterProduct(T.Attention):
@@ -219,9 +234,14 @@ class AttentionScaledAfterProduct(T.Attention):
     would have brought it back into range."""
 
     def forward(self, x, taps=None, name="attn"):
-        return _attend(self, x, _timm_qkv(self, x), taps, name,
-                       lambda q, k: ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1, dtype=torch.float32)
-                       .to(q.dtype))
+        return _attend(
+            self,
+            x,
+            _timm_qkv(self, x),
+            taps,
+            name,
+            lambda q, k: ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1, dtype=torch.float32).to(q.dtype),
+        )
 
 
 class LayerNormStatsInInputDtype(torch.nn.LayerNorm):
@@ -246,7 +266,7 @@ class VisionTransformerTokenSumInInputDtype(T.VisionTransformer):
     float16 each addition rounds to the sum's ulp (0.5 at 1000, 4 at 8000)."""
 
     def forward_head(self, x, taps=None):
-        tokens = x[:, self.config.num_prefix_tokens:]
+        tokens = x[:, self.config.num_prefix_tokens :]
         total = tokens[:, 0]
         for i in range(1, tokens.shape[1]):
             total = total + tokens[:, i]
@@ -296,10 +316,13 @@ def resample_without_antialias(pos, old_grid, new_grid, num_prefix_tokens):
 class VisionTransformerPosEmbedNoAntialias(T.VisionTransformer):
     def _pos_embed(self, x, grid):
         c = self.config
-        pos = resample_without_antialias(self.pos_embed, c.grid_size, grid,
-                                         0 if c.no_embed_class else c.num_prefix_tokens)
-        prefix = [t.expand(x.shape[0], -1, -1) for t in ([self.cls_token] if c.class_token else [])
-                  + ([self.reg_token] if c.reg_tokens else [])]
+        pos = resample_without_antialias(
+            self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens
+        )
+        prefix = [
+            t.expand(x.shape[0], -1, -1)
+            for t in ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
+        ]
         if c.no_embed_class:
             return torch.cat(prefix + [x + pos], dim=1)
         return torch.cat(prefix + [x], dim=1) + pos
@@ -309,8 +332,12 @@ def pos_embed_no_antialias(config, state, **kw):
     return T.make(config, state, model_cls=VisionTransformerPosEmbedNoAntialias, **kw)
 
 
-pos_embed_no_antialias.supports = {"dynamic_img_size": True, "reg_tokens": (0, 1), "no_embed_class": (False, True),
-                                   "init_values": (None, 1e-5)}
+pos_embed_no_antialias.supports = {
+    "dynamic_img_size": True,
+    "reg_tokens": (0, 1),
+    "no_embed_class": (False, True),
+    "init_values": (None, 1e-5),
+}
 
 
 class VisionTransformerRegistersInPatchMean(T.VisionTransformer):
@@ -319,7 +346,7 @@ class VisionTransformerRegistersInPatchMean(T.VisionTransformer):
     def pool(self, x, taps=None):
         if self.config.global_pool != "avg":
             return super().pool(x, taps)
-        return x[:, int(self.config.class_token):].mean(dim=1, dtype=torch.float32).to(x.dtype)
+        return x[:, int(self.config.class_token) :].mean(dim=1, dtype=torch.float32).to(x.dtype)
 
 
 def registers_in_patch_mean(config, state, **kw):

@@ -23,7 +23,6 @@ sum with an entry written back as zero), so canonical -> Hugging Face -> canonic
 Settings come from config.json; a setting the canonical form cannot hold is refused by name.
 """
 
-
 from __future__ import annotations
 
 import json
@@ -78,7 +77,6 @@ def write_hf(state, config: ViTConfig, path) -> None:
     that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower)."""
     from safetensors.numpy import save_file
 
-
     if config.beyond_original_vit():
         hf, tensors = family_config_to_hf(config), to_family_hf(state, config)
     else:
@@ -89,4 +87,18 @@ def write_hf(state, config: ViTConfig, path) -> None:
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
 
 
-__all__ = ['FAMILY_MODEL_TYPES', 'family_config_to_hf', 'family_config_to_vit', 'from_family_hf', 'from_hf', 'hf_config_to_vit', 'model_type_for', 'read_hf', 'to_family_hf', 'to_hf', 'vision_config', 'vit_config_to_hf', 'write_hf']
+__all__ = [
+    "FAMILY_MODEL_TYPES",
+    "family_config_to_hf",
+    "family_config_to_vit",
+    "from_family_hf",
+    "from_hf",
+    "hf_config_to_vit",
+    "model_type_for",
+    "read_hf",
+    "to_family_hf",
+    "to_hf",
+    "vision_config",
+    "vit_config_to_hf",
+    "write_hf",
+]

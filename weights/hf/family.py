@@ -13,8 +13,13 @@ from weights.config import ViTConfig
 
 FAMILY_MODEL_TYPES = ("dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
 _TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}  # whole checkpoints: the vision tower
-_ACT = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
-        "silu": "silu"}
+_ACT = {
+    "gelu": "gelu",
+    "quick_gelu": "quick_gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "silu": "silu",
+}
 _ACT_BACK = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_tanh": "gelu_pytorch_tanh", "silu": "silu"}
 
 
@@ -44,37 +49,65 @@ def family_config_to_vit(hf: Mapping, state: Mapping[str, np.ndarray] | None = N
     model_type, v = vision_config(hf)
     D = v["hidden_size"]
     img, patch = v.get("image_size", 224), v.get("patch_size", 16)
-    common = dict(img_size=tuple(img) if isinstance(img, list) else img,
-                  patch_size=tuple(patch) if isinstance(patch, list) else patch,
-                  in_chans=v.get("num_channels", 3), embed_dim=D, depth=v["num_hidden_layers"],
-                  num_heads=v["num_attention_heads"])
+    common = dict(
+        img_size=tuple(img) if isinstance(img, list) else img,
+        patch_size=tuple(patch) if isinstance(patch, list) else patch,
+        in_chans=v.get("num_channels", 3),
+        embed_dim=D,
+        depth=v["num_hidden_layers"],
+        num_heads=v["num_attention_heads"],
+    )
     if model_type in ("dinov2", "dinov2_with_registers"):
         if hf.get("architectures") and not any(a.endswith("Model") for a in hf["architectures"]):
-            raise WeightError(f"{hf['architectures']}: Dinov2's classifier reads the class token and the patch "
-                              "mean together, which timm's head does not: convert the backbone (Dinov2Model)")
+            raise WeightError(
+                f"{hf['architectures']}: Dinov2's classifier reads the class token and the patch "
+                "mean together, which timm's head does not: convert the backbone (Dinov2Model)"
+            )
         swiglu = v.get("use_swiglu_ffn", False)
         ratio = v.get("mlp_ratio", 4)
         if swiglu:
             ratio = 2 * _swiglu_hidden(D, ratio) / D  # timm's packed fc1 holds gate and value
         registers = v.get("num_register_tokens", 0) if model_type == "dinov2_with_registers" else 0
-        return ViTConfig(**common, num_classes=0, mlp_ratio=ratio, qkv_bias=v.get("qkv_bias", True),
-                         norm_eps=v.get("layer_norm_eps", 1e-6), init_values=float(v.get("layerscale_value", 1.0)),
-                         reg_tokens=registers, no_embed_class=bool(registers),
-                         mlp_layer="swiglu_packed" if swiglu else "mlp",
-                         act_layer="silu" if swiglu else _act(v, "gelu"))
+        return ViTConfig(
+            **common,
+            num_classes=0,
+            mlp_ratio=ratio,
+            qkv_bias=v.get("qkv_bias", True),
+            norm_eps=v.get("layer_norm_eps", 1e-6),
+            init_values=float(v.get("layerscale_value", 1.0)),
+            reg_tokens=registers,
+            no_embed_class=bool(registers),
+            mlp_layer="swiglu_packed" if swiglu else "mlp",
+            act_layer="silu" if swiglu else _act(v, "gelu"),
+        )
     if model_type == "clip_vision_model":
         projection = (state or {}).get("visual_projection.weight")
-        return ViTConfig(**common, num_classes=0 if projection is None else int(projection.shape[0]), mlp_ratio=v.get("intermediate_size", 4 * D) / D,
-                         norm_eps=v.get("layer_norm_eps", 1e-5), pre_norm=True, act_layer=_act(v, "quick_gelu"))
+        return ViTConfig(
+            **common,
+            num_classes=0 if projection is None else int(projection.shape[0]),
+            mlp_ratio=v.get("intermediate_size", 4 * D) / D,
+            norm_eps=v.get("layer_norm_eps", 1e-5),
+            pre_norm=True,
+            act_layer=_act(v, "quick_gelu"),
+        )
     if model_type == "siglip_vision_model":
         if not v.get("vision_use_head", True):
-            raise WeightError("vision_use_head=False: a SigLIP tower without its MAP head has no timm pooling; "
-                              "not supported")
-        return ViTConfig(**common, num_classes=0, mlp_ratio=v.get("intermediate_size", 4 * D) / D,
-                         norm_eps=v.get("layer_norm_eps", 1e-6), class_token=False, global_pool="map",
-                         act_layer=_act(v, "gelu_pytorch_tanh"))
-    raise WeightError(f"config.json has model_type {hf.get('model_type')!r}; the family layouts are "
-                      f"{FAMILY_MODEL_TYPES} (and whole 'clip' / 'siglip' checkpoints)")
+            raise WeightError(
+                "vision_use_head=False: a SigLIP tower without its MAP head has no timm pooling; not supported"
+            )
+        return ViTConfig(
+            **common,
+            num_classes=0,
+            mlp_ratio=v.get("intermediate_size", 4 * D) / D,
+            norm_eps=v.get("layer_norm_eps", 1e-6),
+            class_token=False,
+            global_pool="map",
+            act_layer=_act(v, "gelu_pytorch_tanh"),
+        )
+    raise WeightError(
+        f"config.json has model_type {hf.get('model_type')!r}; the family layouts are "
+        f"{FAMILY_MODEL_TYPES} (and whole 'clip' / 'siglip' checkpoints)"
+    )
 
 
 def model_type_for(config: ViTConfig) -> str:
@@ -85,9 +118,11 @@ def model_type_for(config: ViTConfig) -> str:
         return "clip_vision_model"
     if config.init_values is not None and config.class_token and config.global_pool == "token":
         return "dinov2_with_registers" if config.reg_tokens else "dinov2"
-    raise WeightError(f"no Hugging Face layout holds {config.beyond_original_vit()} with global_pool="
-                      f"{config.global_pool!r}, class_token={config.class_token}: the family layouts are Dinov2 "
-                      "(LayerScale), Dinov2 with registers, CLIP (pre_norm) and SigLIP ('map', no class token)")
+    raise WeightError(
+        f"no Hugging Face layout holds {config.beyond_original_vit()} with global_pool="
+        f"{config.global_pool!r}, class_token={config.class_token}: the family layouts are Dinov2 "
+        "(LayerScale), Dinov2 with registers, CLIP (pre_norm) and SigLIP ('map', no class token)"
+    )
 
 
 def _refuse(config: ViTConfig, model_type: str, allowed: Mapping) -> None:
@@ -98,16 +133,53 @@ def _refuse(config: ViTConfig, model_type: str, allowed: Mapping) -> None:
 
 
 _RULES = {
-    "dinov2": dict(reg_tokens=(0,), no_embed_class=(False,), pre_norm=(False,), fc_norm=(None, False), qk_norm=(False,),
-                   proj_bias=(True,), global_pool=("token",), class_token=(True,), num_classes=(0,)),
-    "dinov2_with_registers": dict(no_embed_class=(True,), pre_norm=(False,), fc_norm=(None, False), qk_norm=(False,),
-                                  proj_bias=(True,), global_pool=("token",), class_token=(True,), num_classes=(0,)),
-    "clip_vision_model": dict(reg_tokens=(0,), no_embed_class=(False,), fc_norm=(None, False), init_values=(None,),
-                              qk_norm=(False,), proj_bias=(True,), qkv_bias=(True,), mlp_layer=("mlp",),
-                              global_pool=("token",), class_token=(True,)),
-    "siglip_vision_model": dict(reg_tokens=(0,), no_embed_class=(False,), pre_norm=(False,), fc_norm=(None, False),
-                                init_values=(None,), qk_norm=(False,), proj_bias=(True,), qkv_bias=(True,),
-                                mlp_layer=("mlp",), global_pool=("map",), class_token=(False,), num_classes=(0,)),
+    "dinov2": dict(
+        reg_tokens=(0,),
+        no_embed_class=(False,),
+        pre_norm=(False,),
+        fc_norm=(None, False),
+        qk_norm=(False,),
+        proj_bias=(True,),
+        global_pool=("token",),
+        class_token=(True,),
+        num_classes=(0,),
+    ),
+    "dinov2_with_registers": dict(
+        no_embed_class=(True,),
+        pre_norm=(False,),
+        fc_norm=(None, False),
+        qk_norm=(False,),
+        proj_bias=(True,),
+        global_pool=("token",),
+        class_token=(True,),
+        num_classes=(0,),
+    ),
+    "clip_vision_model": dict(
+        reg_tokens=(0,),
+        no_embed_class=(False,),
+        fc_norm=(None, False),
+        init_values=(None,),
+        qk_norm=(False,),
+        proj_bias=(True,),
+        qkv_bias=(True,),
+        mlp_layer=("mlp",),
+        global_pool=("token",),
+        class_token=(True,),
+    ),
+    "siglip_vision_model": dict(
+        reg_tokens=(0,),
+        no_embed_class=(False,),
+        pre_norm=(False,),
+        fc_norm=(None, False),
+        init_values=(None,),
+        qk_norm=(False,),
+        proj_bias=(True,),
+        qkv_bias=(True,),
+        mlp_layer=("mlp",),
+        global_pool=("map",),
+        class_token=(False,),
+        num_classes=(0,),
+    ),
 }
 
 
@@ -115,43 +187,68 @@ def family_config_to_hf(config: ViTConfig, model_type: str | None = None) -> dic
     model_type = model_type or model_type_for(config)
     _refuse(config, model_type, _RULES[model_type])
     D = config.embed_dim
-    common = {"model_type": model_type, "hidden_size": D, "num_hidden_layers": config.depth,
-              "num_attention_heads": config.num_heads, "num_channels": config.in_chans,
-              "layer_norm_eps": config.norm_eps, "hidden_act": _ACT_BACK[config.act_layer]}
+    common = {
+        "model_type": model_type,
+        "hidden_size": D,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "num_channels": config.in_chans,
+        "layer_norm_eps": config.norm_eps,
+        "hidden_act": _ACT_BACK[config.act_layer],
+    }
     if config.img_size[0] != config.img_size[1] or config.patch_size[0] != config.patch_size[1]:
-        raise WeightError(f"Hugging Face {model_type} takes square images and patches, not img_size "
-                          f"{config.img_size}, patch_size {config.patch_size}")
+        raise WeightError(
+            f"Hugging Face {model_type} takes square images and patches, not img_size "
+            f"{config.img_size}, patch_size {config.patch_size}"
+        )
     common.update(image_size=config.img_size[0], patch_size=config.patch_size[0])
     if model_type.startswith("dinov2"):
         swiglu = config.mlp_layer == "swiglu_packed"
         if config.mlp_layer == "swiglu" or (swiglu != (config.act_layer == "silu")):
-            raise WeightError(f"Dinov2 has GELU MLPs or the packed SwiGLU with SiLU, not mlp_layer="
-                              f"{config.mlp_layer!r} with act_layer={config.act_layer!r}")
+            raise WeightError(
+                f"Dinov2 has GELU MLPs or the packed SwiGLU with SiLU, not mlp_layer="
+                f"{config.mlp_layer!r} with act_layer={config.act_layer!r}"
+            )
         ratio = config.mlp_ratio
         if swiglu:
             ratio = config.mlp_act_dim * 3 / (2 * D)
             if _swiglu_hidden(D, ratio) != config.mlp_act_dim:
-                raise WeightError(f"Dinov2's SwiGLU width is 2/3 of D * mlp_ratio rounded up to 8: no mlp_ratio "
-                                  f"gives {config.mlp_act_dim}")
+                raise WeightError(
+                    f"Dinov2's SwiGLU width is 2/3 of D * mlp_ratio rounded up to 8: no mlp_ratio "
+                    f"gives {config.mlp_act_dim}"
+                )
         if ratio != int(ratio) or (not swiglu and int(D * ratio) != config.mlp_hidden_dim):
-            raise WeightError(f"Dinov2's config takes an integer mlp_ratio; none gives the MLP width "
-                              f"{config.mlp_act_dim} of embed_dim {D} (mlp_ratio {config.mlp_ratio})")
+            raise WeightError(
+                f"Dinov2's config takes an integer mlp_ratio; none gives the MLP width "
+                f"{config.mlp_act_dim} of embed_dim {D} (mlp_ratio {config.mlp_ratio})"
+            )
         ratio = int(ratio)
-        out = {**common, "architectures": ["Dinov2WithRegistersModel" if config.reg_tokens else "Dinov2Model"],
-               "mlp_ratio": ratio, "qkv_bias": config.qkv_bias, "layerscale_value": config.init_values,
-               "use_swiglu_ffn": swiglu, "hidden_act": "gelu" if swiglu else common["hidden_act"]}
+        out = {
+            **common,
+            "architectures": ["Dinov2WithRegistersModel" if config.reg_tokens else "Dinov2Model"],
+            "mlp_ratio": ratio,
+            "qkv_bias": config.qkv_bias,
+            "layerscale_value": config.init_values,
+            "use_swiglu_ffn": swiglu,
+            "hidden_act": "gelu" if swiglu else common["hidden_act"],
+        }
         if config.reg_tokens:
             out["num_register_tokens"] = config.reg_tokens
         return out
     intermediate = {"intermediate_size": config.mlp_hidden_dim}
     if model_type == "clip_vision_model":
         arch = "CLIPVisionModelWithProjection" if config.num_classes else "CLIPVisionModel"
-        return {**common, **intermediate, "architectures": [arch],
-                **({"projection_dim": config.num_classes} if config.num_classes else {})}
+        return {
+            **common,
+            **intermediate,
+            "architectures": [arch],
+            **({"projection_dim": config.num_classes} if config.num_classes else {}),
+        }
     return {**common, **intermediate, "architectures": ["SiglipVisionModel"], "vision_use_head": True}
 
 
 # ----------------------------------------------------------------------------- state
+
 
 def _qkv(s, prefix: str, names, bias: bool):
     w = np.concatenate([s[f"{prefix}{n}.weight"] for n in names])
@@ -161,9 +258,9 @@ def _qkv(s, prefix: str, names, bias: bool):
 
 def _split(state, key: str, names, prefix: str, out: dict, D: int, bias: bool) -> None:
     for j, n in enumerate(names):
-        out[f"{prefix}{n}.weight"] = state[f"{key}.weight"][j * D:(j + 1) * D]
+        out[f"{prefix}{n}.weight"] = state[f"{key}.weight"][j * D : (j + 1) * D]
         if bias:
-            out[f"{prefix}{n}.bias"] = state[f"{key}.bias"][j * D:(j + 1) * D]
+            out[f"{prefix}{n}.bias"] = state[f"{key}.bias"][j * D : (j + 1) * D]
 
 
 def _pairs(out: dict, state, pairs: Mapping[str, str], reverse: bool = False) -> None:
@@ -177,8 +274,11 @@ def _pairs(out: dict, state, pairs: Mapping[str, str], reverse: bool = False) ->
 
 def _dinov2_block(i: int, swiglu: bool) -> dict[str, str]:
     h = f"encoder.layer.{i}."
-    pairs = {f"blocks.{i}.norm1": h + "norm1", f"blocks.{i}.attn.proj": h + "attention.output.dense",
-             f"blocks.{i}.norm2": h + "norm2"}
+    pairs = {
+        f"blocks.{i}.norm1": h + "norm1",
+        f"blocks.{i}.attn.proj": h + "attention.output.dense",
+        f"blocks.{i}.norm2": h + "norm2",
+    }
     fcs = {"fc1": "weights_in", "fc2": "weights_out"} if swiglu else {"fc1": "fc1", "fc2": "fc2"}
     pairs.update({f"blocks.{i}.mlp.{a}": h + f"mlp.{b}" for a, b in fcs.items()})
     return pairs
@@ -186,9 +286,13 @@ def _dinov2_block(i: int, swiglu: bool) -> dict[str, str]:
 
 def _clip_block(i: int) -> dict[str, str]:
     h = f"encoder.layers.{i}."
-    return {f"blocks.{i}.norm1": h + "layer_norm1", f"blocks.{i}.attn.proj": h + "self_attn.out_proj",
-            f"blocks.{i}.norm2": h + "layer_norm2", f"blocks.{i}.mlp.fc1": h + "mlp.fc1",
-            f"blocks.{i}.mlp.fc2": h + "mlp.fc2"}
+    return {
+        f"blocks.{i}.norm1": h + "layer_norm1",
+        f"blocks.{i}.attn.proj": h + "self_attn.out_proj",
+        f"blocks.{i}.norm2": h + "layer_norm2",
+        f"blocks.{i}.mlp.fc1": h + "mlp.fc1",
+        f"blocks.{i}.mlp.fc2": h + "mlp.fc2",
+    }
 
 
 def from_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_type: str) -> dict[str, np.ndarray]:
@@ -209,8 +313,9 @@ def from_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_typ
             out["patch_embed.proj.bias"] = s[e + "patch_embeddings.projection.bias"]
             for i in range(config.depth):
                 h = f"encoder.layer.{i}."
-                out[f"blocks.{i}.attn.qkv.weight"], bias = _qkv(s, h + "attention.attention.", ("query", "key", "value"),
-                                                                 config.qkv_bias)
+                out[f"blocks.{i}.attn.qkv.weight"], bias = _qkv(
+                    s, h + "attention.attention.", ("query", "key", "value"), config.qkv_bias
+                )
                 if config.qkv_bias:
                     out[f"blocks.{i}.attn.qkv.bias"] = bias
                 out[f"blocks.{i}.ls1.gamma"] = s[h + "layer_scale1.lambda1"]
@@ -231,7 +336,8 @@ def from_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_typ
             for i in range(config.depth):
                 h = f"encoder.layers.{i}.self_attn."
                 out[f"blocks.{i}.attn.qkv.weight"], out[f"blocks.{i}.attn.qkv.bias"] = _qkv(
-                    s, h, ("q_proj", "k_proj", "v_proj"), True)
+                    s, h, ("q_proj", "k_proj", "v_proj"), True
+                )
                 _pairs(out, s, _clip_block(i), reverse=True)
             _pairs(out, s, {"norm": "post_layernorm"}, reverse=True)
             if config.global_pool == "map":
@@ -240,8 +346,17 @@ def from_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_typ
                 out["attn_pool.latent"] = s["head.probe"]
                 out["attn_pool.q.weight"], out["attn_pool.q.bias"] = w[:D], b[:D]
                 out["attn_pool.kv.weight"], out["attn_pool.kv.bias"] = w[D:], b[D:]  # k rows, then v rows
-                _pairs(out, s, {"attn_pool.proj": "head.attention.out_proj", "attn_pool.norm": "head.layernorm",
-                                "attn_pool.mlp.fc1": "head.mlp.fc1", "attn_pool.mlp.fc2": "head.mlp.fc2"}, reverse=True)
+                _pairs(
+                    out,
+                    s,
+                    {
+                        "attn_pool.proj": "head.attention.out_proj",
+                        "attn_pool.norm": "head.layernorm",
+                        "attn_pool.mlp.fc1": "head.mlp.fc1",
+                        "attn_pool.mlp.fc2": "head.mlp.fc2",
+                    },
+                    reverse=True,
+                )
                 out["attn_pool.latent"] = s["head.probe"]
             if config.num_classes:
                 out["head.weight"] = state["visual_projection.weight"]
@@ -254,8 +369,9 @@ def from_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_typ
     return {k: np.ascontiguousarray(out[k]) for k in expected_shapes(config)}
 
 
-def to_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_type: str | None = None
-                 ) -> dict[str, np.ndarray]:
+def to_family_hf(
+    state: Mapping[str, np.ndarray], config: ViTConfig, model_type: str | None = None
+) -> dict[str, np.ndarray]:
     model_type = model_type or model_type_for(config)
     family_config_to_hf(config, model_type)  # refuses what the layout cannot hold
     D = config.embed_dim
@@ -273,8 +389,15 @@ def to_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_type:
         out[e + "patch_embeddings.projection.bias"] = state["patch_embed.proj.bias"]
         for i in range(config.depth):
             h = f"encoder.layer.{i}."
-            _split(state, f"blocks.{i}.attn.qkv", ("query", "key", "value"), h + "attention.attention.", out, D,
-                   config.qkv_bias)
+            _split(
+                state,
+                f"blocks.{i}.attn.qkv",
+                ("query", "key", "value"),
+                h + "attention.attention.",
+                out,
+                D,
+                config.qkv_bias,
+            )
             out[h + "layer_scale1.lambda1"] = state[f"blocks.{i}.ls1.gamma"]
             out[h + "layer_scale2.lambda1"] = state[f"blocks.{i}.ls2.gamma"]
             _pairs(out, state, _dinov2_block(i, config.mlp_layer == "swiglu_packed"))
@@ -292,21 +415,38 @@ def to_family_hf(state: Mapping[str, np.ndarray], config: ViTConfig, model_type:
         if config.pre_norm:
             _pairs(tower, state, {"norm_pre": "pre_layrnorm"})
         for i in range(config.depth):
-            _split(state, f"blocks.{i}.attn.qkv", ("q_proj", "k_proj", "v_proj"), f"encoder.layers.{i}.self_attn.",
-                   tower, D, True)
+            _split(
+                state,
+                f"blocks.{i}.attn.qkv",
+                ("q_proj", "k_proj", "v_proj"),
+                f"encoder.layers.{i}.self_attn.",
+                tower,
+                D,
+                True,
+            )
             _pairs(tower, state, _clip_block(i))
         _pairs(tower, state, {"norm": "post_layernorm"})
         if config.global_pool == "map":
             tower["head.probe"] = state["attn_pool.latent"]
-            tower["head.attention.in_proj_weight"] = np.concatenate([state["attn_pool.q.weight"], state["attn_pool.kv.weight"]])
-            tower["head.attention.in_proj_bias"] = np.concatenate([state["attn_pool.q.bias"], state["attn_pool.kv.bias"]])
-            _pairs(tower, state, {"attn_pool.proj": "head.attention.out_proj", "attn_pool.norm": "head.layernorm",
-                                  "attn_pool.mlp.fc1": "head.mlp.fc1", "attn_pool.mlp.fc2": "head.mlp.fc2"})
+            tower["head.attention.in_proj_weight"] = np.concatenate(
+                [state["attn_pool.q.weight"], state["attn_pool.kv.weight"]]
+            )
+            tower["head.attention.in_proj_bias"] = np.concatenate(
+                [state["attn_pool.q.bias"], state["attn_pool.kv.bias"]]
+            )
+            _pairs(
+                tower,
+                state,
+                {
+                    "attn_pool.proj": "head.attention.out_proj",
+                    "attn_pool.norm": "head.layernorm",
+                    "attn_pool.mlp.fc1": "head.mlp.fc1",
+                    "attn_pool.mlp.fc2": "head.mlp.fc2",
+                },
+            )
         out = {v + k: t for k, t in tower.items()}
         if config.num_classes:
             if np.any(state["head.bias"]):
                 raise WeightError("CLIP's visual_projection has no bias, but head.bias is not zero: not representable")
             out["visual_projection.weight"] = state["head.weight"]
     return {k: np.ascontiguousarray(t) for k, t in out.items()}
-
-

@@ -11,18 +11,22 @@ from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
 
 
-
 _HF_BLOCK = {
-    "layernorm_before": "norm1", "attention.output.dense": "attn.proj", "layernorm_after": "norm2",
-    "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2",
+    "layernorm_before": "norm1",
+    "attention.output.dense": "attn.proj",
+    "layernorm_after": "norm2",
+    "intermediate.dense": "mlp.fc1",
+    "output.dense": "mlp.fc2",
 }
 
 
 def hf_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a Hugging Face ViT config.json: every setting taken, none assumed."""
     if hf.get("model_type") != "vit":
-        raise WeightError(f"config.json has model_type {hf.get('model_type')!r}, expected 'vit' (or a family model: "
-                          "dinov2, dinov2_with_registers, clip_vision_model, siglip_vision_model, clip, siglip)")
+        raise WeightError(
+            f"config.json has model_type {hf.get('model_type')!r}, expected 'vit' (or a family model: "
+            "dinov2, dinov2_with_registers, clip_vision_model, siglip_vision_model, clip, siglip)"
+        )
     if hf.get("hidden_act", "gelu") != "gelu":
         raise WeightError(f"hidden_act {hf['hidden_act']!r} is not supported: the ports use exact GELU ('gelu')")
     D = hf["hidden_size"]
@@ -30,10 +34,17 @@ def hf_config_to_vit(hf: Mapping) -> ViTConfig:
     img = hf.get("image_size", 224)
     patch = hf.get("patch_size", 16)
     return ViTConfig(
-        img_size=tuple(img) if isinstance(img, list) else img, patch_size=tuple(patch) if isinstance(patch, list) else patch,
-        in_chans=hf.get("num_channels", 3), num_classes=num_labels, global_pool="token", class_token=True,
-        embed_dim=D, depth=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
-        mlp_ratio=hf.get("intermediate_size", 4 * D) / D, qkv_bias=hf.get("qkv_bias", True),
+        img_size=tuple(img) if isinstance(img, list) else img,
+        patch_size=tuple(patch) if isinstance(patch, list) else patch,
+        in_chans=hf.get("num_channels", 3),
+        num_classes=num_labels,
+        global_pool="token",
+        class_token=True,
+        embed_dim=D,
+        depth=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        mlp_ratio=hf.get("intermediate_size", 4 * D) / D,
+        qkv_bias=hf.get("qkv_bias", True),
         norm_eps=hf.get("layer_norm_eps", 1e-12),
     )
 
@@ -43,24 +54,34 @@ def _original_vit_only(config: ViTConfig, layout: str) -> None:
     (a LayerScale gamma silently left behind is mlx-image#26)."""
     beyond = config.beyond_original_vit()
     if beyond:
-        raise WeightError(f"the {layout} layout holds the original ViT, not {', '.join(beyond)}: writing it would "
-                          "drop those weights")
+        raise WeightError(
+            f"the {layout} layout holds the original ViT, not {', '.join(beyond)}: writing it would drop those weights"
+        )
 
 
 def vit_config_to_hf(config: ViTConfig) -> dict:
     _original_vit_only(config, "Hugging Face ViT")
     if config.global_pool != "token" or not config.class_token:
-        raise WeightError("Hugging Face ViTForImageClassification pools the class token: "
-                          "global_pool='avg' has no Hugging Face layout")
+        raise WeightError(
+            "Hugging Face ViTForImageClassification pools the class token: global_pool='avg' has no Hugging Face layout"
+        )
     return {
-        "architectures": ["ViTForImageClassification"], "model_type": "vit", "hidden_size": config.embed_dim,
-        "num_hidden_layers": config.depth, "num_attention_heads": config.num_heads,
-        "intermediate_size": config.mlp_hidden_dim, "hidden_act": "gelu", "layer_norm_eps": config.norm_eps,
-        "image_size": list(config.img_size), "patch_size": list(config.patch_size),
-        "num_channels": config.in_chans, "qkv_bias": config.qkv_bias,
+        "architectures": ["ViTForImageClassification"],
+        "model_type": "vit",
+        "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.mlp_hidden_dim,
+        "hidden_act": "gelu",
+        "layer_norm_eps": config.norm_eps,
+        "image_size": list(config.img_size),
+        "patch_size": list(config.patch_size),
+        "num_channels": config.in_chans,
+        "qkv_bias": config.qkv_bias,
         "id2label": {str(i): f"LABEL_{i}" for i in range(config.num_classes)},
         "label2id": {f"LABEL_{i}": i for i in range(config.num_classes)},
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
     }
 
 
@@ -93,15 +114,18 @@ def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.
 def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     vit_config_to_hf(config)  # refuses layouts Hugging Face cannot hold
     D = config.embed_dim
-    out = {"vit.embeddings.cls_token": state["cls_token"], "vit.embeddings.position_embeddings": state["pos_embed"],
-           "vit.embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
-           "vit.embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"]}
+    out = {
+        "vit.embeddings.cls_token": state["cls_token"],
+        "vit.embeddings.position_embeddings": state["pos_embed"],
+        "vit.embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
+        "vit.embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"],
+    }
     for i in range(config.depth):
         hf, b = f"vit.encoder.layer.{i}.", f"blocks.{i}."
         for j, n in enumerate(("query", "key", "value")):
-            out[f"{hf}attention.attention.{n}.weight"] = state[b + "attn.qkv.weight"][j * D:(j + 1) * D]
+            out[f"{hf}attention.attention.{n}.weight"] = state[b + "attn.qkv.weight"][j * D : (j + 1) * D]
             if config.qkv_bias:
-                out[f"{hf}attention.attention.{n}.bias"] = state[b + "attn.qkv.bias"][j * D:(j + 1) * D]
+                out[f"{hf}attention.attention.{n}.bias"] = state[b + "attn.qkv.bias"][j * D : (j + 1) * D]
         for hf_name, timm_name in _HF_BLOCK.items():
             out[f"{hf}{hf_name}.weight"] = state[f"{b}{timm_name}.weight"]
             out[f"{hf}{hf_name}.bias"] = state[f"{b}{timm_name}.bias"]
@@ -109,5 +133,3 @@ def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nd
     if config.num_classes:
         out["classifier.weight"], out["classifier.bias"] = state["head.weight"], state["head.bias"]
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
-
-

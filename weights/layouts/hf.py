@@ -12,8 +12,9 @@ def detect(path, header) -> bool:
     if Path(path).is_dir():
         return True
     if header is not None and any(k.startswith(("vit.", "classifier.")) for k in header[1]):
-        raise WeightError(f"{path!r} is a Hugging Face state dict: convert its save_pretrained directory "
-                          "(with config.json) instead")
+        raise WeightError(
+            f"{path!r} is a Hugging Face state dict: convert its save_pretrained directory (with config.json) instead"
+        )
     return False
 
 

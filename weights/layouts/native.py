@@ -26,6 +26,7 @@ def reader(layout: str):
         if config is None:
             raise WeightError(f"{path!r}: a native {layout} file without a stored config; pass --config")
         return config, formats.check(state, config, what=str(path))
+
     return read
 
 
@@ -34,4 +35,5 @@ def writer(layout: str):
         from safetensors.numpy import save_file
 
         save_file(to_native(state, FRAMEWORK[layout]), path, metadata=metadata(config, layout))
+
     return write

@@ -18,9 +18,11 @@ def detect(path, header) -> bool:
 def read(path, config=None, **options):
     config = config or stored_config(path)
     if config is None:
-        raise WeightError(f"{path!r}: an open_clip state dict does not record its activation (QuickGELU for "
-                          "OpenAI's weights, GELU for LAION's: mlfoundations/open_clip#771) nor its heads; "
-                          "pass --preset or --config")
+        raise WeightError(
+            f"{path!r}: an open_clip state dict does not record its activation (QuickGELU for "
+            "OpenAI's weights, GELU for LAION's: mlfoundations/open_clip#771) nor its heads; "
+            "pass --preset or --config"
+        )
     return config, formats.check(formats.from_open_clip(formats.read_timm(path), config), config, what=str(path))
 
 

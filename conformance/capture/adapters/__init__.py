@@ -22,9 +22,20 @@ def framework_of(model) -> str:
     for name in ADAPTERS:
         if any(m == name or m.startswith(name + ".") for m in modules):
             return name
-    raise TypeError(f"a model port needs a PyTorch, MLX, Flax NNX or Flax linen module (a class from one of "
-                    f"{', '.join(ADAPTERS)}), got {type(model).__name__}")
+    raise TypeError(
+        f"a model port needs a PyTorch, MLX, Flax NNX or Flax linen module (a class from one of "
+        f"{', '.join(ADAPTERS)}), got {type(model).__name__}"
+    )
 
 
-__all__ = ["ADAPTERS", "Adapter", "BaseAdapter", "LinenAdapter", "MLXAdapter", "NNXAdapter", "SwapAdapter",
-           "TorchAdapter", "framework_of"]
+__all__ = [
+    "ADAPTERS",
+    "Adapter",
+    "BaseAdapter",
+    "LinenAdapter",
+    "MLXAdapter",
+    "NNXAdapter",
+    "SwapAdapter",
+    "TorchAdapter",
+    "framework_of",
+]

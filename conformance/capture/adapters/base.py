@@ -90,8 +90,11 @@ class BaseAdapter:
         module's type, always (a square kernel fits either way, so shapes cannot decide), then
         size-1 axes by shape (``pos_embed`` (1, N, D) into a (N, D) parameter)."""
         value = self.by_type(self.kind(module_of(key)), key.rpartition(".")[2], value)
-        if value.shape != tuple(shape) and value.size == int(np.prod(shape)) and \
-                [d for d in value.shape if d != 1] == [d for d in shape if d != 1]:
+        if (
+            value.shape != tuple(shape)
+            and value.size == int(np.prod(shape))
+            and [d for d in value.shape if d != 1] == [d for d in shape if d != 1]
+        ):
             value = value.reshape(shape)
         return value
 
@@ -118,8 +121,9 @@ class BaseAdapter:
         the framework's own loss (impls.*_vit.loss_value) of the model's logits."""
         from conformance.support import Unsupported
 
-        raise Unsupported(f"gradients of a {self.name} model are not supported yet (only of PyTorch, MLX and "
-                          "Flax NNX models)")
+        raise Unsupported(
+            f"gradients of a {self.name} model are not supported yet (only of PyTorch, MLX and Flax NNX models)"
+        )
 
 
 class SwapAdapter(BaseAdapter):

@@ -24,8 +24,8 @@ class JAXArrays:
         if key in params or not key.endswith(".weight"):
             return key
         for leaf in ("kernel", "scale"):
-            if key[:-len("weight")] + leaf in params:
-                return key[:-len("weight")] + leaf
+            if key[: -len("weight")] + leaf in params:
+                return key[: -len("weight")] + leaf
         return key
 
     def to_input(self, images, dtype):
@@ -51,11 +51,20 @@ class JAXArrays:
 
         on = callbacks(recorder)
         softmax = wrapped(jax.nn.softmax, on.softmax)
-        return [(jax.nn, "dot_product_attention", wrapped(jax.nn.dot_product_attention, on.fused(
-                    "jax.nn.dot_product_attention", False, ("query", "key", "value")))),
-                (jax.nn, "softmax", softmax), (nnx, "softmax", softmax),
-                (jnp, "matmul", wrapped(jnp.matmul, on.product)),
-                (jnp, "einsum", wrapped(jnp.einsum, on.einsum))]
+        return [
+            (
+                jax.nn,
+                "dot_product_attention",
+                wrapped(
+                    jax.nn.dot_product_attention,
+                    on.fused("jax.nn.dot_product_attention", False, ("query", "key", "value")),
+                ),
+            ),
+            (jax.nn, "softmax", softmax),
+            (nnx, "softmax", softmax),
+            (jnp, "matmul", wrapped(jnp.matmul, on.product)),
+            (jnp, "einsum", wrapped(jnp.einsum, on.einsum)),
+        ]
 
 
 def flatten(tree, prefix=()):

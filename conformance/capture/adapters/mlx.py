@@ -19,8 +19,9 @@ class MLXAdapter(SwapAdapter):
     supports_gradients = True
 
     def by_type(self, kind, leaf, value):
-        return np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if kind.startswith("Conv") and value.ndim == 4 \
-            else value  # OIHW -> OHWI
+        return (
+            np.ascontiguousarray(value.transpose(0, 2, 3, 1)) if kind.startswith("Conv") and value.ndim == 4 else value
+        )  # OIHW -> OHWI
 
     def __init__(self, model):
         super().__init__(model)
@@ -46,9 +47,18 @@ class MLXAdapter(SwapAdapter):
         from mlx.utils import tree_flatten
 
         own = {k: v.dtype for k, v in tree_flatten(self.model.parameters())}
-        self.model.load_weights([(k, mx.array(np.asarray(v, np.float32)) if cast else
-                                  mx.array(np.asarray(v, np.float32)).astype(own.get(k, mx.float32)))
-                                 for k, v in arrays.items()], strict=True)
+        self.model.load_weights(
+            [
+                (
+                    k,
+                    mx.array(np.asarray(v, np.float32))
+                    if cast
+                    else mx.array(np.asarray(v, np.float32)).astype(own.get(k, mx.float32)),
+                )
+                for k, v in arrays.items()
+            ],
+            strict=True,
+        )
         self.model.eval()
         if cast and dtype != "float32":
             self.model.set_dtype(getattr(mx, dtype))
@@ -88,7 +98,7 @@ class MLXAdapter(SwapAdapter):
                     seen.add(__path)
                     if first and ("in", __path) in added:
                         i = next(i for i, a in enumerate(args) if self.is_array(a))
-                        args = (*args[:i], args[i] + added[("in", __path)], *args[i + 1:])
+                        args = (*args[:i], args[i] + added[("in", __path)], *args[i + 1 :])
                     out = __cls.__call__(obj, *args, **kwargs)
                     return out + added[("out", __path)] if first and ("out", __path) in added else out
 
@@ -103,8 +113,8 @@ class MLXAdapter(SwapAdapter):
 
         keys = list(zeros)
         value, (g_params, g_x, g_zeros) = mx.value_and_grad(
-            lambda params, x, z: f(params, x, dict(zip(keys, z))), argnums=(0, 1, 2))(
-            self.model.trainable_parameters(), images, [zeros[k] for k in keys])
+            lambda params, x, z: f(params, x, dict(zip(keys, z))), argnums=(0, 1, 2)
+        )(self.model.trainable_parameters(), images, [zeros[k] for k in keys])
         mx.eval(value, g_params, g_x, g_zeros)
         grads = dict(zip(keys, g_zeros))
         recorder = Recorder(self, forward.config, images.shape[0], plan.blocks)
@@ -132,15 +142,22 @@ class MLXAdapter(SwapAdapter):
 
         on = callbacks(recorder)
         softmax = wrapped(mx.softmax, on.softmax)
-        return [(mx.fast, "scaled_dot_product_attention",
-                 wrapped(mx.fast.scaled_dot_product_attention,
-                          on.fused("mx.fast.scaled_dot_product_attention", True, ("q", "k", "v")))),
-                (mx, "softmax", softmax),
-                # nn.softmax is mx.softmax under mx.compile, whose tracing would hand the wrapper a
-                # placeholder: called directly for the capture (the same single kernel).
-                (nn, "softmax", lambda x, axis=-1: softmax(x, axis=axis)),
-                (mx, "matmul", wrapped(mx.matmul, on.product)),
-                (mx, "einsum", wrapped(mx.einsum, on.einsum)),
-                (mx.array, "__matmul__", wrapped(mx.array.__matmul__, on.product)),
-                (mx.array, "__mul__", wrapped(mx.array.__mul__, on.scale)),
-                (mx.array, "__truediv__", wrapped(mx.array.__truediv__, on.scale))]
+        return [
+            (
+                mx.fast,
+                "scaled_dot_product_attention",
+                wrapped(
+                    mx.fast.scaled_dot_product_attention,
+                    on.fused("mx.fast.scaled_dot_product_attention", True, ("q", "k", "v")),
+                ),
+            ),
+            (mx, "softmax", softmax),
+            # nn.softmax is mx.softmax under mx.compile, whose tracing would hand the wrapper a
+            # placeholder: called directly for the capture (the same single kernel).
+            (nn, "softmax", lambda x, axis=-1: softmax(x, axis=axis)),
+            (mx, "matmul", wrapped(mx.matmul, on.product)),
+            (mx, "einsum", wrapped(mx.einsum, on.einsum)),
+            (mx.array, "__matmul__", wrapped(mx.array.__matmul__, on.product)),
+            (mx.array, "__mul__", wrapped(mx.array.__mul__, on.scale)),
+            (mx.array, "__truediv__", wrapped(mx.array.__truediv__, on.scale)),
+        ]

@@ -64,8 +64,10 @@ class NNXAdapter(JAXArrays, SwapAdapter):
 
             compiled[loss.kind] = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
         value, (g_params, g_x) = compiled[loss.kind](params, inputs, loss.labels, loss.weights)
-        grads = {".".join(map(str, path)): self.numpy(v.get_value() if isinstance(v, nnx.Variable) else v)
-                 for path, v in nnx.to_flat_state(g_params)}
+        grads = {
+            ".".join(map(str, path)): self.numpy(v.get_value() if isinstance(v, nnx.Variable) else v)
+            for path, v in nnx.to_flat_state(g_params)
+        }
         return float(value), grads, self.numpy(g_x), None
 
     def load(self, arrays, dtype, cast=True):

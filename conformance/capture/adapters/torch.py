@@ -62,8 +62,10 @@ class TorchAdapter(BaseAdapter):
         recorder.inputs = {k: map_arrays(v, grad_of, self.is_array) for k, v in recorder.inputs.items()}
         recorder.outputs = {k: map_arrays(v, grad_of, self.is_array) for k, v in recorder.outputs.items()}
         taps = forward.boundary_taps(recorder, self.numpy(grad_of(logits)))
-        params = {k: self.numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
-                  for k, p in self.model.named_parameters()}
+        params = {
+            k: self.numpy(p.grad) if p.grad is not None else np.zeros(tuple(p.shape), np.float32)
+            for k, p in self.model.named_parameters()
+        }
         return value.item(), params, self.numpy(grad_of(x)), taps
 
     def modules(self):
@@ -112,8 +114,11 @@ class TorchAdapter(BaseAdapter):
         """Modules whose native kernel a TorchFunctionMode would switch off (nn.MultiheadAttention
         and nn.TransformerEncoderLayer leave their fast path when any argument has a torch function):
         their model runs once on its own path with hooks only, and again for the internals."""
-        return [p for p, m in self._modules.items() if type(m).__name__ in TORCH_FAST_PATHS
-                and type(m).__module__.startswith("torch.nn")]
+        return [
+            p
+            for p, m in self._modules.items()
+            if type(m).__name__ in TORCH_FAST_PATHS and type(m).__module__.startswith("torch.nn")
+        ]
 
     def run(self, inputs, recorder: "Recorder", watch: dict[str, tuple[bool, bool]], functions: bool = True):
         """The model on ``inputs`` with forward hooks at ``watch``; with ``functions`` also a
@@ -127,26 +132,38 @@ class TorchAdapter(BaseAdapter):
         for path, (want_in, want_out) in watch.items():
             module = self._modules[path]
             if want_in:
-                handles.append(module.register_forward_pre_hook(
-                    lambda m, args, kwargs, path=path: recorder.enter(path, first_array(args, kwargs, self)),
-                    with_kwargs=True))
+                handles.append(
+                    module.register_forward_pre_hook(
+                        lambda m, args, kwargs, path=path: recorder.enter(path, first_array(args, kwargs, self)),
+                        with_kwargs=True,
+                    )
+                )
             if want_out:
-                handles.append(module.register_forward_hook(
-                    lambda m, args, output, path=path: recorder.leave(path, output)))
+                handles.append(
+                    module.register_forward_hook(lambda m, args, output, path=path: recorder.leave(path, output))
+                )
 
         sdpa = F.scaled_dot_product_attention
         on = callbacks(recorder)
         on_sdpa = on.fused("F.scaled_dot_product_attention", True, ("query", "key", "value"))
-        hooks = {"softmax": on.softmax, "matmul": on.product, "__matmul__": on.product, "bmm": on.product,
-                 "einsum": on.einsum, **dict.fromkeys(("mul", "__mul__", "__rmul__", "div", "__truediv__"), on.scale)}
+        hooks = {
+            "softmax": on.softmax,
+            "matmul": on.product,
+            "__matmul__": on.product,
+            "bmm": on.product,
+            "einsum": on.einsum,
+            **dict.fromkeys(("mul", "__mul__", "__rmul__", "div", "__truediv__"), on.scale),
+        }
 
         # F.multi_head_attention_forward runs whole under the mode (a mode is off inside its own
         # handler): its internals are recorded by wrapping the functions it calls for that call.
         mha = F.multi_head_attention_forward
-        inside_mha = [(F, "scaled_dot_product_attention", wrapped(sdpa, on_sdpa)),
-                      (F, "softmax", wrapped(F.softmax, on.softmax)),
-                      (torch, "bmm", wrapped(torch.bmm, on.product)),
-                      (torch, "baddbmm", wrapped(torch.baddbmm, lambda a, k, out: on.product(a[1:], k, out)))]
+        inside_mha = [
+            (F, "scaled_dot_product_attention", wrapped(sdpa, on_sdpa)),
+            (F, "softmax", wrapped(F.softmax, on.softmax)),
+            (torch, "bmm", wrapped(torch.bmm, on.product)),
+            (torch, "baddbmm", wrapped(torch.baddbmm, lambda a, k, out: on.product(a[1:], k, out))),
+        ]
 
         class Intercept(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -168,12 +185,18 @@ class TorchAdapter(BaseAdapter):
             recorder.native(args[0] if args else None)
             return native(*args, **kwargs)
 
-        autocast = (torch.autocast(inputs.device.type, dtype=getattr(torch, self.autocast)) if self.autocast
-                    else contextlib.nullcontext())
+        autocast = (
+            torch.autocast(inputs.device.type, dtype=getattr(torch, self.autocast))
+            if self.autocast
+            else contextlib.nullcontext()
+        )
         try:
             torch._native_multi_head_attention = native_mha
-            with (torch.enable_grad() if self.retain else torch.no_grad()), autocast, \
-                    (Intercept() if functions else contextlib.nullcontext()):
+            with (
+                torch.enable_grad() if self.retain else torch.no_grad(),
+                autocast,
+                Intercept() if functions else contextlib.nullcontext(),
+            ):
                 return self.model(inputs, **self.call_kwargs)
         finally:
             torch._native_multi_head_attention = native

@@ -40,9 +40,20 @@ class MyViT(nn.Module):
         return self.classifier(self.ln_out(x)[:, 0])
 
 
-RENAME = {"cls_token": "cls", "pos_embed": "pos", "patch_embed.proj": "stem", "blocks": "layers",
-          "norm1": "ln_attn", "norm2": "ln_ff", "attn.qkv": "to_qkv", "attn.proj": "to_out",
-          "mlp.fc1": "ff_in", "mlp.fc2": "ff_out", "norm": "ln_out", "head": "classifier"}
+RENAME = {
+    "cls_token": "cls",
+    "pos_embed": "pos",
+    "patch_embed.proj": "stem",
+    "blocks": "layers",
+    "norm1": "ln_attn",
+    "norm2": "ln_ff",
+    "attn.qkv": "to_qkv",
+    "attn.proj": "to_out",
+    "mlp.fc1": "ff_in",
+    "mlp.fc2": "ff_out",
+    "norm": "ln_out",
+    "head": "classifier",
+}
 
 
 def to_my_names(key):  # "blocks.0.attn.qkv.weight" -> "layers.0.to_qkv.weight"

@@ -31,8 +31,11 @@ class Attention(nn.Module):
 class Mlp(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.fc1, self.act, self.fc2 = nn.Linear(c.embed_dim, c.mlp_hidden_dim), nn.GELU(), \
-            nn.Linear(c.mlp_hidden_dim, c.embed_dim)
+        self.fc1, self.act, self.fc2 = (
+            nn.Linear(c.embed_dim, c.mlp_hidden_dim),
+            nn.GELU(),
+            nn.Linear(c.mlp_hidden_dim, c.embed_dim),
+        )
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
@@ -87,9 +90,14 @@ class MLXBlock(mnn.Module):
     def __init__(self, c):
         super().__init__()
         self.heads = c.num_heads
-        self.ln_attn, self.ln_ff = mnn.LayerNorm(c.embed_dim, eps=c.norm_eps), mnn.LayerNorm(c.embed_dim, eps=c.norm_eps)
-        self.to_qkv, self.to_out = mnn.Linear(c.embed_dim, 3 * c.embed_dim, bias=c.qkv_bias), \
-            mnn.Linear(c.embed_dim, c.embed_dim)
+        self.ln_attn, self.ln_ff = (
+            mnn.LayerNorm(c.embed_dim, eps=c.norm_eps),
+            mnn.LayerNorm(c.embed_dim, eps=c.norm_eps),
+        )
+        self.to_qkv, self.to_out = (
+            mnn.Linear(c.embed_dim, 3 * c.embed_dim, bias=c.qkv_bias),
+            mnn.Linear(c.embed_dim, c.embed_dim),
+        )
         self.attend = ExpSoftmax()
         self.ff_in, self.ff_out = mnn.Linear(c.embed_dim, c.mlp_hidden_dim), mnn.Linear(c.mlp_hidden_dim, c.embed_dim)
 
@@ -125,8 +133,10 @@ def _nnx_vit():
             self.ln_ff = nnx.LayerNorm(D, epsilon=c.norm_eps, use_fast_variance=False, rngs=rngs)
             self.to_qkv = nnx.Linear(D, 3 * D, use_bias=c.qkv_bias, rngs=rngs)
             self.to_out = nnx.Linear(D, D, rngs=rngs)  # square: its kernel fits transposed or not
-            self.ff_in, self.ff_out = nnx.Linear(D, c.mlp_hidden_dim, rngs=rngs), nnx.Linear(c.mlp_hidden_dim, D,
-                                                                                             rngs=rngs)
+            self.ff_in, self.ff_out = (
+                nnx.Linear(D, c.mlp_hidden_dim, rngs=rngs),
+                nnx.Linear(c.mlp_hidden_dim, D, rngs=rngs),
+            )
 
         def __call__(self, x):
             B, N, D = x.shape
@@ -138,8 +148,9 @@ def _nnx_vit():
     class NNXViT(nnx.Module):
         def __init__(self, c):
             rngs = nnx.Rngs(0)
-            self.stem = nnx.Conv(c.in_chans, c.embed_dim, c.patch_size, strides=c.patch_size, padding="VALID",
-                                 rngs=rngs)
+            self.stem = nnx.Conv(
+                c.in_chans, c.embed_dim, c.patch_size, strides=c.patch_size, padding="VALID", rngs=rngs
+            )
             self.cls = nnx.Param(jnp.zeros((1, 1, c.embed_dim)))
             self.pos = nnx.Param(jnp.zeros((1, c.num_tokens, c.embed_dim)))
             self.layers = nnx.List([NNXBlock(c, rngs) for _ in range(c.depth)])
@@ -219,6 +230,12 @@ class SeqFirstViT(InplaceViT):
         return self.head(self.norm(x.transpose(0, 1))[:, 0])
 
 
-seq_first_port = ModelPort(SeqFirstViT, rename={"attn.qkv.weight": "attn.in_proj_weight",
-                                                "attn.qkv.bias": "attn.in_proj_bias", "attn.proj": "attn.out_proj"},
-                           supports={"global_pool": "token", "qkv_bias": True})
+seq_first_port = ModelPort(
+    SeqFirstViT,
+    rename={
+        "attn.qkv.weight": "attn.in_proj_weight",
+        "attn.qkv.bias": "attn.in_proj_bias",
+        "attn.proj": "attn.out_proj",
+    },
+    supports={"global_pool": "token", "qkv_bias": True},
+)

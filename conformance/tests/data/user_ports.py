@@ -12,8 +12,18 @@ def _ln(x, w, b, eps):
     return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps) * w + b
 
 
-def _vit(config, s, images, shared_norm=False, softmax_axis=-1, emit_taps=True, dtype=np.float32, eps=None,
-         attn_residual=True, mlp_taps=False):
+def _vit(
+    config,
+    s,
+    images,
+    shared_norm=False,
+    softmax_axis=-1,
+    emit_taps=True,
+    dtype=np.float32,
+    eps=None,
+    attn_residual=True,
+    mlp_taps=False,
+):
     p = {k: v.astype(dtype) for k, v in s.items()}
     config = config if eps is None else config.replace(norm_eps=eps)
     B, C, H, W = images.shape
@@ -32,7 +42,7 @@ def _vit(config, s, images, shared_norm=False, softmax_axis=-1, emit_taps=True, 
         taps[b + "norm1"] = h
         qkv = h @ p[b + "attn.qkv.weight"].T + p.get(b + "attn.qkv.bias", 0.0)
         q, k, v = qkv.reshape(B, N, 3, nh, hd).transpose(2, 0, 3, 1, 4)
-        a = q @ k.transpose(0, 1, 3, 2) * dtype(hd ** -0.5)
+        a = q @ k.transpose(0, 1, 3, 2) * dtype(hd**-0.5)
         a = np.exp(a - a.max(softmax_axis, keepdims=True))
         a = a / a.sum(softmax_axis, keepdims=True)
         taps[b + "attn.weights"] = a
@@ -50,7 +60,7 @@ def _vit(config, s, images, shared_norm=False, softmax_axis=-1, emit_taps=True, 
         x = x + h
         taps[f"blocks.{i}"] = x
     if config.global_pool == "avg":
-        x = _ln(x[:, config.num_prefix_tokens:].mean(1), p["fc_norm.weight"], p["fc_norm.bias"], config.norm_eps)
+        x = _ln(x[:, config.num_prefix_tokens :].mean(1), p["fc_norm.weight"], p["fc_norm.bias"], config.norm_eps)
     else:
         x = _ln(x, p["norm.weight"], p["norm.bias"], config.norm_eps)[:, 0]
     taps["logits"] = x @ p["head.weight"].T + p["head.bias"]
@@ -76,6 +86,7 @@ def softmax_wrong_axis(config, state):
 def crashing(config, state):
     def forward(images):
         raise RuntimeError("boom")
+
     return forward
 
 
@@ -84,6 +95,7 @@ def nan_logits(config, state):
         out = _vit(config, state, images)
         out["logits"] = np.full_like(out["logits"], np.nan)
         return out
+
     return forward
 
 
@@ -92,6 +104,7 @@ def misshaped_tap(config, state):
         out = _vit(config, state, images)
         out["blocks.0.attn.weights"] = out["blocks.0.attn.weights"].swapaxes(1, 2)
         return out
+
     return forward
 
 
@@ -100,6 +113,7 @@ def no_logits(config, state):
         out = _vit(config, state, images)
         del out["logits"]
         return out
+
     return forward
 
 
@@ -110,11 +124,14 @@ def float64(config, state):
 
 def _emitted_in_float32(**options):
     """A port computing in float64 and emitting float32 taps (more precise than it emits)."""
+
     def make(config, state):
         def forward(images):
             taps = _vit(config, state, images, dtype=np.float64, mlp_taps=True, **options)
             return {k: v.astype(np.float32) for k, v in taps.items()}
+
         return forward
+
     return make
 
 
@@ -146,6 +163,7 @@ def clips_images(config, state):
     def forward(images):
         np.clip(images, -1.0, 1.0, out=images)  # in place: normalising the caller's array
         return _vit(config, state, images)
+
     return forward
 
 
@@ -183,7 +201,7 @@ def _attention(state, num_heads, head_dim, dead_rows):
         q = (x @ p["q.weight"].T + p.get("q.bias", 0.0)).reshape(B, Nq, num_heads, head_dim).transpose(0, 2, 1, 3)
         kv = (context @ p["kv.weight"].T + p.get("kv.bias", 0.0)).reshape(B, Nk, 2, num_heads, head_dim)
         k, v = kv.transpose(2, 0, 3, 1, 4)
-        logits = q @ k.transpose(0, 1, 3, 2) * head_dim ** -0.5
+        logits = q @ k.transpose(0, 1, 3, 2) * head_dim**-0.5
         if mask is not None:
             m = np.asarray(mask)
             logits = np.where(m, logits, -np.inf) if m.dtype == bool else logits + m
@@ -217,6 +235,7 @@ def strict_load_fails(config, state):
 
 # --- gradient factories (verify --grad, --grad-port): the torch port's, as a user's code wraps it
 
+
 def _torch_grad(config, state):
     from impls.torch_vit import make_grad
 
@@ -236,6 +255,7 @@ def grad_nan(config, state):
         out = grad(images, loss)
         out["params"]["head.bias"] = np.full_like(out["params"]["head.bias"], np.nan)
         return out
+
     return run
 
 
