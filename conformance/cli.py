@@ -72,6 +72,7 @@ def main(argv=None) -> int:
         help="check a port factory against the oracle, stage by stage",
         description="Run a port and the float64 oracle on drawn inputs and report, per stage, "
         "the error against the tolerance and the first divergent stage. "
+        "The port runs in a process of its own. "
         "Exit 0: conforms; 1: does not; 2: usage error; 3: the tool's own failure.",
     )
     v.add_argument(
@@ -133,6 +134,24 @@ def main(argv=None) -> int:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--json", help="write the report as JSON here")
     v.add_argument("--plot", help="save a plot of error against stage here (PNG, SVG, PDF)")
+    v.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a call into the port that gives no answer this long is a finding (default: 300 s plus a "
+        "second per GFLOP of a batch's forward)",
+    )
+    v.add_argument(
+        "--memory-limit",
+        type=float,
+        metavar="GB",
+        help="the address space the port's process may map (its MemoryError is then a finding)",
+    )
+    v.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the port in verify's own process (no isolation: faster to start, for debugging)",
+    )
     z = sub.add_parser("zoo", help="run the bug zoo through verify and the --port plugin, one row per mutant")
     z.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
     z.add_argument("--no-plugin", action="store_true", help="verify only, skip the sampled pytest run")

@@ -10,6 +10,11 @@ class ToolError(Exception):
     comparison), never a finding about the port: ``verify`` exits 3 with its last frames."""
 
 
+class UsageError(Exception):
+    """Bad arguments or input (a port that cannot be loaded, a bad config or file): exit status 2,
+    one line."""
+
+
 def tool_failure(e: BaseException, frames: int = 4) -> str:
     """What the tool's own failure says: a line saying so, the exception and its last frames."""
     cause = e.__cause__ if isinstance(e, ToolError) and e.__cause__ is not None else e
@@ -20,6 +25,10 @@ def tool_failure(e: BaseException, frames: int = 4) -> str:
     if cause is not e:
         lines.append(f"  caused by {describe_exception(cause)}")
     lines += [f"  at {f.filename}:{f.lineno} in {f.name}: {f.line}" for f in tb]
+    remote = getattr(e, "remote_traceback", "")  # it failed in the port's process: the frames there
+    if remote:
+        lines.append("  in the port's process:")
+        lines += [f"  {line}" for line in remote.strip().splitlines()[-2 * frames - 1 :]]
     lines.append("  please report it with the command that produced it")
     return "\n".join(lines)
 

@@ -164,12 +164,24 @@ def test_an_exception_inside_the_tool_is_its_own_exit_3_not_the_port_s(monkeypat
     def broken(self, *args, **kwargs):
         raise IndexError("injected")
 
-    monkeypatch.setattr(capture.CapturedForward, "_read", broken)
-    code = main(["verify", "conformance.examples.timm_vit:port"])
+    monkeypatch.setattr(capture.CapturedForward, "_read", broken)  # this process: --in-process
+    code = main(["verify", "conformance.examples.timm_vit:port", "--in-process"])
     err = capsys.readouterr().err
     assert code == 3
     assert "INTERNAL ERROR of vit-conformance" in err and "IndexError: injected" in err and "the port raised" not in err
     assert " in broken: " in err  # its last frames
+
+
+def test_an_exception_inside_the_tool_in_the_port_s_process_is_its_own_exit_3(capsys):
+    """Capture runs where the port does: its failure there comes back as the tool's, with the
+    frames of the port's process."""
+    from conformance.cli import main
+
+    code = main(["verify", "tests.data.hostile_tool_failure:port"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "INTERNAL ERROR of vit-conformance" in err and "IndexError: injected" in err and "the port raised" not in err
+    assert "in the port's process:" in err and "in _broken" in err
 
 
 def test_an_exception_in_a_recorder_hook_is_the_tool_s_even_inside_the_model(monkeypatch):

@@ -64,8 +64,20 @@ def _dtype_name(a) -> str:
     return str(getattr(a, "dtype", type(a).__name__)).rsplit(".", 1)[-1]
 
 
+class Unreadable:
+    """A value a port returned that is no array, as it came from the port's own process."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"Unreadable({self.why!r})"
+
+
 def malformed(actual, shape, dtype: str = "float32") -> str | None:
     """Why ``actual`` cannot be a stage in ``dtype`` of this shape, or None."""
+    if isinstance(actual, Unreadable):
+        return actual.why
     if not isinstance(actual, np.ndarray):
         try:
             actual = np.asarray(actual)

@@ -7,8 +7,9 @@ from collections.abc import Callable
 import numpy as np
 
 from conformance.numerics.compare import StageResult
-from conformance.verify.cases import Case, Handed
+from conformance.verify.cases import Case
 from conformance.verify.loop import Outcome, run_cases
+from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
 
 
@@ -45,28 +46,28 @@ def attention_cases(seed: int = 0):
 
 class AttentionCall:
     """The attention variant: build the attention port on the case's state and options, call it
-    on (x, context, mask), compare its output and weights (when it returns them)."""
+    on (x, context, mask) through its ``PortSide``, compare its output and weights (when it
+    returns them)."""
 
-    def __init__(self, make_attention: Callable, options: dict):
-        self.make_attention, self.options = make_attention, options
+    def __init__(self, side: PortSide, options: dict):
+        self.side, self.options = side, options
 
-    def run(self, handed: Handed, model, report: Report, label: str):
-        ran, out = handed.call(
-            report,
-            "forward",
-            lambda: self.make_attention(handed.state, **self.options)(handed.images, handed.context, handed.case.mask),
-        )
-        if not ran:
-            return None
-        if handed.wrote_images():
-            finding(report, label, "forward", "the port wrote to its inputs")
-            return None
+    def run(self, case: Case, model, report: Report, label: str):
+        out, findings = self.side.attention(case, self.options)
+        for stage, reason in findings:
+            finding(report, label, stage, reason)
         return out
 
     def compare(self, out, model, report: Report, label: str, outcome: Outcome) -> list[StageResult]:
         from conformance.numerics.compare import compare_stage
 
-        out, weights = out
+        try:
+            out, weights = out
+        except (TypeError, ValueError):
+            finding(
+                report, label, "forward", f"the port must return (output, weights or None), got {type(out).__name__}"
+            )
+            return []
         results = [compare_stage("attn", out, model, {})]
         if weights is not None:
             results.insert(0, compare_stage("attn.weights", weights, model, {}))
@@ -76,7 +77,7 @@ class AttentionCall:
         return ATTENTION_STAGES.index(result.name)
 
 
-def verify_attention(make_attention: Callable, *, port: str = "attention port", seed: int = 0) -> Report:
+def verify_attention(make_attention: Callable | PortSide, *, port: str = "attention port", seed: int = 0) -> Report:
     """An attention factory against the oracle's MultiHeadAttention, per mask case, end to end
     (the port emits no q, k, v), on read-only inputs."""
     from impls.protocol import get_config
@@ -86,7 +87,7 @@ def verify_attention(make_attention: Callable, *, port: str = "attention port", 
     report = Report(port, get_config("vit_test_token"), cases=[c[0] for c in cases], attention=options)
     outcome = run_cases(
         report,
-        AttentionCall(make_attention, options),
+        AttentionCall(port_side(make_attention, port), options),
         (
             (name, Case(name, case.x, case.state, case.context, mask), case.error_model(mask=mask))
             for name, case, mask in cases

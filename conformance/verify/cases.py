@@ -124,6 +124,13 @@ class Handed:
         self.images = read_only(case.images)
         self.context = None if case.context is None else read_only(case.context)
 
+    # What a port's call may raise and still be a finding: in verify's own process not a
+    # KeyboardInterrupt (the user's Ctrl-C); in the port's own process anything (nothing else
+    # interrupts it there).
+    port_errors: tuple[type[BaseException], ...] = (Exception, SystemExit)
+    # Told the step before it runs (the port's process reports where it was if it dies).
+    on_step = None
+
     def call(self, report, stage: str, fn, *args):
         """(True, fn(*args)), or (False, None) with the port's exception a finding at ``stage``;
         an ``Unsupported`` config and the tool's own failures pass through."""
@@ -131,19 +138,20 @@ class Handed:
         from conformance.support import Unsupported
         from conformance.verify.report import finding
 
+        if Handed.on_step is not None:
+            Handed.on_step(stage)
         try:
             return True, fn(*args)
         except (Unsupported, ToolError):
             raise
-        except Exception as e:  # noqa: BLE001 - the port's failure is the finding
-            wrote = isinstance(e, ValueError) and "read-only" in str(e)
-            finding(
-                report,
-                self.case.name,
-                stage,
-                ("the port wrote to its inputs, which verify hands read-only: " if wrote else "the port raised ")
-                + describe_exception(e),
-            )
+        except Handed.port_errors as e:  # the port's failure is the finding
+            if isinstance(e, SystemExit):
+                reason = f"the port exited (sys.exit({e.code!r})) before returning"
+            elif isinstance(e, ValueError) and "read-only" in str(e):
+                reason = "the port wrote to its inputs, which verify hands read-only: " + describe_exception(e)
+            else:
+                reason = "the port raised " + describe_exception(e)
+            finding(report, self.case.name, stage, reason)
             return False, None
 
     def changed_state(self) -> list[str]:

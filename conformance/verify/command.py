@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.report import describe_exception
+from conformance.report import UsageError, describe_exception
 from conformance.verify.attention import verify_attention
 from conformance.verify.forward import verify
 from conformance.verify.report import Report, format_report, plot_report
 from impls import load_factory
 from impls.protocol import ViTConfig
-
-
-class UsageError(Exception):
-    """Bad arguments: exit status 2."""
 
 
 DEFAULT_CONFIGS = ("vit_test_token", "vit_test_token_square")
@@ -64,8 +60,15 @@ def with_settings(config: ViTConfig, settings: list[str]) -> ViTConfig:
 
 
 def load_config(
-    preset: str | None, config_json: str | None, weights: str | None, make=None, settings: list[str] | None = None
+    preset: str | None,
+    config_json: str | None,
+    weights: str | None,
+    make=None,
+    settings: list[str] | None = None,
+    default: ViTConfig | None = None,
 ) -> ViTConfig:
+    """--preset, --config or the config stored in --weights; failing those ``default`` (the port
+    chose it) or ``default_config(make)``; with --set applied."""
     from impls import ConfigError, get_config
     from weights import WeightError, read_config
 
@@ -80,7 +83,7 @@ def load_config(
         elif weights:
             config = read_config(weights)
         if config is None:
-            config = default_config(make)
+            config = default if default is not None else default_config(make)
         return with_settings(config, settings or [])
     except WeightError as e:
         raise UsageError(str(e)) from None
@@ -97,7 +100,8 @@ def _load(spec: str, what: str):
         raise UsageError(f"cannot load {what} {spec!r}: {describe_exception(e)}") from None
 
 
-def _with_taps(make, taps: list[str]):
+def with_taps(make, taps: list[str]):
+    """``--tap STAGE=MODULE`` overrides applied to a ``ModelPort``."""
     if not taps:
         return make
     from conformance.capture import ModelPort
@@ -116,53 +120,138 @@ def _with_taps(make, taps: list[str]):
     return make.with_taps(overrides)
 
 
-def _write(report: Report, args) -> None:
-    print(format_report(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-    if args.plot:
-        plot_report(report, args.plot)
+def check_outputs(args) -> None:
+    """--json and --plot name files verify can write, checked before any work."""
+    import os
+
+    for flag in ("json", "plot"):
+        path = getattr(args, flag, None)
+        if not path:
+            continue
+        target = Path(path)
+        parent = target.parent if str(target.parent) else Path(".")
+        if target.is_dir():
+            raise UsageError(f"--{flag} {path!r} is a directory; give a file name")
+        if not parent.is_dir():
+            raise UsageError(f"--{flag} {path!r}: the directory {str(parent)!r} does not exist")
+        if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            raise UsageError(f"--{flag} {path!r}: not writable")
 
 
-def main(args) -> int:
-    from conformance.support import Unsupported
-
-    if args.attention:
-        if args.port:
-            raise UsageError("give a whole-model port or --attention, not both")
-        report = verify_attention(_load(args.attention, "attention factory"), port=args.attention, seed=args.seed)
-        _write(report, args)
-        return 0 if report.conformant else 1
-    if args.grad:
-        return _main_grad(args)
-    if not args.port:
-        raise UsageError("name the port to verify (pkg.module:name), or --attention pkg.module:make_attention")
-    make = _with_taps(_load(args.port, "port"), args.tap)
-    config, state = _config_and_state(args, make)
+def write_outputs(report, args, text: str) -> int:
+    """The verdict on stdout, then --json and --plot; a write that fails after the verdict is
+    exit 2 with one line (the verdict stands printed)."""
+    print(text)
     try:
-        report = verify(
-            make,
-            config,
-            port=args.port,
-            state=state,
-            seed=args.seed,
-            dtype=args.dtype,
-            policy=getattr(args, "policy", "mixed"),
-        )
-    except (Unsupported, ValueError) as e:
-        if isinstance(e, Unsupported) or "tap override" in str(e):
-            raise UsageError(str(e)) from None
-        raise
-    _write(report, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
+        if getattr(args, "plot", None):
+            plot_report(report, args.plot)
+    except (OSError, ValueError) as e:
+        import sys
+
+        print(f"usage error: could not write the report: {describe_exception(e)}", file=sys.stderr)
+        return 2
     return 0 if report.conformant else 1
 
 
-def _config_and_state(args, make=None) -> tuple[ViTConfig, dict | None]:
-    """--preset / --config / the config stored in --weights (or the default that fits the port),
-    with --set applied, and --weights' state (or None)."""
+def _side(args, kind: str, spec: str):
+    """The port's side of the check: a process of its own (the default) or this one (--in-process)."""
+    from conformance.verify.isolated import Isolated
+    from conformance.verify.portside import InProcess
+
+    if not getattr(args, "in_process", False):
+        memory = getattr(args, "memory_limit", None)
+        taps = args.tap if kind == "forward" else ()
+        return Isolated(kind, spec, taps, timeout=args.timeout or 300.0, memory=memory and int(memory * 2**30))
+    if kind == "grad":
+        from conformance.verify.grad import load_grad_factory
+
+        try:
+            return InProcess(load_grad_factory(spec), spec)
+        except (ImportError, ValueError) as e:
+            raise UsageError(f"cannot load gradient factory {spec!r}: {describe_exception(e)}") from None
+    make = _load(spec, "attention factory" if kind == "attention" else "port")
+    return InProcess(with_taps(make, args.tap) if kind == "forward" else make, spec)
+
+
+def _stopped(args, spec: str, why: str, config: ViTConfig | None = None, attention=None) -> int:
+    """The port's process ended before verify could ask it anything: a finding, never a pass."""
+    from impls import get_config
+
+    report = Report(spec, config or get_config(DEFAULT_CONFIGS[0]), attention=attention)
+    report.failures.append({"case": "-", "stage": "import", "reason": why})
+    report.first_divergence = "import"
+    return write_outputs(report, args, format_report(report))
+
+
+def _timeout(args, side, config: ViTConfig) -> None:
+    from conformance.verify.isolated import default_timeout
+
+    if hasattr(side, "timeout"):
+        side.timeout = args.timeout or default_timeout(config)
+
+
+def main(args) -> int:
+    import contextlib
+
+    from conformance.support import Unsupported
+    from conformance.verify.isolated import PortStopped
+
+    check_outputs(args)
+    if args.attention:
+        if args.port:
+            raise UsageError("give a whole-model port or --attention, not both")
+        if args.grad:
+            raise UsageError("give a gradient factory (--grad) alone, without a forward port or --attention")
+        kind, spec = "attention", args.attention
+    elif args.grad:
+        if args.port:
+            raise UsageError("give a gradient factory (--grad) alone, without a forward port or --attention")
+        return _main_grad(args)
+    elif not args.port:
+        raise UsageError("name the port to verify (pkg.module:name), or --attention pkg.module:make_attention")
+    else:
+        kind, spec = "forward", args.port
+    side = _side(args, kind, spec)
+    with contextlib.closing(side) if hasattr(side, "close") else contextlib.nullcontext():
+        if kind == "attention":
+            try:
+                report = verify_attention(side, port=spec, seed=args.seed)
+            except PortStopped as e:
+                return _stopped(args, spec, str(e), attention={})
+            return write_outputs(report, args, format_report(report))
+        try:
+            default = side.default_config() if hasattr(side, "default_config") else default_config(side.make)
+        except PortStopped as e:
+            return _stopped(args, spec, str(e))
+        config, state = _config_and_state(args, default=default)
+        _timeout(args, side, config)
+        try:
+            report = verify(
+                side,
+                config,
+                port=spec,
+                state=state,
+                seed=args.seed,
+                dtype=args.dtype,
+                policy=getattr(args, "policy", "mixed"),
+            )
+        except PortStopped as e:
+            return _stopped(args, spec, str(e), config)
+        except (Unsupported, ValueError) as e:
+            if isinstance(e, Unsupported) or "tap override" in str(e):
+                raise UsageError(str(e)) from None
+            raise
+    return write_outputs(report, args, format_report(report))
+
+
+def _config_and_state(args, default: ViTConfig | None = None) -> tuple[ViTConfig, dict | None]:
+    """--preset / --config / the config stored in --weights (or ``default``, the one that fits the
+    port), with --set applied, and --weights' state (or None)."""
     from weights import WeightError, load_state
 
-    config = load_config(args.preset, args.config, args.weights, make, getattr(args, "set", None))
+    config = load_config(args.preset, args.config, args.weights, None, getattr(args, "set", None), default)
     if not args.weights:
         return config, None
     try:
@@ -172,27 +261,28 @@ def _config_and_state(args, make=None) -> tuple[ViTConfig, dict | None]:
 
 
 def _main_grad(args) -> int:
+    import contextlib
+
     from conformance.numerics.gradients import check_grad_dtype
     from conformance.support import Unsupported
-    from conformance.verify.grad import format_grad_report, load_grad_factory, verify_grad
-
-    if args.port or args.attention:
-        raise UsageError("give a gradient factory (--grad) alone, without a forward port or --attention")
+    from conformance.verify.grad import GradReport, format_grad_report, verify_grad
+    from conformance.verify.isolated import PortStopped
 
     try:
         check_grad_dtype(args.dtype)
     except ValueError as e:
         raise UsageError(f"{e} (docs/gradients.md)") from None
-    try:
-        make_grad = load_grad_factory(args.grad)
-    except (ImportError, ValueError) as e:
-        raise UsageError(f"cannot load gradient factory {args.grad!r}: {describe_exception(e)}") from None
     config, state = _config_and_state(args)
-    try:
-        report = verify_grad(make_grad, config, port=args.grad, state=state, seed=args.seed, dtype=args.dtype)
-    except Unsupported as e:
-        raise UsageError(str(e)) from None
-    print(format_grad_report(report))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-    return 0 if report.conformant else 1
+    side = _side(args, "grad", args.grad)
+    with contextlib.closing(side) if hasattr(side, "close") else contextlib.nullcontext():
+        _timeout(args, side, config)
+        try:
+            if hasattr(side, "start"):
+                side.start()
+            report = verify_grad(side, config, port=args.grad, state=state, seed=args.seed, dtype=args.dtype)
+        except PortStopped as e:
+            report = GradReport(args.grad, config, dtype=args.dtype)
+            report.failures.append({"case": "-", "stage": "import", "reason": str(e)})
+        except Unsupported as e:
+            raise UsageError(str(e)) from None
+    return write_outputs(report, args, format_grad_report(report))

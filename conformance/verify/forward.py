@@ -8,37 +8,27 @@ import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.error_model import CaseModel
-from conformance.verify.cases import Case, Handed, default_cases, seeded_cases
+from conformance.verify.cases import Case, default_cases, seeded_cases
 from conformance.verify.loop import Outcome, run_cases
+from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
 from impls import tap_names
 from impls.protocol import ViTConfig
 
 
 class Forward:
-    """The forward variant: build the port on the case's state, run it on its images, compare
-    every tap it emitted (and both passes of a captured model) with the oracle's."""
+    """The forward variant: build the port on the case's state, run it on its images (through its
+    ``PortSide``), compare every tap it emitted (and both passes of a captured model) with the
+    oracle's."""
 
-    def __init__(self, make: Callable, config: ViTConfig, dtype: str, policy: str):
-        self.make, self.config, self.dtype, self.policy = make, config, dtype, policy
+    def __init__(self, side: PortSide, config: ViTConfig, dtype: str, policy: str):
+        self.side, self.config, self.dtype, self.policy = side, config, dtype, policy
         self.names = tap_names(config)
 
-    def run(self, handed: Handed, model, report: Report, label: str):
-        from conformance.properties import build
-
-        built, forward = handed.call(report, "load", build, self.make, self.config, handed.state, self.dtype)
-        if not built:
-            return None
-        changed = handed.changed_state()
-        if changed:
-            finding(report, label, "load", f"the port changed the state it was handed: {', '.join(changed[:4])}")
-            return None
-        ran, out = handed.call(report, "forward", forward, handed.images)
-        if not ran:
-            return None
-        if handed.wrote_images() or handed.changed_state():
-            finding(report, label, "forward", "the port wrote to its inputs (images or state) during forward")
-            return None
+    def run(self, case: Case, model, report: Report, label: str):
+        out, findings = self.side.forward(case, self.config, self.dtype)
+        for stage, reason in findings:
+            finding(report, label, stage, reason)
         return out
 
     def compare(self, out, model, report: Report, label: str, outcome: Outcome) -> list[StageResult]:
@@ -73,8 +63,19 @@ class Forward:
         return self.names.index(result.name)
 
 
+def first_difference(first, second) -> str | None:
+    """The first output of two calls that is not bitwise the same (``logits`` for a bare array)."""
+    first = first if isinstance(first, Mapping) else {"logits": first}
+    second = second if isinstance(second, Mapping) else {"logits": second}
+    for name in first:
+        a, b = np.asarray(first[name]), np.asarray(second.get(name))
+        if a.shape != b.shape or a.dtype != b.dtype or a.tobytes() != b.tobytes():
+            return name
+    return None
+
+
 def verify(
-    make: Callable,
+    make: Callable | PortSide,
     config: ViTConfig,
     *,
     port: str = "port",
@@ -84,18 +85,21 @@ def verify(
     dtype: str = "float32",
     policy: str = "mixed",
 ) -> Report:
-    from conformance.properties import ModelCase, PropertyFailure, check_deterministic
+    """``make``: a port factory (run in this process) or a ``PortSide`` (``Isolated``: the port in
+    a process of its own)."""
+    from conformance.support import Unsupported
 
-    from conformance.support import check_supported, supports_of
-
-    check_supported(supports_of(make), config)  # Unsupported names the option
+    side = port_side(make, port)
+    why = side.unsupported(config)
+    if why:
+        raise Unsupported(f"config not supported by the port: {why}")
     if cases is None and state is None:
         pairs = list(seeded_cases(config, seed, dtype))
     else:
         cases = default_cases(config, state, seed) if cases is None else cases
         pairs = [(case, None) for case in cases]
     report = Report(port, config, cases=[c.name for c, _ in pairs], dtype=dtype)
-    variant = Forward(make, config, dtype, policy)
+    variant = Forward(side, config, dtype, policy)
     # the oracle runs first, case by case
     outcome = run_cases(
         report,
@@ -112,10 +116,12 @@ def verify(
         report.first_divergence = report.failures[0]["stage"]  # load or forward: before any stage
     if outcome.judged and not report.failures:
         case = outcome.judged[0]
-        try:
-            check_deterministic(port, make, ModelCase(config, case.state, case.images, dtype=dtype))
-        except PropertyFailure as e:
-            finding(
-                report, case.name, e.stage or "logits", "two calls on the same input differ (randomness at inference)"
-            )
+        both, findings = side.twice(case, config, dtype)
+        for stage, reason in findings:  # the re-run's own failure, told as what it is
+            finding(report, case.name, stage, f"{reason} (on the determinism re-run)")
+        differs = first_difference(*both) if both is not None else None
+        if differs:
+            finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")
+        if report.failures and report.first_divergence is None:
+            report.first_divergence = report.failures[0]["stage"]
     return report

@@ -29,8 +29,9 @@ from conformance.numerics.gradients import (
     draw_loss,
 )
 from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
-from conformance.verify.cases import Case, Handed, read_only
+from conformance.verify.cases import Case, read_only
 from conformance.verify.loop import Outcome, run_cases
+from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import VerifyReport, finding
 from impls import FRAMEWORK_PORTS, load_factory, tap_names
 from impls.protocol import ViTConfig
@@ -167,32 +168,18 @@ def _seeded_models(config: ViTConfig, seed: int, dtype: str) -> tuple:
 
 class Backward:
     """The backward variant: build the gradient factory on the case's state, take the loss's
-    gradients on its images, compare every tap cotangent, parameter and image gradient."""
+    gradients on its images (through its ``PortSide``), compare every tap cotangent, parameter
+    and image gradient."""
 
-    def __init__(self, make_grad: Callable, config: ViTConfig, dtype: str):
-        self.make_grad, self.config, self.dtype = make_grad, config, dtype
+    def __init__(self, side: PortSide, config: ViTConfig, dtype: str):
+        self.side, self.config, self.dtype = side, config, dtype
         self.order: dict[tuple[str, str], int] = {}
 
-    def run(self, handed: Handed, model: GradModel, report: GradReport, label: str):
-        config, dtype = self.config, self.dtype
-
-        def backward():
-            grad = (
-                self.make_grad(config, handed.state)
-                if dtype == "float32"
-                else self.make_grad(config, handed.state, dtype=dtype)
-            )
-            return grad(handed.images, model.loss)
-
-        ran, out = handed.call(report, "backward", backward)
-        if not ran:
-            return None
-        changed = handed.changed_state()
-        if changed:
-            finding(report, label, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
-            return None
-        if handed.wrote_images():
-            finding(report, label, "backward", "the port wrote to the images it was handed")
+    def run(self, case: Case, model: GradModel, report: GradReport, label: str):
+        out, findings = self.side.backward(case, self.config, self.dtype, model.loss)
+        for stage, reason in findings:
+            finding(report, label, stage, reason)
+        if out is None:
             return None
         problem = _structure_problem(out, model.reference)
         if problem:
@@ -215,7 +202,7 @@ class Backward:
 
 
 def verify_grad(
-    make_grad: Callable,
+    make_grad: Callable | PortSide,
     config: ViTConfig,
     *,
     port: str = "port",
@@ -227,7 +214,9 @@ def verify_grad(
     check_grad_dtype(dtype)
     models = _seeded_models(config, seed, dtype) if state is None else _models(config, state, seed, dtype)
     report = GradReport(port, config, cases=[label for label, _, _ in models], dtype=dtype)
-    outcome = run_cases(report, Backward(make_grad, config, dtype), models)  # the references were built first
+    outcome = run_cases(
+        report, Backward(port_side(make_grad, port), config, dtype), models
+    )  # the references were built first
     ordered = {
         f"{k}:{n}": i
         for i, (k, n, _) in enumerate(

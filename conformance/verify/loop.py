@@ -4,8 +4,9 @@ says how to call the port on a handed case and how to compare what came back; th
 rest the same way for all three.
 
 For each case, in order: the reference runs first (the loop is handed it built); a case no port
-can represent in the dtype is skipped with the reason; the port gets read-only copies of the
-case (``Handed``); its exceptions and its writes to its inputs are findings; each comparison's
+can represent in the dtype is skipped with the reason; the port side (``portside``: this process
+or the port's own) hands the port read-only copies of the case and tells its exceptions and its
+writes to its inputs as findings; each comparison's
 row keeps its worst case; the earliest divergence in the variant's order is kept with its case.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from conformance.verify.cases import Case, Handed
+from conformance.verify.cases import Case
 from conformance.verify.report import VerifyReport
 
 
@@ -40,8 +41,9 @@ class Reference(Protocol):
 class Variant(Protocol):
     """What differs between the checks."""
 
-    def run(self, handed: Handed, reference, report: VerifyReport, label: str) -> Any | None:
-        """Call the port on the handed case: its output, or None once a finding says why not."""
+    def run(self, case: Case, reference, report: VerifyReport, label: str) -> Any | None:
+        """Call the port on the case (through its ``PortSide``): its output, or None once a
+        finding says why not."""
 
     def compare(self, out, reference, report: VerifyReport, label: str, outcome: Outcome) -> Iterable[Result]:
         """The rows for one case (findings about the output go to ``report``, divergences the
@@ -73,7 +75,7 @@ def run_cases(report: VerifyReport, variant: Variant, cases: Iterable[tuple[str,
             report.skipped.append(f"{label}: {beyond}")
             continue
         outcome.judged.append(case)
-        out = variant.run(Handed(case), reference, report, label)
+        out = variant.run(case, reference, report, label)
         if out is None:
             continue
         for r in variant.compare(out, reference, report, label, outcome):

@@ -1,0 +1,145 @@
+"""The process a port runs in: ``python -m conformance.verify.child REQUESTS ANSWERS``.
+
+It reads one JSON request per line from the file descriptor REQUESTS and writes JSON lines to
+ANSWERS: ``{"step": ...}`` before each call into the port (so verify knows where a port that
+kills its process was), then the answer. Arrays come and go as ``.npy`` files in directories
+verify created (``conformance.verify.wire``). The port's own output (print, logging) goes to
+standard output and error, never to ANSWERS. Requests:
+
+    hello      {kind: forward|grad|attention, spec, taps}: import the port; its default config
+    unsupported {config}: why the port refuses it, or null
+    forward / twice / backward / attention   {config, dtype, case, loss, options, out}: the
+               port side of a check (``portside.InProcess``), its output written to ``out``
+
+Answers have ``status``: ``ok``, ``usage`` (the port cannot be loaded: verify's exit 2),
+``stopped`` (the port's module exited or was interrupted while imported: a finding),
+``unsupported`` (the port refuses the config), ``tool`` (this tool failed here, with the
+traceback: verify's exit 3).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+
+def _case(tree, reader):
+    from conformance.verify.cases import Case
+
+    return Case(
+        tree["name"],
+        reader.decode(tree["images"]),
+        reader.decode(tree["state"]),
+        reader.decode(tree.get("context")),
+        reader.decode(tree.get("mask")),
+    )
+
+
+class Child:
+    def __init__(self, answers):
+        self.answers = answers
+        self.side = None
+
+    def send(self, message) -> None:
+        import conformance.verify.wire as wire
+
+        self.answers.write(wire.dumps(message))
+        self.answers.flush()
+
+    def hello(self, kind: str, spec: str, taps=()):
+        from conformance.report import describe_exception
+        from conformance.verify.command import default_config, with_taps
+        from conformance.verify.portside import InProcess
+
+        try:
+            if kind == "grad":
+                from conformance.verify.grad import load_grad_factory
+
+                make = load_grad_factory(spec)
+            else:
+                from impls import load_factory
+
+                make = load_factory(spec)
+        except (SystemExit, KeyboardInterrupt) as e:  # not a port that failed to load: one that stopped
+            what = f"sys.exit({e.code!r})" if isinstance(e, SystemExit) else "KeyboardInterrupt"
+            return {"status": "stopped", "message": f"the port stopped ({what}) while it was imported"}
+        except BaseException as e:  # noqa: BLE001 - a module that does not import or parse: a usage error
+            what = {"grad": "gradient factory", "attention": "attention factory"}.get(kind, "port")
+            return {"status": "usage", "message": f"cannot load {what} {spec!r}: {describe_exception(e)}"}
+        if kind == "forward":
+            make = with_taps(make, list(taps))  # UsageError: an answer of its own
+        self.side = InProcess(make, spec)
+        default = default_config(make) if kind == "forward" else None
+        return {"status": "ok", "default_config": None if default is None else default.to_dict()}
+
+    def handle(self, request: dict):
+        from conformance.support import Unsupported
+        import conformance.verify.wire as wire
+        from conformance.report import UsageError
+        from impls.protocol import Loss, ViTConfig
+
+        op = request.get("op")
+        try:
+            if op == "hello":
+                return self.hello(request["kind"], request["spec"], request.get("taps") or ())
+            if op == "unsupported":
+                return {"status": "ok", "why": self.side.unsupported(ViTConfig.from_dict(request["config"]))}
+            reader = wire.Reader(request["root"])
+            case = _case(request["case"], reader)
+            if op == "attention":
+                out, findings = self.side.attention(case, dict(request["options"]))
+            else:
+                config, dtype = ViTConfig.from_dict(request["config"]), request["dtype"]
+                if op == "forward":
+                    out, findings = self.side.forward(case, config, dtype)
+                elif op == "twice":
+                    out, findings = self.side.twice(case, config, dtype)
+                elif op == "backward":
+                    loss = request["loss"]
+                    loss = Loss(loss["kind"], reader.decode(loss.get("labels")), reader.decode(loss.get("weights")))
+                    out, findings = self.side.backward(case, config, dtype, loss)
+                else:
+                    return {"status": "tool", "message": f"unknown request {op!r}", "traceback": ""}
+            writer = wire.Writer(request["root"], request["out"])
+            return {"status": "ok", "out": writer.encode(out), "findings": [list(f) for f in findings]}
+        except Unsupported as e:
+            return {"status": "unsupported", "message": str(e)}
+        except UsageError as e:
+            return {"status": "usage", "message": str(e)}
+
+
+def main(argv: list[str]) -> int:
+    from conformance.report import describe_exception
+    import conformance.verify.wire as wire
+    from conformance.verify.cases import Handed
+
+    from conformance.verify.isolated import MEMORY_ENV
+
+    if os.environ.get(MEMORY_ENV):  # verify --memory-limit: what the port's process may map
+        import resource
+
+        limit = int(os.environ[MEMORY_ENV])
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    requests = os.fdopen(int(argv[1]), "rb")
+    child = Child(os.fdopen(int(argv[2]), "wb"))
+    Handed.port_errors = (BaseException,)  # nothing but the port interrupts this process
+    Handed.on_step = lambda step: child.send({"step": step})
+    for line in requests:
+        try:
+            answer = child.handle(wire.loads(line))
+        except BaseException as e:  # noqa: BLE001 - outside the port's calls: this tool's failure
+            from conformance.report import ToolError
+
+            cause = e.__cause__ if isinstance(e, ToolError) and e.__cause__ is not None else e
+            answer = {
+                "status": "tool",
+                "message": describe_exception(e),
+                "traceback": "".join(traceback.format_exception(cause)),
+            }
+        child.send(answer)
+    return 0
+
+
+if __name__ == "__main__":
+    os._exit(main(sys.argv))  # leftover threads of the port do not hold the process

@@ -1,0 +1,289 @@
+"""The port in a process of its own (``conformance.verify.child``): verify's command line runs
+every port this way.
+
+The oracle, the error model and the verdict stay in verify's process; the port's module,
+factory, model and capture run in the child, which gets each case as ``.npy`` files in a
+directory verify owns and answers with its outputs there (``conformance.verify.wire``: read
+as numbers, never unpickled). Whatever the port does to its interpreter (NumPy patched,
+``np.seterr``, threads, ``os.chdir``) stays there. A child that exits, is killed by a signal
+(a crash in native code, the out-of-memory killer), or does not answer within ``timeout``
+seconds of a call into the port is a finding at the step it was in, and the next case gets a
+fresh child (after the same death twice in a row, or a hang, the remaining cases are not run).
+Each answer comes within ``timeout`` of the step it answers.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from conformance.report import ToolError, UsageError
+import conformance.verify.wire as wire
+from conformance.verify.cases import Case
+from impls.protocol import ViTConfig
+
+MEMORY_ENV = "VIT_CONFORMANCE_MEMORY_LIMIT"  # bytes of address space the child may map
+CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE"}
+
+
+class PortStopped(Exception):
+    """The port's process ended or hung before verify could ask it anything (``reason``)."""
+
+
+class ChildToolError(ToolError):
+    """This tool failed inside the port's process; ``remote_traceback`` is the traceback there."""
+
+    def __init__(self, message: str, remote_traceback: str):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+def default_timeout(config: ViTConfig, batch: int = 3) -> float:
+    """Seconds for one call into the port: 300, plus a second per GFLOP of a batch's forward (a
+    slow CPU framework does several per second; a hung port is found by then)."""
+    D, N, depth = config.embed_dim, config.num_tokens, config.depth
+    flops = 2 * batch * N * depth * (4 * D * D + 2 * D * config.mlp_hidden_dim + 2 * N * D)
+    return 300.0 + flops / 1e9
+
+
+def death(returncode: int) -> str:
+    """What a finished child's status says happened."""
+    if returncode >= 0:
+        return f"the port's process exited with status {returncode} before returning"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    why = " (out of memory?)" if name == "SIGKILL" else " (a crash in native code)" if name in CRASH_SIGNALS else ""
+    return f"the port's process was killed by {name}{why}"
+
+
+class Isolated:
+    """A ``PortSide`` whose port runs in a child process (``kind``: forward, grad or attention;
+    ``spec``: pkg.module:name or a built-in port's name)."""
+
+    is_port_side = True
+
+    def __init__(self, kind: str, spec: str, taps=(), timeout: float = 300.0, memory: int | None = None):
+        self.kind, self.name, self.taps = kind, spec, list(taps)
+        self.timeout, self.memory = float(timeout), memory
+        self.root = Path(tempfile.mkdtemp(prefix="vit-conformance-"))
+        self.proc: subprocess.Popen | None = None
+        self.hello: dict | None = None
+        self._states: dict[int, tuple[dict, dict]] = {}  # id(state) -> (state, its tree), written once
+        self._count = 0
+        self._stops: list[str] = []  # what ended the child on each case since it last answered
+        self.gave_up: str | None = None  # why the remaining cases are not run
+
+    # -- the child
+
+    def __enter__(self) -> Isolated:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _kill(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its leftover threads and children too
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._requests.close()
+        os.close(self._answers)
+        self.proc = None
+
+    def _spawn(self) -> None:
+        requests_read, requests_write = os.pipe()
+        answers_read, answers_write = os.pipe()
+        env = dict(os.environ)
+        # the port is imported as it would be here: this process's import path, first
+        path = [os.path.abspath(p or os.curdir) for p in sys.path]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path + env.get("PYTHONPATH", "").split(os.pathsep)))
+        if self.memory:
+            env[MEMORY_ENV] = str(int(self.memory))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "conformance.verify.child", str(requests_read), str(answers_write)],
+            pass_fds=(requests_read, answers_write),
+            stdin=subprocess.DEVNULL,
+            stdout=2,  # the port's prints go to this process's standard error: stdout is the report's
+            env=env,
+            start_new_session=True,  # its own process group: killed whole; the terminal's Ctrl-C is verify's
+        )
+        os.close(requests_read)
+        os.close(answers_write)
+        self._requests = os.fdopen(requests_write, "wb")
+        self._answers, self._buffer = answers_read, b""
+
+    def start(self) -> dict:
+        """Start the child and import the port: its hello (the default config), or raise
+        ``UsageError`` (the port cannot be loaded) or ``PortStopped``."""
+        self._spawn()
+        answer, step, stopped = self._ask({"op": "hello", "kind": self.kind, "spec": self.name, "taps": self.taps})
+        if stopped:
+            raise PortStopped(f"{stopped} (while importing {self.name!r})")
+        if answer["status"] == "usage":
+            self._kill()
+            raise UsageError(answer["message"])
+        if answer["status"] == "stopped":
+            self._kill()
+            raise PortStopped(answer["message"])
+        self._check(answer)
+        self.hello = answer
+        return answer
+
+    def _ask(self, message: dict) -> tuple[dict | None, str | None, str | None]:
+        """(answer, the last step the child announced, None), or (None, step, what stopped it)."""
+        try:
+            self._requests.write(wire.dumps(message))
+            self._requests.flush()
+        except BrokenPipeError:
+            return None, None, death(self.proc.wait())
+        step = None
+        while True:
+            line = self._line()
+            if isinstance(line, str):  # no line: what stopped the child
+                self._kill()
+                return None, step, line
+            try:
+                answer = wire.loads(line)
+            except wire.WireError as e:
+                self._kill()
+                return None, step, f"the port's process sent what verify cannot read ({e})"
+            if isinstance(answer, dict) and set(answer) == {"step"}:
+                step = str(answer["step"])
+                continue
+            if not isinstance(answer, dict) or "status" not in answer:
+                self._kill()
+                return None, step, "the port's process sent what verify cannot read (no status)"
+            return answer, step, None
+
+    def _line(self) -> bytes | str:
+        """The next line from the child within the timeout, or why none came."""
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self._answers], [], [], self.timeout)
+            if not ready:
+                return f"no answer in {self.timeout:g} s"
+            chunk = os.read(self._answers, 1 << 20)
+            if not chunk:
+                return death(self.proc.wait())
+            self._buffer += chunk
+            if len(self._buffer) > wire.MAX_MESSAGE:
+                return f"the port's process sent more than {wire.MAX_MESSAGE} bytes without a line end"
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _check(self, answer: dict) -> None:
+        from conformance.support import Unsupported
+
+        status = answer.get("status")
+        if status == "tool":
+            raise ChildToolError(
+                f"in the port's process: {answer.get('message', '')}", str(answer.get("traceback", ""))
+            )
+        if status == "unsupported":
+            raise Unsupported(str(answer.get("message", "")))
+        if status == "usage":
+            raise UsageError(str(answer.get("message", "")))
+        if status != "ok":
+            raise ChildToolError(f"an answer of status {status!r} from the port's process", "")
+
+    # -- the port side
+
+    def default_config(self) -> ViTConfig | None:
+        hello = self.hello or self.start()
+        return None if hello.get("default_config") is None else ViTConfig.from_dict(hello["default_config"])
+
+    def unsupported(self, config: ViTConfig) -> str | None:
+        if self.proc is None:
+            self.start()
+        answer, _, stopped = self._ask({"op": "unsupported", "config": config.to_dict()})
+        if stopped:
+            raise PortStopped(stopped)
+        self._check(answer)
+        return answer.get("why")
+
+    def _writer(self) -> wire.Writer:
+        self._count += 1
+        return wire.Writer(self.root, self._count)
+
+    def _case_tree(self, case: Case) -> tuple[dict, wire.Writer]:
+        """The case as a tree under the root (its state written once for every case sharing it)."""
+        if id(case.state) not in self._states:
+            self._states[id(case.state)] = (case.state, self._writer().encode(dict(case.state)))
+        writer = self._writer()
+        tree = {
+            "name": case.name,
+            "images": writer.encode(case.images),
+            "state": self._states[id(case.state)][1],
+            "context": writer.encode(case.context),
+            "mask": writer.encode(case.mask),
+        }
+        return tree, writer
+
+    def _stopped(self, step: str, why: str):
+        """A case the child did not answer: a hang ends the run (every case would wait as long);
+        so does the same death on two cases in a row (a fresh child each time)."""
+        self._stops.append(why)
+        if why.startswith("no answer") or self._stops[-2:] == [why, why]:
+            self.gave_up = why
+        return None, [(step, why)]
+
+    def _run(self, op: str, case: Case, stage: str, **extra):
+        if self.gave_up:
+            return None, [(stage, f"not run: {self.gave_up} on an earlier case")]
+        if self.proc is None:
+            try:
+                self.start()
+            except PortStopped as e:
+                return self._stopped("import", str(e))
+        tree, writer = self._case_tree(case)
+        self._count += 1
+        out = str(self._count)
+        scratch = [writer.root / writer.sub, self.root / out]
+        if "loss" in extra:  # the loss's arrays beside the case's
+            loss = extra["loss"]
+            extra["loss"] = {
+                "kind": loss.kind,
+                "labels": writer.encode(loss.labels),
+                "weights": writer.encode(loss.weights),
+            }
+        request = {"op": op, "case": tree, "root": str(self.root), "out": out, **extra}
+        try:
+            answer, step, stopped = self._ask(request)
+            if stopped:
+                return self._stopped(step or stage, stopped)
+            self._stops.clear()
+            self._check(answer)
+            try:
+                result = wire.Reader(self.root).decode(answer.get("out"))
+            except (wire.WireError, OSError, ValueError) as e:
+                return None, [(step or stage, f"the port's process sent what verify cannot read ({e})")]
+            return result, [(str(s), str(r)) for s, r in answer.get("findings", [])]
+        finally:
+            for path in scratch:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def forward(self, case: Case, config: ViTConfig, dtype: str):
+        return self._run("forward", case, "forward", config=config.to_dict(), dtype=dtype)
+
+    def twice(self, case: Case, config: ViTConfig, dtype: str):
+        return self._run("twice", case, "forward", config=config.to_dict(), dtype=dtype)
+
+    def backward(self, case: Case, config: ViTConfig, dtype: str, loss):
+        return self._run("backward", case, "backward", config=config.to_dict(), dtype=dtype, loss=loss)
+
+    def attention(self, case: Case, options: dict):
+        return self._run("attention", case, "forward", options=dict(options))

@@ -1,0 +1,169 @@
+"""The port's side of a check: building the port on a case, calling it, and what it did to its
+inputs, told as findings. Everything else (the oracle, the error model, the verdict) is verify's.
+
+``PortSide`` is the contract; ``InProcess`` runs the port in verify's own process (the Python
+API, the zoo, the plugin) and ``conformance.verify.isolated.Isolated`` in a process of its own
+(the command line), with the same answers. A finding is ``(stage, reason)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from conformance.verify.cases import Case, Handed
+from impls.protocol import ViTConfig
+
+Findings = list[tuple[str, str]]
+
+
+class PortSide(Protocol):
+    """What each check asks of the port."""
+
+    name: str
+
+    def unsupported(self, config: ViTConfig) -> str | None:
+        """Why the port refuses ``config`` (its declared ``supports``), or None."""
+
+    def forward(self, case: Case, config: ViTConfig, dtype: str) -> tuple[Any, Findings]:
+        """Build the port on the case's state and run it on its images: (its output or None, findings)."""
+
+    def twice(self, case: Case, config: ViTConfig, dtype: str) -> tuple[tuple[Any, Any] | None, Findings]:
+        """Build once, call twice on the same images: (both outputs, or None, findings)."""
+
+    def backward(self, case: Case, config: ViTConfig, dtype: str, loss) -> tuple[Any, Findings]:
+        """Build the gradient factory on the case's state, take ``loss``'s gradients on its images."""
+
+    def attention(self, case: Case, options: dict) -> tuple[Any, Findings]:
+        """Build the attention factory on the case's state and call it on (x, context, mask)."""
+
+
+class _Sink:
+    """Findings collected where a report is not at hand (``report.finding``'s interface)."""
+
+    def __init__(self):
+        self.failures: list[dict] = []
+
+    def findings(self) -> Findings:
+        return [(f["stage"], f["reason"]) for f in self.failures]
+
+
+@contextlib.contextmanager
+def process_state():
+    """What a port can do to the interpreter it shares with verify, undone when it returns:
+    NumPy's floating-point error handling, functions of ``numpy`` and ``numpy.linalg``
+    replaced, the working directory. (In a process of its own nothing reaches verify at all.)"""
+    modules = (np, np.linalg)
+    saved = [dict(vars(m)) for m in modules]
+    errors, cwd = np.geterr(), os.getcwd()
+    try:
+        yield
+    finally:
+        np.seterr(**errors)
+        for module, before in zip(modules, saved):
+            now = vars(module)
+            for key, value in before.items():
+                if now.get(key) is not value:
+                    setattr(module, key, value)
+        with contextlib.suppress(OSError):
+            if os.getcwd() != cwd:
+                os.chdir(cwd)
+
+
+class InProcess:
+    """The port called in verify's own process, on read-only copies of each case."""
+
+    is_port_side = True
+
+    def __init__(self, make: Callable, name: str = "port"):
+        self.make, self.name = make, name
+
+    def unsupported(self, config: ViTConfig) -> str | None:
+        from conformance.support import supports_of, unsupported_option
+
+        return unsupported_option(supports_of(self.make), config)
+
+    def forward(self, case: Case, config: ViTConfig, dtype: str):
+        from conformance.properties import build
+        from conformance.verify.report import finding
+
+        sink, handed = _Sink(), Handed(case)
+        with process_state():
+            built, forward = handed.call(sink, "load", build, self.make, config, handed.state, dtype)
+            if not built:
+                return None, sink.findings()
+            changed = handed.changed_state()
+            if changed:
+                finding(sink, case.name, "load", f"the port changed the state it was handed: {', '.join(changed[:4])}")
+                return None, sink.findings()
+            ran, out = handed.call(sink, "forward", forward, handed.images)
+        if not ran:
+            return None, sink.findings()
+        if handed.wrote_images() or handed.changed_state():
+            finding(sink, case.name, "forward", "the port wrote to its inputs (images or state) during forward")
+            return None, sink.findings()
+        return out, sink.findings()
+
+    def twice(self, case: Case, config: ViTConfig, dtype: str):
+        from conformance.properties import build
+
+        sink, handed = _Sink(), Handed(case)
+        with process_state():
+            built, forward = handed.call(sink, "load", build, self.make, config, handed.state, dtype)
+            if not built:
+                return None, sink.findings()
+            ran, first = handed.call(sink, "forward", forward, handed.images)
+            if not ran:
+                return None, sink.findings()
+            ran, second = handed.call(sink, "forward", forward, handed.images)
+        return ((first, second) if ran else None), sink.findings()
+
+    def backward(self, case: Case, config: ViTConfig, dtype: str, loss):
+        from conformance.verify.report import finding
+
+        sink, handed = _Sink(), Handed(case)
+
+        def backward():
+            grad = (
+                self.make(config, handed.state) if dtype == "float32" else self.make(config, handed.state, dtype=dtype)
+            )
+            return grad(handed.images, loss)
+
+        with process_state():
+            ran, out = handed.call(sink, "backward", backward)
+        if not ran:
+            return None, sink.findings()
+        changed = handed.changed_state()
+        if changed:
+            finding(sink, case.name, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
+            return None, sink.findings()
+        if handed.wrote_images():
+            finding(sink, case.name, "backward", "the port wrote to the images it was handed")
+            return None, sink.findings()
+        return out, sink.findings()
+
+    def attention(self, case: Case, options: dict):
+        from conformance.verify.report import finding
+
+        sink, handed = _Sink(), Handed(case)
+        with process_state():
+            ran, out = handed.call(
+                sink,
+                "forward",
+                lambda: self.make(handed.state, **options)(handed.images, handed.context, case.mask),
+            )
+        if not ran:
+            return None, sink.findings()
+        if handed.wrote_images():
+            finding(sink, case.name, "forward", "the port wrote to its inputs")
+            return None, sink.findings()
+        return out, sink.findings()
+
+
+def port_side(make, name: str = "port") -> PortSide:
+    """A factory as the port side of a check (one already a ``PortSide`` is kept)."""
+    return make if getattr(make, "is_port_side", False) else InProcess(make, name)

@@ -1,0 +1,160 @@
+"""What crosses between verify and the process the port runs in: trees of arrays as JSON beside
+``.npy`` files, in a directory verify owns.
+
+A tree is JSON: numbers, strings, booleans, None, lists, string-keyed objects, and tagged
+objects: ``{"__array__": "3/7.npy", "dtype": "bfloat16"}`` (an array, NumPy's format read with
+``allow_pickle=False``; bfloat16, which NumPy's format cannot name, travels as its uint16
+bits), ``{"__taps__": {...}, ...}`` (a captured forward's ``Taps`` with what it could not see,
+its findings and a second pass), ``{"__unreadable__": "why"}`` (a value that is no array),
+``{"__tuple__": [...]}`` and ``{"__array__float__": "inf"}`` (a float JSON cannot hold).
+Nothing is unpickled: what the port's process writes is read as numbers or refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from conformance.numerics.compare import Unreadable
+
+# dtypes an array may cross in (the numeric ones a port may emit)
+DTYPES = frozenset(
+    ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+    + ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
+)
+_FILE = re.compile(r"^[0-9]{1,9}/[0-9]{1,9}\.npy$")  # a numbered directory under the root, a numbered file
+MAX_MESSAGE = 64 * 2**20  # bytes of JSON in one answer
+
+
+class WireError(Exception):
+    """What the port's process sent cannot be read (the tool's side refuses it)."""
+
+
+class Writer:
+    """Encodes trees into ``root/sub`` (``sub`` a number), one ``.npy`` file per array, each
+    named relative to ``root``."""
+
+    def __init__(self, root: str | Path, sub: int | str):
+        self.root, self.sub = Path(root), str(int(sub))
+        (self.root / self.sub).mkdir(exist_ok=True)
+        self.count = 0
+
+    def array(self, a) -> dict:
+        try:
+            a = np.asarray(a)
+        except Exception as e:  # noqa: BLE001 - a port may return anything
+            return {"__unreadable__": f"output is not an array: {type(a).__name__} ({e})"}
+        name = str(a.dtype)
+        if name not in DTYPES:
+            return {"__unreadable__": f"dtype {name}, not a numeric array"}
+        stored = a.view(np.uint16) if name == "bfloat16" else a
+        self.count += 1
+        file = f"{self.sub}/{self.count}.npy"
+        np.save(self.root / file, np.ascontiguousarray(stored), allow_pickle=False)
+        return {"__array__": file, "dtype": name}
+
+    def encode(self, obj):
+        from conformance.capture.port import Taps
+
+        if isinstance(obj, Taps):
+            return {
+                "__taps__": {str(k): self.encode(v) for k, v in obj.items()},
+                "unseen": dict(obj.unseen),
+                "findings": [list(f) for f in obj.findings],
+                "sources": dict(obj.sources),
+                "dtypes": dict(obj.dtypes),
+                "from_second": sorted(obj.from_second),
+                "second": None if obj.second is None else self.encode(obj.second),
+            }
+        if obj is None or isinstance(obj, (bool, str)):
+            return obj
+        if isinstance(obj, (int, float)) and not isinstance(obj, np.generic):
+            return obj if np.isfinite(obj) else {"__array__float__": repr(float(obj))}
+        if isinstance(obj, Mapping):
+            return {str(k): self.encode(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)) and not _numeric_sequence(obj):
+            return (
+                {"__tuple__": [self.encode(v) for v in obj]}
+                if isinstance(obj, tuple)
+                else [self.encode(v) for v in obj]
+            )
+        return self.array(obj)
+
+
+def _numeric_sequence(obj) -> bool:
+    return bool(obj) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in obj)
+
+
+class Reader:
+    """Decodes trees whose arrays are under ``root``; anything else is a ``WireError``."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def array(self, tree: Mapping) -> np.ndarray:
+        file, dtype = tree.get("__array__"), tree.get("dtype")
+        if not isinstance(file, str) or not _FILE.match(file) or dtype not in DTYPES:
+            raise WireError(f"an array reference that is not one: {dict(tree)!r:.200}")
+        a = np.load(self.root / file, allow_pickle=False)
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            if a.dtype != np.uint16:
+                raise WireError(f"{file}: bfloat16 bits must be uint16, got {a.dtype}")
+            return a.view(ml_dtypes.bfloat16)
+        if str(a.dtype) != dtype:
+            raise WireError(f"{file}: dtype {a.dtype}, announced {dtype}")
+        return a
+
+    def decode(self, tree):
+        from conformance.capture.port import Taps
+
+        if tree is None or isinstance(tree, (bool, int, float, str)):
+            return tree
+        if isinstance(tree, list):
+            return [self.decode(v) for v in tree]
+        if not isinstance(tree, dict):
+            raise WireError(f"unexpected {type(tree).__name__} in an answer")
+        if "__array__" in tree:
+            return self.array(tree)
+        if "__array__float__" in tree:
+            return float(tree["__array__float__"])
+        if "__unreadable__" in tree:
+            return Unreadable(str(tree["__unreadable__"]))
+        if "__tuple__" in tree:
+            return tuple(self.decode(v) for v in tree["__tuple__"])
+        if "__taps__" in tree:
+            taps = Taps(
+                {k: self.decode(v) for k, v in tree["__taps__"].items()},
+                unseen=_strings(tree.get("unseen", {})),
+                findings=[(str(s), str(r)) for s, r in tree.get("findings", [])],
+                sources=_strings(tree.get("sources", {})),
+            )
+            taps.dtypes = _strings(tree.get("dtypes", {}))
+            taps.from_second = set(map(str, tree.get("from_second", [])))
+            taps.second = None if tree.get("second") is None else self.decode(tree["second"])
+            return taps
+        return {str(k): self.decode(v) for k, v in tree.items()}
+
+
+def _strings(mapping) -> dict[str, str]:
+    if not isinstance(mapping, dict):
+        raise WireError("expected an object of strings")
+    return {str(k): str(v) for k, v in mapping.items()}
+
+
+def dumps(message) -> bytes:
+    return json.dumps(message, allow_nan=False).encode() + b"\n"
+
+
+def loads(line: bytes):
+    if len(line) > MAX_MESSAGE:
+        raise WireError(f"an answer of {len(line)} bytes (at most {MAX_MESSAGE})")
+    try:
+        return json.loads(line)
+    except ValueError as e:
+        raise WireError(f"an answer that is not JSON: {e}") from None
