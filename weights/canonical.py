@@ -161,6 +161,38 @@ def validate_state(
     _raise(shape_problems(expected, shapes) + problems, what)
 
 
+CASTABLE = ("float16", "bfloat16", "float64")  # converted to float32 only when asked (--cast)
+
+
+def as_float32(state: Mapping, *, cast: bool = False, what: str = "state") -> dict[str, np.ndarray]:
+    """A state read from a file, as the canonical float32: float32 arrays as they are; float16,
+    bfloat16 and float64 only with ``cast`` (values beyond float32's range refused, never made
+    Inf); every other dtype (integers, complex, booleans) and anything that is not an array
+    refused, each naming its key. The same rule on every path (safetensors, .pth, .npz, HF)."""
+    problems, out = [], {}
+    largest = float(np.finfo(np.float32).max)
+    for key, value in state.items():
+        if not isinstance(value, np.ndarray):
+            problems.append(f"key {key!r}: expected an array, found {type(value).__name__}")
+            continue
+        name = str(value.dtype)
+        if name == "float32":
+            out[key] = value
+        elif name not in CASTABLE:
+            problems.append(f"key {key!r}: dtype {name}, expected float32 (or float16, bfloat16, float64 with --cast)")
+        elif not cast:
+            problems.append(f"key {key!r}: {name}, where the canonical format is float32: pass --cast to convert it")
+        else:
+            wide = value.astype(np.float64)
+            finite = np.abs(wide[np.isfinite(wide)])
+            if finite.size and finite.max() > largest:
+                problems.append(f"key {key!r}: values up to {finite.max():.3g} overflow float32")
+                continue
+            out[key] = wide.astype(np.float32)
+    _raise(problems, what)
+    return out
+
+
 def to_float32(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state.items()}
 
@@ -175,9 +207,24 @@ def save_state(state: Mapping[str, np.ndarray], path: str | os.PathLike, config:
     save_file(to_float32(state), str(path), metadata=metadata)
 
 
+CONVERT_FIRST = "python -m weights convert {src} OUT.safetensors --to canonical"
+
+
 def _check_file(path) -> None:
-    if not os.path.isfile(str(path)):
-        raise WeightError(f"weight file {str(path)!r} does not exist")
+    """A canonical file is one safetensors file: anything else is told what it is."""
+    path = str(path)
+    if os.path.isdir(path):
+        raise WeightError(
+            f"{path!r} is a directory, not a canonical safetensors file (a Hugging Face checkpoint? convert it "
+            f"first: {CONVERT_FIRST.format(src=path)})"
+        )
+    if not os.path.isfile(path):
+        raise WeightError(f"weight file {path!r} does not exist")
+    if path.endswith((".pth", ".pt", ".bin", ".npz")):
+        raise WeightError(
+            f"{path!r} is a {'NumPy archive' if path.endswith('.npz') else 'torch checkpoint'}, not a canonical "
+            f"safetensors file: convert it first ({CONVERT_FIRST.format(src=path)})"
+        )
 
 
 def read_config(path: str | os.PathLike) -> ViTConfig | None:
@@ -200,6 +247,7 @@ def load_state(path: str | os.PathLike, config: ViTConfig | None = None) -> dict
 
     ``config`` defaults to the one stored in the file; a file with neither is refused.
     """
+    import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy: such a file is refused by name, not unreadable
     from safetensors.numpy import load_file
 
     path = str(path)
@@ -212,5 +260,6 @@ def load_state(path: str | os.PathLike, config: ViTConfig | None = None) -> dict
         config = read_config(path)
         if config is None:
             raise WeightError(f"{path!r} has no {CONFIG_METADATA_KEY!r} metadata: pass the config")
+    state = as_float32(state, what=path)
     validate_state(state, config, what=path)
-    return to_float32({k: state[k] for k in expected_shapes(config)})  # timm's order, not the file's
+    return {k: np.ascontiguousarray(state[k]) for k in expected_shapes(config)}  # timm's order, not the file's

@@ -40,15 +40,89 @@ def detect(path: str) -> str:
 
 
 def read(
-    path: str, layout: str, config: ViTConfig | None = None, num_heads: int | None = None, img_size=None
+    path: str,
+    layout: str,
+    config: ViTConfig | None = None,
+    num_heads: int | None = None,
+    img_size=None,
+    cast: bool = False,
 ) -> tuple[ViTConfig, dict[str, np.ndarray]]:
-    """Any layout -> (config, canonical state), validated strictly."""
-    return REGISTRY[layout].read(path, config, num_heads=num_heads, img_size=img_size)
+    """Any layout -> (config, canonical state), validated strictly (``cast``: float16, bfloat16
+    and float64 weights converted to float32 rather than refused)."""
+    return REGISTRY[layout].read(path, config, num_heads=num_heads, img_size=img_size, cast=cast)
 
 
 def write(state: dict[str, np.ndarray], config: ViTConfig, path: str, layout: str, npz_flavour: str = "vit") -> None:
     validate_state(state, config)
     REGISTRY[layout].write(state, config, path, npz_flavour=npz_flavour)
+
+
+DIRECTORY_LAYOUTS = ("hf",)  # written as a directory (save_pretrained); every other layout is one file
+
+
+def check_output(out: str, layout: str, force: bool = False) -> None:
+    """OUT may be written: absent, or (with ``force``) a regular file or a directory of the kind
+    the layout writes; never anything else (a device, a FIFO, a socket). A symlink is replaced
+    itself, never followed."""
+    p = Path(out)
+    if not p.parent.is_dir():
+        raise WeightError(f"{out!r}: the directory {str(p.parent)!r} does not exist")
+    if not os.path.lexists(p):
+        return
+    kind = "a symlink" if p.is_symlink() else "a directory" if p.is_dir() else "a file" if p.is_file() else None
+    if kind is None:
+        raise WeightError(f"{out!r} exists and is not a regular file or a directory: refusing to replace it")
+    if not force:
+        raise WeightError(f"{out!r} exists ({kind}); pass --force to replace it")
+    wants_dir = layout in DIRECTORY_LAYOUTS
+    if kind != "a symlink" and p.is_dir() != wants_dir:
+        raise WeightError(f"{out!r} is {kind}, but --to {layout} writes {'a directory' if wants_dir else 'a file'}")
+
+
+def write_atomically(state, config: ViTConfig, out: str, layout: str, npz_flavour: str = "vit") -> None:
+    """Write into a temporary file (or directory) in OUT's own directory, then rename it into
+    place: OUT is the old checkpoint or the whole new one, never half of one."""
+    import shutil
+    import tempfile
+
+    p = Path(out)
+    # the same suffix: a layout's writer may choose its format by it (.pth or .safetensors, .npz)
+    prefix, suffix = f".{p.name}.", "".join(p.suffixes)
+    if layout in DIRECTORY_LAYOUTS:
+        tmp = Path(tempfile.mkdtemp(dir=p.parent, prefix=prefix, suffix=".tmp"))
+    else:
+        fd, name = tempfile.mkstemp(dir=p.parent, prefix=prefix, suffix=suffix)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        write(state, config, str(tmp), layout, npz_flavour)
+        if tmp.is_file():  # mkstemp's 0600: the mode a new file gets, or the replaced one's
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, p.stat().st_mode & 0o777 if p.is_file() and not p.is_symlink() else 0o666 & ~umask)
+        if layout in DIRECTORY_LAYOUTS and p.is_dir() and not p.is_symlink():
+            old = Path(tempfile.mkdtemp(dir=p.parent, prefix=prefix, suffix=".old"))
+            os.rename(p, old / "out")  # a directory cannot be renamed over another: move it aside first
+            os.rename(tmp, p)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, p)  # onto a symlink: replaces the link, not what it points to
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+        raise
+
+
+def _positive(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {value}")
+        return value
+
+    return parse
 
 
 def main(argv=None) -> int:
@@ -61,8 +135,16 @@ def main(argv=None) -> int:
     c.add_argument("--from", dest="src_layout", choices=LAYOUTS, help="the source layout, when it cannot be detected")
     c.add_argument("--preset", help="the config of the weights, by preset name")
     c.add_argument("--config", help="the config of the weights, as JSON (inline or a file)")
-    c.add_argument("--num-heads", type=int, help="for a timm state dict without a stored config")
-    c.add_argument("--img-size", type=int, nargs="+", help="for a checkpoint whose grid is not square")
+    c.add_argument("--num-heads", type=_positive("--num-heads"), help="for a timm state dict without a stored config")
+    c.add_argument(
+        "--img-size", type=_positive("--img-size"), nargs="+", help="for a checkpoint whose grid is not square"
+    )
+    c.add_argument("--force", action="store_true", help="replace OUT if it exists (atomically)")
+    c.add_argument(
+        "--cast",
+        action="store_true",
+        help="convert float16, bfloat16 and float64 weights to the canonical float32 (refused otherwise)",
+    )
     c.add_argument(
         "--npz-flavour",
         choices=("vit", "big_vision"),
@@ -71,13 +153,17 @@ def main(argv=None) -> int:
     )
     c.add_argument(
         "--resample-to",
-        type=int,
+        type=_positive("--resample-to"),
         nargs="+",
         metavar="SIZE",
         help="resample the position embedding for another image size (bicubic, antialiased)",
     )
     args = parser.parse_args(argv)
+    for flag in ("img_size", "resample_to"):
+        if getattr(args, flag) and len(getattr(args, flag)) > 2:
+            parser.error(f"--{flag.replace('_', '-')} takes one size or two (height width)")
     try:
+        check_output(args.out, args.to, args.force)
         config = None
         if args.preset:
             config = get_config(args.preset)
@@ -90,15 +176,19 @@ def main(argv=None) -> int:
             else (args.img_size[0] if args.img_size else None)
         )
         layout = args.src_layout or detect(args.src)
-        config, state = read(args.src, layout, config, args.num_heads, img_size)
+        config, state = read(args.src, layout, config, args.num_heads, img_size, cast=args.cast)
         if args.resample_to:
             from weights.resample import resample_state
 
             size = tuple(args.resample_to) if len(args.resample_to) == 2 else args.resample_to[0]
             config, state = resample_state(state, config, size)
-        write(state, config, args.out, args.to, args.npz_flavour)
+        check_output(args.out, args.to, args.force)  # again: it may have appeared meanwhile
+        write_atomically(state, config, args.out, args.to, args.npz_flavour)
     except (WeightError, ConfigError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot write {args.out!r}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"{args.src} ({layout}) -> {args.out} ({args.to}): {len(state)} tensors, {config}")
     return 0

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from weights.config import ViTConfig
-from weights.canonical import WeightError, expected_shapes, validate_state
+from weights.canonical import WeightError, as_float32, expected_shapes, validate_state
 
 # ----------------------------------------------------------------------------- timm
 
@@ -30,6 +30,7 @@ def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise WeightError(f"weight file {path!r} does not exist")
     if path.endswith(".safetensors"):
+        import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy (refused or cast by name later)
         from safetensors.numpy import load_file
 
         try:
@@ -55,8 +56,22 @@ def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 obj = obj[wrapper]
         if not isinstance(obj, Mapping):
             raise WeightError(f"{path!r} holds a {type(obj).__name__}, expected a state dict")
-        return {k: v.detach().float().numpy() if hasattr(v, "detach") else np.asarray(v) for k, v in obj.items()}
+        return {k: _numpy(v) for k, v in obj.items()}  # dtypes kept: canonical.as_float32 decides
     raise WeightError(f"{path!r}: expected .safetensors, .pth, .pt or .bin for a timm checkpoint")
+
+
+def _numpy(value):
+    """A tensor as a NumPy array of its own dtype (bfloat16 through ml_dtypes); anything else as it is."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = value.detach().cpu()
+    if value.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return value.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    return value.numpy()
 
 
 def infer_timm_config(
@@ -455,7 +470,9 @@ def write_npz(state, config: ViTConfig, path, flavour: str = "vit") -> None:
     np.savez(str(path), **to_npz(state, config, flavour))
 
 
-def check(state, config: ViTConfig, what: str) -> dict[str, np.ndarray]:
-    """Strict validation, then float32 in timm's key order."""
+def check(state, config: ViTConfig, what: str, cast: bool = False) -> dict[str, np.ndarray]:
+    """Strict validation (``canonical.as_float32``'s dtype rule, then keys, shapes and values),
+    float32 in timm's key order."""
+    state = as_float32(state, cast=cast, what=what)
     validate_state(state, config, what=what)
-    return {k: np.ascontiguousarray(state[k], dtype=np.float32) for k in expected_shapes(config)}
+    return {k: np.ascontiguousarray(state[k]) for k in expected_shapes(config)}

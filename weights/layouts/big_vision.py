@@ -13,7 +13,7 @@ def detect(path, header) -> bool:
 def read(path, config=None, img_size=None, **options):
     w = formats.read_npz(path)
     config = config or formats.infer_npz_config(w, img_size=img_size)
-    return config, formats.check(formats.from_npz(w, config), config, what=str(path))
+    return config, formats.check(formats.from_npz(w, config), config, what=str(path), cast=options.get("cast", False))
 
 
 def write(state, config, path, npz_flavour="vit", **options) -> None:

@@ -21,7 +21,7 @@ def detect(path, header) -> bool:
 def read(path, config=None, **options):
     state, hf_config = hf.read_hf(path)
     config = config or hf_config
-    return config, formats.check(state, config, what=str(path))
+    return config, formats.check(state, config, what=str(path), cast=options.get("cast", False))
 
 
 def write(state, config, path, **options) -> None:

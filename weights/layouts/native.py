@@ -25,7 +25,7 @@ def reader(layout: str):
         config = config or stored_config(path)
         if config is None:
             raise WeightError(f"{path!r}: a native {layout} file without a stored config; pass --config")
-        return config, formats.check(state, config, what=str(path))
+        return config, formats.check(state, config, what=str(path), cast=options.get("cast", False))
 
     return read
 

@@ -23,7 +23,9 @@ def read(path, config=None, **options):
             "OpenAI's weights, GELU for LAION's: mlfoundations/open_clip#771) nor its heads; "
             "pass --preset or --config"
         )
-    return config, formats.check(formats.from_open_clip(formats.read_timm(path), config), config, what=str(path))
+    return config, formats.check(
+        formats.from_open_clip(formats.read_timm(path), config), config, what=str(path), cast=options.get("cast", False)
+    )
 
 
 def write(state, config, path, **options) -> None:

@@ -24,7 +24,7 @@ def detect_never(path, header) -> bool:
 def read(path, config=None, num_heads=None, img_size=None, **options):
     state = formats.read_timm(path)
     config = config or stored_config(path) or formats.infer_timm_config(state, num_heads=num_heads, img_size=img_size)
-    return config, formats.check(state, config, what=str(path))
+    return config, formats.check(state, config, what=str(path), cast=options.get("cast", False))
 
 
 def write(state, config, path, **options) -> None:
