@@ -148,6 +148,11 @@ def main(argv=None) -> int:
         help="the address space the port's process may map (its MemoryError is then a finding)",
     )
     v.add_argument(
+        "--force",
+        action="store_true",
+        help="verify a config even if its estimated memory exceeds this machine's",
+    )
+    v.add_argument(
         "--in-process",
         action="store_true",
         help="run the port in verify's own process (no isolation: faster to start, for debugging)",

@@ -107,6 +107,30 @@ def pytest_configure(config):
     _SETTINGS.update(settings_of(getattr(config.option, "vit_set", [])))
     config.addinivalue_line("markers", "vit_no_port: no port applies (deselected)")
     config.addinivalue_line("markers", "slow: builds full-size models")
+    _check_given_ports(config.option)
+
+
+def _check_given_ports(opts) -> None:
+    """Every --port, --attention-port and --grad-port loads, or the run stops before any test
+    with one line naming it (not a failing test per property)."""
+    from conformance.report import describe_exception
+    from impls import load_factory
+
+    for flag, specs in (
+        ("--port", opts.port),
+        ("--attention-port", opts.attention_port),
+        ("--grad-port", opts.grad_port),
+    ):
+        for spec in specs:
+            try:
+                if flag == "--grad-port":
+                    from conformance.verify.grad import load_grad_factory
+
+                    load_grad_factory(spec)
+                else:
+                    load_factory(spec)
+            except Exception as e:  # noqa: BLE001 - a module that does not import is the user's to fix
+                raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {describe_exception(e)}") from None
 
 
 def _parametrize(metafunc, name: str, values: list[str]) -> None:

@@ -197,3 +197,10 @@ def test_the_builtin_jax_port_draws_its_share_of_cases_and_every_other_port_all(
     assert calls["torch", True] == calls["jax", True] == calls["jax_port:make", True] == 1
     assert calls["torch", False] == calls["jax_port:make", False] == 4
     assert calls["jax", False] == (4 if heavy() else 4 // JAX_SHARE)
+
+
+def test_a_given_port_that_does_not_load_stops_the_run_before_any_test(tmp_path):
+    """One line naming the port (pytest's usage error, exit 4), not a failing test per property."""
+    code, out = run_pytest(tmp_path, "--port", "no_such_module:make", select=None)
+    assert code == 4 and "--port 'no_such_module:make' cannot be loaded: ModuleNotFoundError" in out, out[-800:]
+    assert " passed" not in out and " failed" not in out

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from weights.config import ViTConfig
+from weights.config import ViTConfig, config_from_json
 
 CONFIG_METADATA_KEY = "vit_config"
 
@@ -239,7 +239,7 @@ def read_config(path: str | os.PathLike) -> ViTConfig | None:
         raise WeightError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
     if CONFIG_METADATA_KEY not in meta:
         return None
-    return ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY]))
+    return config_from_json(meta[CONFIG_METADATA_KEY], f"the config stored in {str(path)!r}")
 
 
 def load_state(path: str | os.PathLike, config: ViTConfig | None = None) -> dict[str, np.ndarray]:

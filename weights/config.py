@@ -34,6 +34,9 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -45,6 +48,19 @@ MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
 
 class ConfigError(ValueError):
     """A ViTConfig whose options contradict each other."""
+
+
+def config_from_json(text: str, what: str = "the config") -> "ViTConfig":
+    """A ViTConfig from JSON text: an object of its fields, or a ConfigError saying what is wrong."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{what} is JSON nested too deeply to be a config") from None
+    except ValueError as e:
+        raise ConfigError(f"{what} is not valid JSON: {e}") from None
+    return ViTConfig.from_dict(data)
 
 
 def _pair(value: Any, name: str) -> tuple[int, int]:
@@ -59,6 +75,14 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     ):
         return (int(value[0]), int(value[1]))
     raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
+
+
+def _real(value: Any, name: str, optional: bool = False) -> None:
+    """A finite real number (not a bool, a string or Infinity from a JSON config)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number{' or None' if optional else ''}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -114,6 +138,12 @@ class ViTConfig:
                 f'class_token=False needs a global_pool other than "token" ({GLOBAL_POOLS[1:]}): '
                 "there is no token to pool"
             )
+        _real(self.mlp_ratio, "mlp_ratio")
+        _real(self.norm_eps, "norm_eps")
+        _real(self.init_values, "init_values", optional=True)
+        for key in ("global_pool", "act_layer", "mlp_layer"):
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(f"{key} must be a string, got {getattr(self, key)!r}")
         if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
             raise ConfigError(f"mlp_ratio must give a hidden width >= 1, got {self.mlp_ratio!r}")
         if not 0 < self.norm_eps < 1:
@@ -231,6 +261,8 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ViTConfig":
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"a config must be a JSON object of ViTConfig fields, got {type(d).__name__}: {d!r:.80}")
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(d) - known)
         if unknown:

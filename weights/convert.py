@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from weights.canonical import WeightError, validate_state
-from weights.config import ConfigError, ViTConfig, get_config
+from weights.config import ConfigError, ViTConfig, config_from_json, get_config
 
 from weights.layouts import LAYOUTS, ORDER, REGISTRY
 from weights.layouts._io import LAYOUT_METADATA_KEY, header
@@ -168,8 +168,10 @@ def main(argv=None) -> int:
         if args.preset:
             config = get_config(args.preset)
         elif args.config:
-            text = Path(args.config).read_text() if os.path.isfile(args.config) else args.config
-            config = ViTConfig.from_dict(json.loads(text))
+            # inline JSON, else a file (a mistyped path is said to be missing, not parsed as JSON)
+            inline = args.config.lstrip().startswith(("{", "["))
+            text = args.config if inline else Path(args.config).read_text()
+            config = config_from_json(text, "--config" if inline else f"the config file {args.config!r}")
         img_size = (
             tuple(args.img_size)
             if args.img_size and len(args.img_size) == 2

@@ -106,10 +106,15 @@ def _call(port: str, fn: Callable, *args, case=None):
     from conformance.report import ToolError, describe_exception
     from conformance.support import Unsupported
 
+    from conformance.guard import process_state
+
     try:
-        return fn(*args)
+        with process_state():  # numpy's functions, error handling and the working directory kept
+            return fn(*args)
     except (UnsatisfiedAssumption, Unsupported, ToolError):
         raise  # a config the port does not support: discarded (hypothesis) or reported as such; the tool's own
+    except SystemExit as e:
+        raise _fail(port, f"the port exited (sys.exit({e.code!r})) before returning", case) from e
     except Exception as e:  # noqa: BLE001 - anything a port raises is reported
         raise _fail(port, f"the port raised {describe_exception(e)}", case) from e
 

@@ -71,13 +71,14 @@ def load_config(
     chose it) or ``default_config(make)``; with --set applied."""
     from impls import ConfigError, get_config
     from weights import WeightError, read_config
+    from weights.config import config_from_json
 
     try:
         config = None
         if config_json:
             # Inline JSON or a file: a long inline config is not a path to probe (ENAMETOOLONG).
-            text = config_json if config_json.lstrip().startswith("{") else Path(config_json).read_text()
-            config = ViTConfig.from_dict(json.loads(text))
+            text = config_json if config_json.lstrip().startswith(("{", "[")) else Path(config_json).read_text()
+            config = config_from_json(text, "--config" if text is config_json else f"the config file {config_json!r}")
         elif preset:
             config = get_config(preset)
         elif weights:
@@ -221,11 +222,15 @@ def main(args) -> int:
             except PortStopped as e:
                 return _stopped(args, spec, str(e), attention={})
             return write_outputs(report, args, format_report(report))
+        explicit = args.preset or args.config or args.weights
+        if explicit:  # judged (its size too) before the port's process starts
+            config, state = _config_and_state(args)
         try:
             default = side.default_config() if hasattr(side, "default_config") else default_config(side.make)
         except PortStopped as e:
             return _stopped(args, spec, str(e))
-        config, state = _config_and_state(args, default=default)
+        if not explicit:
+            config, state = _config_and_state(args, default=default)
         _timeout(args, side, config)
         try:
             report = verify(
@@ -251,7 +256,12 @@ def _config_and_state(args, default: ViTConfig | None = None) -> tuple[ViTConfig
     port), with --set applied, and --weights' state (or None)."""
     from weights import WeightError, load_state
 
+    from conformance.verify.budget import too_large
+
     config = load_config(args.preset, args.config, args.weights, None, getattr(args, "set", None), default)
+    why = None if getattr(args, "force", False) else too_large(config)
+    if why:
+        raise UsageError(why)
     if not args.weights:
         return config, None
     try:

@@ -8,13 +8,11 @@ API, the zoo, the plugin) and ``conformance.verify.isolated.Isolated`` in a proc
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import numpy as np
 
+from conformance.guard import process_state
 from conformance.verify.cases import Case, Handed
 from impls.protocol import ViTConfig
 
@@ -50,28 +48,6 @@ class _Sink:
 
     def findings(self) -> Findings:
         return [(f["stage"], f["reason"]) for f in self.failures]
-
-
-@contextlib.contextmanager
-def process_state():
-    """What a port can do to the interpreter it shares with verify, undone when it returns:
-    NumPy's floating-point error handling, functions of ``numpy`` and ``numpy.linalg``
-    replaced, the working directory. (In a process of its own nothing reaches verify at all.)"""
-    modules = (np, np.linalg)
-    saved = [dict(vars(m)) for m in modules]
-    errors, cwd = np.geterr(), os.getcwd()
-    try:
-        yield
-    finally:
-        np.seterr(**errors)
-        for module, before in zip(modules, saved):
-            now = vars(module)
-            for key, value in before.items():
-                if now.get(key) is not value:
-                    setattr(module, key, value)
-        with contextlib.suppress(OSError):
-            if os.getcwd() != cwd:
-                os.chdir(cwd)
 
 
 class InProcess:

@@ -59,7 +59,12 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
     d = Path(path)
     if not (d / "config.json").is_file():
         raise WeightError(f"{str(d)!r} has no config.json: not a Hugging Face checkpoint directory")
-    hf = json.loads((d / "config.json").read_text())
+    try:
+        hf = json.loads((d / "config.json").read_text())
+    except (ValueError, RecursionError) as e:
+        raise WeightError(f"{str(d / 'config.json')!r} is not readable JSON: {e}") from None
+    if not isinstance(hf, dict):
+        raise WeightError(f"{str(d / 'config.json')!r} holds a {type(hf).__name__}, expected a JSON object")
     model_type, _ = vision_config(hf)
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (d / name).is_file():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from weights.canonical import CONFIG_METADATA_KEY, WeightError
-from weights.config import ViTConfig
+from weights.config import ViTConfig, config_from_json
 
 LAYOUT_METADATA_KEY = "vit_conformance_layout"
 
@@ -26,7 +26,9 @@ def stored_config(path: str) -> ViTConfig | None:
     if not str(path).endswith(".safetensors"):
         return None
     meta, _ = header(str(path))
-    return ViTConfig.from_dict(json.loads(meta[CONFIG_METADATA_KEY])) if CONFIG_METADATA_KEY in meta else None
+    if CONFIG_METADATA_KEY not in meta:
+        return None
+    return config_from_json(meta[CONFIG_METADATA_KEY], f"the config stored in {str(path)!r}")
 
 
 def metadata(config: ViTConfig, layout: str | None = None) -> dict[str, str]:

@@ -1,0 +1,356 @@
+"""A verdict CI can rely on: misbehaving ports, hostile configs and files, and convert's targets,
+each asserting the exit code, the one-line message, and that nothing else happened (no
+traceback, no file written or replaced). The ports are in tests/data/hostile_ports.py; each runs
+in the process verify gives it, as on the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from impls import get_config
+from weights import init_state, save_state
+
+H = "tests.data.hostile_ports"
+
+
+@pytest.fixture
+def cli(capfd):
+    """``python -m conformance verify ...`` or ``python -m weights convert ...`` in this process
+    (verify starts the port's own process as on the command line)."""
+    from conformance.cli import main as conformance_main
+    from weights.convert import main as weights_main
+
+    def run(*args):
+        try:
+            code = (weights_main if args[0] == "convert" else conformance_main)(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+        out = capfd.readouterr()  # the file descriptors: the port's process writes to them too
+        return code, out.out, out.err
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "hostile, stage, reason",
+    [
+        ("exit_0_in_forward", "forward", "the port exited (sys.exit(0)) before returning"),
+        ("exit_0_in_factory", "load", "the port exited (sys.exit(0)) before returning"),
+        ("os_exit_0_in_forward", "forward", "the port's process exited with status 0 before returning"),
+        ("segfault_in_forward", "forward", "the port's process was killed by SIGSEGV (a crash in native code)"),
+        ("keyboard_interrupt_in_forward", "forward", "the port raised KeyboardInterrupt"),
+    ],
+)
+def test_a_port_that_ends_its_process_is_not_conformant_with_the_reason(cli, tmp_path, hostile, stage, reason):
+    code, out, err = cli("verify", f"{H}:{hostile}", "--json", str(tmp_path / "r.json"))
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert code == 1 and not report["conformant"] and "Traceback" not in out + err, out + err
+    assert report["failures"][0]["stage"] == stage and report["failures"][0]["reason"] == reason
+    assert f"FAIL {stage}" in out and "NOT CONFORMANT" in out
+
+
+def test_a_port_module_that_exits_while_imported_is_not_conformant(cli):
+    code, out, err = cli("verify", "tests.data.hostile_import_exit:make")
+    assert code == 1 and "the port stopped (sys.exit(0)) while it was imported" in out and "Traceback" not in err
+
+
+def test_a_port_module_that_raises_while_imported_is_a_usage_error(cli):
+    code, out, err = cli("verify", "tests.data.hostile_import_error:make")
+    assert code == 2 and err.strip().splitlines() == [
+        "usage error: cannot load port 'tests.data.hostile_import_error:make': RuntimeError: this module cannot be "
+        "imported"
+    ]
+
+
+def test_a_hanging_port_is_a_finding_within_the_timeout_and_the_remaining_cases_are_not_run(cli, tmp_path):
+    start = time.monotonic()
+    code, out, err = cli("verify", f"{H}:hangs_in_forward", "--timeout", "1", "--json", str(tmp_path / "r.json"))
+    elapsed = time.monotonic() - start
+    failures = json.loads((tmp_path / "r.json").read_text())["failures"]
+    assert code == 1 and failures[0]["reason"] == "no answer in 1 s", failures[:2]
+    assert all(f["reason"] == "not run: no answer in 1 s on an earlier case" for f in failures[1:])
+    assert elapsed < 60, elapsed  # one timeout, not one per case (a hang check, not a speed target)
+
+
+@pytest.mark.parametrize(
+    "hostile, conformant",
+    [
+        ("zeros_with_numpy_abs_patched", False),  # its zeros judged with verify's own numpy
+        ("correct_with_numpy_exp_patched", True),
+        ("correct_with_numpy_errors_raising", True),
+        ("correct_that_changes_directory", True),
+        ("correct_that_leaves_a_thread", True),
+        ("prints_to_stdout", True),
+    ],
+)
+@pytest.mark.parametrize("where", ["own process", "in process"])
+def test_what_a_port_does_to_its_interpreter_cannot_reach_the_verdict(
+    cli, tmp_path, monkeypatch, hostile, conformant, where
+):
+    monkeypatch.chdir(tmp_path)
+    flags = ["--in-process"] if where == "in process" else []
+    if where == "in process" and hostile == "correct_that_leaves_a_thread":
+        pytest.skip("in this process a port's thread outlives verify: what the port's own process is for")
+    numpy_abs, errors = np.abs, np.geterr()
+    code, out, err = cli("verify", f"{H}:{hostile}", "--json", "r.json", *flags)
+    assert code == (0 if conformant else 1), out[-400:] + err[-400:]
+    assert json.loads((tmp_path / "r.json").read_text())["conformant"] is conformant  # written where asked
+    assert np.abs is numpy_abs and np.geterr() == errors and os.getcwd() == str(tmp_path)
+    if hostile == "prints_to_stdout" and where == "own process":
+        assert "a port that prints" not in out and "a port that prints" in err  # stdout is the report's
+
+
+def test_the_companion_a_port_s_numpy_patch_would_fool_a_shared_numpy():
+    """What the isolation is for: with the port's numpy.abs patched in the judging process, the
+    zeros port would measure no error at all."""
+    import importlib
+
+    hostile = importlib.import_module(H)
+    saved = np.abs, np.absolute
+    try:
+        forward = hostile.zeros_with_numpy_abs_patched(get_config("vit_test_token"), {})
+        assert float(np.abs(np.float64(-5.0))) == 0.0 and forward(np.zeros((1, 3, 16, 24))).keys() == {"logits"}
+    finally:
+        np.abs, np.absolute = saved
+
+
+# ----------------------------------------------------------------------------- exit codes, outputs
+
+
+def test_an_unwritable_json_path_is_a_usage_error_before_any_work(cli, tmp_path):
+    code, out, err = cli("verify", f"{H}:exit_0_in_forward", "--json", str(tmp_path / "missing" / "r.json"))
+    assert code == 2 and out == "" and "the directory" in err and "does not exist" in err
+
+
+def test_a_json_write_that_fails_after_the_verdict_is_exit_2_and_the_verdict_stands(cli):
+    code, out, err = cli("verify", f"{H}:prints_to_stdout", "--json", "/dev/full")  # ENOSPC on write
+    assert code == 2 and "CONFORMANT: all" in out
+    assert (
+        [line for line in err.splitlines() if line.startswith("usage error")]
+        == [line for line in err.splitlines() if "could not write the report" in line]
+        != []
+    )
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("[]", "a config must be a JSON object of ViTConfig fields, got list"),
+        ('{"depth": 10000}', "GB (7.088e+04 M parameters, 197 tokens, 10000 blocks"),
+        ('{"img_size": 100000}', "39062501 tokens"),
+        ('{"num_classes": 10000000000}', "GB (7.69e+06 M parameters"),
+        ('{"num_classes": 1e10}', "num_classes must be an int >= 0, got 10000000000.0"),
+        ('{"mlp_ratio": Infinity}', "mlp_ratio must be a finite number, got inf"),
+        ('{"norm_eps": "1e-6"}', "norm_eps must be a finite number, got '1e-6'"),
+        ("[" * 100000, "nested too deeply"),
+        ("missing.json", "cannot read the config file 'missing.json'"),
+    ],
+)
+def test_a_config_verify_cannot_use_is_exit_2_with_one_line_and_the_figure(cli, config, message):
+    code, out, err = cli("verify", f"{H}:exit_0_in_forward", "--config", config)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_force_lets_a_config_past_the_memory_estimate():
+    """The companion: the same estimate, told the machine has more memory, allows it."""
+    from conformance.verify.budget import estimate, too_large
+
+    config = get_config("vit_base_patch16_224").replace(depth=10000)
+    assert too_large(config) and too_large(config, memory=estimate(config)) is None
+
+
+def test_the_memory_estimate_holds_its_calibration():
+    """BASE + per-element and per-parameter costs reproduce the measured peaks they were fitted to."""
+    from conformance.verify.budget import MEASURED, estimate
+
+    for name, peak in MEASURED.items():
+        assert abs(estimate(get_config(name)) - peak) < 0.4 * peak, (name, estimate(get_config(name)), peak)
+
+
+_FIELD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.lists(st.integers(-3, 10**6), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(sorted(get_config("vit_test_token").to_dict()) + ["nonsense"]), _FIELD_VALUES, max_size=6
+    )
+)
+def test_any_json_config_is_a_config_or_one_clear_refusal(fields):
+    """Fuzzed over field values: load_config gives a config that fits, or a UsageError (exit 2,
+    one line); never another exception, never an allocation (the estimate runs first)."""
+    from conformance.report import UsageError
+    from conformance.verify.command import load_config
+
+    base = get_config("vit_test_token").to_dict()
+    text = json.dumps({**base, **fields}, allow_nan=True)
+    try:
+        config = load_config(None, text, None)
+    except UsageError as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    from conformance.verify.budget import too_large
+
+    too_large(config)  # a figure or None: arithmetic only
+
+
+@settings(max_examples=60, deadline=None)
+@given(header=st.binary(max_size=64), size=st.integers(0, 2**64 - 1))
+def test_any_safetensors_header_is_read_or_refused_naming_the_file(tmp_path_factory, header, size):
+    """Fuzzed over header bytes and the announced header length: a WeightError naming the file,
+    never another exception."""
+    from weights import WeightError, load_state
+
+    path = tmp_path_factory.mktemp("h") / "w.safetensors"
+    path.write_bytes(size.to_bytes(8, "little") + header)
+    with pytest.raises(WeightError, match="w.safetensors"):
+        load_state(path, get_config("vit_test_token"))
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+@pytest.fixture(scope="module")
+def state():
+    return init_state(get_config("vit_test_token"), seed=0)
+
+
+def _write(path, state, dtype):
+    """A timm state dict in ``dtype``, as .safetensors or .pth."""
+    import torch
+
+    tensors = {k: torch.from_numpy(v.astype(np.float64)).to(getattr(torch, dtype)) for k, v in state.items()}
+    if str(path).endswith(".pth"):
+        torch.save(tensors, path)
+    else:
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(path))
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+@pytest.mark.parametrize(
+    "dtype, plain, cast",
+    [
+        ("float32", None, None),
+        ("float16", "float16, where the canonical format is float32: pass --cast", None),
+        ("bfloat16", "bfloat16, where the canonical format is float32: pass --cast", None),
+        ("float64", "float64, where the canonical format is float32: pass --cast", None),
+        ("int8", "dtype int8, expected float32", "dtype int8, expected float32"),
+        ("complex64", "dtype complex64, expected float32", "dtype complex64, expected float32"),
+    ],
+)
+def test_every_load_path_accepts_and_refuses_the_same_dtypes(cli, tmp_path, state, suffix, dtype, plain, cast):
+    src = tmp_path / f"w{suffix}"
+    _write(src, state, dtype)
+    config = json.dumps(get_config("vit_test_token").to_dict())
+    for flags, refusal in (([], plain), (["--cast"], cast)):
+        out_path = tmp_path / f"out{len(flags)}.safetensors"
+        code, out, err = cli("convert", str(src), str(out_path), "--to", "canonical", "--config", config, *flags)
+        if refusal is None:
+            assert code == 0 and out_path.is_file(), err
+        else:
+            assert code == 2 and refusal in err and "'patch_embed.proj.weight'" in err and not out_path.exists(), err
+
+
+def test_a_float64_beyond_float32_is_refused_at_load_naming_the_key(cli, tmp_path, state):
+    src = tmp_path / "w.pth"
+    _write(src, {**state, "head.bias": np.full(state["head.bias"].shape, 1e300)}, "float64")
+    config = json.dumps(get_config("vit_test_token").to_dict())
+    code, _, err = cli(
+        "convert", str(src), str(tmp_path / "o.safetensors"), "--to", "canonical", "--config", config, "--cast"
+    )
+    assert code == 2 and "key 'head.bias': values up to 1e+300 overflow float32" in err
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("w.pth", "is a torch checkpoint, not a canonical safetensors file: convert it first"),
+        ("hf_dir", "is a directory, not a canonical safetensors file"),
+        ("missing.safetensors", "does not exist"),
+    ],
+)
+def test_verify_weights_says_what_a_file_is(cli, tmp_path, state, name, message):
+    (tmp_path / "hf_dir").mkdir()
+    _write(tmp_path / "w.pth", state, "float32")
+    code, out, err = cli("verify", f"{H}:exit_0_in_forward", "--weights", str(tmp_path / name))
+    assert code == 2 and message in err and out == "", err
+
+
+# ----------------------------------------------------------------------------- convert's targets
+
+
+@pytest.fixture
+def canonical(tmp_path, state):
+    path = tmp_path / "src.safetensors"
+    save_state(state, path, get_config("vit_test_token"))
+    return path
+
+
+def test_convert_refuses_an_existing_file_and_leaves_it_byte_identical(cli, tmp_path, canonical):
+    out = tmp_path / "out.pth"
+    out.write_bytes(b"precious")
+    code, _, err = cli("convert", str(canonical), str(out), "--to", "timm")
+    assert code == 2 and "exists (a file); pass --force" in err and out.read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize("layout, name", [("timm", "out.pth"), ("canonical", "out.safetensors"), ("hf", "out_dir")])
+def test_convert_force_replaces_atomically_leaving_no_temporary(cli, tmp_path, canonical, layout, name):
+    out = tmp_path / name
+    out.mkdir() if layout == "hf" else out.write_bytes(b"old")
+    code, _, err = cli("convert", str(canonical), str(out), "--to", layout, "--force")
+    assert code == 0, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["src.safetensors", name])  # no .tmp left
+    assert (out / "model.safetensors").is_file() if layout == "hf" else out.read_bytes() != b"old"
+
+
+def test_convert_replaces_a_symlink_and_never_writes_through_it(cli, tmp_path, canonical):
+    target = tmp_path / "elsewhere.bin"
+    target.write_bytes(b"not mine")
+    link = tmp_path / "out.safetensors"
+    link.symlink_to(target)
+    code, _, err = cli("convert", str(canonical), str(link), "--to", "canonical", "--force")
+    assert code == 0 and not link.is_symlink() and target.read_bytes() == b"not mine", err
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_convert_refuses_a_target_that_is_not_a_file_or_a_directory(cli, canonical, force):
+    code, _, err = cli("convert", str(canonical), "/dev/null", "--to", "canonical", *force)
+    assert code == 2 and "is not a regular file or a directory: refusing to replace it" in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--to", "timm", "--num-heads", "0"], "--num-heads must be a positive integer, got 0"),
+        (["--to", "timm", "--img-size", "1", "2", "3"], "takes one size or two"),
+        (["--to", "canonical", "--config", "missing.json"], "No such file or directory"),
+    ],
+)
+def test_convert_refuses_nonsense_arguments_with_one_line(cli, tmp_path, canonical, args, message):
+    code, _, err = cli("convert", str(canonical), str(tmp_path / "o.pth"), *args)
+    assert code == 2 and message in err and not (tmp_path / "o.pth").exists(), err
+
+
+def test_convert_to_a_missing_directory_is_exit_2_with_one_line(cli, tmp_path, canonical):
+    code, _, err = cli("convert", str(canonical), str(tmp_path / "no" / "o.pth"), "--to", "timm")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "does not exist" in err
