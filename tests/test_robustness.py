@@ -354,3 +354,36 @@ def test_convert_refuses_nonsense_arguments_with_one_line(cli, tmp_path, canonic
 def test_convert_to_a_missing_directory_is_exit_2_with_one_line(cli, tmp_path, canonical):
     code, _, err = cli("convert", str(canonical), str(tmp_path / "no" / "o.pth"), "--to", "timm")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "does not exist" in err
+
+
+def test_an_exception_on_the_determinism_re_run_is_told_as_an_exception(cli, tmp_path):
+    code, out, err = cli("verify", f"{H}:raises_on_the_second_call", "--json", str(tmp_path / "r.json"))
+    failures = json.loads((tmp_path / "r.json").read_text())["failures"]
+    assert code == 1 and failures == [
+        {
+            "case": failures[0]["case"],
+            "stage": "forward",
+            "reason": "the port raised RuntimeError: only once (on the determinism re-run)",
+        }
+    ]
+    assert "randomness" not in out
+
+
+def test_a_memory_limit_makes_a_port_s_huge_allocation_its_own_finding(cli, tmp_path):
+    code, out, err = cli("verify", f"{H}:allocates_8_gb", "--memory-limit", "4", "--json", str(tmp_path / "r.json"))
+    failures = json.loads((tmp_path / "r.json").read_text())["failures"]
+    assert code == 1 and failures[0]["reason"].startswith("the port raised MemoryError"), failures[:1]
+
+
+def test_a_gradient_factory_and_an_attention_port_that_end_their_process_are_findings(cli):
+    code, out, err = cli("verify", "--grad", f"{H}:grad_exits")
+    assert code == 1 and "the port's process exited with status 3 before returning" in out, out[-500:] + err[-500:]
+    code, out, err = cli("verify", "--attention", f"{H}:attention_exits")
+    assert code == 1 and "the port exited (sys.exit(0)) before returning" in out, out[-500:] + err[-500:]
+
+
+def test_an_hf_config_json_that_is_not_an_object_is_refused_naming_it(cli, tmp_path):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("[]")
+    code, _, err = cli("convert", str(tmp_path / "hf"), str(tmp_path / "o.safetensors"), "--to", "canonical")
+    assert code == 2 and "config.json' holds a list, expected a JSON object" in err, err

@@ -107,3 +107,37 @@ def prints_to_stdout(config, state):
         return forward(images)
 
     return noisy
+
+
+def raises_on_the_second_call(config, state):
+    """Correct once; the determinism re-run's second call raises (not randomness: an exception)."""
+    forward, calls = _correct(config, state), []
+
+    def once(images):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("only once")
+        return forward(images)
+
+    return once
+
+
+def allocates_8_gb(config, state):
+    def forward(images):
+        return np.ones((2**30,), np.float64)  # 8 GB
+
+    return forward
+
+
+def grad_exits(config, state):
+    def grad(images, loss):
+        os._exit(3)
+
+    return grad
+
+
+def attention_exits(state, **options):
+    def attention(x, context, mask):
+        sys.exit(0)
+
+    return attention
