@@ -12,7 +12,9 @@ def timm_model(config: ViTConfig):
     return timm_vit(config)
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])
+@pytest.mark.parametrize(
+    "name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224"]
+)
 def test_timm_preset_has_timm_keys_and_shapes(name):
     import timm
     import torch
@@ -40,7 +42,8 @@ def test_int_img_size_means_square():
     "options, words",
     [
         (dict(embed_dim=10, num_heads=3), ["embed_dim 10", "num_heads 3"]),
-        (dict(img_size=(30, 32), patch_size=16), ["img_size (30, 32)", "patch_size (16, 16)"]),
+        (dict(img_size=(30, 32), patch_size=16, dynamic_img_size=True), ["img_size (30, 32)", "patch_size (16, 16)"]),
+        (dict(img_size=(8, 32), patch_size=16), ["img_size (8, 32)", "smaller than patch_size (16, 16)"]),
         (dict(global_pool="gap"), ["global_pool", "'gap'"]),
         (dict(mlp_layer="glu"), ["mlp_layer", "'glu'"]),
         (dict(mlp_layer="swiglu_packed", embed_dim=6, num_heads=2, mlp_ratio=1.5), ["swiglu_packed", "9", "even"]),

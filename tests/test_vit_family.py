@@ -204,6 +204,9 @@ FAMILY_PRESETS = {
     "vit_base_patch16_clip_224": ("vit_base_patch16_clip_224", {}),
     "vit_base_patch16_clip_quickgelu_224": ("vit_base_patch16_clip_quickgelu_224", {}),
     "vit_base_patch16_siglip_224": ("vit_base_patch16_siglip_224", {}),
+    "vit_large_patch14_clip_336": ("vit_large_patch14_clip_336", {}),
+    "vit_large_patch14_clip_quickgelu_336": ("vit_large_patch14_clip_quickgelu_336", {}),
+    "vit_so400m_patch14_siglip_384": ("vit_so400m_patch14_siglip_384", {}),
     "vit_base_patch16_siglip_gap_224": ("vit_base_patch16_siglip_gap_224", {}),
     "deit3_small_patch16_224": ("deit3_small_patch16_224", {}),
     "vit_small_patch16_qknorm_224": ("vit_small_patch16_224", {"qk_norm": True}),
@@ -277,7 +280,9 @@ def test_the_named_timm_comparison_fails_on_an_option_the_keys_do_not_show(name,
     assert first == stage
 
 
-RUNNABLE = [n for n in FAMILY_PRESETS if n != "vit_giant_patch14_dinov2"]
+# Full size in float64 on one image within the thorough profile's time: not the ViT-L and larger towers
+# (their full-size verification is `python -m conformance bench --verify`'s, docs/performance.md).
+RUNNABLE = [n for n in FAMILY_PRESETS if n != "vit_giant_patch14_dinov2" and "large" not in n and "so400m" not in n]
 
 
 # In ci one preset of each kind, each on one framework port in turn (drawn family configs run
@@ -315,3 +320,22 @@ def test_full_size_family_preset_oracle_equals_timm_and_every_port_is_within_its
     case = P.ModelCase(config, state, x, info={"weights": "timm init", "preset": name})
     for port in ("torch", "mlx", "jax"):
         P.check_matches_oracle(port, factory(port), case)
+
+
+def test_an_image_size_with_a_remainder_reads_whole_patches_as_timm_does():
+    """timm's stride-p convolution reads floor(H / p) patches (SigLIP so400m/14 at 384: 27 x 27
+    of 378 pixels): the oracle equals timm at every stage, and the remainder's pixels change
+    nothing, where a pixel inside the grid changes patch_embed (the companion)."""
+    config = get_config("vit_test_token").replace(img_size=(18, 27))  # patch 4: remainders 2 and 3
+    assert config.grid_size == (4, 6)
+    state = init_state(config, seed=3)
+    x = images(config)
+    ref, oracle = timm_taps(timm_vit(config, state, dtype=torch.float64), x), factory("numpy")(config, state)(x)
+    assert_oracle_equals_timm_in_float64(oracle, ref, config, "remainder")
+    unread, read = x.copy(), x.copy()
+    unread[:, :, 16:, :] += 1.0
+    unread[:, :, :, 24:] += 1.0
+    read[:, :, 15, 23] += 1.0
+    run = factory("numpy")(config, state)
+    assert run(unread)["logits"].tobytes() == oracle["logits"].tobytes()
+    assert not np.array_equal(run(read)["patch_embed"], oracle["patch_embed"])

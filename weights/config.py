@@ -124,10 +124,14 @@ class ViTConfig:
             raise ConfigError(f"num_classes must be an int >= 0, got {self.num_classes!r}")
         if min(img) < 1 or min(patch) < 1:
             raise ConfigError(f"img_size {img} and patch_size {patch} must be positive")
-        if img[0] % patch[0] or img[1] % patch[1]:
+        if img[0] < patch[0] or img[1] < patch[1]:
+            raise ConfigError(f"img_size {img} is smaller than patch_size {patch}: no patch fits")
+        # As timm's PatchEmbed: a stride-p convolution reads floor(H / p) patches and leaves the
+        # remainder's pixels unread (SigLIP so400m/14 at 384: 27 x 27 patches of 378 pixels).
+        if self.dynamic_img_size is True and (img[0] % patch[0] or img[1] % patch[1]):
             raise ConfigError(
-                f"img_size {img} is not divisible by patch_size {patch}: "
-                f"remainders {(img[0] % patch[0], img[1] % patch[1])}"
+                f"img_size {img} is not divisible by patch_size {patch} (remainders "
+                f"{(img[0] % patch[0], img[1] % patch[1])}): dynamic_img_size takes whole patches"
             )
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
@@ -281,6 +285,7 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_tiny_patch16_224": ViTConfig(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "vit_small_patch16_224": ViTConfig(patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16_224": ViTConfig(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    "vit_large_patch16_224": ViTConfig(patch_size=16, embed_dim=1024, depth=24, num_heads=16),
     # The ViT family, as timm.create_model(name) builds them (its default img_size and num_classes).
     "vit_small_patch14_dinov2": ViTConfig(img_size=518, patch_size=14, num_classes=0, embed_dim=384, depth=12,
                                           num_heads=6, init_values=1e-5),
@@ -294,6 +299,14 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_base_patch16_clip_quickgelu_224": ViTConfig(patch_size=16, num_classes=512, embed_dim=768, depth=12,
                                                      num_heads=12, pre_norm=True, norm_eps=1e-5,
                                                      act_layer="quick_gelu"),
+    # The towers vision-language models port: LLaVA's CLIP ViT-L/14 at 336, PaliGemma's SigLIP so400m/14 at 384.
+    "vit_large_patch14_clip_336": ViTConfig(img_size=336, patch_size=14, embed_dim=1024, depth=24, num_heads=16,
+                                            pre_norm=True, norm_eps=1e-5),
+    "vit_large_patch14_clip_quickgelu_336": ViTConfig(img_size=336, patch_size=14, num_classes=768, embed_dim=1024,
+                                                      depth=24, num_heads=16, pre_norm=True, norm_eps=1e-5,
+                                                      act_layer="quick_gelu"),
+    "vit_so400m_patch14_siglip_384": ViTConfig(img_size=384, patch_size=14, num_classes=0, embed_dim=1152, depth=27,
+                                               num_heads=16, mlp_ratio=3.7362, class_token=False, global_pool="map"),
     "vit_base_patch16_siglip_224": ViTConfig(patch_size=16, num_classes=0, embed_dim=768, depth=12, num_heads=12,
                                              class_token=False, global_pool="map"),
     "vit_base_patch16_siglip_gap_224": ViTConfig(patch_size=16, num_classes=0, embed_dim=768, depth=12,

@@ -304,6 +304,7 @@ def evaluate(
     if name == "patch_embed":
         (ph, pw), w = config.patch_size, s["patch_embed.proj.weight"]
         B, C, Hi, Wi = images.shape
+        images = images[:, :, : Hi // ph * ph, : Wi // pw * pw]  # the convolution leaves the remainder unread
         patches = (
             images.reshape(B, C, Hi // ph, ph, Wi // pw, pw).transpose(0, 2, 4, 1, 3, 5).reshape(B, -1, C * ph * pw)
         )
