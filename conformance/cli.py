@@ -153,6 +153,11 @@ def main(argv=None) -> int:
         help="verify a config even if its estimated memory exceeds this machine's",
     )
     v.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the cases, the stages and the estimated time and peak memory, and run nothing",
+    )
+    v.add_argument(
         "--in-process",
         action="store_true",
         help="run the port in verify's own process (no isolation: faster to start, for debugging)",

@@ -1,14 +1,14 @@
 """What a verification will cost, estimated from the config alone before anything is built: a
 config that would not fit in this machine's memory is refused with the figure (``--force``
 tries anyway), so ``depth: 10000`` or ``img_size: 100000`` is an answer in a second, not a
-MemoryError after minutes of allocating.
+MemoryError after minutes of allocating; ``verify --dry-run`` prints both estimates.
 
-The model: peak memory = a fixed cost of the frameworks, plus so many bytes per element of one
-image's taps (the float64 oracle's stages and their noisy runs, for every case) and per
-parameter (each case's weights, in float32 and float64). The constants are fitted to the peak
-resident memory measured on the 2-core VM (docs/performance.md, ``python -m conformance bench
---verify`` once it exists): ViT-Ti 3.0 GB and ViT-B 18.5 GB (issue 24's table), checked again on
-ViT-Ti when this was written (``MEASURED``).
+Memory: a fixed cost, plus so many bytes per element of one image's taps (one case's float64
+oracle, its noisy run and the port's outputs, batch up to 3) and per parameter (the case's
+weights in float32 and float64, the port's copy). Time: a fixed cost (per-stage work, the same
+for every size), plus seconds per GFLOP of one image's forward. Both fitted to ``MEASURED``:
+``verify torch --preset NAME --in-process`` on this project's 2-core VM (peak resident memory
+of the process; wall time), three sizes, 2026-12-01.
 """
 
 from __future__ import annotations
@@ -19,10 +19,24 @@ import numpy as np
 
 from impls.protocol import ViTConfig
 
-BASE = 1.0e9  # bytes: the interpreter, NumPy, the frameworks verify imports
-PER_TAP_ELEMENT = 347.0  # bytes per element of one image's taps
-PER_PARAMETER = 102.0  # bytes per parameter
-MEASURED = {"vit_tiny_patch16_224": 3.0e9, "vit_base_patch16_224": 18.5e9}  # peak bytes the constants fit
+# name: (peak bytes, seconds), with the cases and streaming of this module's date
+MEASURED = {
+    "vit_tiny_patch16_224": (1.25e9, 32.0),
+    "vit_small_patch16_224": (2.02e9, 61.5),
+    "vit_base_patch16_224": (4.40e9, 152.2),
+}
+BASE = 0.75e9  # bytes: the interpreter, NumPy, the frameworks
+PER_TAP_ELEMENT = 50.0  # bytes per element of one image's taps
+PER_PARAMETER = 26.1  # bytes per parameter
+PORT_PROCESS = 0.5e9  # bytes: the port's own process, its framework imported (beside the fit's one process)
+BASE_SECONDS = 23.1
+SECONDS_PER_GFLOP = 3.69  # of one image's forward (10 cases of batch 3 and 1)
+
+
+def forward_flops(config: ViTConfig, batch: int = 1) -> float:
+    """Multiply-adds x 2 of a forward: the blocks' projections, MLP and attention."""
+    D, N, depth = config.embed_dim, config.num_tokens, config.depth
+    return 2.0 * batch * N * depth * (4 * D * D + 2 * D * config.mlp_hidden_dim + 2 * N * D)
 
 
 def _counted(config: ViTConfig) -> tuple[float, float]:
@@ -42,9 +56,14 @@ def sizes(config: ViTConfig) -> tuple[float, float]:
 
 
 def estimate(config: ViTConfig) -> float:
-    """Peak bytes verify holds for ``config`` (its default cases)."""
+    """Peak bytes verify and the port's process hold for ``config`` (its default cases, one at a time)."""
     taps, params = sizes(config)
-    return BASE + PER_TAP_ELEMENT * taps + PER_PARAMETER * params
+    return BASE + PORT_PROCESS + PER_TAP_ELEMENT * taps + PER_PARAMETER * params
+
+
+def seconds(config: ViTConfig, cases: int = 10) -> float:
+    """Wall seconds of verify on ``config``'s ``cases`` default cases (the fit's ten: scaled)."""
+    return (BASE_SECONDS + SECONDS_PER_GFLOP * forward_flops(config) / 1e9) * cases / 10
 
 
 def machine_memory() -> float | None:

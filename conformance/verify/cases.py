@@ -3,7 +3,7 @@ trained-like weights where real bugs show, in batches of 3 and 1; handed to a po
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -36,11 +36,47 @@ def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -
     E[x^2] - E[x]^2 fails), 64x (saturated softmax) and trained-like weights (massive
     activations, attention logits in the hundreds: where a softmax without its max overflows;
     and logits in the tens of thousands, below float16's 65504 only if q is scaled before q kᵀ)."""
-    cases = []
-    base = state if state is not None else WeightCase(seed, 1.0).make(config)
+    return list(iter_cases(config, state, seed))
+
+
+def count_cases(config: ViTConfig, state: dict | None = None) -> int:
+    """How many cases ``iter_cases`` yields, without making any."""
+    return len(case_plan(config, state))
+
+
+def iter_cases(config: ViTConfig, state: dict | None = None, seed: int = 0):
+    """``default_cases`` one at a time: each weight set is made when its first case is reached
+    and not held after its last (a full-size model's five weight sets are not in memory at once)."""
+    return (make() for _, make in case_plan(config, state, seed))
+
+
+def case_plan(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[str, Callable[[], Case]]]:
+    """(name, make the case) for each of ``default_cases``, in order; nothing is made until asked."""
+    memo: dict[str, dict] = {}
+
+    def base() -> dict:
+        if "base" not in memo:
+            memo["base"] = state if state is not None else WeightCase(seed, 1.0).make(config)
+        return memo["base"]
+
+    def case(name, batch, kind, image_seed, weights=None, grid=None, logit=None):
+        def make() -> Case:
+            images = (
+                make_images(config, batch, kind, image_seed, grid)
+                if grid
+                else make_images(config, batch, kind, image_seed)
+            )
+            weights_ = base() if weights is None else weights.make(config)
+            if logit is not None:
+                weights_ = with_block0_logit(config, weights_, images, logit)
+            return Case(name, images, weights_)
+
+        return name, make
+
+    plan = []
     for i, kind in enumerate(IMAGE_KINDS):
         batch = BATCHES[i % len(BATCHES)]
-        cases.append(Case(f"{kind} images (batch {batch})", make_images(config, batch, kind, seed + i), base))
+        plan.append(case(f"{kind} images (batch {batch})", batch, kind, seed + i))
     if state is None:
         for i, (w, label) in enumerate(
             (
@@ -51,32 +87,26 @@ def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -
             )
         ):
             batch = BATCHES[i % len(BATCHES)]
-            cases.append(
-                Case(
-                    f"ordinary images (batch {batch}), {label}",
-                    make_images(config, batch, "ordinary", seed),
-                    w.make(config),
-                )
-            )
-        images = make_images(config, 3, "ordinary", seed)
-        cases.append(
-            Case(
+            plan.append(case(f"ordinary images (batch {batch}), {label}", batch, "ordinary", seed, w))
+        plan.append(
+            case(
                 "ordinary images (batch 3), trained-like weights, block 0 logits to 3e4",
-                images,
-                with_block0_logit(config, TrainedLike(seed + 4).make(config), images, 3e4),
+                3,
+                "ordinary",
+                seed,
+                TrainedLike(seed + 4),
+                logit=3e4,
             )
         )
     if config.dynamic_img_size:  # the position embedding resampled up and down at run time
         gh, gw = config.grid_size
         for grid in ((gh + 2, gw + 1), (max(1, gh // 2), max(1, gw - 1))):
-            cases.append(
-                Case(
-                    f"ordinary images (batch 2) on a {grid[0]}x{grid[1]} patch grid",
-                    make_images(config, 2, "ordinary", seed + 5, grid),
-                    base,
+            plan.append(
+                case(
+                    f"ordinary images (batch 2) on a {grid[0]}x{grid[1]} patch grid", 2, "ordinary", seed + 5, grid=grid
                 )
             )
-    return cases
+    return plan
 
 
 def read_only(a: np.ndarray) -> np.ndarray:
@@ -100,6 +130,15 @@ def state_changes(handed: Mapping, original: Mapping) -> list[str]:
         )
     ]
     return changes
+
+
+def cached(config: ViTConfig) -> bool:
+    """Whether verify keeps a config's seeded cases and their error models for the next port:
+    small configs only (the zoo verifies 28 ports on vit_test_token's); a full-size model's are
+    made one at a time and let go."""
+    from conformance.verify.budget import sizes
+
+    return sizes(config)[0] < 1e6
 
 
 @lru_cache(maxsize=8)

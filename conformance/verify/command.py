@@ -186,6 +186,36 @@ def _stopped(args, spec: str, why: str, config: ViTConfig | None = None, attenti
     return write_outputs(report, args, format_report(report))
 
 
+def _show_progress(args) -> bool:
+    """A progress bar on a terminal, and never in a run whose report goes to --json."""
+    import sys
+
+    return bool(getattr(sys.stderr, "isatty", lambda: False)()) and not args.json
+
+
+def dry_run(spec: str, config: ViTConfig, args) -> int:
+    """What verify would do, and what it would cost, without running anything."""
+    from conformance.verify.budget import estimate, machine_memory, seconds, too_large
+    from conformance.verify.cases import case_plan
+    from impls import tap_names
+
+    names = [name for name, _ in case_plan(config, None if not args.weights else {})]
+    stages = tap_names(config)
+    memory = machine_memory()
+    print(f"verify {spec} in {args.dtype}: {config.name or 'config'} {config.to_dict()}")
+    print(f"{len(names)} cases: {'; '.join(names)}")
+    print(f"{len(stages)} stages per case ({stages[0]} ... {stages[-1]}): {len(names) * len(stages)} comparisons")
+    print(
+        f"estimate: peak memory {estimate(config) / 1e9:.3g} GB (this machine: "
+        f"{'unknown' if memory is None else f'{memory / 1e9:.3g} GB'}), about {seconds(config, len(names)):.0f} s "
+        "(docs/performance.md)"
+    )
+    why = too_large(config)
+    if why:
+        print(f"would refuse: {why}")
+    return 0
+
+
 def _timeout(args, side, config: ViTConfig) -> None:
     from conformance.verify.isolated import default_timeout
 
@@ -224,13 +254,15 @@ def main(args) -> int:
             return write_outputs(report, args, format_report(report))
         explicit = args.preset or args.config or args.weights
         if explicit:  # judged (its size too) before the port's process starts
-            config, state = _config_and_state(args)
+            config, state = _config_and_state(args, dry_run=getattr(args, "dry_run", False))
         try:
             default = side.default_config() if hasattr(side, "default_config") else default_config(side.make)
         except PortStopped as e:
             return _stopped(args, spec, str(e))
         if not explicit:
-            config, state = _config_and_state(args, default=default)
+            config, state = _config_and_state(args, default=default, dry_run=getattr(args, "dry_run", False))
+        if getattr(args, "dry_run", False):
+            return dry_run(spec, config, args)
         _timeout(args, side, config)
         try:
             report = verify(
@@ -241,6 +273,7 @@ def main(args) -> int:
                 seed=args.seed,
                 dtype=args.dtype,
                 policy=getattr(args, "policy", "mixed"),
+                progress=_show_progress(args),
             )
         except PortStopped as e:
             return _stopped(args, spec, str(e), config)
@@ -251,18 +284,18 @@ def main(args) -> int:
     return write_outputs(report, args, format_report(report))
 
 
-def _config_and_state(args, default: ViTConfig | None = None) -> tuple[ViTConfig, dict | None]:
+def _config_and_state(args, default: ViTConfig | None = None, dry_run: bool = False) -> tuple[ViTConfig, dict | None]:
     """--preset / --config / the config stored in --weights (or ``default``, the one that fits the
-    port), with --set applied, and --weights' state (or None)."""
+    port), with --set applied, and --weights' state (or None; not read for a dry run)."""
     from weights import WeightError, load_state
 
     from conformance.verify.budget import too_large
 
     config = load_config(args.preset, args.config, args.weights, None, getattr(args, "set", None), default)
-    why = None if getattr(args, "force", False) else too_large(config)
+    why = None if getattr(args, "force", False) or dry_run else too_large(config)
     if why:
         raise UsageError(why)
-    if not args.weights:
+    if not args.weights or dry_run:
         return config, None
     try:
         return config, load_state(args.weights, config)

@@ -8,7 +8,7 @@ import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.error_model import CaseModel
-from conformance.verify.cases import Case, default_cases, seeded_cases
+from conformance.verify.cases import Case, cached, count_cases, iter_cases, seeded_cases
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
@@ -63,6 +63,23 @@ class Forward:
         return self.names.index(result.name)
 
 
+def _progress(cases: int, stages: int, port: str, enabled: bool):
+    """cases x stages, on standard error (tqdm), or a bar that shows nothing."""
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(
+        total=cases * stages,
+        desc=f"verify {port}",
+        unit=" stages",
+        file=sys.stderr,
+        disable=not enabled,
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+
 def first_difference(first, second) -> str | None:
     """The first output of two calls that is not bitwise the same (``logits`` for a bare array)."""
     first = first if isinstance(first, Mapping) else {"logits": first}
@@ -84,28 +101,38 @@ def verify(
     seed: int = 0,
     dtype: str = "float32",
     policy: str = "mixed",
+    progress: bool = False,
 ) -> Report:
     """``make``: a port factory (run in this process) or a ``PortSide`` (``Isolated``: the port in
-    a process of its own)."""
+    a process of its own). ``progress``: a bar of cases and stages on standard error."""
     from conformance.support import Unsupported
 
     side = port_side(make, port)
     why = side.unsupported(config)
     if why:
         raise Unsupported(f"config not supported by the port: {why}")
-    if cases is None and state is None:
-        pairs = list(seeded_cases(config, seed, dtype))
-    else:
-        cases = default_cases(config, state, seed) if cases is None else cases
-        pairs = [(case, None) for case in cases]
-    report = Report(port, config, cases=[c.name for c, _ in pairs], dtype=dtype)
+    if cases is None and state is None and cached(config):
+        pairs = seeded_cases(config, seed, dtype)
+    else:  # one case in memory at a time: its weights, images, oracle and the port's outputs
+        pairs = ((case, None) for case in (iter_cases(config, state, seed) if cases is None else cases))
+    report = Report(port, config, cases=[], dtype=dtype)
     variant = Forward(side, config, dtype, policy)
-    # the oracle runs first, case by case
-    outcome = run_cases(
-        report,
-        variant,
-        ((case.name, case, model or CaseModel(config, case.state, case.images, dtype)) for case, model in pairs),
-    )
+
+    total = len(cases) if cases is not None else count_cases(config, state)
+    bar = _progress(total, len(variant.names), report.port, progress)
+
+    def judged():
+        for case, model in pairs:
+            report.cases.append(case.name)
+            bar.set_postfix_str(case.name, refresh=False)
+            # the oracle runs first, case by case
+            yield case.name, case, model or CaseModel(config, case.state, case.images, dtype)
+            bar.update(len(variant.names))
+
+    try:
+        outcome = run_cases(report, variant, judged())
+    finally:
+        bar.close()
     names = variant.names
     report.stages = [outcome.worst[n] for n in names if n in outcome.worst]
     for n in report.unseen:
@@ -114,8 +141,8 @@ def verify(
         report.first_divergence = outcome.first[1]
     elif report.failures:
         report.first_divergence = report.failures[0]["stage"]  # load or forward: before any stage
-    if outcome.judged and not report.failures:
-        case = outcome.judged[0]
+    if outcome.first_judged is not None and not report.failures:
+        case = outcome.first_judged
         both, findings = side.twice(case, config, dtype)
         for stage, reason in findings:  # the re-run's own failure, told as what it is
             finding(report, case.name, stage, f"{reason} (on the determinism re-run)")

@@ -76,7 +76,7 @@ class Isolated:
         self.root = Path(tempfile.mkdtemp(prefix="vit-conformance-"))
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
-        self._states: dict[int, tuple[dict, dict]] = {}  # id(state) -> (state, its tree), written once
+        self._state: tuple[dict, dict, Path] | None = None  # the current state, its tree and directory
         self._count = 0
         self._stops: list[str] = []  # what ended the child on each case since it last answered
         self.gave_up: str | None = None  # why the remaining cases are not run
@@ -221,13 +221,16 @@ class Isolated:
 
     def _case_tree(self, case: Case) -> tuple[dict, wire.Writer]:
         """The case as a tree under the root (its state written once for every case sharing it)."""
-        if id(case.state) not in self._states:
-            self._states[id(case.state)] = (case.state, self._writer().encode(dict(case.state)))
+        if self._state is None or self._state[0] is not case.state:  # consecutive cases share it: written once
+            if self._state is not None:
+                shutil.rmtree(self._state[2], ignore_errors=True)
+            state_writer = self._writer()
+            self._state = (case.state, state_writer.encode(dict(case.state)), state_writer.root / state_writer.sub)
         writer = self._writer()
         tree = {
             "name": case.name,
             "images": writer.encode(case.images),
-            "state": self._states[id(case.state)][1],
+            "state": self._state[1],
             "context": writer.encode(case.context),
             "mask": writer.encode(case.mask),
         }

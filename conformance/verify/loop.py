@@ -60,7 +60,7 @@ class Outcome:
     worst: dict[str, Result] = field(default_factory=dict)
     first: tuple[int, str, str] | None = None  # (place in the variant's order, row name, case)
     first_result: Result | None = None
-    judged: list[Case] = field(default_factory=list)
+    first_judged: Case | None = None  # the first case judged (the determinism re-run's)
 
     def diverged(self, index: int, name: str, label: str, result: Result | None = None) -> None:
         if self.first is None or index < self.first[0]:
@@ -74,7 +74,8 @@ def run_cases(report: VerifyReport, variant: Variant, cases: Iterable[tuple[str,
         if beyond:  # judging it would be a false alarm
             report.skipped.append(f"{label}: {beyond}")
             continue
-        outcome.judged.append(case)
+        if outcome.first_judged is None:
+            outcome.first_judged = case
         out = variant.run(case, reference, report, label)
         if out is None:
             continue
