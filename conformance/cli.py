@@ -169,6 +169,12 @@ def main(argv=None) -> int:
         "--no-dtypes", action="store_true", help="verify each mutant in its own dtype only, not in all three"
     )
     z.add_argument("--workers", type=int, default=2, help="pytest-xdist workers for the sampled run")
+    z.add_argument(
+        "--cover",
+        action="store_true",
+        help="instead: which default case locates each model mutant alone, in each dtype, and the fewest that "
+        "locate them all (docs/data/case_cover.json: the cases verify keeps at full size)",
+    )
     z.add_argument("--json", help="write the rows as JSON here (docs/data/zoo.json feeds docs/zoo.md)")
     z.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
     b = sub.add_parser("bench", help="forward throughput of every port against timm, side by side")
@@ -180,6 +186,12 @@ def main(argv=None) -> int:
         "--json", help="write the rows and the machine here (docs/data/bench.json feeds docs/performance.md)"
     )
     b.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
+    b.add_argument(
+        "--verify",
+        action="store_true",
+        help="measure verify itself instead: wall time, peak memory and the ratio to one float64 oracle forward "
+        "(docs/data/bench_verify.json)",
+    )
     d = sub.add_parser("docs", help="regenerate the tables in docs/ from code and committed measurements")
     d.add_argument("--check", action="store_true", help="only check: exit 1 naming each stale table")
     c = sub.add_parser(
@@ -200,6 +212,10 @@ def main(argv=None) -> int:
         return calibrate_main(rest)
     args = parser.parse_args(argv)
     if args.command == "bench":
+        if args.verify:
+            from conformance.verify.bench import main as verify_bench_main
+
+            return verify_bench_main(args)
         from conformance.bench import main as bench_main
 
         return bench_main(args)
@@ -208,6 +224,10 @@ def main(argv=None) -> int:
 
         return docs_main(args)
     if args.command == "zoo":
+        if args.cover:
+            from conformance.zoo.cover import main as cover_main
+
+            return cover_main(args)
         from conformance.zoo.run import main as zoo_main
 
         return zoo_main(args)

@@ -6,7 +6,8 @@
 A block sits between ``<!-- generated: NAME -->`` and ``<!-- end generated: NAME -->``. Its
 source is code (the zoo's catalogue) or a committed measurement: conformance/numerics/calibration.json
 (``python -m conformance calibrate``), docs/data/zoo.json (``python -m conformance zoo --json``)
-and docs/data/bench.json (``python -m conformance bench --json``).
+docs/data/bench.json (``python -m conformance bench --json``) and docs/data/bench_verify.json
+(``python -m conformance bench --verify --json``).
 """
 
 from __future__ import annotations
@@ -190,7 +191,47 @@ def stage_table() -> str:
     )
 
 
-GENERATORS = {"zoo": zoo_table, "bench": bench_table, "tolerances": tolerance_table, "stages": stage_table}
+def verify_bench_table(result: dict | None = None) -> str:
+    if result is None:
+        path = DATA / "bench_verify.json"
+        if not path.exists():
+            return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
+        result = json.loads(path.read_text())
+    m = result["machine"]
+    head = (
+        f"Measured with `python -m conformance bench --verify` on {m['processor']}, {m['cores']} cores, "
+        f"{result.get('date', '')}: `verify {result['rows'][0]['port']} --preset ...` as a user runs it (the port in "
+        "its own process); peak memory of verify's and the port's processes together; *oracle* one float64 NumPy "
+        "forward over the same cases in the same run; *estimate* what `verify --dry-run` says beforehand.\n\n"
+    )
+    rows = [
+        [
+            r["label"],
+            r["tokens"],
+            r["depth"],
+            r["width"],
+            {True: "conformant", False: "NOT", None: f"exit {r['exit']}"}[r["conformant"]],
+            f"{r['seconds']:.1f}",
+            f"{r['peak_gb']:.2f}",
+            f"{r['oracle_seconds']:.2f}",
+            f"{r['ratio']:.0f}",
+            f"{r['estimated_seconds']:.0f} s, {r['estimated_gb']:.2f} GB",
+        ]
+        for r in result["rows"]
+    ]
+    return head + markdown_table(
+        ["config", "tokens", "depth", "width", "verdict", "wall s", "peak GB", "oracle s", "wall / oracle", "estimate"],
+        rows,
+    )
+
+
+GENERATORS = {
+    "zoo": zoo_table,
+    "bench": bench_table,
+    "verify-bench": verify_bench_table,
+    "tolerances": tolerance_table,
+    "stages": stage_table,
+}
 
 
 # ----------------------------------------------------------------------------- blocks

@@ -2,6 +2,8 @@
 and the --port plugin), with its error at least 10 times the tolerance; the correct ports,
 wrapped the same way, pass."""
 
+from pathlib import Path
+
 import pytest
 
 from conformance.profiles import heavy
@@ -64,3 +66,33 @@ def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_por
     missed = {r.name: r.missed for r in rows if not r.caught}
     assert not missed, missed
     assert correct and not any(correct.values()), correct
+
+
+def test_the_full_size_cases_are_the_committed_cover_of_the_zoo():
+    """verify's FULL_SIZE cases are the cover ``python -m conformance zoo --cover`` measured
+    (docs/data/case_cover.json): every model mutant, in every dtype, located by one of them 10x
+    outside its tolerance or as far as any single case does."""
+    import json
+
+    from conformance.verify.cases import FULL_SIZE, default_cases
+    from conformance.zoo.cover import cover
+    from impls import get_config
+
+    measured = json.loads((Path(__file__).parent.parent / "docs" / "data" / "case_cover.json").read_text())
+    assert cover(measured["rows"]) == measured["cover"]
+    assert sorted(FULL_SIZE) == sorted(c for c in measured["cover"] if "patch grid" not in c)
+    assert set(FULL_SIZE) <= {c.name for c in default_cases(get_config("vit_test_token"))}
+
+
+def test_the_cover_keeps_a_case_only_a_weakly_located_mutant_needs():
+    """The companion: a mutant located strongly by one case and weakly by another keeps the strong
+    one; a case no mutant needs is left out."""
+    from conformance.zoo.cover import cover
+
+    rows = [
+        {"mutant": "a", "dtype": "float32", "case": "x", "located": True, "separation": 1e4},
+        {"mutant": "b", "dtype": "float32", "case": "x", "located": True, "separation": 2.0},
+        {"mutant": "b", "dtype": "float32", "case": "y", "located": True, "separation": 50.0},
+        {"mutant": "a", "dtype": "float32", "case": "z", "located": False, "separation": 0.5},
+    ]
+    assert cover(rows) == ["x", "y"]

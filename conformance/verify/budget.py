@@ -61,9 +61,9 @@ def estimate(config: ViTConfig) -> float:
     return BASE + PORT_PROCESS + PER_TAP_ELEMENT * taps + PER_PARAMETER * params
 
 
-def seconds(config: ViTConfig, cases: int = 10) -> float:
-    """Wall seconds of verify on ``config``'s ``cases`` default cases (the fit's ten: scaled)."""
-    return (BASE_SECONDS + SECONDS_PER_GFLOP * forward_flops(config) / 1e9) * cases / 10
+def seconds(config: ViTConfig, images: int = 22) -> float:
+    """Wall seconds of verify on ``images`` images in all (the fit's ten cases hold 22: scaled)."""
+    return (BASE_SECONDS + SECONDS_PER_GFLOP * forward_flops(config) / 1e9) * images / 22
 
 
 def machine_memory() -> float | None:

@@ -39,19 +39,44 @@ def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -
     return list(iter_cases(config, state, seed))
 
 
-def count_cases(config: ViTConfig, state: dict | None = None) -> int:
+# The seeded cases verify keeps at full size (configs not ``cached``): the fewest that locate every
+# model mutant of the zoo, in every dtype, 10x outside its tolerance (or as far as any case does),
+# measured by ``python -m conformance zoo --cover`` (docs/data/case_cover.json, docs/zoo.md); a
+# dynamic_img_size config keeps its other-grid cases too. 12 images of the 22.
+FULL_SIZE = (
+    "ordinary images (batch 3), trained-like weights, block 0 logits to 3e4",
+    "ordinary images (batch 3), weights x4",
+    "ordinary images (batch 3), weights x64",
+    "ordinary images (batch 1), offset 1000",
+    "tiny images (batch 1)",
+    "constant images (batch 1)",
+)
+
+
+def images_of(names) -> int:
+    """How many images the named cases hold (each name says its batch)."""
+    import re
+
+    return sum(int(re.search(r"batch (\d+)", name).group(1)) for name in names)
+
+
+def count_cases(config: ViTConfig, state: dict | None = None, full_size: bool = False) -> int:
     """How many cases ``iter_cases`` yields, without making any."""
-    return len(case_plan(config, state))
+    return len(case_plan(config, state, full_size=full_size))
 
 
-def iter_cases(config: ViTConfig, state: dict | None = None, seed: int = 0):
+def iter_cases(config: ViTConfig, state: dict | None = None, seed: int = 0, full_size: bool = False):
     """``default_cases`` one at a time: each weight set is made when its first case is reached
-    and not held after its last (a full-size model's five weight sets are not in memory at once)."""
-    return (make() for _, make in case_plan(config, state, seed))
+    and not held after its last (a full-size model's five weight sets are not in memory at once);
+    ``full_size``: the seeded ones of ``FULL_SIZE`` only."""
+    return (make() for _, make in case_plan(config, state, seed, full_size))
 
 
-def case_plan(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[str, Callable[[], Case]]]:
-    """(name, make the case) for each of ``default_cases``, in order; nothing is made until asked."""
+def case_plan(
+    config: ViTConfig, state: dict | None = None, seed: int = 0, full_size: bool = False
+) -> list[tuple[str, Callable[[], Case]]]:
+    """(name, make the case) for each of ``default_cases``, in order; nothing is made until asked.
+    ``full_size`` (with seeded weights): ``FULL_SIZE`` and the other-grid cases only."""
     memo: dict[str, dict] = {}
 
     def base() -> dict:
@@ -106,6 +131,8 @@ def case_plan(config: ViTConfig, state: dict | None = None, seed: int = 0) -> li
                     f"ordinary images (batch 2) on a {grid[0]}x{grid[1]} patch grid", 2, "ordinary", seed + 5, grid=grid
                 )
             )
+    if full_size and state is None:
+        plan = [(name, make) for name, make in plan if name in FULL_SIZE or "patch grid" in name]
     return plan
 
 
@@ -123,6 +150,7 @@ def state_changes(handed: Mapping, original: Mapping) -> list[str]:
         f"replaced {k!r}"
         for k in sorted(original)
         if k in handed
+        and handed[k] is not original[k]  # the same read-only array: unchanged, without reading it
         and not (
             isinstance(handed[k], np.ndarray)
             and handed[k].shape == original[k].shape
@@ -157,11 +185,14 @@ class Handed:
     misbehaving port does with them told as a finding (the forward, gradient and attention checks
     share it). ``call`` runs a step of the port; ``tampered`` says how it changed its inputs."""
 
-    def __init__(self, case: Case):
+    def __init__(self, case: Case, copy: bool = True):
+        """``copy=False``: the case's arrays are handed as they are, already read-only for good
+        (the port's process maps them read-only: no copy of a full-size model's weights)."""
         self.case = case
-        self.state = {k: read_only(v) for k, v in case.state.items()}
-        self.images = read_only(case.images)
-        self.context = None if case.context is None else read_only(case.context)
+        keep = read_only if copy else (lambda a: a)
+        self.state = {k: keep(v) for k, v in case.state.items()}
+        self.images = keep(case.images)
+        self.context = None if case.context is None else keep(case.context)
 
     # What a port's call may raise and still be a finding: in verify's own process not a
     # KeyboardInterrupt (the user's Ctrl-C); in the port's own process anything (nothing else

@@ -69,7 +69,7 @@ class Child:
             return {"status": "usage", "message": f"cannot load {what} {spec!r}: {describe_exception(e)}"}
         if kind == "forward":
             make = with_taps(make, list(taps))  # UsageError: an answer of its own
-        self.side = InProcess(make, spec)
+        self.side = InProcess(make, spec, copy=False)  # the cases arrive mapped read-only
         default = default_config(make) if kind == "forward" else None
         return {"status": "ok", "default_config": None if default is None else default.to_dict()}
 
@@ -85,7 +85,7 @@ class Child:
                 return self.hello(request["kind"], request["spec"], request.get("taps") or ())
             if op == "unsupported":
                 return {"status": "ok", "why": self.side.unsupported(ViTConfig.from_dict(request["config"]))}
-            reader = wire.Reader(request["root"])
+            reader = wire.Reader(request["root"], mmap=True)
             case = _case(request["case"], reader)
             if op == "attention":
                 out, findings = self.side.attention(case, dict(request["options"]))

@@ -199,7 +199,9 @@ def dry_run(spec: str, config: ViTConfig, args) -> int:
     from conformance.verify.cases import case_plan
     from impls import tap_names
 
-    names = [name for name, _ in case_plan(config, None if not args.weights else {})]
+    from conformance.verify.cases import cached, images_of
+
+    names = [name for name, _ in case_plan(config, None if not args.weights else {}, full_size=not cached(config))]
     stages = tap_names(config)
     memory = machine_memory()
     print(f"verify {spec} in {args.dtype}: {config.name or 'config'} {config.to_dict()}")
@@ -207,7 +209,7 @@ def dry_run(spec: str, config: ViTConfig, args) -> int:
     print(f"{len(stages)} stages per case ({stages[0]} ... {stages[-1]}): {len(names) * len(stages)} comparisons")
     print(
         f"estimate: peak memory {estimate(config) / 1e9:.3g} GB (this machine: "
-        f"{'unknown' if memory is None else f'{memory / 1e9:.3g} GB'}), about {seconds(config, len(names)):.0f} s "
+        f"{'unknown' if memory is None else f'{memory / 1e9:.3g} GB'}), about {seconds(config, images_of(names)):.0f} s "
         "(docs/performance.md)"
     )
     why = too_large(config)

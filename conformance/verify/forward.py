@@ -114,11 +114,12 @@ def verify(
     if cases is None and state is None and cached(config):
         pairs = seeded_cases(config, seed, dtype)
     else:  # one case in memory at a time: its weights, images, oracle and the port's outputs
-        pairs = ((case, None) for case in (iter_cases(config, state, seed) if cases is None else cases))
+        full_size = not cached(config)  # the seeded cases that locate every mutant, not all (FULL_SIZE)
+        pairs = ((case, None) for case in (iter_cases(config, state, seed, full_size) if cases is None else cases))
     report = Report(port, config, cases=[], dtype=dtype)
     variant = Forward(side, config, dtype, policy)
 
-    total = len(cases) if cases is not None else count_cases(config, state)
+    total = len(cases) if cases is not None else count_cases(config, state, not cached(config))
     bar = _progress(total, len(variant.names), report.port, progress)
 
     def judged():

@@ -55,8 +55,8 @@ class InProcess:
 
     is_port_side = True
 
-    def __init__(self, make: Callable, name: str = "port"):
-        self.make, self.name = make, name
+    def __init__(self, make: Callable, name: str = "port", copy: bool = True):
+        self.make, self.name, self.copy = make, name, copy  # copy: hand read-only copies (False: as they are)
 
     def unsupported(self, config: ViTConfig) -> str | None:
         from conformance.support import supports_of, unsupported_option
@@ -67,7 +67,7 @@ class InProcess:
         from conformance.properties import build
         from conformance.verify.report import finding
 
-        sink, handed = _Sink(), Handed(case)
+        sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
             built, forward = handed.call(sink, "load", build, self.make, config, handed.state, dtype)
             if not built:
@@ -87,7 +87,7 @@ class InProcess:
     def twice(self, case: Case, config: ViTConfig, dtype: str):
         from conformance.properties import build
 
-        sink, handed = _Sink(), Handed(case)
+        sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
             built, forward = handed.call(sink, "load", build, self.make, config, handed.state, dtype)
             if not built:
@@ -101,7 +101,7 @@ class InProcess:
     def backward(self, case: Case, config: ViTConfig, dtype: str, loss):
         from conformance.verify.report import finding
 
-        sink, handed = _Sink(), Handed(case)
+        sink, handed = _Sink(), Handed(case, self.copy)
 
         def backward():
             grad = (
@@ -125,7 +125,7 @@ class InProcess:
     def attention(self, case: Case, options: dict):
         from conformance.verify.report import finding
 
-        sink, handed = _Sink(), Handed(case)
+        sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
             ran, out = handed.call(
                 sink,

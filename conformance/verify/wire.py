@@ -92,14 +92,14 @@ def _numeric_sequence(obj) -> bool:
 class Reader:
     """Decodes trees whose arrays are under ``root``; anything else is a ``WireError``."""
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
+    def __init__(self, root: str | Path, mmap: bool = False):
+        self.root, self.mmap = Path(root), mmap  # mmap: arrays mapped read-only (they cannot be made writable)
 
     def array(self, tree: Mapping) -> np.ndarray:
         file, dtype = tree.get("__array__"), tree.get("dtype")
         if not isinstance(file, str) or not _FILE.match(file) or dtype not in DTYPES:
             raise WireError(f"an array reference that is not one: {dict(tree)!r:.200}")
-        a = np.load(self.root / file, allow_pickle=False)
+        a = np.load(self.root / file, allow_pickle=False, mmap_mode="r" if self.mmap else None)
         if dtype == "bfloat16":
             import ml_dtypes
 

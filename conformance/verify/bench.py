@@ -1,0 +1,160 @@
+"""``python -m conformance bench --verify``: what verifying costs, per config, side by side.
+
+For each config: ``python -m conformance verify PORT --preset NAME --set ...`` as a user runs
+it (the port in its own process), its wall time and the peak of verify's and the port's
+memory together (their proportional set sizes, sampled from /proc every 50 ms), and the time of one float64 NumPy
+oracle forward over the same cases, measured in the same run: the ratio of the two is the
+figure to hold (an absolute time is the machine's). Written to docs/data/bench_verify.json;
+``python -m conformance docs`` renders docs/performance.md's table from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# (label, preset, --set overrides): widths, depths and token counts, three of each
+CONFIGS = [
+    ("ViT-Ti/16", "vit_tiny_patch16_224", {}),
+    ("ViT-S/16", "vit_small_patch16_224", {}),
+    ("ViT-B/16", "vit_base_patch16_224", {}),
+    ("ViT-B/16, depth 3", "vit_base_patch16_224", {"depth": 3}),
+    ("ViT-B/16, depth 6", "vit_base_patch16_224", {"depth": 6}),
+    ("ViT-S/16 at 112 (50 tokens)", "vit_small_patch16_224", {"img_size": 112}),
+    ("ViT-S/16 at 160 (101 tokens)", "vit_small_patch16_224", {"img_size": 160}),
+]
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def _rss(pid: int) -> int:
+    """The process tree's proportional set size: pages shared between its processes (the weights
+    the port's process maps from verify's files) counted once."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration, ValueError):
+            pass
+    return total
+
+
+def run_verify(port: str, preset: str, settings: dict) -> dict:
+    """verify as a subprocess: wall seconds, the peak of its process tree's memory, its verdict."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [sys.executable, "-m", "conformance", "verify", port, "--preset", preset, "--json", str(report)]
+        cmd += [f"--set={k}={json.dumps(v)}" for k, v in settings.items()]
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        peak, done = [0], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], _rss(proc.pid))
+                done.wait(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, err = proc.communicate()
+        wall = time.perf_counter() - start
+        done.set()
+        sampler.join()
+        verdict = json.loads(report.read_text())["conformant"] if report.exists() else None
+        return {
+            "seconds": wall,
+            "peak_gb": peak[0] / 1e9,
+            "exit": proc.returncode,
+            "conformant": verdict,
+            "error": err.decode(errors="replace")[-300:] if proc.returncode not in (0, 1) else "",
+        }
+
+
+def oracle_seconds(preset: str, settings: dict) -> float:
+    """One float64 NumPy oracle forward over verify's default cases (their weights and images made
+    outside the timing)."""
+    from conformance.verify.cases import cached, iter_cases
+    from impls import get_config, numpy_vit
+
+    config = get_config(preset).replace(**settings)
+    total = 0.0
+    for case in iter_cases(config, full_size=not cached(config)):
+        forward = numpy_vit.make(config, case.state)
+        start = time.perf_counter()
+        forward(case.images)
+        total += time.perf_counter() - start
+    return total
+
+
+def run(configs=CONFIGS, port: str = "torch") -> dict:
+    import platform
+
+    from conformance.bench import _cpu_name
+    from conformance.verify.budget import estimate, seconds
+    from conformance.verify.cases import cached, case_plan, images_of
+    from impls import get_config
+
+    rows = []
+    for label, preset, settings in configs:
+        config = get_config(preset).replace(**settings)
+        measured = run_verify(port, preset, settings)
+        oracle = oracle_seconds(preset, settings)
+        rows.append(
+            {
+                "label": label,
+                "preset": preset,
+                "settings": settings,
+                "port": port,
+                **measured,
+                "oracle_seconds": oracle,
+                "ratio": measured["seconds"] / oracle,
+                "tokens": config.num_tokens,
+                "depth": config.depth,
+                "width": config.embed_dim,
+                "estimated_gb": estimate(config) / 1e9,
+                "estimated_seconds": seconds(
+                    config, images_of(n for n, _ in case_plan(config, full_size=not cached(config)))
+                ),
+            }
+        )
+        print(
+            f"{label}: {measured['seconds']:.1f} s, {measured['peak_gb']:.2f} GB, oracle {oracle:.1f} s, "
+            f"ratio {rows[-1]['ratio']:.1f}",
+            file=sys.stderr,
+        )
+    machine = {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count()}
+    return {"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+
+
+def main(args) -> int:
+    result = run(port=getattr(args, "verify_port", None) or "torch")
+    text = json.dumps(result, indent=1) + "\n"
+    if args.json:
+        Path(args.json).write_text(text)
+    else:
+        print(text)
+    return 0

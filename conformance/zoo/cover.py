@@ -1,0 +1,90 @@
+"""Which of verify's cases each model mutant is located by, alone, in each dtype: the evidence
+for the cases verify keeps at full size (``conformance.verify.cases.FULL_SIZE``).
+
+    python -m conformance zoo --cover [--json docs/data/case_cover.json]
+
+For every model mutant of the zoo and every dtype it is run in, verify on each default case by
+itself: located (the first divergence is the declared stage) or not, and the separation. A
+greedy cover then picks the fewest cases that locate every (mutant, dtype) the whole set
+locates, preferring the cases where the separation is largest.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from conformance.verify.cases import default_cases
+from conformance.zoo.catalogue import MUTANTS
+from conformance.zoo.run import DTYPES
+from impls import get_config, load_factory
+
+
+def matrix(dtypes=DTYPES) -> list[dict]:
+    """One row per (mutant, dtype, case): located alone, and its separation."""
+    from conformance.verify import verify
+
+    rows = []
+    for mutant in MUTANTS.values():
+        if mutant.level != "model":
+            continue
+        config = get_config(mutant.config)
+        make = load_factory(mutant.factory)
+        for dtype in dtypes:  # as the zoo runs every model mutant
+            for case in default_cases(config, None, 0):
+                report = verify(make, config, port=mutant.name, cases=[case], dtype=dtype)
+                rows.append(
+                    {
+                        "mutant": mutant.name,
+                        "dtype": dtype,
+                        "case": case.name,
+                        "located": report.located() == mutant.first_divergence,
+                        "separation": min(report.separation() or 0.0, 1e300),
+                    }
+                )
+        print(f"{mutant.name}: done", file=sys.stderr)
+    return rows
+
+
+STRONG = 10.0  # a case covers a mutant it locates this far outside the tolerance (or as far as any case does)
+
+
+def cover(rows: list[dict]) -> list[str]:
+    """The fewest cases (greedy) that locate every (mutant, dtype) some case locates, each at a
+    separation of ``STRONG`` or at the best any single case reaches when that is less."""
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if r["located"]:
+            key = (r["mutant"], r["dtype"])
+            best[key] = max(best.get(key, 0.0), float(r["separation"]))
+    need = set(best)
+    by_case: dict[str, set] = {}
+    strength: dict[str, float] = {}
+    for r in rows:
+        key = (r["mutant"], r["dtype"])
+        if r["located"] and float(r["separation"]) >= min(STRONG, best[key]):
+            by_case.setdefault(r["case"], set()).add(key)
+            strength[r["case"]] = strength.get(r["case"], 0.0) + min(float(r["separation"]), 1e6)
+    chosen: list[str] = []
+    while need:
+        best = max(by_case, key=lambda c: (len(by_case[c] & need), strength.get(c, 0.0)))
+        if not by_case[best] & need:
+            break
+        chosen.append(best)
+        need -= by_case[best]
+    return chosen
+
+
+def main(args) -> int:
+    rows = matrix()
+    result = {
+        "rows": rows,
+        "cover": cover(rows),
+        "cases": [c.name for c in default_cases(get_config("vit_test_token"))],
+    }
+    text = json.dumps(result, indent=1) + "\n"
+    if getattr(args, "json", None):
+        Path(args.json).write_text(text)
+    print(f"cover: {result['cover']}", file=sys.stderr)
+    return 0
