@@ -450,6 +450,25 @@ class Chain:
             t[name] = value
         return t
 
+    def _deviations(self, rng: np.random.Generator):
+        """A noisy run (``run(rng)``'s draws, in its order) as (stage, max |noisy - oracle|), each
+        stage's value let go after the last stage that reads it: the run holds a block's stages,
+        not the model's."""
+        last = {}
+        for i, name in enumerate(self.names):
+            for k in self.inputs(name):
+                last[k] = i
+        t: dict[str, np.ndarray] = {}
+        for i, name in enumerate(self.names):
+            value, bound = self.evaluate(name, t)
+            value = value + rng.standard_normal(np.shape(value)) * bound
+            del bound
+            yield name, float(np.abs(value - self.oracle[name]).max(initial=0.0))
+            if last.get(name, -1) > i:
+                t[name] = value
+            for k in [k for k in t if last.get(k, -1) <= i]:
+                del t[k]
+
     def local(self, name: str, taps: Mapping[str, np.ndarray], precision: Precision | None = None):
         """(oracle value, unit bound) of ``name`` computed from the port's own inputs ``taps``, in
         ``precision`` (default: the chain's; mixed precision: the stage's as emitted)."""
@@ -483,12 +502,27 @@ class Chain:
             elements = sum(np.size(v) for v in self.oracle.values())
             spread = dict.fromkeys(self.oracle, 0.0)
             for _ in range(max(self.noisy_runs, min(8, int(4e6 // max(elements, 1))))):
-                run = self.run(rng)  # one noisy run at a time, kept only as its largest deviations
-                for k, v in self.oracle.items():
-                    spread[k] = max(spread[k], float(np.abs(run[k] - v).max(initial=0.0)))
-                del run
+                for k, deviation in self._deviations(rng):  # one noisy run, a stage at a time
+                    spread[k] = max(spread[k], deviation)
             self._spread = spread
         return self._spread[name]
+
+
+class _Float64(Mapping):
+    """A state's arrays in float64 as each is read: a full-size model's weights are not held
+    twice (float32 and float64) for the length of a case."""
+
+    def __init__(self, state: Mapping[str, np.ndarray]):
+        self._state = state
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return np.asarray(self._state[key], np.float64)
+
+    def __iter__(self):
+        return iter(self._state)
+
+    def __len__(self) -> int:
+        return len(self._state)
 
 
 class CaseModel(Chain):
@@ -506,7 +540,8 @@ class CaseModel(Chain):
         super().__init__(precision, noisy_runs, seed)
         self.config = config
         self.images = np.asarray(images)
-        self._s = {k: np.asarray(v, np.float64) for k, v in state.items()}
+        self._state = state
+        self._s = _Float64(state)
         self._x = np.asarray(images, np.float64)
         self.names = tuple(tap_names(config))
 
@@ -519,7 +554,7 @@ class CaseModel(Chain):
 
         if self.images.dtype != np.float32:  # the port protocol's images are float32; the chain takes any
             return self.run()
-        taps = numpy_vit.make(self.config, self._s)(self.images)
+        taps = numpy_vit.make(self.config, self._state)(self.images)
         return {name: np.asarray(taps[name], np.float64) for name in self.names}
 
     def inputs(self, name):

@@ -2,7 +2,7 @@
 
 For each config: ``python -m conformance verify PORT --preset NAME --set ...`` as a user runs
 it (the port in its own process), its wall time and the peak of verify's and the port's
-memory together (their proportional set sizes, sampled from /proc every 50 ms), and the time of one float64 NumPy
+memory together (their proportional set sizes, sampled from /proc every 250 ms), and the time of one float64 NumPy
 oracle forward over the same cases, measured in the same run: the ratio of the two is the
 figure to hold (an absolute time is the machine's). Written to docs/data/bench_verify.json;
 ``python -m conformance docs`` renders docs/performance.md's table from it.
@@ -76,7 +76,7 @@ def run_verify(port: str, preset: str, settings: dict) -> dict:
         def sample():
             while not done.is_set():
                 peak[0] = max(peak[0], _rss(proc.pid))
-                done.wait(0.05)
+                done.wait(0.25)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
