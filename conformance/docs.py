@@ -197,12 +197,22 @@ def verify_bench_table(result: dict | None = None) -> str:
         if not path.exists():
             return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
         result = json.loads(path.read_text())
+    from conformance.verify.budget import estimate, seconds
+    from conformance.verify.cases import cached, case_plan, images_of
+    from impls import get_config
+
+    def estimated(r) -> str:
+        config = get_config(r["preset"]).replace(**r["settings"])
+        images = images_of(n for n, _ in case_plan(config, full_size=not cached(config)))
+        return f"{seconds(config, images):.0f} s, {estimate(config) / 1e9:.2f} GB"
+
     m = result["machine"]
     head = (
         f"Measured with `python -m conformance bench --verify` on {m['processor']}, {m['cores']} cores, "
         f"{result.get('date', '')}: `verify {result['rows'][0]['port']} --preset ...` as a user runs it (the port in "
         "its own process); peak memory of verify's and the port's processes together; *oracle* one float64 NumPy "
-        "forward over the same cases in the same run; *estimate* what `verify --dry-run` says beforehand.\n\n"
+        "forward over the same cases in the same run; *estimate* what `verify --dry-run` says beforehand "
+        "(conformance/verify/budget.py, fitted to the first three rows).\n\n"
     )
     rows = [
         [
@@ -215,7 +225,7 @@ def verify_bench_table(result: dict | None = None) -> str:
             f"{r['peak_gb']:.2f}",
             f"{r['oracle_seconds']:.2f}",
             f"{r['ratio']:.0f}",
-            f"{r['estimated_seconds']:.0f} s, {r['estimated_gb']:.2f} GB",
+            estimated(r),
         ]
         for r in result["rows"]
     ]

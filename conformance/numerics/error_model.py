@@ -541,7 +541,9 @@ class CaseModel(Chain):
         self.config = config
         self.images = np.asarray(images)
         self._state = state
-        self._s = _Float64(state)
+        # small models: float64 once (read by every stage of up to eight noisy runs); full size: as used
+        small = sum(np.size(v) for v in state.values()) < 4e6
+        self._s = {k: np.asarray(v, np.float64) for k, v in state.items()} if small else _Float64(state)
         self._x = np.asarray(images, np.float64)
         self.names = tuple(tap_names(config))
 

@@ -4,11 +4,12 @@ tries anyway), so ``depth: 10000`` or ``img_size: 100000`` is an answer in a sec
 MemoryError after minutes of allocating; ``verify --dry-run`` prints both estimates.
 
 Memory: a fixed cost, plus so many bytes per element of one image's taps (one case's float64
-oracle, its noisy run and the port's outputs, batch up to 3) and per parameter (the case's
-weights in float32 and float64, the port's copy). Time: a fixed cost (per-stage work, the same
-for every size), plus seconds per GFLOP of one image's forward. Both fitted to ``MEASURED``:
-``verify torch --preset NAME --in-process`` on this project's 2-core VM (peak resident memory
-of the process; wall time), three sizes, 2026-12-01.
+oracle, the window of its noisy run and the port's outputs, batch up to 3) and per parameter
+(the case's weights, the oracle's float64 copy while it runs, the port's). Time: a fixed cost
+(per-stage work, the same for every size), plus seconds per GFLOP of one image's forward. Both
+fitted to ``MEASURED``: ``python -m conformance bench --verify`` on this project's 2-core VM
+(the port in its own process; the two processes' memory together; wall time), three sizes,
+2026-12-01.
 """
 
 from __future__ import annotations
@@ -19,18 +20,19 @@ import numpy as np
 
 from impls.protocol import ViTConfig
 
-# name: (peak bytes, seconds), with the cases and streaming of this module's date
+# name: (peak bytes of verify's and the port's processes together, wall seconds), as
+# ``python -m conformance bench --verify`` measured them (docs/data/bench_verify.json)
 MEASURED = {
-    "vit_tiny_patch16_224": (1.25e9, 32.0),
-    "vit_small_patch16_224": (2.02e9, 61.5),
-    "vit_base_patch16_224": (4.40e9, 152.2),
+    "vit_tiny_patch16_224": (1.19e9, 16.7),
+    "vit_small_patch16_224": (2.12e9, 37.5),
+    "vit_base_patch16_224": (5.19e9, 100.5),
 }
-BASE = 0.75e9  # bytes: the interpreter, NumPy, the frameworks
-PER_TAP_ELEMENT = 50.0  # bytes per element of one image's taps
-PER_PARAMETER = 26.1  # bytes per parameter
-PORT_PROCESS = 0.5e9  # bytes: the port's own process, its framework imported (beside the fit's one process)
-BASE_SECONDS = 23.1
-SECONDS_PER_GFLOP = 3.69  # of one image's forward (10 cases of batch 3 and 1)
+BASE = 0.66e9  # bytes: the interpreters, NumPy, the port's framework
+PER_TAP_ELEMENT = 45.3  # bytes per element of one image's taps
+PER_PARAMETER = 37.8  # bytes per parameter
+BASE_SECONDS = 10.4
+SECONDS_PER_GFLOP = 2.58  # of one image's forward, over the full-size cases' 12 images
+FIT_IMAGES = 12
 
 
 def forward_flops(config: ViTConfig, batch: int = 1) -> float:
@@ -58,12 +60,12 @@ def sizes(config: ViTConfig) -> tuple[float, float]:
 def estimate(config: ViTConfig) -> float:
     """Peak bytes verify and the port's process hold for ``config`` (its default cases, one at a time)."""
     taps, params = sizes(config)
-    return BASE + PORT_PROCESS + PER_TAP_ELEMENT * taps + PER_PARAMETER * params
+    return BASE + PER_TAP_ELEMENT * taps + PER_PARAMETER * params
 
 
-def seconds(config: ViTConfig, images: int = 22) -> float:
-    """Wall seconds of verify on ``images`` images in all (the fit's ten cases hold 22: scaled)."""
-    return (BASE_SECONDS + SECONDS_PER_GFLOP * forward_flops(config) / 1e9) * images / 22
+def seconds(config: ViTConfig, images: int = FIT_IMAGES) -> float:
+    """Wall seconds of verify on ``images`` images in all (scaled from the fit's 12)."""
+    return (BASE_SECONDS + SECONDS_PER_GFLOP * forward_flops(config) / 1e9) * images / FIT_IMAGES
 
 
 def machine_memory() -> float | None:
