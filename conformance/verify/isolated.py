@@ -101,7 +101,10 @@ class Isolated:
         except ProcessLookupError:
             pass
         self.proc.wait()
-        self._requests.close()
+        try:
+            self._requests.close()
+        except OSError:  # what it was not sent: nobody reads it now
+            pass
         os.close(self._answers)
         self.proc = None
 
@@ -149,8 +152,10 @@ class Isolated:
         try:
             self._requests.write(wire.dumps(message))
             self._requests.flush()
-        except BrokenPipeError:
-            return None, None, death(self.proc.wait())
+        except BrokenPipeError:  # it ended before it was asked
+            why = death(self.proc.wait())
+            self._kill()
+            return None, None, why
         step = None
         while True:
             line = self._line()
