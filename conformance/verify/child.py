@@ -48,27 +48,14 @@ class Child:
         self.answers.flush()
 
     def hello(self, kind: str, spec: str, taps=()):
-        from conformance.report import describe_exception
-        from conformance.verify.command import default_config, with_taps
+        from conformance.verify.command import default_config, load_port
         from conformance.verify.portside import InProcess
 
         try:
-            if kind == "grad":
-                from conformance.verify.grad import load_grad_factory
-
-                make = load_grad_factory(spec)
-            else:
-                from impls import load_factory
-
-                make = load_factory(spec)
+            make = load_port(kind, spec, taps)  # a UsageError is an answer of its own (handle)
         except (SystemExit, KeyboardInterrupt) as e:  # not a port that failed to load: one that stopped
             what = f"sys.exit({e.code!r})" if isinstance(e, SystemExit) else "KeyboardInterrupt"
             return {"status": "stopped", "message": f"the port stopped ({what}) while it was imported"}
-        except BaseException as e:  # noqa: BLE001 - a module that does not import or parse: a usage error
-            what = {"grad": "gradient factory", "attention": "attention factory"}.get(kind, "port")
-            return {"status": "usage", "message": f"cannot load {what} {spec!r}: {describe_exception(e)}"}
-        if kind == "forward":
-            make = with_taps(make, list(taps))  # UsageError: an answer of its own
         self.side = InProcess(make, spec, copy=False)  # the cases arrive mapped read-only
         default = default_config(make) if kind == "forward" else None
         return {"status": "ok", "default_config": None if default is None else default.to_dict()}

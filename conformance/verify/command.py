@@ -94,11 +94,23 @@ def load_config(
         raise UsageError(f"bad config: {e}") from None
 
 
-def _load(spec: str, what: str):
+WHAT = {"forward": "port", "grad": "gradient factory", "attention": "attention factory"}
+
+
+def load_port(kind: str, spec: str, taps=()):
+    """The factory ``spec`` names for a ``kind`` of check (forward, grad, attention), with a
+    forward port's --tap overrides; a module that does not import or parse is a UsageError. A
+    module that exits or is interrupted while imported raises that (the caller decides)."""
     try:
-        return load_factory(spec)
+        if kind == "grad":
+            from conformance.verify.grad import load_grad_factory
+
+            make = load_grad_factory(spec)
+        else:
+            make = load_factory(spec)
     except Exception as e:  # noqa: BLE001 - a module that does not import or parse is a usage error
-        raise UsageError(f"cannot load {what} {spec!r}: {describe_exception(e)}") from None
+        raise UsageError(f"cannot load {WHAT[kind]} {spec!r}: {describe_exception(e)}") from None
+    return with_taps(make, list(taps)) if kind == "forward" else make
 
 
 def with_taps(make, taps: list[str]):
@@ -165,15 +177,7 @@ def _side(args, kind: str, spec: str):
         memory = getattr(args, "memory_limit", None)
         taps = args.tap if kind == "forward" else ()
         return Isolated(kind, spec, taps, timeout=args.timeout or 300.0, memory=memory and int(memory * 2**30))
-    if kind == "grad":
-        from conformance.verify.grad import load_grad_factory
-
-        try:
-            return InProcess(load_grad_factory(spec), spec)
-        except (ImportError, ValueError) as e:
-            raise UsageError(f"cannot load gradient factory {spec!r}: {describe_exception(e)}") from None
-    make = _load(spec, "attention factory" if kind == "attention" else "port")
-    return InProcess(with_taps(make, args.tap) if kind == "forward" else make, spec)
+    return InProcess(load_port(kind, spec, args.tap if kind == "forward" else ()), spec)
 
 
 def _stopped(args, spec: str, why: str, config: ViTConfig | None = None, attention=None) -> int:
