@@ -69,7 +69,12 @@ def iter_cases(config: ViTConfig, state: dict | None = None, seed: int = 0, full
     """``default_cases`` one at a time: each weight set is made when its first case is reached
     and not held after its last (a full-size model's five weight sets are not in memory at once);
     ``full_size``: the seeded ones of ``FULL_SIZE`` only."""
-    return (make() for _, make in case_plan(config, state, seed, full_size))
+    plan = case_plan(config, state, seed, full_size)
+    for i, (_, make) in enumerate(plan):
+        case = make()
+        if not any(later.uses_base for _, later in plan[i + 1 :]):
+            make.memo.clear()  # no case after this one is on the base weights: not held any longer
+        yield case
 
 
 def case_plan(
@@ -96,6 +101,7 @@ def case_plan(
                 weights_ = with_block0_logit(config, weights_, images, logit)
             return Case(name, images, weights_)
 
+        make.uses_base, make.memo = weights is None, memo
         return name, make
 
     plan = []

@@ -8,7 +8,7 @@ import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.error_model import CaseModel
-from conformance.verify.cases import Case, cached, count_cases, iter_cases, seeded_cases
+from conformance.verify.cases import Case, cached, case_plan, count_cases, iter_cases, seeded_cases
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
@@ -143,7 +143,14 @@ def verify(
     elif report.failures:
         report.first_divergence = report.failures[0]["stage"]  # load or forward: before any stage
     if outcome.first_judged is not None and not report.failures:
-        case = outcome.first_judged
+        i = outcome.first_judged  # made again where the run let it go (full size: its weights)
+        case = (
+            cases[i]
+            if cases is not None
+            else pairs[i][0]
+            if isinstance(pairs, tuple)
+            else case_plan(config, state, seed, not cached(config))[i][1]()
+        )
         both, findings = side.twice(case, config, dtype)
         for stage, reason in findings:  # the re-run's own failure, told as what it is
             finding(report, case.name, stage, f"{reason} (on the determinism re-run)")

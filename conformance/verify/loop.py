@@ -60,7 +60,7 @@ class Outcome:
     worst: dict[str, Result] = field(default_factory=dict)
     first: tuple[int, str, str] | None = None  # (place in the variant's order, row name, case)
     first_result: Result | None = None
-    first_judged: Case | None = None  # the first case judged (the determinism re-run's)
+    first_judged: int | None = None  # the place of the first case judged (the determinism re-run's), not held
 
     def diverged(self, index: int, name: str, label: str, result: Result | None = None) -> None:
         if self.first is None or index < self.first[0]:
@@ -69,13 +69,13 @@ class Outcome:
 
 def run_cases(report: VerifyReport, variant: Variant, cases: Iterable[tuple[str, Case, Reference]]) -> Outcome:
     outcome = Outcome()
-    for label, case, reference in cases:
+    for index, (label, case, reference) in enumerate(cases):
         beyond = reference.beyond_range()
         if beyond:  # judging it would be a false alarm
             report.skipped.append(f"{label}: {beyond}")
             continue
         if outcome.first_judged is None:
-            outcome.first_judged = case
+            outcome.first_judged = index
         out = variant.run(case, reference, report, label)
         if out is None:
             continue
