@@ -212,7 +212,7 @@ def verify_bench_table(result: dict | None = None) -> str:
         f"{result.get('date', '')}: `verify {result['rows'][0]['port']} --preset ...` as a user runs it (the port in "
         "its own process); peak memory of verify's and the port's processes together; *oracle* one float64 NumPy "
         "forward over the same cases in the same run; *estimate* what `verify --dry-run` says beforehand "
-        "(conformance/verify/budget.py, fitted to the first three rows).\n\n"
+        "(conformance/verify/budget.py, fitted to these rows).\n\n"
     )
     rows = [
         [

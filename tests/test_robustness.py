@@ -170,19 +170,21 @@ def test_force_lets_a_config_past_the_memory_estimate():
 
 
 def test_the_estimates_hold_their_calibration():
-    """The memory and time models reproduce the measurements they were fitted to, and those are
-    the committed benchmark's (docs/data/bench_verify.json)."""
+    """The memory and time models reproduce every measurement they were fitted to (the committed
+    benchmark, docs/data/bench_verify.json): memory within 10%, time within 20% (a --dry-run's
+    guide, not a verdict)."""
     from pathlib import Path
-    from conformance.verify.budget import MEASURED, estimate, seconds
 
-    for name, (peak, wall) in MEASURED.items():
-        config = get_config(name)
-        assert abs(estimate(config) - peak) < 0.1 * peak, (name, estimate(config), peak)
-        assert abs(seconds(config) - wall) < 0.15 * wall, (name, seconds(config), wall)
+    from conformance.verify.budget import estimate, seconds
+    from conformance.verify.cases import cached, case_plan, images_of
+
     bench = json.loads((Path(__file__).parent.parent / "docs" / "data" / "bench_verify.json").read_text())
-    rows = {r["preset"]: r for r in bench["rows"] if not r["settings"]}
-    for name, (peak, wall) in MEASURED.items():
-        assert (rows[name]["peak_gb"] * 1e9, rows[name]["seconds"]) == pytest.approx((peak, wall), rel=0.01), name
+    assert len(bench["rows"]) >= 7
+    for r in bench["rows"]:
+        config = get_config(r["preset"]).replace(**r["settings"])
+        images = images_of(n for n, _ in case_plan(config, full_size=not cached(config)))
+        assert estimate(config) == pytest.approx(r["peak_gb"] * 1e9, rel=0.10), r["label"]
+        assert seconds(config, images) == pytest.approx(r["seconds"], rel=0.20), r["label"]
 
 
 _FIELD_VALUES = st.one_of(

@@ -7,9 +7,8 @@ Memory: a fixed cost, plus so many bytes per element of one image's taps (one ca
 oracle, the window of its noisy run and the port's outputs, batch up to 3) and per parameter
 (the case's weights, the oracle's float64 copy while it runs, the port's). Time: a fixed cost
 (per-stage work, the same for every size), plus seconds per GFLOP of one image's forward. Both
-fitted to ``MEASURED``: ``python -m conformance bench --verify`` on this project's 2-core VM
-(the port in its own process; the two processes' memory together; wall time), three sizes,
-2026-12-01.
+fitted to what ``python -m conformance bench --verify`` measured on this project's 2-core VM
+(the port in its own process; the two processes' memory together; wall time), 2026-12-01.
 """
 
 from __future__ import annotations
@@ -20,18 +19,13 @@ import numpy as np
 
 from impls.protocol import ViTConfig
 
-# name: (peak bytes of verify's and the port's processes together, wall seconds), as
-# ``python -m conformance bench --verify`` measured them (docs/data/bench_verify.json)
-MEASURED = {
-    "vit_tiny_patch16_224": (1.19e9, 16.7),
-    "vit_small_patch16_224": (2.12e9, 37.5),
-    "vit_base_patch16_224": (5.19e9, 100.5),
-}
-BASE = 0.66e9  # bytes: the interpreters, NumPy, the port's framework
-PER_TAP_ELEMENT = 45.3  # bytes per element of one image's taps
-PER_PARAMETER = 37.8  # bytes per parameter
-BASE_SECONDS = 10.4
-SECONDS_PER_GFLOP = 2.58  # of one image's forward, over the full-size cases' 12 images
+# Least squares over the seven rows of docs/data/bench_verify.json (three widths, three depths,
+# three token counts): memory within 8% of every row, time within 16%.
+BASE = 0.375e9  # bytes: the interpreters, NumPy, the port's framework
+PER_TAP_ELEMENT = 72.7  # bytes per element of one image's taps
+PER_PARAMETER = 29.1  # bytes per parameter
+BASE_SECONDS = 8.5
+SECONDS_PER_GFLOP = 2.54  # of one image's forward, over the full-size cases' 12 images
 FIT_IMAGES = 12
 
 
