@@ -170,20 +170,20 @@ def test_force_lets_a_config_past_the_memory_estimate():
 
 
 def test_the_estimates_hold_their_calibration():
-    """The memory and time models reproduce every measurement they were fitted to (the committed
-    benchmark, docs/data/bench_verify.json): memory within 10%, time within 20% (a --dry-run's
-    guide, not a verdict)."""
+    """The memory and time models against every measurement they were fitted to (the committed
+    benchmark, docs/data/bench_verify.json): memory an upper bound, at most 25% over (a config is
+    refused on it); time within 20% (a --dry-run's guide, not a verdict)."""
     from pathlib import Path
 
     from conformance.verify.budget import estimate, seconds
     from conformance.verify.cases import cached, case_plan, images_of
 
     bench = json.loads((Path(__file__).parent.parent / "docs" / "data" / "bench_verify.json").read_text())
-    assert len(bench["rows"]) >= 7
+    assert len(bench["rows"]) >= 8
     for r in bench["rows"]:
         config = get_config(r["preset"]).replace(**r["settings"])
         images = images_of(n for n, _ in case_plan(config, full_size=not cached(config)))
-        assert estimate(config) == pytest.approx(r["peak_gb"] * 1e9, rel=0.10), r["label"]
+        assert r["peak_gb"] * 1e9 <= estimate(config) <= 1.25 * r["peak_gb"] * 1e9, r["label"]
         assert seconds(config, images) == pytest.approx(r["seconds"], rel=0.20), r["label"]
 
 

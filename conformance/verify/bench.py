@@ -24,6 +24,7 @@ CONFIGS = [
     ("ViT-Ti/16", "vit_tiny_patch16_224", {}),
     ("ViT-S/16", "vit_small_patch16_224", {}),
     ("ViT-B/16", "vit_base_patch16_224", {}),
+    ("ViT-L/16", "vit_large_patch16_224", {}),
     ("ViT-B/16, depth 3", "vit_base_patch16_224", {"depth": 3}),
     ("ViT-B/16, depth 6", "vit_base_patch16_224", {"depth": 6}),
     ("ViT-S/16 at 112 (50 tokens)", "vit_small_patch16_224", {"img_size": 112}),
