@@ -198,12 +198,12 @@ def verify_bench_table(result: dict | None = None) -> str:
             return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
         result = json.loads(path.read_text())
     from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import cached, case_plan, images_of
+    from conformance.verify.cases import images_of, verify_plan
     from impls import get_config
 
     def estimated(r) -> str:
         config = get_config(r["preset"]).replace(**r["settings"])
-        images = images_of(n for n, _ in case_plan(config, full_size=not cached(config)))
+        images = images_of(n for n, _ in verify_plan(config))
         return f"{seconds(config, images):.0f} s, {estimate(config) / 1e9:.2f} GB"
 
     m = result["machine"]

@@ -98,12 +98,12 @@ def run_verify(port: str, preset: str, settings: dict) -> dict:
 def oracle_seconds(preset: str, settings: dict) -> float:
     """One float64 NumPy oracle forward over verify's default cases (their weights and images made
     outside the timing)."""
-    from conformance.verify.cases import cached, iter_cases
+    from conformance.verify.cases import iter_plan, verify_plan
     from impls import get_config, numpy_vit
 
     config = get_config(preset).replace(**settings)
     total = 0.0
-    for case in iter_cases(config, full_size=not cached(config)):
+    for case in iter_plan(verify_plan(config)):
         forward = numpy_vit.make(config, case.state)
         start = time.perf_counter()
         forward(case.images)
@@ -116,7 +116,7 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
 
     from conformance.bench import _cpu_name
     from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import cached, case_plan, images_of
+    from conformance.verify.cases import images_of, verify_plan
     from impls import get_config
 
     rows = []
@@ -137,9 +137,7 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
                 "depth": config.depth,
                 "width": config.embed_dim,
                 "estimated_gb": estimate(config) / 1e9,
-                "estimated_seconds": seconds(
-                    config, images_of(n for n, _ in case_plan(config, full_size=not cached(config)))
-                ),
+                "estimated_seconds": seconds(config, images_of(n for n, _ in verify_plan(config))),
             }
         )
         print(

@@ -60,16 +60,20 @@ def images_of(names) -> int:
     return sum(int(re.search(r"batch (\d+)", name).group(1)) for name in names)
 
 
-def count_cases(config: ViTConfig, state: dict | None = None, full_size: bool = False) -> int:
-    """How many cases ``iter_cases`` yields, without making any."""
-    return len(case_plan(config, state, full_size=full_size))
+def verify_plan(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[str, Callable[[], Case]]]:
+    """The cases verify runs on ``config``: every default case on a small (``cached``) config,
+    the seeded ones of ``FULL_SIZE`` on a full-size one."""
+    return case_plan(config, state, seed, full_size=not cached(config))
 
 
 def iter_cases(config: ViTConfig, state: dict | None = None, seed: int = 0, full_size: bool = False):
-    """``default_cases`` one at a time: each weight set is made when its first case is reached
-    and not held after its last (a full-size model's five weight sets are not in memory at once);
-    ``full_size``: the seeded ones of ``FULL_SIZE`` only."""
-    plan = case_plan(config, state, seed, full_size)
+    """``default_cases`` one at a time (``full_size``: the seeded ones of ``FULL_SIZE`` only)."""
+    return iter_plan(case_plan(config, state, seed, full_size))
+
+
+def iter_plan(plan: list[tuple[str, Callable[[], Case]]]):
+    """A plan's cases one at a time: each weight set is made when its first case is reached and
+    not held after its last (a full-size model's five weight sets are not in memory at once)."""
     for i, (_, make) in enumerate(plan):
         case = make()
         if not any(later.uses_base for _, later in plan[i + 1 :]):

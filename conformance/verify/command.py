@@ -200,12 +200,11 @@ def _show_progress(args) -> bool:
 def dry_run(spec: str, config: ViTConfig, args) -> int:
     """What verify would do, and what it would cost, without running anything."""
     from conformance.verify.budget import estimate, machine_memory, seconds, too_large
-    from conformance.verify.cases import case_plan
     from impls import tap_names
 
-    from conformance.verify.cases import cached, images_of
+    from conformance.verify.cases import images_of, verify_plan
 
-    names = [name for name, _ in case_plan(config, None if not args.weights else {}, full_size=not cached(config))]
+    names = [name for name, _ in verify_plan(config, None if not args.weights else {})]
     stages = tap_names(config)
     memory = machine_memory()
     print(f"verify {spec} in {args.dtype}: {config.name or 'config'} {config.to_dict()}")

@@ -8,7 +8,7 @@ import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.error_model import CaseModel
-from conformance.verify.cases import Case, cached, case_plan, count_cases, iter_cases, seeded_cases
+from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
@@ -114,12 +114,12 @@ def verify(
     if cases is None and state is None and cached(config):
         pairs = seeded_cases(config, seed, dtype)
     else:  # one case in memory at a time: its weights, images, oracle and the port's outputs
-        full_size = not cached(config)  # the seeded cases that locate every mutant, not all (FULL_SIZE)
-        pairs = ((case, None) for case in (iter_cases(config, state, seed, full_size) if cases is None else cases))
+        plan = verify_plan(config, state, seed) if cases is None else None
+        pairs = ((case, None) for case in (iter_plan(plan) if cases is None else cases))
     report = Report(port, config, cases=[], dtype=dtype)
     variant = Forward(side, config, dtype, policy)
 
-    total = len(cases) if cases is not None else count_cases(config, state, not cached(config))
+    total = len(pairs) if isinstance(pairs, tuple) else len(cases if cases is not None else plan)
     bar = _progress(total, len(variant.names), report.port, progress)
 
     def judged():
@@ -144,13 +144,7 @@ def verify(
         report.first_divergence = report.failures[0]["stage"]  # load or forward: before any stage
     if outcome.first_judged is not None and not report.failures:
         i = outcome.first_judged  # made again where the run let it go (full size: its weights)
-        case = (
-            cases[i]
-            if cases is not None
-            else pairs[i][0]
-            if isinstance(pairs, tuple)
-            else case_plan(config, state, seed, not cached(config))[i][1]()
-        )
+        case = cases[i] if cases is not None else pairs[i][0] if isinstance(pairs, tuple) else plan[i][1]()
         both, findings = side.twice(case, config, dtype)
         for stage, reason in findings:  # the re-run's own failure, told as what it is
             finding(report, case.name, stage, f"{reason} (on the determinism re-run)")

@@ -63,13 +63,18 @@ class InProcess:
 
         return unsupported_option(supports_of(self.make), config)
 
-    def forward(self, case: Case, config: ViTConfig, dtype: str):
+    def _build(self, sink: _Sink, handed: Handed, config: ViTConfig, dtype: str):
+        """(True, the port's forward for the handed case), or (False, None) with the finding."""
         from conformance.properties import build
+
+        return handed.call(sink, "load", build, self.make, config, handed.state, dtype)
+
+    def forward(self, case: Case, config: ViTConfig, dtype: str):
         from conformance.verify.report import finding
 
         sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
-            built, forward = handed.call(sink, "load", build, self.make, config, handed.state, dtype)
+            built, forward = self._build(sink, handed, config, dtype)
             if not built:
                 return None, sink.findings()
             changed = handed.changed_state()
@@ -85,11 +90,9 @@ class InProcess:
         return out, sink.findings()
 
     def twice(self, case: Case, config: ViTConfig, dtype: str):
-        from conformance.properties import build
-
         sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
-            built, forward = handed.call(sink, "load", build, self.make, config, handed.state, dtype)
+            built, forward = self._build(sink, handed, config, dtype)
             if not built:
                 return None, sink.findings()
             ran, first = handed.call(sink, "forward", forward, handed.images)
