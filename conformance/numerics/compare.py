@@ -9,7 +9,6 @@ finding with a one-line reason, never an exception.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
@@ -244,64 +243,91 @@ def policy_finding(name: str, kind: str, stored: str, dtype: str, policy: str, c
     return None
 
 
+class _Pass:
+    """One pass of a port's outputs prepared for judging: which stages it emitted, which are
+    well-formed, the precision each was stored in, and what each refused one is refused for."""
+
+    def __init__(self, out, model: CaseModel, shapes: Mapping, dtype: str, policy: str):
+        config: ViTConfig = model.config
+        self.out, self.model, self.shapes, self.dtype = out, model, shapes, dtype
+        self.names = [n for n in tap_names(config) if n in out]
+        subsets = {n: token_subset(n, out[n], shapes[n], config) for n in self.names}
+        refused = {n: why for n, (_, why) in subsets.items() if why}
+        tokens = {n: t for n, (t, _) in subsets.items() if t is not None}
+        emitted = getattr(out, "dtypes", {})
+        for n in self.names:  # the dtype the model emitted, before the port's cast to NumPy
+            if n not in refused and _BITS.get(emitted.get(n), 99) < _BITS[dtype]:
+                refused[n] = f"emitted in {emitted[n]}: lower precision than the {dtype} asked for"
+
+        def row_shape(n):
+            return (shapes[n][0], shapes[n][2]) if n in tokens else shapes[n]
+
+        valid = {
+            n
+            for n in self.names
+            if n not in refused
+            and malformed(np.reshape(out[n], row_shape(n)) if n in tokens else out[n], row_shape(n), dtype) is None
+        }
+        stored = {n: stored_as(out[n], dtype, emitted.get(n)) for n in valid}
+        for n in sorted(valid):
+            why = policy_finding(n, model.kind(n), stored[n], dtype, policy, config)
+            if why:
+                refused[n] = why
+                valid.discard(n)
+        self.refused, self.tokens, self.valid, self.stored = refused, tokens, valid, stored
+        # Downstream stages read a one-token stage's full tensor: the rows the port computed, the
+        # oracle's elsewhere (they feed nothing the config pools).
+        widened = {n: t for n, t in tokens.items() if n in valid}
+        self.taps = _Widened(out, widened, model) if widened else out
+
+    def compare(self, n: str) -> StageResult:
+        if n in self.refused:
+            return StageResult(
+                n,
+                None,
+                None,
+                None,
+                tolerance(self.model.kind(n), self.dtype, "local"),
+                False,
+                self.refused[n],
+                stored=self.stored.get(n),
+            )
+        return compare_stage(
+            n,
+            self.out[n],
+            self.model,
+            self.taps,
+            dtype=self.dtype,
+            shape=self.shapes[n],
+            valid=self.valid,
+            stored=self.stored,
+            token=self.tokens.get(n),
+        )
+
+
 def compare_outputs(
-    out, model: CaseModel, *, batch: int | None = None, dtype: str = "float32", policy: str = "mixed"
+    out,
+    model: CaseModel,
+    *,
+    batch: int | None = None,
+    dtype: str = "float32",
+    policy: str = "mixed",
+    also=(),
 ) -> list[StageResult]:
     """Every stage the port emitted, in model order, against the error model of its case.
 
     ``out`` is what a port's forward returned: the logits, or a dict with "logits" and taps.
-    ``policy``: which storage precisions are allowed per stage (``POLICIES``).
+    ``policy``: which storage precisions are allowed per stage (``POLICIES``). ``also``: other
+    passes of the same forward (a captured model's second pass), each stage judged beside the
+    first's, so that a streamed oracle is read once, in model order.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     config: ViTConfig = model.config
     shapes = tap_shapes(config, model.images.shape[0] if batch is None else batch, model.images.shape[2:])
-    if not isinstance(out, Mapping):
-        out = {"logits": out}
-    names = [n for n in tap_names(config) if n in out]
-    subsets = {n: token_subset(n, out[n], shapes[n], config) for n in names}
-    refused = {n: why for n, (_, why) in subsets.items() if why}
-    tokens = {n: t for n, (t, _) in subsets.items() if t is not None}
-    emitted = getattr(out, "dtypes", {})
-    for n in names:  # the dtype the model emitted, before the port's cast to NumPy
-        if n not in refused and _BITS.get(emitted.get(n), 99) < _BITS[dtype]:
-            refused[n] = f"emitted in {emitted[n]}: lower precision than the {dtype} asked for"
-    valid = {
-        n
-        for n in names
-        if n not in refused
-        and malformed(
-            np.reshape(out[n], (shapes[n][0], shapes[n][2])) if n in tokens else out[n],
-            (shapes[n][0], shapes[n][2]) if n in tokens else shapes[n],
-            dtype,
-        )
-        is None
-    }
-    stored = {n: stored_as(out[n], dtype, emitted.get(n)) for n in valid}
-    for n in sorted(valid):
-        why = policy_finding(n, model.kind(n), stored[n], dtype, policy, config)
-        if why:
-            refused[n] = why
-            valid.discard(n)
-    # Downstream stages read a one-token stage's full tensor: the rows the port computed, the
-    # oracle's elsewhere (they feed nothing the config pools).
-    taps = _expanded(out, {n: t for n, t in tokens.items() if n in valid}, model) if tokens else out
-    results = []
-    for n in names:
-        if n in refused:
-            kind = model.kind(n)
-            results.append(
-                StageResult(
-                    n, None, None, None, tolerance(kind, dtype, "local"), False, refused[n], stored=stored.get(n)
-                )
-            )
-            continue
-        results.append(
-            compare_stage(
-                n, out[n], model, taps, dtype=dtype, shape=shapes[n], valid=valid, stored=stored, token=tokens.get(n)
-            )
-        )
-    if "logits" not in out and "logits" not in getattr(out, "unseen", {}):
+    passes = [_Pass(o if isinstance(o, Mapping) else {"logits": o}, model, shapes, dtype, policy) for o in (out, *also)]
+    results = [p.compare(n) for n in tap_names(config) for p in passes if n in p.names]
+    if "logits" not in passes[0].out and "logits" not in getattr(out, "unseen", {}):
         results.append(
             StageResult(
                 "logits",
@@ -317,16 +343,26 @@ def compare_outputs(
     return results
 
 
-def _expanded(out: Mapping, tokens: Mapping[str, int], model: CaseModel):
-    """``out`` with each one-token stage widened to its full (B, N, D): the emitted row at its
-    token, the oracle's rows elsewhere (they feed nothing the config pools); attributes kept."""
-    full = copy.copy(out)
-    for name, token in tokens.items():
-        row = np.asarray(out[name], np.float64).reshape(out[name].shape[0], -1)
-        wide = np.array(model.oracle[name], np.float64)
-        wide[:, token] = row
-        full[name] = wide
-    return full
+class _Widened(Mapping):
+    """``out`` with each one-token stage widened to its full (B, N, D) as it is read: the emitted
+    row at its token, the oracle's rows elsewhere (they feed nothing the config pools)."""
+
+    def __init__(self, out: Mapping, tokens: Mapping[str, int], model: CaseModel):
+        self._out, self._tokens, self._model = out, tokens, model
+
+    def __getitem__(self, name: str):
+        if name not in self._tokens:
+            return self._out[name]
+        row = np.asarray(self._out[name], np.float64).reshape(self._out[name].shape[0], -1)
+        wide = np.array(self._model.oracle[name], np.float64)
+        wide[:, self._tokens[name]] = row
+        return wide
+
+    def __iter__(self):
+        return iter(self._out)
+
+    def __len__(self) -> int:
+        return len(self._out)
 
 
 def first_divergence(results: list[StageResult]) -> str | None:

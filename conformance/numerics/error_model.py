@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 from scipy.special import erf
@@ -45,7 +45,7 @@ from scipy.special import erf
 from conformance.numerics.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF
 from impls import numpy_vit as O
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
-from impls.protocol import ViTConfig, tap_names
+from impls.protocol import ViTConfig, tap_names, tap_shapes
 from weights.resample import bicubic_aa_matrix
 
 
@@ -59,6 +59,7 @@ class Precision:
     dtype: str = "float32"
     output_dtype: str | None = None
     input_dtype: str | None = None
+    bounds: bool = True  # False: the values alone, every bound 0 (a noisy run's: it is perturbed by the clean run's)
 
     def __post_init__(self):
         for d in (self.dtype, self.output_dtype or self.dtype, self.input_dtype or self.dtype):
@@ -93,6 +94,8 @@ class Precision:
 def linear(x, w, b, p: Precision):
     """y = x wᵀ + b and its unit bound; w is (out, in)."""
     y = x @ w.T
+    if not p.bounds:
+        return (y if b is None else y + b), 0.0
     m2 = (x * x) @ (w * w).T
     if b is not None:
         y = y + b
@@ -113,6 +116,8 @@ def layer_norm(x, weight, bias, eps, p: Precision, dx=None):
     sigma = np.sqrt(var + eps)
     xh = (x - mu) / sigma
     y = xh * weight + bias
+    if not p.bounds:
+        return y, 0.0
     rms = np.sqrt(mu * mu + var)
     g = np.abs(weight)
     bound = (
@@ -131,24 +136,27 @@ def _sigmoid(x):
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for large |x|
 
 
-def activation(name: str, h):
-    """(act(h), act'(h)) in float64 for timm's act_layer ``name``."""
+def activation(name: str, h, slope: bool = True):
+    """(act(h), act'(h)) in float64 for timm's act_layer ``name`` (``slope=False``: (act(h), None))."""
     if name == "gelu":
         cdf = 0.5 * (1.0 + erf(h / math.sqrt(2.0)))
-        return h * cdf, cdf + h * np.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)
+        return h * cdf, (cdf + h * np.exp(-0.5 * h * h) / math.sqrt(2.0 * math.pi)) if slope else None
     if name == "gelu_tanh":
         c = math.sqrt(2.0 / math.pi)
         t = np.tanh(c * (h + 0.044715 * h**3))
-        return 0.5 * h * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * h * h)
+        d = 0.5 * (1.0 + t) + 0.5 * h * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * h * h) if slope else None
+        return 0.5 * h * (1.0 + t), d
     k = 1.702 if name == "quick_gelu" else 1.0  # silu: x sigmoid(x)
     sg = _sigmoid(k * h)
-    return h * sg, sg + k * h * sg * (1.0 - sg)
+    return h * sg, (sg + k * h * sg * (1.0 - sg)) if slope else None
 
 
 def gelu(h, dh, p: Precision, name: str = "gelu"):
     """An activation of h (off by dh): its slope carries dh; the function itself is evaluated in
     the storage dtype by some frameworks (MLX's erf): absolute error u_s (|a| + |h|)."""
-    a, slope = activation(name, h)
+    a, slope = activation(name, h, p.bounds)
+    if not p.bounds:
+        return a, 0.0
     return a, np.abs(slope) * dh + p.storage * (np.abs(a) + np.abs(h))
 
 
@@ -156,17 +164,21 @@ def gated(g, dg, v, dv, p: Precision, name: str):
     """SwiGLU's act(gate) * value, with the gate's and the value's errors carried."""
     a, da = gelu(g, dg, p, name)
     y = a * v
+    if not p.bounds:
+        return y, 0.0
     return y, da * np.abs(v) + np.abs(a) * dv + p.storage * np.abs(y)
 
 
 def softmax_weights(q, k, scale, p: Precision, mask=None):
     """softmax(scale q kᵀ + mask) over keys and its unit bound."""
     logits = scale * (q @ np.swapaxes(k, -2, -1))
-    A = scale * np.sqrt((q * q) @ np.swapaxes(k * k, -2, -1))
     if mask is not None:
         mask = np.asarray(mask)
         logits = np.where(mask, logits, -np.inf) if mask.dtype == np.bool_ else logits + mask
     P = O.softmax(logits, axis=-1)
+    if not p.bounds:
+        return P, 0.0
+    A = scale * np.sqrt((q * q) @ np.swapaxes(k * k, -2, -1))
     live = P > 0
     finite = np.where(np.isfinite(logits), logits, 0.0)
     m = np.max(np.where(live, finite, -np.inf), axis=-1, keepdims=True)
@@ -188,6 +200,8 @@ def softmax_weights(q, k, scale, p: Precision, mask=None):
 def attend(P, dP, v, p: Precision):
     """P v over keys (B, H, Nq, hd) and its bound, with P's own error dP carried."""
     o = P @ v
+    if not p.bounds:
+        return o, 0.0
     m = np.sqrt((P * P) @ (v * v))
     do = p.compute * math.sqrt(v.shape[-2]) * m + p.storage * m + p.output * np.abs(o)
     if dP is not None:
@@ -210,6 +224,8 @@ def _features(config: ViTConfig) -> str:
 
 
 def _heads(y, num_heads: int):
+    if np.ndim(y) == 0:  # a bound not computed (``Precision.bounds``)
+        return y
     B, N, _ = y.shape
     return y.reshape(B, N, num_heads, -1).transpose(0, 2, 1, 3)
 
@@ -253,6 +269,8 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
         return pos, 0.0
     n = 0 if config.no_embed_class else config.num_prefix_tokens
     new = O.resample_pos_embed(pos, config.grid_size, grid, n)
+    if not p.bounds:
+        return new, 0.0
     Rh, Rw = (np.abs(bicubic_aa_matrix(o, g)) for o, g in zip(config.grid_size, grid))
     g = np.abs(pos[:, n:]).reshape(pos.shape[0], *config.grid_size, pos.shape[-1])
     flat = (pos.shape[0], -1, pos.shape[-1])
@@ -380,10 +398,9 @@ def evaluate(
 def _attend_and_project(P, v, s, proj: str, p: Precision):
     """proj(merge_heads(P v)), with the attention output's own error carried through proj."""
     o, do = attend(P, None, v, p)
-    merged, dmerged = O.merge_heads(o), O.merge_heads(do)
     w, bias = _rows(s, proj, slice(None))
-    y, bound = linear(merged, w, bias, p)
-    return y, bound + propagate_linear(dmerged, w)
+    y, bound = linear(O.merge_heads(o), w, bias, p)
+    return y, (bound + propagate_linear(O.merge_heads(do), w)) if p.bounds else 0.0
 
 
 def _attn_pool(name: str, t, batch: int, s, config: ViTConfig, p: Precision):
@@ -413,23 +430,145 @@ def _attn_pool(name: str, t, batch: int, s, config: ViTConfig, p: Precision):
     return y[:, 0], bound[:, 0]
 
 
+class BeyondRange(Exception):
+    """A streamed case's oracle reached beyond the dtype's range (found as the run reached it):
+    the case is not judged (``Chain.beyond_range``)."""
+
+
+@lru_cache(maxsize=16)
+def _skipped(seed: int, draws: int) -> dict:
+    """The state of ``default_rng(seed)`` after ``draws`` standard normals (a normal takes a varying
+    number of the generator's words, so the only way there is to draw them)."""
+    rng, chunk = np.random.default_rng(seed), np.empty(1 << 20)
+    while draws > 0:
+        n = min(draws, chunk.size)
+        rng.standard_normal(out=chunk[:n])
+        draws -= n
+    return rng.bit_generator.state
+
+
+class _Runs:
+    """The clean run and the noisy runs of a chain, in step, a stage at a time.
+
+    A noisy run perturbs every stage's value, computed from that run's own inputs, by
+    N(0, bound²), the bound the clean run derived there (it differs from the noisy inputs' own by
+    the inputs' relative perturbation, of the dtype's roundoff: a value alone is a third of the
+    cost of a value with its bound). Run r draws from one generator where run r − 1 stops, as if
+    the runs went one after another. ``held``: every stage's clean value is kept (a small model's
+    case, read by many ports and in any order); otherwise each is let go once the stages that
+    read it are past (a full-size case's oracle is never whole in memory: read it in model order)."""
+
+    def __init__(self, chain: "Chain", held: bool):
+        self.chain, self.held = chain, held
+        names = chain.names
+        last = {n: i for i, n in enumerate(names)}
+        for i, n in enumerate(names):
+            for k in chain.inputs(n):
+                last[k] = max(last.get(k, i), i)
+        self.last = last  # the last stage that reads each (or the stage itself)
+        sizes = chain.sizes()
+        total = sum(sizes.values())
+        # At least ``noisy_runs``, and up to 8 on small models, so that a stage of a few elements (the
+        # logits of one image) is not judged by the luck of two draws (the largest of 8 |N(0, 1)| is
+        # below 0.3 once in 10⁵).
+        self.runs = max(chain.noisy_runs, min(8, int(4e6 // max(total, 1))))
+        self.rngs = []
+        for r in range(self.runs):
+            rng = np.random.default_rng(chain.seed)
+            if r:
+                rng.bit_generator.state = _skipped(chain.seed, r * total)
+            self.rngs.append(rng)
+        self.done = 0  # stages computed, in model order
+        self.clean: dict[str, np.ndarray] = {}
+        self.noisy: list[dict[str, np.ndarray]] = [{} for _ in range(self.runs)]
+        self.spread: dict[str, float] = {}
+        self.largest = 0.0
+        self.limit = LARGEST["float16" if chain.precision.dtype == "float16" else "float32"] / 2
+
+    def value(self, name: str) -> np.ndarray:
+        names = self.chain.names
+        if name not in self.clean:
+            if names.index(name) < self.done:
+                raise KeyError(f"stage {name!r} was let go: a streamed oracle is read in model order")
+            while self.done <= names.index(name):
+                self._step()
+        return self.clean[name]
+
+    def finish(self) -> None:
+        while self.done < len(self.chain.names):
+            self._step()
+
+    def _step(self) -> None:
+        chain, i = self.chain, self.done
+        name = chain.names[i]
+        value, bound = chain.evaluate(name, self.clean)
+        value = np.asarray(value, np.float64)
+        self.largest = max(self.largest, float(np.abs(value).max(initial=0.0)))
+        if not self.held and self.largest > self.limit:
+            raise BeyondRange(f"the oracle reaches {self.largest:.3g}, beyond {chain.precision.dtype}'s range")
+        bound = np.broadcast_to(bound, value.shape)
+        quiet = replace(chain.precision, bounds=False)
+        spread = 0.0
+        for rng, noisy in zip(self.rngs, self.noisy):
+            v = chain.evaluate_in(name, noisy, quiet)[0] + rng.standard_normal(value.shape) * bound
+            spread = max(spread, float(np.abs(v - value).max(initial=0.0)))
+            noisy[name] = v
+        del bound
+        self.spread[name] = spread
+        self.clean[name] = value
+        self.done = i + 1
+        # what no later stage reads is let go (the clean values, streamed, once their own stage is past too)
+        for noisy in self.noisy:
+            for k in [k for k in noisy if self.last[k] <= i]:
+                del noisy[k]
+        if not self.held:
+            for k in [k for k in self.clean if self.last[k] < i]:
+                del self.clean[k]
+
+
+class _Oracle(Mapping):
+    """A chain's clean run as a mapping of its stages (``_Runs``)."""
+
+    def __init__(self, runs: _Runs):
+        self._runs = runs
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._runs.chain.names:
+            raise KeyError(name)
+        return self._runs.value(name)
+
+    def __iter__(self):
+        return iter(self._runs.chain.names)
+
+    def __len__(self) -> int:
+        return len(self._runs.chain.names)
+
+
 class Chain:
     """A computation as named stages, each evaluated from earlier ones with its unit bound.
 
     ``oracle`` is the clean run; ``local`` a stage from the port's own inputs; ``spread`` the
-    propagated bound's scale, from runs with every stage perturbed by N(0, unit bound²)."""
+    propagated bound's scale, from runs with every stage perturbed by N(0, unit bound²).
+    ``stream``: the clean run is computed as it is read, in model order, and not held (``_Runs``)."""
 
     names: tuple[str, ...] = ()
 
-    def __init__(self, precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0):
+    def __init__(
+        self, precision: Precision | str = "float32", noisy_runs: int = 2, seed: int = 0, stream: bool = False
+    ):
         self.precision = Precision(precision) if isinstance(precision, str) else precision
-        self.noisy_runs, self.seed = noisy_runs, seed
-        self._spread: dict[str, float] | None = None
+        self.noisy_runs, self.seed, self.stream = noisy_runs, seed, stream
+        self._runs: _Runs | None = None
 
-    @cached_property
-    def oracle(self) -> dict[str, np.ndarray]:
-        """The clean run, on first use (a local check alone does not need it)."""
-        return self.run()
+    def _run(self) -> _Runs:
+        if self._runs is None:
+            self._runs = _Runs(self, held=not self.stream)
+        return self._runs
+
+    @property
+    def oracle(self) -> Mapping[str, np.ndarray]:
+        """The clean run, each stage computed on first use (a local check alone needs none)."""
+        return _Oracle(self._run())
 
     def inputs(self, name: str) -> tuple[str, ...]:
         raise NotImplementedError
@@ -437,75 +576,53 @@ class Chain:
     def evaluate(self, name: str, t: Mapping[str, np.ndarray]):
         raise NotImplementedError
 
+    def sizes(self) -> dict[str, int]:
+        """Each stage's number of elements (before anything is computed)."""
+        raise NotImplementedError
+
     def kind(self, name: str) -> str:
         """The stage kind whose calibrated tolerance applies."""
         raise NotImplementedError
 
-    def run(self, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
-        t: dict[str, np.ndarray] = {}
-        for name in self.names:
-            value, bound = self.evaluate(name, t)
-            if rng is not None:
-                value = value + rng.standard_normal(np.shape(value)) * bound
-            t[name] = value
-        return t
-
-    def _deviations(self, rng: np.random.Generator):
-        """A noisy run (``run(rng)``'s draws, in its order) as (stage, max |noisy - oracle|), each
-        stage's value let go after the last stage that reads it: the run holds a block's stages,
-        not the model's."""
-        last = {}
-        for i, name in enumerate(self.names):
-            for k in self.inputs(name):
-                last[k] = i
-        t: dict[str, np.ndarray] = {}
-        for i, name in enumerate(self.names):
-            value, bound = self.evaluate(name, t)
-            value = value + rng.standard_normal(np.shape(value)) * bound
-            del bound
-            yield name, float(np.abs(value - self.oracle[name]).max(initial=0.0))
-            if last.get(name, -1) > i:
-                t[name] = value
-            for k in [k for k in t if last.get(k, -1) <= i]:
-                del t[k]
-
-    def local(self, name: str, taps: Mapping[str, np.ndarray], precision: Precision | None = None):
-        """(oracle value, unit bound) of ``name`` computed from the port's own inputs ``taps``, in
-        ``precision`` (default: the chain's; mixed precision: the stage's as emitted)."""
-        t = {k: np.asarray(taps[k], np.float64) for k in self.inputs(name)}
-        if precision is None or precision == self.precision:
-            return self.evaluate(name, t)
+    def evaluate_in(self, name: str, t: Mapping[str, np.ndarray], precision: Precision):
+        """``evaluate`` with other roundings than the chain's."""
         saved, self.precision = self.precision, precision
         try:
             return self.evaluate(name, t)
         finally:
             self.precision = saved
 
+    def local(self, name: str, taps: Mapping[str, np.ndarray], precision: Precision | None = None):
+        """(oracle value, unit bound) of ``name`` computed from the port's own inputs ``taps``, in
+        ``precision`` (default: the chain's; mixed precision: the stage's as emitted)."""
+        t = {k: np.asarray(taps[k], np.float64) for k in self.inputs(name)}
+        return self.evaluate_in(name, t, precision or self.precision)
+
     def beyond_range(self) -> str | None:
         """Why no port can represent this case in its dtype (the oracle reaches half the dtype's
-        largest finite value somewhere: judging it would be a false alarm), or None."""
-        limit = LARGEST["float16" if self.precision.dtype == "float16" else "float32"] / 2
-        largest = max(float(np.abs(v).max(initial=0.0)) for v in self.oracle.values())
-        if largest > limit:
-            return f"the oracle reaches {largest:.3g}, beyond {self.precision.dtype}'s range"
+        largest finite value somewhere: judging it would be a false alarm), or None. Streamed, it
+        is found as the run reaches it: reading the oracle then raises ``BeyondRange``."""
+        if self.stream:
+            return None
+        runs = self._run()
+        runs.finish()
+        if runs.largest > runs.limit:
+            return f"the oracle reaches {runs.largest:.3g}, beyond {self.precision.dtype}'s range"
         return None
+
+    def settle(self) -> None:
+        """The rest of the run, where the comparison did not read it (``BeyondRange`` if it is)."""
+        self._run().finish()
 
     def can_check_locally(self, name: str, taps) -> bool:
         return all(k in taps for k in self.inputs(name))
 
     def spread(self, name: str) -> float:
-        """max |noisy − oracle| at ``name`` over the noisy runs: at least ``noisy_runs``, and up
-        to 8 on small models, so that a stage of a few elements (the logits of one image) is not
-        judged by the luck of two draws (the largest of 8 |N(0, 1)| is below 0.3 once in 10⁵)."""
-        if self._spread is None:
-            rng = np.random.default_rng(self.seed)
-            elements = sum(np.size(v) for v in self.oracle.values())
-            spread = dict.fromkeys(self.oracle, 0.0)
-            for _ in range(max(self.noisy_runs, min(8, int(4e6 // max(elements, 1))))):
-                for k, deviation in self._deviations(rng):  # one noisy run, a stage at a time
-                    spread[k] = max(spread[k], deviation)
-            self._spread = spread
-        return self._spread[name]
+        """max |noisy − oracle| at ``name`` over the noisy runs (``_Runs``)."""
+        runs = self._run()
+        if name not in runs.spread:
+            runs.value(name)
+        return runs.spread[name]
 
 
 class _Float64(Mapping):
@@ -526,7 +643,8 @@ class _Float64(Mapping):
 
 
 class CaseModel(Chain):
-    """The error model of one whole-model case: config, canonical state, images, dtype."""
+    """The error model of one whole-model case: config, canonical state, images, dtype.
+    ``stream``: the oracle is computed as compare reads it and let go (a full-size case)."""
 
     def __init__(
         self,
@@ -536,34 +654,26 @@ class CaseModel(Chain):
         precision: Precision | str = "float32",
         noisy_runs: int = 2,
         seed: int = 0,
+        stream: bool = False,
     ):
-        super().__init__(precision, noisy_runs, seed)
+        super().__init__(precision, noisy_runs, seed, stream)
         self.config = config
         self.images = np.asarray(images)
-        self._state = state
         # small models: float64 once (read by every stage of up to eight noisy runs); full size: as used
         small = sum(np.size(v) for v in state.values()) < 4e6
         self._s = {k: np.asarray(v, np.float64) for k, v in state.items()} if small else _Float64(state)
         self._x = np.asarray(images, np.float64)
         self.names = tuple(tap_names(config))
 
-    @cached_property
-    def oracle(self) -> dict[str, np.ndarray]:
-        """The clean run: the float64 NumPy port's taps (``impls.numpy_vit``, the oracle itself,
-        without the bounds the chain derives for each stage: a third of the chain's time), on its
-        float64 weights without a copy. Equal to the chain's clean run to float64's rounding."""
-        from impls import numpy_vit
-
-        if self.images.dtype != np.float32:  # the port protocol's images are float32; the chain takes any
-            return self.run()
-        taps = numpy_vit.make(self.config, self._state)(self.images)
-        return {name: np.asarray(taps[name], np.float64) for name in self.names}
-
     def inputs(self, name):
         return stage_inputs(name, self.config)
 
     def evaluate(self, name, t):
         return evaluate(name, t, self._x, self._s, self.config, self.precision)
+
+    def sizes(self):
+        shapes = tap_shapes(self.config, self.images.shape[0], self.images.shape[2:])
+        return {name: math.prod(shapes[name]) for name in self.names}
 
     def kind(self, name):
         return stage_kind(name)
@@ -623,10 +733,22 @@ class AttentionModel(Chain):
             return softmax_weights(t["attn.q"], t["attn.k"], hd**-0.5, p, self._mask)
         else:
             out, dout = attend(t["attn.weights"], None, t["attn.v"], p)
-            merged, dmerged = O.merge_heads(out), O.merge_heads(dout)
-            y, bound = linear(merged, s["proj.weight"], s["proj.bias"], p)
-            return y, bound + propagate_linear(dmerged, s["proj.weight"])
-        return O.split_heads(y, H), O.split_heads(bound, H)
+            y, bound = linear(O.merge_heads(out), s["proj.weight"], s["proj.bias"], p)
+            return y, (bound + propagate_linear(O.merge_heads(dout), s["proj.weight"])) if p.bounds else 0.0
+        return O.split_heads(y, H), O.split_heads(bound, H) if p.bounds else 0.0
+
+    def sizes(self):
+        o = self.options
+        H = o["num_heads"]
+        hd = o.get("head_dim") or o["dim"] // H
+        (B, Nq), Nk = self._x.shape[:2], self._ctx.shape[1]
+        return {
+            "attn.q": B * H * Nq * hd,
+            "attn.k": B * H * Nk * hd,
+            "attn.v": B * H * Nk * hd,
+            "attn.weights": B * H * Nq * Nk,
+            "attn": B * Nq * self._s["proj.weight"].shape[0],
+        }
 
 
 def sdpa(q, k, v, mask=None, scale=None, precision: Precision | str = "float32"):

@@ -250,6 +250,9 @@ class GradModel:
         """Why no port can represent this case in its dtype (the forward's check), or None."""
         return self._forward.beyond_range()
 
+    def settle(self) -> None:
+        """Nothing to run: the forward's check was complete before the port ran."""
+
     def floor(self, kind: str, name: str) -> float:
         """The dtype's roundoff of the tensor's scale (its module's, for a parameter)."""
         u = self.precision.storage

@@ -46,14 +46,12 @@ class Forward:
                 outcome.diverged(names.index(stage), stage, label)
         second = getattr(out, "second", None)  # a second pass off the model's own path: judged too
         results = compare_outputs(
-            out.own_pass() if second is not None else out, model, dtype=self.dtype, policy=self.policy
+            out.own_pass() if second is not None else out,
+            model,
+            dtype=self.dtype,
+            policy=self.policy,
+            also=() if second is None else (second,),
         )
-        if second is not None:
-            results += [
-                r
-                for r in compare_outputs(second, model, dtype=self.dtype, policy=self.policy)
-                if r.name != "logits" or "logits" in second
-            ]
         for r in results:
             if not r.ok and (r.ratio is None or not np.isfinite(r.ratio)):
                 finding(report, label, r.name, r.reason)
@@ -127,7 +125,7 @@ def verify(
             report.cases.append(case.name)
             bar.set_postfix_str(case.name, refresh=False)
             # the oracle runs first, case by case
-            yield case.name, case, model or CaseModel(config, case.state, case.images, dtype)
+            yield case.name, case, model or CaseModel(config, case.state, case.images, dtype, stream=True)
             bar.update(len(variant.names))
 
     try:

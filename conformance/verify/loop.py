@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from conformance.numerics.error_model import BeyondRange
 from conformance.verify.cases import Case
 from conformance.verify.report import VerifyReport
 
@@ -35,7 +36,12 @@ class Reference(Protocol):
     """What the loop needs of a case's reference (``CaseModel``, ``GradModel``, ``AttentionModel``)."""
 
     def beyond_range(self) -> str | None:
-        """Why no port can represent the case in the dtype, or None."""
+        """Why no port can represent the case in the dtype, or None (a streamed reference may
+        raise ``BeyondRange`` while compared instead)."""
+
+    def settle(self) -> None:
+        """Run what the comparison did not read (a streamed reference, where the port failed or
+        emitted little), raising ``BeyondRange`` if it is."""
 
 
 class Variant(Protocol):
@@ -74,12 +80,21 @@ def run_cases(report: VerifyReport, variant: Variant, cases: Iterable[tuple[str,
         if beyond:  # judging it would be a false alarm
             report.skipped.append(f"{label}: {beyond}")
             continue
+        # A streamed reference finds that it is beyond range as it runs: the case is then told as
+        # skipped, and what its port call and comparison found is taken back.
+        failures, first = len(report.failures), (outcome.first, outcome.first_result)
+        try:
+            out = variant.run(case, reference, report, label)
+            rows = [] if out is None else list(variant.compare(out, reference, report, label, outcome))
+            reference.settle()
+        except BeyondRange as e:
+            del report.failures[failures:]
+            outcome.first, outcome.first_result = first
+            report.skipped.append(f"{label}: {e}")
+            continue
         if outcome.first_judged is None:
             outcome.first_judged = index
-        out = variant.run(case, reference, report, label)
-        if out is None:
-            continue
-        for r in variant.compare(out, reference, report, label, outcome):
+        for r in rows:
             prev = outcome.worst.get(r.name)
             if prev is None or r.separation > prev.separation:
                 outcome.worst[r.name] = r
