@@ -280,7 +280,9 @@ def with_block0_logit(
     range (65504) while the unscaled q k^T leaves it for target * sqrt(head_dim) > 65504."""
     from impls import numpy_vit
 
-    taps = numpy_vit.make(config, state)(images)
+    # block 0 alone computes its q and k as the whole model does (a full-size model's taps are not made)
+    first = {k: v for k, v in state.items() if not k.startswith("blocks.") or k.startswith("blocks.0.")}
+    taps = numpy_vit.make(config.replace(depth=1), first)(images)
     q, k = taps["blocks.0.attn.q"][:, 0], taps["blocks.0.attn.k"][:, 0]
     current = float((q @ np.swapaxes(k, -2, -1)).max()) * config.head_dim**-0.5
     factor = np.float32(np.sqrt(target / current)) if current > 0 else np.float32(1.0)

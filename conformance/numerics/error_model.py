@@ -435,6 +435,24 @@ class BeyondRange(Exception):
     the case is not judged (``Chain.beyond_range``)."""
 
 
+@lru_cache(maxsize=1)
+def pool():
+    """Threads for a streamed case's independent work (the noisy runs of a stage, a local check
+    beside the oracle's step): NumPy runs its elementwise functions and random draws on one core.
+    A task never waits for another. Run them under ``parallel()``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="error-model")
+
+
+def parallel():
+    """NumPy's BLAS on one core per call while the pool's threads run: several BLAS calls at once,
+    each on all cores, contend (OpenBLAS's threads spin), where one core each does not."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 @lru_cache(maxsize=16)
 def _skipped(seed: int, draws: int) -> dict:
     """The state of ``default_rng(seed)`` after ``draws`` standard normals (a normal takes a varying
@@ -508,13 +526,16 @@ class _Runs:
             raise BeyondRange(f"the oracle reaches {self.largest:.3g}, beyond {chain.precision.dtype}'s range")
         bound = np.broadcast_to(bound, value.shape)
         quiet = replace(chain.precision, bounds=False)
-        spread = 0.0
-        for rng, noisy in zip(self.rngs, self.noisy):
-            v = chain.evaluate_in(name, noisy, quiet)[0] + rng.standard_normal(value.shape) * bound
-            spread = max(spread, float(np.abs(v - value).max(initial=0.0)))
+
+        def perturbed(r: int) -> float:
+            noisy = self.noisy[r]
+            v = chain.evaluate(name, noisy, quiet)[0] + self.rngs[r].standard_normal(value.shape) * bound
             noisy[name] = v
+            return float(np.abs(v - value).max(initial=0.0))
+
+        runs = range(self.runs)  # each its own generator: the same draws in any order
+        self.spread[name] = max(map(perturbed, runs) if self.held else pool().map(perturbed, runs))
         del bound
-        self.spread[name] = spread
         self.clean[name] = value
         self.done = i + 1
         # what no later stage reads is let go (the clean values, streamed, once their own stage is past too)
@@ -573,7 +594,9 @@ class Chain:
     def inputs(self, name: str) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def evaluate(self, name: str, t: Mapping[str, np.ndarray]):
+    def evaluate(self, name: str, t: Mapping[str, np.ndarray], precision: Precision | None = None):
+        """(value, unit bound) of stage ``name`` from its inputs ``t``, in ``precision`` (default:
+        the chain's)."""
         raise NotImplementedError
 
     def sizes(self) -> dict[str, int]:
@@ -584,19 +607,11 @@ class Chain:
         """The stage kind whose calibrated tolerance applies."""
         raise NotImplementedError
 
-    def evaluate_in(self, name: str, t: Mapping[str, np.ndarray], precision: Precision):
-        """``evaluate`` with other roundings than the chain's."""
-        saved, self.precision = self.precision, precision
-        try:
-            return self.evaluate(name, t)
-        finally:
-            self.precision = saved
-
     def local(self, name: str, taps: Mapping[str, np.ndarray], precision: Precision | None = None):
         """(oracle value, unit bound) of ``name`` computed from the port's own inputs ``taps``, in
         ``precision`` (default: the chain's; mixed precision: the stage's as emitted)."""
         t = {k: np.asarray(taps[k], np.float64) for k in self.inputs(name)}
-        return self.evaluate_in(name, t, precision or self.precision)
+        return self.evaluate(name, t, precision)
 
     def beyond_range(self) -> str | None:
         """Why no port can represent this case in its dtype (the oracle reaches half the dtype's
@@ -668,8 +683,8 @@ class CaseModel(Chain):
     def inputs(self, name):
         return stage_inputs(name, self.config)
 
-    def evaluate(self, name, t):
-        return evaluate(name, t, self._x, self._s, self.config, self.precision)
+    def evaluate(self, name, t, precision=None):
+        return evaluate(name, t, self._x, self._s, self.config, precision or self.precision)
 
     def sizes(self):
         shapes = tap_shapes(self.config, self.images.shape[0], self.images.shape[2:])
@@ -718,8 +733,8 @@ class AttentionModel(Chain):
     def kind(self, name):
         return "mha." + name.split(".", 1)[1] if "." in name else "mha.out"
 
-    def evaluate(self, name, t):
-        o, s, p = self.options, self._s, self.precision
+    def evaluate(self, name, t, precision=None):
+        o, s, p = self.options, self._s, precision or self.precision
         H = o["num_heads"]
         hd = o.get("head_dim") or o["dim"] // H
         inner = H * hd

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
-from conformance.numerics.error_model import CaseModel
+from conformance.numerics.error_model import CaseModel, parallel
 from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.portside import PortSide, port_side
@@ -129,7 +130,8 @@ def verify(
             bar.update(len(variant.names))
 
     try:
-        outcome = run_cases(report, variant, judged())
+        with contextlib.nullcontext() if isinstance(pairs, tuple) else parallel():  # streamed: threads
+            outcome = run_cases(report, variant, judged())
     finally:
         bar.close()
     names = variant.names
