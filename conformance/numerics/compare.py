@@ -165,8 +165,9 @@ def stage_ratios(
 
     # a streamed case's local check runs beside the oracle's step
     recomputed = pool().submit(model.local, name, taps, precision) if local and model.stream else None
-    a = np.asarray(actual, np.float64).reshape(np.shape(rows(model.oracle[name])))
-    max_abs, rel = error(a, rows(model.oracle[name]))
+    oracle = model.oracle[name]
+    a = np.asarray(actual, np.float64).reshape(np.shape(rows(oracle)))
+    max_abs, rel = error(a, rows(oracle))
     spread = model.spread(name)
     e2e = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))
     out = {"max_abs_err": max_abs, "rel_err": rel, "end-to-end": e2e}
