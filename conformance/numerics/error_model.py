@@ -111,9 +111,10 @@ def squares(x, w):
 class Tape:
     """A clean step's contractions in call order, (x, x wᵀ + b), for a noisy run of the same stage
     to follow (``following``): each of its contractions is the clean one plus (x − x₀) wᵀ, in
-    float32 on rows scaled by powers of two. What a noisy run measures is its difference from the
-    clean run, which this computes to float32's rounding of the difference itself (a few 1e-6 of
-    the deviation: the spread moves by as much), at half the cost of a float64 product."""
+    float32 on the difference scaled by a power of two. What a noisy run measures is its largest
+    difference from the clean run, which this computes to float32's rounding of the difference
+    itself (a few 1e-6 of the deviation: the spread moves by as much), at half the cost of a
+    float64 product."""
 
     def __init__(self):
         self.calls: list[tuple] = []
@@ -144,8 +145,9 @@ def linear(x, w, b, p: Precision):
     if cursor is not None and not p.bounds:  # a noisy run following the clean step's tape
         x0, y0 = next(cursor, (None, None))
         if x0 is not None and x0.shape == x.shape:
-            ds, e = _scaled_rows(x - x0)
-            step = np.ldexp((ds @ np.asarray(w, np.float32).T).astype(np.float64), e)
+            d = x - x0  # scaled by one power of two: the deviation is its largest entries'
+            e = int(np.frexp(np.abs(d).max(initial=0.0))[1])
+            step = np.ldexp(((d * 2.0**-e).astype(np.float32) @ np.asarray(w, np.float32).T).astype(np.float64), e)
             if np.isfinite(step).all():
                 return y0 + step, 0.0
     y = x @ w.T

@@ -21,7 +21,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
+
+import numpy as np
 
 from conformance.report import ToolError, UsageError
 import conformance.verify.wire as wire
@@ -224,13 +227,24 @@ class Isolated:
         self._count += 1
         return wire.Writer(self.root, self._count)
 
+    def _written(self, state: dict) -> bool:
+        """Whether ``state``'s arrays, every one, are those last written."""
+        if self._state is None:
+            return False
+        refs = self._state[0]
+        return refs.keys() == state.keys() and all(
+            r is not None and r() is v for r, v in ((refs[k], state[k]) for k in state)
+        )
+
     def _case_tree(self, case: Case) -> tuple[dict, wire.Writer]:
         """The case as a tree under the root (its state written once for every case sharing it)."""
-        if self._state is None or self._state[0] is not case.state:  # consecutive cases share it: written once
+        if not self._written(case.state):  # consecutive cases share it: written once
             if self._state is not None:
                 shutil.rmtree(self._state[2], ignore_errors=True)
             state_writer = self._writer()
-            self._state = (case.state, state_writer.encode(dict(case.state)), state_writer.root / state_writer.sub)
+            # the arrays known by weak reference: the last case's weights are not held into the next's
+            refs = {k: weakref.ref(v) if isinstance(v, np.ndarray) else None for k, v in case.state.items()}
+            self._state = (refs, state_writer.encode(dict(case.state)), state_writer.root / state_writer.sub)
         writer = self._writer()
         tree = {
             "name": case.name,
