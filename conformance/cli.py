@@ -192,6 +192,12 @@ def main(argv=None) -> int:
         help="measure verify itself instead: wall time, peak memory and the ratio to one float64 oracle forward "
         "(docs/data/bench_verify.json)",
     )
+    b.add_argument(
+        "--fit",
+        action="store_true",
+        help="with --verify: print conformance/verify/budget.py's constants fitted to docs/data/bench_verify.json "
+        "instead of measuring",
+    )
     d = sub.add_parser("docs", help="regenerate the tables in docs/ from code and committed measurements")
     d.add_argument("--check", action="store_true", help="only check: exit 1 naming each stale table")
     c = sub.add_parser(

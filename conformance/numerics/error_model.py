@@ -30,6 +30,11 @@ A stage whose inputs the port does not emit (a port that returns only logits) is
 to end: the bound then **propagates**, estimated by running the whole chain in float64 with
 each stage perturbed by Gaussian noise of its unit bound (``noisy_runs`` draws); the stage's
 end-to-end ratio is ``max|port − oracle| / max|noisy − oracle|``.
+
+The clean run and the noisy runs go in step, a stage at a time (``_Runs``): a small model's
+are held for every port that reads them; a full-size case's (``stream=True``) are computed as
+the comparison reads them in model order and let go, in threads (``pool``), so that what a
+case holds is a block's stages, not the model's.
 """
 
 from __future__ import annotations

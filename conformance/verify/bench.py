@@ -162,7 +162,16 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
     return {"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}
 
 
+DATA = Path(__file__).resolve().parents[2] / "docs" / "data" / "bench_verify.json"
+
+
 def main(args) -> int:
+    if getattr(args, "fit", False):
+        from conformance.verify.budget import fit
+
+        for name, value in fit(json.loads(DATA.read_text())["rows"]).items():
+            print(f"{name} = {value:.4g}")
+        return 0
     result = run(port=getattr(args, "verify_port", None) or "torch")
     text = json.dumps(result, indent=1) + "\n"
     if args.json:

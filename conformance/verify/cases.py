@@ -79,6 +79,7 @@ def iter_plan(plan: list[tuple[str, Callable[[], Case]]]):
         if not any(later.uses_base for _, later in plan[i + 1 :]):
             make.memo.clear()  # no case after this one is on the base weights: not held any longer
         yield case
+        del case  # the next case is made without this one held
 
 
 def case_plan(

@@ -79,6 +79,13 @@ def _progress(cases: int, stages: int, port: str, enabled: bool):
     )
 
 
+def _one_at_a_time(cases):
+    """(case, None) for each case, none held once the next is asked for."""
+    for case in cases:
+        yield case, None
+        del case
+
+
 def _return_freed_memory() -> None:
     """Give the heap's free pages back after a full-size case: glibc keeps what the error model's
     threads freed in their arenas, which would add up over the cases (elsewhere: nothing)."""
@@ -125,7 +132,7 @@ def verify(
         pairs = seeded_cases(config, seed, dtype)
     else:  # one case in memory at a time: its weights, images, oracle and the port's outputs
         plan = verify_plan(config, state, seed) if cases is None else None
-        pairs = ((case, None) for case in (iter_plan(plan) if cases is None else cases))
+        pairs = _one_at_a_time(iter_plan(plan) if cases is None else cases)
     report = Report(port, config, cases=[], dtype=dtype)
     variant = Forward(side, config, dtype, policy)
 
@@ -140,6 +147,7 @@ def verify(
             yield case.name, case, model or CaseModel(config, case.state, case.images, dtype, stream=True)
             bar.update(len(variant.names))
             if model is None:
+                del case
                 _return_freed_memory()
 
     try:

@@ -3,8 +3,10 @@
 says how to call the port on a handed case and how to compare what came back; the loop does the
 rest the same way for all three.
 
-For each case, in order: the reference runs first (the loop is handed it built); a case no port
-can represent in the dtype is skipped with the reason; the port side (``portside``: this process
+For each case, in order: the loop is handed the reference built (held, or streamed as the
+comparison reads it); a case no port can represent in the dtype is skipped with the reason
+(before the port runs, or, streamed, when the reference gets there: what the case found is then
+taken back); the port side (``portside``: this process
 or the port's own) hands the port read-only copies of the case and tells its exceptions and its
 writes to its inputs as findings; each comparison's
 row keeps its worst case; the earliest divergence in the variant's order is kept with its case.
@@ -76,29 +78,33 @@ class Outcome:
 def run_cases(report: VerifyReport, variant: Variant, cases: Iterable[tuple[str, Case, Reference]]) -> Outcome:
     outcome = Outcome()
     for index, (label, case, reference) in enumerate(cases):
-        beyond = reference.beyond_range()
-        if beyond:  # judging it would be a false alarm
-            report.skipped.append(f"{label}: {beyond}")
-            continue
-        # A streamed reference finds that it is beyond range as it runs: the case is then told as
-        # skipped, and what its port call and comparison found is taken back.
-        failures, first = len(report.failures), (outcome.first, outcome.first_result)
+        out = rows = None
         try:
-            out = variant.run(case, reference, report, label)
-            rows = [] if out is None else list(variant.compare(out, reference, report, label, outcome))
-            reference.settle()
-        except BeyondRange as e:
-            del report.failures[failures:]
-            outcome.first, outcome.first_result = first
-            report.skipped.append(f"{label}: {e}")
-            continue
-        if outcome.first_judged is None:
-            outcome.first_judged = index
-        for r in rows:
-            prev = outcome.worst.get(r.name)
-            if prev is None or r.separation > prev.separation:
-                outcome.worst[r.name] = r
-                report.worst_case[r.name] = label
-            if not r.ok:
-                outcome.diverged(variant.index(r), r.name, label, r)
+            beyond = reference.beyond_range()
+            if beyond:  # judging it would be a false alarm
+                report.skipped.append(f"{label}: {beyond}")
+                continue
+            # A streamed reference finds that it is beyond range as it runs: the case is then told as
+            # skipped, and what its port call and comparison found is taken back.
+            failures, first = len(report.failures), (outcome.first, outcome.first_result)
+            try:
+                out = variant.run(case, reference, report, label)
+                rows = [] if out is None else list(variant.compare(out, reference, report, label, outcome))
+                reference.settle()
+            except BeyondRange as e:
+                del report.failures[failures:]
+                outcome.first, outcome.first_result = first
+                report.skipped.append(f"{label}: {e}")
+                continue
+            if outcome.first_judged is None:
+                outcome.first_judged = index
+            for r in rows:
+                prev = outcome.worst.get(r.name)
+                if prev is None or r.separation > prev.separation:
+                    outcome.worst[r.name] = r
+                    report.worst_case[r.name] = label
+                if not r.ok:
+                    outcome.diverged(variant.index(r), r.name, label, r)
+        finally:  # the next case is made without this one held (a full-size case's weights)
+            del case, reference, out, rows
     return outcome
