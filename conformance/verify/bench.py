@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 # (label, preset, --set overrides): widths, depths and token counts, three of each or more
 CONFIGS = [
     ("ViT-Ti/16", "vit_tiny_patch16_224", {}),
@@ -162,15 +164,57 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
     return {"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}
 
 
+def fit(rows) -> dict[str, float]:
+    """``conformance.verify.budget``'s constants from benchmark rows (docs/data/bench_verify.json's): memory the upper
+    bound of every row that is least over the worst of them (a linear program: a config is refused
+    on it), time by non-negative least squares on relative error (``python -m conformance bench
+    --verify --fit`` prints them; a test keeps the module's equal to them)."""
+    from scipy.optimize import linprog, nnls
+
+    from conformance.verify.budget import FIT_IMAGES, forward_flops, sizes
+    from conformance.verify.cases import images_of, verify_plan
+    from impls import get_config
+
+    memory, time_ = [], []
+    for r in rows:
+        config = get_config(r["preset"]).replace(**r["settings"])
+        taps, params = sizes(config)
+        peak = r["peak_gb"] * 1e9
+        memory.append(([1.0, taps, params], peak))
+        per_fit = r["seconds"] * FIT_IMAGES / images_of(n for n, _ in verify_plan(config))
+        time_.append(([1.0, forward_flops(config) / 1e9, taps / 1e6], per_fit))
+
+    def relative(system):
+        return np.array([f for f, _ in system]) / np.array([[y] for _, y in system])
+
+    # memory: minimise t over (c, t) with 1 <= a_i . c <= t for every row, c >= 0 (a in GB units)
+    a = relative(memory) * np.array([1e9, 1.0, 1.0])
+    n = len(a)
+    bound = linprog(
+        c=[0, 0, 0, 1],
+        A_ub=np.vstack([np.hstack([-a, np.zeros((n, 1))]), np.hstack([a, -np.ones((n, 1))])]),
+        b_ub=np.concatenate([-np.ones(n), np.zeros(n)]),
+        bounds=[(0, None)] * 4,
+    )
+    base, per_tap, per_param = bound.x[:3] * np.array([1e9, 1.0, 1.0]) * (1 + 2e-4)  # still a bound at five digits
+    base_s, per_gflop, per_mtap = nnls(relative(time_), np.ones(len(time_)))[0]
+    return {
+        "BASE": base,
+        "PER_TAP_ELEMENT": per_tap,
+        "PER_PARAMETER": per_param,
+        "BASE_SECONDS": base_s,
+        "SECONDS_PER_GFLOP": per_gflop,
+        "SECONDS_PER_MEGA_TAP": per_mtap,
+    }
+
+
 DATA = Path(__file__).resolve().parents[2] / "docs" / "data" / "bench_verify.json"
 
 
 def main(args) -> int:
     if getattr(args, "fit", False):
-        from conformance.verify.budget import fit
-
         for name, value in fit(json.loads(DATA.read_text())["rows"]).items():
-            print(f"{name} = {value:.4g}")
+            print(f"{name} = {value:.5g}")
         return 0
     result = run(port=getattr(args, "verify_port", None) or "torch")
     text = json.dumps(result, indent=1) + "\n"

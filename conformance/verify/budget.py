@@ -7,7 +7,7 @@ Memory: a fixed cost, plus so many bytes per element of one image's taps (the po
 of one case, batch up to 3, in the port's process and in verify's; the error model's runs hold
 a block's stages, streamed) and per parameter (the case's weights in verify, the copy written
 for the port's process and the port's own). Time: a fixed cost (per-stage work, the same for
-every size), plus seconds per GFLOP of one image's forward. Both fitted (``fit``) to what
+every size), plus seconds per GFLOP of one image's forward and per element of its taps. Both fitted (``bench.fit``) to what
 ``python -m conformance bench --verify`` measured on this project's 2-core VM (the port in its
 own process; the two processes' memory together; wall time), 2026-12-01.
 """
@@ -20,13 +20,14 @@ import numpy as np
 
 from impls.protocol import ViTConfig
 
-# ``fit`` to the nine rows of docs/data/bench_verify.json (ViT-Ti to ViT-L/14 at 336; three depths,
-# four token counts). Memory is an upper bound (a config is refused on it).
-BASE = 0.8474e9  # bytes: the interpreters, NumPy, the port's framework
-PER_TAP_ELEMENT = 29.0  # bytes per element of one image's taps
-PER_PARAMETER = 28.31  # bytes per parameter
-BASE_SECONDS = 7.598
-SECONDS_PER_GFLOP = 1.753  # of one image's forward, over the full-size cases' 12 images
+# ``bench.fit`` to the nine rows of docs/data/bench_verify.json (ViT-Ti to ViT-L/14 at 336; three depths,
+# four token counts). Memory is the tightest upper bound of every row (a config is refused on it).
+BASE = 0.91082e9  # bytes: the interpreters, NumPy, the port's framework
+PER_TAP_ELEMENT = 18.765  # bytes per element of one image's taps
+PER_PARAMETER = 29.806  # bytes per parameter
+BASE_SECONDS = 6.8437
+SECONDS_PER_GFLOP = 1.4721  # of one image's forward, over the full-size cases' 12 images
+SECONDS_PER_MEGA_TAP = 0.56318  # per million elements of one image's taps, likewise
 FIT_IMAGES = 12
 
 
@@ -59,43 +60,10 @@ def estimate(config: ViTConfig) -> float:
 
 
 def seconds(config: ViTConfig, images: int = FIT_IMAGES) -> float:
-    """Wall seconds of verify on ``images`` images in all (scaled from the fit's 12)."""
-    return (BASE_SECONDS + SECONDS_PER_GFLOP * forward_flops(config) / 1e9) * images / FIT_IMAGES
-
-
-def fit(rows) -> dict[str, float]:
-    """The constants above from benchmark rows (docs/data/bench_verify.json's): each model fitted
-    by non-negative least squares on relative error; memory then raised by the largest factor any
-    row is over it, so that it bounds every row (``python -m conformance bench --verify --fit``
-    prints them; a test keeps the module's equal to them)."""
-    from scipy.optimize import nnls
-
-    from conformance.verify.cases import images_of, verify_plan
-    from impls import get_config
-
-    memory, time_ = [], []
-    for r in rows:
-        config = get_config(r["preset"]).replace(**r["settings"])
-        taps, params = sizes(config)
-        peak = r["peak_gb"] * 1e9
-        memory.append(([1.0, taps, params], peak))
-        per_fit = r["seconds"] * FIT_IMAGES / images_of(n for n, _ in verify_plan(config))
-        time_.append(([1.0, forward_flops(config) / 1e9], per_fit))
-
-    def solve(system):
-        a = np.array([f for f, _ in system]) / np.array([[y] for _, y in system])
-        return nnls(a, np.ones(len(system)))[0]
-
-    base, per_tap, per_param = solve(memory)
-    over = max(y / (base + per_tap * f[1] + per_param * f[2]) for f, y in memory)
-    base_s, per_gflop = solve(time_)
-    return {
-        "BASE": base * over,
-        "PER_TAP_ELEMENT": per_tap * over,
-        "PER_PARAMETER": per_param * over,
-        "BASE_SECONDS": base_s,
-        "SECONDS_PER_GFLOP": per_gflop,
-    }
+    """Wall seconds of verify on ``images`` images in all (scaled from the fit's 12): the matmuls
+    go with the forward's GFLOP, the elementwise work and the random draws with its taps."""
+    per_image = SECONDS_PER_GFLOP * forward_flops(config) / 1e9 + SECONDS_PER_MEGA_TAP * sizes(config)[0] / 1e6
+    return (BASE_SECONDS + per_image) * images / FIT_IMAGES
 
 
 def machine_memory() -> float | None:
