@@ -12,8 +12,12 @@ from conformance.tests.helpers import factory
 from impls import get_config
 
 
+# ViT-Ti's widths on 50 tokens, two blocks: products large enough to be taped (error_model._LARGE)
+TAPED = get_config("vit_tiny_patch16_224").replace(img_size=112, depth=2, name="vit_tiny at 112, 2 blocks")
+
+
 def _case(preset="vit_test_dinov2", weights=S.TrainedLike(5), kind="ordinary"):
-    config = get_config(preset)
+    config = TAPED if preset == "taped" else get_config(preset)
     return config, weights.make(config), S.make_images(config, 3, kind, 1)
 
 
@@ -36,18 +40,25 @@ def _spread_one_run_after_another(model: E.CaseModel) -> dict[str, float]:
     return spread
 
 
-@pytest.mark.parametrize("preset,dtype", [("vit_test_dinov2", "float32"), ("vit_test_siglip", "bfloat16")])
-def test_streamed_noisy_runs_are_the_runs_one_after_another(preset, dtype):
+@pytest.mark.parametrize(
+    "preset,dtype",
+    [("taped", "float32"), ("taped", "bfloat16"), ("vit_test_dinov2", "float32"), ("vit_test_siglip", "bfloat16")],
+)
+def test_streamed_noisy_runs_are_the_runs_one_after_another(preset, dtype, monkeypatch):
     """The same draws (run r's generator skipped to where run r - 1 stops) and, with the noisy
-    runs' contractions taken as the clean ones plus a float32 difference, the same spread to a
-    few 1e-6 (float32's rounding of the difference) at every stage."""
+    runs' large contractions taken as the clean ones plus a float32 difference, the same spread to
+    a few 1e-6 (float32's rounding of the difference) at every stage."""
     config, state, images = _case(preset)
+    tapes = []
+    init = E.Tape.__init__
+    monkeypatch.setattr(E.Tape, "__init__", lambda self: init(self) or tapes.append(self))
     expected = _spread_one_run_after_another(E.CaseModel(config, state, images, dtype))
     streamed = E.CaseModel(config, state, images, dtype, stream=True)
     with E.parallel():
         got = {name: streamed.spread(name) for name in streamed.names}
     worst = max(abs(got[n] / expected[n] - 1) for n in streamed.names)
     assert worst < 1e-4, worst
+    assert any(t.calls for t in tapes) == (preset == "taped")  # products taped where they are large
     # companion: other draws are another spread, by far more than that
     other = E.CaseModel(config, state, images, dtype, seed=1, stream=True)
     assert max(abs(other.spread(n) / expected[n] - 1) for n in other.names) > 1e-2

@@ -104,10 +104,20 @@ def _scaled_rows(x):
     return np.ldexp(x, -e).astype(np.float32), e
 
 
+_LARGE = 1 << 22  # multiply-adds from which a product is worth float32's conversions (full-size models)
+
+
+def _large(x, w) -> bool:
+    return x.size * w.shape[0] >= _LARGE
+
+
 def squares(x, w):
     """(x²) (w²)ᵀ, the magnitudes a contraction sums: in float32 on operands scaled by powers of
-    two per row (no square leaves float32's range; the product's own rounding, a few 1e-7
-    relative, is that of the bound, whose constants are calibrated to a tenth at best)."""
+    two per row where the product is large (no square leaves float32's range; the product's own
+    rounding, a few 1e-7 relative, is that of the bound, whose constants are calibrated to a tenth
+    at best), in float64 where it is small."""
+    if not _large(x, w):
+        return (x * x) @ (w * w).T
     (xs, ex), (ws, ew) = _scaled_rows(x), _scaled_rows(w)
     m2 = (xs * xs) @ (ws * ws).T
     return np.ldexp(m2.astype(np.float64), 2 * (ex + np.swapaxes(ew, -1, -2)))
@@ -146,7 +156,8 @@ _CURRENT = threading.local()  # the tape this thread records or follows
 
 def linear(x, w, b, p: Precision):
     """y = x wᵀ + b and its unit bound; w is (out, in)."""
-    cursor = getattr(_CURRENT, "cursor", None)
+    large = _large(x, w)  # a small product is not taped: its float64 costs less than the difference
+    cursor = getattr(_CURRENT, "cursor", None) if large else None
     if cursor is not None and not p.bounds:  # a noisy run following the clean step's tape
         x0, y0 = next(cursor, (None, None))
         if x0 is not None and x0.shape == x.shape:
@@ -158,8 +169,8 @@ def linear(x, w, b, p: Precision):
     y = x @ w.T
     if b is not None:
         y = y + b
-    tape = getattr(_CURRENT, "tape", None)
-    if tape is not None and cursor is None:
+    tape = getattr(_CURRENT, "tape", None) if large else None
+    if tape is not None and getattr(_CURRENT, "cursor", None) is None:
         tape.calls.append((x, y))
     if not p.bounds:
         return y, 0.0
