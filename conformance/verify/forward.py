@@ -143,7 +143,7 @@ def verify(
         for case, model in pairs:
             report.cases.append(case.name)
             bar.set_postfix_str(case.name, refresh=False)
-            # the oracle runs first, case by case
+            # a held case's oracle was built with it; a streamed one runs as the comparison reads it
             yield case.name, case, model or CaseModel(config, case.state, case.images, dtype, stream=True)
             bar.update(len(variant.names))
             if model is None:
