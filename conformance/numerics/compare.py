@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from conformance.numerics.error_model import CaseModel, Chain, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
+from conformance.numerics.error_model import CaseModel, Chain, pool, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
 from conformance.numerics.precision import DTYPES, coarsest
 from impls.stages import RESIDUAL
 from conformance.numerics.precision import SIGNIFICAND_BITS as _BITS
@@ -160,8 +160,6 @@ def stage_ratios(
 
     def rows(x):
         return x if token is None else np.asarray(x)[:, token]
-
-    from conformance.numerics.error_model import pool
 
     # a streamed case's local check runs beside the oracle's step
     recomputed = pool().submit(model.local, name, taps, precision) if local and model.stream else None
