@@ -40,14 +40,19 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 # ----------------------------------------------------------------------------- generators
 
 
+def _recorded(name: str):
+    """A committed measurement (docs/data/NAME), or None where there is none yet."""
+    path = DATA / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def zoo_table(measured: dict | None = None) -> str:
     """Every mutant of the catalogue, with what `python -m conformance zoo --json` measured: where
     verify locates it and by how much, in its own dtype and (model mutants) in the other two."""
     from conformance.zoo import MUTANTS
 
     if measured is None:
-        path = DATA / "zoo.json"
-        measured = json.loads(path.read_text()) if path.exists() else {"mutants": []}
+        measured = _recorded("zoo.json") or {"mutants": []}
     rows_by_name = {r["name"]: r for r in measured.get("mutants", [])}
 
     def cell(entry, declared):
@@ -101,11 +106,9 @@ def zoo_table(measured: dict | None = None) -> str:
 
 
 def bench_table(result: dict | None = None) -> str:
+    result = _recorded("bench.json") if result is None else result
     if result is None:
-        path = DATA / "bench.json"
-        if not path.exists():
-            return "No benchmark recorded yet: `python -m conformance bench --json docs/data/bench.json`.\n"
-        result = json.loads(path.read_text())
+        return "No benchmark recorded yet: `python -m conformance bench --json docs/data/bench.json`.\n"
     m = result["machine"]
     peak = ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in m["matmul_peak_gflops"].items())
     head = (
@@ -192,18 +195,16 @@ def stage_table() -> str:
 
 
 def verify_bench_table(result: dict | None = None) -> str:
+    result = _recorded("bench_verify.json") if result is None else result
     if result is None:
-        path = DATA / "bench_verify.json"
-        if not path.exists():
-            return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
-        result = json.loads(path.read_text())
+        return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
     from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import images_of, verify_plan
+    from conformance.verify.cases import images_verified
     from impls import get_config
 
     def estimated(r) -> str:
         config = get_config(r["preset"]).replace(**r["settings"])
-        images = images_of(n for n, _ in verify_plan(config))
+        images = images_verified(config)
         return f"{seconds(config, images):.0f} s, {estimate(config) / 1e9:.2f} GB"
 
     m = result["machine"]

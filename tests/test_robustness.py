@@ -176,13 +176,13 @@ def test_the_estimates_hold_their_calibration():
     from pathlib import Path
 
     from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import images_of, verify_plan
+    from conformance.verify.cases import images_verified
 
     bench = json.loads((Path(__file__).parent.parent / "docs" / "data" / "bench_verify.json").read_text())
     assert len(bench["rows"]) >= 8
     for r in bench["rows"]:
         config = get_config(r["preset"]).replace(**r["settings"])
-        images = images_of(n for n, _ in verify_plan(config))
+        images = images_verified(config)
         assert r["peak_gb"] * 1e9 <= estimate(config) <= 1.25 * r["peak_gb"] * 1e9, r["label"]
         assert seconds(config, images) == pytest.approx(r["seconds"], rel=0.20), r["label"]
 

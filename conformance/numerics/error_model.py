@@ -156,8 +156,9 @@ _CURRENT = threading.local()  # the tape this thread records or follows
 
 def linear(x, w, b, p: Precision):
     """y = x wᵀ + b and its unit bound; w is (out, in)."""
-    large = _large(x, w)  # a small product is not taped: its float64 costs less than the difference
-    cursor = getattr(_CURRENT, "cursor", None) if large else None
+    # a small product is not taped: its float64 costs less than the difference
+    tape = getattr(_CURRENT, "tape", None) if _large(x, w) else None
+    cursor = getattr(_CURRENT, "cursor", None) if tape is not None else None  # None: recording
     if cursor is not None and not p.bounds:  # a noisy run following the clean step's tape
         x0, y0 = next(cursor, (None, None))
         if x0 is not None and x0.shape == x.shape:
@@ -169,8 +170,7 @@ def linear(x, w, b, p: Precision):
     y = x @ w.T
     if b is not None:
         y = y + b
-    tape = getattr(_CURRENT, "tape", None) if large else None
-    if tape is not None and getattr(_CURRENT, "cursor", None) is None:
+    if tape is not None and cursor is None:
         tape.calls.append((x, y))
     if not p.bounds:
         return y, 0.0
@@ -844,9 +844,7 @@ class AttentionModel(Chain):
         elif name == "attn.weights":
             return softmax_weights(t["attn.q"], t["attn.k"], hd**-0.5, p, self._mask)
         else:
-            out, dout = attend(t["attn.weights"], None, t["attn.v"], p)
-            y, bound = linear(O.merge_heads(out), s["proj.weight"], s["proj.bias"], p)
-            return y, (bound + propagate_linear(O.merge_heads(dout), s["proj.weight"])) if p.bounds else 0.0
+            return _attend_and_project(t["attn.weights"], t["attn.v"], s, "proj", p)
         return O.split_heads(y, H), O.split_heads(bound, H) if p.bounds else 0.0
 
     def sizes(self):

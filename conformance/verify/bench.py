@@ -130,8 +130,6 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
     import platform
 
     from conformance.bench import _cpu_name
-    from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import images_of, verify_plan
     from impls import get_config
 
     rows = []
@@ -151,8 +149,6 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
                 "tokens": config.num_tokens,
                 "depth": config.depth,
                 "width": config.embed_dim,
-                "estimated_gb": estimate(config) / 1e9,
-                "estimated_seconds": seconds(config, images_of(n for n, _ in verify_plan(config))),
             }
         )
         print(
@@ -172,16 +168,17 @@ def fit(rows) -> dict[str, float]:
     from scipy.optimize import linprog, nnls
 
     from conformance.verify.budget import FIT_IMAGES, forward_flops, sizes
-    from conformance.verify.cases import images_of, verify_plan
+    from conformance.verify.cases import images_verified
     from impls import get_config
 
     memory, time_ = [], []
     for r in rows:
         config = get_config(r["preset"]).replace(**r["settings"])
+        images = images_verified(config)
         taps, params = sizes(config)
         peak = r["peak_gb"] * 1e9
         memory.append(([1.0, taps, params], peak))
-        per_fit = r["seconds"] * FIT_IMAGES / images_of(n for n, _ in verify_plan(config))
+        per_fit = r["seconds"] * FIT_IMAGES / images
         time_.append(([1.0, forward_flops(config) / 1e9, taps / 1e6], per_fit))
 
     def relative(system):

@@ -60,6 +60,11 @@ def images_of(names) -> int:
     return sum(int(re.search(r"batch (\d+)", name).group(1)) for name in names)
 
 
+def images_verified(config: ViTConfig) -> int:
+    """How many images verify runs on ``config`` (its ``verify_plan``), without making any."""
+    return images_of(n for n, _ in verify_plan(config))
+
+
 def verify_plan(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[str, Callable[[], Case]]]:
     """The cases verify runs on ``config``: every default case on a small (``cached``) config,
     the seeded ones of ``FULL_SIZE`` on a full-size one."""

@@ -78,33 +78,38 @@ class Outcome:
 def run_cases(report: VerifyReport, variant: Variant, cases: Iterable[tuple[str, Case, Reference]]) -> Outcome:
     outcome = Outcome()
     for index, (label, case, reference) in enumerate(cases):
-        out = rows = None
-        try:
-            beyond = reference.beyond_range()
-            if beyond:  # judging it would be a false alarm
-                report.skipped.append(f"{label}: {beyond}")
-                continue
-            # A streamed reference finds that it is beyond range as it runs: the case is then told as
-            # skipped, and what its port call and comparison found is taken back.
-            failures, first = len(report.failures), (outcome.first, outcome.first_result)
-            try:
-                out = variant.run(case, reference, report, label)
-                rows = [] if out is None else list(variant.compare(out, reference, report, label, outcome))
-                reference.settle()
-            except BeyondRange as e:
-                del report.failures[failures:]
-                outcome.first, outcome.first_result = first
-                report.skipped.append(f"{label}: {e}")
-                continue
-            if outcome.first_judged is None:
-                outcome.first_judged = index
-            for r in rows:
-                prev = outcome.worst.get(r.name)
-                if prev is None or r.separation > prev.separation:
-                    outcome.worst[r.name] = r
-                    report.worst_case[r.name] = label
-                if not r.ok:
-                    outcome.diverged(variant.index(r), r.name, label, r)
-        finally:  # the next case is made without this one held (a full-size case's weights)
-            del case, reference, out, rows
+        rows = _judge(report, variant, outcome, label, case, reference)
+        del case, reference  # the next case is made without this one held (a full-size case's weights)
+        if rows is None:
+            continue
+        if outcome.first_judged is None:
+            outcome.first_judged = index
+        for r in rows:
+            prev = outcome.worst.get(r.name)
+            if prev is None or r.separation > prev.separation:
+                outcome.worst[r.name] = r
+                report.worst_case[r.name] = label
+            if not r.ok:
+                outcome.diverged(variant.index(r), r.name, label, r)
     return outcome
+
+
+def _judge(report: VerifyReport, variant: Variant, outcome: Outcome, label: str, case: Case, reference):
+    """One case's rows, or None where it is skipped as beyond the dtype's range."""
+    beyond = reference.beyond_range()
+    if beyond:  # judging it would be a false alarm
+        report.skipped.append(f"{label}: {beyond}")
+        return None
+    # A streamed reference finds that it is beyond range as it runs: the case is then told as
+    # skipped, and what its port call and comparison found is taken back.
+    failures, first = len(report.failures), (outcome.first, outcome.first_result)
+    try:
+        out = variant.run(case, reference, report, label)
+        rows = [] if out is None else list(variant.compare(out, reference, report, label, outcome))
+        reference.settle()
+    except BeyondRange as e:
+        del report.failures[failures:]
+        outcome.first, outcome.first_result = first
+        report.skipped.append(f"{label}: {e}")
+        return None
+    return rows
