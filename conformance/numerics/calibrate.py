@@ -32,6 +32,7 @@ from conformance.numerics import error_model as E
 from conformance.numerics import provenance
 from conformance import strategies as S
 from conformance.numerics.compare import ratio_over_bound, stage_ratios
+from conformance.numerics.tolerances import CHAOTIC, CHAOTIC_KIND, CHAOTIC_MODE, is_chaotic
 from impls import FRAMEWORK_PORTS, get_config, load_factory
 
 DEFAULT_OUT = Path(__file__).with_name("calibration.json")
@@ -40,11 +41,27 @@ LOW_PRECISION = ("bfloat16", "float16")
 FAST = {"torch": dict(fused_attn=True), "mlx": dict(fused_attn=True, compiled=True), "jax": dict(fused_attn=True)}
 
 
+SPREAD_BINS = (0.0, 1e-3, 1e-2, 0.03, CHAOTIC, 0.3, 1.0, float("inf"))
+
+
 class Recorder:
     def __init__(self):
         self.values: dict = defaultdict(list)  # (dtype, mode, kind, port) -> [ratio]
         self.worst: dict = {}
         self.skipped: list = []
+        self.by_spread: dict = defaultdict(list)  # (dtype, upper edge of the relative spread's bin) -> [ratio]
+
+    def add_end_to_end(self, dtype: str, kind: str, port: str, r: dict, info: dict) -> None:
+        """An end-to-end ratio (``stage_ratios``'s), to its kind's or, past the linear regime, to
+        the chaotic stages' of every kind (tolerances.CHAOTIC)."""
+        edge = next(e for e in SPREAD_BINS[1:] if r["relative_spread"] < e)
+        self.by_spread[(dtype, edge)].append(r["end-to-end"])
+        if is_chaotic(r["relative_spread"]):
+            key = (dtype, CHAOTIC_MODE, CHAOTIC_KIND, port)
+            info = {**info, "kind": kind, "relative_spread": r["relative_spread"]}
+        else:
+            key = (dtype, "end-to-end", kind, port)
+        self.add(key, r["end-to-end"], info)
 
     def add(self, key, ratio: float, info: dict) -> None:
         if not np.isfinite(ratio):  # a correct port must not produce it: the calibration stops here
@@ -52,6 +69,15 @@ class Recorder:
         if not self.values[key] or ratio >= max(self.values[key]):
             self.worst[key] = info
         self.values[key].append(ratio)
+
+    def spread_table(self) -> dict:
+        """Per dtype and bin of the relative spread, the end-to-end ratios' count and largest: where
+        the linear regime ends (tolerances.CHAOTIC)."""
+        out: dict = {}
+        for (dtype, edge), values in sorted(self.by_spread.items()):
+            lower = SPREAD_BINS[SPREAD_BINS.index(edge) - 1]
+            out.setdefault(dtype, {})[f"[{lower:g}, {edge:g})"] = {"n": len(values), "max": float(max(values))}
+        return out
 
     def table(self) -> dict:
         out: dict = {}
@@ -78,13 +104,15 @@ def record_model(rec: Recorder, factories, config, state, x, info, dtypes, ports
             for name in model.names:
                 r = stage_ratios(name, out[name], model, out)
                 kind = model.kind(name)
-                for mode in ("local", "end-to-end"):
-                    rec.add((dtype, mode, kind, port), r[mode], {**info, "stage": name})
+                rec.add((dtype, "local", kind, port), r["local"], {**info, "stage": name})
+                rec.add_end_to_end(dtype, kind, port, r, {**info, "stage": name})
             if dtype == "float32":  # the fast path emits logits only: end to end
                 fast = factories[port](config, state, taps=False, **FAST[port])(x)
-                rec.add(
-                    (dtype, "end-to-end", "logits", port),
-                    stage_ratios("logits", fast, model, {}, local=False)["end-to-end"],
+                rec.add_end_to_end(
+                    dtype,
+                    "logits",
+                    port,
+                    stage_ratios("logits", fast, model, {}, local=False),
                     {**info, "stage": "logits", "path": "fast"},
                 )
 
@@ -103,11 +131,7 @@ def record_attention(rec: Recorder, case, mask, info) -> None:
             for name, value in (("attn", out), ("attn.weights", weights)):
                 if value is not None:
                     r = stage_ratios(name, value, model, {}, local=False)
-                    rec.add(
-                        ("float32", "end-to-end", model.kind(name), port),
-                        r["end-to-end"],
-                        {**info, "stage": name, "fused": fused},
-                    )
+                    rec.add_end_to_end("float32", model.kind(name), port, r, {**info, "stage": name, "fused": fused})
 
 
 def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info) -> None:
@@ -157,8 +181,13 @@ def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, 
     run()
     for name in presets:  # full-size shapes: wider reductions than the drawn configs
         config = get_config(name)
-        for weights in (S.WeightCase(seed, 1.0), S.TrainedLike(seed)):
-            for kind in ("ordinary", "near_constant"):
+        # x64 on ordinary images: saturated softmaxes twelve blocks deep, where the model turns chaotic
+        for weights, kinds in (
+            (S.WeightCase(seed, 1.0), ("ordinary", "near_constant")),
+            (S.TrainedLike(seed), ("ordinary", "near_constant")),
+            (S.WeightCase(seed, 64.0), ("ordinary",)),
+        ):
+            for kind in kinds:
                 record_model(
                     rec,
                     factories,
@@ -201,7 +230,7 @@ def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, 
         record_sdpa(rec, shape, scale, mask, {"shape": vars(shape), "scale": scale, "mask": mask is not None})
 
     sdpa()
-    return rec.table(), rec.skipped
+    return rec.table(), rec.skipped, rec.spread_table()
 
 
 def main(argv=None) -> int:
@@ -216,7 +245,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    table, skipped = measure(
+    table, skipped, by_spread = measure(
         args.examples, args.seed, args.low_precision_every, tuple(args.presets), args.attention_examples
     )
     payload = {
@@ -227,6 +256,7 @@ def main(argv=None) -> int:
         "metric": "error over the error model's bound (conformance/numerics/error_model.py), per stage",
         "provenance": provenance.collect(),
         "ratios": table,
+        "end_to_end_by_relative_spread": by_spread,
         "skipped_beyond_range": [
             {"dtype": c["dtype"], "why": c["why"], "weights": c.get("weights"), "images": c.get("images")}
             for c in skipped

@@ -18,7 +18,7 @@ from conformance.numerics.error_model import CaseModel, Chain, pool, stage_kind,
 from conformance.numerics.precision import DTYPES, coarsest
 from impls.stages import RESIDUAL
 from conformance.numerics.precision import SIGNIFICAND_BITS as _BITS
-from conformance.numerics.tolerances import tolerance
+from conformance.numerics.tolerances import end_to_end_tolerance, is_chaotic, tolerance
 from impls.protocol import ViTConfig, tap_names, tap_shapes
 
 
@@ -36,6 +36,7 @@ class StageResult:
     e2e_tol: float | None = None
     stored: str | None = None  # the precision the stage was seen in (mixed precision: float32 under bfloat16)
     tokens: str | None = None  # a stage emitted for some of its tokens: which were compared
+    chaotic: bool = False  # past the error model's linear regime end to end (tolerances.CHAOTIC)
 
     @property
     def separation(self) -> float:
@@ -49,6 +50,15 @@ class StageResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def relative_spread(spread: float, expected) -> float:
+    """The propagated spread over the stage's largest magnitude (tolerances.CHAOTIC): how far the
+    error model's own runs move the stage, as a share of its range."""
+    scale = float(np.abs(expected).max(initial=0.0)) if np.size(expected) else 0.0
+    if spread == 0:
+        return 0.0
+    return spread / scale if scale > 0 else float("inf")
 
 
 def error(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
@@ -168,7 +178,12 @@ def stage_ratios(
     max_abs, rel = error(a, rows(oracle))
     spread = model.spread(name)
     e2e = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))
-    out = {"max_abs_err": max_abs, "rel_err": rel, "end-to-end": e2e}
+    out = {
+        "max_abs_err": max_abs,
+        "rel_err": rel,
+        "end-to-end": e2e,
+        "relative_spread": relative_spread(spread, oracle),
+    }
     if local:
         value, bound = model.local(name, taps, precision) if recomputed is None else recomputed.result()
         bound = np.broadcast_to(bound, np.shape(value))
@@ -209,16 +224,27 @@ def compare_stage(
         bad = float("inf") if reason.startswith("non-finite") else None
         return StageResult(name, bad, bad, bad, tol, False, reason, mode, stored=seen, tokens=where)
     r = stage_ratios(name, actual, model, taps, local, precision, token)
-    ratio, e2e, e2e_tol = r[mode], r["end-to-end"], tolerance(kind, dtype, "end-to-end")
+    chaotic = is_chaotic(r["relative_spread"])
+    e2e, e2e_tol = r["end-to-end"], end_to_end_tolerance(kind, dtype, r["relative_spread"])
+    ratio = r[mode]
+    if not local:
+        tol = end_to_end_tolerance(kind, precision.dtype, r["relative_spread"])
     ok = ratio <= tol and e2e <= e2e_tol
     why = ""
     if not ok:
-        why = (
-            f"error {ratio:.3g}x its bound > tol {tol:.3g} ({'local' if local else 'end to end'})"
-            if ratio > tol
-            else f"end to end: error {e2e:.3g}x the propagated bound > tol {e2e_tol:.3g}"
+        regime = (
+            f"; chaotic here: the error model's own runs move it by {r['relative_spread']:.0%} of its range"
+            if chaotic
+            else ""
         )
-    return StageResult(name, r["max_abs_err"], r["rel_err"], ratio, tol, ok, why, mode, e2e, e2e_tol, seen, where)
+        why = (
+            f"error {ratio:.3g}x its bound > tol {tol:.3g} ({'local' if local else 'end to end' + regime})"
+            if ratio > tol
+            else f"end to end: error {e2e:.3g}x the propagated bound > tol {e2e_tol:.3g}{regime}"
+        )
+    return StageResult(
+        name, r["max_abs_err"], r["rel_err"], ratio, tol, ok, why, mode, e2e, e2e_tol, seen, where, chaotic
+    )
 
 
 # Precision policies for --dtype bfloat16 / float16 (``verify --policy``): what a stage may be

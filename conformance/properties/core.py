@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from conformance.numerics import error_model as E
-from conformance.numerics.compare import compare_stage, ratio_over_bound
-from conformance.numerics.tolerances import tolerance
+from conformance.numerics.compare import compare_stage, ratio_over_bound, relative_spread
+from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
 from impls.protocol import ViTConfig
 
 
@@ -217,7 +217,11 @@ def check_close(
         raise _fail(port, what, case, stage=stage or kind, error=f"shape {a.shape}, expected {e.shape}")
     if not np.isfinite(a).all():
         raise _fail(port, what, case, stage=stage or kind, error=f"{int((~np.isfinite(a)).sum())} non-finite values")
-    tol = tolerance(kind, dtype, mode) * (2.0 if pair else 1.0)
+    if mode == "end-to-end" and np.ndim(bound) == 0:  # a propagated spread: chaotic or not
+        tol = end_to_end_tolerance(kind, dtype, relative_spread(float(bound), e))
+    else:
+        tol = tolerance(kind, dtype, mode)
+    tol *= 2.0 if pair else 1.0
     diff = np.abs(a - e)
     ratio = ratio_over_bound(diff, np.asarray(bound, np.float64) + E.SMALLEST_NORMAL[dtype])
     if ratio > tol:

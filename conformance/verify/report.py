@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.numerics.compare import StageResult
+from conformance.numerics.tolerances import CHAOTIC
 from impls.protocol import ViTConfig
 
 
@@ -127,6 +128,15 @@ def format_report(report: Report) -> str:
         lines += summarize_stages(
             dict.fromkeys(names, f"seen in {precision} (mixed precision: judged as stored)"), "precision"
         )
+    lines += summarize_stages(
+        {
+            s.name: f"on {report.worst_case.get(s.name, 'its worst case')} the error model's own runs move it by "
+            f"at least {CHAOTIC:.0%} of its range: judged end to end by the chaotic tolerance (docs/tolerances.md)"
+            for s in report.stages
+            if s.chaotic
+        },
+        "chaotic",
+    )
     lines += summarize_stages(report.unseen, "unseen")
     plain = ("output of", "input of", "the model's")  # a module boundary: the usual place, not listed
     lines += summarize_stages(
