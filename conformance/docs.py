@@ -239,8 +239,20 @@ def verify_bench_table(result: dict | None = None) -> str:
     )
 
 
+def spread_table() -> str:
+    """Per bin of the propagated spread over the stage's largest magnitude, the correct ports'
+    largest end-to-end ratio in each dtype (calibration.json): where the linear regime ends."""
+    from conformance.numerics.tolerances import calibration
+
+    table = calibration()["end_to_end_by_relative_spread"]
+    bins = list(dict.fromkeys(b for by_dtype in table.values() for b in by_dtype))
+    cell = lambda d, b: "-" if b not in table[d] else f"{table[d][b]['max']:.3g} ({table[d][b]['n']})"  # noqa: E731
+    return markdown_table(["spread / max\|stage\|", *table], [[b, *(cell(d, b) for d in table)] for b in bins])
+
+
 GENERATORS = {
     "zoo": zoo_table,
+    "spread": spread_table,
     "bench": bench_table,
     "verify-bench": verify_bench_table,
     "tolerances": tolerance_table,

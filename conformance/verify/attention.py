@@ -51,6 +51,7 @@ class AttentionCall:
 
     def __init__(self, side: PortSide, options: dict):
         self.side, self.options = side, options
+        self.diagnoses: dict = {}  # (stage, case) -> Diagnosis, where a case diverged first
 
     def run(self, case: Case, model, report: Report, label: str):
         out, findings = self.side.attention(case, self.options)
@@ -71,6 +72,12 @@ class AttentionCall:
         results = [compare_stage("attn", out, model, {})]
         if weights is not None:
             results.insert(0, compare_stage("attn.weights", weights, model, {}))
+        first = next((r for r in results if not r.ok), None)
+        if first is not None and (outcome.first is None or self.index(first) < outcome.first[0]):
+            from conformance.diagnosis.fit import diagnose_attention
+
+            emitted = weights if first.name == "attn.weights" else out
+            self.diagnoses[(first.name, label)] = diagnose_attention(first.name, emitted, model, label)
         return results
 
     def index(self, result: StageResult) -> int:
@@ -85,9 +92,10 @@ def verify_attention(make_attention: Callable | PortSide, *, port: str = "attent
     cases = attention_cases(seed)
     options = dict(cases[0][1].options)
     report = Report(port, get_config("vit_test_token"), cases=[c[0] for c in cases], attention=options)
+    variant = AttentionCall(port_side(make_attention, port), options)
     outcome = run_cases(
         report,
-        AttentionCall(port_side(make_attention, port), options),
+        variant,
         (
             (name, Case(name, case.x, case.state, case.context, mask), case.error_model(mask=mask))
             for name, case, mask in cases
@@ -95,4 +103,6 @@ def verify_attention(make_attention: Callable | PortSide, *, port: str = "attent
     )  # the oracle runs first
     report.stages = [outcome.worst[n] for n in ATTENTION_STAGES if n in outcome.worst]
     report.first_divergence = outcome.first[1] if outcome.first is not None else None
+    if outcome.first is not None:
+        report.diagnosis = variant.diagnoses.get(outcome.first[1:])
     return report

@@ -25,6 +25,7 @@ class Forward:
     def __init__(self, side: PortSide, config: ViTConfig, dtype: str, policy: str):
         self.side, self.config, self.dtype, self.policy = side, config, dtype, policy
         self.names = tap_names(config)
+        self.diagnoses: dict = {}  # (stage, case) -> Diagnosis, where a case diverged first
 
     def run(self, case: Case, model, report: Report, label: str):
         out, findings = self.side.forward(case, self.config, self.dtype)
@@ -56,7 +57,20 @@ class Forward:
         for r in results:
             if not r.ok and (r.ratio is None or not np.isfinite(r.ratio)):
                 finding(report, label, r.name, r.reason)
+        self._diagnose(results, out.own_pass() if second is not None else out, model, label, outcome)
         return results
+
+    def _diagnose(self, results, out, model, label: str, outcome: Outcome) -> None:
+        """Fit the bug classes where this case diverges, if earlier than any case before it (the
+        port's outputs are not held past the case)."""
+        from conformance.diagnosis import diagnose
+
+        first = next((r for r in results if not r.ok), None)
+        if first is None or not isinstance(out, Mapping) or first.name not in out:
+            return
+        if outcome.first is not None and self.names.index(first.name) >= outcome.first[0]:
+            return
+        self.diagnoses[(first.name, label)] = diagnose(first.name, out, model, self.dtype, label)
 
     def index(self, result: StageResult) -> int:
         return self.names.index(result.name)
@@ -161,6 +175,7 @@ def verify(
         report.sources.pop(n, None)
     if outcome.first is not None:
         report.first_divergence = outcome.first[1]
+        report.diagnosis = variant.diagnoses.get(outcome.first[1:])
     elif report.failures:
         report.first_divergence = report.failures[0]["stage"]  # load or forward: before any stage
     if outcome.first_judged is not None and not report.failures:
@@ -172,6 +187,9 @@ def verify(
         differs = first_difference(*both) if both is not None else None
         if differs:
             finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")
+            from conformance.diagnosis import dropout
+
+            report.diagnosis = dropout(differs, case.name)
         if report.failures and report.first_divergence is None:
             report.first_divergence = report.failures[0]["stage"]
     return report

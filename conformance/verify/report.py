@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,7 @@ class Report(VerifyReport):
     unseen: dict[str, str] = field(default_factory=dict)  # stage -> why a captured model cannot show it
     sources: dict[str, str] = field(default_factory=dict)  # stage -> where a captured model's tap was read
     attention: dict | None = None  # an attention port's options (then config is unused)
+    diagnosis: Any = None  # conformance.diagnosis.Diagnosis: the bug class at the first divergence
 
     @property
     def kind(self) -> str:
@@ -80,6 +82,7 @@ class Report(VerifyReport):
             "checked": len(self.stages),
             "unseen": self.unseen,
             "sources": self.sources,
+            "diagnosis": None if self.diagnosis is None else self.diagnosis.to_dict(),
         }
 
 
@@ -155,6 +158,8 @@ def format_report(report: Report) -> str:
             f"NOT CONFORMANT: first divergent stage {where}"
             + (f" (error {ratio:.3g}x the tolerance)" if ratio and np.isfinite(ratio) else "")
         )
+        if report.diagnosis is not None:
+            lines.append(f"  {report.diagnosis.line()}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,614 @@
+"""Bug classes: what real ports compute instead, each as the oracle computes it from a stage's inputs.
+
+A class is a named variant of one operation, computed in float64 (or, for a precision bug, in the
+dtype it rounds in) from the same inputs the oracle's stage reads: a stage of the port is then
+compared with both, and the class is named only when the port's error is the variant's difference
+(``conformance.diagnosis.fit``). It is one of:
+
+| form | what changes | e.g. |
+|---|---|---|
+| ``config`` | options the oracle runs with (``ViTConfig`` fields) | ``norm_eps=1e-5``, ``act_layer="gelu_tanh"`` |
+| ``state`` | weights it reads: a function of the canonical state returning replaced keys | LayerScale's gamma at 1, qkv rows re-read |
+| ``stage`` | the stage computed another way: ``stage(name, t, images, s, config)``, its value or None where it does not apply | softmax over queries, heads merged (d, h) |
+
+``kinds`` are the stage kinds where the class shows first (where a fit looks for it); ``when``
+the configs it can exist in (``torch_scale_by_embed_dim`` needs more than one head to differ).
+``says`` reads after "the port computes", ``hint`` what the reference does. The table of every
+class is docs/diagnosis.md (generated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from conformance.numerics.error_model import Precision, evaluate
+from impls import numpy_vit as O
+from impls.protocol import ViTConfig
+from impls.stages import stage_inputs, stage_kind
+from weights.resample import _cubic
+
+QUIET = Precision("float32", bounds=False)  # values only: a variant's bound is never read
+
+
+def _always(config: ViTConfig) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class BugClass:
+    name: str
+    kinds: tuple[str, ...]
+    says: str
+    hint: str
+    config: Mapping = field(default_factory=dict)
+    state: Callable | None = None
+    stage: Callable | None = None
+    when: Callable[[ViTConfig], bool] = _always
+    # A class whose difference is not one array but a family: "token_statistics", a LayerNorm whose
+    # per-token variance is off by float32's cancellation in E[x^2] - E[x]^2 (rounding the oracle
+    # cannot replay in the port's order of summation: fitted per token, fit.token_statistics)
+    family: str | None = None
+    attention: Callable | None = None  # a standalone attention's weights(q, k, mask, options) (ATTENTION_CLASSES)
+
+    def applies(self, config: ViTConfig) -> bool:
+        if any(getattr(config, k) == v for k, v in self.config.items()):
+            return False  # the config already computes it: not a bug there
+        return self.when(config)
+
+
+# ----------------------------------------------------------------------------- operands
+
+
+def _block(name: str) -> tuple[str, str]:
+    """'blocks.3.attn.q' -> ('blocks.3', 'attn.q')."""
+    _, i, *rest = name.split(".", 2)
+    return f"blocks.{i}", rest[0] if rest else ""
+
+
+_NORMS = {  # a LayerNorm stage kind -> the weights' prefix in its scope
+    "norm1": "{b}.norm1",
+    "norm2": "{b}.norm2",
+    "attn.q_norm": "{b}.attn.q_norm",
+    "attn.k_norm": "{b}.attn.k_norm",
+    "norm": "norm",
+    "norm_pre": "norm_pre",
+    "attn_pool.norm": "attn_pool.norm",
+}
+NORM_KINDS = tuple(_NORMS)
+
+
+def _norm_operands(name: str, t, config: ViTConfig):
+    """A LayerNorm stage's input and its weights' prefix."""
+    kind = stage_kind(name)
+    inputs = [t[k] for k in stage_inputs(name, config)]
+    x = inputs[0] + inputs[1] if kind == "norm2" else inputs[0]
+    b = _block(name)[0] if name.startswith("blocks.") else ""
+    return x, _NORMS[kind].format(b=b)
+
+
+def _layer_norm(x, w, b, eps, *, unbiased=False, eps_outside=False, stats_dtype=None):
+    D = x.shape[-1]
+    if stats_dtype is not None:  # E[x^2] - E[x]^2 in a lower dtype, as the port rounds it
+        xs = x.astype(stats_dtype)
+        mu = xs.mean(-1, keepdims=True, dtype=stats_dtype)
+        var = np.maximum((xs * xs).mean(-1, keepdims=True, dtype=stats_dtype) - mu * mu, 0).astype(np.float64)
+        mu = mu.astype(np.float64)
+    else:
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    if unbiased:
+        var = var * D / max(D - 1, 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sigma = np.sqrt(var) + eps if eps_outside else np.sqrt(var + eps)
+        return (x - mu) / sigma * w + b
+
+
+def _norm_variant(**how):
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _NORMS:
+            return None
+        x, prefix = _norm_operands(name, t, config)
+        return _layer_norm(x, s[f"{prefix}.weight"], s[f"{prefix}.bias"], config.norm_eps, **how)
+
+    return stage
+
+
+def _no_affine(name, t, images, s, config):
+    if stage_kind(name) not in _NORMS:
+        return None
+    x, _ = _norm_operands(name, t, config)
+    return _layer_norm(x, 1.0, 0.0, config.norm_eps)
+
+
+def _norm2_with_norm1(s, config):
+    return {
+        f"blocks.{i}.norm2.{p}": s[f"blocks.{i}.norm1.{p}"] for i in range(config.depth) for p in ("weight", "bias")
+    }
+
+
+def _attention_operands(name: str, t, config: ViTConfig):
+    """An attention-weights stage's q and k, and its head_dim."""
+    q, k = (t[n] for n in stage_inputs(name, config))
+    return q, k, config.head_dim
+
+
+_WEIGHTS = ("attn.weights", "attn_pool.weights")
+
+
+def _weights_variant(logits: Callable, axis: int = -1, after=None):
+    """softmax(logits(q, k, config), axis), then ``after`` (a scale after the softmax)."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _WEIGHTS:
+            return None
+        q, k, hd = _attention_operands(name, t, config)
+        P = O.softmax(logits(q, k, config), axis=axis)
+        return P if after is None else after(P, config)
+
+    return stage
+
+
+def _qk(q, k):
+    return q @ np.swapaxes(k, -2, -1)
+
+
+def _causal(q, k, config):
+    logits = config.head_dim**-0.5 * _qk(q, k)
+    n, m = logits.shape[-2:]
+    return np.where(np.tril(np.ones((n, m), bool)), logits, -np.inf)
+
+
+def _softmax_naive(dtype):
+    """exp(l) / Σ exp(l) in the port's dtype, no maximum subtracted: inf / inf once a logit passes
+    the dtype's exp range (88.7 in float32, 11.1 in float16)."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _WEIGHTS:
+            return None
+        q, k, hd = _attention_operands(name, t, config)
+        logits = (hd**-0.5 * _qk(q, k)).astype(dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = np.exp(logits)
+            total = e.sum(-1, keepdims=True, dtype=np.float32).astype(dtype)  # a float32 accumulator, stored
+            return (e / total).astype(dtype).astype(np.float64)
+
+    return stage
+
+
+def _scaled_after_product(dtype):
+    """(q kᵀ) · scale in the port's dtype: the unscaled product overflows first."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _WEIGHTS:
+            return None
+        q, k, hd = _attention_operands(name, t, config)
+        with np.errstate(over="ignore", invalid="ignore"):
+            product = _qk(q, k).astype(dtype)  # accumulated in float32, stored: inf past 65504
+            return O.softmax((product * np.asarray(hd**-0.5, dtype)).astype(np.float64))
+
+    return stage
+
+
+def _qkv_rows(order: str):
+    """The fused qkv weight's rows read as ``order`` ("h qkv d" or "h d qkv") where timm's are
+    (qkv h d): the state whose timm reading gives what the port computes."""
+
+    def state(s, config):
+        H, hd = config.num_heads, config.head_dim
+        out = {}
+        for i in range(config.depth):
+            for p in ("weight", "bias"):
+                key = f"blocks.{i}.attn.qkv.{p}"
+                if key not in s:
+                    continue
+                w = s[key]
+                tail = w.shape[1:]
+                shape = (H, 3, hd) if order == "h qkv d" else (H, hd, 3)
+                axes = (1, 0, 2) if order == "h qkv d" else (2, 0, 1)
+                out[key] = w.reshape(*shape, *tail).transpose(*axes, *range(3, 3 + len(tail))).reshape(w.shape)
+        return out
+
+    return state
+
+
+def _qkv_bias_dropped(s, config):
+    return {k: np.zeros_like(v) for k, v in s.items() if k.endswith("attn.qkv.bias")}
+
+
+def _merged_head_dim_first(name, t, images, s, config):
+    if stage_kind(name) not in ("attn", "attn_pool.proj"):
+        return None
+    P, v = (t[n] for n in stage_inputs(name, config))
+    o = P @ v  # (B, H, N, hd)
+    B, H, N, hd = o.shape
+    merged = o.transpose(0, 2, 3, 1).reshape(B, N, hd * H)
+    prefix = f"{_block(name)[0]}.attn.proj" if name.startswith("blocks.") else "attn_pool.proj"
+    return merged @ s[f"{prefix}.weight"].T + s[f"{prefix}.bias"]
+
+
+def _projects_input(name, t, images, s, config):
+    if stage_kind(name) != "attn" or not name.startswith("blocks."):
+        return None
+    b = _block(name)[0]
+    return t[f"{b}.norm1"] @ s[f"{b}.attn.proj.weight"].T + s[f"{b}.attn.proj.bias"]
+
+
+def _kernel_hw_swapped(s, config):
+    return {"patch_embed.proj.weight": np.swapaxes(s["patch_embed.proj.weight"], -1, -2)}
+
+
+def _kernel_channels_last(s, config):
+    w = s["patch_embed.proj.weight"]
+    O_, C, ph, pw = w.shape
+    return {"patch_embed.proj.weight": w.reshape(O_, ph, pw, C).transpose(0, 3, 1, 2)}
+
+
+def _tokens_column_major(name, t, images, s, config):
+    if name != "patch_embed":
+        return None
+    y = evaluate(name, t, images, s, config, QUIET)[0]
+    B, _, D = y.shape
+    gh, gw = images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1]
+    return y.reshape(B, gh, gw, D).transpose(0, 2, 1, 3).reshape(B, gh * gw, D)
+
+
+def _class_token_without_pos_embed(name, t, images, s, config):
+    if name != "embed":
+        return None
+    x = t["patch_embed"] + s["pos_embed"][:, config.num_prefix_tokens :]
+    cls = np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2]))
+    return np.concatenate([cls, x], 1)
+
+
+def _pos_embed_scaled(factor: float):
+    def state(s, config):
+        return {"pos_embed": factor * s["pos_embed"]}
+
+    return state
+
+
+def _bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in): torch's interpolate(mode="bicubic", align_corners=False) without antialias
+    along one axis (the cubic with a = -0.75, four taps at the input's scale, edges replicated)."""
+    R = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        src = (i + 0.5) * n_in / n_out - 0.5
+        x0 = int(np.floor(src))
+        for j in range(x0 - 1, x0 + 3):
+            R[i, min(max(j, 0), n_in - 1)] += _cubic(np.asarray(src - j), -0.75)
+    return R
+
+
+def _pos_embed_without_antialias(name, t, images, s, config):
+    grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+    if name != "embed" or grid == config.grid_size:
+        return None
+    n = 0 if config.no_embed_class else config.num_prefix_tokens
+    pos = s["pos_embed"]
+    (gh, gw), D = config.grid_size, pos.shape[-1]
+    table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
+    Rh, Rw = _bicubic_matrix(gh, grid[0]), _bicubic_matrix(gw, grid[1])
+    new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
+    resized = np.concatenate([pos[:, :n], new], 1)
+    return evaluate(name, t, images, {**s, "pos_embed": resized}, config.replace(dynamic_img_size=False), QUIET)[0]
+
+
+def _pooled(select: Callable):
+    def stage(name, t, images, s, config):
+        if name != "pooled":
+            return None
+        feats = t[stage_inputs(name, config)[0]]
+        y = select(feats, config)
+        if config.use_fc_norm:
+            return _layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], config.norm_eps)
+        return y
+
+    return stage
+
+
+def _token_sum(dtype):
+    """The token mean as a running sum in the port's dtype."""
+
+    def select(x, config):
+        x = x[:, config.num_prefix_tokens :].astype(dtype)
+        total = np.zeros(x[:, 0].shape, dtype)
+        for i in range(x.shape[1]):
+            total = (total + x[:, i]).astype(dtype)
+        return (total / np.asarray(x.shape[1], dtype)).astype(np.float64)
+
+    return select
+
+
+def _layerscale(power: float):
+    def state(s, config):
+        return {k: v**power for k, v in s.items() if k.endswith(("ls1.gamma", "ls2.gamma"))}
+
+    return state
+
+
+def _extra_mlp_norm(name, t, images, s, config):
+    """fc2(LayerNorm(act)) with the extra norm at its default init (eps 1e-5, MLX's and torch's)."""
+    if stage_kind(name) != "mlp" or not name.startswith("blocks."):
+        return None
+    b = _block(name)[0]
+    h = _layer_norm(t[f"{b}.mlp.act"], 1.0, 0.0, 1e-5)
+    return h @ s[f"{b}.mlp.fc2.weight"].T + s[f"{b}.mlp.fc2.bias"]
+
+
+def _residual_dropped(name, t, images, s, config):
+    if stage_kind(name) != "block":
+        return None
+    _, a, m = (t[k] for k in stage_inputs(name, config))
+    return a + m
+
+
+def _bias_dropped(suffix: str):
+    def state(s, config):
+        return {k: np.zeros_like(v) for k, v in s.items() if k.endswith(suffix)}
+
+    return state
+
+
+def _several_heads(config: ViTConfig) -> bool:
+    return config.num_heads > 1
+
+
+def _class_token(config: ViTConfig) -> bool:
+    return config.class_token
+
+
+_GELU_HINT = "nn.GELU() / nn.gelu / jax.nn.gelu(approximate=False) for 'gelu'"
+
+# fmt: off
+CLASSES: tuple[BugClass, ...] = (
+    # LayerNorm
+    BugClass("layernorm_eps_1e-5", NORM_KINDS, "LayerNorm with eps 1e-5",
+             "timm's ViTs use eps 1e-6: nn.LayerNorm(dim, eps=1e-6) (nn.LayerNorm's default is 1e-5)",
+             config={"norm_eps": 1e-5}),
+    BugClass("layernorm_eps_1e-6", NORM_KINDS, "LayerNorm with eps 1e-6",
+             "this config's eps is another: read it from the checkpoint's config", config={"norm_eps": 1e-6}),
+    BugClass("layernorm_eps_1e-12", NORM_KINDS, "LayerNorm with eps 1e-12 (BERT's)",
+             "Hugging Face ViT configs carry layer_norm_eps=1e-12; timm's use 1e-6", config={"norm_eps": 1e-12}),
+    BugClass("layernorm_unbiased_variance", NORM_KINDS, "LayerNorm with the unbiased (n - 1) variance",
+             "LayerNorm divides by n: x.var(unbiased=False), jnp.var", stage=_norm_variant(unbiased=True)),
+    BugClass("layernorm_eps_outside_root", NORM_KINDS, "LayerNorm as (x - mean) / (std + eps)",
+             "eps goes inside the root: (x - mean) / sqrt(var + eps)", stage=_norm_variant(eps_outside=True)),
+    BugClass("layernorm_fast_variance", NORM_KINDS, "LayerNorm statistics as E[x^2] - E[x]^2 in float32",
+             "Flax: nn.LayerNorm(use_fast_variance=False); compute the variance of x - mean",
+             family="token_statistics"),
+    BugClass("layernorm_stats_float16", NORM_KINDS, "LayerNorm statistics as E[x^2] - E[x]^2 in float16",
+             "keep LayerNorm's statistics in float32 (x.float(), upcast before the reduction)",
+             stage=_norm_variant(stats_dtype=np.float16)),
+    BugClass("layernorm_without_affine", NORM_KINDS, "LayerNorm without its weight and bias",
+             "load the norm's weight and bias (a non-strict load dropped them?)", stage=_no_affine),
+    BugClass("norm2_with_norm1_weights", ("norm2",), "norm2 with norm1's weights (one LayerNorm reused)",
+             "each block has two LayerNorms: norm1 before attention, norm2 before the MLP",
+             state=_norm2_with_norm1),
+    # activations
+    BugClass("gelu_exact", ("mlp.act", "attn_pool.mlp.act"), "the exact (erf) GELU",
+             "this config's activation is another (gelu_tanh: SigLIP; quick_gelu: OpenAI CLIP)",
+             config={"act_layer": "gelu"}),
+    BugClass("gelu_tanh", ("mlp.act", "attn_pool.mlp.act"), "the tanh-approximate GELU",
+             "timm's vit_* use the exact GELU: " + _GELU_HINT, config={"act_layer": "gelu_tanh"}),
+    BugClass("quick_gelu", ("mlp.act", "attn_pool.mlp.act"), "QuickGELU, x sigmoid(1.702 x)",
+             "QuickGELU is OpenAI CLIP's only (timm's *_quickgelu names); others use GELU",
+             config={"act_layer": "quick_gelu"}),
+    BugClass("silu", ("mlp.act", "attn_pool.mlp.act"), "SiLU, x sigmoid(x)", "a ViT's MLP uses GELU",
+             config={"act_layer": "silu"}),
+    # attention weights
+    BugClass("attention_scale_missing", _WEIGHTS, "softmax(q kᵀ) without the 1/sqrt(head_dim) scale",
+             "scale the logits by head_dim ** -0.5", stage=_weights_variant(lambda q, k, c: _qk(q, k))),
+    BugClass("attention_scale_by_embed_dim", _WEIGHTS, "logits scaled by embed_dim ** -0.5",
+             "the scale is head_dim ** -0.5 (head_dim = embed_dim / num_heads)",
+             stage=_weights_variant(lambda q, k, c: c.embed_dim**-0.5 * _qk(q, k)), when=_several_heads),
+    BugClass("attention_scale_after_softmax", _WEIGHTS, "softmax(q kᵀ) / sqrt(embed_dim): scaled after the softmax",
+             "scale the logits before the softmax, by head_dim ** -0.5",
+             stage=_weights_variant(lambda q, k, c: _qk(q, k), after=lambda P, c: P / c.embed_dim**0.5)),
+    BugClass("attention_scale_on_q_and_k", _WEIGHTS, "the scale applied to q and to k (logits / head_dim)",
+             "scale once: (q * head_dim ** -0.5) @ k.T",
+             stage=_weights_variant(lambda q, k, c: _qk(q, k) / c.head_dim)),
+    BugClass("softmax_over_queries", _WEIGHTS, "the softmax over queries (axis -2)",
+             "softmax over keys: softmax(dim=-1)",
+             stage=_weights_variant(lambda q, k, c: c.head_dim**-0.5 * _qk(q, k), axis=-2)),
+    BugClass("softmax_over_batch", ("attn.weights",), "the softmax over the batch (dim=0)",
+             "softmax over keys: softmax(dim=-1)",
+             stage=_weights_variant(lambda q, k, c: c.head_dim**-0.5 * _qk(q, k), axis=0)),
+    BugClass("q_and_k_swapped", ("attn.weights",), "softmax(k qᵀ): q and k swapped",
+             "logits are q @ k.T, rows the queries",
+             stage=_weights_variant(lambda q, k, c: c.head_dim**-0.5 * _qk(k, q))),
+    BugClass("causal_mask", ("attn.weights", "attn"), "a causal mask (is_causal=True) in an encoder",
+             "a ViT encoder's attention is not causal: is_causal=False, no mask",
+             stage=_weights_variant(_causal)),
+    BugClass("softmax_without_max_float32", _WEIGHTS, "the softmax as exp(l) / sum(exp(l)) in float32",
+             "subtract the row maximum (torch.softmax, jax.nn.softmax do)",
+             stage=_softmax_naive(np.float32)),
+    BugClass("softmax_without_max_float16", _WEIGHTS, "the softmax as exp(l) / sum(exp(l)) in float16",
+             "subtract the row maximum and keep the softmax in float32", stage=_softmax_naive(np.float16)),
+    BugClass("logits_scaled_after_product_float16", _WEIGHTS,
+             "q kᵀ in float16, scaled after the product: it overflows 65504",
+             "scale q before the product: (q * scale) @ k.T, as timm", stage=_scaled_after_product(np.float16)),
+    # q, k, v
+    BugClass("qkv_rows_h_qkv_d", ("attn.q", "attn.k", "attn.v"), "the fused qkv rows read as (heads, 3, head_dim)",
+             "timm's qkv rows are (3, heads, head_dim): reshape(B, N, 3, H, hd)", state=_qkv_rows("h qkv d"),
+             when=_several_heads),
+    BugClass("qkv_rows_h_d_qkv", ("attn.q", "attn.k", "attn.v"), "the fused qkv rows read as (heads, head_dim, 3)",
+             "rearrange 'b n (qkv h d) -> qkv b h n d', not (h d qkv)", state=_qkv_rows("h d qkv")),
+    BugClass("qkv_bias_dropped", ("attn.q", "attn.k", "attn.v"), "q, k and v without the qkv bias",
+             "load attn.qkv.bias (qkv_bias=True; a non-strict load drops it)", state=_qkv_bias_dropped,
+             when=lambda c: c.qkv_bias),
+    # attention output
+    BugClass("heads_merged_head_dim_first", ("attn", "attn_pool.proj"), "heads merged as (head_dim, heads)",
+             "merge heads head-major: (B, H, N, hd) -> transpose(1, 2) -> (B, N, H * hd)",
+             stage=_merged_head_dim_first, when=_several_heads),
+    BugClass("attention_projects_input", ("attn",), "proj of the block's input: the attention result dropped",
+             "proj takes softmax(q kᵀ) v merged over heads", stage=_projects_input),
+    BugClass("proj_bias_dropped", ("attn",), "the attention's proj without its bias", "load attn.proj.bias",
+             state=_bias_dropped("attn.proj.bias"), when=lambda c: c.proj_bias),
+    # patch embedding
+    BugClass("patch_kernel_hw_swapped", ("patch_embed",), "the patch kernel with H and W swapped (OIHW -> OWHI)",
+             "convert a torch conv kernel OIHW to MLX/Flax as OHWI (transpose(0, 2, 3, 1))",
+             state=_kernel_hw_swapped),
+    BugClass("patch_flattened_channels_last", ("patch_embed",),
+             "patches flattened (s1 s2 c) against a kernel flattened (c s1 s2)",
+             "flatten the conv kernel in the order the patches are: w.permute(0, 2, 3, 1).reshape(D, -1)",
+             state=_kernel_channels_last, when=lambda c: c.in_chans > 1),
+    BugClass("tokens_column_major", ("patch_embed",), "the patch tokens flattened column-major (w, h)",
+             "flatten the grid row-major: x.flatten(2).transpose(1, 2) from (B, D, h, w)",
+             stage=_tokens_column_major),
+    BugClass("patch_bias_dropped", ("patch_embed",), "the patch embedding without its bias",
+             "load patch_embed.proj.bias", state=_bias_dropped("patch_embed.proj.bias")),
+    # embeddings
+    BugClass("pos_embed_missing", ("embed",), "no position embedding", "add pos_embed to the tokens",
+             state=_pos_embed_scaled(0.0)),
+    BugClass("pos_embed_added_twice", ("embed",), "the position embedding added twice",
+             "add pos_embed once", state=_pos_embed_scaled(2.0)),
+    BugClass("class_token_without_pos_embed", ("embed",),
+             "the class token prepended after the position embedding (big_vision's order)",
+             "timm adds pos_embed[:, 0] to the class token: prepend it, then add the position embedding",
+             stage=_class_token_without_pos_embed, when=lambda c: c.class_token and not c.no_embed_class),
+    BugClass("pos_embed_resampled_without_antialias", ("embed",),
+             "the position grid resampled bicubic without antialias",
+             "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True)",
+             stage=_pos_embed_without_antialias, when=lambda c: c.dynamic_img_size),
+    # pooling
+    BugClass("mean_pool_over_every_token", ("pooled",), "the mean over every token, the class token included",
+             "global_pool='token' takes x[:, 0]; 'avg' the mean over the patch tokens x[:, num_prefix_tokens:]",
+             stage=_pooled(lambda x, c: x.mean(1))),
+    BugClass("mean_pool_skipping_only_the_class_token", ("pooled",),
+             "the mean over every token but the class token (registers averaged in)",
+             "average the patch tokens only: x[:, num_prefix_tokens:] (1 + reg_tokens prefix tokens)",
+             stage=_pooled(lambda x, c: x[:, int(c.class_token):].mean(1)), when=lambda c: c.reg_tokens > 0),
+    BugClass("class_token_pooled", ("pooled",), "the class token where the config averages",
+             "global_pool='avg' averages the patch tokens", stage=_pooled(lambda x, c: x[:, 0]),
+             when=lambda c: c.global_pool == "avg" and c.class_token),
+    BugClass("mean_pool_instead_of_class_token", ("pooled",), "the patch-token mean where the config pools the class token",
+             "global_pool='token' takes x[:, 0]", stage=_pooled(lambda x, c: x[:, c.num_prefix_tokens:].mean(1)),
+             when=lambda c: c.global_pool == "token"),
+    BugClass("token_sum_float16", ("pooled",), "the token mean as a running sum in float16",
+             "accumulate the mean in float32: x.mean(1, dtype=torch.float32)", stage=_pooled(_token_sum(np.float16)),
+             when=lambda c: c.global_pool == "avg"),
+    # LayerScale, residual, MLP, head
+    BugClass("layerscale_missing", ("ls1", "ls2", "block"), "the residual branches without LayerScale (gamma at 1)",
+             "load ls1.gamma and ls2.gamma (DINOv2: init_values; a non-strict load drops them)",
+             state=_layerscale(0.0), when=lambda c: c.init_values is not None),
+    BugClass("layerscale_applied_twice", ("ls1", "ls2"), "LayerScale applied twice (gamma squared)",
+             "multiply by gamma once", state=_layerscale(2.0), when=lambda c: c.init_values is not None),
+    BugClass("residual_dropped", ("block",), "a block without its residual (x not added back)",
+             "x = x + attn(norm1(x)); x = x + mlp(norm2(x))", stage=_residual_dropped),
+    BugClass("extra_layernorm_in_mlp", ("mlp",), "an extra LayerNorm (default init) between the MLP's activation and fc2",
+             "timm's Mlp is fc1, act, fc2 (its norm is Identity)", stage=_extra_mlp_norm,
+             when=lambda c: c.mlp_layer == "mlp"),
+    BugClass("fc2_bias_dropped", ("mlp",), "the MLP's fc2 without its bias", "load mlp.fc2.bias",
+             state=_bias_dropped("mlp.fc2.bias")),
+    BugClass("head_bias_dropped", ("logits",), "the head without its bias", "load head.bias",
+             state=_bias_dropped("head.bias"), when=lambda c: c.num_classes > 0),
+)
+# fmt: on
+
+
+# ----------------------------------------------------------------------------- a standalone attention
+# ``attention(q, k, mask, options)`` -> its weights (``AttentionModel``'s ``attn.weights``; ``attn``
+# follows from them): fitted where an attention port diverges (``fit.diagnose_attention``).
+
+
+def _mask_logits(logits, mask):
+    if mask is None:
+        return logits
+    mask = np.asarray(mask)
+    return np.where(mask, logits, -np.inf) if mask.dtype == np.bool_ else logits + mask
+
+
+def _mha(logits: Callable, mask: Callable = lambda m: m, axis: int = -1, after=None):
+    def weights(q, k, m, o):
+        P = O.softmax(_mask_logits(logits(q, k, o), mask(m)), axis=axis)
+        return P if after is None else after(P, m)
+
+    return weights
+
+
+def _scaled_qk(q, k, o):
+    return (o.get("head_dim") or o["dim"] // o["num_heads"]) ** -0.5 * _qk(q, k)
+
+
+def _inverted(m):
+    return None if m is None or np.asarray(m).dtype != np.bool_ else ~np.asarray(m)
+
+
+def _keep(P, m):
+    if m is None:
+        return P
+    m = np.asarray(m)
+    return P * (m if m.dtype == np.bool_ else m > -np.inf)
+
+
+def _mha_causal(q, k, o):
+    logits = _scaled_qk(q, k, o)
+    n, k_ = logits.shape[-2:]
+    return np.where(np.tril(np.ones((n, k_), bool)), logits, -np.inf)
+
+
+def _mha_naive(q, k, m, o):
+    logits = _mask_logits(_scaled_qk(q, k, o), m).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = np.exp(logits)
+        return (e / e.sum(-1, keepdims=True)).astype(np.float64)
+
+
+_MHA = ("mha.weights", "mha.out")
+
+# fmt: off
+ATTENTION_CLASSES: tuple[BugClass, ...] = (
+    BugClass("mask_ignored", _MHA, "the attention without its mask (never applied)",
+             "apply the mask to the logits and use the result: logits = logits.masked_fill(~mask, -inf)",
+             attention=_mha(_scaled_qk, mask=lambda m: None)),
+    BugClass("mask_inverted", _MHA, "a boolean mask read as True = masked",
+             "this API's boolean mask is True = keep (torch's F.scaled_dot_product_attention, mx.fast)",
+             attention=_mha(_scaled_qk, mask=_inverted)),
+    BugClass("mask_after_softmax", _MHA, "the mask multiplied into the weights after the softmax, not renormalised",
+             "mask the logits before the softmax", attention=_mha(_scaled_qk, mask=lambda m: None, after=_keep)),
+    BugClass("mha_causal_mask", _MHA, "a causal mask always applied", "an encoder's attention is not causal",
+             attention=_mha(_mha_causal)),
+    BugClass("mha_scale_by_dim", _MHA, "logits scaled by dim ** -0.5", "the scale is head_dim ** -0.5",
+             attention=_mha(lambda q, k, o: o["dim"] ** -0.5 * _qk(q, k))),
+    BugClass("mha_scale_missing", _MHA, "softmax(q kᵀ) without the scale", "scale the logits by head_dim ** -0.5",
+             attention=_mha(lambda q, k, o: _qk(q, k))),
+    BugClass("mha_softmax_over_queries", _MHA, "the softmax over queries (axis -2)", "softmax over keys: axis -1",
+             attention=_mha(_scaled_qk, axis=-2)),
+    BugClass("mha_softmax_without_max", _MHA, "the softmax as exp(l) / sum(exp(l)) in float32",
+             "subtract the row maximum (torch.softmax, jax.nn.softmax do)", attention=_mha_naive),
+)
+# fmt: on
+
+BY_NAME: dict[str, BugClass] = {c.name: c for c in CLASSES + ATTENTION_CLASSES}
+# Not fitted: named from what verify sees instead (docs/diagnosis.md).
+ACTIVE_DROPOUT = "active_dropout"
+
+
+def classes_for(kind: str, config: ViTConfig) -> list[BugClass]:
+    return [c for c in CLASSES if kind in c.kinds and c.applies(config)]
+
+
+def variant_state(bug: BugClass, s: Mapping, config: ViTConfig) -> Mapping:
+    if bug.state is None:
+        return s
+    return {**s, **bug.state(s, config)}
+
+
+def variant_config(bug: BugClass, config: ViTConfig) -> ViTConfig:
+    return config.replace(**bug.config) if bug.config else config
+
+
+def evaluate_variant(bug: BugClass, name: str, t, images, s, config: ViTConfig, precision: Precision = QUIET):
+    """(value, unit bound or None) of stage ``name`` computed by ``bug`` from inputs ``t``: a
+    ``stage`` variant's bound is not known (None), a ``config`` or ``state`` variant's is the error
+    model's in ``precision``."""
+    s, config = variant_state(bug, s, config), variant_config(bug, config)
+    if bug.stage is not None:
+        value = bug.stage(name, t, images, s, config)
+        if value is not None:
+            return np.asarray(value, np.float64), None
+    value, bound = evaluate(name, t, images, s, config, precision)
+    return np.asarray(value, np.float64), (bound if precision.bounds else None)

@@ -1,0 +1,304 @@
+"""Which bug class a divergent stage shows: each class fitted to the port's error.
+
+At the stage where a port first diverges, for each class that can exist there
+(``classes.classes_for``): the port's error ``e = port − oracle`` and the class's difference
+``d = oracle_h − oracle``, both from the port's own inputs to the stage (where the port did not emit
+an input, it is computed from the nearest inputs it did, the class applied on the way: a port that
+returns only logits is fitted end to end). Weighting each element by the oracle's bound ``b`` (the
+local unit bound, or the propagated spread end to end), the least-squares coefficient and its
+standard error
+
+    α = Σ e d / b² ÷ Σ d² / b²,   σ_α = rms((e − α d) / b) / √(Σ d² / b²),
+
+the scatter left by the fit being the port's rounding (the oracle's variant reproduces a class's
+difference to about ``FLOOR``, 1%: a precision class emulates the port's dtype, not its order of
+summation). The residual ``max |e − α d| / max(b, b_h)`` is told over the tolerance. A class is **named** only
+when ``σ_α ≤ 0.03`` (the stage tells the class apart from nothing), ``|α − 1| ≤ 3 σ_α + FLOOR`` and
+the residual is within the tolerance: the error *is* the class's difference, nothing left over. A stage the port
+emitted as NaN or Inf is matched by where: a class (computed in the dtype its bug rounds in) that
+is non-finite nowhere the port is finite and at ``COVERED`` (half) of its non-finite elements or
+more (where a product overflows near the dtype's limit depends on the port's order of summation).
+A LayerNorm's fast variance is a family, fitted per token (``token_statistics``). Two classes that both match are named
+together (the cases cannot tell them apart); none: "no known bug class matches", and the closest
+two with their figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from conformance.diagnosis.classes import ACTIVE_DROPOUT, BY_NAME, QUIET, BugClass, classes_for, evaluate_variant
+from conformance.numerics.compare import stored_as
+from conformance.numerics.error_model import CaseModel, evaluate, stage_precision
+from conformance.numerics.precision import coarsest
+from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
+from impls.protocol import tap_shapes
+
+SIGMAS = 3.0  # |α − 1| within this many standard errors, plus FLOOR
+FLOOR = 0.01  # how closely the oracle's variant reproduces a class's difference
+RESOLVED = 0.03  # σ_α at most this: the class's difference stands out of the rounding
+COVERED = 0.5  # a non-finite class: at least this share of the port's non-finite elements
+
+
+@dataclass
+class Fit:
+    bug: str
+    alpha: float | None  # None: matched by where the stage is non-finite
+    se: float | None  # σ_α
+    residual: float  # max |e − α d| / max(b, b_h) over the tolerance (≤ 1: within it)
+    named: bool
+    per_token: bool = False  # a family fitted per token (``se``: its largest δ in float32 roundings of μ² + σ²)
+
+    def figures(self) -> str:
+        if self.per_token:
+            return f"each token's variance off by up to {self.se:.3g} u (μ² + σ²), residual {self.residual:.2g} of the tolerance"
+        if self.alpha is None:
+            return f"non-finite at {self.se:.0%} of the port's non-finite elements" + (
+                "" if self.named else ", or elsewhere"
+            )
+        return f"α = {self.alpha:.3f} ± {self.se:.2g}, residual {self.residual:.2g} of the tolerance"
+
+
+@dataclass
+class Diagnosis:
+    stage: str
+    case: str
+    mode: str  # "local" or "end-to-end"
+    named: str | None  # the class, or None: no known class matches
+    fits: list[Fit] = field(default_factory=list)  # the named one first, then the closest
+
+    @property
+    def bug(self) -> BugClass | None:
+        return BY_NAME.get(self.named) if self.named else None
+
+    def line(self) -> str:
+        if self.named == ACTIVE_DROPOUT:
+            return (
+                f"{self.stage}: the port is random at inference (two calls on the same input differ): "
+                "dropout left active? Put the model in eval mode (model.eval(), nnx.Dropout(deterministic=True), "
+                "dropout_p=0 in F.scaled_dot_product_attention)"
+            )
+        if self.named:
+            bug, fit = self.bug, self.fits[0]
+            also = [f.bug for f in self.fits[1:] if f.named]
+            tie = f" (or, indistinguishable on these cases: {', '.join(also)})" if also else ""
+            return f"{self.stage}: the port computes {bug.says} ({fit.figures()}){tie}; {bug.hint}"
+        if not self.fits:
+            return f"{self.stage}: no known bug class applies to this stage"
+        closest = "; ".join(f"{f.bug} ({f.figures()})" for f in self.fits[:2])
+        return f"{self.stage}: no known bug class matches; closest: {closest}"
+
+    def to_dict(self) -> dict:
+        bug = self.bug
+        return {
+            "stage": self.stage,
+            "case": self.case,
+            "mode": self.mode,
+            "class": self.named,
+            "says": bug.says if bug else None,
+            "hint": bug.hint if bug else None,
+            "fits": [asdict(f) for f in self.fits[:3]],
+            "line": self.line(),
+        }
+
+
+def dropout(stage: str, case: str) -> Diagnosis:
+    """Two calls of the port on the same input differ: randomness at inference."""
+    return Diagnosis(stage, case, "determinism", ACTIVE_DROPOUT)
+
+
+class _Values(Mapping):
+    """The stages a fit reads: the port's own where it emitted them well-formed (but the stage
+    fitted), the rest computed from those, ``bug`` applied (None: the oracle's operation)."""
+
+    def __init__(self, model: CaseModel, port: Mapping, valid: set, target: str, bug: BugClass | None):
+        self.model, self.port, self.valid, self.target, self.bug = model, port, valid, target, bug
+        self._s = model._s
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.model.names:
+            raise KeyError(name)
+        if name not in self._cache:
+            m = self.model
+            if name != self.target and name in self.valid:
+                value = np.asarray(self.port[name], np.float64)
+            elif self.bug is None:
+                value = np.asarray(evaluate(name, self, m._x, self._s, m.config, QUIET)[0], np.float64)
+            else:
+                value = evaluate_variant(self.bug, name, self, m._x, self._s, m.config)[0]
+            self._cache[name] = value
+        return self._cache[name]
+
+    def bounded(self, name: str):
+        """(value, unit bound or None) of the fitted stage, the bug's own rounding."""
+        m = self.model
+        if self.bug is None:
+            return self[name], None
+        value, bound = evaluate_variant(self.bug, name, self, m._x, self._s, m.config, m.precision)
+        self._cache[name] = value
+        return value, bound
+
+    def __iter__(self):
+        return iter(self.model.names)
+
+    def __len__(self) -> int:
+        return len(self.model.names)
+
+
+def well_formed(out: Mapping, model: CaseModel) -> set:
+    """The port's stages of the oracle's shape with finite values."""
+    shapes = tap_shapes(model.config, model.images.shape[0], model.images.shape[2:])
+    valid = set()
+    for n in model.names:
+        if n in out and not isinstance(out[n], str):
+            try:
+                a = np.asarray(out[n], np.float64)
+            except (TypeError, ValueError):
+                continue
+            if a.shape == tuple(shapes[n]) and np.isfinite(a).all():
+                valid.add(n)
+    return valid
+
+
+def diagnose(stage: str, out: Mapping, model: CaseModel, dtype: str = "float32", case: str = "") -> Diagnosis:
+    """The bug class the port's ``stage`` shows on this case, or the closest two."""
+    config = model.config
+    kind = model.kind(stage)
+    valid = well_formed(out, model)
+    local = model.can_check_locally(stage, valid)
+    port = np.asarray(out[stage], np.float64) if stage in out else None
+    shapes = tap_shapes(config, model.images.shape[0], model.images.shape[2:])
+    if port is None or port.shape != tuple(shapes[stage]):
+        return Diagnosis(stage, case, "local" if local else "end-to-end", None)
+    base = _Values(model, out, valid, stage, None)[stage]
+    if local:  # the stage's rounding as compare judged it (mixed precision: as stored)
+        stored = {n: stored_as(out[n], dtype) for n in (stage, *model.inputs(stage))}
+        inputs = [stored[n] for n in model.inputs(stage)]
+        precision = stage_precision(kind, dtype, stored[stage], coarsest(inputs) if inputs else None)
+        bound = np.broadcast_to(model.local(stage, out, precision)[1], base.shape) + model.precision.tiny
+        tol = tolerance(kind, precision.dtype, "local")
+    else:
+        spread = model.spread(stage)
+        bound = np.full(base.shape, max(spread, model.precision.tiny))
+        tol = end_to_end_tolerance(kind, dtype)
+    fits = []
+    # locally the stage's own classes; end to end any class upstream of it (applied where it acts)
+    candidates = (
+        classes_for(kind, config) if local else [c for k in _upstream(stage, model) for c in classes_for(k, config)]
+    )
+    for bug in {c.name: c for c in candidates}.values():
+        if bug.family == "token_statistics":
+            fit = token_statistics(port, _Values(model, out, valid, stage, None), stage, bound, tol, bug.name)
+            if fit is not None:
+                fits.append(fit)
+            continue
+        alt, alt_bound = _Values(model, out, valid, stage, bug).bounded(stage)
+        if alt_bound is None or not local:  # its rounding as the oracle's, scaled to its magnitude
+            alt_bound = bound * max(1.0, float(np.abs(alt).max(initial=0.0)) / max(float(np.abs(base).max()), 1e-300))
+        fit = _fit(port, base, alt, bound, np.broadcast_to(alt_bound, base.shape), tol, bug.name)
+        if fit is not None:
+            fits.append(fit)
+    fits.sort(key=lambda f: (not f.named, f.per_token, f.residual))  # one coefficient before a family
+    named = fits[0].bug if fits and fits[0].named else None
+    return Diagnosis(stage, case, "local" if local else "end-to-end", named, fits)
+
+
+CANCELLATION = 64.0  # a float32 E[x^2] - E[x]^2 loses up to this many u (μ² + σ²) (Flax's: 6.1 in the zoo)
+
+
+def token_statistics(port, values, stage: str, bound, tol, name) -> Fit | None:
+    """A LayerNorm whose per-token variance is off: per token, the error fitted as a multiple of
+    γ x̂ (a variance off by δ scales x̂ by σ / σ') and of γ (a mean off), weighted by the bound;
+    named when what is left is within the tolerance and every token's implied δ is within
+    ``CANCELLATION`` float32 roundings of μ² + σ² (what E[x^2] - E[x]^2 loses), one beyond any a
+    correct port's rounding shows (its error at that token out of the tolerance)."""
+    from conformance.diagnosis.classes import _norm_operands
+
+    if not np.isfinite(port).all():
+        return None
+    x, prefix = _norm_operands(stage, values, values.model.config)
+    s = values._s
+    w, eps = s[f"{prefix}.weight"], values.model.config.norm_eps
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    xh = (x - mu) / np.sqrt(var + eps)
+    base = values[stage]
+    e = (port - base) / bound
+    a, b = w * xh / bound, np.broadcast_to(w / bound, e.shape)
+    # per token: [a b] [c m]ᵀ = e, least squares over the channels
+    aa, ab, bb = (a * a).sum(-1), (a * b).sum(-1), (b * b).sum(-1)
+    ea, eb = (e * a).sum(-1), (e * b).sum(-1)
+    det = aa * bb - ab * ab
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(det > 0, (ea * bb - eb * ab) / det, 0.0)
+        m = np.where(det > 0, (eb * aa - ea * ab) / det, 0.0)
+    left = e - c[..., None] * a - m[..., None] * b
+    residual = float(np.abs(left).max()) / max(tol, 1e-30)
+    delta = (var[..., 0] + eps) * ((1.0 + c) ** -2.0 - 1.0)
+    scale = 2.0**-24 * (mu[..., 0] ** 2 + var[..., 0])
+    off = np.abs(e).max(-1) > tol  # the tokens the port fails at
+    explained = bool(off.any()) and bool(np.all(np.abs(delta[off]) <= CANCELLATION * scale[off]))
+    ratio = float(np.max(np.abs(delta[off]) / scale[off])) if off.any() else 0.0
+    return Fit(name, None, ratio, residual, explained and residual <= 1.0, per_token=True)
+
+
+def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
+    """A standalone attention port's divergent ``attn.weights`` or ``attn`` (end to end: the port
+    emits no q, k, v; the oracle's, from the port's inputs, are the classes' too)."""
+    from conformance.diagnosis.classes import ATTENTION_CLASSES
+    from conformance.numerics.error_model import _attend_and_project
+
+    port = np.asarray(out, np.float64)
+    o = model.oracle
+    base = np.asarray(o[stage], np.float64)
+    if port.shape != base.shape:
+        return Diagnosis(stage, case, "end-to-end", None)
+    bound = np.full(base.shape, max(model.spread(stage), model.precision.tiny))
+    tol = end_to_end_tolerance(model.kind(stage), "float32")
+    fits = []
+    for bug in ATTENTION_CLASSES:
+        with np.errstate(over="ignore", invalid="ignore"):
+            P = bug.attention(o["attn.q"], o["attn.k"], model._mask, model.options)
+            alt = P if stage == "attn.weights" else _attend_and_project(P, o["attn.v"], model._s, "proj", QUIET)[0]
+        alt_bound = bound * max(
+            1.0, float(np.nanmax(np.abs(alt), initial=0.0)) / max(float(np.abs(base).max()), 1e-300)
+        )
+        fit = _fit(port, base, alt, bound, alt_bound, tol, bug.name)
+        if fit is not None:
+            fits.append(fit)
+    fits.sort(key=lambda f: (not f.named, f.residual))
+    return Diagnosis(stage, case, "end-to-end", fits[0].bug if fits and fits[0].named else None, fits)
+
+
+def _upstream(stage: str, model: CaseModel) -> list[str]:
+    """The stage kinds up to ``stage``, the nearest first."""
+    names = model.names[: model.names.index(stage) + 1]
+    return list(dict.fromkeys(model.kind(n) for n in reversed(names)))
+
+
+def _fit(port, base, alt, bound, alt_bound, tol, name) -> Fit | None:
+    bad = ~np.isfinite(port)
+    if bad.any():  # matched by where, not by how much
+        alt_bad = ~np.isfinite(alt)
+        both = int((bad & alt_bad).sum())
+        # nowhere the port is finite, and most of where it is not (overflow near the dtype's limit
+        # depends on the port's order of summation)
+        named = both > 0 and not (alt_bad & ~bad).any() and both >= COVERED * bad.sum()
+        return Fit(name, None, both / float(bad.sum()), float("inf"), bool(named))
+    if not np.isfinite(alt).all():
+        return None  # the class overflows where the port does not: not this class
+    e, d = (port - base) / bound, (alt - base) / bound
+    dd = float(np.sum(d * d))
+    if dd == 0.0:
+        return None  # the class computes the same here: it cannot be told apart
+    alpha = float(np.sum(e * d)) / dd
+    scatter = e - alpha * d
+    se = float(np.sqrt(np.mean(scatter * scatter) / dd))
+    residual = float(np.max(np.abs(port - base - alpha * (alt - base)) / np.maximum(bound, alt_bound)))
+    residual /= max(tol, 1e-30)
+    named = se <= RESOLVED and abs(alpha - 1.0) <= SIGMAS * se + FLOOR and residual <= 1.0
+    return Fit(name, alpha, se, residual, named)
