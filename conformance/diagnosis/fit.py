@@ -274,6 +274,33 @@ def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
     return Diagnosis(stage, case, "end-to-end", fits[0].bug if fits and fits[0].named else None, fits)
 
 
+def diagnose_gradient(result, got: Mapping, model, case: str = "") -> Diagnosis:
+    """The first divergent cotangent or parameter gradient (``GradResult``) against the gradient
+    classes, weighted by the reference's propagated spread there (end to end)."""
+    from conformance.diagnosis.classes import GRADIENT_CLASSES
+
+    kind, name = result.kind, result.name
+    if kind not in ("taps", "params") or name not in got.get(kind, {}):
+        return Diagnosis(name, case, "end-to-end", None)
+    port = np.asarray(got[kind][name], np.float64)
+    base = np.asarray(model.reference[kind][name], np.float64)
+    if port.shape != base.shape:
+        return Diagnosis(name, case, "end-to-end", None)
+    spread = max(model.spread[kind][name], model.floor(kind, name))  # as GradModel.ratio divides by
+    bound = np.full(base.shape, max(spread, 1e-300))
+    fits = []
+    for bug in GRADIENT_CLASSES:
+        if kind not in bug.kinds:
+            continue
+        fit = _fit(
+            port, base, np.asarray(bug.gradient(model, kind, name), np.float64), bound, bound, result.tol, bug.name
+        )
+        if fit is not None:
+            fits.append(fit)
+    fits.sort(key=lambda f: (not f.named, f.residual))
+    return Diagnosis(name, case, "end-to-end", fits[0].bug if fits and fits[0].named else None, fits)
+
+
 def _upstream(stage: str, model: CaseModel) -> list[str]:
     """The stage kinds up to ``stage``, the nearest first."""
     names = model.names[: model.names.index(stage) + 1]

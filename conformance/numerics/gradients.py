@@ -200,6 +200,7 @@ class GradModel:
         from impls import numpy_vit
 
         self.config, self.images, self.loss, self.dtype = config, np.asarray(images), loss, dtype
+        self.state = state  # what a bug class's reference is taken on (conformance.diagnosis)
         self.precision = Precision(dtype)
         self.seed = seed
         self.reference = numpy_vit.make_grad(config, state)(self.images, loss)

@@ -132,6 +132,7 @@ class GradReport(VerifyReport):
                 }
                 for r in self.results
             ],
+            "diagnosis": None if self.diagnosis is None else self.diagnosis.to_dict(),
         }
 
 
@@ -174,6 +175,7 @@ class Backward:
     def __init__(self, side: PortSide, config: ViTConfig, dtype: str):
         self.side, self.config, self.dtype = side, config, dtype
         self.order: dict[tuple[str, str], int] = {}
+        self.diagnoses: dict = {}  # (tensor, case) -> Diagnosis, where a case diverged first
 
     def run(self, case: Case, model: GradModel, report: GradReport, label: str):
         out, findings = self.side.backward(case, self.config, self.dtype, model.loss)
@@ -195,7 +197,14 @@ class Backward:
                 backward_order(list(model.reference["taps"]), model.reference["params"])
             )
         }
-        return compare_gradients(out, model)  # taps, parameters, "images" and "loss" never share a name
+        results = compare_gradients(out, model)  # taps, parameters, "images" and "loss" never share a name
+        failing = [r for r in results if not r.ok]
+        first = min(failing, key=self.index) if failing else None
+        if first is not None and (outcome.first is None or self.index(first) < outcome.first[0]):
+            from conformance.diagnosis.fit import diagnose_gradient
+
+            self.diagnoses[(first.name, label)] = diagnose_gradient(first, out, model, label)
+        return results
 
     def index(self, result: GradResult) -> int:
         return self.order.get((result.kind, result.name), len(self.order))
@@ -214,9 +223,8 @@ def verify_grad(
     check_grad_dtype(dtype)
     models = _seeded_models(config, seed, dtype) if state is None else _models(config, state, seed, dtype)
     report = GradReport(port, config, cases=[label for label, _, _ in models], dtype=dtype)
-    outcome = run_cases(
-        report, Backward(port_side(make_grad, port), config, dtype), models
-    )  # the references were built first
+    variant = Backward(port_side(make_grad, port), config, dtype)
+    outcome = run_cases(report, variant, models)  # the references were built first
     ordered = {
         f"{k}:{n}": i
         for i, (k, n, _) in enumerate(
@@ -226,6 +234,7 @@ def verify_grad(
     report.results = sorted(outcome.worst.values(), key=lambda r: ordered.get(f"{r.kind}:{r.name}", len(ordered)))
     if outcome.first is not None:
         report.first_divergence, report.first_case = outcome.first_result, outcome.first[2]
+        report.diagnosis = variant.diagnoses.get(outcome.first[1:])
     return report
 
 
@@ -271,6 +280,8 @@ def format_grad_report(report: GradReport, limit: int = 12) -> str:
             f"NOT CONFORMANT: first divergence in backward order: {what} {r.name} (stage {r.stage}), "
             f"{r.error:.3g} against a tolerance of {r.tol:.3g} ({report.first_case})"
         )
+        if report.diagnosis is not None:
+            lines.append(f"  {report.diagnosis.line()}")
     else:
         lines.append(f"NOT CONFORMANT: {report.failures[0]['reason'] if report.failures else 'nothing was checked'}")
     return "\n".join(lines)

@@ -28,6 +28,7 @@ class VerifyReport:
     worst_case: dict[str, str] = field(default_factory=dict)  # row -> the case behind it
     skipped: list[str] = field(default_factory=list)  # cases outside the dtype's range, and why
     dtype: str = "float32"
+    diagnosis: Any = None  # conformance.diagnosis.Diagnosis: the bug class at the first divergence
 
     kind = ""
 
@@ -44,7 +45,6 @@ class Report(VerifyReport):
     unseen: dict[str, str] = field(default_factory=dict)  # stage -> why a captured model cannot show it
     sources: dict[str, str] = field(default_factory=dict)  # stage -> where a captured model's tap was read
     attention: dict | None = None  # an attention port's options (then config is unused)
-    diagnosis: Any = None  # conformance.diagnosis.Diagnosis: the bug class at the first divergence
 
     @property
     def kind(self) -> str:
