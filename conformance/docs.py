@@ -55,21 +55,23 @@ def zoo_table(measured: dict | None = None) -> str:
         measured = _recorded("zoo.json") or {"mutants": []}
     rows_by_name = {r["name"]: r for r in measured.get("mutants", [])}
 
-    def cell(entry, declared):
+    def cell(entry, declared, bug_class):
         if not entry or entry.get("found") is None:
             return "not caught"
         where = "" if entry["found"] == declared else f" at {entry['found']}"
         ratio = entry.get("ratio")
-        return ("inf" if ratio is None or ratio == float("inf") else f"{ratio:.3g}") + where
+        named = entry.get("named")
+        name = "" if named == bug_class else f", named {named}" if named else ", not named"
+        return ("inf" if ratio is None or ratio == float("inf") else f"{ratio:.3g}") + where + name
 
     rows = []
     for m in MUTANTS.values():
         r = rows_by_name.get(m.name, {})
         caught = f"{len(r['caught_by'])}/{len(r['sampled'])}" if r.get("sampled") else "-"
         by_dtype = r.get("by_dtype") or {}
-        own = {"found": r.get("found"), "ratio": r.get("ratio")} if r else None
+        own = {"found": r.get("found"), "ratio": r.get("ratio"), "named": r.get("named")} if r else None
         dtypes = [
-            cell(by_dtype.get(d) if by_dtype else (own if d == m.dtype else None), m.first_divergence)
+            cell(by_dtype.get(d) if by_dtype else (own if d == m.dtype else None), m.first_divergence, m.bug_class)
             if r
             else "not measured"
             for d in ("float32", "bfloat16", "float16")
@@ -82,6 +84,7 @@ def zoo_table(measured: dict | None = None) -> str:
                 m.description,
                 m.source,
                 f"`{m.first_divergence}`",
+                f"`{m.bug_class}`",
                 m.dtype,
                 *dtypes,
                 r.get("exposing_case"),
@@ -94,6 +97,7 @@ def zoo_table(measured: dict | None = None) -> str:
             "bug",
             "from",
             "declared stage",
+            "bug class",
             "dtype",
             "float32",
             "bfloat16",
@@ -250,7 +254,43 @@ def spread_table() -> str:
     return markdown_table(["spread / max\|stage\|", *table], [[b, *(cell(d, b) for d in table)] for b in bins])
 
 
+def diagnosis_table() -> str:
+    """Every bug class (conformance.diagnosis.classes): where it is fitted, what it says, the hint."""
+    from conformance.diagnosis.classes import ATTENTION_CLASSES, CLASSES, GRADIENT_CLASSES, OBSERVED
+    from conformance.zoo import MUTANTS
+
+    by_class: dict[str, list[str]] = {}
+    for m in MUTANTS.values():
+        by_class.setdefault(m.bug_class, []).append(f"`{m.name}`")
+    groups = (("forward", CLASSES), ("attention port", ATTENTION_CLASSES), ("gradient", GRADIENT_CLASSES))
+    rows = [
+        [
+            f"`{c.name}`",
+            where,
+            ", ".join(f"`{k}`" for k in c.kinds) or "any",
+            "fitted per token" if c.family else ("observed" if where == "observed" else form(c)),
+            c.says,
+            c.hint,
+            ", ".join(by_class.get(c.name, [])) or "-",
+        ]
+        for where, group in (*groups, ("observed", OBSERVED))
+        for c in group
+    ]
+    return markdown_table(["class", "check", "fitted at", "form", "the port computes", "hint", "zoo"], rows)
+
+
+def form(c) -> str:
+    if c.config:
+        return "config: " + ", ".join(f"{k}={v!r}" for k, v in c.config.items())
+    if c.state is not None:
+        return "state"
+    if c.gradient is not None:
+        return "reference"
+    return "stage"
+
+
 GENERATORS = {
+    "diagnosis": diagnosis_table,
     "zoo": zoo_table,
     "spread": spread_table,
     "bench": bench_table,

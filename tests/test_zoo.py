@@ -43,6 +43,9 @@ def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
         f"{mutant.name}: error only {report.separation():.3g}x the tolerance"
     )
     assert mutant.min_ratio >= MIN_RATIO or mutant.note, "a ratio below 10 needs a reason"
+    assert report.diagnosis is not None and report.diagnosis.named == mutant.bug_class, (
+        report.diagnosis.line() if report.diagnosis else "no diagnosis"
+    )
 
 
 def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_ports_pass():

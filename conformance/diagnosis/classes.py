@@ -91,18 +91,17 @@ def _norm_operands(name: str, t, config: ViTConfig):
 
 
 def _layer_norm(x, w, b, eps, *, unbiased=False, eps_outside=False, stats_dtype=None):
-    D = x.shape[-1]
-    if stats_dtype is not None:  # E[x^2] - E[x]^2 in a lower dtype, as the port rounds it
-        xs = x.astype(stats_dtype)
-        mu = xs.mean(-1, keepdims=True, dtype=stats_dtype)
-        var = np.maximum((xs * xs).mean(-1, keepdims=True, dtype=stats_dtype) - mu * mu, 0).astype(np.float64)
-        mu = mu.astype(np.float64)
-    else:
-        mu = x.mean(-1, keepdims=True)
-        var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    if unbiased:
-        var = var * D / max(D - 1, 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a class may overflow: its NaN is its match
+        if stats_dtype is not None:  # E[x^2] - E[x]^2 in a lower dtype, as the port rounds it
+            xs = x.astype(stats_dtype)
+            mu = xs.mean(-1, keepdims=True, dtype=stats_dtype)
+            var = np.maximum((xs * xs).mean(-1, keepdims=True, dtype=stats_dtype) - mu * mu, 0).astype(np.float64)
+            mu = mu.astype(np.float64)
+        else:
+            mu = x.mean(-1, keepdims=True)
+            var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        if unbiased:
+            var = var * x.shape[-1] / max(x.shape[-1] - 1, 1)
         sigma = np.sqrt(var) + eps if eps_outside else np.sqrt(var + eps)
         return (x - mu) / sigma * w + b
 
@@ -293,20 +292,34 @@ def _pos_embed_without_antialias(name, t, images, s, config):
     table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
     Rh, Rw = _bicubic_matrix(gh, grid[0]), _bicubic_matrix(gw, grid[1])
     new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
-    resized = np.concatenate([pos[:, :n], new], 1)
-    return evaluate(name, t, images, {**s, "pos_embed": resized}, config.replace(dynamic_img_size=False), QUIET)[0]
+    pos = np.concatenate([pos[:, :n], new], 1)
+    x = t["patch_embed"]
+    prefix = [np.broadcast_to(s[k], (x.shape[0], *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
+    if config.no_embed_class:
+        return np.concatenate(prefix + [x + pos], 1)
+    return np.concatenate(prefix + [x], 1) + pos
 
 
-def _pooled(select: Callable):
-    def stage(name, t, images, s, config):
+def _pooled(select: Callable, tokens: Callable | None = None):
+    """``pooled`` as ``select(features, config)``; ``tokens(features, config)``: the tokens it is
+    a mean of (its bound is a mean's: u_c √N rms + u_s |mean|), else a selection's."""
+
+    def stage(name, t, images, s, config, precision=QUIET):
         if name != "pooled":
             return None
         feats = t[stage_inputs(name, config)[0]]
         y = select(feats, config)
+        if precision.bounds and tokens is not None:
+            x = tokens(feats, config)
+            bound = precision.compute * np.sqrt(x.shape[1]) * np.sqrt((x * x).mean(1)) + precision.output * np.abs(y)
+        else:
+            bound = precision.inputs * np.abs(y) if precision.bounds else None
         if config.use_fc_norm:
-            return _layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], config.norm_eps)
-        return y
+            y = _layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], config.norm_eps)
+            bound = None  # through the norm: as the oracle's, scaled (fit)
+        return y, bound
 
+    stage.bounded = True  # returns (value, bound) in ``precision``
     return stage
 
 
@@ -477,16 +490,18 @@ CLASSES: tuple[BugClass, ...] = (
     # pooling
     BugClass("mean_pool_over_every_token", ("pooled",), "the mean over every token, the class token included",
              "global_pool='token' takes x[:, 0]; 'avg' the mean over the patch tokens x[:, num_prefix_tokens:]",
-             stage=_pooled(lambda x, c: x.mean(1))),
+             stage=_pooled(lambda x, c: x.mean(1), lambda x, c: x)),
     BugClass("mean_pool_skipping_only_the_class_token", ("pooled",),
              "the mean over every token but the class token (registers averaged in)",
              "average the patch tokens only: x[:, num_prefix_tokens:] (1 + reg_tokens prefix tokens)",
-             stage=_pooled(lambda x, c: x[:, int(c.class_token):].mean(1)), when=lambda c: c.reg_tokens > 0),
+             stage=_pooled(lambda x, c: x[:, int(c.class_token):].mean(1), lambda x, c: x[:, int(c.class_token):]),
+             when=lambda c: c.reg_tokens > 0),
     BugClass("class_token_pooled", ("pooled",), "the class token where the config averages",
              "global_pool='avg' averages the patch tokens", stage=_pooled(lambda x, c: x[:, 0]),
              when=lambda c: c.global_pool == "avg" and c.class_token),
     BugClass("mean_pool_instead_of_class_token", ("pooled",), "the patch-token mean where the config pools the class token",
-             "global_pool='token' takes x[:, 0]", stage=_pooled(lambda x, c: x[:, c.num_prefix_tokens:].mean(1)),
+             "global_pool='token' takes x[:, 0]",
+             stage=_pooled(lambda x, c: x[:, c.num_prefix_tokens:].mean(1), lambda x, c: x[:, c.num_prefix_tokens:]),
              when=lambda c: c.global_pool == "token"),
     BugClass("token_sum_float16", ("pooled",), "the token mean as a running sum in float16",
              "accumulate the mean in float32: x.mean(1, dtype=torch.float32)", stage=_pooled(_token_sum(np.float16)),
@@ -740,9 +755,19 @@ GRADIENT_CLASSES: tuple[BugClass, ...] = (
 )
 # fmt: on
 
-BY_NAME: dict[str, BugClass] = {c.name: c for c in CLASSES + ATTENTION_CLASSES + GRADIENT_CLASSES}
-# Not fitted: named from what verify sees instead (docs/diagnosis.md).
+# Named from what verify sees, not fitted: its determinism re-run.
 ACTIVE_DROPOUT = "active_dropout"
+OBSERVED: tuple[BugClass, ...] = (
+    BugClass(
+        ACTIVE_DROPOUT,
+        (),
+        "a random result: two calls on the same input differ (dropout left active?)",
+        "put the model in eval mode: model.eval(); nnx.Dropout(deterministic=True); dropout_p=0.0 in "
+        "F.scaled_dot_product_attention, which ignores eval()",
+    ),
+)
+
+BY_NAME: dict[str, BugClass] = {c.name: c for c in CLASSES + ATTENTION_CLASSES + GRADIENT_CLASSES + OBSERVED}
 
 
 def classes_for(kind: str, config: ViTConfig) -> list[BugClass]:
@@ -765,8 +790,13 @@ def evaluate_variant(bug: BugClass, name: str, t, images, s, config: ViTConfig, 
     model's in ``precision``."""
     s, config = variant_state(bug, s, config), variant_config(bug, config)
     if bug.stage is not None:
-        value = bug.stage(name, t, images, s, config)
-        if value is not None:
-            return np.asarray(value, np.float64), None
+        if getattr(bug.stage, "bounded", False):
+            found = bug.stage(name, t, images, s, config, precision)
+            if found is not None:
+                return np.asarray(found[0], np.float64), found[1]
+        else:
+            value = bug.stage(name, t, images, s, config)
+            if value is not None:
+                return np.asarray(value, np.float64), None
     value, bound = evaluate(name, t, images, s, config, precision)
     return np.asarray(value, np.float64), (bound if precision.bounds else None)

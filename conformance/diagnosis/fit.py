@@ -75,12 +75,8 @@ class Diagnosis:
         return BY_NAME.get(self.named) if self.named else None
 
     def line(self) -> str:
-        if self.named == ACTIVE_DROPOUT:
-            return (
-                f"{self.stage}: the port is random at inference (two calls on the same input differ): "
-                "dropout left active? Put the model in eval mode (model.eval(), nnx.Dropout(deterministic=True), "
-                "dropout_p=0 in F.scaled_dot_product_attention)"
-            )
+        if self.named and not self.fits:  # observed, not fitted
+            return f"{self.stage}: the port computes {self.bug.says}; {self.bug.hint}"
         if self.named:
             bug, fit = self.bug, self.fits[0]
             also = [f.bug for f in self.fits[1:] if f.named]

@@ -48,7 +48,8 @@ def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
     """Every stage the port emits (at least the logits) is within tolerance of the oracle."""
     _representable(case)
     out = run_model(port, make, case)
-    results = compare_outputs(out, case.error_model(), dtype=case.dtype)
+    model = case.error_model()
+    results = compare_outputs(out, model, dtype=case.dtype)
     # A model port's findings (a module that holds a stage's weights and never ran, parameters
     # the checkpoint leaves unfilled) are failed stages in their place.
     names = tap_names(case.config)
@@ -56,7 +57,13 @@ def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
         results.append(StageResult(stage, None, None, None, 0.0, False, why, "end-to-end"))
     results.sort(key=lambda r: names.index(r.name) if r.name in names else len(names))  # load last, as in verify
     if any(not r.ok for r in results):
-        raise PropertyFailure(describe_failures(results, port, **case.describe()))
+        first = next(r.name for r in results if not r.ok)
+        context = case.describe()
+        if isinstance(out, Mapping) and first in out:
+            from conformance.diagnosis import diagnose
+
+            context["diagnosis"] = diagnose(first, out, model, case.dtype).line()
+        raise PropertyFailure(describe_failures(results, port, **context))
     return results
 
 

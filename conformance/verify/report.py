@@ -204,7 +204,12 @@ def plot_report(report: Report, path: str | Path) -> None:
     ax.set_ylabel("error over the error model's bound, / tolerance")
     verdict = "conformant" if report.conformant else f"first divergence: {report.first_divergence}"
     ax.set_title(f"{report.port} ({report.dtype}) against the float64 oracle ({verdict})")
-    ax.legend(fontsize=8)
+    if report.diagnosis is not None:
+        import textwrap
+
+        note = textwrap.fill(report.diagnosis.line(), 110)
+        ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=7, color="darkred")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

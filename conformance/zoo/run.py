@@ -45,7 +45,9 @@ class ZooRow:
     description: str = ""
     source: str = ""
     dtype: str = "float32"
-    by_dtype: dict = field(default_factory=dict)  # dtype -> {"found", "ratio", "case"} (model mutants)
+    by_dtype: dict = field(default_factory=dict)  # dtype -> {"found", "ratio", "case", "named"} (model mutants)
+    named: str | None = None  # the bug class verify's diagnosis names, in the mutant's dtype
+    bug_class: str = ""  # the class it declares
 
     @property
     def located(self) -> bool:
@@ -68,6 +70,11 @@ def verify_mutant(mutant: Mutant, dtype: str | None = None):
     if mutant.level == "attention":
         return verify_attention(make, port=mutant.name)
     return verify(make, get_config(mutant.config), port=mutant.name, dtype=dtype or mutant.dtype)
+
+
+def named(report) -> str | None:
+    """The bug class a report's diagnosis names (None: none, or no diagnosis)."""
+    return None if report.diagnosis is None else report.diagnosis.named
 
 
 def _test_files() -> dict[str, Path]:
@@ -157,9 +164,11 @@ def run_zoo(
             description=m.description,
             source=m.source,
             dtype=m.dtype,
+            bug_class=m.bug_class,
         )
         if with_verify:
             report = verify_mutant(m)
+            row.named = named(report)
             row.found = report.located()
             row.ratio = report.separation(row.found) if row.found else None
             row.exposing_case = report.worst_case.get(row.found or "") or next(
@@ -173,6 +182,7 @@ def run_zoo(
                         "found": found,
                         "ratio": r.separation(found) if found else None,
                         "case": r.worst_case.get(found or ""),
+                        "named": named(r),
                     }
         rows.append(row)
     correct: dict = {}
@@ -218,11 +228,13 @@ def format_zoo(rows: list[ZooRow], correct: dict) -> str:
             "yes" if r.located else f"NO ({r.declared})",
             None if r.ratio is None else float(r.ratio),
             r.exposing_case or "-",
+            r.named or "-",
             f"{len(r.caught_by)}/{len(r.sampled)}" if r.sampled else "-",
         ]
         for r in rows
     ]
-    lines = [table(["mutant", "first divergence", "located", "ratio", "exposing case", "caught"], body), ""]
+    header = ["mutant", "first divergence", "located", "ratio", "exposing case", "named as", "caught"]
+    lines = [table(header, body), ""]
     for r in rows:
         if r.sampled:
             lines.append(
@@ -238,6 +250,7 @@ def format_zoo(rows: list[ZooRow], correct: dict) -> str:
     )
     lines.append(
         f"{caught}; {sum(r.located for r in rows)} of {len(rows)} located at their declared stage; "
+        f"{sum(r.named == r.bug_class for r in rows)} named as their declared bug class; "
         f"smallest ratio {min(ratios, default=float('nan')):.3g}"
     )
     for spec, failures in correct.items():
@@ -271,5 +284,6 @@ def main(args) -> int:
         from conformance.docs import zoo_table
 
         print("\n" + zoo_table(measured))
-    ok = all(r.located and (r.caught or args.no_plugin) for r in rows) and not any(correct.values())
+    ok = all(r.located and r.named == r.bug_class and (r.caught or args.no_plugin) for r in rows)
+    ok = ok and not any(correct.values())
     return 0 if ok else 1

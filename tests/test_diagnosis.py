@@ -1,0 +1,116 @@
+"""The diagnosis names a bug class only when the port's error is that class's difference: every
+forward class is named where it is computed, a fraction of one is not, an unknown bug gets the
+closest two and no name, and a conformant port gets no diagnosis."""
+
+import numpy as np
+import pytest
+
+from conformance.diagnosis import diagnose
+from conformance.diagnosis.classes import CLASSES, BY_NAME, evaluate_variant
+from conformance.numerics.error_model import CaseModel
+from conformance.strategies import WeightCase, make_images
+from conformance.tests.helpers import factory
+from impls import get_config
+
+PRESETS = (
+    "vit_test_token",
+    "vit_test_avg",
+    "vit_test_registers_avg",
+    "vit_test_dinov2",
+    "vit_test_siglip",
+    "vit_test_clip",
+    "vit_test_dynamic",
+)
+# Where a class shows only on some inputs: the images (their grid) or weights it needs.
+NEEDS = {
+    "layernorm_stats_float16": "offset",  # x^2 past 65504: a large common offset
+    "softmax_without_max_float32": "x64",  # logits past 88
+    "softmax_without_max_float16": "x64",
+    "logits_scaled_after_product_float16": "x64",
+    "pos_embed_resampled_without_antialias": "grid",
+}
+
+
+def _case(config, need):
+    if need == "grid":
+        gh, gw = config.grid_size
+        return WeightCase(0, 1.0).make(config), make_images(config, 2, "ordinary", 0, (gh + 2, gw + 1))
+    weights = {"offset": WeightCase(2, 4.0, 1000.0), "x64": WeightCase(3, 64.0)}.get(need, WeightCase(1, 4.0))
+    return weights.make(config), make_images(config, 2, "ordinary", 0)
+
+
+def _injected(bug):
+    """The correct port's taps with one stage replaced by the class computed from the port's own
+    inputs to it (rounded to float32): what a port with that bug emits there. None: the class
+    changes no stage of any preset here."""
+    for preset in PRESETS:
+        config = get_config(preset)
+        if not bug.applies(config):
+            continue
+        state, images = _case(config, NEEDS.get(bug.name))
+        model = CaseModel(config, state, images)
+        out = dict(factory("torch")(config, state)(images))
+        for name in model.names:
+            if model.kind(name) not in bug.kinds:
+                continue
+            t = {k: np.asarray(v, np.float64) for k, v in out.items()}
+            with np.errstate(all="ignore"):
+                value = evaluate_variant(bug, name, t, model._x, model._s, config)[0]
+            if not np.array_equal(value, model.local(name, out)[0]):
+                with np.errstate(all="ignore"):
+                    out[name] = value.astype(np.float32)
+                return name, out, model
+    return None
+
+
+FITTED = [c for c in CLASSES if c.family is None]
+
+
+@pytest.mark.parametrize("bug", FITTED, ids=lambda c: c.name)
+def test_a_stage_computed_as_a_bug_class_is_named_as_it(bug):
+    found = _injected(bug)
+    assert found is not None, f"{bug.name} changes no stage of {PRESETS}"
+    name, out, model = found
+    d = diagnose(name, out, model)
+    assert d.named == bug.name, d.line()
+
+
+def test_a_fraction_of_a_class_is_not_named_and_the_closest_is_told():
+    """Companion: half the tanh GELU's difference (α = 0.5) is no class: verify says so and
+    names the closest two with their figures."""
+    bug = BY_NAME["gelu_tanh"]
+    name, out, model = _injected(bug)
+    base = model.local(name, out)[0]
+    out[name] = (base + 0.5 * (out[name] - base)).astype(np.float32)
+    d = diagnose(name, out, model)
+    assert d.named is None, d.line()
+    assert d.fits[0].bug == "gelu_tanh" and abs(d.fits[0].alpha - 0.5) < 0.05, d.fits[0]
+    assert "no known bug class matches; closest: gelu_tanh (α = 0.5" in d.line(), d.line()
+
+
+def test_an_unknown_bug_gets_no_name():
+    """A GELU scaled by 1.01 is no class of mlp.act: none is named."""
+    config = get_config("vit_test_token")
+    state, images = _case(config, None)
+    model = CaseModel(config, state, images)
+    out = dict(factory("torch")(config, state)(images))
+    out["blocks.0.mlp.act"] = out["blocks.0.mlp.act"] * np.float32(1.01)
+    d = diagnose("blocks.0.mlp.act", out, model)
+    assert d.named is None and len(d.fits) >= 2, d.line()
+
+
+def test_verify_reports_the_diagnosis_in_text_and_json_and_none_when_conformant():
+    from conformance.verify import verify
+    from conformance.verify.report import format_report
+    from conformance.zoo.run import verify_mutant
+    from conformance.zoo import MUTANTS
+
+    report = verify_mutant(MUTANTS["mlx_attention_scale_missing"])
+    line = format_report(report).splitlines()
+    verdict = next(i for i, s in enumerate(line) if s.startswith("NOT CONFORMANT"))
+    assert line[verdict + 1].startswith("  blocks.0.attn.weights: the port computes softmax(q kᵀ) without"), line
+    d = report.to_dict()["diagnosis"]
+    assert d["class"] == "attention_scale_missing" and d["stage"] == "blocks.0.attn.weights"
+    assert d["fits"][0]["alpha"] == pytest.approx(1.0, abs=0.01) and d["line"] == line[verdict + 1].strip()
+    correct = verify(factory("torch"), get_config("vit_test_token"))
+    assert correct.conformant and correct.diagnosis is None and correct.to_dict()["diagnosis"] is None
