@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from conformance.diagnosis.classes import ACTIVE_DROPOUT, BY_NAME, QUIET, BugClass, classes_for, evaluate_variant
-from conformance.numerics.compare import stored_as
+from conformance.numerics.compare import relative_spread, stored_as
 from conformance.numerics.error_model import CaseModel, evaluate, stage_precision
 from conformance.numerics.precision import coarsest
 from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
@@ -180,13 +180,15 @@ def diagnose(stage: str, out: Mapping, model: CaseModel, dtype: str = "float32",
     else:
         spread = model.spread(stage)
         bound = np.full(base.shape, max(spread, model.precision.tiny))
-        tol = end_to_end_tolerance(kind, dtype)
+        tol = end_to_end_tolerance(kind, dtype, relative_spread(spread, base))
     fits = []
-    # locally the stage's own classes; end to end any class upstream of it (applied where it acts)
-    candidates = (
-        classes_for(kind, config) if local else [c for k in _upstream(stage, model) for c in classes_for(k, config)]
-    )
+    # Locally the stage's own classes; end to end any class upstream of it, applied where it acts
+    # (each a forward from the nearest emitted taps: a full-size model's, the stage's own only).
+    upstream = not local and not model.stream
+    candidates = [c for k in (_upstream(stage, model) if upstream else [kind]) for c in classes_for(k, config)]
     for bug in {c.name: c for c in candidates}.values():
+        if bug.family == "token_statistics" and not local:
+            continue
         if bug.family == "token_statistics":
             fit = token_statistics(port, _Values(model, out, valid, stage, None), stage, bound, tol, bug.name)
             if fit is not None:
