@@ -279,6 +279,15 @@ def diagnosis_table() -> str:
     return markdown_table(["class", "check", "fitted at", "form", "the port computes", "hint", "zoo"], rows)
 
 
+def scan_table() -> str:
+    """The scan's calibration: per dtype the correct ports' largest significant share, where."""
+    from conformance.diagnosis.scan import calibration
+
+    record = calibration()
+    rows = [[d, f"{w['alpha']:.3g}", f"`{w['where']}`", len(w["alarms"])] for d, w in record["dtypes"].items()]
+    return markdown_table(["dtype", "largest significant share (correct ports)", "where", "alarms"], rows)
+
+
 def form(c) -> str:
     if c.config:
         return "config: " + ", ".join(f"{k}={v!r}" for k, v in c.config.items())
@@ -291,6 +300,7 @@ def form(c) -> str:
 
 GENERATORS = {
     "diagnosis": diagnosis_table,
+    "scan": scan_table,
     "zoo": zoo_table,
     "spread": spread_table,
     "bench": bench_table,

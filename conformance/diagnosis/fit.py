@@ -59,6 +59,8 @@ class Fit:
             return f"non-finite at {self.se:.0%} of the port's non-finite elements" + (
                 "" if self.named else ", or elsewhere"
             )
+        if np.isnan(self.residual):  # pooled over cases (scan): each element within the tolerance
+            return f"α = {self.alpha:.3f} ± {self.se:.2g} pooled over the cases"
         return f"α = {self.alpha:.3f} ± {self.se:.2g}, residual {self.residual:.2g} of the tolerance"
 
 
@@ -85,6 +87,8 @@ class Diagnosis:
         if not self.fits:
             return f"{self.stage}: no known bug class applies to this stage"
         closest = "; ".join(f"{f.bug} ({f.figures()})" for f in self.fits[:2])
+        if self.mode == "pooled":  # systematic, but no class at α = 1: the error runs along these
+            return f"{self.stage}: a systematic error below the dtype's rounding, along {closest}"
         return f"{self.stage}: no known bug class matches; closest: {closest}"
 
     def to_dict(self) -> dict:
@@ -306,6 +310,8 @@ def _upstream(stage: str, model: CaseModel) -> list[str]:
 
 
 def _fit(port, base, alt, bound, alt_bound, tol, name) -> Fit | None:
+    if np.shape(alt) != np.shape(base):
+        return None  # not this stage's computation (a class of another stage's shape)
     bad = ~np.isfinite(port)
     if bad.any():  # matched by where, not by how much
         alt_bad = ~np.isfinite(alt)

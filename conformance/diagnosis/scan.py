@@ -1,0 +1,163 @@
+"""Systematic errors below a dtype's rounding: every class fitted at every stage that passes,
+pooled over verify's cases.
+
+A bug whose difference is below the dtype's rounding at every element (the tanh GELU in
+bfloat16: 4.7e-4 against 2⁻⁸ |a|) passes the per-element check, but it is *systematic*: the same
+sign and shape of error at every element, where a correct port's rounding is not. Over the
+cases verify runs, at each stage a port passed locally, and for each class of the stage's kind
+(``classes.classes_for``; the per-token family aside), the sums of ``e d / b²``, ``d² / b²`` and
+``e² / b²`` are pooled (``e`` the port's error, ``d`` the class's difference, ``b`` the local
+bound), giving ``α`` and its standard error ``σ_α`` as the diagnosis's fit does. A port that computes
+the class projects on its difference by about 1. A stage would be **systematic** when
+``|α| ≥ ALPHA`` and ``|α| / σ_α ≥ SIGNIFICANCE``.
+
+**Not part of verify's verdict** (a measurement, ``python -m conformance.diagnosis.scan``): the
+correct ports are systematic too in bfloat16 and float16 (scan_calibration.json). Their LayerNorm
+reads inputs rounded to the dtype, whose variance is biased up by the rounding's own (Sheppard's
+correction), along the direction a larger eps moves the output (torch on vit_test_clip: α = 58.8
+along eps outside the root in bfloat16, −8.3 along eps 1e-6 in float16); MLX's and JAX's tanh
+GELU in bfloat16 sit 1.8 times its distance from the exact GELU beyond the float64 tanh GELU
+(α = −1.8 along the exact GELU on vit_test_siglip), the bias a tanh-GELU bug in bfloat16 adds to
+(the JAX mutant measures 2.7). A verdict needs a model of those biases first. In float32 the
+correct ports' largest significant share is 0.005 and nothing is systematic.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from conformance.diagnosis.classes import classes_for
+from conformance.diagnosis.fit import FLOOR, RESOLVED, SIGMAS, Diagnosis, Fit, _Values, well_formed
+
+ALPHA = 0.5  # a class's share of the error: a correct float32 port's is 0.005 (scan_calibration.json)
+SIGNIFICANCE = 10.0  # |α| / σ_α: the share stands out of the rounding's scatter
+CALIBRATION = Path(__file__).with_name("scan_calibration.json")
+
+
+@dataclass
+class Systematic:
+    stage: str
+    bug: str
+    alpha: float
+    se: float
+    cases: int
+
+    def fit(self) -> Fit:
+        named = self.se <= RESOLVED and abs(self.alpha - 1.0) <= SIGMAS * self.se + FLOOR
+        return Fit(self.bug, self.alpha, self.se, float("nan"), named)
+
+    def reason(self, dtype: str) -> str:
+        return (
+            f"a systematic error: within {dtype}'s per-element tolerance, but {self.alpha:.3g} ± {self.se:.2g} "
+            f"times {self.bug}'s difference, pooled over {self.cases} cases (a correct port's rounding projects "
+            f"below {ALPHA})"
+        )
+
+
+class Scan:
+    """The pooled sums per (stage, class), case by case."""
+
+    def __init__(self):
+        self.sums: dict[tuple[str, str], np.ndarray] = {}  # Σ e d, Σ d², Σ e², elements, cases
+        self.order: list[str] = []
+
+    def add(self, out, model, results) -> None:
+        """One case: the stages ``results`` (StageResult) say passed locally."""
+        passed = [r.name for r in results if r.ok and r.mode == "local" and r.name in out]
+        if not passed:
+            return
+        valid = well_formed(out, model)
+        for stage in passed:
+            if stage not in self.order:
+                self.order.append(stage)
+            value, bound = model.local(stage, out)
+            bound = np.broadcast_to(bound, np.shape(value)) + model.precision.tiny
+            e = (np.asarray(out[stage], np.float64) - value) / bound
+            for bug in classes_for(model.kind(stage), model.config):
+                if bug.family is not None:
+                    continue
+                with np.errstate(all="ignore"):
+                    alt = _Values(model, out, valid, stage, bug)[stage]
+                if alt.shape != e.shape or not np.isfinite(alt).all():
+                    continue
+                d = (alt - value) / bound
+                sums = self.sums.setdefault((stage, bug.name), np.zeros(5))
+                sums += (float(np.sum(e * d)), float(np.sum(d * d)), float(np.sum(e * e)), e.size, 1)
+
+    def fits(self) -> list[Systematic]:
+        out = []
+        for (stage, bug), (ed, dd, ee, n, cases) in self.sums.items():
+            if dd == 0.0:
+                continue
+            alpha = ed / dd
+            scatter = max(ee - 2.0 * alpha * ed + alpha * alpha * dd, 0.0)
+            se = float(np.sqrt(scatter / n / dd))
+            out.append(Systematic(stage, bug, float(alpha), se, int(cases)))
+        return out
+
+    def systematic(self) -> list[Systematic]:
+        """The stages' systematic classes, in model order (the largest share first at a stage)."""
+        found = [f for f in self.fits() if abs(f.alpha) >= ALPHA and abs(f.alpha) >= SIGNIFICANCE * f.se]
+        return sorted(found, key=lambda f: (self.order.index(f.stage), -abs(f.alpha)))
+
+    def diagnosis(self, first: Systematic, case: str) -> Diagnosis:
+        """The diagnosis at a systematic stage: its classes, the named one first if α is 1."""
+        fits = [f.fit() for f in self.systematic() if f.stage == first.stage]
+        fits.sort(key=lambda f: (not f.named, abs(f.alpha - 1.0)))
+        return Diagnosis(first.stage, case, "pooled", fits[0].bug if fits[0].named else None, fits)
+
+
+def calibration() -> dict:
+    return json.loads(CALIBRATION.read_text())
+
+
+def calibrate(
+    configs=("vit_test_token", "vit_test_avg", "vit_test_siglip", "vit_test_clip", "vit_test_dinov2"),
+) -> dict:
+    """The correct ports on verify's seeded cases of each config, in every dtype: per dtype the
+    largest |α| among significant fits (|α| / σ_α ≥ SIGNIFICANCE) and the largest |α| / σ_α
+    among fits of |α| ≥ ALPHA (none may exist: that would be a false alarm)."""
+    from conformance.numerics.compare import compare_outputs
+    from conformance.numerics.provenance import collect
+    from conformance.verify.cases import seeded_cases
+    from impls import FRAMEWORK_PORTS, get_config, load_factory
+
+    record: dict = {"configs": list(configs), "provenance": collect(), "dtypes": {}}
+    for dtype in ("float32", "bfloat16", "float16"):
+        worst = {"alpha": 0.0, "where": None, "alarms": []}
+        for name in configs:
+            config = get_config(name)
+            for port in FRAMEWORK_PORTS:
+                scan, make = Scan(), load_factory(port)
+                for case, model in seeded_cases(config, 0, dtype):
+                    if model.beyond_range():
+                        continue
+                    out = make(config, case.state, dtype=dtype)(case.images)
+                    scan.add(out, model, compare_outputs(out, model, dtype=dtype))
+                for f in scan.fits():
+                    if abs(f.alpha) >= SIGNIFICANCE * f.se and abs(f.alpha) > worst["alpha"]:
+                        worst.update(alpha=abs(f.alpha), where=f"{port} {name} {f.stage} {f.bug}")
+                worst["alarms"] += [f"{port} {name} {f.stage} {f.bug} {f.alpha:.3g}" for f in scan.systematic()]
+        record["dtypes"][dtype] = worst
+        print(dtype, worst, flush=True)
+    return record
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance.diagnosis.scan", description="measure the scan on the correct ports"
+    )
+    parser.add_argument("--out", type=Path, default=CALIBRATION)
+    args = parser.parse_args(argv)
+    args.out.write_text(json.dumps(calibrate(), indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
