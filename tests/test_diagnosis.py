@@ -157,3 +157,18 @@ def test_the_scans_measurement_on_the_correct_ports_is_recorded():
     assert record["float32"]["alarms"] == [] and 0 < record["float32"]["alpha"] <= ALPHA / 4
     assert any("layernorm_eps_outside_root 58.8" in a for a in record["bfloat16"]["alarms"])
     assert any("vit_test_siglip blocks.0.mlp.act gelu_exact -1.87" in a for a in record["bfloat16"]["alarms"])
+
+
+def test_a_diagnosis_that_fails_is_the_tools_failure_and_the_verdict_stands(monkeypatch):
+    import conformance.diagnosis as D
+    from conformance.zoo import MUTANTS
+    from conformance.zoo.run import verify_mutant
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the fit")
+
+    monkeypatch.setattr(D, "diagnose", broken)
+    report = verify_mutant(MUTANTS["mlx_attention_scale_missing"])
+    assert not report.conformant and report.first_divergence == "blocks.0.attn.weights"
+    assert "RuntimeError: a bug in the fit" in report.diagnosis.failed
+    assert "a bug of this tool and not of the port" in report.diagnosis.line()

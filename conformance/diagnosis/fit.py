@@ -71,12 +71,15 @@ class Diagnosis:
     mode: str  # "local" or "end-to-end"
     named: str | None  # the class, or None: no known class matches
     fits: list[Fit] = field(default_factory=list)  # the named one first, then the closest
+    failed: str = ""  # the tool's own exception while fitting (the verdict stands)
 
     @property
     def bug(self) -> BugClass | None:
         return BY_NAME.get(self.named) if self.named else None
 
     def line(self) -> str:
+        if self.failed:
+            return f"{self.stage}: the diagnosis failed, a bug of this tool and not of the port: {self.failed}"
         if self.named and not self.fits:  # observed, not fitted
             return f"{self.stage}: the port computes {self.bug.says}; {self.bug.hint}"
         if self.named:
@@ -103,6 +106,16 @@ class Diagnosis:
             "fits": [asdict(f) for f in self.fits[:3]],
             "line": self.line(),
         }
+
+
+def guarded(stage: str, case: str, fit) -> Diagnosis:
+    """``fit()``, or a diagnosis that says the tool failed (the verdict, the port's, stands)."""
+    from conformance.report import describe_exception
+
+    try:
+        return fit()
+    except Exception as e:  # the tool's own bug: told as such, never as the port's
+        return Diagnosis(stage, case, "error", None, failed=describe_exception(e))
 
 
 def dropout(stage: str, case: str) -> Diagnosis:
@@ -170,7 +183,10 @@ def diagnose(stage: str, out: Mapping, model: CaseModel, dtype: str = "float32",
     kind = model.kind(stage)
     valid = well_formed(out, model)
     local = model.can_check_locally(stage, valid)
-    port = np.asarray(out[stage], np.float64) if stage in out else None
+    try:
+        port = np.asarray(out[stage], np.float64) if stage in out else None
+    except (TypeError, ValueError):  # not an array (compare told why)
+        port = None
     shapes = tap_shapes(config, model.images.shape[0], model.images.shape[2:])
     if port is None or port.shape != tuple(shapes[stage]):
         return Diagnosis(stage, case, "local" if local else "end-to-end", None)

@@ -74,10 +74,13 @@ class AttentionCall:
             results.insert(0, compare_stage("attn.weights", weights, model, {}))
         first = next((r for r in results if not r.ok), None)
         if first is not None and (outcome.first is None or self.index(first) < outcome.first[0]):
+            from conformance.diagnosis import guarded
             from conformance.diagnosis.fit import diagnose_attention
 
             emitted = weights if first.name == "attn.weights" else out
-            self.diagnoses[(first.name, label)] = diagnose_attention(first.name, emitted, model, label)
+            self.diagnoses[(first.name, label)] = guarded(
+                first.name, label, lambda: diagnose_attention(first.name, emitted, model, label)
+            )
         return results
 
     def index(self, result: StageResult) -> int:

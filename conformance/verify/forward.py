@@ -63,14 +63,16 @@ class Forward:
     def _diagnose(self, results, out, model, label: str, outcome: Outcome) -> None:
         """Fit the bug classes where this case diverges, if earlier than any case before it (the
         port's outputs are not held past the case)."""
-        from conformance.diagnosis import diagnose
+        from conformance.diagnosis import diagnose, guarded
 
         first = next((r for r in results if not r.ok), None)
         if first is None or not isinstance(out, Mapping) or first.name not in out:
             return
         if outcome.first is not None and self.names.index(first.name) >= outcome.first[0]:
             return
-        self.diagnoses[(first.name, label)] = diagnose(first.name, out, model, self.dtype, label)
+        self.diagnoses[(first.name, label)] = guarded(
+            first.name, label, lambda: diagnose(first.name, out, model, self.dtype, label)
+        )
 
     def index(self, result: StageResult) -> int:
         return self.names.index(result.name)

@@ -201,9 +201,12 @@ class Backward:
         failing = [r for r in results if not r.ok]
         first = min(failing, key=self.index) if failing else None
         if first is not None and (outcome.first is None or self.index(first) < outcome.first[0]):
+            from conformance.diagnosis import guarded
             from conformance.diagnosis.fit import diagnose_gradient
 
-            self.diagnoses[(first.name, label)] = diagnose_gradient(first, out, model, label)
+            self.diagnoses[(first.name, label)] = guarded(
+                first.name, label, lambda: diagnose_gradient(first, out, model, label)
+            )
         return results
 
     def index(self, result: GradResult) -> int:
