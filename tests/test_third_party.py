@@ -357,3 +357,48 @@ def test_a_one_token_model_s_final_norm_is_the_whole_stage_not_a_pooled_form():
     assert token_subset("norm", np.zeros((3, many.embed_dim)), (3, many.num_tokens, many.embed_dim), many)[1]
     report = verify(load_factory("torch"), config, port="torch", dtype="float16")
     assert report.conformant, report.failures[:2] or [s for s in report.stages if not s.ok][:2]
+
+
+def _hf_vit(**overrides):
+    """transformers' ViTForImageClassification, unmodified, built from an HF config with
+    ``overrides`` (None: the key left to transformers' default)."""
+    from conformance.examples import hf_vit
+    from weights.hf import vit_config_to_hf
+
+    def build(config):
+        from transformers import ViTConfig, ViTForImageClassification
+
+        hf = vit_config_to_hf(config)
+        for key, value in overrides.items():
+            hf.pop(key) if value is None else hf.__setitem__(key, value)
+        return ViTForImageClassification(ViTConfig(**hf)).eval()
+
+    return ModelPort(build, convert=hf_vit.convert, output=lambda out: out.logits, supports=hf_vit.SUPPORTS)
+
+
+@pytest.mark.parametrize(
+    "overrides, stage, named",
+    [
+        ({"layer_norm_eps": None}, "blocks.0.norm1", "layernorm_eps_1e-12"),  # ViTConfig's default eps
+        ({"hidden_act": "gelu_new"}, "blocks.0.mlp.act", "gelu_tanh"),  # transformers' tanh GELU
+    ],
+    ids=["default_eps", "gelu_new"],
+)
+def test_transformers_vit_built_with_a_real_config_mistake_is_located_and_named(overrides, stage, named):
+    """The bug a converter makes with transformers' own defaults, in its own code: verify says
+    where and what (docs/diagnosis.md)."""
+    report = verify(_hf_vit(**overrides), get_config("vit_test_token_square"), port="transformers")
+    assert report.first_divergence == stage, report.failures[:2]
+    assert report.diagnosis is not None and report.diagnosis.named == named, report.diagnosis.line()
+
+
+def test_open_clip_tower_built_with_gelu_on_quickgelu_weights_is_named():
+    """open_clip#771: OpenAI's weights (QuickGELU) run in a tower built with open_clip's default
+    nn.GELU; verify names the exact GELU at the first activation."""
+    from conformance.examples import open_clip_vit as oc
+    from tests.test_capture import config_for
+
+    port = ModelPort(lambda c: oc.build(c.replace(act_layer="gelu")), rename=oc.RENAME, supports=oc.SUPPORTS)
+    report = verify(port, config_for(port).replace(act_layer="quick_gelu"), port="open_clip")
+    assert report.first_divergence == "blocks.0.mlp.act", report.failures[:2]
+    assert report.diagnosis.named == "gelu_exact", report.diagnosis.line()
