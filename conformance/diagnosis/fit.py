@@ -131,6 +131,11 @@ class _Values(Mapping):
         self.model, self.port, self.valid, self.target, self.bug = model, port, valid, target, bug
         self._s = model._s
         self._cache: dict[str, np.ndarray] = {}
+        names = model.names
+        self._last = {n: i for i, n in enumerate(names)}  # the last stage that reads each
+        for i, n in enumerate(names):
+            for k in model.inputs(n):
+                self._last[k] = max(self._last.get(k, i), i)
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.model.names:
@@ -143,6 +148,11 @@ class _Values(Mapping):
                 value = np.asarray(evaluate(name, self, m._x, self._s, m.config, QUIET)[0], np.float64)
             else:
                 value = evaluate_variant(self.bug, name, self, m._x, self._s, m.config)[0]
+            # computed in model order from the target down: what no later stage reads is let go
+            # (a full-size forward is not held whole)
+            i = m.names.index(name)
+            for k in [k for k in self._cache if self._last[k] <= i and k != self.target]:
+                del self._cache[k]
             self._cache[name] = value
         return self._cache[name]
 
