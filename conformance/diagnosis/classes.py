@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from conformance.numerics.error_model import Precision, evaluate
+from conformance.numerics.error_model import Precision, evaluate, softmax_weights
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
 from impls.stages import stage_inputs, stage_kind
@@ -138,16 +138,31 @@ def _attention_operands(name: str, t, config: ViTConfig):
 _WEIGHTS = ("attn.weights", "attn_pool.weights")
 
 
-def _weights_variant(logits: Callable, axis: int = -1, after=None):
-    """softmax(logits(q, k, config), axis), then ``after`` (a scale after the softmax)."""
+def _weights_variant(scale: Callable, swap: bool = False, axis: int = -1, causal: bool = False, after=None):
+    """softmax(scale(config) q kᵀ) over ``axis`` (-1 keys, -2 queries, 0 the batch), of k qᵀ where
+    ``swap``, causally masked where ``causal``, then times ``after(config)``; with the error
+    model's softmax bound (``softmax_weights``) where there is one."""
 
-    def stage(name, t, images, s, config):
+    def stage(name, t, images, s, config, precision=QUIET):
         if stage_kind(name) not in _WEIGHTS:
             return None
         q, k, hd = _attention_operands(name, t, config)
-        P = O.softmax(logits(q, k, config), axis=axis)
-        return P if after is None else after(P, config)
+        a, b = (k, q) if swap != (axis == -2) else (q, k)  # over queries: (softmax over keys of k qᵀ)ᵀ
+        if axis == 0:
+            P, bound = O.softmax(scale(config) * _qk(a, b), axis=0), None
+        else:
+            n, m = a.shape[-2], b.shape[-2]
+            mask = np.tril(np.ones((n, m), bool)) if causal else None
+            P, bound = softmax_weights(a, b, scale(config), precision, mask)
+            if not precision.bounds:
+                bound = None
+            if axis == -2:
+                P, bound = np.swapaxes(P, -1, -2), None if bound is None else np.swapaxes(bound, -1, -2)
+        if after is not None:
+            P, bound = P * after(config), None if bound is None else bound * after(config)
+        return P, bound
 
+    stage.bounded = True
     return stage
 
 
@@ -155,10 +170,8 @@ def _qk(q, k):
     return q @ np.swapaxes(k, -2, -1)
 
 
-def _causal(q, k, config):
-    logits = config.head_dim**-0.5 * _qk(q, k)
-    n, m = logits.shape[-2:]
-    return np.where(np.tril(np.ones((n, m), bool)), logits, -np.inf)
+def _inverse_sqrt_head_dim(config):
+    return config.head_dim**-0.5
 
 
 def _softmax_naive(dtype):
@@ -414,28 +427,28 @@ CLASSES: tuple[BugClass, ...] = (
              config={"act_layer": "silu"}),
     # attention weights
     BugClass("attention_scale_missing", _WEIGHTS, "softmax(q kᵀ) without the 1/sqrt(head_dim) scale",
-             "scale the logits by head_dim ** -0.5", stage=_weights_variant(lambda q, k, c: _qk(q, k))),
+             "scale the logits by head_dim ** -0.5", stage=_weights_variant(lambda c: 1.0)),
     BugClass("attention_scale_by_embed_dim", _WEIGHTS, "logits scaled by embed_dim ** -0.5",
              "the scale is head_dim ** -0.5 (head_dim = embed_dim / num_heads)",
-             stage=_weights_variant(lambda q, k, c: c.embed_dim**-0.5 * _qk(q, k)), when=_several_heads),
+             stage=_weights_variant(lambda c: c.embed_dim**-0.5), when=_several_heads),
     BugClass("attention_scale_after_softmax", _WEIGHTS, "softmax(q kᵀ) / sqrt(embed_dim): scaled after the softmax",
              "scale the logits before the softmax, by head_dim ** -0.5",
-             stage=_weights_variant(lambda q, k, c: _qk(q, k), after=lambda P, c: P / c.embed_dim**0.5)),
+             stage=_weights_variant(lambda c: 1.0, after=lambda c: c.embed_dim**-0.5)),
     BugClass("attention_scale_on_q_and_k", _WEIGHTS, "the scale applied to q and to k (logits / head_dim)",
              "scale once: (q * head_dim ** -0.5) @ k.T",
-             stage=_weights_variant(lambda q, k, c: _qk(q, k) / c.head_dim)),
+             stage=_weights_variant(lambda c: 1.0 / c.head_dim)),
     BugClass("softmax_over_queries", _WEIGHTS, "the softmax over queries (axis -2)",
              "softmax over keys: softmax(dim=-1)",
-             stage=_weights_variant(lambda q, k, c: c.head_dim**-0.5 * _qk(q, k), axis=-2)),
+             stage=_weights_variant(_inverse_sqrt_head_dim, axis=-2)),
     BugClass("softmax_over_batch", ("attn.weights",), "the softmax over the batch (dim=0)",
              "softmax over keys: softmax(dim=-1)",
-             stage=_weights_variant(lambda q, k, c: c.head_dim**-0.5 * _qk(q, k), axis=0)),
+             stage=_weights_variant(_inverse_sqrt_head_dim, axis=0)),
     BugClass("q_and_k_swapped", ("attn.weights",), "softmax(k qᵀ): q and k swapped",
              "logits are q @ k.T, rows the queries",
-             stage=_weights_variant(lambda q, k, c: c.head_dim**-0.5 * _qk(k, q))),
+             stage=_weights_variant(_inverse_sqrt_head_dim, swap=True)),
     BugClass("causal_mask", ("attn.weights", "attn"), "a causal mask (is_causal=True) in an encoder",
              "a ViT encoder's attention is not causal: is_causal=False, no mask",
-             stage=_weights_variant(_causal)),
+             stage=_weights_variant(_inverse_sqrt_head_dim, causal=True)),
     BugClass("softmax_without_max_float32", _WEIGHTS, "the softmax as exp(l) / sum(exp(l)) in float32",
              "subtract the row maximum (torch.softmax, jax.nn.softmax do)",
              stage=_softmax_naive(np.float32)),

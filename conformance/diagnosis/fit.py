@@ -51,6 +51,7 @@ class Fit:
     residual: float  # max |e − α d| / max(b, b_h) over the tolerance (≤ 1: within it)
     named: bool
     per_token: bool = False  # a family fitted per token (``se``: its largest δ in float32 roundings of μ² + σ²)
+    distance: float = float("inf")  # max |e − d| / max(b, b_h) over the tolerance: how far the port is from the class
 
     def figures(self) -> str:
         if self.per_token:
@@ -230,7 +231,7 @@ def diagnose(stage: str, out: Mapping, model: CaseModel, dtype: str = "float32",
         fit = _fit(port, base, alt, bound, np.broadcast_to(alt_bound, base.shape), tol, bug.name)
         if fit is not None:
             fits.append(fit)
-    fits.sort(key=lambda f: (not f.named, f.per_token, f.residual))  # one coefficient before a family
+    fits.sort(key=lambda f: (not f.named, f.per_token, f.distance))  # one coefficient before a family
     named = fits[0].bug if fits and fits[0].named else None
     return Diagnosis(stage, case, "local" if local else "end-to-end", named, fits)
 
@@ -271,7 +272,7 @@ def token_statistics(port, values, stage: str, bound, tol, name) -> Fit | None:
     off = np.abs(e).max(-1) > tol  # the tokens the port fails at
     explained = bool(off.any()) and bool(np.all(np.abs(delta[off]) <= CANCELLATION * scale[off]))
     ratio = float(np.max(np.abs(delta[off]) / scale[off])) if off.any() else 0.0
-    return Fit(name, None, ratio, residual, explained and residual <= 1.0, per_token=True)
+    return Fit(name, None, ratio, residual, explained and residual <= 1.0, per_token=True, distance=residual)
 
 
 def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
@@ -298,7 +299,7 @@ def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
         fit = _fit(port, base, alt, bound, alt_bound, tol, bug.name)
         if fit is not None:
             fits.append(fit)
-    fits.sort(key=lambda f: (not f.named, f.residual))
+    fits.sort(key=lambda f: (not f.named, f.distance))
     return Diagnosis(stage, case, "end-to-end", fits[0].bug if fits and fits[0].named else None, fits)
 
 
@@ -325,7 +326,7 @@ def diagnose_gradient(result, got: Mapping, model, case: str = "") -> Diagnosis:
         )
         if fit is not None:
             fits.append(fit)
-    fits.sort(key=lambda f: (not f.named, f.residual))
+    fits.sort(key=lambda f: (not f.named, f.distance))
     return Diagnosis(name, case, "end-to-end", fits[0].bug if fits and fits[0].named else None, fits)
 
 
@@ -345,7 +346,9 @@ def _fit(port, base, alt, bound, alt_bound, tol, name) -> Fit | None:
         # nowhere the port is finite, and most of where it is not (overflow near the dtype's limit
         # depends on the port's order of summation)
         named = both > 0 and not (alt_bad & ~bad).any() and both >= COVERED * bad.sum()
-        return Fit(name, None, both / float(bad.sum()), float("inf"), bool(named))
+        return Fit(
+            name, None, both / float(bad.sum()), float("inf"), bool(named), distance=1.0 - both / float(bad.sum())
+        )
     if not np.isfinite(alt).all():
         return None  # the class overflows where the port does not: not this class
     e, d = (port - base) / bound, (alt - base) / bound
@@ -355,7 +358,8 @@ def _fit(port, base, alt, bound, alt_bound, tol, name) -> Fit | None:
     alpha = float(np.sum(e * d)) / dd
     scatter = e - alpha * d
     se = float(np.sqrt(np.mean(scatter * scatter) / dd))
-    residual = float(np.max(np.abs(port - base - alpha * (alt - base)) / np.maximum(bound, alt_bound)))
-    residual /= max(tol, 1e-30)
+    scale = np.maximum(bound, alt_bound) * max(tol, 1e-30)
+    residual = float(np.max(np.abs(port - base - alpha * (alt - base)) / scale))
+    distance = float(np.max(np.abs(port - alt) / scale))
     named = se <= RESOLVED and abs(alpha - 1.0) <= SIGMAS * se + FLOOR and residual <= 1.0
-    return Fit(name, alpha, se, residual, named)
+    return Fit(name, alpha, se, residual, named, distance=distance)
