@@ -62,6 +62,8 @@ def zoo_table(measured: dict | None = None) -> str:
         ratio = entry.get("ratio")
         named = entry.get("named")
         name = "" if named == bug_class else f", named {named}" if named else ", not named"
+        if entry.get("pooled") is not None:  # each element within tolerance: systematic over the cases
+            return f"systematic (α = {entry['pooled']:.3g})" + where + name
         return ("inf" if ratio is None or ratio == float("inf") else f"{ratio:.3g}") + where + name
 
     rows = []
@@ -284,8 +286,14 @@ def scan_table() -> str:
     from conformance.diagnosis.scan import calibration
 
     record = calibration()
-    rows = [[d, f"{w['alpha']:.3g}", f"`{w['where']}`", len(w["alarms"])] for d, w in record["dtypes"].items()]
-    return markdown_table(["dtype", "largest significant share (correct ports)", "where", "alarms"], rows)
+    rows = [
+        [d, f"{w['alpha']:.3g}", f"`{w['where']}`", len(w["alarms"]), len(w["named"])]
+        for d, w in record["dtypes"].items()
+    ]
+    return markdown_table(
+        ["dtype", "largest significant share (correct ports)", "where", "open rule's alarms", "verdict's alarms"],
+        rows,
+    )
 
 
 def form(c) -> str:

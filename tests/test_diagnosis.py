@@ -154,6 +154,7 @@ def test_the_scans_measurement_on_the_correct_ports_is_recorded():
     from conformance.diagnosis.scan import ALPHA, calibration
 
     record = calibration()["dtypes"]
+    assert all(worst["named"] == [] for worst in record.values()), record  # the verdict's rule: no false alarm
     assert record["float32"]["alarms"] == [] and 0 < record["float32"]["alpha"] <= ALPHA / 4
     assert any("layernorm_eps_outside_root 58.8" in a for a in record["bfloat16"]["alarms"])
     assert any("vit_test_siglip blocks.0.mlp.act gelu_exact -1.87" in a for a in record["bfloat16"]["alarms"])
@@ -172,3 +173,22 @@ def test_a_diagnosis_that_fails_is_the_tools_failure_and_the_verdict_stands(monk
     assert not report.conformant and report.first_divergence == "blocks.0.attn.weights"
     assert "RuntimeError: a bug in the fit" in report.diagnosis.failed
     assert "a bug of this tool and not of the port" in report.diagnosis.line()
+
+
+@pytest.mark.parametrize(
+    "mutant, named",
+    [("torch_layernorm_eps_1e5", ("layernorm_eps_1e-5",)), ("torch_gelu_for_quick_gelu", ("gelu_exact", "gelu_tanh"))],
+)
+def test_a_bug_each_element_of_which_bfloat16_hides_is_named_pooled_over_the_cases(mutant, named):
+    """In bfloat16 every element of these mutants passes (the zoo's "not caught" cells before the
+    scan), but pooled over verify's cases the error is the class's difference: NOT CONFORMANT at
+    the declared stage, the class named (the exact and the tanh GELU are one to bfloat16)."""
+    from conformance.zoo import MUTANTS
+    from conformance.zoo.run import verify_mutant
+
+    m = MUTANTS[mutant]
+    report = verify_mutant(m, "bfloat16")
+    assert all(s.ok for s in report.stages), [s.name for s in report.stages if not s.ok]
+    assert not report.conformant and report.first_divergence == m.first_divergence, report.failures
+    assert report.diagnosis.mode == "pooled" and report.diagnosis.named in named, report.diagnosis.line()
+    assert any(f["reason"].startswith("a systematic error: each element within bfloat16") for f in report.failures)

@@ -26,6 +26,7 @@ class Forward:
         self.side, self.config, self.dtype, self.policy = side, config, dtype, policy
         self.names = tap_names(config)
         self.diagnoses: dict = {}  # (stage, case) -> Diagnosis, where a case diverged first
+        self.scan = None  # conformance.diagnosis.scan.Scan: systematic errors pooled over held cases
 
     def run(self, case: Case, model, report: Report, label: str):
         out, findings = self.side.forward(case, self.config, self.dtype)
@@ -57,7 +58,10 @@ class Forward:
         for r in results:
             if not r.ok and (r.ratio is None or not np.isfinite(r.ratio)):
                 finding(report, label, r.name, r.reason)
-        self._diagnose(results, out.own_pass() if second is not None else out, model, label, outcome)
+        own = out.own_pass() if second is not None else out
+        self._diagnose(results, own, model, label, outcome)
+        if self.scan is not None and isinstance(own, Mapping):
+            self.scan.add(own, model, [r for r in results if r.name in own])
         return results
 
     def _diagnose(self, results, out, model, label: str, outcome: Outcome) -> None:
@@ -151,6 +155,10 @@ def verify(
         pairs = _one_at_a_time(iter_plan(plan) if cases is None else cases)
     report = Report(port, config, cases=[], dtype=dtype)
     variant = Forward(side, config, dtype, policy)
+    if isinstance(pairs, tuple) and dtype != "float32":  # below the dtype's rounding, pooled over held cases
+        from conformance.diagnosis.scan import Scan
+
+        variant.scan = Scan()
 
     total = len(pairs) if isinstance(pairs, tuple) else len(cases if cases is not None else plan)
     bar = _progress(total, len(variant.names), report.port, progress)
@@ -194,4 +202,23 @@ def verify(
             report.diagnosis = dropout(differs, case.name)
         if report.failures and report.first_divergence is None:
             report.first_divergence = report.failures[0]["stage"]
+    if variant.scan is not None:
+        _systematic(report, variant.scan, names)
     return report
+
+
+def _systematic(report: Report, scan, names) -> None:
+    """Each stage where the pooled error is a class's difference, a finding; the earliest the
+    first divergence where none is earlier (its diagnosis the scan's)."""
+    found = scan.named()
+    seen = set()
+    for s in found:
+        if s.stage not in seen:
+            seen.add(s.stage)
+            finding(report, f"pooled over {s.cases} cases", s.stage, s.reason(report.dtype))
+    if not found:
+        return
+    first, current = found[0], report.first_divergence
+    if current is None or (current in names and names.index(first.stage) < names.index(current)):
+        report.first_divergence = first.stage
+        report.diagnosis = scan.diagnosis(first, f"pooled over {first.cases} cases")

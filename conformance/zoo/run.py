@@ -183,6 +183,9 @@ def run_zoo(
                         "ratio": r.separation(found) if found else None,
                         "case": r.worst_case.get(found or ""),
                         "named": named(r),
+                        "pooled": None
+                        if r.diagnosis is None or r.diagnosis.mode != "pooled"
+                        else r.diagnosis.fits[0].alpha,
                     }
         rows.append(row)
     correct: dict = {}
