@@ -218,22 +218,30 @@ def diagnose(stage: str, out: Mapping, model: CaseModel, dtype: str = "float32",
     upstream = not local and not model.stream
     candidates = [c for k in (_upstream(stage, model) if upstream else [kind]) for c in classes_for(k, config)]
     for bug in {c.name: c for c in candidates}.values():
-        if bug.family == "token_statistics" and not local:
-            continue
-        if bug.family == "token_statistics":
-            fit = token_statistics(port, _Values(model, out, valid, stage, None), stage, bound, tol, bug.name)
-            if fit is not None:
-                fits.append(fit)
+        if bug.family == "token_statistics":  # a per-token family: from the port's own inputs only
+            if local:
+                fits.append(
+                    token_statistics(port, _Values(model, out, valid, stage, None), stage, bound, tol, bug.name)
+                )
             continue
         alt, alt_bound = _Values(model, out, valid, stage, bug).bounded(stage)
-        if alt_bound is None or not local:  # its rounding as the oracle's, scaled to its magnitude
-            alt_bound = bound * max(1.0, float(np.abs(alt).max(initial=0.0)) / max(float(np.abs(base).max()), 1e-300))
-        fit = _fit(port, base, alt, bound, np.broadcast_to(alt_bound, base.shape), tol, bug.name)
-        if fit is not None:
-            fits.append(fit)
-    fits.sort(key=lambda f: (not f.named, f.per_token, f.distance))  # one coefficient before a family
-    named = fits[0].bug if fits and fits[0].named else None
-    return Diagnosis(stage, case, "local" if local else "end-to-end", named, fits)
+        if alt_bound is None or not local:
+            alt_bound = _scaled(bound, alt, base)
+        fits.append(_fit(port, base, alt, bound, np.broadcast_to(alt_bound, base.shape), tol, bug.name))
+    return _verdict(stage, case, "local" if local else "end-to-end", fits)
+
+
+def _scaled(bound, alt, base):
+    """A class's rounding where the error model has no bound of it: the oracle's, scaled to the
+    class's magnitude."""
+    return bound * max(1.0, float(np.nanmax(np.abs(alt), initial=0.0)) / max(float(np.abs(base).max()), 1e-300))
+
+
+def _verdict(stage: str, case: str, mode: str, fits: list) -> Diagnosis:
+    """The fits that could be made, the named first (one coefficient before a family), then the
+    closest: the class named if the first is."""
+    fits = sorted((f for f in fits if f is not None), key=lambda f: (not f.named, f.per_token, f.distance))
+    return Diagnosis(stage, case, mode, fits[0].bug if fits and fits[0].named else None, fits)
 
 
 CANCELLATION = 64.0  # a float32 E[x^2] - E[x]^2 loses up to this many u (μ² + σ²) (Flax's: 6.1 in the zoo)
@@ -293,14 +301,8 @@ def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
         with np.errstate(over="ignore", invalid="ignore"):
             P = bug.attention(o["attn.q"], o["attn.k"], model._mask, model.options)
             alt = P if stage == "attn.weights" else _attend_and_project(P, o["attn.v"], model._s, "proj", QUIET)[0]
-        alt_bound = bound * max(
-            1.0, float(np.nanmax(np.abs(alt), initial=0.0)) / max(float(np.abs(base).max()), 1e-300)
-        )
-        fit = _fit(port, base, alt, bound, alt_bound, tol, bug.name)
-        if fit is not None:
-            fits.append(fit)
-    fits.sort(key=lambda f: (not f.named, f.distance))
-    return Diagnosis(stage, case, "end-to-end", fits[0].bug if fits and fits[0].named else None, fits)
+        fits.append(_fit(port, base, alt, bound, _scaled(bound, alt, base), tol, bug.name))
+    return _verdict(stage, case, "end-to-end", fits)
 
 
 def diagnose_gradient(result, got: Mapping, model, case: str = "") -> Diagnosis:
@@ -317,17 +319,12 @@ def diagnose_gradient(result, got: Mapping, model, case: str = "") -> Diagnosis:
         return Diagnosis(name, case, "end-to-end", None)
     spread = max(model.spread[kind][name], model.floor(kind, name))  # as GradModel.ratio divides by
     bound = np.full(base.shape, max(spread, 1e-300))
-    fits = []
-    for bug in GRADIENT_CLASSES:
-        if kind not in bug.kinds:
-            continue
-        fit = _fit(
-            port, base, np.asarray(bug.gradient(model, kind, name), np.float64), bound, bound, result.tol, bug.name
-        )
-        if fit is not None:
-            fits.append(fit)
-    fits.sort(key=lambda f: (not f.named, f.distance))
-    return Diagnosis(name, case, "end-to-end", fits[0].bug if fits and fits[0].named else None, fits)
+    fits = [
+        _fit(port, base, np.asarray(bug.gradient(model, kind, name), np.float64), bound, bound, result.tol, bug.name)
+        for bug in GRADIENT_CLASSES
+        if kind in bug.kinds
+    ]
+    return _verdict(name, case, "end-to-end", fits)
 
 
 def _upstream(stage: str, model: CaseModel) -> list[str]:

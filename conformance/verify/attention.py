@@ -73,7 +73,7 @@ class AttentionCall:
         if weights is not None:
             results.insert(0, compare_stage("attn.weights", weights, model, {}))
         first = next((r for r in results if not r.ok), None)
-        if first is not None and (outcome.first is None or self.index(first) < outcome.first[0]):
+        if first is not None and outcome.earlier(self.index(first)):
             from conformance.diagnosis import guarded
             from conformance.diagnosis.fit import diagnose_attention
 

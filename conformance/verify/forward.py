@@ -72,7 +72,7 @@ class Forward:
         first = next((r for r in results if not r.ok), None)
         if first is None or not isinstance(out, Mapping) or first.name not in out:
             return
-        if outcome.first is not None and self.names.index(first.name) >= outcome.first[0]:
+        if not outcome.earlier(self.names.index(first.name)):
             return
         self.diagnoses[(first.name, label)] = guarded(
             first.name, label, lambda: diagnose(first.name, out, model, self.dtype, label)

@@ -200,7 +200,7 @@ class Backward:
         results = compare_gradients(out, model)  # taps, parameters, "images" and "loss" never share a name
         failing = [r for r in results if not r.ok]
         first = min(failing, key=self.index) if failing else None
-        if first is not None and (outcome.first is None or self.index(first) < outcome.first[0]):
+        if first is not None and outcome.earlier(self.index(first)):
             from conformance.diagnosis import guarded
             from conformance.diagnosis.fit import diagnose_gradient
 

@@ -70,8 +70,12 @@ class Outcome:
     first_result: Result | None = None
     first_judged: int | None = None  # the place of the first case judged (the determinism re-run's), not held
 
+    def earlier(self, index: int) -> bool:
+        """Whether a divergence at ``index`` would be the first (a variant diagnoses it then)."""
+        return self.first is None or index < self.first[0]
+
     def diverged(self, index: int, name: str, label: str, result: Result | None = None) -> None:
-        if self.first is None or index < self.first[0]:
+        if self.earlier(index):
             self.first, self.first_result = (index, name, label), result
 
 
