@@ -5,11 +5,13 @@
 
 Draws whole-model cases with the suite's own strategies (configs, images of every kind,
 seeded weights at every scale and offset, trained-like weights), then runs the timm presets
-at 224 (whose reductions are wider than any drawn config) on seeded and trained-like weights,
-through every built-in framework port with taps, in float32 and (on every n-th case)
+at 224 (whose reductions are wider than any drawn config) on seeded, trained-like and x64
+weights (twelve blocks of saturated softmaxes: where the model turns chaotic), through every
+built-in framework port with taps, in float32 and (on every n-th case)
 bfloat16 and float16, and its fast path (logits only); then standalone attention (the
 explicit and fused paths of every framework, with masks) and raw scaled-dot-product
-attention against each framework's fused kernel. For each dtype, mode (local, end to end),
+attention against each framework's fused kernel. For each dtype, mode (local, end to end, and
+end to end on chaotic stages, whatever their kind: tolerances.CHAOTIC),
 stage kind and port it records the distribution of the ratio of the error to the error
 model's bound, the case behind the largest, and what produced it (versions, BLAS, CPU).
 conformance/numerics/tolerances.py turns the per-kind maximum into a tolerance with a margin.
