@@ -192,3 +192,28 @@ def test_a_bug_each_element_of_which_bfloat16_hides_is_named_pooled_over_the_cas
     assert not report.conformant and report.first_divergence == m.first_divergence, report.failures
     assert report.diagnosis.mode == "pooled" and report.diagnosis.named in named, report.diagnosis.line()
     assert any(f["reason"].startswith("a systematic error: each element within bfloat16") for f in report.failures)
+
+
+def test_the_float16_token_sum_on_trained_like_weights_alone_is_systematic():
+    """Issue 25's case: on trained-like weights the float16 running token sum passes every element
+    (its pooled error 2.7 against 3.0), but its error is the class's difference, α = 1.00 ± 0.002;
+    the correct port's is not (α = -0.02 ± 0.02)."""
+    from conformance.diagnosis.scan import Scan
+    from conformance.numerics.compare import compare_outputs
+    from conformance.strategies import TrainedLike
+    from conformance.zoo import MUTANTS
+    from impls import load_factory
+
+    m = MUTANTS["torch_token_sum_fp16"]
+    config = get_config(m.config)
+    state, images = TrainedLike(4).make(config), make_images(config, 3, "ordinary", 0)
+    model = CaseModel(config, state, images, "float16")
+    named = {}
+    for label, make in (("mutant", load_factory(m.factory)), ("correct", factory("torch"))):
+        out = make(config, state, dtype="float16")(images)
+        results = compare_outputs(out, model, dtype="float16")
+        assert all(r.ok for r in results), [r.name for r in results if not r.ok]
+        scan = Scan()
+        scan.add(out, model, results)
+        named[label] = [(s.stage, s.bug) for s in scan.named()]
+    assert named == {"mutant": [("pooled", "token_sum_float16")], "correct": []}, named
