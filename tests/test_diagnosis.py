@@ -43,8 +43,8 @@ def _injected(bug):
     """The correct port's taps with one stage replaced by the class computed from the port's own
     inputs to it (rounded to float32): what a port with that bug emits there. None: the class
     changes no stage of any preset here."""
-    for preset in PRESETS:
-        config = get_config(preset)
+    configs = [get_config(p) for p in PRESETS] + [get_config("vit_test_avg").replace(fc_norm=False)]
+    for config in configs:  # the presets, and average pooling after the final norm (no fc_norm)
         if not bug.applies(config):
             continue
         state, images = _case(config, NEEDS.get(bug.name))
@@ -217,3 +217,22 @@ def test_the_float16_token_sum_on_trained_like_weights_alone_is_systematic():
         scan.add(out, model, results)
         named[label] = [(s.stage, s.bug) for s in scan.named()]
     assert named == {"mutant": [("pooled", "token_sum_float16")], "correct": []}, named
+
+
+def test_a_layernorm_with_an_eps_of_its_own_is_named_with_the_fitted_eps():
+    """eps 1e-3 is no class of its own: the eps family fits it and says which; an eps 1e-5 port
+    is named as that class, before the family (one coefficient first)."""
+    from conformance.diagnosis.classes import _layer_norm, _norm_operands
+
+    config = get_config("vit_test_token")
+    state, images = _case(config, "offset")
+    model = CaseModel(config, state, images)
+    out = dict(factory("torch")(config, state)(images))
+    t = {k: np.asarray(v, np.float64) for k, v in out.items()}
+    x, prefix = _norm_operands("blocks.0.norm1", t, config)
+    for eps, named, said in ((1e-3, "layernorm_eps_fitted", "(eps ≈ 1e-03)"), (1e-5, "layernorm_eps_1e-5", "")):
+        out["blocks.0.norm1"] = _layer_norm(x, model._s[f"{prefix}.weight"], model._s[f"{prefix}.bias"], eps).astype(
+            np.float32
+        )
+        d = diagnose("blocks.0.norm1", out, model)
+        assert d.named == named and said in d.line(), d.line()

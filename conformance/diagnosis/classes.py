@@ -49,7 +49,8 @@ class BugClass:
     when: Callable[[ViTConfig], bool] = _always
     # A class whose difference is not one array but a family: "token_statistics", a LayerNorm whose
     # per-token variance is off by float32's cancellation in E[x^2] - E[x]^2 (rounding the oracle
-    # cannot replay in the port's order of summation: fitted per token, fit.token_statistics)
+    # cannot replay in the port's order of summation: fitted per token, fit.token_statistics);
+    # "eps", a LayerNorm with an eps of its own (fitted over a grid of them, fit.fitted_eps)
     family: str | None = None
     attention: Callable | None = None  # a standalone attention's weights(q, k, mask, options) (ATTENTION_CLASSES)
     gradient: Callable | None = None  # a gradient's value under the class (GRADIENT_CLASSES)
@@ -372,6 +373,23 @@ def _residual_dropped(name, t, images, s, config):
     return a + m
 
 
+def _residual_from_norm(name, t, images, s, config):
+    """x + attn(norm1(x)) written as norm1(x) + attn(norm1(x)): the residual taken after the norm."""
+    if stage_kind(name) != "block":
+        return None
+    b = _block(name)[0]
+    _, a, m = (t[k] for k in stage_inputs(name, config))
+    return t[f"{b}.norm1"] + a + m
+
+
+def _norm_after_pooling(name, t, images, s, config):
+    """The final norm applied to the pooled vector where timm norms every token, then pools."""
+    if name != "pooled":
+        return None
+    x = t[f"blocks.{config.depth - 1}"][:, config.num_prefix_tokens :].mean(1)
+    return _layer_norm(x, s["norm.weight"], s["norm.bias"], config.norm_eps)
+
+
 def _bias_dropped(suffix: str):
     def state(s, config):
         return {k: np.zeros_like(v) for k, v in s.items() if k.endswith(suffix)}
@@ -399,6 +417,8 @@ CLASSES: tuple[BugClass, ...] = (
              "this config's eps is another: read it from the checkpoint's config", config={"norm_eps": 1e-6}),
     BugClass("layernorm_eps_1e-12", NORM_KINDS, "LayerNorm with eps 1e-12 (BERT's)",
              "Hugging Face ViT configs carry layer_norm_eps=1e-12; timm's use 1e-6", config={"norm_eps": 1e-12}),
+    BugClass("layernorm_eps_fitted", NORM_KINDS, "LayerNorm with another eps",
+             "read eps from the checkpoint's config (timm's ViTs: 1e-6)", family="eps"),
     BugClass("layernorm_unbiased_variance", NORM_KINDS, "LayerNorm with the unbiased (n - 1) variance",
              "LayerNorm divides by n: x.var(unbiased=False), jnp.var", stage=_norm_variant(unbiased=True)),
     BugClass("layernorm_eps_outside_root", NORM_KINDS, "LayerNorm as (x - mean) / (std + eps)",
@@ -516,6 +536,12 @@ CLASSES: tuple[BugClass, ...] = (
              "global_pool='token' takes x[:, 0]",
              stage=_pooled(lambda x, c: x[:, c.num_prefix_tokens:].mean(1), lambda x, c: x[:, c.num_prefix_tokens:]),
              when=lambda c: c.global_pool == "token"),
+    BugClass("last_token_pooled", ("pooled",), "the last token where the config pools the class token",
+             "the class token is the first: x[:, 0] (a decoder's last-token pooling?)",
+             stage=_pooled(lambda x, c: x[:, -1]), when=lambda c: c.global_pool == "token"),
+    BugClass("norm_after_pooling", ("pooled",), "the final norm applied to the mean of the tokens",
+             "timm norms every token, then averages: norm(x).mean(1) (open_clip's final_ln_after_pool differs)",
+             stage=_norm_after_pooling, when=lambda c: c.global_pool == "avg" and not c.use_fc_norm),
     BugClass("token_sum_float16", ("pooled",), "the token mean as a running sum in float16",
              "accumulate the mean in float32: x.mean(1, dtype=torch.float32)", stage=_pooled(_token_sum(np.float16)),
              when=lambda c: c.global_pool == "avg"),
@@ -527,6 +553,8 @@ CLASSES: tuple[BugClass, ...] = (
              "multiply by gamma once", state=_layerscale(2.0), when=lambda c: c.init_values is not None),
     BugClass("residual_dropped", ("block",), "a block without its residual (x not added back)",
              "x = x + attn(norm1(x)); x = x + mlp(norm2(x))", stage=_residual_dropped),
+    BugClass("residual_from_norm_output", ("block",), "the first residual taken from norm1's output",
+             "add the block's input, not its normalised input: x = x + attn(norm1(x))", stage=_residual_from_norm),
     BugClass("extra_layernorm_in_mlp", ("mlp",), "an extra LayerNorm (default init) between the MLP's activation and fc2",
              "timm's Mlp is fc1, act, fc2 (its norm is Identity)", stage=_extra_mlp_norm,
              when=lambda c: c.mlp_layer == "mlp"),

@@ -52,6 +52,8 @@ class Fit:
     named: bool
     per_token: bool = False  # a family fitted per token (``se``: its largest δ in float32 roundings of μ² + σ²)
     distance: float = float("inf")  # max |e − d| / max(b, b_h) over the tolerance: how far the port is from the class
+    detail: str = ""  # a family's member, told after what the class says (" (eps ≈ 1e-03)")
+    family: bool = False  # fitted over a family (per token, a grid of eps): after one-coefficient classes
 
     def figures(self) -> str:
         if self.per_token:
@@ -87,7 +89,7 @@ class Diagnosis:
             bug, fit = self.bug, self.fits[0]
             also = [f.bug for f in self.fits[1:] if f.named]
             tie = f" (or, indistinguishable on these cases: {', '.join(also)})" if also else ""
-            return f"{self.stage}: the port computes {bug.says} ({fit.figures()}){tie}; {bug.hint}"
+            return f"{self.stage}: the port computes {bug.says}{fit.detail} ({fit.figures()}){tie}; {bug.hint}"
         if not self.fits:
             return f"{self.stage}: no known bug class applies to this stage"
         closest = "; ".join(f"{f.bug} ({f.figures()})" for f in self.fits[:2])
@@ -218,11 +220,10 @@ def diagnose(stage: str, out: Mapping, model: CaseModel, dtype: str = "float32",
     upstream = not local and not model.stream
     candidates = [c for k in (_upstream(stage, model) if upstream else [kind]) for c in classes_for(k, config)]
     for bug in {c.name: c for c in candidates}.values():
-        if bug.family == "token_statistics":  # a per-token family: from the port's own inputs only
+        if bug.family is not None:  # a family, fitted from the port's own inputs only
             if local:
-                fits.append(
-                    token_statistics(port, _Values(model, out, valid, stage, None), stage, bound, tol, bug.name)
-                )
+                fit = FAMILIES[bug.family]
+                fits.append(fit(port, base, _Values(model, out, valid, stage, None), stage, bound, tol, bug.name))
             continue
         alt, alt_bound = _Values(model, out, valid, stage, bug).bounded(stage)
         if alt_bound is None or not local:
@@ -240,14 +241,14 @@ def _scaled(bound, alt, base):
 def _verdict(stage: str, case: str, mode: str, fits: list) -> Diagnosis:
     """The fits that could be made, the named first (one coefficient before a family), then the
     closest: the class named if the first is."""
-    fits = sorted((f for f in fits if f is not None), key=lambda f: (not f.named, f.per_token, f.distance))
+    fits = sorted((f for f in fits if f is not None), key=lambda f: (not f.named, f.family, f.distance))
     return Diagnosis(stage, case, mode, fits[0].bug if fits and fits[0].named else None, fits)
 
 
 CANCELLATION = 64.0  # a float32 E[x^2] - E[x]^2 loses up to this many u (μ² + σ²) (Flax's: 6.1 in the zoo)
 
 
-def token_statistics(port, values, stage: str, bound, tol, name) -> Fit | None:
+def token_statistics(port, base, values, stage: str, bound, tol, name) -> Fit | None:
     """A LayerNorm whose per-token variance is off: per token, the error fitted as a multiple of
     γ x̂ (a variance off by δ scales x̂ by σ / σ') and of γ (a mean off), weighted by the bound;
     named when what is left is within the tolerance and every token's implied δ is within
@@ -263,7 +264,6 @@ def token_statistics(port, values, stage: str, bound, tol, name) -> Fit | None:
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
     xh = (x - mu) / np.sqrt(var + eps)
-    base = values[stage]
     e = (port - base) / bound
     a, b = w * xh / bound, np.broadcast_to(w / bound, e.shape)
     # per token: [a b] [c m]ᵀ = e, least squares over the channels
@@ -280,7 +280,35 @@ def token_statistics(port, values, stage: str, bound, tol, name) -> Fit | None:
     off = np.abs(e).max(-1) > tol  # the tokens the port fails at
     explained = bool(off.any()) and bool(np.all(np.abs(delta[off]) <= CANCELLATION * scale[off]))
     ratio = float(np.max(np.abs(delta[off]) / scale[off])) if off.any() else 0.0
-    return Fit(name, None, ratio, residual, explained and residual <= 1.0, per_token=True, distance=residual)
+    return Fit(
+        name, None, ratio, residual, explained and residual <= 1.0, per_token=True, distance=residual, family=True
+    )
+
+
+EPS_GRID = tuple(m * 10.0**e for e in range(-12, 0) for m in (1.0, 3.0))  # 1e-12, 3e-12, ..., 3e-1
+
+
+def fitted_eps(port, base, values, stage: str, bound, tol, name) -> Fit | None:
+    """A LayerNorm with an eps of its own: the class fitted for each eps of ``EPS_GRID`` (the
+    config's own aside), the closest kept, its eps told."""
+    from conformance.diagnosis.classes import _layer_norm, _norm_operands
+
+    x, prefix = _norm_operands(stage, values, values.model.config)
+    w, b, own = values._s[f"{prefix}.weight"], values._s[f"{prefix}.bias"], values.model.config.norm_eps
+    best = None
+    for eps in EPS_GRID:
+        if abs(eps / own - 1.0) < 0.5:
+            continue
+        fit = _fit(port, base, _layer_norm(x, w, b, eps), bound, bound, tol, name)
+        if fit is not None and (best is None or (fit.named, -fit.distance) > (best.named, -best.distance)):
+            best = fit
+            best.detail = f" (eps ≈ {eps:.0e})"
+    if best is not None:
+        best.family = True  # after the classes of one coefficient
+    return best
+
+
+FAMILIES = {"token_statistics": token_statistics, "eps": fitted_eps}  # classes.BugClass.family -> its fit
 
 
 def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
