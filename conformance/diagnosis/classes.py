@@ -9,7 +9,10 @@ compared with both, and the class is named only when the port's error is the var
 |---|---|---|
 | ``config`` | options the oracle runs with (``ViTConfig`` fields) | ``norm_eps=1e-5``, ``act_layer="gelu_tanh"`` |
 | ``state`` | weights it reads: a function of the canonical state returning replaced keys | LayerScale's gamma at 1, qkv rows re-read |
-| ``stage`` | the stage computed another way: ``stage(name, t, images, s, config)``, its value or None where it does not apply | softmax over queries, heads merged (d, h) |
+| ``stage`` | the stage computed another way: ``stage(name, t, images, s, config)``, its value or None where it does not apply (``stage.bounded``: it takes ``precision`` and returns (value, bound)) | softmax over queries, heads merged (d, h) |
+| ``family`` | a family the fit searches (``fit.FAMILIES``): ``"token_statistics"``, ``"eps"`` | Flax's fast variance, an eps of the port's own |
+| ``attention`` | a standalone attention's weights, ``attention(q, k, mask, options)`` (``ATTENTION_CLASSES``) | the mask ignored |
+| ``gradient`` | a gradient under the class, ``gradient(model, kind, name)`` on a ``GradModel`` (``GRADIENT_CLASSES``) | a detached branch, a GELU backward of Φ alone |
 
 ``kinds`` are the stage kinds where the class shows first (where a fit looks for it); ``when``
 the configs it can exist in (``torch_scale_by_embed_dim`` needs more than one head to differ).
