@@ -31,9 +31,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from conformance.diagnosis.classes import ACTIVE_DROPOUT, BY_NAME, QUIET, BugClass, classes_for, evaluate_variant
-from conformance.numerics.compare import relative_spread, stored_as
+from conformance.numerics.compare import malformed, relative_spread, stored_as
 from conformance.numerics.error_model import CaseModel, evaluate, stage_precision
-from conformance.numerics.precision import coarsest
 from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
 from impls.protocol import tap_shapes
 
@@ -134,11 +133,7 @@ class _Values(Mapping):
         self.model, self.port, self.valid, self.target, self.bug = model, port, valid, target, bug
         self._s = model._s
         self._cache: dict[str, np.ndarray] = {}
-        names = model.names
-        self._last = {n: i for i, n in enumerate(names)}  # the last stage that reads each
-        for i, n in enumerate(names):
-            for k in model.inputs(n):
-                self._last[k] = max(self._last.get(k, i), i)
+        self._last = model.last_readers()
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.model.names:
@@ -176,18 +171,11 @@ class _Values(Mapping):
 
 
 def well_formed(out: Mapping, model: CaseModel) -> set:
-    """The port's stages of the oracle's shape with finite values."""
+    """The port's stages compare would take as inputs (``compare.malformed``: of the oracle's
+    shape, finite, in the dtype asked for or finer)."""
     shapes = tap_shapes(model.config, model.images.shape[0], model.images.shape[2:])
-    valid = set()
-    for n in model.names:
-        if n in out and not isinstance(out[n], str):
-            try:
-                a = np.asarray(out[n], np.float64)
-            except (TypeError, ValueError):
-                continue
-            if a.shape == tuple(shapes[n]) and np.isfinite(a).all():
-                valid.add(n)
-    return valid
+    dtype = model.precision.dtype
+    return {n for n in model.names if n in out and malformed(out[n], shapes[n], dtype) is None}
 
 
 def diagnose(stage: str, out: Mapping, model: CaseModel, dtype: str = "float32", case: str = "") -> Diagnosis:
@@ -206,8 +194,7 @@ def diagnose(stage: str, out: Mapping, model: CaseModel, dtype: str = "float32",
     base = _Values(model, out, valid, stage, None)[stage]
     if local:  # the stage's rounding as compare judged it (mixed precision: as stored)
         stored = {n: stored_as(out[n], dtype) for n in (stage, *model.inputs(stage))}
-        inputs = [stored[n] for n in model.inputs(stage)]
-        precision = stage_precision(kind, dtype, stored[stage], coarsest(inputs) if inputs else None)
+        precision = stage_precision(kind, dtype, stored[stage], [stored[n] for n in model.inputs(stage)])
         bound = np.broadcast_to(model.local(stage, out, precision)[1], base.shape) + model.precision.tiny
         tol = tolerance(kind, precision.dtype, "local")
     else:

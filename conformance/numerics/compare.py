@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from conformance.numerics.error_model import CaseModel, Chain, pool, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
-from conformance.numerics.precision import DTYPES, coarsest
+from conformance.numerics.precision import DTYPES
 from impls.stages import RESIDUAL
 from conformance.numerics.precision import SIGNIFICAND_BITS as _BITS
 from conformance.numerics.tolerances import end_to_end_tolerance, is_chaotic, tolerance
@@ -217,7 +217,7 @@ def compare_stage(
     stored = stored or {}
     seen = stored.get(name, dtype)
     inputs = [stored.get(k, dtype) for k in model.inputs(name)] if local else []
-    precision = stage_precision(kind, dtype, seen, coarsest(inputs) if inputs else None)
+    precision = stage_precision(kind, dtype, seen, inputs)
     tol = tolerance(kind, precision.dtype, mode)
     where = None if token is None else f"token {token} (the stage was emitted for it alone)"
     if reason:

@@ -49,7 +49,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import erf
 
-from conformance.numerics.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF
+from conformance.numerics.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF, coarsest
 from impls import numpy_vit as O
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from impls.protocol import ViTConfig, tap_names, tap_shapes
@@ -555,12 +555,7 @@ class _Runs:
 
     def __init__(self, chain: "Chain", held: bool):
         self.chain, self.held = chain, held
-        names = chain.names
-        last = {n: i for i, n in enumerate(names)}
-        for i, n in enumerate(names):
-            for k in chain.inputs(n):
-                last[k] = max(last.get(k, i), i)
-        self.last = last  # the last stage that reads each (or the stage itself)
+        self.last = chain.last_readers()
         sizes = chain.sizes()
         total = sum(sizes.values())
         # At least ``noisy_runs``, and up to 8 on small models, so that a stage of a few elements (the
@@ -689,6 +684,15 @@ class Chain:
 
     def inputs(self, name: str) -> tuple[str, ...]:
         raise NotImplementedError
+
+    def last_readers(self) -> dict[str, int]:
+        """Each stage's place, in model order, of the last stage that reads it (or its own): what
+        a run going in model order may let go once past it."""
+        last = {n: i for i, n in enumerate(self.names)}
+        for i, n in enumerate(self.names):
+            for k in self.inputs(n):
+                last[k] = max(last.get(k, i), i)
+        return last
 
     def evaluate(self, name: str, t: Mapping[str, np.ndarray], precision: Precision | None = None):
         """(value, unit bound) of stage ``name`` from its inputs ``t``, in ``precision`` (default:
@@ -871,12 +875,12 @@ def sdpa(q, k, v, mask=None, scale=None, precision: Precision | str = "float32")
     return out, dout, P, dP
 
 
-def stage_precision(kind: str, asked: str, output: str, inputs: str | None = None) -> Precision:
+def stage_precision(kind: str, asked: str, output: str, inputs=()) -> Precision:
     """A stage's roundings from what the port emitted: ``output`` the stage's storage as seen,
-    ``inputs`` the coarsest of its input taps'. A stage emitted in the dtype asked for is judged
-    as a port computing in that dtype; one emitted in float32 (mixed precision) has float32
+    ``inputs`` its input taps' (the coarsest counts). A stage emitted in the dtype asked for is
+    judged as a port computing in that dtype; one emitted in float32 (mixed precision) has float32
     roundings, but for a contraction's operands, which may still be in the dtype asked for."""
     if output == asked:
         return Precision(asked)
     operands = asked if kind in CONTRACTIONS else output
-    return Precision(operands, output_dtype=output, input_dtype=inputs or operands)
+    return Precision(operands, output_dtype=output, input_dtype=coarsest(inputs) if inputs else operands)
