@@ -178,7 +178,12 @@ def main(argv=None) -> int:
     z.add_argument("--json", help="write the rows as JSON here (docs/data/zoo.json feeds docs/zoo.md)")
     z.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
     b = sub.add_parser("bench", help="forward throughput of every port against timm, side by side")
-    b.add_argument("--models", nargs="+", choices=sorted(PRESETS), help="default: ViT-Ti/16, ViT-S/16, ViT-B/16 at 224")
+    b.add_argument(
+        "--models",
+        nargs="+",
+        choices=sorted(PRESETS),
+        help="default: ViT-Ti/16, ViT-S/16, ViT-B/16 at 224 (with --verify: every row of the verify benchmark, or those of these presets)",
+    )
     b.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     b.add_argument("--warmup", type=int, default=2)
     b.add_argument("--repeats", type=int, default=5)

@@ -155,6 +155,7 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
             f"{label}: {measured['seconds']:.1f} s, {measured['peak_gb']:.2f} GB, oracle {oracle:.1f} s, "
             f"ratio {rows[-1]['ratio']:.1f}",
             file=sys.stderr,
+            flush=True,
         )
     machine = {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count()}
     return {"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}
@@ -213,7 +214,15 @@ def main(args) -> int:
         for name, value in fit(json.loads(DATA.read_text())["rows"]).items():
             print(f"{name} = {value:.5g}")
         return 0
-    result = run(port=getattr(args, "verify_port", None) or "torch")
+    configs = CONFIGS
+    if args.models:  # the rows of those presets (every size of each)
+        configs = [c for c in CONFIGS if c[1] in args.models]
+        if not configs:
+            print(
+                f"no verify benchmark row for {', '.join(args.models)}: the rows are of {sorted({c[1] for c in CONFIGS})}"
+            )
+            return 2
+    result = run(configs, port=getattr(args, "verify_port", None) or "torch")
     text = json.dumps(result, indent=1) + "\n"
     if args.json:
         Path(args.json).write_text(text)
