@@ -107,3 +107,67 @@ def test_contraction_magnitudes_in_float32_hold_at_any_scale(scale):
     with np.errstate(over="ignore", invalid="ignore"):
         naive = (x.astype(np.float32) ** 2) @ (w.astype(np.float32) ** 2).T
     assert (scale == 1.0) == bool(np.all(np.abs(naive[nonzero] / exact[nonzero] - 1) < 1e-5))
+
+
+def _made_while_held(plan_iter, plan) -> tuple[list, int]:
+    """The cases a plan's iterator yields (name, images, state), and the most cases made but not yet
+    let go by the consumer at any time (it holds one case at a time)."""
+    asked = [0]  # cases the consumer has asked for
+    most = [0]
+
+    def logged(make, i):
+        def made():
+            most[0] = max(most[0], i + 1 - max(asked[0] - 1, 0))  # made, less those handed out
+            return make()
+
+        made.uses_base, made.memo = make.uses_base, make.memo
+        return made
+
+    logged_plan = [(name, logged(make, i)) for i, (name, make) in enumerate(plan)]
+    out = []
+    it = plan_iter(logged_plan)
+    while True:
+        asked[0] += 1
+        try:
+            case = next(it)
+        except StopIteration:
+            return out, most[0]
+        out.append((case.name, case.images, case.state))
+        del case
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_cases_made_ahead_are_the_cases_made_one_by_one(ahead):
+    """verify makes the next case in a thread while it judges the last (``iter_plan(ahead=True)``):
+    the same cases, bit for bit, in the same order, and never more than two held at once (one at a
+    time without it; whether the thread is ahead of the consumer is the benchmark's figure)."""
+    from conformance.verify.cases import case_plan, iter_plan
+
+    config = get_config("vit_test_token")
+    expected = [(c.name, c.images, c.state) for c in iter_plan(case_plan(config))]
+    got, most = _made_while_held(lambda plan: iter_plan(plan, ahead), case_plan(config))
+    assert [g[0] for g in got] == [e[0] for e in expected]
+    for (_, images, state), (_, images0, state0) in zip(got, expected):
+        assert np.array_equal(images, images0) and state.keys() == state0.keys()
+        assert all(np.array_equal(state[k], state0[k]) for k in state)
+    assert most <= 2 if ahead else most == 1
+
+
+def test_held_cases_are_counted():
+    """The companion: an iterator that makes every case before handing out the first is seen to hold
+    them all."""
+    from conformance.verify.cases import case_plan
+
+    plan = case_plan(get_config("vit_test_token"))
+    _, most = _made_while_held(lambda p: iter([make() for _, make in p]), plan)
+    assert most == len(plan)
+
+
+def test_a_case_is_made_ahead_where_two_weight_sets_fit():
+    """``budget.ahead``: the estimate plus one more float32 weight set within the machine's memory."""
+    from conformance.verify.budget import ahead, estimate, sizes
+
+    config = get_config("vit_base_patch16_224")
+    need = estimate(config) + 4.0 * sizes(config)[1]
+    assert ahead(config, memory=need) and not ahead(config, memory=need - 1)
+    assert ahead(config, memory=24e9) and not ahead(get_config("vit_giant_patch14_dinov2"), memory=24e9)

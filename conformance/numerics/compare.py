@@ -176,18 +176,15 @@ def stage_ratios(
     oracle = model.oracle[name]
     a = np.asarray(actual, np.float64).reshape(np.shape(rows(oracle)))
     max_abs, rel = error(a, rows(oracle))
-    spread = model.spread(name)
-    e2e = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))
-    out = {
-        "max_abs_err": max_abs,
-        "rel_err": rel,
-        "end-to-end": e2e,
-        "relative_spread": relative_spread(spread, oracle),
-    }
-    if local:
+    out = {"max_abs_err": max_abs, "rel_err": rel}
+    if local:  # before the spread: a streamed case's noisy runs go on meanwhile
         value, bound = model.local(name, taps, precision) if recomputed is None else recomputed.result()
         bound = np.broadcast_to(bound, np.shape(value))
         out["local"] = ratio_over_bound(np.abs(a - rows(value)), rows(bound) + model.precision.tiny)
+        del value, bound
+    spread = model.spread(name)
+    out["end-to-end"] = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))
+    out["relative_spread"] = relative_spread(spread, oracle)
     return out
 
 

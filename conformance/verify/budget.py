@@ -74,6 +74,13 @@ def machine_memory() -> float | None:
         return None
 
 
+def ahead(config: ViTConfig, memory: float | None = None) -> bool:
+    """Whether verify may make the next case while it judges this one (``cases.iter_plan``): a
+    second float32 weight set fits beside the estimate in ``memory`` (default: this machine's)."""
+    memory = machine_memory() if memory is None else memory
+    return memory is not None and estimate(config) + 4.0 * sizes(config)[1] <= memory
+
+
 def too_large(config: ViTConfig, memory: float | None = None) -> str | None:
     """Why verifying ``config`` would not fit in ``memory`` (default: this machine's), or None."""
     memory = machine_memory() if memory is None else memory

@@ -76,15 +76,48 @@ def iter_cases(config: ViTConfig, state: dict | None = None, seed: int = 0, full
     return iter_plan(case_plan(config, state, seed, full_size))
 
 
-def iter_plan(plan: list[tuple[str, Callable[[], Case]]]):
+def _make(plan: list[tuple[str, Callable[[], Case]]], i: int) -> Case:
+    case = plan[i][1]()
+    if not any(later.uses_base for _, later in plan[i + 1 :]):
+        plan[i][1].memo.clear()  # no case after this one is on the base weights: not held any longer
+    return case
+
+
+def iter_plan(plan: list[tuple[str, Callable[[], Case]]], ahead: bool = False):
     """A plan's cases one at a time: each weight set is made when its first case is reached and
-    not held after its last (a full-size model's five weight sets are not in memory at once)."""
-    for i, (_, make) in enumerate(plan):
-        case = make()
-        if not any(later.uses_base for _, later in plan[i + 1 :]):
-            make.memo.clear()  # no case after this one is on the base weights: not held any longer
+    not held after its last (a full-size model's five weight sets are not in memory at once).
+    ``ahead``: the first case is started at once and each next one made in a thread while the
+    last is used (two held at once; drawing a full-size model's weights is serial work that the
+    comparison's threads leave a core for)."""
+    return _Ahead(plan) if ahead else _one_by_one(plan)
+
+
+def _one_by_one(plan):
+    for i in range(len(plan)):
+        case = _make(plan, i)
         yield case
         del case  # the next case is made without this one held
+
+
+class _Ahead:
+    def __init__(self, plan):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.plan, self.i = plan, 0
+        self.maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-case")
+        self.following = self.maker.submit(_make, plan, 0) if plan else None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Case:
+        if self.following is None:
+            self.maker.shutdown()
+            raise StopIteration
+        case = self.following.result()
+        self.i += 1
+        self.following = self.maker.submit(_make, self.plan, self.i) if self.i < len(self.plan) else None
+        return case
 
 
 def case_plan(

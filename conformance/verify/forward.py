@@ -106,6 +106,28 @@ def _one_at_a_time(cases):
         del case
 
 
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
+
+
+def _keep_freed_memory() -> None:
+    """Keep freed memory in the heap for reuse while a full-size case is judged: its stages are
+    allocated anew at every step, and every page given back to the OS (an array above glibc's
+    mmap threshold, a trimmed heap top, a thread's own arena) is faulted in again: ViT-B spent a
+    sixth of its CPU time in the kernel. One arena for every thread, large blocks from the heap,
+    no trim; ``_return_freed_memory`` gives the pages back after each case (docs/performance.md)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_ARENA_MAX, 1)
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 32)
+        libc.mallopt(_M_TOP_PAD, 256 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
 def _return_freed_memory() -> None:
     """Give the heap's free pages back after a full-size case: glibc keeps what the error model's
     threads freed in their arenas, which would add up over the cases (elsewhere: nothing)."""
@@ -144,15 +166,19 @@ def verify(
     a process of its own). ``progress``: a bar of cases and stages on standard error."""
     from conformance.support import Unsupported
 
+    from conformance.verify.budget import ahead
+
     side = port_side(make, port)
+    if cases is None and state is None and cached(config):
+        pairs = seeded_cases(config, seed, dtype)
+    else:  # one case in memory at a time (two where the next fits): weights, images, oracle, outputs
+        _keep_freed_memory()
+        plan = verify_plan(config, state, seed) if cases is None else None
+        # the first case is started here, made while the port's process starts
+        pairs = _one_at_a_time(iter_plan(plan, ahead(config)) if cases is None else cases)
     why = side.unsupported(config)
     if why:
         raise Unsupported(f"config not supported by the port: {why}")
-    if cases is None and state is None and cached(config):
-        pairs = seeded_cases(config, seed, dtype)
-    else:  # one case in memory at a time: its weights, images, oracle and the port's outputs
-        plan = verify_plan(config, state, seed) if cases is None else None
-        pairs = _one_at_a_time(iter_plan(plan) if cases is None else cases)
     report = Report(port, config, cases=[], dtype=dtype)
     variant = Forward(side, config, dtype, policy)
     if isinstance(pairs, tuple) and dtype != "float32":  # below the dtype's rounding, pooled over held cases
