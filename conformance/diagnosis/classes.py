@@ -280,6 +280,28 @@ def _class_token_without_pos_embed(name, t, images, s, config):
     return np.concatenate([cls, x], 1)
 
 
+def _pos_embed_not_offset(name, t, images, s, config):
+    """The patch tokens given the position embedding's first entries (``pos_embed[:, :num_patches]``,
+    the prefix tokens' included) and the prefix tokens none: a layout where the table covers the
+    patches alone (no_embed_class) read on one that covers the prefix tokens too."""
+    if name != "embed":
+        return None
+    x = t["patch_embed"]
+    prefix = [np.broadcast_to(s[k], (x.shape[0], *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
+    return np.concatenate(prefix + [x + s["pos_embed"][:, : x.shape[1]]], 1)
+
+
+def _registers_without_pos_embed(name, t, images, s, config):
+    """The registers inserted after the position embedding was added to the class and patch tokens:
+    the registers get no position entries (the class token and the patches theirs)."""
+    if name != "embed":
+        return None
+    x, pos = t["patch_embed"], s["pos_embed"]
+    cls = np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2])) + pos[:, :1]
+    regs = np.broadcast_to(s["reg_token"], (x.shape[0], *s["reg_token"].shape[1:]))
+    return np.concatenate([cls, regs, x + pos[:, config.num_prefix_tokens :]], 1)
+
+
 def _pos_embed_scaled(factor: float):
     def state(s, config):
         return {"pos_embed": factor * s["pos_embed"]}
@@ -520,6 +542,18 @@ CLASSES: tuple[BugClass, ...] = (
              "the class token prepended after the position embedding (big_vision's order)",
              "timm adds pos_embed[:, 0] to the class token: prepend it, then add the position embedding",
              stage=_class_token_without_pos_embed, when=lambda c: c.class_token and not c.no_embed_class),
+    BugClass("pos_embed_not_offset_by_prefix", ("embed",),
+             "the patch tokens given the position embedding's first entries (pos_embed[:, :num_patches]), "
+             "the class and register tokens none",
+             "with no_embed_class=False pos_embed covers the prefix tokens first: the patches take "
+             "pos_embed[:, num_prefix_tokens:]",
+             stage=_pos_embed_not_offset, when=lambda c: c.num_prefix_tokens > 0 and not c.no_embed_class),
+    BugClass("registers_without_pos_embed", ("embed",),
+             "the registers inserted after the position embedding was added (no position entries)",
+             "with no_embed_class=False timm concatenates [cls, registers, patches], then adds pos_embed: "
+             "the registers take pos_embed[:, 1:1 + reg_tokens]",
+             stage=_registers_without_pos_embed,
+             when=lambda c: c.reg_tokens > 0 and c.class_token and not c.no_embed_class),
     BugClass("pos_embed_resampled_without_antialias", ("embed",),
              "the position grid resampled bicubic without antialias",
              "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True)",
