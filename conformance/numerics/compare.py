@@ -52,10 +52,16 @@ class StageResult:
         return asdict(self)
 
 
+def largest(x) -> float:
+    """max |x| (NaN if any is), without an array of |x|."""
+    x = np.asarray(x)
+    return float(np.maximum(x.max(), -x.min())) if x.size else 0.0
+
+
 def relative_spread(spread: float, expected) -> float:
     """The propagated spread over the stage's largest magnitude (tolerances.CHAOTIC): how far the
     error model's own runs move the stage, as a share of its range."""
-    scale = float(np.abs(expected).max(initial=0.0)) if np.size(expected) else 0.0
+    scale = max(largest(expected), 0.0)
     if spread == 0:
         return 0.0
     return spread / scale if scale > 0 else float("inf")
@@ -63,9 +69,9 @@ def relative_spread(spread: float, expected) -> float:
 
 def error(actual: np.ndarray, expected: np.ndarray) -> tuple[float, float]:
     """(max abs error, max abs error over the largest |expected|)."""
-    diff = np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64))
-    max_abs = float(diff.max()) if diff.size else 0.0
-    scale = float(np.abs(expected).max()) if np.size(expected) else 0.0
+    diff = np.subtract(actual, expected, dtype=np.float64)
+    max_abs = largest(diff)
+    scale = largest(expected)
     return max_abs, max_abs / max(scale, np.finfo(np.float64).tiny)
 
 
@@ -160,6 +166,16 @@ def ratio_over_bound(err: np.ndarray, bound) -> float:
     return float(np.max(np.divide(err, bound, out=np.zeros_like(err), where=err > 0), initial=0.0))
 
 
+def _local_ratio(actual, value, bound, tiny: float) -> float:
+    """``ratio_over_bound(|actual - value|, bound + tiny)`` in place: a full-size stage's
+    temporaries are a few hundred megabytes each."""
+    err = np.subtract(actual, value, dtype=np.float64)
+    np.abs(err, out=err)
+    b = np.add(bound, tiny, dtype=np.float64)
+    np.divide(err, b, out=err, where=err > 0)  # 0 stays 0; NaN (no error to rank) is passed over
+    return float(np.fmax.reduce(err, axis=None, initial=0.0))
+
+
 def stage_ratios(
     name: str, actual, model: Chain, taps: Mapping, local: bool = True, precision=None, token: int | None = None
 ) -> dict:
@@ -180,7 +196,7 @@ def stage_ratios(
     if local:  # before the spread: a streamed case's noisy runs go on meanwhile
         value, bound = model.local(name, taps, precision) if recomputed is None else recomputed.result()
         bound = np.broadcast_to(bound, np.shape(value))
-        out["local"] = ratio_over_bound(np.abs(a - rows(value)), rows(bound) + model.precision.tiny)
+        out["local"] = _local_ratio(a, rows(value), rows(bound), model.precision.tiny)
         del value, bound
     spread = model.spread(name)
     out["end-to-end"] = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))

@@ -562,12 +562,14 @@ class _Runs:
         # logits of one image) is not judged by the luck of two draws (the largest of 8 |N(0, 1)| is
         # below 0.3 once in 10⁵).
         self.runs = max(chain.noisy_runs, min(8, int(4e6 // max(total, 1))))
-        self.rngs = []
-        for r in range(self.runs):
-            rng = np.random.default_rng(chain.seed)
-            if r:
-                rng.bit_generator.state = _skipped(chain.seed, r * total)
-            self.rngs.append(rng)
+        # run r's generator where run r - 1's stops; streamed, skipped there in the pool while the
+        # first clean step runs (a full-size case's skip is tens of millions of draws)
+        skip = (
+            (lambda r: _skipped(chain.seed, r * total))
+            if held
+            else (lambda r: pool().submit(_skipped, chain.seed, r * total))
+        )
+        self.rngs = [np.random.default_rng(chain.seed)] + [skip(r) for r in range(1, self.runs)]
         self.done = 0  # stages computed, in model order
         self.clean: dict[str, np.ndarray] = {}
         self.noisy: list[dict[str, np.ndarray]] = [{} for _ in range(self.runs)]
@@ -609,11 +611,18 @@ class _Runs:
             own generator: the same draws in any order)."""
             with tape.following():
                 v = np.asarray(chain.evaluate(name, self.noisy[r], quiet)[0], np.float64)
-            v = v + self.rngs[r].standard_normal(v.shape) * bound
+            noise = self.rngs[r].standard_normal(v.shape)
+            noise *= bound
+            v = np.add(v, noise, out=noise)  # v + noise x bound, in the draws' array
             self.noisy[r][name] = v
             return float(np.abs(v - value).max(initial=0.0))
 
         runs = range(self.runs)
+        for r in runs:  # a generator's state, once its skip is done
+            if not isinstance(self.rngs[r], np.random.Generator):
+                state = self.rngs[r] if isinstance(self.rngs[r], dict) else self.rngs[r].result()
+                self.rngs[r] = np.random.default_rng(chain.seed)
+                self.rngs[r].bit_generator.state = state
         if self.held:
             self.spread[name] = max(map(perturbed, runs))
         else:  # beside what reads the clean value (the port's local check)
