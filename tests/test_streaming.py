@@ -153,24 +153,6 @@ def test_cases_made_ahead_are_the_cases_made_one_by_one(ahead):
     assert most <= 2 if ahead else most == 1
 
 
-def test_the_case_made_again_is_the_case():
-    """The determinism re-run's case, made while the last case is judged, is the first case bit for
-    bit (another index is made then and there)."""
-    from conformance.verify.cases import again, case_plan, iter_plan
-
-    config = get_config("vit_test_token")
-    for ahead in (False, True):
-        plan = case_plan(config)
-        made = iter_plan(plan, ahead)
-        first = next(iter(made))
-        for _ in made:
-            pass
-        for i, expected in ((0, first), (2, case_plan(config)[2][1]())):
-            case = again(plan, made, i)
-            assert case.name == expected.name and np.array_equal(case.images, expected.images)
-            assert all(np.array_equal(case.state[k], expected.state[k]) for k in expected.state)
-
-
 def test_held_cases_are_counted():
     """The companion: an iterator that makes every case before handing out the first is seen to hold
     them all."""

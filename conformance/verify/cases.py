@@ -92,11 +92,6 @@ def iter_plan(plan: list[tuple[str, Callable[[], Case]]], ahead: bool = False):
     return _Ahead(plan) if ahead else _one_by_one(plan)
 
 
-def again(plan, made, i: int) -> Case:
-    """Case ``i`` of ``plan`` made again after ``made`` (its ``iter_plan``) went through it."""
-    return made.again(i) if isinstance(made, _Ahead) else plan[i][1]()
-
-
 def _one_by_one(plan):
     for i in range(len(plan)):
         case = _make(plan, i)
@@ -111,7 +106,6 @@ class _Ahead:
         self.plan, self.i = plan, 0
         self.maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-case")
         self.following = self.maker.submit(_make, plan, 0) if plan else None
-        self.first_again = None  # the first case made again while the last is judged (``again``)
 
     def __iter__(self):
         return self
@@ -123,16 +117,7 @@ class _Ahead:
         case = self.following.result()
         self.i += 1
         self.following = self.maker.submit(_make, self.plan, self.i) if self.i < len(self.plan) else None
-        if self.following is None:  # the determinism re-run's case, most often the first
-            self.first_again = self.maker.submit(self.plan[0][1])
         return case
-
-    def again(self, i: int) -> Case:
-        """Case ``i`` made again once the plan is through (verify's determinism re-run)."""
-        if i == 0 and self.first_again is not None:
-            case, self.first_again = self.first_again.result(), None
-            return case
-        return self.plan[i][1]()
 
 
 def case_plan(

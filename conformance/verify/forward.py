@@ -9,7 +9,7 @@ import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.error_model import CaseModel, parallel
-from conformance.verify.cases import Case, again, cached, iter_plan, seeded_cases, verify_plan
+from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
@@ -175,8 +175,7 @@ def verify(
         _keep_freed_memory()
         plan = verify_plan(config, state, seed) if cases is None else None
         # the first case is started here, made while the port's process starts
-        made = iter_plan(plan, ahead(config)) if cases is None else cases
-        pairs = _one_at_a_time(made)
+        pairs = _one_at_a_time(iter_plan(plan, ahead(config)) if cases is None else cases)
     why = side.unsupported(config)
     if why:
         raise Unsupported(f"config not supported by the port: {why}")
@@ -217,7 +216,7 @@ def verify(
         report.first_divergence = report.failures[0]["stage"]  # load or forward: before any stage
     if outcome.first_judged is not None and not report.failures:
         i = outcome.first_judged  # made again where the run let it go (full size: its weights)
-        case = cases[i] if cases is not None else pairs[i][0] if isinstance(pairs, tuple) else again(plan, made, i)
+        case = cases[i] if cases is not None else pairs[i][0] if isinstance(pairs, tuple) else plan[i][1]()
         both, findings = side.twice(case, config, dtype)
         for stage, reason in findings:  # the re-run's own failure, told as what it is
             finding(report, case.name, stage, f"{reason} (on the determinism re-run)")
