@@ -5,11 +5,11 @@ MemoryError after minutes of allocating; ``verify --dry-run`` prints both estima
 
 Memory: a fixed cost, plus so many bytes per element of one image's taps (the port's outputs
 of one case, batch up to 3, in the port's process and in verify's; the error model's runs hold
-a block's stages, streamed) and per parameter (the case's weights in verify, the copy written
-for the port's process and the port's own). Time: a fixed cost (per-stage work, the same for
+a block's stages, streamed) and per parameter (the case's weights in verify, the next case's
+where they fit (``ahead``), the copy written for the port's process and the port's own). Time: a fixed cost (per-stage work, the same for
 every size), plus seconds per GFLOP of one image's forward and per element of its taps. Both fitted (``bench.fit``) to what
 ``python -m conformance bench --verify`` measured on this project's 2-core VM (the port in its
-own process; the two processes' memory together; wall time), 2026-12-01.
+own process; the two processes' memory together; wall time), 2026-12-02.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from impls.protocol import ViTConfig
 
 # ``bench.fit`` to the nine rows of docs/data/bench_verify.json (ViT-Ti to ViT-L/14 at 336; three depths,
 # four token counts). Memory is the tightest upper bound of every row (a config is refused on it).
-BASE = 0.91082e9  # bytes: the interpreters, NumPy, the port's framework
-PER_TAP_ELEMENT = 18.765  # bytes per element of one image's taps
-PER_PARAMETER = 29.806  # bytes per parameter
-BASE_SECONDS = 6.8437
-SECONDS_PER_GFLOP = 1.4721  # of one image's forward, over the full-size cases' 12 images
-SECONDS_PER_MEGA_TAP = 0.56318  # per million elements of one image's taps, likewise
+BASE = 0.80072e9  # bytes: the interpreters, NumPy, the port's framework
+PER_TAP_ELEMENT = 18.31  # bytes per element of one image's taps
+PER_PARAMETER = 32.114  # bytes per parameter
+BASE_SECONDS = 5.3119
+SECONDS_PER_GFLOP = 1.1049  # of one image's forward, over the full-size cases' 12 images
+SECONDS_PER_MEGA_TAP = 0.79903  # per million elements of one image's taps, likewise
 FIT_IMAGES = 12
 
 
