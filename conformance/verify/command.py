@@ -7,7 +7,7 @@ from pathlib import Path
 
 from conformance.report import UsageError, describe_exception
 from conformance.verify.attention import verify_attention
-from conformance.verify.forward import verify
+from conformance.verify.forward import keep_freed_memory, verify
 from conformance.verify.report import Report, format_report, plot_report
 from impls import load_factory
 from impls.protocol import ViTConfig
@@ -269,6 +269,7 @@ def main(args) -> int:
         if getattr(args, "dry_run", False):
             return dry_run(spec, config, args)
         _timeout(args, side, config)
+        keep_freed_memory()
         try:
             report = verify(
                 side,

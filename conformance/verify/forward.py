@@ -110,12 +110,13 @@ def _one_at_a_time(cases):
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
 
 
-def _keep_freed_memory() -> None:
-    """Keep freed memory in the heap for reuse while a full-size case is judged: its stages are
-    allocated anew at every step, and every page given back to the OS (an array above glibc's
-    mmap threshold, a trimmed heap top, a thread's own arena) is faulted in again: ViT-B spent a
-    sixth of its CPU time in the kernel. One arena for every thread, large blocks from the heap,
-    no trim; ``_return_freed_memory`` gives the pages back after each case (docs/performance.md)."""
+def keep_freed_memory() -> None:
+    """Keep freed memory in the heap for reuse, for a process that is verify's alone (the command
+    line: the settings last as long as the process). A full-size case's stages are allocated anew
+    at every step, and every page given back to the OS (an array above glibc's mmap threshold, a
+    trimmed heap top, a thread's own arena) is faulted in again: ViT-B spent a sixth of its CPU
+    time in the kernel. One arena for every thread, large blocks from the heap, no trim;
+    ``_return_freed_memory`` gives the pages back after each full-size case (docs/performance.md)."""
     import ctypes
 
     try:
@@ -169,16 +170,14 @@ def verify(
     from conformance.verify.budget import ahead
 
     side = port_side(make, port)
-    if cases is None and state is None and cached(config):
-        pairs = seeded_cases(config, seed, dtype)
-    else:  # one case in memory at a time (two where the next fits): weights, images, oracle, outputs
-        _keep_freed_memory()
-        plan = verify_plan(config, state, seed) if cases is None else None
-        # the first case is started here, made while the port's process starts
-        pairs = _one_at_a_time(iter_plan(plan, ahead(config)) if cases is None else cases)
     why = side.unsupported(config)
     if why:
         raise Unsupported(f"config not supported by the port: {why}")
+    if cases is None and state is None and cached(config):
+        pairs = seeded_cases(config, seed, dtype)
+    else:  # one case in memory at a time (two where the next fits): weights, images, oracle, outputs
+        plan = verify_plan(config, state, seed) if cases is None else None
+        pairs = _one_at_a_time(iter_plan(plan, ahead(config)) if cases is None else cases)
     report = Report(port, config, cases=[], dtype=dtype)
     variant = Forward(side, config, dtype, policy)
     if isinstance(pairs, tuple) and dtype != "float32":  # below the dtype's rounding, pooled over held cases
