@@ -402,3 +402,55 @@ def test_open_clip_tower_built_with_gelu_on_quickgelu_weights_is_named():
     report = verify(port, config_for(port).replace(act_layer="quick_gelu"), port="open_clip")
     assert report.first_divergence == "blocks.0.mlp.act", report.failures[:2]
     assert report.diagnosis.named == "gelu_exact", report.diagnosis.line()
+
+
+def _registers_after_the_position_embedding(self, x):
+    """Hugging Face Dinov2WithRegisters' order on a table that covers the registers: the class
+    token and the patches take their entries, the registers are inserted after, with none."""
+    import torch
+
+    cls = self.cls_token.expand(x.shape[0], -1, -1) + self.pos_embed[:, :1]
+    x = x + self.pos_embed[:, self.num_prefix_tokens :]
+    return torch.cat([cls, self.reg_token.expand(x.shape[0], -1, -1), x], 1)
+
+
+def _table_read_from_its_start(self, x):
+    """The table taken for the patches' alone (a no_embed_class layout's reading)."""
+    import torch
+
+    x = x + self.pos_embed[:, : x.shape[1]]
+    prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+    return torch.cat(prefix + [x], 1)
+
+
+@pytest.mark.parametrize(
+    "pos_embed, named",
+    [
+        (_registers_after_the_position_embedding, "registers_without_pos_embed"),
+        (_table_read_from_its_start, "pos_embed_not_offset_by_prefix"),
+    ],
+    ids=["registers_after", "table_from_its_start"],
+)
+def test_timm_with_a_porters_own_embedding_order_is_located_and_named(pos_embed, named):
+    """timm's VisionTransformer (a class token, two registers, pos_embed covering all three kinds
+    of token) with only its ``_pos_embed`` replaced by a porter's order: verify locates the
+    embedding and names what it does instead; timm's own ``_pos_embed`` is the companion."""
+    import types
+
+    from conformance.references import timm_vit
+
+    def build(config, replaced):
+        model = timm_vit(config)
+        if replaced is not None:
+            model._pos_embed = types.MethodType(replaced, model)
+        return model
+
+    config = get_config("vit_test_registers_avg")
+    for replaced in (None, pos_embed):
+        port = ModelPort(lambda c: build(c, replaced), rename={}, supports=example("timm_vit:port").supports)
+        report = verify(port, config, port="timm", cases=quick_cases(config)[:1])
+        if replaced is None:
+            assert report.conformant, report.failures[:2]
+            continue
+        assert report.first_divergence == "embed", report.failures[:2]
+        assert report.diagnosis is not None and report.diagnosis.named == named, report.diagnosis.line()
