@@ -161,19 +161,20 @@ def token_subset(name: str, actual, shape, config: ViTConfig) -> tuple[int | Non
 
 def ratio_over_bound(err: np.ndarray, bound) -> float:
     """max over elements of err / bound (0 where err is 0): the error model's ratio."""
-    err = np.asarray(err, np.float64)
-    bound = np.broadcast_to(np.asarray(bound, np.float64), err.shape)
-    return float(np.max(np.divide(err, bound, out=np.zeros_like(err), where=err > 0), initial=0.0))
+    return _ratio(np.array(err, np.float64), bound)
+
+
+def _ratio(err: np.ndarray, bound) -> float:
+    """``ratio_over_bound`` on a float64 ``err`` of the caller's own, divided in place (a full-size
+    stage's temporaries are a few hundred megabytes each)."""
+    np.divide(err, np.broadcast_to(np.asarray(bound, np.float64), err.shape), out=err, where=err > 0)
+    return float(np.fmax.reduce(err, axis=None, initial=0.0))  # 0 stays 0; NaN (no error to rank) passed over
 
 
 def _local_ratio(actual, value, bound, tiny: float) -> float:
-    """``ratio_over_bound(|actual - value|, bound + tiny)`` in place: a full-size stage's
-    temporaries are a few hundred megabytes each."""
+    """``ratio_over_bound(|actual - value|, bound + tiny)``, |actual - value| made once."""
     err = np.subtract(actual, value, dtype=np.float64)
-    np.abs(err, out=err)
-    b = np.add(bound, tiny, dtype=np.float64)
-    np.divide(err, b, out=err, where=err > 0)  # 0 stays 0; NaN (no error to rank) is passed over
-    return float(np.fmax.reduce(err, axis=None, initial=0.0))
+    return _ratio(np.abs(err, out=err), np.add(bound, tiny, dtype=np.float64))
 
 
 def stage_ratios(
