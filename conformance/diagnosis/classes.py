@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from conformance.numerics.error_model import Precision, evaluate, softmax_weights
+from conformance.numerics.error_model import Precision, evaluate, prefix_tokens, softmax_weights
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
 from impls.stages import stage_inputs, stage_kind
@@ -287,7 +287,7 @@ def _pos_embed_not_offset(name, t, images, s, config):
     if name != "embed":
         return None
     x = t["patch_embed"]
-    prefix = [np.broadcast_to(s[k], (x.shape[0], *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
+    prefix = prefix_tokens(s, x.shape[0])
     return np.concatenate(prefix + [x + s["pos_embed"][:, : x.shape[1]]], 1)
 
 
@@ -333,7 +333,7 @@ def _pos_embed_without_antialias(name, t, images, s, config):
     new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
     pos = np.concatenate([pos[:, :n], new], 1)
     x = t["patch_embed"]
-    prefix = [np.broadcast_to(s[k], (x.shape[0], *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
+    prefix = prefix_tokens(s, x.shape[0])
     if config.no_embed_class:
         return np.concatenate(prefix + [x + pos], 1)
     return np.concatenate(prefix + [x], 1) + pos

@@ -289,6 +289,11 @@ def attend(P, dP, v, p: Precision):
 # ----------------------------------------------------------------------------- stages
 
 
+def prefix_tokens(s, batch: int) -> list:
+    """The class token, then the registers, each broadcast over the batch (those the state has)."""
+    return [np.broadcast_to(s[k], (batch, *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
+
+
 def _prev(i: int, config: ViTConfig) -> str:
     if i:
         return f"blocks.{i - 1}"
@@ -407,7 +412,7 @@ def evaluate(
     if name == "embed":
         x = t["patch_embed"]
         pos, dpos = _resampled_pos_embed(s["pos_embed"], config, images, p)
-        prefix = [np.broadcast_to(s[k], (x.shape[0], *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
+        prefix = prefix_tokens(s, x.shape[0])
         if config.no_embed_class:  # the prefix tokens pass as stored: one rounding to the dtype
             y, bound = _sum(x, pos, p)
             bound = bound + dpos
@@ -569,7 +574,8 @@ class _Runs:
             if held
             else (lambda r: pool().submit(_skipped, chain.seed, r * total))
         )
-        self.rngs = [np.random.default_rng(chain.seed)] + [skip(r) for r in range(1, self.runs)]
+        self.rngs = [np.random.default_rng(chain.seed)]
+        self.skipping = [skip(r) for r in range(1, self.runs)]  # the others' states, or their futures
         self.done = 0  # stages computed, in model order
         self.clean: dict[str, np.ndarray] = {}
         self.noisy: list[dict[str, np.ndarray]] = [{} for _ in range(self.runs)]
@@ -618,11 +624,11 @@ class _Runs:
             return float(np.abs(v - value).max(initial=0.0))
 
         runs = range(self.runs)
-        for r in runs:  # a generator's state, once its skip is done
-            if not isinstance(self.rngs[r], np.random.Generator):
-                state = self.rngs[r] if isinstance(self.rngs[r], dict) else self.rngs[r].result()
-                self.rngs[r] = np.random.default_rng(chain.seed)
-                self.rngs[r].bit_generator.state = state
+        for skipped in self.skipping:  # the first step: the other runs' generators, once skipped there
+            rng = np.random.default_rng(chain.seed)
+            rng.bit_generator.state = skipped if isinstance(skipped, dict) else skipped.result()
+            self.rngs.append(rng)
+        self.skipping = []
         if self.held:
             self.spread[name] = max(map(perturbed, runs))
         else:  # beside what reads the clean value (the port's local check)
