@@ -395,6 +395,18 @@ def test_an_exception_on_the_determinism_re_run_is_told_as_an_exception(cli, tmp
     assert "randomness" not in out
 
 
+def test_the_determinism_re_run_writes_the_first_call_out_before_the_second(cli, tmp_path):
+    """The port's process writes the first call's outputs before making the second (a full-size
+    model's taps, twice, would not fit): a port that returns its logits in one reused buffer, a
+    different value each call, is found to differ. Holding both calls' outputs until the answer
+    would compare the second call's buffer with itself."""
+    code, out, _ = cli("verify", f"{H}:random_logits_in_one_buffer", "--json", str(tmp_path / "r.json"))
+    failures = json.loads((tmp_path / "r.json").read_text())["failures"]
+    assert code == 1 and [(f["stage"], f["reason"]) for f in failures] == [
+        ("logits", "two calls on the same input differ (randomness at inference)")
+    ], failures
+
+
 def test_a_memory_limit_makes_a_port_s_huge_allocation_its_own_finding(cli, tmp_path):
     code, out, err = cli("verify", f"{H}:allocates_8_gb", "--memory-limit", "4", "--json", str(tmp_path / "r.json"))
     failures = json.loads((tmp_path / "r.json").read_text())["failures"]

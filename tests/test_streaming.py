@@ -2,6 +2,8 @@
 step a stage at a time, in threads, the noisy runs following the clean step's contractions; what
 they judge is what running them whole, one after another, judges."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,93 @@ def test_a_case_is_made_ahead_where_two_weight_sets_fit():
     need = estimate(config) + 4.0 * sizes(config)[1]
     assert ahead(config, memory=need) and not ahead(config, memory=need - 1)
     assert ahead(config, memory=24e9) and not ahead(get_config("vit_giant_patch14_dinov2"), memory=24e9)
+
+
+def _rss_file() -> int:
+    """This process's resident pages mapped from files, in bytes (Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
+@pytest.mark.parametrize("released", [True, False])
+def test_a_mapped_output_is_let_go_once_read(tmp_path, released):
+    """A port's outputs are read mapped from the files its process wrote (``wire.Reader(mmap=True)``)
+    and ``compare.let_go`` gives each one's pages back once read: 64 MB read leave this process's
+    file-backed resident memory where it was, and read again they hold the same values. The
+    companion (not let go) keeps the 64 MB resident."""
+    from conformance.numerics.compare import let_go
+    from conformance.verify import wire
+
+    values = np.arange(16 << 20, dtype=np.float32)
+    tree = wire.Writer(tmp_path, 1).encode({"attn": values})
+    a = wire.Reader(tmp_path, mmap=True).decode(tree)["attn"]
+    before = _rss_file()
+    assert float(a.sum(dtype=np.float64)) == float(values.sum(dtype=np.float64))
+    if released:
+        let_go(a)
+    grown = _rss_file() - before
+    assert grown < 8e6 if released else grown > 60e6, grown
+    assert np.array_equal(a, values)
+    let_go(values)  # an array in memory: nothing happens to it
+    assert np.array_equal(values[:3], [0, 1, 2])
+
+
+def test_a_large_batch_is_cut_to_one_image_where_three_would_not_fit():
+    """``budget.case_batch``: a full-size plan's cases hold 3 images where the estimate at 3 fits
+    the memory, else 1 (each name says the batch it has); the companion, memory enough, keeps 3."""
+    from conformance.verify.budget import case_batch, estimate
+    from conformance.verify.cases import FULL_SIZE, case_plan, images_of
+
+    config = get_config("vit_base_patch16_224")
+    tight = estimate(config, 3) - 1
+    assert case_batch(config, tight) == 1 and case_batch(config, tight + 1) == 3
+    assert estimate(config, 1) < estimate(config, 3)
+    one = [name for name, _ in case_plan(config, full_size=True, max_batch=1)]
+    three = [name for name, _ in case_plan(config, full_size=True, max_batch=3)]
+    assert len(one) == len(three) == len(FULL_SIZE) and images_of(three) == 12 and images_of(one) == 6
+    assert all("(batch 1)" in name for name in one)
+    case = dict(case_plan(get_config("vit_test_token"), max_batch=1))["ordinary images (batch 1), weights x4"]()
+    assert case.images.shape[0] == 1
+
+
+@pytest.mark.parametrize("limit", [0, None])
+def test_a_large_state_is_read_back_mapped_and_judged_alike(monkeypatch, limit):
+    """verify maps a state it wrote for the port's process (above ``isolated.MAP_BACK`` bytes)
+    back in place of its own arrays, one copy of the weights for both processes: every weight is
+    then the file's, and every stage judged as with the state held. The companion (below the
+    limit) keeps verify's own arrays."""
+    from conformance.verify import isolated, verify
+    from conformance.verify.cases import default_cases
+    from tests.data.hostile_ports import _correct
+
+    config = get_config("vit_test_token")
+    held = verify(_correct, config, cases=default_cases(config)[:2])
+    if limit is not None:
+        monkeypatch.setattr(isolated, "MAP_BACK", limit)
+    cases = default_cases(config)[:2]
+    with isolated.Isolated("forward", "tests.data.hostile_ports:_correct") as side:
+        report = verify(side, config, cases=cases)
+    mapped = [isinstance(v, np.memmap) for case in cases for v in case.state.values()]
+    assert all(mapped) if limit is not None else not any(mapped)
+    assert report.conformant and [(s.name, s.ratio) for s in report.stages] == [(s.name, s.ratio) for s in held.stages]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_large_attention_weights_are_computed_a_few_heads_at_a_time_alike(monkeypatch, dtype):
+    """The attention weights and P v, with their bounds, computed a few heads at a time where they
+    are large (``error_model._HEADS_AT_ONCE``: ViT-g/14's are 45 M elements an image, and each
+    of their temporaries as many) are the whole computation's, bit for bit. The companion: a chunk
+    written to the wrong heads (each chunk's heads reversed) is seen."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(0, 2, (2, 5, 13, 8)) for _ in range(3))
+    p = E.Precision(dtype)
+    whole = E.softmax_weights(q, k, 8**-0.5, p)
+    whole_out = E.attend(*whole, v, p)
+    monkeypatch.setattr(E, "_HEADS_AT_ONCE", 3 * 13 * 13)  # three heads at a time: 10 rows in 4 chunks
+    chunked = E.softmax_weights(q, k, 8**-0.5, p)
+    chunked_out = E.attend(*chunked, v, p)
+    for got, expected in zip((*chunked, *chunked_out), (*whole, *whole_out)):
+        assert got.shape == expected.shape and np.array_equal(got, expected)
+    reversed_ = E._by_heads(lambda a, b: E._softmax_weights(a[::-1], b[::-1], 8**-0.5, p), (2, 5, 13, 13), q, k)
+    assert reversed_[0].shape == whole[0].shape and not np.array_equal(reversed_[0], whole[0])

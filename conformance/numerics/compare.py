@@ -286,6 +286,22 @@ def policy_finding(name: str, kind: str, stored: str, dtype: str, policy: str, c
     return None
 
 
+def let_go(*arrays) -> None:
+    """Give back the pages of arrays mapped from files once read (a port's outputs as the port's
+    own process wrote them: ``wire.Reader(mmap=True)``); read again, they come back from the
+    file. A full-size case's taps (11.5 GB an image at ViT-g/14) are then never resident at
+    once. Anything else: nothing."""
+    import mmap
+
+    for a in arrays:
+        mapped = getattr(a, "_mmap", None)  # np.memmap's mapping of its whole file
+        if isinstance(mapped, mmap.mmap):
+            try:
+                mapped.madvise(mmap.MADV_DONTNEED)  # a read-only shared mapping: nothing is lost
+            except (AttributeError, OSError, ValueError):
+                pass
+
+
 class _Pass:
     """One pass of a port's outputs prepared for judging: which stages it emitted, which are
     well-formed, the precision each was stored in, and what each refused one is refused for."""
@@ -294,24 +310,23 @@ class _Pass:
         config: ViTConfig = model.config
         self.out, self.model, self.shapes, self.dtype = out, model, shapes, dtype
         self.names = [n for n in tap_names(config) if n in out]
-        subsets = {n: token_subset(n, out[n], shapes[n], config) for n in self.names}
-        refused = {n: why for n, (_, why) in subsets.items() if why}
-        tokens = {n: t for n, (t, _) in subsets.items() if t is not None}
         emitted = getattr(out, "dtypes", {})
-        for n in self.names:  # the dtype the model emitted, before the port's cast to NumPy
-            if n not in refused and _BITS.get(emitted.get(n), 99) < _BITS[dtype]:
-                refused[n] = f"emitted in {emitted[n]}: lower precision than the {dtype} asked for"
-
-        def row_shape(n):
-            return (shapes[n][0], shapes[n][2]) if n in tokens else shapes[n]
-
-        valid = {
-            n
-            for n in self.names
-            if n not in refused
-            and malformed(np.reshape(out[n], row_shape(n)) if n in tokens else out[n], row_shape(n), dtype) is None
-        }
-        stored = {n: stored_as(out[n], dtype, emitted.get(n)) for n in valid}
+        refused, tokens, valid, stored = {}, {}, set(), {}
+        for n in self.names:  # a stage at a time: each read once here and let go
+            a = out[n]
+            token, why = token_subset(n, a, shapes[n], config)
+            if token is not None:
+                tokens[n] = token
+            if not why and _BITS.get(emitted.get(n), 99) < _BITS[dtype]:  # as the model emitted it
+                why = f"emitted in {emitted[n]}: lower precision than the {dtype} asked for"
+            if why:
+                refused[n] = why
+            else:
+                shape = (shapes[n][0], shapes[n][2]) if token is not None else shapes[n]
+                if malformed(np.reshape(a, shape) if token is not None else a, shape, dtype) is None:
+                    valid.add(n)
+                    stored[n] = stored_as(a, dtype, emitted.get(n))
+            let_go(a)
         for n in sorted(valid):
             why = policy_finding(n, model.kind(n), stored[n], dtype, policy, config)
             if why:
@@ -335,7 +350,7 @@ class _Pass:
                 self.refused[n],
                 stored=self.stored.get(n),
             )
-        return compare_stage(
+        result = compare_stage(
             n,
             self.out[n],
             self.model,
@@ -346,6 +361,8 @@ class _Pass:
             stored=self.stored,
             token=self.tokens.get(n),
         )
+        let_go(*(self.out[k] for k in (n, *self.model.inputs(n)) if k in self.out))
+        return result
 
 
 def compare_outputs(

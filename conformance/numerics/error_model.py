@@ -246,8 +246,45 @@ def gated(g, dg, v, dv, p: Precision, name: str):
     return y, da * np.abs(v) + np.abs(a) * dv + p.storage * np.abs(y)
 
 
+_HEADS_AT_ONCE = 1 << 23  # attention weights (elements) computed at once: a few heads of a large model
+
+
+def _by_heads(fn, P_shape, *arrays):
+    """``fn`` over chunks of the leading (batch, head) axes of ``arrays``, its (value, bound)
+    written into whole arrays of ``P_shape``'s leading axes: every row is computed as whole (the
+    softmax and its bound are per query row), and a full-size model's temporaries are a chunk's,
+    not B·H·N² each (ViT-g/14 at 518: 45 M elements an image)."""
+    lead = P_shape[:-2]
+    rows = math.prod(lead)
+    step = max(1, _HEADS_AT_ONCE // (P_shape[-2] * P_shape[-1]))
+    flat = [np.broadcast_to(a, (*lead, *a.shape[-2:])).reshape(rows, *a.shape[-2:]) for a in arrays]
+    value = bound = None
+    for i in range(0, rows, step):
+        v, b = fn(*(a[i : i + step] for a in flat))
+        if value is None:
+            value = np.empty((rows, *v.shape[1:]), v.dtype)
+            bound = np.empty((rows, *v.shape[1:])) if np.ndim(b) else b
+        value[i : i + step] = v
+        if np.ndim(b):
+            bound[i : i + step] = b
+    shape = (*lead, *value.shape[1:])
+    return value.reshape(shape), bound.reshape(shape) if np.ndim(bound) else bound
+
+
+def _large_attention(P_shape, mask) -> bool:
+    return mask is None and math.prod(P_shape) > _HEADS_AT_ONCE and len(P_shape) > 2
+
+
 def softmax_weights(q, k, scale, p: Precision, mask=None):
-    """softmax(scale q kᵀ + mask) over keys and its unit bound."""
+    """softmax(scale q kᵀ + mask) over keys and its unit bound (a few heads at a time where the
+    weights are large)."""
+    P_shape = (*np.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+    if _large_attention(P_shape, mask):
+        return _by_heads(lambda q_, k_: _softmax_weights(q_, k_, scale, p), P_shape, q, k)
+    return _softmax_weights(q, k, scale, p, mask)
+
+
+def _softmax_weights(q, k, scale, p: Precision, mask=None):
     logits = scale * (q @ np.swapaxes(k, -2, -1))
     if mask is not None:
         mask = np.asarray(mask)
@@ -275,7 +312,16 @@ def softmax_weights(q, k, scale, p: Precision, mask=None):
 
 
 def attend(P, dP, v, p: Precision):
-    """P v over keys (B, H, Nq, hd) and its bound, with P's own error dP carried."""
+    """P v over keys (B, H, Nq, hd) and its bound, with P's own error dP carried (a few heads at a
+    time where P is large)."""
+    if p.bounds and _large_attention(P.shape, None) and (dP is None or np.ndim(dP) >= 2):
+        if dP is None:
+            return _by_heads(lambda P_, v_: _attend(P_, None, v_, p), P.shape, P, v)
+        return _by_heads(lambda P_, dP_, v_: _attend(P_, dP_, v_, p), P.shape, P, dP, v)
+    return _attend(P, dP, v, p)
+
+
+def _attend(P, dP, v, p: Precision):
     o = P @ v
     if not p.bounds:
         return o, 0.0

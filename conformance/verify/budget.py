@@ -53,10 +53,23 @@ def sizes(config: ViTConfig) -> tuple[float, float]:
     return tuple(a + (config.depth - 1) * (b - a) for a, b in zip(one, two))
 
 
-def estimate(config: ViTConfig) -> float:
-    """Peak bytes verify and the port's process hold for ``config`` (its default cases, one at a time)."""
+FIT_BATCH = 3  # the largest case's batch in every fitted row
+
+
+def estimate(config: ViTConfig, batch: int | None = None) -> float:
+    """Peak bytes verify and the port's process hold for ``config`` (its default cases, one at a
+    time, the largest of ``batch`` images: by default the batch verify would use here)."""
     taps, params = sizes(config)
-    return BASE + PER_TAP_ELEMENT * taps + PER_PARAMETER * params
+    batch = case_batch(config) if batch is None else batch
+    return BASE + PER_TAP_ELEMENT * taps * batch / FIT_BATCH + PER_PARAMETER * params
+
+
+def case_batch(config: ViTConfig, memory: float | None = None) -> int:
+    """The largest batch of verify's full-size cases: 3, or 1 where a batch of 3 would not fit in
+    ``memory`` (default: this machine's). The port holds a case's taps whole (a factory returns
+    them at once): ViT-g/14 at 518 emits 11.5 GB of them an image."""
+    memory = machine_memory() if memory is None else memory
+    return FIT_BATCH if memory is None or estimate(config, FIT_BATCH) <= memory else 1
 
 
 def seconds(config: ViTConfig, images: int = FIT_IMAGES) -> float:
@@ -78,14 +91,14 @@ def ahead(config: ViTConfig, memory: float | None = None) -> bool:
     """Whether verify may make the next case while it judges this one (``cases.iter_plan``): a
     second float32 weight set fits beside the estimate in ``memory`` (default: this machine's)."""
     memory = machine_memory() if memory is None else memory
-    return memory is not None and estimate(config) + 4.0 * sizes(config)[1] <= memory
+    return memory is not None and estimate(config, case_batch(config, memory)) + 4.0 * sizes(config)[1] <= memory
 
 
 def too_large(config: ViTConfig, memory: float | None = None) -> str | None:
     """Why verifying ``config`` would not fit in ``memory`` (default: this machine's), or None."""
     memory = machine_memory() if memory is None else memory
     taps, params = sizes(config)
-    need = estimate(config)
+    need = estimate(config, case_batch(config, memory))
     if memory is None or need <= memory:
         return None
     return (

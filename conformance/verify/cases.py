@@ -67,8 +67,12 @@ def images_verified(config: ViTConfig) -> int:
 
 def verify_plan(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[str, Callable[[], Case]]]:
     """The cases verify runs on ``config``: every default case on a small (``cached``) config,
-    the seeded ones of ``FULL_SIZE`` on a full-size one."""
-    return case_plan(config, state, seed, full_size=not cached(config))
+    the seeded ones of ``FULL_SIZE`` on a full-size one, in batches of at most what fits
+    (``budget.case_batch``: one image a case where a batch of 3's taps would not fit)."""
+    from conformance.verify.budget import case_batch
+
+    full_size = not cached(config)
+    return case_plan(config, state, seed, full_size, max(BATCHES) if not full_size else case_batch(config))
 
 
 def iter_cases(config: ViTConfig, state: dict | None = None, seed: int = 0, full_size: bool = False):
@@ -120,11 +124,18 @@ class _Ahead:
         return case
 
 
+def _unbatched(name: str) -> str:
+    import re
+
+    return re.sub(r"\(batch \d+\)", "(batch)", name)
+
+
 def case_plan(
-    config: ViTConfig, state: dict | None = None, seed: int = 0, full_size: bool = False
+    config: ViTConfig, state: dict | None = None, seed: int = 0, full_size: bool = False, max_batch: int = 3
 ) -> list[tuple[str, Callable[[], Case]]]:
     """(name, make the case) for each of ``default_cases``, in order; nothing is made until asked.
-    ``full_size`` (with seeded weights): ``FULL_SIZE`` and the other-grid cases only."""
+    ``full_size`` (with seeded weights): ``FULL_SIZE`` and the other-grid cases only.
+    ``max_batch``: no case holds more images (its name says the batch it has)."""
     memo: dict[str, dict] = {}
 
     def base() -> dict:
@@ -133,6 +144,9 @@ def case_plan(
         return memo["base"]
 
     def case(name, batch, kind, image_seed, weights=None, grid=None, logit=None):
+        if batch > max_batch:
+            name, batch = name.replace(f"(batch {batch})", f"(batch {max_batch})"), max_batch
+
         def make() -> Case:
             images = (
                 make_images(config, batch, kind, image_seed, grid)
@@ -181,7 +195,8 @@ def case_plan(
                 )
             )
     if full_size and state is None:
-        plan = [(name, make) for name, make in plan if name in FULL_SIZE or "patch grid" in name]
+        keep = {_unbatched(n) for n in FULL_SIZE}
+        plan = [(name, make) for name, make in plan if _unbatched(name) in keep or "patch grid" in name]
     return plan
 
 

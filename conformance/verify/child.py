@@ -74,21 +74,23 @@ class Child:
                 return {"status": "ok", "why": self.side.unsupported(ViTConfig.from_dict(request["config"]))}
             reader = wire.Reader(request["root"], mmap=True)
             case = _case(request["case"], reader)
+            writer = wire.Writer(request["root"], request["out"])
             if op == "attention":
                 out, findings = self.side.attention(case, dict(request["options"]))
             else:
                 config, dtype = ViTConfig.from_dict(request["config"]), request["dtype"]
                 if op == "forward":
                     out, findings = self.side.forward(case, config, dtype)
-                elif op == "twice":
-                    out, findings = self.side.twice(case, config, dtype)
+                elif op == "twice":  # the first output written before the second call
+                    both, findings = self.side.twice(case, config, dtype, keep=writer.encode)
+                    tree = None if both is None else {"__tuple__": [both[0], writer.encode(both[1])]}
+                    return {"status": "ok", "out": tree, "findings": [list(f) for f in findings]}
                 elif op == "backward":
                     loss = request["loss"]
                     loss = Loss(loss["kind"], reader.decode(loss.get("labels")), reader.decode(loss.get("weights")))
                     out, findings = self.side.backward(case, config, dtype, loss)
                 else:
                     return {"status": "tool", "message": f"unknown request {op!r}", "traceback": ""}
-            writer = wire.Writer(request["root"], request["out"])
             return {"status": "ok", "out": writer.encode(out), "findings": [list(f) for f in findings]}
         except Unsupported as e:
             return {"status": "unsupported", "message": str(e)}

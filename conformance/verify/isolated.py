@@ -33,6 +33,9 @@ from impls.protocol import ViTConfig
 
 MEMORY_ENV = "VIT_CONFORMANCE_MEMORY_LIMIT"  # bytes of address space the child may map
 CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE"}
+# Bytes of float32 state above which verify maps the weights it wrote for the port back in place
+# of its own (every full-size preset; a small config's cached cases are left as they are).
+MAP_BACK = 64 << 20
 
 
 class PortStopped(Exception):
@@ -242,9 +245,15 @@ class Isolated:
             if self._state is not None:
                 shutil.rmtree(self._state[2], ignore_errors=True)
             state_writer = self._writer()
+            tree = state_writer.encode(dict(case.state))
+            if sum(np.size(v) for v in case.state.values()) * 4 > MAP_BACK:
+                # verify reads a large state back from the files it wrote, mapped: one copy of the
+                # weights, in the page cache the port's process maps too (the case's own dict,
+                # which the error model reads, holds the mapped arrays from here on)
+                case.state.update(wire.Reader(self.root, mmap=True).decode(tree))
             # the arrays known by weak reference: the last case's weights are not held into the next's
             refs = {k: weakref.ref(v) if isinstance(v, np.ndarray) else None for k, v in case.state.items()}
-            self._state = (refs, state_writer.encode(dict(case.state)), state_writer.root / state_writer.sub)
+            self._state = (refs, tree, state_writer.root / state_writer.sub)
         writer = self._writer()
         tree = {
             "name": case.name,
@@ -290,7 +299,9 @@ class Isolated:
             self._stops.clear()
             self._check(answer)
             try:
-                result = wire.Reader(self.root).decode(answer.get("out"))
+                # mapped, not read: a full-size case's taps come into memory a stage at a time as
+                # they are judged (``compare.let_go``); the mapping outlives the files removed below
+                result = wire.Reader(self.root, mmap=True).decode(answer.get("out"))
             except (wire.WireError, OSError, ValueError) as e:
                 return None, [(step or stage, f"the port's process sent what verify cannot read ({e})")]
             return result, [(str(s), str(r)) for s, r in answer.get("findings", [])]

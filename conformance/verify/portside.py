@@ -31,7 +31,9 @@ class PortSide(Protocol):
         """Build the port on the case's state and run it on its images: (its output or None, findings)."""
 
     def twice(self, case: Case, config: ViTConfig, dtype: str) -> tuple[tuple[Any, Any] | None, Findings]:
-        """Build once, call twice on the same images: (both outputs, or None, findings)."""
+        """Build once, call twice on the same images: (both outputs, or None, findings); the
+        first is not held in the port's memory while the second runs where it can be written
+        out (a full-size model's taps, twice, would not fit)."""
 
     def backward(self, case: Case, config: ViTConfig, dtype: str, loss) -> tuple[Any, Findings]:
         """Build the gradient factory on the case's state, take ``loss``'s gradients on its images."""
@@ -89,7 +91,9 @@ class InProcess:
             return None, sink.findings()
         return out, sink.findings()
 
-    def twice(self, case: Case, config: ViTConfig, dtype: str):
+    def twice(self, case: Case, config: ViTConfig, dtype: str, keep: Callable = lambda out: out):
+        """``keep``: what is held of the first output while the second runs (the port's process
+        writes it to disk)."""
         sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
             built, forward = self._build(sink, handed, config, dtype)
@@ -98,6 +102,7 @@ class InProcess:
             ran, first = handed.call(sink, "forward", forward, handed.images)
             if not ran:
                 return None, sink.findings()
+            first = keep(first)
             ran, second = handed.call(sink, "forward", forward, handed.images)
         return ((first, second) if ran else None), sink.findings()
 

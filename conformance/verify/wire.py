@@ -99,7 +99,12 @@ class Reader:
         file, dtype = tree.get("__array__"), tree.get("dtype")
         if not isinstance(file, str) or not _FILE.match(file) or dtype not in DTYPES:
             raise WireError(f"an array reference that is not one: {dict(tree)!r:.200}")
-        a = np.load(self.root / file, allow_pickle=False, mmap_mode="r" if self.mmap else None)
+        try:
+            a = np.load(self.root / file, allow_pickle=False, mmap_mode="r" if self.mmap else None)
+        except ValueError:  # an empty array cannot be mapped: read
+            if not self.mmap:
+                raise
+            a = np.load(self.root / file, allow_pickle=False)
         if dtype == "bfloat16":
             import ml_dtypes
 
