@@ -42,7 +42,8 @@ def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -
 # The seeded cases verify keeps at full size (configs not ``cached``): the fewest that locate every
 # model mutant of the zoo, in every dtype, 10x outside its tolerance (or as far as any case does),
 # measured by ``python -m conformance zoo --cover`` (docs/data/case_cover.json, docs/zoo.md); a
-# dynamic_img_size config keeps its other-grid cases too. 12 images of the 22.
+# dynamic_img_size config keeps its other-grid cases too. 12 images of the 22 (6 where the
+# batches of 3 are cut to one image: ``budget.case_batch``).
 FULL_SIZE = (
     "ordinary images (batch 3), trained-like weights, block 0 logits to 3e4",
     "ordinary images (batch 3), weights x4",
@@ -90,9 +91,9 @@ def _make(plan: list[tuple[str, Callable[[], Case]]], i: int) -> Case:
 def iter_plan(plan: list[tuple[str, Callable[[], Case]]], ahead: bool = False):
     """A plan's cases one at a time: each weight set is made when its first case is reached and
     not held after its last (a full-size model's five weight sets are not in memory at once).
-    ``ahead``: the first case is started at once and each next one made in a thread while the
-    last is used (two held at once; drawing a full-size model's weights is serial work that the
-    comparison's threads leave a core for)."""
+    ``ahead``: each case after the first is made in a thread while the last is used (two held at
+    once; drawing a full-size model's weights is serial work that the comparison's threads leave
+    a core for)."""
     return _Ahead(plan) if ahead else _one_by_one(plan)
 
 
@@ -104,21 +105,28 @@ def _one_by_one(plan):
 
 
 class _Ahead:
+    """The first case made by the caller (nothing to overlap yet, and the modules a case needs are
+    imported there before another thread makes one), each next one in the thread."""
+
     def __init__(self, plan):
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import Future, ThreadPoolExecutor
 
         self.plan, self.i = plan, 0
         self.maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-case")
-        self.following = self.maker.submit(_make, plan, 0) if plan else None
+        self.following: Future | None = None
+        self.first = bool(plan)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> Case:
-        if self.following is None:
+        if self.first:
+            self.first, case = False, _make(self.plan, 0)
+        elif self.following is None:
             self.maker.shutdown()
             raise StopIteration
-        case = self.following.result()
+        else:
+            case = self.following.result()
         self.i += 1
         self.following = self.maker.submit(_make, self.plan, self.i) if self.i < len(self.plan) else None
         return case
