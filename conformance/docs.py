@@ -207,14 +207,12 @@ def verify_bench_table(result: dict | None = None) -> str:
     result = _recorded("bench_verify.json") if result is None else result
     if result is None:
         return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
+    from conformance.verify.bench import row_plan
     from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import images_verified
-    from impls import get_config
 
     def estimated(r) -> str:
-        config = get_config(r["preset"]).replace(**r["settings"])
-        images = images_verified(config)
-        return f"{seconds(config, images):.0f} s, {estimate(config) / 1e9:.2f} GB"
+        config, images, batch = row_plan(r)
+        return f"{seconds(config, images):.0f} s, {estimate(config, batch) / 1e9:.2f} GB"
 
     m = result["machine"]
     head = (

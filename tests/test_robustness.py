@@ -175,15 +175,14 @@ def test_the_estimates_hold_their_calibration():
     refused on it); time within 20% (a --dry-run's guide, not a verdict)."""
     from pathlib import Path
 
+    from conformance.verify.bench import row_plan
     from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import images_verified
 
     bench = json.loads((Path(__file__).parent.parent / "docs" / "data" / "bench_verify.json").read_text())
     assert len(bench["rows"]) >= 8
     for r in bench["rows"]:
-        config = get_config(r["preset"]).replace(**r["settings"])
-        images = images_verified(config)
-        assert r["peak_gb"] * 1e9 <= estimate(config) <= 1.25 * r["peak_gb"] * 1e9, r["label"]
+        config, images, batch = row_plan(r)
+        assert r["peak_gb"] * 1e9 <= estimate(config, batch) <= 1.25 * r["peak_gb"] * 1e9, r["label"]
         assert seconds(config, images) == pytest.approx(r["seconds"], rel=0.20), r["label"]
 
 

@@ -110,7 +110,19 @@ def run_verify(port: str, preset: str, settings: dict) -> dict:
         }
 
 
-def oracle_seconds(preset: str, settings: dict) -> float:
+def row_plan(row: dict):
+    """(config, images, batch) of a benchmark row: the batch its cases were measured in (rows
+    before it was recorded: 3, every full-size plan's then)."""
+    from conformance.verify.budget import FIT_BATCH
+    from conformance.verify.cases import images_verified
+    from impls import get_config
+
+    config = get_config(row["preset"]).replace(**row["settings"])
+    batch = row.get("batch", FIT_BATCH)
+    return config, images_verified(config, batch), batch
+
+
+def oracle_seconds(preset: str, settings: dict, batch: int | None = None) -> float:
     """One float64 NumPy oracle forward over verify's default cases (their weights and images made
     outside the timing)."""
     from conformance.verify.cases import iter_plan, verify_plan
@@ -118,7 +130,7 @@ def oracle_seconds(preset: str, settings: dict) -> float:
 
     config = get_config(preset).replace(**settings)
     total = 0.0
-    for case in iter_plan(verify_plan(config)):
+    for case in iter_plan(verify_plan(config, batch=batch)):
         forward = numpy_vit.make(config, case.state)
         start = time.perf_counter()
         forward(case.images)
@@ -132,17 +144,21 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
     from conformance.bench import _cpu_name
     from impls import get_config
 
+    from conformance.verify.budget import case_batch
+
     rows = []
     for label, preset, settings in configs:
         config = get_config(preset).replace(**settings)
+        batch = case_batch(config)
         measured = run_verify(port, preset, settings)
-        oracle = oracle_seconds(preset, settings)
+        oracle = oracle_seconds(preset, settings, batch)
         rows.append(
             {
                 "label": label,
                 "preset": preset,
                 "settings": settings,
                 "port": port,
+                "batch": batch,
                 **measured,
                 "oracle_seconds": oracle,
                 "ratio": measured["seconds"] / oracle,
@@ -168,17 +184,14 @@ def fit(rows) -> dict[str, float]:
     --verify --fit`` prints them; a test keeps the module's equal to them)."""
     from scipy.optimize import linprog, nnls
 
-    from conformance.verify.budget import FIT_IMAGES, forward_flops, sizes
-    from conformance.verify.cases import images_verified
-    from impls import get_config
+    from conformance.verify.budget import FIT_BATCH, FIT_IMAGES, forward_flops, sizes
 
     memory, time_ = [], []
     for r in rows:
-        config = get_config(r["preset"]).replace(**r["settings"])
-        images = images_verified(config)
+        config, images, batch = row_plan(r)
         taps, params = sizes(config)
         peak = r["peak_gb"] * 1e9
-        memory.append(([1.0, taps, params], peak))
+        memory.append(([1.0, taps * batch / FIT_BATCH, params], peak))
         per_fit = r["seconds"] * FIT_IMAGES / images
         time_.append(([1.0, forward_flops(config) / 1e9, taps / 1e6], per_fit))
 

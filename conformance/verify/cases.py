@@ -61,19 +61,24 @@ def images_of(names) -> int:
     return sum(int(re.search(r"batch (\d+)", name).group(1)) for name in names)
 
 
-def images_verified(config: ViTConfig) -> int:
+def images_verified(config: ViTConfig, batch: int | None = None) -> int:
     """How many images verify runs on ``config`` (its ``verify_plan``), without making any."""
-    return images_of(n for n, _ in verify_plan(config))
+    return images_of(n for n, _ in verify_plan(config, batch=batch))
 
 
-def verify_plan(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[str, Callable[[], Case]]]:
+def verify_plan(
+    config: ViTConfig, state: dict | None = None, seed: int = 0, batch: int | None = None
+) -> list[tuple[str, Callable[[], Case]]]:
     """The cases verify runs on ``config``: every default case on a small (``cached``) config,
-    the seeded ones of ``FULL_SIZE`` on a full-size one, in batches of at most what fits
-    (``budget.case_batch``: one image a case where a batch of 3's taps would not fit)."""
+    the seeded ones of ``FULL_SIZE`` on a full-size one, in batches of at most ``batch`` (by
+    default what fits here, ``budget.case_batch``: one image a case where a batch of 3's taps
+    would not fit)."""
     from conformance.verify.budget import case_batch
 
     full_size = not cached(config)
-    return case_plan(config, state, seed, full_size, max(BATCHES) if not full_size else case_batch(config))
+    if batch is None:
+        batch = case_batch(config) if full_size else max(BATCHES)
+    return case_plan(config, state, seed, full_size, batch)
 
 
 def iter_cases(config: ViTConfig, state: dict | None = None, seed: int = 0, full_size: bool = False):
