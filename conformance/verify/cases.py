@@ -153,7 +153,8 @@ def case_plan(
 
     def base() -> dict:
         if "base" not in memo:
-            memo["base"] = state if state is not None else WeightCase(seed, 1.0).make(config)
+            # a dict of our own: the caller's is not changed (``Isolated`` maps a large state back in it)
+            memo["base"] = dict(state) if state is not None else WeightCase(seed, 1.0).make(config)
         return memo["base"]
 
     def case(name, batch, kind, image_seed, weights=None, grid=None, logit=None):
