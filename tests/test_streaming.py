@@ -185,10 +185,10 @@ def _rss_file() -> int:
 @pytest.mark.parametrize("released", [True, False])
 def test_a_mapped_output_is_let_go_once_read(tmp_path, released):
     """A port's outputs are read mapped from the files its process wrote (``wire.Reader(mmap=True)``)
-    and ``compare.let_go`` gives each one's pages back once read: 64 MB read leave this process's
+    and ``mapped.let_go`` gives each one's pages back once read: 64 MB read leave this process's
     file-backed resident memory where it was, and read again they hold the same values. The
     companion (not let go) keeps the 64 MB resident."""
-    from conformance.numerics.compare import let_go
+    from conformance.numerics.mapped import let_go
     from conformance.verify import wire
 
     values = np.arange(16 << 20, dtype=np.float32)

@@ -5,5 +5,6 @@
 ``compare`` a port's stages against it; ``tolerances`` the calibrated tolerances and
 ``calibrate`` their measurement (``python -m conformance calibrate``); ``gradients`` the
 backward error model, its comparison and calibration (``python -m conformance calibrate
---grad``); ``provenance`` what produced a measurement.
+--grad``); ``provenance`` what produced a measurement; ``mapped`` the pages of arrays mapped
+from files, given back once read.
 """

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from conformance.numerics.error_model import CaseModel, Chain, pool, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
+from conformance.numerics.mapped import let_go
 from conformance.numerics.precision import DTYPES
 from impls.stages import RESIDUAL
 from conformance.numerics.precision import SIGNIFICAND_BITS as _BITS
@@ -284,22 +285,6 @@ def policy_finding(name: str, kind: str, stored: str, dtype: str, policy: str, c
             "float32 (--policy autocast)"
         )
     return None
-
-
-def let_go(*arrays) -> None:
-    """Give back the pages of arrays mapped from files once read (a port's outputs as the port's
-    own process wrote them: ``wire.Reader(mmap=True)``); read again, they come back from the
-    file. A full-size case's taps (11.5 GB an image at ViT-g/14) are then never resident at
-    once. Anything else: nothing."""
-    import mmap
-
-    for a in arrays:
-        mapped = getattr(a, "_mmap", None)  # np.memmap's mapping of its whole file
-        if isinstance(mapped, mmap.mmap):
-            try:
-                mapped.madvise(mmap.MADV_DONTNEED)  # a read-only shared mapping: nothing is lost
-            except (AttributeError, OSError, ValueError):
-                pass
 
 
 class _Pass:

@@ -49,6 +49,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import erf
 
+from conformance.numerics.mapped import let_go
 from conformance.numerics.precision import DTYPES, LARGEST, SMALLEST_NORMAL, UNIT_ROUNDOFF, coarsest
 from impls import numpy_vit as O
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
@@ -810,7 +811,11 @@ class _Float64(Mapping):
         self._state = state
 
     def __getitem__(self, key: str) -> np.ndarray:
-        return np.asarray(self._state[key], np.float64)
+        weight = self._state[key]
+        try:
+            return np.asarray(weight, np.float64)
+        finally:
+            let_go(weight)  # mapped from the file written for the port: not resident past the copy
 
     def __iter__(self):
         return iter(self._state)

@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from conformance.numerics.compare import StageResult, compare_outputs, let_go
+from conformance.numerics.compare import StageResult, compare_outputs
+from conformance.numerics.mapped import let_go
 from conformance.numerics.error_model import CaseModel, parallel
 from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases

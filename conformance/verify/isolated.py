@@ -300,7 +300,7 @@ class Isolated:
             self._check(answer)
             try:
                 # mapped, not read: a full-size case's taps come into memory a stage at a time as
-                # they are judged (``compare.let_go``); the mapping outlives the files removed below
+                # they are judged (``mapped.let_go``); the mapping outlives the files removed below
                 result = wire.Reader(self.root, mmap=True).decode(answer.get("out"))
             except (wire.WireError, OSError, ValueError) as e:
                 return None, [(step or stage, f"the port's process sent what verify cannot read ({e})")]

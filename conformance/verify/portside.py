@@ -66,10 +66,17 @@ class InProcess:
         return unsupported_option(supports_of(self.make), config)
 
     def _build(self, sink: _Sink, handed: Handed, config: ViTConfig, dtype: str):
-        """(True, the port's forward for the handed case), or (False, None) with the finding."""
+        """(True, the port's forward for the handed case), or (False, None) with the finding. The
+        state's pages, where mapped from verify's file (the port's process), are given back once
+        the port is built: a port that copied them does not read them again, and one that did not
+        reads them from the page cache."""
+        from conformance.numerics.mapped import let_go
         from conformance.properties import build
 
-        return handed.call(sink, "load", build, self.make, config, handed.state, dtype)
+        try:
+            return handed.call(sink, "load", build, self.make, config, handed.state, dtype)
+        finally:
+            let_go(*handed.state.values())
 
     def forward(self, case: Case, config: ViTConfig, dtype: str):
         from conformance.verify.report import finding
