@@ -263,3 +263,23 @@ def test_large_attention_weights_are_computed_a_few_heads_at_a_time_alike(monkey
         assert got.shape == expected.shape and np.array_equal(got, expected)
     reversed_ = E._by_heads(lambda a, b: E._softmax_weights(a[::-1], b[::-1], 8**-0.5, p), (2, 5, 13, 13), q, k)
     assert reversed_[0].shape == whole[0].shape and not np.array_equal(reversed_[0], whole[0])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status (Linux)")
+@pytest.mark.parametrize("released", [True, False])
+def test_the_error_model_lets_go_of_a_mapped_weight_once_read(tmp_path, monkeypatch, released):
+    """The error model reads a full-size state a weight at a time in float64 (``_Float64``); a weight
+    mapped from the file verify wrote for the port is let go once copied, so 64 MB of weights
+    read leave this process's file-backed resident memory where it was. The companion (``let_go``
+    a no-op) keeps them resident."""
+    from conformance.verify import wire
+
+    state = {f"blocks.{i}.mlp.fc1.weight": np.full((2048, 1024), i, np.float32) for i in range(8)}
+    mapped = wire.Reader(tmp_path, mmap=True).decode(wire.Writer(tmp_path, 1).encode(state))
+    if not released:
+        monkeypatch.setattr(E, "let_go", lambda *arrays: None)
+    before = _rss_file()
+    weights = E._Float64(mapped)
+    assert all(weights[k][0, 0] == state[k][0, 0] for k in state)
+    grown = _rss_file() - before
+    assert grown < 8e6 if released else grown > 60e6, grown
