@@ -207,8 +207,8 @@ def verify_bench_table(result: dict | None = None) -> str:
     result = _recorded("bench_verify.json") if result is None else result
     if result is None:
         return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
-    from conformance.verify.bench import row_plan
     from conformance.verify.budget import estimate, seconds
+    from conformance.verify.cases import row_plan
 
     def estimated(r) -> str:
         config, images, batch = row_plan(r)

@@ -175,8 +175,8 @@ def test_the_estimates_hold_their_calibration():
     refused on it); time within 20% (a --dry-run's guide, not a verdict)."""
     from pathlib import Path
 
-    from conformance.verify.bench import row_plan
     from conformance.verify.budget import estimate, seconds
+    from conformance.verify.cases import row_plan
 
     bench = json.loads((Path(__file__).parent.parent / "docs" / "data" / "bench_verify.json").read_text())
     assert len(bench["rows"]) >= 8

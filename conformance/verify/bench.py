@@ -110,18 +110,6 @@ def run_verify(port: str, preset: str, settings: dict) -> dict:
         }
 
 
-def row_plan(row: dict):
-    """(config, images, batch) of a benchmark row: the batch its cases were measured in (rows
-    before it was recorded: 3, every full-size plan's then)."""
-    from conformance.verify.budget import FIT_BATCH
-    from conformance.verify.cases import images_verified
-    from impls import get_config
-
-    config = get_config(row["preset"]).replace(**row["settings"])
-    batch = row.get("batch", FIT_BATCH)
-    return config, images_verified(config, batch), batch
-
-
 def oracle_seconds(preset: str, settings: dict, batch: int | None = None) -> float:
     """One float64 NumPy oracle forward over verify's default cases (their weights and images made
     outside the timing)."""
@@ -185,6 +173,7 @@ def fit(rows) -> dict[str, float]:
     from scipy.optimize import linprog, nnls
 
     from conformance.verify.budget import FIT_BATCH, FIT_IMAGES, forward_flops, sizes
+    from conformance.verify.cases import row_plan
 
     memory, time_ = [], []
     for r in rows:

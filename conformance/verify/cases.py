@@ -66,6 +66,17 @@ def images_verified(config: ViTConfig, batch: int | None = None) -> int:
     return images_of(n for n, _ in verify_plan(config, batch=batch))
 
 
+def row_plan(row: dict):
+    """(config, images, batch) of a benchmark row: the batch its cases were measured in (rows
+    before it was recorded: 3, every full-size plan's then)."""
+    from conformance.verify.budget import FIT_BATCH
+    from impls import get_config
+
+    config = get_config(row["preset"]).replace(**row["settings"])
+    batch = row.get("batch", FIT_BATCH)
+    return config, images_verified(config, batch), batch
+
+
 def verify_plan(
     config: ViTConfig, state: dict | None = None, seed: int = 0, batch: int | None = None
 ) -> list[tuple[str, Callable[[], Case]]]:
