@@ -7,7 +7,8 @@ from pathlib import Path
 
 from conformance.report import UsageError, describe_exception
 from conformance.verify.attention import verify_attention
-from conformance.verify.forward import keep_freed_memory, verify
+from conformance.verify.forward import verify
+from conformance.verify.heap import keep_freed_memory
 from conformance.verify.report import Report, format_report, plot_report
 from impls import load_factory
 from impls.protocol import ViTConfig

@@ -9,6 +9,7 @@ import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.mapped import let_go
+from conformance.verify.heap import return_freed_memory
 from conformance.numerics.error_model import CaseModel, parallel
 from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
@@ -107,40 +108,6 @@ def _one_at_a_time(cases):
         del case
 
 
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
-
-
-def keep_freed_memory() -> None:
-    """Keep freed memory in the heap for reuse, for a process that is verify's alone (the command
-    line: the settings last as long as the process). A full-size case's stages are allocated anew
-    at every step, and every page given back to the OS (an array above glibc's mmap threshold, a
-    trimmed heap top, a thread's own arena) is faulted in again: ViT-B spent a sixth of its CPU
-    time in the kernel. One arena for every thread, large blocks from the heap, no trim;
-    ``_return_freed_memory`` gives the pages back after each full-size case (docs/performance.md)."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_ARENA_MAX, 1)
-        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 32)
-        libc.mallopt(_M_TOP_PAD, 256 << 20)
-    except (OSError, AttributeError):
-        pass
-
-
-def _return_freed_memory() -> None:
-    """Give the heap's free pages back after a full-size case: glibc keeps what the error model's
-    threads freed in their arenas, which would add up over the cases (elsewhere: nothing)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def first_difference(first, second) -> str | None:
     """The first output of two calls that is not bitwise the same (``logits`` for a bare array)."""
     first = first if isinstance(first, Mapping) else {"logits": first}
@@ -200,7 +167,7 @@ def verify(
             bar.update(len(variant.names))
             if model is None:
                 del case
-                _return_freed_memory()
+                return_freed_memory()
 
     try:
         with contextlib.nullcontext() if isinstance(pairs, tuple) else parallel():  # streamed: threads
