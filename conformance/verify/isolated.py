@@ -33,7 +33,7 @@ from impls.protocol import ViTConfig
 
 MEMORY_ENV = "VIT_CONFORMANCE_MEMORY_LIMIT"  # bytes of address space the child may map
 CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE"}
-# Bytes of float32 state above which verify maps the weights it wrote for the port back in place
+# Bytes of state above which verify maps the weights it wrote for the port back in place
 # of its own (every full-size preset; a small config's cached cases are left as they are).
 MAP_BACK = 64 << 20
 
@@ -246,7 +246,7 @@ class Isolated:
                 shutil.rmtree(self._state[2], ignore_errors=True)
             state_writer = self._writer()
             tree = state_writer.encode(dict(case.state))
-            if sum(np.size(v) for v in case.state.values()) * 4 > MAP_BACK:
+            if sum(np.asarray(v).nbytes for v in case.state.values()) > MAP_BACK:
                 # verify reads a large state back from the files it wrote, mapped: one copy of the
                 # weights, in the page cache the port's process maps too (the case's own dict,
                 # which the error model reads, holds the mapped arrays from here on)
