@@ -208,11 +208,11 @@ def verify_bench_table(result: dict | None = None) -> str:
     if result is None:
         return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
     from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import row_plan
+    from conformance.verify.cases import FULL_SIZE, row_plan
 
     def estimated(r) -> str:
         config, images, batch = row_plan(r)
-        return f"{seconds(config, images):.0f} s, {estimate(config, batch) / 1e9:.2f} GB"
+        return f"{seconds(config, images, len(FULL_SIZE)):.0f} s, {estimate(config, batch) / 1e9:.2f} GB"
 
     m = result["machine"]
     head = (
@@ -251,7 +251,7 @@ def spread_table() -> str:
     table = calibration()["end_to_end_by_relative_spread"]
     bins = list(dict.fromkeys(b for by_dtype in table.values() for b in by_dtype))
     cell = lambda d, b: "-" if b not in table[d] else f"{table[d][b]['max']:.3g} ({table[d][b]['n']})"  # noqa: E731
-    return markdown_table(["spread / max\|stage\|", *table], [[b, *(cell(d, b) for d in table)] for b in bins])
+    return markdown_table([r"spread / max\|stage\|", *table], [[b, *(cell(d, b) for d in table)] for b in bins])
 
 
 def diagnosis_table() -> str:

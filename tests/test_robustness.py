@@ -171,19 +171,21 @@ def test_force_lets_a_config_past_the_memory_estimate():
 
 def test_the_estimates_hold_their_calibration():
     """The memory and time models against every measurement they were fitted to (the committed
-    benchmark, docs/data/bench_verify.json): memory an upper bound, at most 25% over (a config is
-    refused on it); time within 20% (a --dry-run's guide, not a verdict)."""
+    benchmark, docs/data/bench_verify.json): memory an upper bound, at most 25% over, or 0.35 GB
+    where the peak is near the interpreters' own (0.96 to 1.15 GB between runs; a config is refused
+    on it); time within 20% (a --dry-run's guide, not a verdict)."""
     from pathlib import Path
 
     from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import row_plan
+    from conformance.verify.cases import FULL_SIZE, row_plan
 
     bench = json.loads((Path(__file__).parent.parent / "docs" / "data" / "bench_verify.json").read_text())
-    assert len(bench["rows"]) >= 8
+    assert len(bench["rows"]) >= 8 and {r.get("batch") for r in bench["rows"]} == {1, 3}
     for r in bench["rows"]:
         config, images, batch = row_plan(r)
-        assert r["peak_gb"] * 1e9 <= estimate(config, batch) <= 1.25 * r["peak_gb"] * 1e9, r["label"]
-        assert seconds(config, images) == pytest.approx(r["seconds"], rel=0.20), r["label"]
+        peak = r["peak_gb"] * 1e9
+        assert peak <= estimate(config, batch) <= max(1.25 * peak, peak + 0.35e9), r["label"]
+        assert seconds(config, images, len(FULL_SIZE)) == pytest.approx(r["seconds"], rel=0.20), r["label"]
 
 
 def test_the_estimates_constants_are_the_fit_to_the_committed_benchmark():

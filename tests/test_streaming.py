@@ -223,6 +223,26 @@ def test_a_large_batch_is_cut_to_one_image_where_three_would_not_fit():
     assert case.images.shape[0] == 1
 
 
+def test_verify_plans_for_the_memory_it_is_given(monkeypatch):
+    """``$VIT_CONFORMANCE_MEMORY`` (a CI runner's share, a smaller machine's) lowers the memory
+    verify plans for: ViT-B's cases of three images become one-image cases below its estimate at
+    3, and a config over it is refused; the companion, no variable, plans for the machine. A value
+    that is not a number of bytes is an error naming the variable."""
+    from conformance.verify.budget import MEMORY_ENV, case_batch, estimate, machine_memory, too_large
+
+    config = get_config("vit_base_patch16_224")
+    monkeypatch.delenv(MEMORY_ENV, raising=False)
+    machine = machine_memory()
+    assert case_batch(config) == 3 and too_large(config) is None
+    monkeypatch.setenv(MEMORY_ENV, str(int(estimate(config, 3) - 1)))
+    assert machine_memory() < machine and case_batch(config) == 1 and too_large(config) is None
+    monkeypatch.setenv(MEMORY_ENV, "1e8")
+    assert "more than this machine's 0.1 GB" in too_large(config)
+    monkeypatch.setenv(MEMORY_ENV, "24GB")
+    with pytest.raises(ValueError, match=r"\$VIT_CONFORMANCE_MEMORY must be a number of bytes, got '24GB'"):
+        machine_memory()
+
+
 @pytest.mark.parametrize("limit", [0, None])
 def test_a_large_state_is_read_back_mapped_and_judged_alike(monkeypatch, limit):
     """verify maps a state it wrote for the port's process (above ``isolated.MAP_BACK`` bytes)

@@ -3,13 +3,17 @@ config that would not fit in this machine's memory is refused with the figure (`
 tries anyway), so ``depth: 10000`` or ``img_size: 100000`` is an answer in a second, not a
 MemoryError after minutes of allocating; ``verify --dry-run`` prints both estimates.
 
-Memory: a fixed cost, plus so many bytes per element of one image's taps (the port's outputs
-of one case, batch up to 3, in the port's process and in verify's; the error model's runs hold
-a block's stages, streamed) and per parameter (the case's weights in verify, the next case's
-where they fit (``ahead``), the copy written for the port's process and the port's own). Time: a fixed cost (per-stage work, the same for
-every size), plus seconds per GFLOP of one image's forward and per element of its taps. Both fitted (``bench.fit``) to what
-``python -m conformance bench --verify`` measured on this project's 2-core VM (the port in its
-own process; the two processes' memory together; wall time), 2026-12-02.
+Memory: a fixed cost, plus so many bytes per element of one image's taps, times the case's
+batch over 3 (the port's outputs of one case, in the port's process and mapped in verify's; the
+error model's runs hold a block's stages, streamed) and per parameter (the case's weights,
+mapped in both processes, and the port's own); the next case's weights, where they fit beside it
+(``ahead``), come on top. Time: per case a fixed cost and so much per parameter (a weight set
+drawn, written and read by both processes), plus per image so much per GFLOP of its forward and
+per element of its taps. Both fitted
+(``bench.fit``) to what ``python -m conformance bench --verify`` measured on this project's
+2-core VM (the port in its own process; the two processes' memory together; wall time),
+2026-12-02. The memory a run plans for is the least of the machine's, its cgroup's limit and
+``$VIT_CONFORMANCE_MEMORY`` (``machine_memory``).
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ import numpy as np
 
 from impls.protocol import ViTConfig
 
-# ``bench.fit`` to the nine rows of docs/data/bench_verify.json (ViT-Ti to ViT-L/14 at 336; three depths,
-# four token counts). Memory is the tightest upper bound of every row (a config is refused on it).
-BASE = 0.80072e9  # bytes: the interpreters, NumPy, the port's framework
-PER_TAP_ELEMENT = 18.31  # bytes per element of one image's taps
-PER_PARAMETER = 32.114  # bytes per parameter
-BASE_SECONDS = 5.3119
-SECONDS_PER_GFLOP = 1.1049  # of one image's forward, over the full-size cases' 12 images
-SECONDS_PER_MEGA_TAP = 0.79903  # per million elements of one image's taps, likewise
-FIT_IMAGES = 12
+# ``bench.fit`` to the twelve rows of docs/data/bench_verify.json (ViT-Ti to ViT-L/14 at 336; three depths,
+# four token counts; three sizes in one-image cases). Memory is an upper bound of every row, least over
+# them in all (a config is refused on it): at most 0.83 GB over (ViT-L/14 at 336 in one-image cases, 18%),
+# 0.32 GB where the peak is under 2 GB (the interpreters' own memory moves by 0.2 GB between runs).
+BASE = 1.0065e9  # bytes: the interpreters, NumPy, the port's framework
+PER_TAP_ELEMENT = 12.447  # bytes per element of one image's taps
+PER_PARAMETER = 10.212  # bytes per parameter
+SECONDS_PER_CASE = 0.52208  # a case's fixed cost: its Python, its files
+SECONDS_PER_MEGA_PARAMETER = 0.036069  # a case's weights: drawn, written, read in both processes
+SECONDS_PER_GFLOP = 0.070144  # of one image's forward
+SECONDS_PER_MEGA_TAP = 0.087539  # per million elements of one image's taps
 
 
 def forward_flops(config: ViTConfig, batch: int = 1) -> float:
@@ -72,19 +78,42 @@ def case_batch(config: ViTConfig, memory: float | None = None) -> int:
     return FIT_BATCH if memory is None or estimate(config, FIT_BATCH) <= memory else 1
 
 
-def seconds(config: ViTConfig, images: int = FIT_IMAGES) -> float:
-    """Wall seconds of verify on ``images`` images in all (scaled from the fit's 12): the matmuls
-    go with the forward's GFLOP, the elementwise work and the random draws with its taps."""
-    per_image = SECONDS_PER_GFLOP * forward_flops(config) / 1e9 + SECONDS_PER_MEGA_TAP * sizes(config)[0] / 1e6
-    return (BASE_SECONDS + per_image) * images / FIT_IMAGES
+def seconds(config: ViTConfig, images: int, cases: int) -> float:
+    """Wall seconds of verify on ``images`` images in ``cases`` cases: each case draws, writes and
+    reads a weight set; each image's matmuls go with the forward's GFLOP, its elementwise work and
+    random draws with its taps."""
+    taps, params = sizes(config)
+    per_case = SECONDS_PER_CASE + SECONDS_PER_MEGA_PARAMETER * params / 1e6
+    per_image = SECONDS_PER_GFLOP * forward_flops(config) / 1e9 + SECONDS_PER_MEGA_TAP * taps / 1e6
+    return cases * per_case + images * per_image
+
+
+MEMORY_ENV = "VIT_CONFORMANCE_MEMORY"  # bytes to plan for: a share of a machine, or a smaller one's
 
 
 def machine_memory() -> float | None:
-    """This machine's physical memory in bytes (None where the OS does not say)."""
+    """The memory verify plans for, in bytes: the least of this machine's physical memory, its
+    cgroup's limit (a container's, a CI runner's) and ``$VIT_CONFORMANCE_MEMORY`` (None where
+    none is known)."""
+    known = []
     try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        known.append(float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
     except (ValueError, OSError, AttributeError):
-        return None
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = open(path).read().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max", or cgroup v1's "no limit" (2^63 rounded to pages)
+            known.append(float(limit))
+    given = os.environ.get(MEMORY_ENV)
+    if given:
+        try:
+            known.append(float(given))
+        except ValueError:
+            raise ValueError(f"${MEMORY_ENV} must be a number of bytes, got {given!r}") from None
+    return min(known) if known else None
 
 
 def ahead(config: ViTConfig, memory: float | None = None) -> bool:

@@ -213,7 +213,7 @@ def dry_run(spec: str, config: ViTConfig, args) -> int:
     print(f"{len(stages)} stages per case ({stages[0]} ... {stages[-1]}): {len(names) * len(stages)} comparisons")
     print(
         f"estimate: peak memory {estimate(config) / 1e9:.3g} GB (this machine: "
-        f"{'unknown' if memory is None else f'{memory / 1e9:.3g} GB'}), about {seconds(config, images_of(names)):.0f} s "
+        f"{'unknown' if memory is None else f'{memory / 1e9:.3g} GB'}), about {seconds(config, images_of(names), len(names)):.0f} s "
         "(docs/performance.md)"
     )
     why = too_large(config)
@@ -236,6 +236,12 @@ def main(args) -> int:
     from conformance.verify.isolated import PortStopped
 
     check_outputs(args)
+    from conformance.verify.budget import machine_memory
+
+    try:
+        machine_memory()  # $VIT_CONFORMANCE_MEMORY read before anything starts
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     if args.attention:
         if args.port:
             raise UsageError("give a whole-model port or --attention, not both")
