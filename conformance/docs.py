@@ -284,12 +284,26 @@ def scan_table() -> str:
     from conformance.diagnosis.scan import calibration
 
     record = calibration()
+    bands = record.get("bands", {})
+
+    def gelu(d):
+        lo, hi = bands.get(d, {}).get("gelu_tanh", (0.0, 0.0))
+        return f"{lo:.2g} to {hi:.2g}"
+
     rows = [
-        [d, f"{w['alpha']:.3g}", f"`{w['where']}`", len(w["alarms"]), len(w["named"])]
+        [d, f"{w['alpha']:.3g}", f"`{w['where']}`", len(w["alarms"]), gelu(d), len(w["named"]), len(w["held_out"])]
         for d, w in record["dtypes"].items()
     ]
     return markdown_table(
-        ["dtype", "largest significant share (correct ports)", "where", "open rule's alarms", "verdict's alarms"],
+        [
+            "dtype",
+            "largest significant share (correct ports)",
+            "where",
+            "open rule's alarms",
+            "band along gelu_tanh",
+            "verdict's alarms",
+            "verdict's alarms, seed 1",
+        ],
         rows,
     )
 

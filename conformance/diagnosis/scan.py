@@ -20,21 +20,33 @@ diagnosis's own: a stage is **systematic**, NOT CONFORMANT, where the pooled err
 difference (``named``: α = 1 within 3 σ_α + 1%, σ_α ≤ 0.03), which no correct port does in any
 dtype on the calibration's cases; verify applies it in bfloat16 and float16 (in float32 the
 per-element check already locates every class the zoo has).
+
+The open rule, calibrated per class (``beyond``), is the verdict's too: a share the correct ports
+never come near along that class in that dtype. The calibration records, per dtype and class, the
+band of the correct ports' significant shares (``bands``: lowest and highest α, 0 where none is
+significant); a share counts where it is significant, at least ``ALPHA``, and beyond ``MARGIN``
+times the band on its side. The biases are arithmetic (a rounded input's variance, a GELU's
+constants and intermediates rounded to the dtype), so they keep their sign: JAX's tanh GELU in
+bfloat16 adds to a tanh-GELU bug (the JAX mutant measures 2.7 along it), where the correct ports
+reach a few tenths. The band holds on held-out cases (another seed, trained-like weights), which
+``tests/test_diagnosis.py`` checks.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from conformance.diagnosis.classes import classes_for
+from conformance.diagnosis.classes import BY_NAME, NORM_KINDS, classes_for
 from conformance.diagnosis.fit import FLOOR, RESOLVED, SIGMAS, Diagnosis, Fit, _Values, well_formed
 
 ALPHA = 0.5  # a class's share of the error: a correct float32 port's is at most 0.014 (scan_calibration.json)
 SIGNIFICANCE = 10.0  # |α| / σ_α: the share stands out of the rounding's scatter
+MARGIN = 2.0  # beyond: a share past twice the correct ports' band along its class, as tolerances' margins
 CALIBRATION = Path(__file__).with_name("scan_calibration.json")
 
 
@@ -51,10 +63,15 @@ class Systematic:
         return Fit(self.bug, self.alpha, self.se, float("nan"), named)
 
     def reason(self, dtype: str) -> str:
-        return (
-            f"a systematic error: each element within {dtype}'s tolerance, but pooled over {self.cases} cases the "
-            f"error is {self.bug}'s difference (α = {self.alpha:.3f} ± {self.se:.2g})"
-        )
+        if self.fit().named:
+            what = f"is {self.bug}'s difference (α = {self.alpha:.3f} ± {self.se:.2g})"
+        else:
+            lo, hi = band(dtype, self.bug)
+            what = (
+                f"runs along {self.bug}'s difference (α = {self.alpha:.3g} ± {self.se:.2g}), where correct ports in "
+                f"{dtype} stay within {lo:.2g} to {hi:.2g}"
+            )
+        return f"a systematic error: each element within {dtype}'s tolerance, but pooled over {self.cases} cases the error {what}"
 
 
 class Scan:
@@ -110,15 +127,62 @@ class Scan:
         found = [f for f in self.fits() if f.fit().named]
         return sorted(found, key=lambda f: (self.order.index(f.stage), abs(f.alpha - 1.0)))
 
-    def diagnosis(self, first: Systematic, case: str) -> Diagnosis:
+    def beyond(self, dtype: str, bands: dict | None = None) -> list[Systematic]:
+        """The open rule calibrated per class: each significant share of at least ALPHA that lies
+        beyond MARGIN times the correct ports' band along its class in ``dtype`` (``bands``: the
+        calibration's, or those given), in model order."""
+
+        def outside(f: Systematic) -> bool:
+            if not banded(f.bug):
+                return False
+            lo, hi = band(dtype, f.bug) if bands is None else bands.get(f.bug, (0.0, 0.0))
+            return f.alpha >= max(ALPHA, MARGIN * hi) or f.alpha <= min(-ALPHA, MARGIN * lo)
+
+        found = [f for f in self.systematic() if outside(f)]
+        return sorted(found, key=lambda f: (self.order.index(f.stage), -abs(f.alpha)))
+
+    def verdict(self, dtype: str, bands: dict | None = None) -> list[Systematic]:
+        """The stages verify calls systematic: a class's difference (``named``) or a share beyond
+        the correct ports' band (``beyond``), in model order, the named first at a stage."""
+        named = self.named()
+        seen = {(f.stage, f.bug) for f in named}
+        found = named + [f for f in self.beyond(dtype, bands) if (f.stage, f.bug) not in seen]
+        return sorted(found, key=lambda f: self.order.index(f.stage))
+
+    def diagnosis(self, first: Systematic, case: str, dtype: str | None = None) -> Diagnosis:
         """The diagnosis at a systematic stage: the classes named there (two that both fit are
-        named together)."""
+        named together), or, where none is, the shares beyond the band, largest first (not a name:
+        α is not 1)."""
         fits = [f.fit() for f in self.named() if f.stage == first.stage]
-        return Diagnosis(first.stage, case, "pooled", fits[0].bug, fits)
+        if fits:
+            return Diagnosis(first.stage, case, "pooled", fits[0].bug, fits)
+        found = [f.fit() for f in (self.beyond(dtype) if dtype else [first]) if f.stage == first.stage]
+        return Diagnosis(first.stage, case, "pooled", None, found or [first.fit()])
 
 
 def calibration() -> dict:
     return json.loads(CALIBRATION.read_text())
+
+
+def band(dtype: str, bug: str) -> tuple[float, float]:
+    """The lowest and highest significant share the correct ports measured along ``bug`` in
+    ``dtype`` (0, 0 where none was significant)."""
+    lo, hi = _bands().get(dtype, {}).get(bug, (0.0, 0.0))
+    return float(lo), float(hi)
+
+
+def banded(bug: str) -> bool:
+    """Whether a band can hold ``bug``'s share: not a LayerNorm's class. A LayerNorm's rounding bias
+    is its input's rounding against the token's spread (Sheppard's correction), which moves with
+    every case: on another seed the correct ports measure -133 along eps 1e-6 in bfloat16 where
+    the calibration's seed reached -8 (scan_calibration.json, before the LayerNorm classes were
+    left out)."""
+    return not set(BY_NAME[bug].kinds) & set(NORM_KINDS)
+
+
+@lru_cache(maxsize=1)
+def _bands() -> dict:
+    return calibration().get("bands", {})
 
 
 def calibrate(
@@ -137,33 +201,49 @@ def calibrate(
     ),
 ) -> dict:
     """The correct ports on verify's seeded cases of each config, in every dtype: per dtype the
-    largest significant |α| (|α| / σ_α ≥ SIGNIFICANCE), the open rule's alarms (``systematic``)
-    and the verdict's (``named``: none may exist, each would be a false alarm)."""
-    from conformance.numerics.compare import compare_outputs
+    largest significant |α| (|α| / σ_α ≥ SIGNIFICANCE), the open rule's alarms (``systematic``),
+    the verdict's (``named``: none may exist, each would be a false alarm), the band of the
+    significant shares per class (``bands``, seed 0), and the verdict with those bands on held-out
+    cases (``held_out``: seed 1, none may exist)."""
     from conformance.numerics.provenance import collect
+
+    record: dict = {"configs": list(configs), "provenance": collect(), "dtypes": {}, "bands": {}}
+    for dtype in ("float32", "bfloat16", "float16"):
+        worst = {"alpha": 0.0, "where": None, "alarms": [], "named": [], "held_out": []}
+        bands = record["bands"].setdefault(dtype, {})
+        for where, scan in _correct_scans(configs, dtype, seed=0):
+            for f in scan.fits():
+                if abs(f.alpha) < SIGNIFICANCE * f.se:
+                    continue
+                lo, hi = bands.get(f.bug, (0.0, 0.0))
+                bands[f.bug] = (min(lo, round(f.alpha, 4)), max(hi, round(f.alpha, 4)))
+                if abs(f.alpha) > worst["alpha"]:
+                    worst.update(alpha=abs(f.alpha), where=f"{where} {f.stage} {f.bug}")
+            worst["alarms"] += [f"{where} {f.stage} {f.bug} {f.alpha:.3g}" for f in scan.systematic()]
+            worst["named"] += [f"{where} {f.stage} {f.bug} {f.alpha:.3g}" for f in scan.named()]
+        for where, scan in _correct_scans(configs, dtype, seed=1):
+            worst["held_out"] += [f"{where} {f.stage} {f.bug} {f.alpha:.3g}" for f in scan.verdict(dtype, bands)]
+        record["dtypes"][dtype] = worst
+        print(dtype, worst, bands, flush=True)
+    return record
+
+
+def _correct_scans(configs, dtype: str, seed: int):
+    """(port and config, Scan) of each correct port on verify's cases of each config."""
+    from conformance.numerics.compare import compare_outputs
     from conformance.verify.cases import seeded_cases
     from impls import FRAMEWORK_PORTS, get_config, load_factory
 
-    record: dict = {"configs": list(configs), "provenance": collect(), "dtypes": {}}
-    for dtype in ("float32", "bfloat16", "float16"):
-        worst = {"alpha": 0.0, "where": None, "alarms": [], "named": []}
-        for name in configs:
-            config = get_config(name)
-            for port in FRAMEWORK_PORTS:
-                scan, make = Scan(), load_factory(port)
-                for case, model in seeded_cases(config, 0, dtype):
-                    if model.beyond_range():
-                        continue
-                    out = make(config, case.state, dtype=dtype)(case.images)
-                    scan.add(out, model, compare_outputs(out, model, dtype=dtype))
-                for f in scan.fits():
-                    if abs(f.alpha) >= SIGNIFICANCE * f.se and abs(f.alpha) > worst["alpha"]:
-                        worst.update(alpha=abs(f.alpha), where=f"{port} {name} {f.stage} {f.bug}")
-                worst["alarms"] += [f"{port} {name} {f.stage} {f.bug} {f.alpha:.3g}" for f in scan.systematic()]
-                worst["named"] += [f"{port} {name} {f.stage} {f.bug} {f.alpha:.3g}" for f in scan.named()]
-        record["dtypes"][dtype] = worst
-        print(dtype, worst, flush=True)
-    return record
+    for name in configs:
+        config = get_config(name)
+        for port in FRAMEWORK_PORTS:
+            scan, make = Scan(), load_factory(port)
+            for case, model in seeded_cases(config, seed, dtype):
+                if model.beyond_range():
+                    continue
+                out = make(config, case.state, dtype=dtype)(case.images)
+                scan.add(out, model, compare_outputs(out, model, dtype=dtype))
+            yield f"{port} {name}", scan
 
 
 def main(argv=None) -> int:

@@ -203,9 +203,10 @@ def verify(
 
 
 def _systematic(report: Report, scan, names) -> None:
-    """Each stage where the pooled error is a class's difference, a finding; the earliest the
-    first divergence where none is earlier (its diagnosis the scan's)."""
-    found = scan.named()
+    """Each stage where the pooled error is a class's difference, or runs along one beyond the
+    correct ports' band, a finding; the earliest the first divergence where none is earlier (its
+    diagnosis the scan's)."""
+    found = scan.verdict(report.dtype)
     seen = set()
     for s in found:
         if s.stage not in seen:
@@ -216,4 +217,4 @@ def _systematic(report: Report, scan, names) -> None:
     first, current = found[0], report.first_divergence
     if current is None or (current in names and names.index(first.stage) < names.index(current)):
         report.first_divergence = first.stage
-        report.diagnosis = scan.diagnosis(first, f"pooled over {first.cases} cases")
+        report.diagnosis = scan.diagnosis(first, f"pooled over {first.cases} cases", report.dtype)
