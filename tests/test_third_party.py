@@ -454,3 +454,17 @@ def test_timm_with_a_porters_own_embedding_order_is_located_and_named(pos_embed,
             continue
         assert report.first_divergence == "embed", report.failures[:2]
         assert report.diagnosis is not None and report.diagnosis.named == named, report.diagnosis.line()
+
+
+def test_mlx_image_in_bfloat16_is_named_for_its_softmax_in_bfloat16():
+    """mlx-image's attention calls mx.softmax without precise=True: in bfloat16 its exponentials and
+    their sum are stored in bfloat16, where timm under autocast keeps the softmax in float32. verify
+    locates it at the first attention's weights and names it (α ≈ 0.99: the oracle sums in another
+    order than MLX); this project's MLX port, precise=True, is conformant in bfloat16 (the scan's
+    calibration: the correct ports, MLX's among them, never reach the class)."""
+    report = verify(
+        example("mlx_image_vit:port"), get_config("vit_test_token_square"), dtype="bfloat16", port="mlx-image"
+    )
+    assert report.first_divergence == "blocks.0.attn.weights", report.failures[:2]
+    assert report.diagnosis is not None and report.diagnosis.named == "softmax_in_bfloat16", report.diagnosis.line()
+    assert "precise=True" in report.diagnosis.line()

@@ -57,6 +57,9 @@ class BugClass:
     family: str | None = None
     attention: Callable | None = None  # a standalone attention's weights(q, k, mask, options) (ATTENTION_CLASSES)
     gradient: Callable | None = None  # a gradient's value under the class (GRADIENT_CLASSES)
+    # A precision bug that shows only out of range (an overflow): where the stage is finite its
+    # difference is a rounding pattern, no direction a share along could mean anything
+    overflow: bool = False
 
     def applies(self, config: ViTConfig) -> bool:
         if any(getattr(config, k) == v for k, v in self.config.items()):
@@ -191,6 +194,26 @@ def _softmax_naive(dtype):
             e = np.exp(logits)
             total = e.sum(-1, keepdims=True, dtype=np.float32).astype(dtype)  # a float32 accumulator, stored
             return (e / total).astype(dtype).astype(np.float64)
+
+    return stage
+
+
+def _softmax_in(dtype: str):
+    """The softmax with its maximum subtracted, its exponentials and their sum stored in the port's
+    low-precision dtype (MLX's mx.softmax without precise=True, a half softmax without an upcast):
+    the sum, rounded at each addition, runs low, and every weight high."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _WEIGHTS:
+            return None
+        import ml_dtypes
+
+        low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+        q, k, hd = _attention_operands(name, t, config)
+        logits = (hd**-0.5 * _qk(q, k)).astype(low)
+        e = np.exp((logits - logits.max(-1, keepdims=True)).astype(np.float32)).astype(low)
+        total = np.add.reduce(e, axis=-1, keepdims=True, dtype=low)  # an accumulator of the dtype
+        return (e.astype(np.float32) / total.astype(np.float32)).astype(low).astype(np.float64)
 
     return stage
 
@@ -454,7 +477,7 @@ CLASSES: tuple[BugClass, ...] = (
              family="token_statistics"),
     BugClass("layernorm_stats_float16", NORM_KINDS, "LayerNorm statistics as E[x^2] - E[x]^2 in float16",
              "keep LayerNorm's statistics in float32 (x.float(), upcast before the reduction)",
-             stage=_norm_variant(stats_dtype=np.float16)),
+             stage=_norm_variant(stats_dtype=np.float16), overflow=True),
     BugClass("layernorm_without_affine", NORM_KINDS, "LayerNorm without its weight and bias",
              "load the norm's weight and bias (a non-strict load dropped them?)", stage=_no_affine),
     BugClass("norm2_with_norm1_weights", ("norm2",), "norm2 with norm1's weights (one LayerNorm reused)",
@@ -497,12 +520,18 @@ CLASSES: tuple[BugClass, ...] = (
              stage=_weights_variant(_inverse_sqrt_head_dim, causal=True)),
     BugClass("softmax_without_max_float32", _WEIGHTS, "the softmax as exp(l) / sum(exp(l)) in float32",
              "subtract the row maximum (torch.softmax, jax.nn.softmax do)",
-             stage=_softmax_naive(np.float32)),
+             stage=_softmax_naive(np.float32), overflow=True),
     BugClass("softmax_without_max_float16", _WEIGHTS, "the softmax as exp(l) / sum(exp(l)) in float16",
-             "subtract the row maximum and keep the softmax in float32", stage=_softmax_naive(np.float16)),
+             "subtract the row maximum and keep the softmax in float32", stage=_softmax_naive(np.float16), overflow=True),
+    BugClass("softmax_in_bfloat16", _WEIGHTS, "the softmax's exponentials and their sum in bfloat16",
+             "keep the softmax in float32: mx.softmax(x, precise=True); F.softmax(x, dim=-1, dtype=torch.float32)",
+             stage=_softmax_in("bfloat16")),
+    BugClass("softmax_in_float16", _WEIGHTS, "the softmax's exponentials and their sum in float16",
+             "keep the softmax in float32: mx.softmax(x, precise=True); F.softmax(x, dim=-1, dtype=torch.float32)",
+             stage=_softmax_in("float16")),
     BugClass("logits_scaled_after_product_float16", _WEIGHTS,
              "q kᵀ in float16, scaled after the product: it overflows 65504",
-             "scale q before the product: (q * scale) @ k.T, as timm", stage=_scaled_after_product(np.float16)),
+             "scale q before the product: (q * scale) @ k.T, as timm", stage=_scaled_after_product(np.float16), overflow=True),
     # q, k, v
     BugClass("qkv_rows_h_qkv_d", ("attn.q", "attn.k", "attn.v"), "the fused qkv rows read as (heads, 3, head_dim)",
              "timm's qkv rows are (3, heads, head_dim): reshape(B, N, 3, H, hd)", state=_qkv_rows("h qkv d"),
