@@ -83,15 +83,18 @@ class Scan:
         self.order: list[str] = []
 
     def add(self, out, model, results) -> None:
-        """One case: the stages ``results`` (StageResult) say passed locally."""
-        passed = [r.name for r in results if r.ok and r.mode == "local" and r.name in out]
+        """One case: the stages ``results`` (StageResult) say passed locally, whole (a stage emitted
+        for one token, open_clip's final norm on the class token, is judged per element only)."""
+        passed = [r.name for r in results if r.ok and r.mode == "local" and r.name in out and r.tokens is None]
         if not passed:
             return
         valid = well_formed(out, model)
         for stage in passed:
+            value, bound = model.local(stage, out)
+            if np.shape(out[stage]) != np.shape(value):  # emitted in another form, judged per element only
+                continue
             if stage not in self.order:
                 self.order.append(stage)
-            value, bound = model.local(stage, out)
             bound = np.broadcast_to(bound, np.shape(value)) + model.precision.tiny
             e = (np.asarray(out[stage], np.float64) - value) / bound
             for bug in classes_for(model.kind(stage), model.config):
