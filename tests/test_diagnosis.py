@@ -189,6 +189,44 @@ def test_the_tanh_gelu_in_bfloat16_runs_beyond_the_correct_ports_band():
     assert scan.fits() and scan.verdict("bfloat16") == [], scan.verdict("bfloat16")
 
 
+def _scaled_mlp_port(factor: float):
+    """The torch port with blocks.0.mlp's output scaled by ``factor`` (a relative scale error no
+    class describes)."""
+    make = factory("torch")
+
+    def port(config, state, dtype="float32", **kw):
+        forward = make(config, state, dtype=dtype, **kw)
+
+        def run(images):
+            out = dict(forward(images))
+            a = np.asarray(out["blocks.0.mlp"])
+            out["blocks.0.mlp"] = (a.astype(np.float32) * factor).astype(a.dtype)
+            return out
+
+        return run
+
+    return port
+
+
+@pytest.mark.parametrize("roundings, caught", [(2, True), (0, False)])
+def test_a_scale_error_below_the_tolerance_runs_along_the_stages_own_value(roundings, caught):
+    """The hypothesis-free direction: blocks.0.mlp scaled by 1 + 2 u in bfloat16 (1.0078; stored in
+    bfloat16, α = 0.007) passes every element (7.5 against a tolerance of 8.3) and matches no class,
+    but pooled over the cases its error is a relative scale error beyond one rounding, where the
+    correct ports stay within a tenth of one: NOT CONFORMANT there. The companion, scaled by 1, is
+    conformant."""
+    from conformance.verify import verify
+
+    report = verify(_scaled_mlp_port(1.0 + roundings * 2.0**-8), get_config("vit_test_token"), dtype="bfloat16")
+    mlp = next(s for s in report.stages if s.name == "blocks.0.mlp")
+    assert mlp.ok, mlp
+    assert report.conformant is not caught, report.failures
+    if caught:
+        assert report.first_divergence == "blocks.0.mlp" and report.diagnosis.named is None
+        fit = report.diagnosis.fits[0]
+        assert "along the stage's own value" in report.diagnosis.line() and 2.0**-8 <= fit.alpha <= 2.0**-7, fit
+
+
 def test_a_diagnosis_that_fails_is_the_tools_failure_and_the_verdict_stands(monkeypatch):
     import conformance.diagnosis as D
     from conformance.zoo import MUTANTS

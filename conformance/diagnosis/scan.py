@@ -43,11 +43,17 @@ import numpy as np
 
 from conformance.diagnosis.classes import BY_NAME, NORM_KINDS, classes_for
 from conformance.diagnosis.fit import FLOOR, RESOLVED, SIGMAS, Diagnosis, Fit, _Values, well_formed
+from conformance.numerics.precision import UNIT_ROUNDOFF
+from impls.stages import stage_kind
 
 ALPHA = 0.5  # a class's share of the error: a correct float32 port's is at most 0.014 (scan_calibration.json)
 SIGNIFICANCE = 10.0  # |α| / σ_α: the share stands out of the rounding's scatter
 MARGIN = 2.0  # beyond: a share past twice the correct ports' band along its class, as tolerances' margins
 CALIBRATION = Path(__file__).with_name("scan_calibration.json")
+# The hypothesis-free direction: the stage's own value (a share α along it is a relative scale
+# error, port = (1 + α) oracle, pooled over the cases), banded per stage kind; its floor is one
+# rounding of the dtype (a share the size of a class's would be tens of times the tolerance)
+VALUE = "the stage's own value"
 
 
 @dataclass
@@ -67,10 +73,15 @@ class Systematic:
         if self.fit().named:
             what = f"is {self.bug}'s difference (α = {self.alpha:.3f} ± {self.se:.2g})"
         else:
-            lo, hi = band(dtype, self.bug)
+            lo, hi = band(dtype, band_key(self.bug, self.stage))
+            along = (
+                "runs along the stage's own value: a relative scale error"
+                if self.bug == VALUE
+                else f"runs along {self.bug}'s difference"
+            )
             what = (
-                f"runs along {self.bug}'s difference (α = {self.alpha:.3g} ± {self.se:.2g}), where correct ports in "
-                f"{dtype} stay within {lo:.2g} to {hi:.2g}"
+                f"{along} (α = {self.alpha:.3g} ± {self.se:.2g}), where correct ports in {dtype} stay within "
+                f"{lo:.2g} to {hi:.2g}"
             )
         return f"a systematic error: each element within {dtype}'s tolerance, but pooled over {self.cases} cases the error {what}"
 
@@ -107,6 +118,9 @@ class Scan:
                 d = (alt - value) / bound
                 sums = self.sums.setdefault((stage, bug.name), np.zeros(5))
                 sums += (float(np.sum(e * d)), float(np.sum(d * d)), float(np.sum(e * e)), e.size, 1)
+            d = value / bound
+            sums = self.sums.setdefault((stage, VALUE), np.zeros(5))
+            sums += (float(np.sum(e * d)), float(np.sum(d * d)), float(np.sum(e * e)), e.size, 1)
 
     def fits(self) -> list[Systematic]:
         out = []
@@ -129,7 +143,7 @@ class Scan:
     def named(self) -> list[Systematic]:
         """The verdict's rule: the stages where the pooled error *is* a class's difference (α = 1
         by the diagnosis's rule, σ_α ≤ RESOLVED), in model order, the closest to 1 first."""
-        found = [f for f in self.fits() if f.fit().named]
+        found = [f for f in self.fits() if f.bug != VALUE and f.fit().named]
         return sorted(found, key=lambda f: (self.order.index(f.stage), abs(f.alpha - 1.0)))
 
     def beyond(self, dtype: str, bands: dict | None = None) -> list[Systematic]:
@@ -138,12 +152,15 @@ class Scan:
         calibration's, or those given), in model order."""
 
         def outside(f: Systematic) -> bool:
-            if not banded(f.bug):
+            if not banded(f.bug, f.stage):
                 return False
-            lo, hi = band(dtype, f.bug) if bands is None else bands.get(f.bug, (0.0, 0.0))
-            return f.alpha >= max(ALPHA, MARGIN * hi) or f.alpha <= min(-ALPHA, MARGIN * lo)
+            key = band_key(f.bug, f.stage)
+            lo, hi = band(dtype, key) if bands is None else bands.get(key, (0.0, 0.0))
+            floor = UNIT_ROUNDOFF[dtype] if f.bug == VALUE else ALPHA
+            return f.alpha >= max(floor, MARGIN * hi) or f.alpha <= min(-floor, MARGIN * lo)
 
-        found = [f for f in self.systematic() if outside(f)]  # the most of the error explained first
+        found = [f for f in self.fits() if abs(f.alpha) >= SIGNIFICANCE * f.se and outside(f)]
+        # the most of the error explained first
         return sorted(found, key=lambda f: (self.order.index(f.stage), -f.explained))
 
     def verdict(self, dtype: str, bands: dict | None = None) -> list[Systematic]:
@@ -176,7 +193,12 @@ def band(dtype: str, bug: str) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def banded(bug: str) -> bool:
+def band_key(bug: str, stage: str) -> str:
+    """What a band is kept under: the class, or for the stage's own value the stage's kind."""
+    return f"{VALUE} at {stage_kind(stage)}" if bug == VALUE else bug
+
+
+def banded(bug: str, stage: str | None = None) -> bool:
     """Whether a band can hold ``bug``'s share: not an overflow's class (where finite, its difference
     is a rounding pattern: mlx-image's bfloat16 softmax measured 6.6e3 along the float32 softmax
     without its maximum), nor a LayerNorm's. A LayerNorm's rounding bias
@@ -184,6 +206,8 @@ def banded(bug: str) -> bool:
     every case: on another seed the correct ports measure -133 along eps 1e-6 in bfloat16 where
     the calibration's seed reached -8 (scan_calibration.json, before the LayerNorm classes were
     left out)."""
+    if bug == VALUE:
+        return stage is not None and stage_kind(stage) not in NORM_KINDS
     bug = BY_NAME[bug]
     return not bug.overflow and not set(bug.kinds) & set(NORM_KINDS)
 
@@ -223,8 +247,9 @@ def calibrate(
             for f in scan.fits():
                 if abs(f.alpha) < SIGNIFICANCE * f.se:
                     continue
-                lo, hi = bands.get(f.bug, (0.0, 0.0))
-                bands[f.bug] = (min(lo, round(f.alpha, 4)), max(hi, round(f.alpha, 4)))
+                key = band_key(f.bug, f.stage)
+                lo, hi = bands.get(key, (0.0, 0.0))
+                bands[key] = (min(lo, float(f"{f.alpha:.4g}")), max(hi, float(f"{f.alpha:.4g}")))
                 if abs(f.alpha) > worst["alpha"]:
                     worst.update(alpha=abs(f.alpha), where=f"{where} {f.stage} {f.bug}")
             worst["alarms"] += [f"{where} {f.stage} {f.bug} {f.alpha:.3g}" for f in scan.systematic()]
