@@ -27,9 +27,11 @@ band of the correct ports' significant shares (``bands``: lowest and highest α,
 significant); a share counts where it is significant, at least ``ALPHA``, and beyond ``MARGIN``
 times the band on its side. The biases are arithmetic (a rounded input's variance, a GELU's
 constants and intermediates rounded to the dtype), so they keep their sign: JAX's tanh GELU in
-bfloat16 adds to a tanh-GELU bug (the JAX mutant measures 2.7 along it), where the correct ports
-reach a few tenths. The band holds on held-out cases (another seed, trained-like weights), which
-``tests/test_diagnosis.py`` checks.
+bfloat16 adds to a tanh-GELU bug (the JAX mutant measures 2.7 along it), where no correct port's
+share is significant. LayerNorm and overflow classes are left out (``banded``). The stage's own
+value is a direction too (``VALUE``: a relative scale error, whatever its cause), banded per stage
+kind with a floor of one rounding. The calibration checks the bands on held-out cases (seed 1,
+trained-like weights among them: ``held_out``, none), which ``tests/test_diagnosis.py`` asserts.
 """
 
 from __future__ import annotations
@@ -147,9 +149,10 @@ class Scan:
         return sorted(found, key=lambda f: (self.order.index(f.stage), abs(f.alpha - 1.0)))
 
     def beyond(self, dtype: str, bands: dict | None = None) -> list[Systematic]:
-        """The open rule calibrated per class: each significant share of at least ALPHA that lies
-        beyond MARGIN times the correct ports' band along its class in ``dtype`` (``bands``: the
-        calibration's, or those given), in model order."""
+        """The open rule calibrated per class: each significant share of at least ALPHA (along the
+        stage's own value: one rounding of ``dtype``) that lies beyond MARGIN times the correct
+        ports' band along it in ``dtype`` (``bands``: the calibration's, or those given), in model
+        order, the most of the error explained first."""
 
         def outside(f: Systematic) -> bool:
             if not banded(f.bug, f.stage):
@@ -160,7 +163,6 @@ class Scan:
             return f.alpha >= max(floor, MARGIN * hi) or f.alpha <= min(-floor, MARGIN * lo)
 
         found = [f for f in self.fits() if abs(f.alpha) >= SIGNIFICANCE * f.se and outside(f)]
-        # the most of the error explained first
         return sorted(found, key=lambda f: (self.order.index(f.stage), -f.explained))
 
     def verdict(self, dtype: str, bands: dict | None = None) -> list[Systematic]:
@@ -173,8 +175,8 @@ class Scan:
 
     def diagnosis(self, first: Systematic, case: str, dtype: str | None = None) -> Diagnosis:
         """The diagnosis at a systematic stage: the classes named there (two that both fit are
-        named together), or, where none is, the shares beyond the band, largest first (not a name:
-        α is not 1)."""
+        named together), or, where none is, the shares beyond the band, the most of the error
+        explained first (not a name: α is not 1)."""
         fits = [f.fit() for f in self.named() if f.stage == first.stage]
         if fits:
             return Diagnosis(first.stage, case, "pooled", fits[0].bug, fits)
