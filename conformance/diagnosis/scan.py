@@ -96,15 +96,16 @@ class Scan:
         self.order: list[str] = []
 
     def add(self, out, model, results) -> None:
-        """One case: the stages ``results`` (StageResult) say passed locally, whole (a stage emitted
-        for one token, open_clip's final norm on the class token, is judged per element only)."""
-        passed = [r.name for r in results if r.ok and r.mode == "local" and r.name in out and r.tokens is None]
+        """One case: the stages ``results`` (StageResult) say passed locally, where the port's stage
+        and its recomputation from the port's inputs have one shape (open_clip's final norm emitted
+        for the class token alone, and the pooling that reads it, are judged per element only)."""
+        passed = [r.name for r in results if r.ok and r.mode == "local" and r.name in out]
         if not passed:
             return
         valid = well_formed(out, model)
         for stage in passed:
             value, bound = model.local(stage, out)
-            if np.shape(out[stage]) != np.shape(value):  # emitted in another form, judged per element only
+            if np.shape(out[stage]) != np.shape(value):
                 continue
             if stage not in self.order:
                 self.order.append(stage)

@@ -19,6 +19,7 @@ per element of its taps. Both fitted
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def machine_memory() -> float | None:
         pass
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            limit = open(path).read().strip()
+            limit = Path(path).read_text().strip()
         except OSError:
             continue
         if limit.isdigit() and int(limit) < 1 << 60:  # "max", or cgroup v1's "no limit" (2^63 rounded to pages)
