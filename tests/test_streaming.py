@@ -82,6 +82,87 @@ def test_a_streamed_case_judges_every_stage_as_a_held_one():
         streamed_model.oracle["patch_embed"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_streamed_local_check_following_the_clean_step_judges_as_one_computed_afresh(dtype):
+    """Products large enough to be taped: the streamed local checks follow the clean step (the
+    clean value plus a float32 product of the input's difference, the clean magnitudes plus what
+    the difference can add, the activation's clean value plus its slope's share), each local ratio
+    within ``NEARBY`` of the held model's computed afresh (the bound at most that much looser), the
+    end-to-end ones the same; a stage off by 3x its tolerance fails both ways."""
+    config, state, images = _case("taped", S.WeightCase(3, 4.0))
+    out = {k: np.asarray(v) for k, v in factory("torch")(config, state)(images).items()}
+    if dtype == "bfloat16":  # the port's stages rounded to the dtype, as a bfloat16 port emits them
+        import ml_dtypes
+
+        out = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in out.items()}
+    followed = []
+    local = E.Chain.local
+    E.Chain.local = lambda self, *a, **k: followed.append(a[-1] is not None) or local(self, *a, **k)
+    try:
+
+        def both(out):
+            held = compare_outputs(out, E.CaseModel(config, state, images, dtype), dtype=dtype)
+            with E.parallel():
+                streamed = compare_outputs(out, E.CaseModel(config, state, images, dtype, stream=True), dtype=dtype)
+            return held, streamed
+
+        held, streamed = both(out)
+    finally:
+        E.Chain.local = local
+    assert any(followed)
+    for h, s in zip(held, streamed, strict=True):
+        assert (h.name, h.e2e_ratio) == (s.name, s.e2e_ratio)
+        assert h.ratio / (1 + E.NEARBY) - E.NEARBY <= s.ratio <= h.ratio + E.NEARBY, (h.name, h.ratio, s.ratio)
+    # companion: an MLP's activation off by 3x its tolerance, judged afresh or following, fails
+    name = "blocks.1.mlp.act"
+    r = next(r for r in held if r.name == name)
+    _, bound = E.CaseModel(config, state, images, dtype).local(name, out)
+    broken = dict(out)
+    broken[name] = out[name] + np.float32(3 * r.tol) * np.broadcast_to(bound, out[name].shape).astype(np.float32)
+    held, streamed = both(broken)
+    assert not next(r for r in held if r.name == name).ok
+    assert not next(r for r in streamed if r.name == name).ok
+
+
+def test_nearby_magnitudes_bound_those_computed_afresh():
+    """m₀ + ‖d‖ max|w| is at least the magnitudes √((x₀ + d)²(w²)ᵀ) computed afresh, and within
+    NEARBY of m₀ where it is kept; past that, None (computed afresh)."""
+    rng = np.random.default_rng(0)
+    x0, w = rng.normal(size=(3, 20, 64)), rng.normal(size=(48, 64))
+    m0 = np.sqrt(E.squares(x0, w))
+    for size in (1e-7, 1e-3):
+        d = rng.normal(size=x0.shape) * size
+        near = E._nearby(m0, d, w)
+        assert near is not None and np.all(near >= np.sqrt(E.squares(x0 + d, w)))
+        assert np.all(near <= (1 + E.NEARBY) * m0)
+    # companion: a difference of a tenth of the input is not near
+    assert E._nearby(m0, rng.normal(size=x0.shape) * 0.1, w) is None
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "quick_gelu", "silu"])
+def test_an_activation_near_the_clean_one_is_its_value_to_a_share_of_the_rounding(name):
+    """CURVATURE bounds |act''| (finite differences on [-12, 12]); the clean value plus the slope's
+    share is within NEARBY u (|a| + |h|) of the activation, the slope bound at least |act'|; an
+    element far from the clean one is computed afresh."""
+    h = np.linspace(-12, 12, 200001)
+    _, slope = E.activation(name, h)
+    curvature = np.abs(np.diff(slope) / np.diff(h)).max()
+    assert 0.4 < curvature <= E.CURVATURE  # companion: half of it would not bound any of them
+    p = E.Precision("float32")
+    rng = np.random.default_rng(0)
+    h0 = rng.normal(size=4096) * 3
+    a0, s0 = E.activation(name, h0)
+    entry = (h0, a0, s0, np.abs(a0) + np.abs(h0))
+    h1 = h0 + rng.normal(size=h0.shape) * 1e-5 * np.abs(h0)
+    h1[:8] += 1.0  # far: computed afresh
+    a, bound = E._activation_near(name, h1, entry, p)
+    exact, exact_slope = E.activation(name, h1)
+    assert np.all(np.abs(a - exact) <= E.NEARBY * p.storage * (np.abs(exact) + np.abs(h1)) * 1.01)
+    assert np.all(bound >= np.abs(exact_slope)) and np.array_equal(a[:8], exact[:8])
+    # companion: the clean value alone (no slope's share) is off by far more than that
+    assert np.any(np.abs(a0[8:] - exact[8:]) > 1e3 * E.NEARBY * p.storage * (np.abs(exact[8:]) + np.abs(h1[8:])))
+
+
 def test_a_streamed_case_beyond_the_dtypes_range_is_found_as_it_runs():
     """float16, huge images on weights at 64x timm's spread: the oracle leaves float16's range; the
     held model says so before any port runs, the streamed one raises BeyondRange when it gets there."""

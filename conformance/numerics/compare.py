@@ -9,6 +9,7 @@ finding with a one-line reason, never an exception.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
@@ -61,7 +62,8 @@ def largest(x) -> float:
 
 def relative_spread(spread: float, expected) -> float:
     """The propagated spread over the stage's largest magnitude (tolerances.CHAOTIC): how far the
-    error model's own runs move the stage, as a share of its range."""
+    error model's own runs move the stage, as a share of its range (``expected``: the stage, or
+    its largest magnitude)."""
     scale = max(largest(expected), 0.0)
     if spread == 0:
         return 0.0
@@ -185,25 +187,46 @@ def stage_ratios(
     end-to-end ratio (over the propagated spread) and, if ``local``, the local ratio (over the
     unit bound of the stage computed from the port's own inputs, in ``precision``). ``token``:
     the stage was emitted for that token only (``actual`` is its (B, D) row)."""
+    return stage_ratios_later(name, actual, model, taps, local, precision, token)()
+
+
+def stage_ratios_later(
+    name: str, actual, model: Chain, taps: Mapping, local: bool = True, precision=None, token: int | None = None
+):
+    """``stage_ratios`` in two steps: what reads the oracle now, in model order; what waits on the
+    threads (a streamed case's local check and noisy runs) when the returned function is called,
+    so that the next stages' clean steps go on meanwhile."""
 
     def rows(x):
         return x if token is None else np.asarray(x)[:, token]
 
-    # a streamed case's local check runs beside the oracle's step
-    recomputed = pool().submit(model.local, name, taps, precision) if local and model.stream else None
     oracle = model.oracle[name]
     a = np.asarray(actual, np.float64).reshape(np.shape(rows(oracle)))
     max_abs, rel = error(a, rows(oracle))
-    out = {"max_abs_err": max_abs, "rel_err": rel}
-    if local:  # before the spread: a streamed case's noisy runs go on meanwhile
-        value, bound = model.local(name, taps, precision) if recomputed is None else recomputed.result()
-        bound = np.broadcast_to(bound, np.shape(value))
-        out["local"] = _local_ratio(a, rows(value), rows(bound), model.precision.tiny)
-        del value, bound
-    spread = model.spread(name)
-    out["end-to-end"] = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))
-    out["relative_spread"] = relative_spread(spread, oracle)
-    return out
+    scale = largest(oracle)
+    del oracle
+    tiny = model.precision.tiny
+
+    def local_ratio(inputs, tape=None) -> float:
+        value, bound = model.local(name, inputs, precision, tape)
+        return _local_ratio(a, rows(value), rows(np.broadcast_to(bound, np.shape(value))), tiny)
+
+    ratio = None
+    if local:  # the inputs read here (the port's mapped taps are let go after), the rest in a thread
+        inputs = {k: np.asarray(taps[k], np.float64) for k in model.inputs(name)}
+        ratio = pool().submit(local_ratio, inputs, model.tape(name)) if model.stream else local_ratio(inputs)
+        del inputs
+
+    def finish() -> dict:
+        out = {"max_abs_err": max_abs, "rel_err": rel}
+        if local:
+            out["local"] = ratio if isinstance(ratio, float) else ratio.result()
+        spread = model.spread(name)
+        out["end-to-end"] = max_abs / spread if spread > 0 else (0.0 if max_abs == 0 else float("inf"))
+        out["relative_spread"] = relative_spread(spread, scale)
+        return out
+
+    return finish
 
 
 def compare_stage(
@@ -221,6 +244,25 @@ def compare_stage(
     """One emitted stage against the error model. ``valid``: the taps that are well-formed;
     ``stored``: the precision each was seen in (default: the dtype asked for); ``token``: the
     stage was emitted for that token only."""
+    return compare_stage_later(
+        name, actual, model, taps, dtype=dtype, shape=shape, valid=valid, stored=stored, token=token
+    )()
+
+
+def compare_stage_later(
+    name: str,
+    actual,
+    model: Chain,
+    taps: Mapping,
+    *,
+    dtype: str = "float32",
+    shape=None,
+    valid: set | None = None,
+    stored: Mapping[str, str] | None = None,
+    token: int | None = None,
+):
+    """``compare_stage`` in two steps (``stage_ratios_later``): the returned function gives the
+    result."""
     kind = model.kind(name)
     shape = model.oracle[name].shape if shape is None else shape
     if token is not None:
@@ -237,8 +279,13 @@ def compare_stage(
     where = None if token is None else f"token {token} (the stage was emitted for it alone)"
     if reason:
         bad = float("inf") if reason.startswith("non-finite") else None
-        return StageResult(name, bad, bad, bad, tol, False, reason, mode, stored=seen, tokens=where)
-    r = stage_ratios(name, actual, model, taps, local, precision, token)
+        result = StageResult(name, bad, bad, bad, tol, False, reason, mode, stored=seen, tokens=where)
+        return lambda: result
+    later = stage_ratios_later(name, actual, model, taps, local, precision, token)
+    return lambda: _judged(name, kind, later(), local, mode, dtype, precision, tol, seen, where)
+
+
+def _judged(name, kind, r: dict, local: bool, mode: str, dtype: str, precision, tol, seen, where) -> StageResult:
     chaotic = is_chaotic(r["relative_spread"])
     e2e, e2e_tol = r["end-to-end"], end_to_end_tolerance(kind, dtype, r["relative_spread"])
     ratio = r[mode]
@@ -269,6 +316,7 @@ def compare_stage(
 # precise); a stage of those kinds in the lower dtype is a finding. "uniform": every stage in the
 # dtype asked for (a port that should run entirely in it).
 POLICIES = ("mixed", "autocast", "uniform")
+_BEHIND = 1  # stages compare_outputs takes each result behind: the error model's runs stay within it
 AUTOCAST_FLOAT32 = RESIDUAL  # the residual stream and the LayerNorms of it (impls.stages)
 
 
@@ -323,9 +371,11 @@ class _Pass:
         widened = {n: t for n, t in tokens.items() if n in valid}
         self.taps = _Widened(out, widened, model) if widened else out
 
-    def compare(self, n: str) -> StageResult:
+    def compare(self, n: str):
+        """Stage ``n`` judged in two steps (``compare_stage_later``): the returned function gives
+        its result, the port's taps it read let go then."""
         if n in self.refused:
-            return StageResult(
+            result = StageResult(
                 n,
                 None,
                 None,
@@ -335,7 +385,8 @@ class _Pass:
                 self.refused[n],
                 stored=self.stored.get(n),
             )
-        result = compare_stage(
+            return lambda: result
+        later = compare_stage_later(
             n,
             self.out[n],
             self.model,
@@ -346,7 +397,12 @@ class _Pass:
             stored=self.stored,
             token=self.tokens.get(n),
         )
-        let_go(*(self.out[k] for k in (n, *self.model.inputs(n)) if k in self.out))
+
+        def result() -> StageResult:
+            done = later()
+            let_go(*(self.out[k] for k in (n, *self.model.inputs(n)) if k in self.out))
+            return done
+
         return result
 
 
@@ -371,7 +427,16 @@ def compare_outputs(
     config: ViTConfig = model.config
     shapes = tap_shapes(config, model.images.shape[0] if batch is None else batch, model.images.shape[2:])
     passes = [_Pass(o if isinstance(o, Mapping) else {"logits": o}, model, shapes, dtype, policy) for o in (out, *also)]
-    results = [p.compare(n) for n in tap_names(config) for p in passes if n in p.names]
+    # Each stage's result taken a stage later: a streamed case's next clean step goes on while the
+    # threads finish its local check and noisy runs.
+    results, behind = [], deque()
+    for n in tap_names(config):
+        for p in passes:
+            if n in p.names:
+                behind.append(p.compare(n))
+                if len(behind) > _BEHIND:
+                    results.append(behind.popleft()())
+    results += [later() for later in behind]
     if "logits" not in passes[0].out and "logits" not in getattr(out, "unseen", {}):
         results.append(
             StageResult(

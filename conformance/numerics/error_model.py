@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -106,10 +106,17 @@ def _scaled_rows(x):
 
 
 _LARGE = 1 << 22  # multiply-adds from which a product is worth float32's conversions (full-size models)
+_LARGE_ACTIVATION = 1 << 16  # elements from which an activation is taped (its clean slope held)
 
 
 def _large(x, w) -> bool:
     return x.size * w.shape[0] >= _LARGE
+
+
+def _times_t(x, w):
+    """x wᵀ, for w 2-D: one matrix product over all of x's leading axes (a batched product of a
+    stack of small ones is slower, and differs from it in the last bits)."""
+    return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
 
 
 def squares(x, w):
@@ -120,24 +127,37 @@ def squares(x, w):
     if not _large(x, w):
         return (x * x) @ (w * w).T
     (xs, ex), (ws, ew) = _scaled_rows(x), _scaled_rows(w)
-    m2 = (xs * xs) @ (ws * ws).T
+    m2 = _times_t(xs * xs, ws * ws)
     return np.ldexp(m2.astype(np.float64), 2 * (ex + np.swapaxes(ew, -1, -2)))
 
 
 class Tape:
-    """A clean step's contractions in call order, (x, x wᵀ + b), for a noisy run of the same stage
-    to follow (``following``): each of its contractions is the clean one plus (x − x₀) wᵀ, in
-    float32 on the difference scaled by a power of two. What a noisy run measures is its largest
-    difference from the clean run, which this computes to float32's rounding of the difference
-    itself (a few 1e-6 of the deviation: the spread moves by as much), at half the cost of a
-    float64 product."""
+    """A clean step's costly operations in call order, for a run of the same stage from nearby
+    inputs to follow (``following``): a noisy run (a value alone), a local check (the port's inputs,
+    with its bound).
+
+    ``calls``: (x, x wᵀ + b, m) per large contraction, m = √((x²)(w²)ᵀ + b²) the magnitudes its
+    bound is made of; ``spreads``: (dx, √((dx²)(w²)ᵀ)) per input error carried through one
+    (``propagate_linear``); ``acts``: (h, act(h), act'(h), |act(h)| + |h|) per activation. A run following the
+    tape takes each contraction as the clean one plus (x − x₀) wᵀ, in float32 on the difference
+    scaled by a power of two: what a noisy run measures is its difference from the clean run,
+    which this computes to float32's rounding of the difference itself (a few 1e-6 of the
+    deviation: the spread moves by as much), at half the cost of a float64 product. A bounded run
+    takes the clean magnitudes plus what the difference can add to them (``_nearby``) where that
+    is within ``NEARBY`` of them, and computes them afresh elsewhere; an activation, the clean one
+    plus its slope times the difference where the curvature's share is below ``NEARBY`` of the
+    rounding the bound allows there (``_activation_near``)."""
+
+    KINDS = ("calls", "spreads", "acts")
 
     def __init__(self):
         self.calls: list[tuple] = []
+        self.spreads: list[tuple] = []
+        self.acts: list[tuple] = []
 
     @contextmanager
     def recording(self):
-        _CURRENT.tape, _CURRENT.cursor = self, None
+        _CURRENT.tape, _CURRENT.cursors = self, None
         try:
             yield self
         finally:
@@ -145,46 +165,97 @@ class Tape:
 
     @contextmanager
     def following(self):
-        _CURRENT.tape, _CURRENT.cursor = self, iter(self.calls)
+        _CURRENT.tape, _CURRENT.cursors = self, {k: iter(getattr(self, k)) for k in self.KINDS}
         try:
             yield self
         finally:
-            _CURRENT.tape = _CURRENT.cursor = None
+            _CURRENT.tape = _CURRENT.cursors = None
 
 
 _CURRENT = threading.local()  # the tape this thread records or follows
 
 
+def _taped(kind: str) -> tuple[list | None, tuple | None]:
+    """(the list to record in, None) in a clean step recording its tape; (None, the next entry of
+    ``kind`` or None) in a run following one; (None, None) elsewhere."""
+    tape = getattr(_CURRENT, "tape", None)
+    if tape is None:
+        return None, None
+    if _CURRENT.cursors is None:
+        return getattr(tape, kind), None
+    return None, next(_CURRENT.cursors[kind], None)
+
+
+# A bounded run following a tape keeps the clean magnitudes m₀ where what its input's difference d
+# can add to them, ‖d‖ max|w| (Cauchy-Schwarz: |m − m₀| ≤ √((d²)(w²)ᵀ) ≤ that), is at most this
+# share of them: the bound is then larger than the one from its own input by at most that share,
+# and the float32 product of d (off by about u √K √((d²)(w²)ᵀ)) moves its value by at most that
+# share of the bound's accumulation term. A float32 port's inputs are within 1e-5 of the oracle's;
+# a chaotic case's deep stages are not, and are computed afresh.
+NEARBY = 2.0**-5
+
+
+def _nearby(m0, d, w):
+    """m₀ + ‖d‖ max|w|, an upper bound of the magnitudes of x₀ + d, where within ``NEARBY`` of m₀
+    everywhere; otherwise None."""
+    reach = np.sqrt(np.einsum("...k,...k->...", d, d))[..., None] * np.abs(w).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if not (reach <= NEARBY * m0).all():
+            return None
+    return m0 + reach
+
+
+def _difference_product(d, w):
+    """d wᵀ in float32, d scaled by one power of two (its largest entry's), returned in float64."""
+    e = int(np.frexp(np.abs(d).max(initial=0.0))[1])
+    return np.ldexp(_times_t((d * 2.0**-e).astype(np.float32), np.asarray(w, np.float32)).astype(np.float64), e)
+
+
 def linear(x, w, b, p: Precision):
     """y = x wᵀ + b and its unit bound; w is (out, in)."""
     # a small product is not taped: its float64 costs less than the difference
-    tape = getattr(_CURRENT, "tape", None) if _large(x, w) else None
-    cursor = getattr(_CURRENT, "cursor", None) if tape is not None else None  # None: recording
-    if cursor is not None and not p.bounds:  # a noisy run following the clean step's tape
-        x0, y0 = next(cursor, (None, None))
-        if x0 is not None and x0.shape == x.shape:
-            d = x - x0  # scaled by one power of two: the deviation is its largest entries'
-            e = int(np.frexp(np.abs(d).max(initial=0.0))[1])
-            step = np.ldexp(((d * 2.0**-e).astype(np.float32) @ np.asarray(w, np.float32).T).astype(np.float64), e)
-            if np.isfinite(step).all():
-                return y0 + step, 0.0
-    y = x @ w.T
+    record, entry = _taped("calls") if _large(x, w) else (None, None)
+    if entry is not None and entry[0].shape == x.shape:  # a run following the clean step's tape
+        x0, y0, m0 = entry
+        d = x - x0
+        m = None if not p.bounds or m0 is None else _nearby(m0, d, w)
+        if not p.bounds or m is not None:
+            y = y0 + _difference_product(d, w)
+            if np.isfinite(y).all():
+                return (y, 0.0) if not p.bounds else (y, _linear_bound(x.shape[-1], m, y, p))
+    # the clean step's magnitudes beside its value: the step is what the other runs wait for
+    magnitudes = beside().submit(squares, x, w) if record is not None and p.bounds else None
+    y = _times_t(x, w) if _large(x, w) else x @ w.T
     if b is not None:
         y = y + b
-    if tape is not None and cursor is None:
-        tape.calls.append((x, y))
     if not p.bounds:
+        if record is not None:
+            record.append((x, y, None))
         return y, 0.0
-    m2 = squares(x, w)
+    m2 = squares(x, w) if magnitudes is None else magnitudes.result()
     if b is not None:
         m2 = m2 + b * b
     m = np.sqrt(m2)
-    return y, p.compute * math.sqrt(x.shape[-1]) * m + p.storage * m + p.output * np.abs(y)
+    if record is not None:
+        record.append((x, y, m))
+    return y, _linear_bound(x.shape[-1], m, y, p)
+
+
+def _linear_bound(K: int, m, y, p: Precision):
+    return p.compute * math.sqrt(K) * m + p.storage * m + p.output * np.abs(y)
 
 
 def propagate_linear(dx, w):
     """How an input error dx (independent signs) moves x wᵀ."""
-    return np.sqrt(squares(dx, w))
+    record, entry = _taped("spreads") if _large(dx, w) else (None, None)
+    if entry is not None and entry[0].shape == dx.shape:  # a bounded run following the clean step's tape
+        m = _nearby(entry[1], dx - entry[0], w)
+        if m is not None:
+            return m
+    m = np.sqrt(squares(dx, w))
+    if record is not None:
+        record.append((dx, m))
+    return m
 
 
 def layer_norm(x, weight, bias, eps, p: Precision, dx=None):
@@ -229,10 +300,43 @@ def activation(name: str, h, slope: bool = True):
     return h * sg, (sg + k * h * sg * (1.0 - sg)) if slope else None
 
 
+# |act''| <= this for every activation above (gelu's is 2 phi(0) = 0.80, quick_gelu's 0.85 at 0)
+CURVATURE = 1.0
+
+
+def _activation_near(name: str, h, entry, p: Precision):
+    """(act(h), an upper bound of |act'(h)|) from a clean step's (h₀, act(h₀), act'(h₀), |act(h₀)|
+    + |h₀|): where h is near h₀, the clean value plus its slope times d = h − h₀ (off by at most
+    CURVATURE d²/2, kept below ``NEARBY`` of the rounding u_s (|a| + |h|) the bound allows there)
+    and |act'(h₀)| + CURVATURE |d|; elsewhere act itself."""
+    h0, a0, s0, size = entry
+    d = np.subtract(h, h0)
+    far = d * d > (2 * NEARBY * p.storage / CURVATURE) * size
+    a = np.multiply(s0, d)
+    a += a0
+    slope = None
+    if p.bounds:
+        slope = np.abs(d, out=d)
+        slope *= CURVATURE
+        slope += np.abs(s0)
+    if far.any():
+        exact, exact_slope = activation(name, h[far], p.bounds)
+        a[far] = exact
+        if p.bounds:
+            slope[far] = np.abs(exact_slope)
+    return a, slope
+
+
 def gelu(h, dh, p: Precision, name: str = "gelu"):
     """An activation of h (off by dh): its slope carries dh; the function itself is evaluated in
     the storage dtype by some frameworks (MLX's erf): absolute error u_s (|a| + |h|)."""
-    a, slope = activation(name, h, p.bounds)
+    record, entry = _taped("acts") if h.size >= _LARGE_ACTIVATION else (None, None)
+    if entry is not None and entry[0].shape == h.shape:  # a run following the clean step's tape
+        a, slope = _activation_near(name, h, entry, p)
+    else:
+        a, slope = activation(name, h, p.bounds or record is not None)
+        if record is not None:
+            record.append((h, a, slope, np.abs(a) + np.abs(h)))
     if not p.bounds:
         return a, 0.0
     return a, np.abs(slope) * dh + p.storage * (np.abs(a) + np.abs(h))
@@ -566,12 +670,21 @@ class BeyondRange(Exception):
 
 @lru_cache(maxsize=1)
 def pool():
-    """Threads for a streamed case's independent work (the noisy runs of a stage, a local check
-    beside the oracle's step): NumPy runs its elementwise functions and random draws on one core.
-    A task never waits for another. Run them under ``parallel()``."""
+    """Threads for a streamed case's work beside the clean run (each noisy run's steps, the local
+    checks): NumPy runs its elementwise functions and random draws on one core. A task waits at
+    most on one submitted before it (a noisy run's step before), so on one running or done; more
+    threads than cores, as a few wait. Run them under ``parallel()``."""
     from concurrent.futures import ThreadPoolExecutor
 
-    return ThreadPoolExecutor(max_workers=3, thread_name_prefix="error-model")
+    return ThreadPoolExecutor(max_workers=6, thread_name_prefix="error-model")
+
+
+@lru_cache(maxsize=1)
+def beside():
+    """A thread for a part of a streamed clean step, beside the rest of it (its tasks wait on nothing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="clean-step")
 
 
 def parallel():
@@ -595,15 +708,20 @@ def _skipped(seed: int, draws: int) -> dict:
 
 
 class _Runs:
-    """The clean run and the noisy runs of a chain, in step, a stage at a time.
+    """The clean run and the noisy runs of a chain, a stage at a time.
 
     A noisy run perturbs every stage's value, computed from that run's own inputs, by
     N(0, bound²), the bound the clean run derived there (it differs from the noisy inputs' own by
     the inputs' relative perturbation, of the dtype's roundoff: a value alone is a third of the
     cost of a value with its bound). Run r draws from one generator where run r − 1 stops, as if
     the runs went one after another. ``held``: every stage's clean value is kept (a small model's
-    case, read by many ports and in any order); otherwise each is let go once the stages that
-    read it are past (a full-size case's oracle is never whole in memory: read it in model order)."""
+    case, read by many ports and in any order), each step's noisy runs done with it; otherwise
+    each clean value is let go once the stages that read it are past (a full-size case's oracle is
+    never whole in memory: read it in model order), and each noisy run goes on in the pool a step
+    behind the clean run, its steps one after another, at most ``BEHIND`` steps behind (what they
+    hold: those steps' tapes and bounds)."""
+
+    BEHIND = 2
 
     def __init__(self, chain: "Chain", held: bool):
         self.chain, self.held = chain, held
@@ -627,7 +745,8 @@ class _Runs:
         self.clean: dict[str, np.ndarray] = {}
         self.noisy: list[dict[str, np.ndarray]] = [{} for _ in range(self.runs)]
         self.spread: dict[str, float] = {}
-        self.pending: tuple[str, list] | None = None  # a streamed step's noisy runs, in the pool
+        self.pending: dict[str, list] = {}  # streamed: each step's noisy runs in the pool, oldest first
+        self.tapes: dict[str, Tape] = {}  # streamed: the last steps' tapes, for the local checks to follow
         self.largest = 0.0
         self.limit = LARGEST["float16" if chain.precision.dtype == "float16" else "float32"] / 2
 
@@ -640,13 +759,22 @@ class _Runs:
                 self._step()
         return self.clean[name]
 
+    def spread_of(self, name: str) -> float:
+        if name not in self.spread and name not in self.pending:  # not reached yet (or let go: raises)
+            self.value(name)
+        while name not in self.spread:
+            self._settle_oldest()
+        return self.spread[name]
+
     def finish(self) -> None:
         while self.done < len(self.chain.names):
             self._step()
-        self._settle()
+        while self.pending:
+            self._settle_oldest()
 
     def _step(self) -> None:
-        self._settle()
+        while len(self.pending) >= self.BEHIND:
+            self._settle_oldest()
         chain, i = self.chain, self.done
         name = chain.names[i]
         tape = Tape()
@@ -658,17 +786,24 @@ class _Runs:
             raise BeyondRange(f"the oracle reaches {self.largest:.3g}, beyond {chain.precision.dtype}'s range")
         bound = np.broadcast_to(bound, value.shape)
         quiet = replace(chain.precision, bounds=False)
+        let_past = [k for k in self.last if self.last[k] <= i]  # no stage after this one reads them
 
-        def perturbed(r: int) -> float:
+        def perturbed(r: int, before=None) -> float:
             """Run r's value from its own inputs, following the clean step, perturbed (each run its
-            own generator: the same draws in any order)."""
+            own generator: the same draws in any order), once its step before is done."""
+            if before is not None:
+                before.result()
             with tape.following():
                 v = np.asarray(chain.evaluate(name, self.noisy[r], quiet)[0], np.float64)
             noise = self.rngs[r].standard_normal(v.shape)
             noise *= bound
             v = np.add(v, noise, out=noise)  # v + noise x bound, in the draws' array
             self.noisy[r][name] = v
-            return float(np.abs(v - value).max(initial=0.0))
+            spread = float(np.abs(v - value).max(initial=0.0))
+            if not self.held:
+                for k in let_past:
+                    self.noisy[r].pop(k, None)
+            return spread
 
         runs = range(self.runs)
         for skipped in self.skipping:  # the first step: the other runs' generators, once skipped there
@@ -676,28 +811,27 @@ class _Runs:
             rng.bit_generator.state = skipped if isinstance(skipped, dict) else skipped.result()
             self.rngs.append(rng)
         self.skipping = []
-        if self.held:
-            self.spread[name] = max(map(perturbed, runs))
-        else:  # beside what reads the clean value (the port's local check)
-            self.pending = (name, [pool().submit(perturbed, r) for r in runs])
         self.clean[name] = value
         self.done = i + 1
         if self.held:
-            self._settle()
-        else:  # the clean values, streamed, are let go once no later stage reads them and their own is past
-            for k in [k for k in self.clean if self.last[k] < i]:
-                del self.clean[k]
+            self.spread[name] = max(map(perturbed, runs))
+            for noisy in self.noisy:
+                for k in let_past:
+                    noisy.pop(k, None)
+            return
+        # Each run's step after its step before, in the pool: FIFO, so a step waits only on one
+        # already running or done. Beside them the clean run goes on, and what reads it.
+        before = list(self.pending.values())[-1] if self.pending else [None] * self.runs
+        self.pending[name] = [pool().submit(perturbed, r, before[r]) for r in runs]
+        self.tapes[name] = tape
+        for k in list(self.tapes)[: -self.BEHIND - 1]:
+            del self.tapes[k]
+        for k in [k for k in self.clean if self.last[k] < i]:  # past their last reader and their own step
+            del self.clean[k]
 
-    def _settle(self) -> None:
-        """The last step's noisy runs done; what no later stage reads let go."""
-        if self.pending is not None:
-            name, started = self.pending
-            self.pending = None
-            self.spread[name] = max(f.result() for f in started)
-        i = self.done - 1
-        for noisy in self.noisy:
-            for k in [k for k in noisy if self.last[k] <= i]:
-                del noisy[k]
+    def _settle_oldest(self) -> None:
+        name = next(iter(self.pending))
+        self.spread[name] = max(f.result() for f in self.pending.pop(name))
 
 
 class _Oracle(Mapping):
@@ -769,11 +903,15 @@ class Chain:
         """The stage kind whose calibrated tolerance applies."""
         raise NotImplementedError
 
-    def local(self, name: str, taps: Mapping[str, np.ndarray], precision: Precision | None = None):
+    def local(
+        self, name: str, taps: Mapping[str, np.ndarray], precision: Precision | None = None, tape: Tape | None = None
+    ):
         """(oracle value, unit bound) of ``name`` computed from the port's own inputs ``taps``, in
-        ``precision`` (default: the chain's; mixed precision: the stage's as emitted)."""
+        ``precision`` (default: the chain's; mixed precision: the stage's as emitted). ``tape``:
+        the clean step's, followed where the port's inputs are near the oracle's (``Tape``)."""
         t = {k: np.asarray(taps[k], np.float64) for k in self.inputs(name)}
-        return self.evaluate(name, t, precision)
+        with tape.following() if tape is not None else nullcontext():
+            return self.evaluate(name, t, precision)
 
     def beyond_range(self) -> str | None:
         """Why no port can represent this case in its dtype (the oracle reaches half the dtype's
@@ -796,11 +934,12 @@ class Chain:
 
     def spread(self, name: str) -> float:
         """max |noisy − oracle| at ``name`` over the noisy runs (``_Runs``)."""
-        runs = self._run()
-        if name not in runs.spread:
-            runs.value(name)
-            runs._settle()
-        return runs.spread[name]
+        return self._run().spread_of(name)
+
+    def tape(self, name: str) -> Tape | None:
+        """A streamed run's tape of ``name``'s clean step, where it is one of the last few
+        (``local`` follows it)."""
+        return self._run().tapes.get(name) if self.stream else None
 
 
 class _Float64(Mapping):
