@@ -286,36 +286,38 @@ def test_a_mapped_output_is_let_go_once_read(tmp_path, released):
     assert np.array_equal(values[:3], [0, 1, 2])
 
 
-def test_a_large_batch_is_cut_to_one_image_where_three_would_not_fit():
-    """``budget.case_batch``: a full-size plan's cases hold 3 images where the estimate at 3 fits
-    the memory, else 1 (each name says the batch it has); the companion, memory enough, keeps 3."""
+def test_a_large_batch_is_cut_to_one_image_where_two_would_not_fit():
+    """``budget.case_batch``: a full-size plan's cases hold FULL_SIZE_BATCH (2) images where the
+    estimate at 2 fits the memory, else 1 (each name says the batch it has); the companion, memory
+    enough, keeps 2."""
     from conformance.verify.budget import case_batch, estimate
-    from conformance.verify.cases import FULL_SIZE, case_plan, images_of
+    from conformance.verify.cases import FULL_SIZE, FULL_SIZE_BATCH, case_plan, images_of, verify_plan
 
     config = get_config("vit_base_patch16_224")
-    tight = estimate(config, 3) - 1
-    assert case_batch(config, tight) == 1 and case_batch(config, tight + 1) == 3
-    assert estimate(config, 1) < estimate(config, 3)
+    tight = estimate(config, FULL_SIZE_BATCH) - 1
+    assert case_batch(config, tight) == 1 and case_batch(config, tight + 1) == FULL_SIZE_BATCH == 2
+    assert estimate(config, 1) < estimate(config, 2)
     one = [name for name, _ in case_plan(config, full_size=True, max_batch=1)]
-    three = [name for name, _ in case_plan(config, full_size=True, max_batch=3)]
-    assert len(one) == len(three) == len(FULL_SIZE) and images_of(three) == 12 and images_of(one) == 6
+    two = [name for name, _ in case_plan(config, full_size=True, max_batch=2)]
+    assert len(one) == len(two) == len(FULL_SIZE) and images_of(two) == 9 and images_of(one) == 6
     assert all("(batch 1)" in name for name in one)
+    assert [n for n, _ in verify_plan(config, batch=None)] in (one, two)
     case = dict(case_plan(get_config("vit_test_token"), max_batch=1))["ordinary images (batch 1), weights x4"]()
     assert case.images.shape[0] == 1
 
 
 def test_verify_plans_for_the_memory_it_is_given(monkeypatch):
     """``$VIT_CONFORMANCE_MEMORY`` (a CI runner's share, a smaller machine's) lowers the memory
-    verify plans for: ViT-B's cases of three images become one-image cases below its estimate at
-    3, and a config over it is refused; the companion, no variable, plans for the machine. A value
+    verify plans for: ViT-B's cases of two images become one-image cases below its estimate at
+    2, and a config over it is refused; the companion, no variable, plans for the machine. A value
     that is not a number of bytes is an error naming the variable."""
     from conformance.verify.budget import MEMORY_ENV, case_batch, estimate, machine_memory, too_large
 
     config = get_config("vit_base_patch16_224")
     monkeypatch.delenv(MEMORY_ENV, raising=False)
     machine = machine_memory()
-    assert case_batch(config) == 3 and too_large(config) is None
-    monkeypatch.setenv(MEMORY_ENV, str(int(estimate(config, 3) - 1)))
+    assert case_batch(config) == 2 and too_large(config) is None
+    monkeypatch.setenv(MEMORY_ENV, str(int(estimate(config, 2) - 1)))
     assert machine_memory() < machine and case_batch(config) == 1 and too_large(config) is None
     monkeypatch.setenv(MEMORY_ENV, "1e8")
     assert "more than this machine's 0.1 GB" in too_large(config)

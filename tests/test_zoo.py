@@ -87,6 +87,30 @@ def test_the_full_size_cases_are_the_committed_cover_of_the_zoo():
     assert set(FULL_SIZE) <= {c.name for c in default_cases(get_config("vit_test_token"))}
 
 
+def test_the_full_size_batch_locates_every_mutant_the_batches_of_three_do():
+    """The full-size plan in batches of FULL_SIZE_BATCH locates every (mutant, dtype) its batches
+    of 3 locate, 10x outside the tolerance or as far (``zoo --cover``'s "batches"); the companion:
+    a batch that loses one, or falls below 10x, is named by ``lost``."""
+    import json
+
+    from conformance.verify.cases import FULL_SIZE_BATCH
+    from conformance.zoo.catalogue import MUTANTS
+    from conformance.zoo.cover import lost
+    from conformance.zoo.run import DTYPES
+
+    rows = json.loads((Path(__file__).parent.parent / "docs" / "data" / "case_cover.json").read_text())["batches"]
+    models = {m.name for m in MUTANTS.values() if m.level == "model"}
+    assert {(r["mutant"], r["dtype"], r["batch"]) for r in rows} == {
+        (m, d, b) for m in models for d in DTYPES for b in (3, FULL_SIZE_BATCH)
+    }
+    assert lost(rows) == []
+    weaker = [dict(r, separation=5.0) if r["batch"] == FULL_SIZE_BATCH and r["separation"] > 10 else r for r in rows]
+    missed = [dict(r, located=False) if r["batch"] == FULL_SIZE_BATCH else r for r in rows]
+    strong = {(r["mutant"], r["dtype"]) for r in rows if r["batch"] == 3 and r["located"] and r["separation"] > 10}
+    assert set(lost(weaker)) == strong and strong
+    assert len(lost(missed)) == sum(r["batch"] == 3 and r["located"] for r in rows)
+
+
 def test_the_cover_keeps_a_case_only_a_weakly_located_mutant_needs():
     """The companion: a mutant located strongly by one case and weakly by another keeps the strong
     one; a case no mutant needs is left out."""

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 # (label, preset, --set overrides, memory to plan for or None): widths, depths and token counts,
-# three of each or more; three sizes planned for a machine too small for cases of three images
+# three of each or more; three sizes planned for a machine too small for cases of two images
 # (one-image cases, as ViT-g/14 runs on 24 GB: the fit's batch term is measured, not assumed)
-ONE_IMAGE = 1.0e9  # bytes: below every full-size config's estimate at a batch of 3
+ONE_IMAGE = 1.0e9  # bytes: below every full-size config's estimate at a batch of 2
 CONFIGS = [
     ("ViT-Ti/16", "vit_tiny_patch16_224", {}, None),
     ("ViT-S/16", "vit_small_patch16_224", {}, None),
@@ -183,7 +183,7 @@ def fit(rows) -> dict[str, float]:
     --verify --fit`` prints them; a test keeps the module's equal to them)."""
     from scipy.optimize import linprog, nnls
 
-    from conformance.verify.budget import FIT_BATCH, forward_flops, sizes
+    from conformance.verify.budget import forward_flops, sizes
     from conformance.verify.cases import FULL_SIZE, row_plan
 
     memory, time_ = [], []
@@ -191,7 +191,7 @@ def fit(rows) -> dict[str, float]:
         config, images, batch = row_plan(r)
         taps, params = sizes(config)
         peak = r["peak_gb"] * 1e9
-        memory.append(([1.0, taps * batch / FIT_BATCH, params], peak))
+        memory.append(([1.0, taps * batch, params], peak))
         cases = len(FULL_SIZE)  # every row is a full-size plan
         per_image = [forward_flops(config) / 1e9 * images, taps / 1e6 * images]
         time_.append(([cases, cases * params / 1e6, *per_image], r["seconds"]))

@@ -3,8 +3,8 @@ config that would not fit in this machine's memory is refused with the figure (`
 tries anyway), so ``depth: 10000`` or ``img_size: 100000`` is an answer in a second, not a
 MemoryError after minutes of allocating; ``verify --dry-run`` prints both estimates.
 
-Memory: a fixed cost, plus so many bytes per element of one image's taps, times the case's
-batch over 3 (the port's outputs of one case, in the port's process and mapped in verify's; the
+Memory: a fixed cost, plus so many bytes per element of the largest case's taps (the port's
+outputs of one case, in the port's process and mapped in verify's; the
 error model's runs hold a block's stages, streamed) and per parameter (the case's weights,
 mapped in both processes, and the port's own); the next case's weights, where they fit beside it
 (``ahead``), come on top. Time: per case a fixed cost and so much per parameter (a weight set
@@ -30,7 +30,7 @@ from impls.protocol import ViTConfig
 # them in all (a config is refused on it): at most 0.83 GB over (ViT-L/14 at 336 in one-image cases, 18%),
 # 0.32 GB where the peak is under 2 GB (the interpreters' own memory moves by 0.2 GB between runs).
 BASE = 1.0065e9  # bytes: the interpreters, NumPy, the port's framework
-PER_TAP_ELEMENT = 12.447  # bytes per element of one image's taps
+PER_TAP_ELEMENT = 4.149  # bytes per element of the case's taps
 PER_PARAMETER = 10.212  # bytes per parameter
 SECONDS_PER_CASE = 0.52208  # a case's fixed cost: its Python, its files
 SECONDS_PER_MEGA_PARAMETER = 0.036069  # a case's weights: drawn, written, read in both processes
@@ -60,23 +60,22 @@ def sizes(config: ViTConfig) -> tuple[float, float]:
     return tuple(a + (config.depth - 1) * (b - a) for a, b in zip(one, two))
 
 
-FIT_BATCH = 3  # the largest case's batch in every fitted row
-
-
 def estimate(config: ViTConfig, batch: int | None = None) -> float:
     """Peak bytes verify and the port's process hold for ``config`` (its default cases, one at a
     time, the largest of ``batch`` images: by default the batch verify would use here)."""
     taps, params = sizes(config)
     batch = case_batch(config) if batch is None else batch
-    return BASE + PER_TAP_ELEMENT * taps * batch / FIT_BATCH + PER_PARAMETER * params
+    return BASE + PER_TAP_ELEMENT * taps * batch + PER_PARAMETER * params
 
 
 def case_batch(config: ViTConfig, memory: float | None = None) -> int:
-    """The largest batch of verify's full-size cases: 3, or 1 where a batch of 3 would not fit in
-    ``memory`` (default: this machine's). The port holds a case's taps whole (a factory returns
-    them at once): ViT-g/14 at 518 emits 11.5 GB of them an image."""
+    """The largest batch of verify's full-size cases: ``FULL_SIZE_BATCH``, or 1 where that would not
+    fit in ``memory`` (default: this machine's). The port holds a case's taps whole (a factory
+    returns them at once): ViT-g/14 at 518 emits 11.5 GB of them an image."""
+    from conformance.verify.cases import FULL_SIZE_BATCH
+
     memory = machine_memory() if memory is None else memory
-    return FIT_BATCH if memory is None or estimate(config, FIT_BATCH) <= memory else 1
+    return FULL_SIZE_BATCH if memory is None or estimate(config, FULL_SIZE_BATCH) <= memory else 1
 
 
 def seconds(config: ViTConfig, images: int, cases: int) -> float:

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from conformance.verify.cases import default_cases
+from conformance.verify.cases import FULL_SIZE_BATCH, case_plan, default_cases
 from conformance.zoo.catalogue import MUTANTS
 from conformance.zoo.run import DTYPES
 from impls import get_config, load_factory
@@ -76,15 +76,57 @@ def cover(rows: list[dict]) -> list[str]:
     return chosen
 
 
+def batches(dtypes=DTYPES, sizes=(3, FULL_SIZE_BATCH)) -> list[dict]:
+    """One row per (mutant, dtype, batch): the full-size plan run whole in cases of at most that
+    many images, located and its separation."""
+    from conformance.verify import verify
+
+    rows = []
+    for mutant in MUTANTS.values():
+        if mutant.level != "model":
+            continue
+        config = get_config(mutant.config)
+        make = load_factory(mutant.factory)
+        for dtype in dtypes:
+            for batch in sizes:
+                cases = [made() for _, made in case_plan(config, None, 0, full_size=True, max_batch=batch)]
+                report = verify(make, config, port=mutant.name, cases=cases, dtype=dtype)
+                rows.append(
+                    {
+                        "mutant": mutant.name,
+                        "dtype": dtype,
+                        "batch": batch,
+                        "located": report.located() == mutant.first_divergence,
+                        "separation": min(report.separation() or 0.0, 1e300),
+                    }
+                )
+    return rows
+
+
+def lost(rows: list[dict], batch: int = FULL_SIZE_BATCH) -> list[tuple[str, str]]:
+    """The (mutant, dtype) the plan in batches of 3 locates and the plan in batches of ``batch``
+    does not, or locates less than ``STRONG`` (or than the batch of 3 does, where that is less)."""
+    by = {(r["mutant"], r["dtype"], r["batch"]): r for r in rows}
+    out = []
+    for (mutant, dtype, b), three in by.items():
+        if b != 3 or not three["located"]:
+            continue
+        other = by[(mutant, dtype, batch)]
+        if not other["located"] or other["separation"] < min(STRONG, three["separation"]):
+            out.append((mutant, dtype))
+    return out
+
+
 def main(args) -> int:
     rows = matrix()
     result = {
         "rows": rows,
         "cover": cover(rows),
         "cases": [c.name for c in default_cases(get_config("vit_test_token"))],
+        "batches": batches(),
     }
     text = json.dumps(result, indent=1) + "\n"
     if getattr(args, "json", None):
         Path(args.json).write_text(text)
-    print(f"cover: {result['cover']}", file=sys.stderr)
+    print(f"cover: {result['cover']}; lost in batches of {FULL_SIZE_BATCH}: {lost(result['batches'])}", file=sys.stderr)
     return 0
