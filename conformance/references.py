@@ -22,7 +22,23 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     from timm.models.vision_transformer import VisionTransformer
 
     mlp_layer = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}[config.mlp_layer]
-    model = VisionTransformer(
+    # with a state to load, built without storage or timm's init (drawing ViT-B's takes a second),
+    # then given the state's tensors: a strict load leaves nothing on the meta device
+    with torch.device("meta") if state is not None else contextlib.nullcontext():
+        model = _timm_model(VisionTransformer, config, mlp_layer, state is not None, rates)
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = config.norm_eps
+    if state is not None:
+        tensors = {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
+        model.load_state_dict(tensors, strict=True, assign=True)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def _timm_model(VisionTransformer, config: ViTConfig, mlp_layer, skip_init: bool, rates: dict):
+    return VisionTransformer(
         img_size=config.img_size,
         patch_size=config.patch_size,
         in_chans=config.in_chans,
@@ -44,16 +60,9 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
         proj_bias=config.proj_bias,
         mlp_layer=mlp_layer,
         dynamic_img_size=config.dynamic_img_size,
+        **({"weight_init": "skip"} if skip_init else {}),
         **rates,
     )
-    for module in model.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            module.eps = config.norm_eps
-    if state is not None:
-        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
-    if dtype is not None:
-        model = model.to(dtype)
-    return model.eval()
 
 
 def _numpy(t) -> np.ndarray:
