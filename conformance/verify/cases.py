@@ -10,15 +10,12 @@ from functools import lru_cache
 import numpy as np
 
 from conformance.numerics.error_model import CaseModel
+from conformance.verify.budget import FULL_SIZE_BATCH  # noqa: F401 - the plan's, re-exported
 from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
 from impls.protocol import ViTConfig
 
 
 BATCHES = (3, 1)  # 1 catches a port that squeezes the batch; 1 and 3 one that assumes 2
-# At full size the cases of 3 hold 2 images (1 and 2 still catch both): every model mutant of the
-# zoo, in every dtype, is located by the plan as strongly as in batches of 3, or 10x outside its
-# tolerance (``zoo --cover``'s "batches", docs/data/case_cover.json), on three images fewer.
-FULL_SIZE_BATCH = 2
 
 
 @dataclass
