@@ -34,7 +34,10 @@ end-to-end ratio is ``max|port − oracle| / max|noisy − oracle|``.
 The clean run and the noisy runs go in step, a stage at a time (``_Runs``): a small model's
 are held for every port that reads them; a full-size case's (``stream=True``) are computed as
 the comparison reads them in model order and let go, in threads (``pool``), so that what a
-case holds is a block's stages, not the model's.
+case holds is a block's stages, not the model's. There the noisy runs and the local checks
+follow the clean step's large contractions and activations (``Tape``): a local bound is then at
+most ``NEARBY`` (1/32) looser than one computed afresh from the port's inputs, and is computed
+afresh wherever it would be looser.
 """
 
 from __future__ import annotations
@@ -746,7 +749,7 @@ class _Runs:
         self.noisy: list[dict[str, np.ndarray]] = [{} for _ in range(self.runs)]
         self.spread: dict[str, float] = {}
         self.pending: dict[str, list] = {}  # streamed: each step's noisy runs in the pool, oldest first
-        self.tapes: dict[str, Tape] = {}  # streamed: the last steps' tapes, for the local checks to follow
+        self.tapes: dict[str, Tape] = {}  # streamed: the last step's tape, for its local check to follow
         self.largest = 0.0
         self.limit = LARGEST["float16" if chain.precision.dtype == "float16" else "float32"] / 2
 
@@ -823,9 +826,7 @@ class _Runs:
         # already running or done. Beside them the clean run goes on, and what reads it.
         before = list(self.pending.values())[-1] if self.pending else [None] * self.runs
         self.pending[name] = [pool().submit(perturbed, r, before[r]) for r in runs]
-        self.tapes[name] = tape
-        for k in list(self.tapes)[: -self.BEHIND - 1]:
-            del self.tapes[k]
+        self.tapes = {name: tape}  # the comparison takes it for the local check as it reads the value
         for k in [k for k in self.clean if self.last[k] < i]:  # past their last reader and their own step
             del self.clean[k]
 
@@ -937,8 +938,8 @@ class Chain:
         return self._run().spread_of(name)
 
     def tape(self, name: str) -> Tape | None:
-        """A streamed run's tape of ``name``'s clean step, where it is one of the last few
-        (``local`` follows it)."""
+        """A streamed run's tape of ``name``'s clean step, where it is the last one (``local``
+        follows it)."""
         return self._run().tapes.get(name) if self.stream else None
 
 

@@ -12,7 +12,7 @@ drawn, written and read by both processes), plus per image so much per GFLOP of 
 per element of its taps. Both fitted
 (``bench.fit``) to what ``python -m conformance bench --verify`` measured on this project's
 2-core VM (the port in its own process; the two processes' memory together; wall time),
-2026-12-02. The memory a run plans for is the least of the machine's, its cgroup's limit and
+2026-12-03. The memory a run plans for is the least of the machine's, its cgroup's limit and
 ``$VIT_CONFORMANCE_MEMORY`` (``machine_memory``).
 """
 
@@ -27,15 +27,15 @@ from impls.protocol import ViTConfig
 
 # ``bench.fit`` to the twelve rows of docs/data/bench_verify.json (ViT-Ti to ViT-L/14 at 336; three depths,
 # four token counts; three sizes in one-image cases). Memory is an upper bound of every row, least over
-# them in all (a config is refused on it): at most 0.83 GB over (ViT-L/14 at 336 in one-image cases, 18%),
-# 0.32 GB where the peak is under 2 GB (the interpreters' own memory moves by 0.2 GB between runs).
-BASE = 1.0065e9  # bytes: the interpreters, NumPy, the port's framework
-PER_TAP_ELEMENT = 4.149  # bytes per element of the case's taps
-PER_PARAMETER = 10.212  # bytes per parameter
-SECONDS_PER_CASE = 0.52208  # a case's fixed cost: its Python, its files
-SECONDS_PER_MEGA_PARAMETER = 0.036069  # a case's weights: drawn, written, read in both processes
-SECONDS_PER_GFLOP = 0.070144  # of one image's forward
-SECONDS_PER_MEGA_TAP = 0.087539  # per million elements of one image's taps
+# them in all (a config is refused on it): at most 0.80 GB over (ViT-L/14 at 336 in one-image cases, 18%),
+# 0.20 GB where the peak is under 2 GB (the interpreters' own memory moves by 0.2 GB between runs).
+BASE = 8.3243e8  # bytes: the interpreters, NumPy, the port's framework
+PER_TAP_ELEMENT = 3.8521  # bytes per element of the case's taps
+PER_PARAMETER = 10.824  # bytes per parameter
+SECONDS_PER_CASE = 0.63047  # a case's fixed cost: its Python, its files
+SECONDS_PER_MEGA_PARAMETER = 0.023252  # a case's weights: drawn, written, read in both processes
+SECONDS_PER_GFLOP = 0.061744  # of one image's forward
+SECONDS_PER_MEGA_TAP = 0.089882  # per million elements of one image's taps
 
 
 def forward_flops(config: ViTConfig, batch: int = 1) -> float:
