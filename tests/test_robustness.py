@@ -176,11 +176,11 @@ def test_the_estimates_hold_their_calibration():
     on it); time within 20% (a --dry-run's guide, not a verdict)."""
     from pathlib import Path
 
-    from conformance.verify.budget import estimate, seconds
+    from conformance.verify.budget import FULL_SIZE_BATCH, estimate, seconds
     from conformance.verify.cases import FULL_SIZE, row_plan
 
     bench = json.loads((Path(__file__).parent.parent / "docs" / "data" / "bench_verify.json").read_text())
-    assert len(bench["rows"]) >= 8 and {r.get("batch") for r in bench["rows"]} == {1, 3}
+    assert len(bench["rows"]) >= 8 and {r.get("batch") for r in bench["rows"]} == {1, FULL_SIZE_BATCH}
     for r in bench["rows"]:
         config, images, batch = row_plan(r)
         peak = r["peak_gb"] * 1e9

@@ -386,3 +386,26 @@ def test_the_error_model_lets_go_of_a_mapped_weight_once_read(tmp_path, monkeypa
     assert all(weights[k][0, 0] == state[k][0, 0] for k in state)
     grown = _rss_file() - before
     assert grown < 8e6 if released else grown > 60e6, grown
+
+
+def test_a_streamed_plan_reruns_its_last_case_for_determinism(monkeypatch):
+    """A plan streamed case by case (a given state) re-runs the port twice on its last case, still
+    at hand, for the determinism check: no case is made again (at full size, a weight set drawn
+    and written anew); a port random at inference is found there. The companion: a correct port
+    on the same plan passes it."""
+    import conformance.verify.cases as C
+    from conformance.verify import verify
+    from impls import load_factory
+
+    config = get_config("vit_test_token")
+    state = S.WeightCase(3, 1.0).make(config)
+    made = []
+    make_images = C.make_images
+    monkeypatch.setattr(C, "make_images", lambda *a, **k: made.append(1) or make_images(*a, **k))
+    plan = [name for name, _ in C.verify_plan(config, state)]
+    report = verify(load_factory("conformance.zoo.torch_mutants:fused_attention_dropout"), config, state=state)
+    assert [(f["case"], f["reason"]) for f in report.failures] == [
+        (plan[-1], "two calls on the same input differ (randomness at inference)")
+    ]
+    assert len(made) == len(plan) == len(report.cases)
+    assert verify(factory("torch"), config, state=state).conformant

@@ -158,6 +158,8 @@ def verify(
     total = len(pairs) if isinstance(pairs, tuple) else len(cases if cases is not None else plan)
     bar = _progress(total, len(variant.names), report.port, progress)
 
+    last = []  # a streamed plan's last case, kept for the determinism re-run (nothing is held after it)
+
     def judged():
         for case, model in pairs:
             report.cases.append(case.name)
@@ -166,6 +168,8 @@ def verify(
             yield case.name, case, model or CaseModel(config, case.state, case.images, dtype, stream=True)
             bar.update(len(variant.names))
             if model is None:
+                if len(report.cases) == total:
+                    last.append(case)
                 del case
                 return_freed_memory()
 
@@ -185,7 +189,10 @@ def verify(
         report.first_divergence = report.failures[0]["stage"]  # load or forward: before any stage
     if outcome.first_judged is not None and not report.failures:
         i = outcome.first_judged  # made again where the run let it go (full size: its weights)
-        case = cases[i] if cases is not None else pairs[i][0] if isinstance(pairs, tuple) else plan[i][1]()
+        if last and outcome.last_judged == total - 1:  # the last case, at hand: its weights not drawn again
+            case = last.pop()
+        else:
+            case = cases[i] if cases is not None else pairs[i][0] if isinstance(pairs, tuple) else plan[i][1]()
         both, findings = side.twice(case, config, dtype)
         for stage, reason in findings:  # the re-run's own failure, told as what it is
             finding(report, case.name, stage, f"{reason} (on the determinism re-run)")

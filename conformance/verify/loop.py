@@ -69,6 +69,9 @@ class Outcome:
     first: tuple[int, str, str] | None = None  # (place in the variant's order, row name, case)
     first_result: Result | None = None
     first_judged: int | None = None  # the place of the first case judged (the determinism re-run's), not held
+    last_judged: int | None = (
+        None  # the place of the last case judged (at full size, the re-run's where it is the plan's last)
+    )
 
     def earlier(self, index: int) -> bool:
         """Whether a divergence at ``index`` would be the first (a variant diagnoses it then)."""
@@ -88,6 +91,7 @@ def run_cases(report: VerifyReport, variant: Variant, cases: Iterable[tuple[str,
             continue
         if outcome.first_judged is None:
             outcome.first_judged = index
+        outcome.last_judged = index
         for r in rows:
             prev = outcome.worst.get(r.name)
             if prev is None or r.separation > prev.separation:
