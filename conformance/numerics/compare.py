@@ -229,24 +229,9 @@ def stage_ratios_later(
     return finish
 
 
-def compare_stage(
-    name: str,
-    actual,
-    model: Chain,
-    taps: Mapping,
-    *,
-    dtype: str = "float32",
-    shape=None,
-    valid: set | None = None,
-    stored: Mapping[str, str] | None = None,
-    token: int | None = None,
-) -> StageResult:
-    """One emitted stage against the error model. ``valid``: the taps that are well-formed;
-    ``stored``: the precision each was seen in (default: the dtype asked for); ``token``: the
-    stage was emitted for that token only."""
-    return compare_stage_later(
-        name, actual, model, taps, dtype=dtype, shape=shape, valid=valid, stored=stored, token=token
-    )()
+def compare_stage(*args, **kwargs) -> StageResult:
+    """One emitted stage against the error model (``compare_stage_later``, its result at once)."""
+    return compare_stage_later(*args, **kwargs)()
 
 
 def compare_stage_later(
@@ -261,8 +246,10 @@ def compare_stage_later(
     stored: Mapping[str, str] | None = None,
     token: int | None = None,
 ):
-    """``compare_stage`` in two steps (``stage_ratios_later``): the returned function gives the
-    result."""
+    """One emitted stage against the error model, in two steps (``stage_ratios_later``): the
+    returned function gives its ``StageResult``. ``valid``: the taps that are well-formed;
+    ``stored``: the precision each was seen in (default: the dtype asked for); ``token``: the
+    stage was emitted for that token only."""
     kind = model.kind(name)
     shape = model.oracle[name].shape if shape is None else shape
     if token is not None:

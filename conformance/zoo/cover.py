@@ -21,28 +21,35 @@ from conformance.zoo.run import DTYPES
 from impls import get_config, load_factory
 
 
-def matrix(dtypes=DTYPES) -> list[dict]:
-    """One row per (mutant, dtype, case): located alone, and its separation."""
+def _model_mutants():
+    """(mutant, its config, its factory) for every model mutant of the zoo."""
+    for mutant in MUTANTS.values():
+        if mutant.level == "model":
+            yield mutant, get_config(mutant.config), load_factory(mutant.factory)
+
+
+def _row(mutant, config, make, cases, dtype: str, **key) -> dict:
+    """verify on ``cases``: located at the mutant's declared stage, and the separation."""
     from conformance.verify import verify
 
+    report = verify(make, config, port=mutant.name, cases=cases, dtype=dtype)
+    return {
+        "mutant": mutant.name,
+        "dtype": dtype,
+        **key,
+        "located": report.located() == mutant.first_divergence,
+        "separation": min(report.separation() or 0.0, 1e300),
+    }
+
+
+def matrix(dtypes=DTYPES) -> list[dict]:
+    """One row per (mutant, dtype, case): located alone, and its separation."""
     rows = []
-    for mutant in MUTANTS.values():
-        if mutant.level != "model":
-            continue
-        config = get_config(mutant.config)
-        make = load_factory(mutant.factory)
+    for mutant, config, make in _model_mutants():
         for dtype in dtypes:  # as the zoo runs every model mutant
-            for case in default_cases(config, None, 0):
-                report = verify(make, config, port=mutant.name, cases=[case], dtype=dtype)
-                rows.append(
-                    {
-                        "mutant": mutant.name,
-                        "dtype": dtype,
-                        "case": case.name,
-                        "located": report.located() == mutant.first_divergence,
-                        "separation": min(report.separation() or 0.0, 1e300),
-                    }
-                )
+            rows += [
+                _row(mutant, config, make, [case], dtype, case=case.name) for case in default_cases(config, None, 0)
+            ]
         print(f"{mutant.name}: done", file=sys.stderr)
     return rows
 
@@ -79,27 +86,12 @@ def cover(rows: list[dict]) -> list[str]:
 def batches(dtypes=DTYPES, sizes=(3, FULL_SIZE_BATCH)) -> list[dict]:
     """One row per (mutant, dtype, batch): the full-size plan run whole in cases of at most that
     many images, located and its separation."""
-    from conformance.verify import verify
-
     rows = []
-    for mutant in MUTANTS.values():
-        if mutant.level != "model":
-            continue
-        config = get_config(mutant.config)
-        make = load_factory(mutant.factory)
+    for mutant, config, make in _model_mutants():
         for dtype in dtypes:
             for batch in sizes:
                 cases = [made() for _, made in case_plan(config, None, 0, full_size=True, max_batch=batch)]
-                report = verify(make, config, port=mutant.name, cases=cases, dtype=dtype)
-                rows.append(
-                    {
-                        "mutant": mutant.name,
-                        "dtype": dtype,
-                        "batch": batch,
-                        "located": report.located() == mutant.first_divergence,
-                        "separation": min(report.separation() or 0.0, 1e300),
-                    }
-                )
+                rows.append(_row(mutant, config, make, cases, dtype, batch=batch))
     return rows
 
 
