@@ -118,12 +118,13 @@ class Scan:
                     alt = _Values(model, out, valid, stage, bug)[stage]
                 if alt.shape != e.shape or not np.isfinite(alt).all():
                     continue
-                d = (alt - value) / bound
-                sums = self.sums.setdefault((stage, bug.name), np.zeros(5))
-                sums += (float(np.sum(e * d)), float(np.sum(d * d)), float(np.sum(e * e)), e.size, 1)
-            d = value / bound
-            sums = self.sums.setdefault((stage, VALUE), np.zeros(5))
-            sums += (float(np.sum(e * d)), float(np.sum(d * d)), float(np.sum(e * e)), e.size, 1)
+                self._pool(stage, bug.name, e, (alt - value) / bound)
+            self._pool(stage, VALUE, e, value / bound)
+
+    def _pool(self, stage: str, direction: str, e, d) -> None:
+        """One case's sums for the share of the error ``e`` along ``d`` (both over the bound)."""
+        sums = self.sums.setdefault((stage, direction), np.zeros(5))
+        sums += (float(np.sum(e * d)), float(np.sum(d * d)), float(np.sum(e * e)), e.size, 1)
 
     def fits(self) -> list[Systematic]:
         out = []

@@ -803,9 +803,8 @@ class _Runs:
             v = np.add(v, noise, out=noise)  # v + noise x bound, in the draws' array
             self.noisy[r][name] = v
             spread = float(np.abs(v - value).max(initial=0.0))
-            if not self.held:
-                for k in let_past:
-                    self.noisy[r].pop(k, None)
+            for k in let_past:
+                self.noisy[r].pop(k, None)
             return spread
 
         runs = range(self.runs)
@@ -818,9 +817,6 @@ class _Runs:
         self.done = i + 1
         if self.held:
             self.spread[name] = max(map(perturbed, runs))
-            for noisy in self.noisy:
-                for k in let_past:
-                    noisy.pop(k, None)
             return
         # Each run's step after its step before, in the pool: FIFO, so a step waits only on one
         # already running or done. Beside them the clean run goes on, and what reads it.

@@ -69,9 +69,7 @@ class Outcome:
     first: tuple[int, str, str] | None = None  # (place in the variant's order, row name, case)
     first_result: Result | None = None
     first_judged: int | None = None  # the place of the first case judged (the determinism re-run's), not held
-    last_judged: int | None = (
-        None  # the place of the last case judged (at full size, the re-run's where it is the plan's last)
-    )
+    last_judged: int | None = None  # the place of the last case judged (the re-run's at full size)
 
     def earlier(self, index: int) -> bool:
         """Whether a divergence at ``index`` would be the first (a variant diagnoses it then)."""
