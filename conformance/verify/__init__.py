@@ -15,12 +15,38 @@ gradient check), ``attention`` (an attention port), ``report`` (text, JSON, plot
 (the command line); none imports another's caller.
 """
 
-from conformance.verify.attention import attention_cases, verify_attention
-from conformance.verify.cases import BATCHES, Case, default_cases, state_changes
-from conformance.verify.command import UsageError, default_config, load_config, main, with_settings
-from conformance.verify.forward import verify
-from conformance.verify.grad import format_grad_report, load_grad_factory, verify_grad
-from conformance.verify.report import Report, format_report, plot_report, summarize_stages
+import importlib
+
+# Lazily (the names' modules on first use), so the port's process, which imports
+# conformance.verify.child, pays for neither the error model nor hypothesis.
+_HOME = {
+    "attention_cases": "attention",
+    "verify_attention": "attention",
+    "BATCHES": "cases",
+    "Case": "cases",
+    "default_cases": "cases",
+    "state_changes": "cases",
+    "UsageError": "command",
+    "default_config": "command",
+    "load_config": "command",
+    "main": "command",
+    "with_settings": "command",
+    "verify": "forward",
+    "format_grad_report": "grad",
+    "load_grad_factory": "grad",
+    "verify_grad": "grad",
+    "Report": "report",
+    "format_report": "report",
+    "plot_report": "report",
+    "summarize_stages": "report",
+}
+
+
+def __getattr__(name):
+    if name in _HOME:
+        return getattr(importlib.import_module(f"conformance.verify.{_HOME[name]}"), name)
+    raise AttributeError(f"module 'conformance.verify' has no attribute {name!r}")
+
 
 __all__ = [
     "BATCHES",

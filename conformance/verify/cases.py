@@ -6,13 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from conformance.numerics.error_model import CaseModel
 from conformance.verify.budget import FULL_SIZE_BATCH  # noqa: F401 - the plan's, re-exported
-from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
 from impls.protocol import ViTConfig
+
+# The error model and the drawn inputs (hypothesis) are imported where a plan is made: the port's
+# process hands cases on and imports neither.
+if TYPE_CHECKING:
+    from conformance.numerics.error_model import CaseModel
 
 
 BATCHES = (3, 1)  # 1 catches a port that squeezes the batch; 1 and 3 one that assumes 2
@@ -159,6 +163,8 @@ def case_plan(
     """(name, make the case) for each of ``default_cases``, in order; nothing is made until asked.
     ``full_size`` (with seeded weights): ``FULL_SIZE`` and the other-grid cases only.
     ``max_batch``: no case holds more images (its name says the batch it has)."""
+    from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
+
     memo: dict[str, dict] = {}
 
     def base() -> dict:
@@ -261,6 +267,8 @@ def cached(config: ViTConfig) -> bool:
 def seeded_cases(config: ViTConfig, seed: int, dtype: str) -> tuple[tuple[Case, CaseModel], ...]:
     """The default cases on seeded weights and their error models, built once per config, seed
     and dtype (the zoo verifies 28 ports on the same ones); their arrays are read-only."""
+    from conformance.numerics.error_model import CaseModel
+
     out = []
     for case in default_cases(config, None, seed):
         case = Case(case.name, read_only(case.images), {k: read_only(v) for k, v in case.state.items()})

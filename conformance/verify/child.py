@@ -48,8 +48,7 @@ class Child:
         self.answers.flush()
 
     def hello(self, kind: str, spec: str, taps=()):
-        from conformance.verify.command import default_config, load_port
-        from conformance.verify.portside import InProcess
+        from conformance.verify.portside import InProcess, default_config, load_port
 
         try:
             make = load_port(kind, spec, taps)  # a UsageError is an answer of its own (handle)

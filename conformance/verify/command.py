@@ -9,28 +9,9 @@ from conformance.report import UsageError, describe_exception
 from conformance.verify.attention import verify_attention
 from conformance.verify.forward import verify
 from conformance.verify.heap import keep_freed_memory
+from conformance.verify.portside import DEFAULT_CONFIGS, default_config, load_port
 from conformance.verify.report import Report, format_report, plot_report
-from impls import load_factory
 from impls.protocol import ViTConfig
-
-
-DEFAULT_CONFIGS = ("vit_test_token", "vit_test_token_square")
-
-
-def default_config(make=None) -> ViTConfig:
-    """vit_test_token, or the first of its twins the port supports (its square twin for a port of
-    square images only), or vit_test_token moved inside what the port declares; failing all,
-    vit_test_token (verify then names the option the port refuses)."""
-    from conformance.support import build_config, supports_of, unsupported_option
-    from impls import get_config
-
-    supports = supports_of(make) if make is not None else None
-    for name in DEFAULT_CONFIGS:
-        if unsupported_option(supports, get_config(name)) is None:
-            return get_config(name)
-    base = get_config(DEFAULT_CONFIGS[0])
-    fitted = build_config(supports, {f: getattr(base, f) for f in base.__dataclass_fields__ if f != "name"})
-    return fitted if fitted is not None else base
 
 
 def with_settings(config: ViTConfig, settings: list[str]) -> ViTConfig:
@@ -93,45 +74,6 @@ def load_config(
         raise UsageError(f"cannot read the config file {config_json!r}: {e.strerror}") from None
     except (ConfigError, ValueError, TypeError) as e:
         raise UsageError(f"bad config: {e}") from None
-
-
-WHAT = {"forward": "port", "grad": "gradient factory", "attention": "attention factory"}
-
-
-def load_port(kind: str, spec: str, taps=()):
-    """The factory ``spec`` names for a ``kind`` of check (forward, grad, attention), with a
-    forward port's --tap overrides; a module that does not import or parse is a UsageError. A
-    module that exits or is interrupted while imported raises that (the caller decides)."""
-    try:
-        if kind == "grad":
-            from conformance.verify.grad import load_grad_factory
-
-            make = load_grad_factory(spec)
-        else:
-            make = load_factory(spec)
-    except Exception as e:  # noqa: BLE001 - a module that does not import or parse is a usage error
-        raise UsageError(f"cannot load {WHAT[kind]} {spec!r}: {describe_exception(e)}") from None
-    return with_taps(make, list(taps)) if kind == "forward" else make
-
-
-def with_taps(make, taps: list[str]):
-    """``--tap STAGE=MODULE`` overrides applied to a ``ModelPort``."""
-    if not taps:
-        return make
-    from conformance.capture import ModelPort
-
-    if not isinstance(make, ModelPort):
-        raise UsageError(
-            "--tap applies to a ModelPort (a model and its weight mapping), not a port factory: a factory "
-            "names its taps itself"
-        )
-    overrides = {}
-    for t in taps:
-        stage, sep, module = t.partition("=")
-        if not sep or not stage or not module:
-            raise UsageError(f"--tap {t!r} must look like STAGE=MODULE or STAGE=MODULE:in")
-        overrides[stage] = module
-    return make.with_taps(overrides)
 
 
 def check_outputs(args) -> None:

@@ -31,19 +31,10 @@ from conformance.numerics.gradients import (
 from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.verify.cases import Case, read_only
 from conformance.verify.loop import Outcome, run_cases
-from conformance.verify.portside import PortSide, port_side
+from conformance.verify.portside import PortSide, load_grad_factory, port_side  # noqa: F401 - re-exported
 from conformance.verify.report import VerifyReport, finding
-from impls import FRAMEWORK_PORTS, load_factory, tap_names
+from impls import tap_names
 from impls.protocol import ViTConfig
-
-
-def load_grad_factory(spec: str) -> Callable:
-    """A built-in framework's name, 'pkg.module:make_grad', or a ModelPort ('pkg.module:port':
-    the unmodified model's gradients, through its mapping)."""
-    from conformance.capture import ModelPort
-
-    factory = load_factory(f"impls.{spec}_vit:make_grad" if spec in FRAMEWORK_PORTS else spec)
-    return factory.make_grad if isinstance(factory, ModelPort) else factory
 
 
 def grad_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[tuple[Case, str]]:

@@ -3,7 +3,8 @@ inputs, told as findings. Everything else (the oracle, the error model, the verd
 
 ``PortSide`` is the contract; ``InProcess`` runs the port in verify's own process (the Python
 API, the zoo, the plugin) and ``conformance.verify.isolated.Isolated`` in a process of its own
-(the command line), with the same answers. A finding is ``(stage, reason)``.
+(the command line), with the same answers. A finding is ``(stage, reason)``. ``load_port``
+turns a spec (pkg.module:name, or a built-in framework) into the factory both sides call.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any, Protocol
 
 
 from conformance.guard import process_state
+from conformance.report import UsageError, describe_exception
 from conformance.verify.cases import Case, Handed
+from impls import FRAMEWORK_PORTS, load_factory
 from impls.protocol import ViTConfig
 
 Findings = list[tuple[str, str]]
@@ -158,3 +161,68 @@ class InProcess:
 def port_side(make, name: str = "port") -> PortSide:
     """A factory as the port side of a check (one already a ``PortSide`` is kept)."""
     return make if getattr(make, "is_port_side", False) else InProcess(make, name)
+
+
+DEFAULT_CONFIGS = ("vit_test_token", "vit_test_token_square")
+
+
+def default_config(make=None) -> ViTConfig:
+    """vit_test_token, or the first of its twins the port supports (its square twin for a port of
+    square images only), or vit_test_token moved inside what the port declares; failing all,
+    vit_test_token (verify then names the option the port refuses)."""
+    from conformance.support import build_config, supports_of, unsupported_option
+    from impls import get_config
+
+    supports = supports_of(make) if make is not None else None
+    for name in DEFAULT_CONFIGS:
+        if unsupported_option(supports, get_config(name)) is None:
+            return get_config(name)
+    base = get_config(DEFAULT_CONFIGS[0])
+    fitted = build_config(supports, {f: getattr(base, f) for f in base.__dataclass_fields__ if f != "name"})
+    return fitted if fitted is not None else base
+
+
+WHAT = {"forward": "port", "grad": "gradient factory", "attention": "attention factory"}
+
+
+def load_grad_factory(spec: str) -> Callable:
+    """A built-in framework's name, 'pkg.module:make_grad', or a ModelPort ('pkg.module:port':
+    the unmodified model's gradients, through its mapping)."""
+    from conformance.capture import ModelPort
+
+    factory = load_factory(f"impls.{spec}_vit:make_grad" if spec in FRAMEWORK_PORTS else spec)
+    return factory.make_grad if isinstance(factory, ModelPort) else factory
+
+
+def load_port(kind: str, spec: str, taps=()):
+    """The factory ``spec`` names for a ``kind`` of check (forward, grad, attention), with a
+    forward port's --tap overrides; a module that does not import or parse is a UsageError. A
+    module that exits or is interrupted while imported raises that (the caller decides)."""
+    try:
+        if kind == "grad":
+            make = load_grad_factory(spec)
+        else:
+            make = load_factory(spec)
+    except Exception as e:  # noqa: BLE001 - a module that does not import or parse is a usage error
+        raise UsageError(f"cannot load {WHAT[kind]} {spec!r}: {describe_exception(e)}") from None
+    return with_taps(make, list(taps)) if kind == "forward" else make
+
+
+def with_taps(make, taps: list[str]):
+    """``--tap STAGE=MODULE`` overrides applied to a ``ModelPort``."""
+    if not taps:
+        return make
+    from conformance.capture import ModelPort
+
+    if not isinstance(make, ModelPort):
+        raise UsageError(
+            "--tap applies to a ModelPort (a model and its weight mapping), not a port factory: a factory "
+            "names its taps itself"
+        )
+    overrides = {}
+    for t in taps:
+        stage, sep, module = t.partition("=")
+        if not sep or not stage or not module:
+            raise UsageError(f"--tap {t!r} must look like STAGE=MODULE or STAGE=MODULE:in")
+        overrides[stage] = module
+    return make.with_taps(overrides)
