@@ -110,6 +110,9 @@ def run_plugin(
             "pytest",
             "--only-given-ports",
             "-q",
+            # The outcomes are read from the JUnit XML: a line per failure, where a full traceback
+            # (pytest parses each frame's source) costs more than the failing test did.
+            "--tb=line",
             "-p",
             "no:cacheprovider",
             f"--hypothesis-profile={profile}",
