@@ -543,7 +543,9 @@ def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool, layers: t
 
 
 def _numpy(a: jax.Array) -> np.ndarray:
-    return np.asarray(a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a)  # NumPy has no bfloat16
+    # NumPy has no bfloat16: widened in NumPy (exact, through ml_dtypes), not by a program per shape
+    a = np.asarray(a)
+    return a.astype(np.float32) if a.dtype == jnp.bfloat16 else a
 
 
 def make(
