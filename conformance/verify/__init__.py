@@ -11,8 +11,9 @@ the wrong shape or dtype, NaN or Inf, no ``logits``, or a mis-shaped tap is a fi
 one-line reason, never a traceback. Batches of 3 and 1 images are used.
 
 The package: ``cases`` (verify's fixed cases), ``forward`` (the forward check), ``grad`` (the
-gradient check), ``attention`` (an attention port), ``report`` (text, JSON, plot) and ``command``
-(the command line); none imports another's caller.
+gradient check), ``attention`` (an attention port), ``portside`` (the port's side of a check,
+and the factory a spec names), ``report`` (text, JSON, plot) and ``command`` (the command line);
+none imports another's caller.
 """
 
 import importlib
@@ -27,13 +28,13 @@ _HOME = {
     "default_cases": "cases",
     "state_changes": "cases",
     "UsageError": "command",
-    "default_config": "command",
+    "default_config": "portside",
     "load_config": "command",
     "main": "command",
     "with_settings": "command",
     "verify": "forward",
     "format_grad_report": "grad",
-    "load_grad_factory": "grad",
+    "load_grad_factory": "portside",
     "verify_grad": "grad",
     "Report": "report",
     "format_report": "report",
@@ -48,24 +49,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'conformance.verify' has no attribute {name!r}")
 
 
-__all__ = [
-    "BATCHES",
-    "Case",
-    "Report",
-    "UsageError",
-    "attention_cases",
-    "default_cases",
-    "default_config",
-    "format_grad_report",
-    "format_report",
-    "load_config",
-    "load_grad_factory",
-    "main",
-    "plot_report",
-    "state_changes",
-    "summarize_stages",
-    "verify",
-    "verify_attention",
-    "verify_grad",
-    "with_settings",
-]
+__all__ = sorted(_HOME)
