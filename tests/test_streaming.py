@@ -286,6 +286,36 @@ def test_a_mapped_output_is_let_go_once_read(tmp_path, released):
     assert np.array_equal(values[:3], [0, 1, 2])
 
 
+@pytest.mark.parametrize("held", [False, True])
+def test_a_large_drawn_state_is_given_back_to_the_os_before_the_port_runs(monkeypatch, held):
+    """verify's heap keeps freed memory (``heap.keep_freed_memory``): once a large weight set is
+    written for the port's process and mapped back in its place, the heap is trimmed before the
+    port is asked, with the drawn arrays already freed (at ViT-g/14 they were 4.5 GB held through
+    the port's forward, the run's peak). The companion: a drawn array still referenced elsewhere
+    is seen alive at the trim."""
+    import weakref
+
+    import conformance.verify.isolated as I
+    from conformance.verify.cases import Case
+
+    monkeypatch.setattr(I, "MAP_BACK", 0)  # every state is "large"
+    config = get_config("vit_test_token")
+    state = S.WeightCase(1, 1.0).make(config)
+    probe = weakref.ref(state["blocks.0.mlp.fc1.weight"])
+    kept = state["blocks.0.mlp.fc1.weight"] if held else None
+    asked, at_trim = [], []
+    monkeypatch.setattr(I, "return_freed_memory", lambda: at_trim.append((probe() is None, list(asked))))
+    case = Case("c", S.make_images(config, 1, "ordinary", 0), state)
+    del state
+    with I.Isolated("forward", "mlx") as side:
+        ask = side._ask
+        monkeypatch.setattr(side, "_ask", lambda message: asked.append(message["op"]) or ask(message))
+        out, findings = side.forward(case, config, "float32")
+    assert findings == [] and out["logits"].shape == (1, config.num_classes)
+    assert at_trim == [(not held, ["hello"])], at_trim  # before the forward request, after the hello
+    del kept
+
+
 def test_a_large_batch_is_cut_to_one_image_where_two_would_not_fit():
     """``budget.case_batch``: a full-size plan's cases hold FULL_SIZE_BATCH (2) images where the
     estimate at 2 fits the memory, else 1 (each name says the batch it has); the companion, memory

@@ -29,6 +29,7 @@ import numpy as np
 from conformance.report import ToolError, UsageError
 import conformance.verify.wire as wire
 from conformance.verify.cases import Case
+from conformance.verify.heap import return_freed_memory
 from impls.protocol import ViTConfig
 
 MEMORY_ENV = "VIT_CONFORMANCE_MEMORY_LIMIT"  # bytes of address space the child may map
@@ -251,6 +252,10 @@ class Isolated:
                 # weights, in the page cache the port's process maps too (the case's own dict,
                 # which the error model reads, holds the mapped arrays from here on)
                 case.state.update(wire.Reader(self.root, mmap=True).decode(tree))
+                # the weights just replaced were freed into verify's heap, which keeps freed memory
+                # for reuse (``heap.keep_freed_memory``): given back before the port's forward, the
+                # run's peak, instead of after the case (a ViT-g/14 weight set is 4.5 GB)
+                return_freed_memory()
             # the arrays known by weak reference: the last case's weights are not held into the next's
             refs = {k: weakref.ref(v) if isinstance(v, np.ndarray) else None for k, v in case.state.items()}
             self._state = (refs, tree, state_writer.root / state_writer.sub)
