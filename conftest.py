@@ -9,20 +9,6 @@ import os
 
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    # One XLA compilation cache for the run, in a directory of its own: pytest-xdist's workers, the
-    # ports' own processes and the pytest runs the suite starts inherit it, so a program one of
-    # them compiled (the built-in JAX port on a shared config, a gradient) is read, not compiled
-    # again. Removed when the process that made it exits; programs too quick to compile to be
-    # worth a file are not written.
-    import atexit
-    import shutil
-    import tempfile
-
-    _xla_cache = tempfile.mkdtemp(prefix="xla-cache-of-a-test-run-")
-    atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _xla_cache
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist's workers already fill the cores: one thread each for torch, XLA and the
     # OpenBLAS MLX binds to, instead of a pool per worker contending for the same cores (the
