@@ -22,7 +22,7 @@ claimed. A factory may also raise ``Unsupported`` itself for a config it refuses
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -154,3 +154,20 @@ def describe(supports) -> str:
     if supports == VIT_FAMILY:
         return "the whole ViT family"
     return ", ".join(f"{k}={'<predicate>' if callable(v) and v is not ANY else v!r}" for k, v in supports.items())
+
+
+def build(make: Callable, config, state, dtype: str = "float32", **options):
+    """A port's forward; ``dtype`` is passed only when it is not float32, the protocol's default
+    (``options``: a built-in port's keywords, such as ``taps=False``).
+    Inside a hypothesis test a config the port does not support (declared, or refused with
+    ``Unsupported``) discards the example instead of failing it."""
+    try:
+        check_supported(supports_of(make), config)
+        return make(config, state, **options) if dtype == "float32" else make(config, state, dtype=dtype, **options)
+    except Unsupported:
+        from hypothesis import reject  # here only: the port's own process never imports hypothesis
+        from hypothesis.control import currently_in_test_context
+
+        if currently_in_test_context():
+            reject()
+        raise

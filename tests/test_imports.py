@@ -101,3 +101,44 @@ def test_no_library_module_imports_a_test_module():
         if not (m == tests or m.startswith(tests + "."))
     }
     assert {m: d for m, d in bad.items() if d} == {}
+
+
+_PORT_PROCESS = """
+import sys
+{before}
+import numpy as np
+from conformance.verify.cases import Case
+from conformance.verify.portside import InProcess, default_config, load_port
+from impls import get_config
+from weights import init_state
+
+make = load_port("forward", "impls.numpy_vit:make")
+config = default_config(make)
+out, findings = InProcess(make, "oracle", copy=False).forward(
+    Case("c", np.zeros((1, 3, *config.img_size), np.float32), init_state(config)), config, "float32"
+)
+assert findings == [] and "logits" in out, findings
+print(sorted(m for m in ("hypothesis", "conformance.numerics.error_model", "conformance.properties") if m in sys.modules))
+"""
+
+
+def _port_process_imports(before: str = "") -> list[str]:
+    import subprocess
+    import sys
+
+    code = _PORT_PROCESS.format(before=before)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    return ast.literal_eval(run.stdout.strip())
+
+
+def test_the_port_s_process_imports_neither_hypothesis_nor_the_error_model():
+    """What ``conformance.verify.child`` runs for a case (load the port, its default config, a
+    forward through ``InProcess``) imports no property, error model or hypothesis: the port's own
+    process starts in the time its framework takes. The companion: the properties and the drawn
+    inputs, imported, are seen."""
+    assert _port_process_imports() == []
+    assert _port_process_imports("import conformance.properties, conformance.strategies") == [
+        "conformance.numerics.error_model",
+        "conformance.properties",
+        "hypothesis",
+    ]

@@ -11,6 +11,7 @@ import numpy as np
 from conformance.numerics import error_model as E
 from conformance.numerics.compare import compare_stage, ratio_over_bound, relative_spread
 from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
+from conformance.support import build  # noqa: F401 - the properties run a port through it
 from impls.protocol import ViTConfig
 
 
@@ -117,26 +118,6 @@ def _call(port: str, fn: Callable, *args, case=None):
         raise _fail(port, f"the port exited (sys.exit({e.code!r})) before returning", case) from e
     except Exception as e:  # noqa: BLE001 - anything a port raises is reported
         raise _fail(port, f"the port raised {describe_exception(e)}", case) from e
-
-
-def build(make: Callable, config, state, dtype: str = "float32", **options):
-    """A port's forward; ``dtype`` is passed only when it is not float32, the protocol's default
-    (``options``: a built-in port's keywords, such as ``taps=False``).
-    Inside a hypothesis test a config the port does not support (declared, or refused with
-    ``Unsupported``) discards the example instead of failing it."""
-    from hypothesis.control import currently_in_test_context
-
-    from conformance.support import Unsupported, check_supported, supports_of
-
-    try:
-        check_supported(supports_of(make), config)
-        return make(config, state, **options) if dtype == "float32" else make(config, state, dtype=dtype, **options)
-    except Unsupported:
-        if currently_in_test_context():
-            from hypothesis import reject
-
-            reject()
-        raise
 
 
 def check_fully_masked_row(port: str, out, weights, row: int, proj_bias) -> None:

@@ -74,7 +74,7 @@ class InProcess:
         the port is built: a port that copied them does not read them again, and one that did not
         reads them from the page cache."""
         from conformance.numerics.mapped import let_go
-        from conformance.properties import build
+        from conformance.support import build
 
         try:
             return handed.call(sink, "load", build, self.make, config, handed.state, dtype)
