@@ -28,10 +28,11 @@ def keep_freed_memory() -> None:
 
 
 def return_freed_memory() -> None:
-    """Give the heap's free pages back: after a full-size case in verify (glibc keeps what the error
-    model's threads freed in their arenas, which would add up over the cases), and after each
-    answer in the port's process (a port's taps freed in the heap stay resident otherwise: 11.4 GB
-    through a ViT-g/14 comparison); elsewhere nothing."""
+    """Give the heap's free pages back: in verify after a full-size case (glibc keeps what the error
+    model's threads freed in their arenas, which would add up over the cases) and once a drawn
+    weight set is replaced by its mapped file (``Isolated``: before the port's forward); in the
+    port's process after each answer (a port's taps freed in the heap stay resident otherwise:
+    11.4 GB through a ViT-g/14 comparison); elsewhere nothing."""
     import ctypes
 
     try:
