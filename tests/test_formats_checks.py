@@ -4,8 +4,6 @@ broken port (and the project's checks that take no port). Not shipped."""
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -57,23 +55,6 @@ HF_OUTPUTS = {
     "clip": ("image_embeds", "logits"),
     "siglip": ("pooler_output", "pooled"),
 }
-
-
-@pytest.fixture
-def convert(capfd):
-    """``python -m weights convert ARGS`` in this process (its exit status and what it wrote):
-    each subprocess pays for importing torch again; one test below runs the module itself."""
-    from weights.convert import main
-
-    def run(*args):
-        try:
-            code = main(["convert", *map(str, args)])
-        except SystemExit as e:  # argparse's usage errors
-            code = e.code
-        out = capfd.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-
-    return run
 
 
 FAMILY_ROUND_TRIPS = [("vit_test_dinov2", "hf", ()), ("vit_test_siglip", "big_vision", ("--npz-flavour", "big_vision"))]
@@ -336,7 +317,7 @@ def test_npz_refuses_a_pooling_it_cannot_hold():
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path, convert):
+def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path, cli):
     config = get_config("vit_test_clip" if layout == "open_clip" else "vit_test_token").replace(img_size=(16, 16))
     state = init_state(config, seed=5)
     if layout == "open_clip":
@@ -344,23 +325,23 @@ def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path, 
     src = tmp_path / "src.safetensors"
     write(state, config, str(src), "canonical")
     out = tmp_path / ("out" if layout == "hf" else "out.npz" if layout == "big_vision" else "out.safetensors")
-    run = convert(src, out, "--to", layout)
-    assert run.returncode == 0, run.stderr
+    code, _, err = cli("convert", src, out, "--to", layout)
+    assert code == 0, err
     got_config, back = read(str(out), detect(str(out)), None if layout != "timm" else config)
     assert got_config == config
     assert list(back) == list(state) and all(back[k].tobytes() == state[k].tobytes() for k in state), layout
 
 
 @pytest.mark.parametrize("preset, layout, flags", FAMILY_ROUND_TRIPS + (FAMILY_ROUND_TRIPS_THOROUGH if heavy() else []))
-def test_family_layouts_round_trip_bitwise_through_the_command(preset, layout, flags, tmp_path, convert):
+def test_family_layouts_round_trip_bitwise_through_the_command(preset, layout, flags, tmp_path, cli):
     config = get_config(preset).replace(img_size=16, num_classes=0 if preset != "vit_test_clip" else 7)
     state = init_state(config, seed=9)
     if preset == "vit_test_clip":
         state["head.bias"][:] = 0.0
     src, out = tmp_path / "src.safetensors", tmp_path / ("out.npz" if layout == "big_vision" else "out")
     write(state, config, str(src), "canonical")
-    run = convert(src, out, "--to", layout, *flags)
-    assert run.returncode == 0, run.stderr
+    code, _, err = cli("convert", src, out, "--to", layout, *flags)
+    assert code == 0, err
     got_config, back = read(str(out), detect(str(out)), config if layout == "big_vision" else None)
     assert got_config.replace(init_values=config.init_values) == config
     assert list(back) == list(state) and all(back[k].tobytes() == state[k].tobytes() for k in state)
@@ -390,10 +371,10 @@ def test_family_layouts_round_trip_bitwise_through_the_command(preset, layout, f
     ],
     ids=["unknown-file", "unknown-npz", "unknown-keys", "missing-key", "missing-file", "pickled-npz"],
 )
-def test_convert_gives_a_clear_error_and_exit_2(make_file, message, tmp_path, convert):
+def test_convert_gives_a_clear_error_and_exit_2(make_file, message, tmp_path, cli):
     src = make_file(tmp_path)
-    run = convert(src, tmp_path / "o.safetensors", "--to", "canonical")
-    assert run.returncode == 2 and message in run.stderr and "Traceback" not in run.stderr, run.stderr
+    code, _, err = cli("convert", src, tmp_path / "o.safetensors", "--to", "canonical")
+    assert code == 2 and message in err and "Traceback" not in err, err
 
 
 def test_convert_names_the_key_whose_shape_does_not_fit(tmp_path):

@@ -20,24 +20,6 @@ from weights import init_state, save_state
 H = "tests.data.hostile_ports"
 
 
-@pytest.fixture
-def cli(capfd):
-    """``python -m conformance verify ...`` or ``python -m weights convert ...`` in this process
-    (verify starts the port's own process as on the command line)."""
-    from conformance.cli import main as conformance_main
-    from weights.convert import main as weights_main
-
-    def run(*args):
-        try:
-            code = (weights_main if args[0] == "convert" else conformance_main)(list(args))
-        except SystemExit as e:  # argparse's usage errors
-            code = e.code
-        out = capfd.readouterr()  # the file descriptors: the port's process writes to them too
-        return code, out.out, out.err
-
-    return run
-
-
 @pytest.mark.parametrize(
     "hostile, stage, reason",
     [

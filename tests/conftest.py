@@ -1,0 +1,21 @@
+"""Fixtures shared by the project's own tests (not shipped)."""
+
+import pytest
+
+
+@pytest.fixture
+def cli(capfd):
+    """``python -m conformance verify ...`` or ``python -m weights convert ...`` in this process
+    (verify starts the port's own process as on the command line)."""
+    from conformance.cli import main as conformance_main
+    from weights.convert import main as weights_main
+
+    def run(*args):
+        try:
+            code = (weights_main if args[0] == "convert" else conformance_main)(list(map(str, args)))
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+        out = capfd.readouterr()  # the file descriptors: the port's process writes to them too
+        return code, out.out, out.err
+
+    return run
