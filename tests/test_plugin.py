@@ -18,7 +18,7 @@ TIMM = "test_port_equals_timm_at_every_stage"
 GIVEN = ("correct", "shared_norm", "logits_only", "single_config", "single_config_shared_norm")
 
 
-def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}"):
+def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}", suite=("conformance.tests",)):
     env = dict(os.environ, PYTHONPATH=str(cwd))
     env.pop("HYPOTHESIS_PROFILE", None)
     cmd = [
@@ -26,7 +26,7 @@ def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}"):
         "-m",
         "pytest",
         "--pyargs",
-        "conformance.tests",
+        *suite,
         "-p",
         "no:cacheprovider",
         "-q",
@@ -51,6 +51,8 @@ def given_only(tmp_path_factory):
         f"--junitxml={d / 'r.xml'}",
         *[a for p in GIVEN for a in ("--port", f"user_ports:{p}")],
         select=f"{MAIN} or {NORMS} or ({TIMM} and project_init and (vit_test_token or vit_test_deep))",
+        # the modules that hold them: the others' imports (JAX, transformers) are not this test's
+        suite=("conformance.tests.test_model", "conformance.tests.test_timm_reference"),
     )
     outcome = {}
     for case in ET.parse(d / "r.xml").getroot().iter("testcase"):

@@ -72,21 +72,22 @@ def zeros_with_numpy_abs_patched(config, state):
     return forward
 
 
-def _torch(config, state):
-    from impls import torch_vit
+def _mlx(config, state):
+    # MLX: arithmetic that owes NumPy nothing, and a lighter import than torch's
+    from impls import mlx_vit
 
-    return torch_vit.make(config, state)
+    return mlx_vit.make(config, state)
 
 
 def correct_with_numpy_exp_patched(config, state):
-    """A torch port (its arithmetic owes NumPy nothing) that leaves numpy.exp wrong."""
+    """An MLX port (its arithmetic owes NumPy nothing) that leaves numpy.exp wrong."""
     np.exp = lambda x, *a, **k: np.full(np.shape(x), 1.5)
-    return _torch(config, state)
+    return _mlx(config, state)
 
 
 def correct_with_numpy_errors_raising(config, state):
     np.seterr(all="raise")
-    return _torch(config, state)
+    return _mlx(config, state)
 
 
 def correct_that_changes_directory(config, state):
