@@ -181,7 +181,7 @@ def test_a_gross_backward_bug_is_caught_in_bfloat16_too():
     """Companion of the bfloat16 check: the frozen position embedding (a zero gradient) is found
     in bfloat16 on seeded weights (4 times its tolerance in verify; on trained-like weights not
     even that, and subtler mutants only in float32: docs/gradients.md)."""
-    from conformance.zoo.backward_mutants import torch_pos_embed_frozen
+    from conformance.zoo.torch_mutants import pos_embed_frozen as torch_pos_embed_frozen
 
     config, state, images = _case("vit_test_token")
     model = GradModel(config, state, images, draw_loss(config, 2, "cross_entropy", 3), dtype="bfloat16")
@@ -332,7 +332,7 @@ def test_verify_grad_locates_a_backward_mutant_on_a_weights_file_and_writes_its_
     save_state(init_state(config, seed=4), tmp_path / "w.safetensors", config)
     code, out = verify_cli(
         "--grad",
-        "conformance.zoo.backward_mutants:torch_attn_residual_detached",
+        "conformance.zoo.torch_mutants:attn_residual_detached",
         "--weights",
         str(tmp_path / "w.safetensors"),
         "--json",

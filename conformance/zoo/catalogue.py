@@ -35,7 +35,6 @@ MAIN_GRADIENT_TEST = ("test_every_taps_and_parameters_gradient_and_the_images_ma
 
 
 _T, _M, _J = "conformance.zoo.torch_mutants", "conformance.zoo.mlx_mutants", "conformance.zoo.jax_mutants"
-_B = "conformance.zoo.backward_mutants"
 
 # A table: one entry per row (the formatter would give each argument a line).
 # fmt: off
@@ -241,33 +240,33 @@ _ALL = [
            bug_class="mask_after_softmax"),
     # Backward mutants: the forward is the correct port's (every forward check passes), the
     # gradients are wrong (docs/gradients.md).
-    Mutant("torch_pos_embed_frozen", "torch", f"{_B}:torch_pos_embed_frozen",
+    Mutant("torch_pos_embed_frozen", "torch", f"{_T}:pos_embed_frozen",
            "`.detach()` / requires_grad=False on the position embedding", "fine-tuning scripts that freeze it; "
            "interpolation helpers returning detached tensors", "pos_embed", level="gradient", plugin_in_ci=False,
            bug_class="frozen_parameter"),
-    Mutant("torch_gelu_backward_missing_term", "torch", f"{_B}:torch_gelu_backward_missing_term",
+    Mutant("torch_gelu_backward_missing_term", "torch", f"{_T}:gelu_backward_missing_term",
            "a hand-written GELU backward keeping Phi(x) and dropping x phi(x)", "memory-saving autograd.Functions",
            "blocks.1.mlp.fc1.weight", level="gradient", plugin_in_ci=False,
            bug_class="gelu_backward_without_x_pdf"),
-    Mutant("torch_gelu_tanh_backward", "torch", f"{_B}:torch_gelu_tanh_backward",
+    Mutant("torch_gelu_tanh_backward", "torch", f"{_T}:gelu_tanh_backward",
            "an exact GELU whose backward is the tanh approximation's slope", "fused GELU kernels written for one "
            "and used for the other", "blocks.1.mlp.fc1.weight", level="gradient", plugin_in_ci=False,
            note="the two slopes differ by at most 2e-3, near |x| = 2: 2x the tolerance on seeded weights, whose "
                 "pre-activations stay small, 24x on weights at 4x",
            bug_class="gelu_backward_of_tanh"),
-    Mutant("torch_layernorm_detached_statistics", "torch", f"{_B}:torch_layernorm_detached_statistics",
+    Mutant("torch_layernorm_detached_statistics", "torch", f"{_T}:layernorm_detached_statistics",
            "a LayerNorm backward with its mean and variance treated as constants (`.detach()`)",
            "hand-written LayerNorms in ports", "blocks.1.attn", level="gradient", plugin_in_ci=False,
            bug_class="norm2_backward_detached_statistics"),
-    Mutant("torch_attn_residual_detached", "torch", f"{_B}:torch_attn_residual_detached",
+    Mutant("torch_attn_residual_detached", "torch", f"{_T}:attn_residual_detached",
            "`x + attn(...).detach()`: the attention branch cut from the graph", "activation-checkpointing and "
            "caching code", "blocks.1.attn", level="gradient", plugin_in_ci=False,
            bug_class="detached_branch"),
-    Mutant("mlx_cls_token_stop_gradient", "mlx", f"{_B}:mlx_cls_token_stop_gradient",
+    Mutant("mlx_cls_token_stop_gradient", "mlx", f"{_M}:cls_token_stop_gradient",
            "`mx.stop_gradient` on the class token", "frozen-token tricks carried into fine-tuning", "cls_token",
            level="gradient", plugin_in_ci=False,
            bug_class="frozen_parameter"),
-    Mutant("jax_softmax_kernel_backward", "jax", f"{_B}:jax_softmax_kernel_backward",
+    Mutant("jax_softmax_kernel_backward", "jax", f"{_J}:softmax_kernel_backward",
            "a custom_vjp softmax whose backward is P g, without - P sum(P g)", "hand-written attention kernels "
            "(tenstorrent/tt-forge-onnx#1383 checks backward for this reason)", "blocks.1.attn.k", level="gradient", plugin_in_ci=False,
            bug_class="softmax_backward_without_correction"),

@@ -106,3 +106,37 @@ class MultiHeadAttentionMaskAfterSoftmax(J.MultiHeadAttention):
 
 
 mask_after_softmax = partial(J.make_attention, model_cls=MultiHeadAttentionMaskAfterSoftmax)
+
+
+# Backward mutants: the forward is the correct port's, the gradients are wrong (docs/gradients.md).
+# --- attention whose softmax is a custom_vjp kernel with the backward P * g, without the
+# row normaliser's term - P * sum(P * g); the forward is jax.nn.softmax, so the weights are exact.
+@jax.custom_vjp
+def _softmax_kernel(logits):
+    return jax.nn.softmax(logits, axis=-1)
+
+
+def _softmax_kernel_forward(logits):
+    weights = jax.nn.softmax(logits, axis=-1)
+    return weights, weights
+
+
+def _softmax_kernel_backward(weights, grad):
+    return (weights * grad,)
+
+
+_softmax_kernel.defvjp(_softmax_kernel_forward, _softmax_kernel_backward)
+
+
+class AttentionSoftmaxKernel(J.Attention):
+    def __call__(self, x, taps=None, name="attn"):  # J.Attention's explicit path, the kernel's softmax
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        q, k, v = (J.record_tap(taps, f"{name}.{n}", t) for n, t in zip("qkv", qkv))
+        attn = _softmax_kernel(J._matmul(q * self.scale, k.swapaxes(-2, -1)).astype(jax.numpy.float32))
+        attn = J.record_tap(taps, f"{name}.weights", attn.astype(v.dtype))
+        x = J.record_tap(taps, name, self.proj(J.merge_heads(J._matmul(attn, v))))
+        return x
+
+
+softmax_kernel_backward = partial(J.make_grad, attn_layer=AttentionSoftmaxKernel)

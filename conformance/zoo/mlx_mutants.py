@@ -188,3 +188,18 @@ def map_head_exact_gelu(config, state, **kw):
 
 
 map_head_exact_gelu.supports = {"global_pool": "map", "act_layer": "gelu_tanh", "class_token": (False, True)}
+
+
+# Backward mutants: the forward is the correct port's, the gradients are wrong (docs/gradients.md).
+# --- the class token behind mx.stop_gradient (a frozen-token trick carried into fine-tuning).
+class VisionTransformerClsStopGradient(M.VisionTransformer):
+    def _pos_embed(self, x, grid):
+        cls_token = self.cls_token
+        self.cls_token = mx.stop_gradient(cls_token)
+        try:
+            return super()._pos_embed(x, grid)
+        finally:
+            self.cls_token = cls_token
+
+
+cls_token_stop_gradient = partial(M.make_grad, model_cls=VisionTransformerClsStopGradient)

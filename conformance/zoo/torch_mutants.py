@@ -354,3 +354,117 @@ def registers_in_patch_mean(config, state, **kw):
 
 
 registers_in_patch_mean.supports = {"reg_tokens": (1, 2), "global_pool": ("avg",)}
+
+
+# Backward mutants: the forward is the correct port's (every forward check passes), the gradients
+# are wrong (docs/gradients.md); each a gradient factory, what `verify --grad` and --grad-port take.
+# --- a frozen position embedding: `pos_embed.requires_grad = False` in a fine-tuning script, or
+# a `.detach()` left from an interpolation helper; the forward is untouched.
+class VisionTransformerFrozenPosEmbed(T.VisionTransformer):
+    def _pos_embed(self, x, grid):
+        B, _, D = x.shape
+        c = self.config
+        pos = T.resample_pos_embed(
+            self.pos_embed.detach(), c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens
+        )
+        tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
+        prefix = [t.expand(B, -1, -1) for t in tokens]
+        if c.no_embed_class:
+            return torch.cat(prefix + [x + pos], dim=1)
+        return torch.cat(prefix + [x], dim=1) + pos
+
+
+class _ExactGelu(torch.autograd.Function):
+    """F.gelu exactly in the forward; each mutant below writes its own backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return F.gelu(x)
+
+
+class _Applied(torch.nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, *args):
+        return self.function.apply(*args)
+
+
+# --- a hand-written GELU whose backward keeps Phi(x) and drops x * phi(x) from
+# d/dx [x Phi(x)], as in autograd.Functions written to save memory.
+class _GeluHalfBackward(_ExactGelu):
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * 0.5 * (1.0 + torch.erf(x * 0.5**0.5))
+
+
+class MlpGeluHalfBackward(T.Mlp):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.act = _Applied(_GeluHalfBackward)
+
+
+# --- the same GELU with the tanh approximation's derivative in its backward (a fused
+# kernel's backward written for the other GELU): the two slopes differ by up to 2e-3 where
+# |x| is about 2, and agree near 0, so only the stage-wise bound sees it on ordinary weights.
+class _GeluTanhBackward(_ExactGelu):
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_(True)
+            (slope,) = torch.autograd.grad(F.gelu(x, approximate="tanh").sum(), x)
+        return grad * slope
+
+
+class MlpGeluTanhBackward(T.Mlp):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.act = _Applied(_GeluTanhBackward)
+
+
+# --- a LayerNorm whose backward treats the mean and variance as constants (statistics taken
+# through `.detach()`): dx = g w / sigma, without the mean's and the variance's terms; the
+# forward is F.layer_norm exactly, and the weight's and bias's gradients are right.
+class _LayerNormDetachedStatistics(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        rstd = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + ctx.eps)
+        x_hat = (x - x.mean(-1, keepdim=True)) * rstd
+        dims = tuple(range(grad.dim() - 1))
+        return grad * weight * rstd, (grad * x_hat).sum(dims), grad.sum(dims), None
+
+
+class LayerNormDetachedStatistics(torch.nn.LayerNorm):
+    def forward(self, x):
+        return _LayerNormDetachedStatistics.apply(x, self.weight, self.bias, self.eps)
+
+
+class BlockNorm2DetachedStatistics(T.Block):
+    def __init__(self, config, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        self.norm2 = LayerNormDetachedStatistics(config.embed_dim, eps=config.norm_eps)
+
+
+# --- a residual branch detached: `x = x + attn(...).detach()`, the attention branch trains
+# nothing and passes no gradient back; the sum is the same.
+class AttentionDetached(T.Attention):
+    def forward(self, x, taps=None, name="attn"):
+        return super().forward(x, taps, name).detach()
+
+
+pos_embed_frozen = partial(T.make_grad, model_cls=VisionTransformerFrozenPosEmbed)
+gelu_backward_missing_term = partial(T.make_grad, mlp_layer=MlpGeluHalfBackward)
+gelu_tanh_backward = partial(T.make_grad, mlp_layer=MlpGeluTanhBackward)
+layernorm_detached_statistics = partial(T.make_grad, block_fn=BlockNorm2DetachedStatistics)
+attn_residual_detached = partial(T.make_grad, attn_layer=AttentionDetached)
