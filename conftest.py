@@ -5,7 +5,9 @@ Choose a profile with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME
 ``thorough`` (many more examples, for a nightly job); see conformance/profiles.py.
 """
 
+import atexit
 import os
+import sys
 
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -18,6 +20,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(var, "1")
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
+import pytest  # noqa: E402
+
 from conformance import profiles  # noqa: E402
 
 profiles.register()
@@ -29,6 +33,20 @@ def pytest_collection_modifyitems(config, items):
     # pytest-xdist can fill the other worker meanwhile instead of waiting on them at the end.
     first = ("test_zoo.py", "test_plugin.py", "test_verify.py")
     items.sort(key=lambda item: 0 if item.path.name in first else 1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # A worker has sent every report by now; its interpreter's teardown (JAX's backends, a
+        # million objects) would hold the end of the run for seconds while the other core idles.
+        atexit.register(_exit_now)  # registered last: runs first
+
+
+def _exit_now():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # The built-in JAX port's share of each property's drawn cases: conformance.tests.helpers.drawn.
