@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if hasattr(config, "workerinput"):  # this process is the worker (a pytest it starts inherits the env)
         # A worker has sent every report by now; its interpreter's teardown (JAX's backends, a
         # million objects) would hold the end of the run for seconds while the other core idles.
         atexit.register(_exit_now)  # registered last: runs first
