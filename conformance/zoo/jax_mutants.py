@@ -1,5 +1,6 @@
 """JAX/Flax NNX mutants: bugs as they are written in JAX ports (JAX and Flax defaults,
-big_vision conventions carried over to a timm checkpoint)."""
+big_vision conventions carried over to a timm checkpoint); the backward mutant at the end keeps
+the forward and breaks the gradient (`verify --grad`)."""
 
 from __future__ import annotations
 

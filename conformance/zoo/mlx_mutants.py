@@ -1,4 +1,5 @@
-"""MLX mutants: bugs as they are written in MLX ports (the seed MLX ViT post, MLX defaults)."""
+"""MLX mutants: bugs as they are written in MLX ports (the seed MLX ViT post, MLX defaults); the
+backward mutant at the end keeps the forward and breaks the gradient (`verify --grad`)."""
 
 from __future__ import annotations
 

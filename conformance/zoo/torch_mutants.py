@@ -1,5 +1,6 @@
 """PyTorch mutants: bugs as they are written in PyTorch ports (the seed posts' attention and
-einops ViT code, and public reports). Each is the correct port with one thing changed."""
+einops ViT code, and public reports). Each is the correct port with one thing changed; the
+backward mutants at the end keep its forward and break its gradient (`verify --grad`)."""
 
 from __future__ import annotations
 
