@@ -19,7 +19,6 @@ from conformance.properties.core import (  # noqa: F401
     NotApplicable,
     ModelCase,
     AttentionCase,
-    build,
     check_fully_masked_row,
     run_model,
     check_close,

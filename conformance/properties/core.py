@@ -11,7 +11,7 @@ import numpy as np
 from conformance.numerics import error_model as E
 from conformance.numerics.compare import compare_stage, ratio_over_bound, relative_spread
 from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
-from conformance.support import build  # noqa: F401 - the properties run a port through it
+from conformance.support import build
 from impls.protocol import ViTConfig
 
 

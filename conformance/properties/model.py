@@ -12,13 +12,13 @@ from conformance.numerics.tolerances import tolerance
 from impls.protocol import tap_names
 
 
+from conformance.support import build
 from conformance.properties.core import (
     PropertyFailure,
     NotApplicable,
     ModelCase,
     _fail,
     _call,
-    build,
     run_model,
     _needs,
     check_close,

@@ -61,7 +61,7 @@ def drawn(max_examples: int | None, examples=(), **strategies):
 
 def run(port: str, config, state, images, **options):
     """Build and run a port; a config it does not support raises Unsupported (a skip naming it)."""
-    from conformance.properties import build
+    from conformance.support import build
 
     return build(factory(port), config, state, **options)(images)
 
