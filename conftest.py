@@ -6,6 +6,7 @@ Choose a profile with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME
 """
 
 import atexit
+import gc
 import os
 import sys
 
@@ -19,6 +20,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+    # A worker holds about a million long-lived objects (torch, JAX, hypothesis): at the default
+    # thresholds each of its ~15 full collections walks them all. Collected less often, the
+    # same cycles are freed later (docs/properties.md, "Speed").
+    gc.set_threshold(10_000, 10, 100)
 
 import pytest  # noqa: E402
 

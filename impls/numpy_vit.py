@@ -572,7 +572,12 @@ def _traced(name: str = "impls._numpy_vit_traced"):
     the oracle's own float64 forward, unchanged, is differentiated in reverse mode. (Another
     ``name`` is another copy: conformance.numerics.gradients perturbs one's softmax backward.)"""
     import autograd.numpy as anp
-    from autograd.scipy.special import erf as aerf
+    from autograd.extend import defvjp, primitive
+
+    # autograd.scipy.special's erf, as it defines it (importing that module imports scipy.stats
+    # and scipy.integrate: most of a gradient check's start-up)
+    aerf = primitive(erf)
+    defvjp(aerf, lambda ans, x: lambda g: 2.0 * g * 0.56418958354775627928 * anp.exp(-(x**2)))
 
     spec = importlib.util.spec_from_file_location(name, __file__)
     module = importlib.util.module_from_spec(spec)

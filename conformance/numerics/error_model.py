@@ -699,15 +699,19 @@ def parallel():
 
 
 @lru_cache(maxsize=16)
-def _skipped(seed: int, draws: int) -> dict:
-    """The state of ``default_rng(seed)`` after ``draws`` standard normals (a normal takes a varying
-    number of the generator's words, so the only way there is to draw them)."""
-    rng, chunk = np.random.default_rng(seed), np.empty(1 << 20)
-    while draws > 0:
-        n = min(draws, chunk.size)
-        rng.standard_normal(out=chunk[:n])
-        draws -= n
-    return rng.bit_generator.state
+def _skipped(seed: int, draws: int, runs: int = 1) -> tuple[dict, ...]:
+    """The states of ``default_rng(seed)`` after r x ``draws`` standard normals, r = 1 .. ``runs``,
+    drawn once (a normal takes a varying number of the generator's words, so the only way there is
+    to draw them)."""
+    rng, chunk, states = np.random.default_rng(seed), np.empty(1 << 20), []
+    for _ in range(runs):
+        left = draws
+        while left > 0:
+            n = min(left, chunk.size)
+            rng.standard_normal(out=chunk[:n])
+            left -= n
+        states.append(rng.bit_generator.state)
+    return tuple(states)
 
 
 class _Runs:
@@ -737,13 +741,11 @@ class _Runs:
         self.runs = max(chain.noisy_runs, min(8, int(4e6 // max(total, 1))))
         # run r's generator where run r - 1's stops; streamed, skipped there in the pool while the
         # first clean step runs (a full-size case's skip is tens of millions of draws)
-        skip = (
-            (lambda r: _skipped(chain.seed, r * total))
-            if held
-            else (lambda r: pool().submit(_skipped, chain.seed, r * total))
-        )
         self.rngs = [np.random.default_rng(chain.seed)]
-        self.skipping = [skip(r) for r in range(1, self.runs)]  # the others' states, or their futures
+        if held:  # the others' states, one run's draws after another's
+            self.skipping = list(_skipped(chain.seed, total, self.runs - 1))
+        else:  # or their futures, side by side in the pool
+            self.skipping = [pool().submit(_skipped, chain.seed, r * total) for r in range(1, self.runs)]
         self.done = 0  # stages computed, in model order
         self.clean: dict[str, np.ndarray] = {}
         self.noisy: list[dict[str, np.ndarray]] = [{} for _ in range(self.runs)]
@@ -810,7 +812,7 @@ class _Runs:
         runs = range(self.runs)
         for skipped in self.skipping:  # the first step: the other runs' generators, once skipped there
             rng = np.random.default_rng(chain.seed)
-            rng.bit_generator.state = skipped if isinstance(skipped, dict) else skipped.result()
+            rng.bit_generator.state = skipped if isinstance(skipped, dict) else skipped.result()[0]
             self.rngs.append(rng)
         self.skipping = []
         self.clean[name] = value
