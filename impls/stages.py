@@ -44,6 +44,7 @@ each of the four ports, and its capture rule (docs/model.md, "Adding a stage").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 from weights.config import ViTConfig
@@ -233,6 +234,7 @@ def tap_shapes(config: ViTConfig, batch: int, img_size=None) -> dict[str, tuple[
     return {name: tuple(symbols[s] for s in stage_of(name)[0].shape.split()) for name in tap_names(config)}
 
 
+@lru_cache(maxsize=4096)  # read for every stage of every noisy run
 def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
     """The taps a stage is computed from (the images are always there)."""
     stage, i = stage_of(name)
