@@ -159,6 +159,7 @@ def verify(
     bar = _progress(total, len(variant.names), report.port, progress)
 
     last = []  # a streamed plan's last case, kept for the determinism re-run (nothing is held after it)
+    full_size = not cached(config)  # a small config's cases, given, are streamed too: nothing to give back
 
     def judged():
         for case, model in pairs:
@@ -171,7 +172,8 @@ def verify(
                 if len(report.cases) == total:
                     last.append(case)
                 del case
-                return_freed_memory()
+                if full_size:
+                    return_freed_memory()
 
     try:
         with contextlib.nullcontext() if isinstance(pairs, tuple) else parallel():  # streamed: threads
