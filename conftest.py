@@ -34,9 +34,18 @@ profiles.load_default()
 
 
 def pytest_collection_modifyitems(config, items):
-    # The meta-tests that start their own pytest run take longest: schedule them first, so
-    # pytest-xdist can fill the other worker meanwhile instead of waiting on them at the end.
-    first = ("test_zoo.py", "test_plugin.py", "test_verify.py")
+    # The meta-tests that start their own pytest run take longest, and the modules with a test of
+    # several seconds (XLA compiling a Flax model op by op, a JAX mutant in bfloat16): schedule
+    # them first, so that pytest-xdist ends on short tests on both workers instead of one of
+    # them waiting on a long one at the end.
+    first = (
+        "test_zoo.py",
+        "test_plugin.py",
+        "test_verify.py",
+        "test_capture.py",
+        "test_third_party.py",
+        "test_diagnosis.py",
+    )
     items.sort(key=lambda item: 0 if item.path.name in first else 1)
 
 
