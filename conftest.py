@@ -5,7 +5,6 @@ Choose a profile with ``--hypothesis-profile NAME`` or ``HYPOTHESIS_PROFILE=NAME
 ``thorough`` (many more examples, for a nightly job); see conformance/profiles.py.
 """
 
-import atexit
 import gc
 import os
 import sys
@@ -49,12 +48,15 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: 0 if item.path.name in first else 1)
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    if hasattr(config, "workerinput"):  # this process is the worker (a pytest it starts inherits the env)
-        # A worker has sent every report by now; its interpreter's teardown (JAX's backends, a
-        # million objects) would hold the end of the run for seconds while the other core idles.
-        atexit.register(_exit_now)  # registered last: runs first
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_sessionfinish(session):
+    yield
+    if hasattr(session.config, "workerinput"):  # the worker itself (a pytest it starts inherits the env)
+        # pytest-xdist has sent the worker's last report and its "workerfinished" (in its own
+        # wrapper, inside this outermost one): what is left is the worker's unconfigure (two full
+        # garbage collections) and its interpreter's teardown (JAX's backends, a million
+        # objects), which the run's end would wait on while the other core idles.
+        _exit_now()
 
 
 def _exit_now():
