@@ -240,29 +240,21 @@ def test_the_vendored_mlx_image_file_is_the_published_one():
     assert digest == vendor.MLX_IMAGE_VIT_SHA256
 
 
-def cli(capsys, *args):
-    """``python -m conformance verify ARGS`` in this process (test_verify also runs it once as a subprocess)."""
-    from conformance.cli import main
-
-    code = main(["verify", *args])
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
-
-
-def test_cli_verifies_an_attention_port_and_an_example_with_a_tap_override(capsys, tmp_path):
+def test_cli_verifies_an_attention_port_and_an_example_with_a_tap_override(cli, tmp_path):
+    """``python -m conformance verify`` in this process (test_verify_checks also runs it as a subprocess)."""
     sys.path.insert(0, str(DATA))
     try:
-        code, out = cli(capsys, "--attention", "user_ports:correct_attention", "--json", str(tmp_path / "a.json"))
-        assert code == 0 and "CONFORMANT: all 2 stages" in out, out
+        code, out, err = cli("verify", "--attention", "user_ports:correct_attention", "--json", tmp_path / "a.json")
+        assert code == 0 and "CONFORMANT: all 2 stages" in out, out + err
         assert json.loads((tmp_path / "a.json").read_text())["config"]["num_heads"] == 2
-        code, out = cli(
-            capsys, "--attention", "user_ports:mean_of_values_attention", "--json", str(tmp_path / "b.json")
+        code, out, err = cli(
+            "verify", "--attention", "user_ports:mean_of_values_attention", "--json", tmp_path / "b.json"
         )
         assert code == 1 and json.loads((tmp_path / "b.json").read_text())["first_divergence"] == "attn.weights", out
     finally:
         sys.path.remove(str(DATA))
-    code, out = cli(
-        capsys,
+    code, out, err = cli(
+        "verify",
         "conformance.examples.seed_einops_vit:port",
         "--config",
         json.dumps(config_for(example("seed_einops_vit:port")).to_dict()),
@@ -272,13 +264,13 @@ def test_cli_verifies_an_attention_port_and_an_example_with_a_tap_override(capsy
         str(tmp_path / "c.json"),
     )
     report = json.loads((tmp_path / "c.json").read_text())
-    assert code == 1 and report["first_divergence"] == "blocks.0.attn.q", out
+    assert code == 1 and report["first_divergence"] == "blocks.0.attn.q", out + err
     assert report["sources"]["blocks.0.mlp.act"] == "output of 1.0.1.fn.1.1", report["sources"]
     # a square-only port gets vit_test_token's square twin by default, and a non-square config it is given refused
-    code, out = cli(capsys, "conformance.examples.mlx_image_vit:port", "--preset", "vit_test_token")
-    assert code == 2 and "img_size=(16, 24) (supported: square images only)" in out, out
-    code, out = cli(capsys, "torch", "--tap", "norm=x")
-    assert code == 2 and "--tap applies to a ModelPort" in out, out
+    code, out, err = cli("verify", "conformance.examples.mlx_image_vit:port", "--preset", "vit_test_token")
+    assert code == 2 and "img_size=(16, 24) (supported: square images only)" in err, out + err
+    code, out, err = cli("verify", "torch", "--tap", "norm=x")
+    assert code == 2 and "--tap applies to a ModelPort" in err, out + err
 
 
 def test_without_interception_q_k_v_come_from_the_projections(monkeypatch):

@@ -117,21 +117,6 @@ def user_ports():
     return module
 
 
-@pytest.fixture
-def verify_cli(capsys):
-    from conformance.cli import main
-
-    def run(*args):
-        try:
-            code = main(["verify", *args])
-        except SystemExit as e:
-            code = e.code
-        captured = capsys.readouterr()
-        return code, captured.out + captured.err
-
-    return run
-
-
 SQUARE = dataclasses.replace(get_config("vit_test_token"), img_size=(16, 16), name=None)
 
 
@@ -323,14 +308,15 @@ def test_a_train_mode_switch_at_rate_0_gives_eval_numerics_bitwise():
     assert np.array_equal(train["images"], evaluate["images"])
 
 
-def test_verify_grad_locates_a_backward_mutant_on_a_weights_file_and_writes_its_report(verify_cli, tmp_path):
+def test_verify_grad_locates_a_backward_mutant_on_a_weights_file_and_writes_its_report(cli, tmp_path):
     """The zoo's meta-test runs every mutant on the seeded cases; here the command as typed, on
     the user's weights (two cases)."""
     from weights import save_state
 
     config = get_config("vit_test_token")
     save_state(init_state(config, seed=4), tmp_path / "w.safetensors", config)
-    code, out = verify_cli(
+    code, out, err = cli(
+        "verify",
         "--grad",
         "conformance.zoo.torch_mutants:attn_residual_detached",
         "--weights",
@@ -338,7 +324,7 @@ def test_verify_grad_locates_a_backward_mutant_on_a_weights_file_and_writes_its_
         "--json",
         str(tmp_path / "r.json"),
     )
-    assert code == 1, out
+    assert code == 1, out + err
     assert "NOT CONFORMANT: first divergence in backward order: the cotangent of tap blocks.1.attn" in out, out
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["first_divergence"]["name"] == "blocks.1.attn" and not report["conformant"]
@@ -381,9 +367,9 @@ def test_verify_grad_names_what_is_wrong_with_a_broken_factory_in_one_line(user_
         (("--grad", "no_such_module:make_grad"), "cannot load gradient factory"),
     ],
 )
-def test_verify_grad_usage_errors_exit_2_with_the_reason(verify_cli, args, message):
-    code, out = verify_cli(*args)
-    assert code == 2 and message in out, out
+def test_verify_grad_usage_errors_exit_2_with_the_reason(cli, args, message):
+    code, out, err = cli("verify", *args)
+    assert code == 2 and message in err, out + err
 
 
 @pytest.mark.parametrize(

@@ -47,23 +47,13 @@ def run_cli(user_dir, *args):
 
 
 @pytest.fixture
-def cli(user_dir, monkeypatch, capsys):
-    """The same command in this process, from the user's directory: each subprocess pays for
-    importing torch, JAX and MLX again (1 to 3 s), so only the first test below starts one."""
-    from conformance.cli import main
-
+def cli(user_dir, monkeypatch, cli):
+    """tests/conftest.py's ``cli`` (the command in this process) from the user's directory: each
+    subprocess pays for importing torch, JAX and MLX again (1 to 3 s), so only the first test
+    below starts one."""
     monkeypatch.chdir(user_dir)
     monkeypatch.syspath_prepend(str(user_dir))
-
-    def run(*args):
-        try:
-            code = main(["verify", *args])
-        except SystemExit as e:  # argparse's usage errors
-            code = e.code
-        captured = capsys.readouterr()
-        return code, captured.out + captured.err
-
-    return run
+    return cli
 
 
 @pytest.fixture(scope="module")
@@ -145,15 +135,15 @@ def test_cli_exit_0_for_a_conformant_port_with_json_and_plot(user_dir):
 
 
 def test_cli_exit_1_names_the_first_divergent_stage(user_dir, cli):
-    code, out = cli("user_ports:shared_norm", "--json", "s.json")
-    assert code == 1, out
+    code, out, err = cli("verify", "user_ports:shared_norm", "--json", "s.json")
+    assert code == 1, out + err
     assert "NOT CONFORMANT: first divergent stage blocks.0.norm2" in out
     assert json.loads((user_dir / "s.json").read_text())["first_divergence"] == "blocks.0.norm2"
 
 
 def test_cli_reports_a_crashing_port_without_a_traceback(user_dir, cli):
-    code, out = cli("user_ports:crashing", "--json", "c.json")
-    assert code == 1 and "Traceback" not in out, out
+    code, out, err = cli("verify", "user_ports:crashing", "--json", "c.json")
+    assert code == 1 and "Traceback" not in out + err, out + err
     failures = json.loads((user_dir / "c.json").read_text())["failures"]
     assert failures and failures[0]["reason"] == "the port raised RuntimeError: boom"
 
@@ -161,10 +151,10 @@ def test_cli_reports_a_crashing_port_without_a_traceback(user_dir, cli):
 def test_cli_takes_a_weight_file_and_a_json_config(user_dir, cli):
     config = get_config("vit_test_avg")
     save_state(init_state(config, seed=3), user_dir / "w.safetensors", config)
-    code, out = cli("user_ports:correct", "--weights", "w.safetensors")
-    assert code == 0, out
-    code, out = cli("user_ports:correct", "--config", json.dumps(config.to_dict()))
-    assert code == 0, out
+    code, out, err = cli("verify", "user_ports:correct", "--weights", "w.safetensors")
+    assert code == 0, out + err
+    code, out, err = cli("verify", "user_ports:correct", "--config", json.dumps(config.to_dict()))
+    assert code == 0, out + err
 
 
 @pytest.mark.parametrize(
@@ -178,8 +168,8 @@ def test_cli_takes_a_weight_file_and_a_json_config(user_dir, cli):
     ],
 )
 def test_cli_exit_2_on_a_usage_error(cli, args, message):
-    code, out = cli(*args)
-    assert code == 2 and message in out and "Traceback" not in out, out
+    code, out, err = cli("verify", *args)
+    assert code == 2 and message in err and "Traceback" not in out + err, out + err
 
 
 def test_verify_in_low_precision_catches_a_softmax_without_its_max():
