@@ -27,16 +27,15 @@ from impls.protocol import ViTConfig
 
 # ``bench.fit`` to the twelve rows of docs/data/bench_verify.json (ViT-Ti to ViT-L/14 at 336; three depths,
 # four token counts; three sizes in one-image cases). Memory is an upper bound of every row, least over
-# them in all (a config is refused on it): at most 1.66 GB over (ViT-L/14 at 336 in one-image cases, 52%:
-# a one-image plan holds no next case's weights, for which there is no term), 0.41 GB where the peak is
-# under 2 GB (the interpreters' own memory moves by 0.2 GB between runs).
-BASE = 8.3157e8  # bytes: the interpreters, NumPy, the port's framework
-PER_TAP_ELEMENT = 4.9333  # bytes per element of the case's taps
-PER_PARAMETER = 8.4277  # bytes per parameter
-SECONDS_PER_CASE = 1.2634  # a case's fixed cost: its Python, its files
-SECONDS_PER_MEGA_PARAMETER = 0.022529  # a case's weights: drawn, written, read in both processes
-SECONDS_PER_GFLOP = 0.1273  # of one image's forward
-SECONDS_PER_MEGA_TAP = 0  # per million elements of one image's taps
+# them in all (a config is refused on it): at most 0.80 GB over (ViT-L/14 at 336 in one-image cases, 18%),
+# 0.20 GB where the peak is under 2 GB (the interpreters' own memory moves by 0.2 GB between runs).
+BASE = 8.3243e8  # bytes: the interpreters, NumPy, the port's framework
+PER_TAP_ELEMENT = 3.8521  # bytes per element of the case's taps
+PER_PARAMETER = 10.824  # bytes per parameter
+SECONDS_PER_CASE = 0.63047  # a case's fixed cost: its Python, its files
+SECONDS_PER_MEGA_PARAMETER = 0.023252  # a case's weights: drawn, written, read in both processes
+SECONDS_PER_GFLOP = 0.061744  # of one image's forward
+SECONDS_PER_MEGA_TAP = 0.089882  # per million elements of one image's taps
 
 
 def forward_flops(config: ViTConfig, batch: int = 1) -> float:
