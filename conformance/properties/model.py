@@ -9,10 +9,10 @@ from einops import rearrange
 
 from conformance.numerics.compare import StageResult, compare_outputs, compare_stage, describe_failures
 from conformance.numerics.tolerances import tolerance
+from conformance.support import build
 from impls.protocol import tap_names
 
 
-from conformance.support import build
 from conformance.properties.core import (
     PropertyFailure,
     NotApplicable,

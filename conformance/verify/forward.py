@@ -143,7 +143,8 @@ def verify(
     why = side.unsupported(config)
     if why:
         raise Unsupported(f"config not supported by the port: {why}")
-    if cases is None and state is None and cached(config):
+    small = cached(config)  # a small config's given cases are streamed too: nothing to give back after each
+    if cases is None and state is None and small:
         pairs = seeded_cases(config, seed, dtype)
     else:  # one case in memory at a time (two where the next fits): weights, images, oracle, outputs
         plan = verify_plan(config, state, seed) if cases is None else None
@@ -159,7 +160,6 @@ def verify(
     bar = _progress(total, len(variant.names), report.port, progress)
 
     last = []  # a streamed plan's last case, kept for the determinism re-run (nothing is held after it)
-    full_size = not cached(config)  # a small config's cases, given, are streamed too: nothing to give back
 
     def judged():
         for case, model in pairs:
@@ -172,7 +172,7 @@ def verify(
                 if len(report.cases) == total:
                     last.append(case)
                 del case
-                if full_size:
+                if not small:
                     return_freed_memory()
 
     try:
