@@ -742,10 +742,13 @@ class _Runs:
         # run r's generator where run r - 1's stops; streamed, skipped there in the pool while the
         # first clean step runs (a full-size case's skip is tens of millions of draws)
         self.rngs = [np.random.default_rng(chain.seed)]
-        if held:  # the others' states, one run's draws after another's
-            self.skipping = list(_skipped(chain.seed, total, self.runs - 1))
-        else:  # or their futures, side by side in the pool
-            self.skipping = [pool().submit(_skipped, chain.seed, r * total) for r in range(1, self.runs)]
+        # ``skipped()``: the other runs' generator states, at the first step
+        if held:  # one run's draws after another's
+            states = _skipped(chain.seed, total, self.runs - 1)
+            self.skipped = lambda: states
+        else:  # or side by side in the pool
+            futures = [pool().submit(_skipped, chain.seed, r * total) for r in range(1, self.runs)]
+            self.skipped = lambda: [f.result()[0] for f in futures]
         self.done = 0  # stages computed, in model order
         self.clean: dict[str, np.ndarray] = {}
         self.noisy: list[dict[str, np.ndarray]] = [{} for _ in range(self.runs)]
@@ -810,11 +813,12 @@ class _Runs:
             return spread
 
         runs = range(self.runs)
-        for skipped in self.skipping:  # the first step: the other runs' generators, once skipped there
-            rng = np.random.default_rng(chain.seed)
-            rng.bit_generator.state = skipped if isinstance(skipped, dict) else skipped.result()[0]
-            self.rngs.append(rng)
-        self.skipping = []
+        if self.skipped is not None:  # the first step: the other runs' generators, once skipped there
+            for state in self.skipped():
+                rng = np.random.default_rng(chain.seed)
+                rng.bit_generator.state = state
+                self.rngs.append(rng)
+            self.skipped = None
         self.clean[name] = value
         self.done = i + 1
         if self.held:
