@@ -8,6 +8,7 @@ import pytest
 from conformance.diagnosis import diagnose
 from conformance.diagnosis.classes import CLASSES, BY_NAME, evaluate_variant
 from conformance.numerics.error_model import CaseModel
+from conformance.profiles import heavy
 from conformance.strategies import WeightCase, make_images
 from conformance.tests.helpers import factory
 from impls import get_config
@@ -161,6 +162,11 @@ def test_the_scans_measurement_on_the_correct_ports_is_recorded():
     assert any("vit_test_siglip blocks.0.mlp.act gelu_exact -1.87" in a for a in record["bfloat16"]["alarms"])
 
 
+@pytest.mark.skipif(
+    not heavy(),
+    reason="thorough profile: four bfloat16 programs for XLA to compile (9 s); in ci the scan on torch's tanh "
+    "GELU (above) and the pooled verdict on torch mutants (below)",
+)
 def test_the_tanh_gelu_in_bfloat16_runs_beyond_the_correct_ports_band():
     """JAX's tanh GELU in bfloat16 passes every element and is no class's difference (α = 2.7: the
     bug, and the bias bfloat16's arithmetic adds to it), but its share along the tanh GELU is

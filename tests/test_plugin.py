@@ -198,7 +198,7 @@ def test_the_builtin_jax_port_draws_its_share_of_cases_and_every_other_port_all(
         prop(port=port)
     assert calls["torch", True] == calls["jax", True] == calls["jax_port:make", True] == 1
     assert calls["torch", False] == calls["jax_port:make", False] == 4
-    assert calls["jax", False] == (4 if heavy() else 4 // JAX_SHARE)
+    assert calls["jax", False] == (4 if heavy() else max(1, 4 // JAX_SHARE))
 
 
 def test_a_given_port_that_does_not_load_stops_the_run_before_any_test(tmp_path):

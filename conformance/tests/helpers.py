@@ -24,10 +24,10 @@ def budget(divisor: int = 1, minimum: int = 3) -> int:
 
 # The built-in JAX port compiles every new config and batch shape with XLA (0.6 to 1.4 s each on
 # the 2-core VM, docs/properties.md), where torch and MLX run a drawn case in milliseconds: in
-# the ci profile it draws 1/JAX_SHARE of each property's cases (at least one; every explicit
-# example runs). The thorough profile draws the same count for every port; users' ports are
-# never scaled.
-JAX_SHARE = 2
+# the ci profile it draws 1/JAX_SHARE of each property's cases (at least one: with the ci
+# profile's 5, one drawn config beside every explicit example). The thorough profile draws the
+# same count for every port; users' ports are never scaled.
+JAX_SHARE = 5
 
 
 def drawn(max_examples: int | None, examples=(), **strategies):
