@@ -201,6 +201,24 @@ def test_the_builtin_jax_port_draws_its_share_of_cases_and_every_other_port_all(
     assert calls["jax", False] == (4 if heavy() else max(1, 4 // JAX_SHARE))
 
 
+def test_the_builtin_jax_port_runs_the_first_entry_of_a_matrix_and_every_other_port_all():
+    """helpers.jax_runs_the_first: in the ci profile the built-in JAX port (fused or not) skips a
+    matrix's other entries; torch, a user's port named like a module and every first entry run."""
+    from conformance.profiles import heavy
+    from conformance.tests.helpers import jax_runs_the_first
+
+    def runs(port, first):
+        try:
+            jax_runs_the_first(port, first, "the first")
+        except pytest.skip.Exception:
+            return False
+        return True
+
+    assert all(runs(port, True) for port in ("torch", "jax", "jax+fused", "jax_port:make"))
+    assert runs("torch", False) and runs("mlx+fused", False) and runs("jax_port:make", False)
+    assert runs("jax", False) == runs("jax+fused", False) == heavy()
+
+
 def test_a_given_port_that_does_not_load_stops_the_run_before_any_test(tmp_path):
     """One line naming the port (pytest's usage error, exit 4), not a failing test per property."""
     code, out = run_pytest(tmp_path, "--port", "no_such_module:make", select=None)

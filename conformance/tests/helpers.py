@@ -30,6 +30,19 @@ def budget(divisor: int = 1, minimum: int = 3) -> int:
 JAX_SHARE = 5
 
 
+def jax_runs_the_first(port: str, first: bool, of: str) -> None:
+    """The built-in JAX port's share of a parametrized matrix in the ci profile, as ``drawn``'s of
+    drawn cases: the first entry (each other one is a program more for XLA to compile); torch,
+    MLX and users' ports run them all, and the thorough profile runs every entry on every port.
+    Skips the test where ``first`` is false; ``of`` names the matrix's first entry."""
+    import pytest
+
+    from conformance import profiles
+
+    if not first and port.partition("+")[0] == "jax" and not profiles.heavy():
+        pytest.skip(f"ci budget: the built-in JAX port runs {of} (thorough: every entry)")
+
+
 def drawn(max_examples: int | None, examples=(), **strategies):
     """``@settings(max_examples=...)``, ``@example(**e)`` for each of ``examples`` and
     ``@given(**strategies)`` in one decorator (``None``: the profile's count), built twice with

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conformance.references import timm_vit
-from conformance.tests.helpers import factory
+from conformance.tests.helpers import factory, jax_runs_the_first
 from conformance import properties as P
 from conformance.numerics.error_model import CaseModel
 from impls import get_config
@@ -31,6 +31,7 @@ def assert_logits_close(port, config, state, x, ref, what):
 
 @pytest.mark.parametrize("name, suffix", [(name, ".safetensors") for name in TIMM_CONFIGS] + [("vit_test_avg", ".pth")])
 def test_timm_checkpoint_imports_and_every_port_matches_timms_forward(framework_port, name, suffix, tmp_path):
+    jax_runs_the_first(framework_port, name == TIMM_CONFIGS[0], TIMM_CONFIGS[0])
     config = get_config(name)
     torch.manual_seed(1)
     model = timm_vit(config)
@@ -79,6 +80,7 @@ def hf_model(eps, seed=0):
 
 @pytest.mark.parametrize("eps", [1e-12, 1e-6])
 def test_hf_checkpoint_imports_with_its_config_and_every_port_matches_transformers(framework_port, eps, tmp_path):
+    jax_runs_the_first(framework_port, eps == 1e-12, "transformers' default eps, 1e-12")
     model = hf_model(eps)
     model.save_pretrained(tmp_path)
     assert detect(str(tmp_path)) == "hf"

@@ -9,7 +9,7 @@ from conformance import properties as P
 from conformance.numerics.error_model import CaseModel
 from conformance.profiles import heavy
 from conformance.references import timm_state, timm_taps, timm_vit
-from conformance.tests.helpers import run
+from conformance.tests.helpers import jax_runs_the_first, run
 from impls import get_config, tap_names
 from weights import init_state
 
@@ -51,6 +51,7 @@ def test_port_equals_timm_at_every_stage(port, name, weights):
     """timm's own init (ones/zeros norms, zero biases) and the project's; timm's state_dict is
     fed to the port through the canonical format. Both run in float32, so each is within the
     tolerance of the truth and they are within twice that of each other."""
+    jax_runs_the_first(port, name == CONFIGS[0], f"{CONFIGS[0]} (both inits: one program)")
     config = get_config(name)
     torch.manual_seed(3)
     model = timm_vit(config, None if weights == "timm_init" else init_state(config, seed=4))
