@@ -24,7 +24,7 @@ def test_builtin_ports_pass_verify_in_low_precision(framework_port, dtype):
     if framework_port != "torch" and not heavy():
         pytest.skip(
             "ci budget: MLX and JAX low-precision verify run in the thorough profile; test_model checks "
-            "their every tap in bf16 and fp16"
+            "every tap of MLX in bf16 and fp16, of JAX in bf16"
         )
     report = verify(load_factory(framework_port), CONFIG, port=framework_port, dtype=dtype)
     assert report.conformant, [(s.name, s.reason) for s in report.stages if not s.ok] + report.failures
