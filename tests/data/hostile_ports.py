@@ -9,12 +9,13 @@ import time
 
 import numpy as np
 
-from impls import numpy_vit
-
 
 def _correct(config, state):
     """The float64 NumPy port with float32 taps: correct, and no framework for the port's process
-    to import (these tests start one per port)."""
+    to import (these tests start one per port). Imported here: a port that exits, crashes or hangs
+    before computing anything has its process import neither it nor scipy."""
+    from impls import numpy_vit
+
     forward = numpy_vit.make(config, state)
     return lambda images: {k: np.asarray(v, np.float32) for k, v in forward(images).items()}
 
