@@ -47,8 +47,8 @@ def pytest_collection_modifyitems(config, items):
     )
     # Before them, side by side, the modules whose tests compile the same XLA program: the JAX
     # port's gradient of vit_test_token, for the reference check, the AdamW step and the optax
-    # mutants (2 to 4 s each time). pytest-xdist's worksteal hands the front of the list to one
-    # worker and steals from the back, so they run on that worker, where the program is cached.
+    # mutants. pytest-xdist's worksteal hands the front of the list to one worker and steals
+    # from the back, so they run on that worker, where the program is cached.
     together = ("test_gradients.py", "test_gradients_checks.py")
 
     def order(item):

@@ -164,7 +164,7 @@ def test_the_scans_measurement_on_the_correct_ports_is_recorded():
 
 @pytest.mark.skipif(
     not heavy(),
-    reason="thorough profile: four bfloat16 programs for XLA to compile (9 s); in ci the scan on torch's tanh "
+    reason="thorough profile: four bfloat16 programs for XLA to compile; in ci the scan on torch's tanh "
     "GELU (above) and the pooled verdict on torch mutants (below)",
 )
 def test_the_tanh_gelu_in_bfloat16_runs_beyond_the_correct_ports_band():

@@ -33,23 +33,22 @@ def test_the_zoo_holds_at_least_20_model_mutants_and_every_declared_bug_class():
     assert near >= {"jax_gelu_tanh", "jax_layernorm_fast_variance"} and not near & set(THOROUGH_ONLY), near
 
 
-# The JAX mutants ci leaves to the thorough profile (XLA compiles each for verify's two batch
-# shapes, 2 to 8 s), and what in ci catches the same bug instead. The JAX model mutants nearest
-# their tolerance stay in ci (Flax's tanh GELU and fast variance, 118x and 120x in
-# docs/data/zoo.json: a loosened bound would lose them first); one whose recorded float32
-# separation is FAR or more leaves, as a bound loose enough to miss it would first miss ci's
-# torch and MLX mutants separated less (4.9e3x up).
+# The JAX mutants ci leaves to the thorough profile (XLA compiles each anew for verify's two
+# batch shapes), and what in ci catches the same bug instead. The JAX model mutants nearest their
+# tolerance stay in ci (Flax's tanh GELU and fast variance, 118x and 120x in docs/data/zoo.json:
+# a loosened bound would lose them first); one whose recorded float32 separation is FAR or more
+# leaves: a bound would have to loosen that many times over to hide it.
 FAR = 1e5
 _RECORDED = json.loads((Path(__file__).parent.parent / "docs" / "data" / "zoo.json").read_text())["mutants"]
 THOROUGH_ONLY = {
-    r["name"]: f"its separation is {r['ratio']:.2g}x the tolerance (docs/data/zoo.json); in ci the torch and "
-    "MLX mutants separated less locate their stages"
+    r["name"]: f"its separation is {r['ratio']:.2g}x the tolerance (docs/data/zoo.json), beyond what a "
+    "loosened bound could hide; the JAX mutants nearest theirs run in ci"
     for r in _RECORDED
     if r["framework"] == "jax" and r["level"] == "model" and r["dtype"] == "float32" and r["ratio"] >= FAR
 } | {
     "jax_softmax_kernel_backward": "XLA compiles the mutant's gradient for verify's batches (8 s); in ci "
     "test_gradients_checks locates it on one case",
-    "jax_heads_merged_head_dim_first": "XLA compiles the mutant for verify's batches (2.5 s); in ci "
+    "jax_heads_merged_head_dim_first": "XLA compiles the mutant for verify's batches; in ci "
     "test_heads_checks' head-slice check catches it",
 }
 
