@@ -30,6 +30,11 @@ def budget(divisor: int = 1, minimum: int = 3) -> int:
 JAX_SHARE = 5
 
 
+def _builtin_jax(port) -> bool:
+    """Whether a port parameter names the built-in JAX port ('jax' or 'jax+fused'), not a user's."""
+    return str(port).partition("+")[0] == "jax"
+
+
 def jax_runs_the_first(port: str, first: bool, of: str) -> None:
     """The built-in JAX port's share of a parametrized matrix in the ci profile, as ``drawn``'s of
     drawn cases: the first entry (each other one is a program more for XLA to compile); torch,
@@ -39,7 +44,7 @@ def jax_runs_the_first(port: str, first: bool, of: str) -> None:
 
     from conformance import profiles
 
-    if not first and port.partition("+")[0] == "jax" and not profiles.heavy():
+    if not first and _builtin_jax(port) and not profiles.heavy():
         pytest.skip(f"ci budget: the built-in JAX port runs {of} (thorough: every entry)")
 
 
@@ -64,7 +69,7 @@ def drawn(max_examples: int | None, examples=(), **strategies):
 
         @functools.wraps(every)
         def test(*args, **kwargs):
-            builtin_jax = any(str(kwargs.get(name, "")).partition("+")[0] == "jax" for name in PORT_PARAMS)
+            builtin_jax = any(_builtin_jax(kwargs.get(name, "")) for name in PORT_PARAMS)
             return (shared if builtin_jax and not profiles.heavy() else every)(*args, **kwargs)
 
         return test
