@@ -57,6 +57,24 @@ def agree(args) -> int:
     return 0
 
 
+def _number(flag: str, kind=float, low: float = 0.0, strict: bool = True):
+    """An argparse type: a finite ``kind`` above ``low`` (or at least it, ``strict=False``); any
+    other value is refused naming the flag (exit 2)."""
+    import math
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            bound = f"{'above' if strict else 'at least'} {low:g}"
+            raise argparse.ArgumentTypeError(f"{flag} must be a finite number {bound}, got {text!r}")
+        return value
+
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -131,19 +149,19 @@ def main(argv=None) -> int:
         "each stage judged as stored), autocast (as torch.autocast: LayerNorm and the residual "
         "stream in float32), uniform (every stage in the dtype)",
     )
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--seed", type=_number("--seed", int, 0, strict=False), default=0)
     v.add_argument("--json", help="write the report as JSON here")
     v.add_argument("--plot", help="save a plot of error against stage here (PNG, SVG, PDF)")
     v.add_argument(
         "--timeout",
-        type=float,
+        type=_number("--timeout"),
         metavar="SECONDS",
         help="a call into the port that gives no answer this long is a finding (default: 300 s plus a "
         "second per GFLOP of a batch's forward)",
     )
     v.add_argument(
         "--memory-limit",
-        type=float,
+        type=_number("--memory-limit"),
         metavar="GB",
         help="the address space the port's process may map (its MemoryError is then a finding)",
     )
@@ -245,18 +263,9 @@ def main(argv=None) -> int:
     if args.command in (None, "agree"):
         return agree(args)
     if args.command == "verify":
-        from conformance.verify import UsageError, main as verify_main
+        from conformance.verify.command import run
 
-        from conformance.report import tool_failure
-
-        try:
-            return verify_main(args)
-        except UsageError as e:
-            print(f"usage error: {e}", file=sys.stderr)
-            return 2
-        except Exception as e:  # noqa: BLE001 - the port's failures are findings inside verify: this is the tool's
-            print(tool_failure(e), file=sys.stderr)
-            return 3
+        return run(args)
     parser.error(f"unknown command {args.command!r}")
     return 2
 

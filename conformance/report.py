@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import traceback
 
 
@@ -13,6 +14,33 @@ class ToolError(Exception):
 class UsageError(Exception):
     """Bad arguments or input (a port that cannot be loaded, a bad config or file): exit status 2,
     one line."""
+
+    label = "usage error"
+
+
+class ResourceError(UsageError):
+    """The machine lacks what the run needs (disk space, file handles, a writable TMPDIR): exit
+    status 2 too, one line naming the resource and the figure needed."""
+
+    label = "environment error"
+
+
+def resource_problem(e: BaseException) -> str | None:
+    """What an OS error says of the machine's resources, or None when it is no such error."""
+    if not isinstance(e, OSError) or e.errno not in RESOURCE_ERRNOS:
+        return None
+    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    what = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "the disk quota is exceeded",
+        errno.EMFILE: "too many open files for this process (ulimit -n)",
+        errno.ENFILE: "too many open files on the system",
+        errno.EROFS: "a read-only file system",
+    }[e.errno]
+    return f"{what}{where}"
+
+
+RESOURCE_ERRNOS = {getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EMFILE", "ENFILE", "EROFS") if hasattr(errno, name)}
 
 
 def tool_failure(e: BaseException, frames: int = 4) -> str:

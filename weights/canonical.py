@@ -198,13 +198,57 @@ def to_float32(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def save_state(state: Mapping[str, np.ndarray], path: str | os.PathLike, config: ViTConfig | None = None) -> None:
-    """Write canonical float32 tensors to safetensors, with the config in the metadata."""
+    """Write canonical float32 tensors to safetensors, with the config in the metadata: whole or
+    not at all, with the umask's mode (``weights.atomic``)."""
     from safetensors.numpy import save_file
+
+    from weights.atomic import replace_atomically
 
     if config is not None:
         validate_state(state, config)
     metadata = {CONFIG_METADATA_KEY: json.dumps(config.to_dict())} if config is not None else None
-    save_file(to_float32(state), str(path), metadata=metadata)
+    tensors = to_float32(state)
+    replace_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+HEADER_LIMIT = 100_000_000  # safetensors' own limit on a header's bytes
+
+
+def check_header(path: str | os.PathLike) -> None:
+    """A safetensors header names each tensor once: the format disallows duplicates, which the
+    reader would take silently (the last one wins). A header that is not JSON is left for the
+    reader to refuse in its own words."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return
+            (size,) = struct.unpack("<Q", head)
+            if size > HEADER_LIMIT:
+                return
+            text = f.read(size)
+    except OSError:
+        return
+    calls: list[list[str]] = []  # per JSON object, its repeated keys; the header itself is the last
+
+    def pairs(items):
+        from collections import Counter
+
+        calls.append(sorted(k for k, n in Counter(k for k, _ in items).items() if n > 1))
+        return dict(items)
+
+    try:
+        json.loads(text, object_pairs_hook=pairs)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return
+    duplicates = calls[-1] if calls else []
+    if duplicates:
+        raise WeightError(
+            f"{str(path)!r} is not a valid safetensors file: its header names {', '.join(map(repr, duplicates[:4]))} "
+            "more than once (the format allows each key once)"
+        )
 
 
 CONVERT_FIRST = "python -m weights convert {src} OUT.safetensors --to canonical"
@@ -232,6 +276,7 @@ def read_config(path: str | os.PathLike) -> ViTConfig | None:
     from safetensors import safe_open
 
     _check_file(path)
+    check_header(path)
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
@@ -252,6 +297,7 @@ def load_state(path: str | os.PathLike, config: ViTConfig | None = None) -> dict
 
     path = str(path)
     _check_file(path)
+    check_header(path)
     try:
         state = load_file(path)
     except Exception as e:  # safetensors raises its own error types for a bad header

@@ -81,35 +81,46 @@ def check_output(out: str, layout: str, force: bool = False) -> None:
 
 def write_atomically(state, config: ViTConfig, out: str, layout: str, npz_flavour: str = "vit") -> None:
     """Write into a temporary file (or directory) in OUT's own directory, then rename it into
-    place: OUT is the old checkpoint or the whole new one, never half of one."""
-    import shutil
-    import tempfile
+    place (``weights.atomic``): OUT is the old checkpoint or the whole new one, never half of one,
+    even when the disk fills or a signal stops the write."""
+    from weights.atomic import replace_atomically
 
-    p = Path(out)
-    # the same suffix: a layout's writer may choose its format by it (.pth or .safetensors, .npz)
-    prefix, suffix = f".{p.name}.", "".join(p.suffixes)
-    if layout in DIRECTORY_LAYOUTS:
-        tmp = Path(tempfile.mkdtemp(dir=p.parent, prefix=prefix, suffix=".tmp"))
-    else:
-        fd, name = tempfile.mkstemp(dir=p.parent, prefix=prefix, suffix=suffix)
-        os.close(fd)
-        tmp = Path(name)
+    validate_state(state, config)
+    replace_atomically(
+        out,
+        lambda tmp: REGISTRY[layout].write(state, config, str(tmp), npz_flavour=npz_flavour),
+        directory=layout in DIRECTORY_LAYOUTS,
+    )
+
+
+def write_failure(e: BaseException, out: str, state: dict) -> str | None:
+    """What a failed write says, when it is the file system's doing (no space, no quota, a
+    read-only or unwritable place, too many open files), in one line with the figure needed;
+    None for anything else (a bug of this tool). The writers raise their own types (safetensors'
+    and torch's errors wrap the OS's), so a disk that cannot take the bytes is also told by its
+    free space."""
+    import errno
+    import shutil
+
+    need = sum(np.asarray(v).nbytes for v in state.values())
     try:
-        write(state, config, str(tmp), layout, npz_flavour)
-        if tmp.is_file():  # mkstemp's 0600: the mode a new file gets, or the replaced one's
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, p.stat().st_mode & 0o777 if p.is_file() and not p.is_symlink() else 0o666 & ~umask)
-        if layout in DIRECTORY_LAYOUTS and p.is_dir() and not p.is_symlink():
-            old = Path(tempfile.mkdtemp(dir=p.parent, prefix=prefix, suffix=".old"))
-            os.rename(p, old / "out")  # a directory cannot be renamed over another: move it aside first
-            os.rename(tmp, p)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, p)  # onto a symlink: replaces the link, not what it points to
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
-        raise
+        free = shutil.disk_usage(Path(out).parent).free
+    except OSError:
+        free = None
+    figures = f"about {need / 1e6:.3g} MB needed" + ("" if free is None else f", {free / 1e6:.3g} MB free")
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"cannot write {out!r}: no space left on its device ({figures})"
+    if isinstance(e, OSError):
+        return f"cannot write {out!r}: {e.strerror or e}"
+    text = str(e).lower()
+    if (free is not None and free < need) or "no space" in text or "failed writing" in text:
+        return f"cannot write {out!r}: no space left on its device ({figures}; the writer said: {describe(e)})"
+    return None
+
+
+def describe(e: BaseException) -> str:
+    text = " ".join(str(e).split())[:300]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _positive(name: str):
@@ -126,6 +137,20 @@ def _positive(name: str):
 
 
 def main(argv=None) -> int:
+    """The command's exit status: 0 written, 2 bad input or a write the file system refused (one
+    line), 3 the tool's own failure, 128 + N a signal N that cancelled it (nothing left behind)."""
+    from weights.cancel import Cancelled, cancellable, cancelled_line
+
+    try:
+        with cancellable():
+            return _main(argv)
+    except (Cancelled, KeyboardInterrupt) as e:
+        line, code = cancelled_line("convert", e)
+        print(line, file=sys.stderr)
+        return code
+
+
+def _main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m weights", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("convert", help="convert a checkpoint between layouts")
@@ -185,12 +210,29 @@ def main(argv=None) -> int:
             size = tuple(args.resample_to) if len(args.resample_to) == 2 else args.resample_to[0]
             config, state = resample_state(state, config, size)
         check_output(args.out, args.to, args.force)  # again: it may have appeared meanwhile
-        write_atomically(state, config, args.out, args.to, args.npz_flavour)
     except (WeightError, ConfigError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"error: cannot write {args.out!r}: {e.strerror or e}", file=sys.stderr)
+        print(f"error: cannot read {e.filename or args.src!r}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    try:
+        write_atomically(state, config, args.out, args.to, args.npz_flavour)
+    except (WeightError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - each writer raises its own types: the disk's doing, or this tool's
+        why = write_failure(e, args.out, state)
+        if why is None:
+            import traceback
+
+            print(
+                f"INTERNAL ERROR of weights convert (a bug in the tool): {describe(e)}\n"
+                + "".join(traceback.format_exception(e)[-4:]),
+                file=sys.stderr,
+            )
+            return 3
+        print(f"error: {why}", file=sys.stderr)
         return 2
     print(f"{args.src} ({layout}) -> {args.out} ({args.to}): {len(state)} tensors, {config}")
     return 0

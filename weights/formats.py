@@ -33,6 +33,9 @@ def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
         import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy (refused or cast by name later)
         from safetensors.numpy import load_file
 
+        from weights.canonical import check_header
+
+        check_header(path)
         try:
             return dict(load_file(path))
         except Exception as e:  # noqa: BLE001 - safetensors' own error types
@@ -467,7 +470,8 @@ def read_npz(path) -> dict[str, np.ndarray]:
 
 
 def write_npz(state, config: ViTConfig, path, flavour: str = "vit") -> None:
-    np.savez(str(path), **to_npz(state, config, flavour))
+    with open(path, "wb") as f:  # a file object: NumPy appends no ".npz" to a name without it
+        np.savez(f, **to_npz(state, config, flavour))
 
 
 def check(state, config: ViTConfig, what: str, cast: bool = False) -> dict[str, np.ndarray]:

@@ -63,6 +63,8 @@ class Child:
         from conformance.support import Unsupported
         import conformance.verify.wire as wire
         from conformance.report import UsageError
+        from conformance.verify.portable import OutputLimits
+        from conformance.verify.portside import PortStopped
         from impls.protocol import Loss, ViTConfig
 
         op = request.get("op")
@@ -74,6 +76,8 @@ class Child:
             reader = wire.Reader(request["root"], mmap=True)
             case = _case(request["case"], reader)
             writer = wire.Writer(request["root"], request["out"])
+            config = ViTConfig.from_dict(request["config"]) if op in ("forward", "twice") else None
+            limits = OutputLimits(case, config)  # what the port returns, checked before it is written
             if op == "attention":
                 out, findings = self.side.attention(case, dict(request["options"]))
             else:
@@ -81,8 +85,10 @@ class Child:
                 if op == "forward":
                     out, findings = self.side.forward(case, config, dtype)
                 elif op == "twice":  # the first output written before the second call
-                    both, findings = self.side.twice(case, config, dtype, keep=writer.encode)
-                    tree = None if both is None else {"__tuple__": [both[0], writer.encode(both[1])]}
+                    both, findings = self.side.twice(
+                        case, config, dtype, keep=lambda out: writer.encode(limits.portable(out))
+                    )
+                    tree = None if both is None else {"__tuple__": [both[0], writer.encode(limits.portable(both[1]))]}
                     return {"status": "ok", "out": tree, "findings": [list(f) for f in findings]}
                 elif op == "backward":
                     loss = request["loss"]
@@ -90,11 +96,21 @@ class Child:
                     out, findings = self.side.backward(case, config, dtype, loss)
                 else:
                     return {"status": "tool", "message": f"unknown request {op!r}", "traceback": ""}
+            out = limits.portable(out)
             return {"status": "ok", "out": writer.encode(out), "findings": [list(f) for f in findings]}
         except Unsupported as e:
             return {"status": "unsupported", "message": str(e)}
         except UsageError as e:
             return {"status": "usage", "message": str(e)}
+        except PortStopped as e:
+            return {"status": "stopped", "message": str(e), "stage": e.stage}
+        except OSError as e:  # the outputs could not be written: the machine's resources, else this tool's
+            from conformance.report import resource_problem
+
+            why = resource_problem(e)
+            if why is None:
+                raise
+            return {"status": "resource", "message": f"the port's process could not write its outputs: {why}"}
 
 
 def main(argv: list[str]) -> int:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.report import UsageError, describe_exception
+from conformance.report import UsageError
 from conformance.verify.attention import verify_attention
 from conformance.verify.forward import verify
 from conformance.verify.heap import keep_freed_memory
+from conformance.verify.outputs import Outputs
 from conformance.verify.portside import DEFAULT_CONFIGS, default_config, load_port
-from conformance.verify.report import Report, format_report, plot_report
+from conformance.verify.report import Report, format_report
 from impls.protocol import ViTConfig
 
 
@@ -76,41 +77,6 @@ def load_config(
         raise UsageError(f"bad config: {e}") from None
 
 
-def check_outputs(args) -> None:
-    """--json and --plot name files verify can write, checked before any work."""
-    import os
-
-    for flag in ("json", "plot"):
-        path = getattr(args, flag, None)
-        if not path:
-            continue
-        target = Path(path)
-        parent = target.parent if str(target.parent) else Path(".")
-        if target.is_dir():
-            raise UsageError(f"--{flag} {path!r} is a directory; give a file name")
-        if not parent.is_dir():
-            raise UsageError(f"--{flag} {path!r}: the directory {str(parent)!r} does not exist")
-        if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-            raise UsageError(f"--{flag} {path!r}: not writable")
-
-
-def write_outputs(report, args, text: str) -> int:
-    """The verdict on stdout, then --json and --plot; a write that fails after the verdict is
-    exit 2 with one line (the verdict stands printed)."""
-    print(text)
-    try:
-        if args.json:
-            Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, allow_nan=False) + "\n")
-        if getattr(args, "plot", None):
-            plot_report(report, args.plot)
-    except (OSError, ValueError) as e:
-        import sys
-
-        print(f"usage error: could not write the report: {describe_exception(e)}", file=sys.stderr)
-        return 2
-    return 0 if report.conformant else 1
-
-
 def _side(args, kind: str, spec: str):
     """The port's side of the check: a process of its own (the default) or this one (--in-process)."""
     from conformance.verify.isolated import Isolated
@@ -123,14 +89,14 @@ def _side(args, kind: str, spec: str):
     return InProcess(load_port(kind, spec, args.tap if kind == "forward" else ()), spec)
 
 
-def _stopped(args, spec: str, why: str, config: ViTConfig | None = None, attention=None) -> int:
-    """The port's process ended before verify could ask it anything: a finding, never a pass."""
+def _stopped(outputs: Outputs, spec: str, e, config: ViTConfig | None = None, attention=None) -> int:
+    """The port failed before verify could ask it anything (``PortStopped``): a finding, never a pass."""
     from impls import get_config
 
     report = Report(spec, config or get_config(DEFAULT_CONFIGS[0]), attention=attention)
-    report.failures.append({"case": "-", "stage": "import", "reason": why})
-    report.first_divergence = "import"
-    return write_outputs(report, args, format_report(report))
+    report.failures.append({"case": "-", "stage": e.stage, "reason": str(e)})
+    report.first_divergence = e.stage
+    return outputs.write(report, format_report(report))
 
 
 def _show_progress(args) -> bool:
@@ -171,13 +137,51 @@ def _timeout(args, side, config: ViTConfig) -> None:
         side.timeout = args.timeout or default_timeout(config)
 
 
-def main(args) -> int:
+def run(args) -> int:
+    """The whole of ``verify`` and its exit status, every ending in its own class: 0 or 1 a
+    verdict; 2 the user's input or the machine's resources (one line); 3 the tool's own failure
+    (its last frames); 128 + N a signal N that cancelled the run (one line; the port's processes
+    killed and verify's temporary files removed on the way out). The JSON report is written for
+    every ending once its path is checked (``Outputs``)."""
+    import sys
+
+    from conformance.report import resource_problem, tool_failure
+    from weights.cancel import Cancelled, cancellable, cancelled_line
+
+    outputs = Outputs(args)
+    try:
+        with cancellable():
+            try:
+                outputs.prepare(args)
+                return main(args, outputs)
+            except UsageError as e:
+                print(f"{e.label}: {e}", file=sys.stderr)
+                outputs.unfinished(2, str(e))
+                return 2
+            except Exception as e:  # noqa: BLE001 - the port's failures are findings inside verify: this is ours
+                resource = resource_problem(e)
+                if resource is not None:
+                    print(f"environment error: {resource}", file=sys.stderr)
+                    outputs.unfinished(2, resource)
+                    return 2
+                print(tool_failure(e), file=sys.stderr)
+                outputs.unfinished(3, str(e))
+                return 3
+    except (Cancelled, KeyboardInterrupt) as e:
+        line, code = cancelled_line("verify", e)
+        print(line, file=sys.stderr)
+        outputs.unfinished(code, line)
+        return code
+
+
+def main(args, outputs: Outputs) -> int:
+    """verify's run once its report paths are prepared (``Outputs.prepare``): the exit status
+    of a verdict, or a ``UsageError``."""
     import contextlib
 
     from conformance.support import Unsupported
     from conformance.verify.isolated import PortStopped
 
-    check_outputs(args)
     from conformance.verify.budget import machine_memory
 
     try:
@@ -193,7 +197,7 @@ def main(args) -> int:
     elif args.grad:
         if args.port:
             raise UsageError("give a gradient factory (--grad) alone, without a forward port or --attention")
-        return _main_grad(args)
+        return _main_grad(args, outputs)
     elif not args.port:
         raise UsageError("name the port to verify (pkg.module:name), or --attention pkg.module:make_attention")
     else:
@@ -204,15 +208,15 @@ def main(args) -> int:
             try:
                 report = verify_attention(side, port=spec, seed=args.seed)
             except PortStopped as e:
-                return _stopped(args, spec, str(e), attention={})
-            return write_outputs(report, args, format_report(report))
+                return _stopped(outputs, spec, e, attention={})
+            return outputs.write(report, format_report(report))
         explicit = args.preset or args.config or args.weights
         if explicit:  # judged (its size too) before the port's process starts
             config, state = _config_and_state(args, dry_run=getattr(args, "dry_run", False))
         try:
             default = side.default_config() if hasattr(side, "default_config") else default_config(side.make)
         except PortStopped as e:
-            return _stopped(args, spec, str(e))
+            return _stopped(outputs, spec, e)
         if not explicit:
             config, state = _config_and_state(args, default=default, dry_run=getattr(args, "dry_run", False))
         if getattr(args, "dry_run", False):
@@ -231,12 +235,12 @@ def main(args) -> int:
                 progress=_show_progress(args),
             )
         except PortStopped as e:
-            return _stopped(args, spec, str(e), config)
+            return _stopped(outputs, spec, e, config)
         except (Unsupported, ValueError) as e:
             if isinstance(e, Unsupported) or "tap override" in str(e):
                 raise UsageError(str(e)) from None
             raise
-    return write_outputs(report, args, format_report(report))
+    return outputs.write(report, format_report(report))
 
 
 def _config_and_state(args, default: ViTConfig | None = None, dry_run: bool = False) -> tuple[ViTConfig, dict | None]:
@@ -258,7 +262,7 @@ def _config_and_state(args, default: ViTConfig | None = None, dry_run: bool = Fa
         raise UsageError(str(e)) from None
 
 
-def _main_grad(args) -> int:
+def _main_grad(args, outputs: Outputs) -> int:
     import contextlib
 
     from conformance.numerics.gradients import check_grad_dtype
@@ -280,7 +284,7 @@ def _main_grad(args) -> int:
             report = verify_grad(side, config, port=args.grad, state=state, seed=args.seed, dtype=args.dtype)
         except PortStopped as e:
             report = GradReport(args.grad, config, dtype=args.dtype)
-            report.failures.append({"case": "-", "stage": "import", "reason": str(e)})
+            report.failures.append({"case": "-", "stage": e.stage, "reason": str(e)})
         except Unsupported as e:
             raise UsageError(str(e)) from None
-    return write_outputs(report, args, format_grad_report(report))
+    return outputs.write(report, format_grad_report(report))

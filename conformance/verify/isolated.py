@@ -26,10 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.report import ToolError, UsageError
+from conformance.report import ResourceError, ToolError, UsageError
 import conformance.verify.wire as wire
 from conformance.verify.cases import Case
 from conformance.verify.heap import return_freed_memory
+from conformance.verify.portside import PortStopped  # noqa: F401 - where verify's callers find it
 from impls.protocol import ViTConfig
 
 MEMORY_ENV = "VIT_CONFORMANCE_MEMORY_LIMIT"  # bytes of address space the child may map
@@ -37,10 +38,6 @@ CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE"}
 # Bytes of state above which verify maps the weights it wrote for the port back in place
 # of its own (every full-size preset; a small config's cached cases are left as they are).
 MAP_BACK = 64 << 20
-
-
-class PortStopped(Exception):
-    """The port's process ended or hung before verify could ask it anything (``reason``)."""
 
 
 class ChildToolError(ToolError):
@@ -147,9 +144,6 @@ class Isolated:
         if answer["status"] == "usage":
             self._kill()
             raise UsageError(answer["message"])
-        if answer["status"] == "stopped":
-            self._kill()
-            raise PortStopped(answer["message"])
         self._check(answer)
         self.hello = answer
         return answer
@@ -209,6 +203,10 @@ class Isolated:
             raise Unsupported(str(answer.get("message", "")))
         if status == "usage":
             raise UsageError(str(answer.get("message", "")))
+        if status == "stopped":
+            raise PortStopped(str(answer.get("message", "")), str(answer.get("stage", "import")))
+        if status == "resource":
+            raise ResourceError(str(answer.get("message", "")))
         if status != "ok":
             raise ChildToolError(f"an answer of status {status!r} from the port's process", "")
 

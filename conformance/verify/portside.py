@@ -22,6 +22,29 @@ from impls.protocol import ViTConfig
 Findings = list[tuple[str, str]]
 
 
+class PortStopped(Exception):
+    """The port failed outside any case, before verify could ask it anything: its module exited or
+    hung while imported, its process died, or its ``supports`` declaration raised. A finding at
+    ``stage`` ("import", "supports"), never the tool's failure."""
+
+    def __init__(self, reason: str, stage: str = "import"):
+        super().__init__(reason)
+        self.stage = stage
+
+
+def declared(fn, *args):
+    """``fn(*args)`` where it reads the port's ``supports`` declaration (its predicates are the
+    port's code): their exception is the port's, a ``PortStopped`` at "supports"."""
+    from conformance.support import Unsupported
+
+    try:
+        return fn(*args)
+    except Unsupported:
+        raise
+    except Exception as e:  # noqa: BLE001 - a predicate of the port's may raise anything
+        raise PortStopped(f"the port's supports declaration raised {describe_exception(e)}", "supports") from None
+
+
 class PortSide(Protocol):
     """What each check asks of the port."""
 
@@ -66,7 +89,7 @@ class InProcess:
     def unsupported(self, config: ViTConfig) -> str | None:
         from conformance.support import supports_of, unsupported_option
 
-        return unsupported_option(supports_of(self.make), config)
+        return declared(unsupported_option, supports_of(self.make), config)
 
     def _build(self, sink: _Sink, handed: Handed, config: ViTConfig, dtype: str):
         """(True, the port's forward for the handed case), or (False, None) with the finding. The
@@ -175,10 +198,10 @@ def default_config(make=None) -> ViTConfig:
 
     supports = supports_of(make) if make is not None else None
     for name in DEFAULT_CONFIGS:
-        if unsupported_option(supports, get_config(name)) is None:
+        if declared(unsupported_option, supports, get_config(name)) is None:
             return get_config(name)
     base = get_config(DEFAULT_CONFIGS[0])
-    fitted = build_config(supports, {f: getattr(base, f) for f in base.__dataclass_fields__ if f != "name"})
+    fitted = declared(build_config, supports, {f: getattr(base, f) for f in base.__dataclass_fields__ if f != "name"})
     return fitted if fitted is not None else base
 
 

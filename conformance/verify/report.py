@@ -75,7 +75,7 @@ class Report(VerifyReport):
             "conformant": self.conformant,
             "dtype": self.dtype,
             "first_divergence": self.first_divergence,
-            "stages": [{k: finite_or_none(v) for k, v in s.to_dict().items()} for s in self.stages],
+            "stages": [s.to_dict() for s in self.stages],
             "failures": self.failures,
             "config": self.attention if self.attention is not None else self.config.to_dict(),
             "cases": self.cases,
@@ -86,10 +86,6 @@ class Report(VerifyReport):
             "sources": self.sources,
             "diagnosis": None if self.diagnosis is None else self.diagnosis.to_dict(),
         }
-
-
-def finite_or_none(value):
-    return None if isinstance(value, float) and not np.isfinite(value) else value
 
 
 def finding(report: VerifyReport, case: str, stage: str, reason: str) -> None:
@@ -181,7 +177,8 @@ def summarize_stages(stages: Mapping[str, str], label: str) -> list[str]:
     return [f"{label}: {', '.join(wheres)}: {reason}" for reason, wheres in by_reason.items()]
 
 
-def plot_report(report: Report, path: str | Path) -> None:
+def plot_report(report: Report, path: str | Path, fmt: str | None = None) -> None:
+    """The plot, in ``fmt`` (default: the path's suffix, as matplotlib chooses)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -213,5 +210,5 @@ def plot_report(report: Report, path: str | Path) -> None:
         ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=7, color="darkred")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format=fmt)
     plt.close(fig)

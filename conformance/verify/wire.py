@@ -32,6 +32,14 @@ class WireError(Exception):
     """What the port's process sent cannot be read (the tool's side refuses it)."""
 
 
+class Refused:
+    """A value the port's process would not write (``conformance.verify.portable``), and why:
+    it crosses as ``{"__unreadable__": why}``."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
 class Writer:
     """Encodes trees into ``root/sub`` (``sub`` a number), one ``.npy`` file per array, each
     named relative to ``root``."""
@@ -70,6 +78,8 @@ class Writer:
             }
         if obj is None or isinstance(obj, (bool, str)):
             return obj
+        if isinstance(obj, Refused):
+            return {"__unreadable__": obj.why}
         if isinstance(obj, (int, float)) and not isinstance(obj, np.generic):
             return obj if np.isfinite(obj) else {"__array__float__": repr(float(obj))}
         if isinstance(obj, Mapping):

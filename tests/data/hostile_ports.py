@@ -159,3 +159,84 @@ def attention_exits(state, **options):
         sys.exit(0)
 
     return attention
+
+
+def nan_logits(config, state):
+    """Correct taps, NaN logits: the most basic finding there is."""
+    correct = _correct(config, state)
+
+    def forward(images):
+        out = correct(images)
+        out["logits"] = np.full_like(out["logits"], np.nan)
+        return out
+
+    return forward
+
+
+def overflowing_softmax(config, state):
+    """Logits only, the first Inf (a softmax that overflowed) and the rest NaN."""
+
+    def forward(images):
+        logits = np.full((images.shape[0], config.num_classes), np.nan, np.float32)
+        logits[:, 0] = np.inf
+        return logits
+
+    return forward
+
+
+def factory_returns_a_tuple(config, state):
+    return (lambda images: None, "not a forward")
+
+
+def ragged_tap(config, state):
+    correct = _correct(config, state)
+
+    def forward(images):
+        out = correct(images)
+        out["embed"] = [[1.0, 2.0], [3.0]]
+        return out
+
+    return forward
+
+
+def lazily_broadcast_huge(config, state):
+    """Logits as a broadcast view of 2**40 float32 elements: 4 TB once materialised."""
+
+    def forward(images):
+        return np.broadcast_to(np.float32(0), (images.shape[0], 2**40 // images.shape[0]))
+
+    return forward
+
+
+def supports_that_raises(config, state):
+    return _correct(config, state)
+
+
+def _raising_predicate(value):
+    raise RuntimeError("this predicate is broken")
+
+
+supports_that_raises.supports = {"depth": _raising_predicate}
+
+
+def starts_a_grandchild_and_hangs(config, state):
+    """Starts a process in a session of its own (setsid), which records its pid in
+    $VIT_TEST_GRANDCHILD_PID, then hangs: a cancelled verify must leave neither behind."""
+    import subprocess
+
+    def forward(images):
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        path = os.environ.get("VIT_TEST_GRANDCHILD_PID")
+        if path:
+            with open(path + ".tmp", "w") as f:
+                f.write(str(child.pid))
+            os.replace(path + ".tmp", path)
+        time.sleep(10**6)
+
+    return forward

@@ -14,6 +14,9 @@ def header(path: str) -> tuple[dict, set[str]]:
     """A safetensors file's metadata and keys, without reading its tensors."""
     from safetensors import safe_open
 
+    from weights.canonical import check_header
+
+    check_header(path)
     try:
         with safe_open(path, framework="numpy") as f:
             return f.metadata() or {}, set(f.keys())
