@@ -65,6 +65,14 @@ def pytest_addoption(parser):
         help="run only the given ports, not the built-in torch, mlx and jax ones",
     )
     group.addoption(
+        "--vit-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a call into a given port that gives no answer this long fails its test (default: verify's, 300 s "
+        "plus a second per GFLOP of a batch's forward); each given port runs in a process of its own",
+    )
+    group.addoption(
         "--set",
         action="append",
         default=[],
@@ -100,37 +108,74 @@ def settings_of(items: list[str]) -> dict:
 
 def pytest_configure(config):
     from conformance import strategies
+    from conformance.home import shadowing
 
+    if shadowing():
+        raise pytest.UsageError(shadowing())
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     strategies.set_dtype(config.option.dtype)
     _SETTINGS.clear()
     _SETTINGS.update(settings_of(getattr(config.option, "vit_set", [])))
     config.addinivalue_line("markers", "vit_no_port: no port applies (deselected)")
     config.addinivalue_line("markers", "slow: builds full-size models")
-    _check_given_ports(config.option)
+    _check_given_ports(config)
 
 
-def _check_given_ports(opts) -> None:
-    """Every --port, --attention-port and --grad-port loads, or the run stops before any test
-    with one line naming it (not a failing test per property)."""
-    from conformance.report import describe_exception
-    from impls import load_factory
+KINDS = {"--port": "forward", "--attention-port": "attention", "--grad-port": "grad"}
+_GIVEN: dict[str, set[str]] = {kind: set() for kind in KINDS.values()}  # kind -> the specs given
+_REMOTES: dict = {}  # (kind, spec) -> conformance.verify.remote.Remote: one port process each
+_TIMEOUT: list = [None]  # --vit-timeout
 
-    for flag, specs in (
-        ("--port", opts.port),
-        ("--attention-port", opts.attention_port),
-        ("--grad-port", opts.grad_port),
-    ):
-        for spec in specs:
+
+def _check_given_ports(config) -> None:
+    """Every --port, --attention-port and --grad-port imports in a process of its own (one that
+    raises, exits or hangs while imported stops the run here, naming it), then loads here for its
+    declaration; not a failing test per property. pytest-xdist's workers leave it to the
+    controller."""
+    from conformance.report import UsageError, describe_exception
+    from conformance.verify.portside import PortStopped, load_port
+
+    opts = config.option
+    _TIMEOUT[0] = opts.vit_timeout
+    for flag, kind in KINDS.items():
+        _GIVEN[kind] = set(getattr(opts, flag[2:].replace("-", "_")))
+        for spec in sorted(_GIVEN[kind]):
             try:
-                if flag == "--grad-port":
-                    from conformance.verify.grad import load_grad_factory
-
-                    load_grad_factory(spec)
-                else:
-                    load_factory(spec)
-            except Exception as e:  # noqa: BLE001 - a module that does not import is the user's to fix
+                if not hasattr(config, "workerinput"):
+                    _remote(kind, spec).check()
+                load_port(kind, spec)
+            except (PortStopped, UsageError) as e:
+                raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {e}") from None
+            except Exception as e:  # noqa: BLE001 - the port's declaration is the user's to fix
                 raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {describe_exception(e)}") from None
+
+
+def _remote(kind: str, spec: str):
+    from conformance.verify.remote import Remote
+
+    if (kind, spec) not in _REMOTES:
+        _REMOTES[(kind, spec)] = Remote(kind, spec, _TIMEOUT[0])
+    return _REMOTES[(kind, spec)]
+
+
+def given(spec: str, kind: str = "forward"):
+    """The factory a test calls for a port: a port given to this run (``--port`` and its kin)
+    runs in a process of its own (``conformance.verify.remote``), as verify runs it; the built-in
+    ports and the project's own test ports run here."""
+    from conformance.verify.portside import load_port
+
+    local = load_port(kind, spec)
+    if spec not in _GIVEN.get(kind, ()):
+        return local
+    from conformance.verify.remote import RemoteAttention, RemoteFactory
+
+    return (RemoteAttention if kind == "attention" else RemoteFactory)(_remote(kind, spec), local)
+
+
+def pytest_unconfigure(config):
+    for remote in _REMOTES.values():
+        remote.close()
+    _REMOTES.clear()
 
 
 def _parametrize(metafunc, name: str, values: list[str]) -> None:

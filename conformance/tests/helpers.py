@@ -14,7 +14,10 @@ from impls import PORTS, load_factory
 
 @lru_cache(maxsize=None)
 def factory(port: str):
-    return load_factory(port)
+    """A port's factory: a built-in one's, or a given port's whose calls run in its own process."""
+    from conformance.plugin import given
+
+    return load_factory(port) if port in PORTS else given(port)
 
 
 def budget(divisor: int = 1, minimum: int = 3) -> int:
@@ -131,8 +134,19 @@ def mutant(name: str):
 
 
 def attention_factory(port: str):
-    """A built-in port's make_attention, or a user's attention factory given as 'pkg.module:make'."""
-    return framework(port)[0].make_attention if port in PORTS else load_factory(port)
+    """A built-in port's make_attention, or a user's attention factory given as 'pkg.module:make'
+    (run in its own process when given to the plugin)."""
+    from conformance.plugin import given
+
+    return framework(port)[0].make_attention if port in PORTS else given(port, "attention")
+
+
+def grad_factory(port: str):
+    """A built-in framework's gradient factory, or a given one (run in its own process)."""
+    from conformance.plugin import given
+    from conformance.verify.grad import load_grad_factory
+
+    return load_grad_factory(port) if port in PORTS else given(port, "grad")
 
 
 def check_property(prop, port: str, *args):

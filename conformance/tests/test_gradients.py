@@ -23,8 +23,7 @@ from conformance.numerics.gradients import (
     step_bound,
 )
 from conformance.profiles import heavy
-from conformance.tests.helpers import budget, drawn
-from conformance.verify.grad import load_grad_factory
+from conformance.tests.helpers import budget, drawn, grad_factory
 from impls import FRAMEWORK_PORTS, AdamW, get_config
 from impls import numpy_vit as N
 from weights import init_state
@@ -67,7 +66,7 @@ def test_every_taps_and_parameters_gradient_and_the_images_match_the_reference(g
         pytest.skip("float16 gradients are not checked: without loss scaling they underflow (docs/gradients.md)")
     state, images, model = _drawn_case(config, weights, batch, kind, dtype)
     assume(model.beyond_range() is None)
-    factory = load_grad_factory(grad_port)
+    factory = grad_factory(grad_port)
     got = (factory(config, state) if dtype == "float32" else factory(config, state, dtype=dtype))(images, model.loss)
     results = compare_gradients(got, model)
     if grad_port in FRAMEWORK_PORTS:

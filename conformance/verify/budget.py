@@ -127,8 +127,30 @@ def ahead(config: ViTConfig, memory: float | None = None) -> bool:
     return memory is not None and estimate(config, case_batch(config, memory)) + 4.0 * sizes(config)[1] <= memory
 
 
+# Each stage of each case is a file on the wire and a comparison with its own error model: about
+# 2.3 ms of verify's time at a small width (depth 100 and 400 at width 24, 10 cases: 40 and 93 s on
+# the 2-core VM, 2026-12-04), which the fit above, made on real ViTs (at most ~1000 stages), leaves
+# in its per-case cost. Beyond MAX_STAGES per case (40 times ViT-g/14's 1000; depth 1600 of the
+# original ViT) a config is refused with the figure: the run would be that overhead alone.
+SECONDS_PER_STAGE_CASE = 2.3e-3
+MAX_STAGES = 40_000
+
+
 def too_large(config: ViTConfig, memory: float | None = None) -> str | None:
-    """Why verifying ``config`` would not fit in ``memory`` (default: this machine's), or None."""
+    """Why verifying ``config`` would not fit in ``memory`` (default: this machine's), or has more
+    stages than verify takes (``MAX_STAGES``), or None."""
+    from impls import tap_names
+
+    stages = len(tap_names(config.replace(depth=1))) + (config.depth - 1) * (
+        len(tap_names(config.replace(depth=2))) - len(tap_names(config.replace(depth=1)))
+    )
+    if stages > MAX_STAGES:
+        minutes = SECONDS_PER_STAGE_CASE * stages * 10 / 60
+        return (
+            f"verifying this config compares {stages} stages per case ({config.depth} blocks), more than the "
+            f"{MAX_STAGES} verify takes: about {minutes:.0f} min of per-stage work alone over ten cases; "
+            "pass --force to try anyway"
+        )
     memory = machine_memory() if memory is None else memory
     taps, params = sizes(config)
     need = estimate(config, case_batch(config, memory))

@@ -31,6 +31,7 @@ import conformance.verify.wire as wire
 from conformance.verify.cases import Case
 from conformance.verify.heap import return_freed_memory
 from conformance.verify.portside import PortStopped  # noqa: F401 - where verify's callers find it
+from conformance.verify.reap import TOKEN_ENV, kill_marked, new_token
 from impls.protocol import ViTConfig
 
 MEMORY_ENV = "VIT_CONFORMANCE_MEMORY_LIMIT"  # bytes of address space the child may map
@@ -77,7 +78,14 @@ class Isolated:
     def __init__(self, kind: str, spec: str, taps=(), timeout: float = 300.0, memory: int | None = None):
         self.kind, self.name, self.taps = kind, spec, list(taps)
         self.timeout, self.memory = float(timeout), memory
-        self.root = Path(tempfile.mkdtemp(prefix="vit-conformance-"))
+        try:
+            self.root = Path(tempfile.mkdtemp(prefix="vit-conformance-"))
+        except OSError as e:
+            raise ResourceError(
+                f"verify cannot create its temporary folder in {tempfile.gettempdir()!r} (TMPDIR): "
+                f"{e.strerror or e}; the cases and the port's outputs go there"
+            ) from None
+        self.token = new_token()  # carried by every process the port starts (``reap``)
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self._state: tuple[dict, dict, Path] | None = None  # the current state, its tree and directory
@@ -95,6 +103,7 @@ class Isolated:
 
     def close(self) -> None:
         self._kill()
+        kill_marked(self.token)  # what an earlier port process started and left
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _kill(self) -> None:
@@ -105,6 +114,7 @@ class Isolated:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        kill_marked(self.token, self.proc.pid)  # and what it started in sessions of their own
         try:
             self._requests.close()
         except OSError:  # what it was not sent: nobody reads it now
@@ -121,6 +131,7 @@ class Isolated:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path + env.get("PYTHONPATH", "").split(os.pathsep)))
         if self.memory:
             env[MEMORY_ENV] = str(int(self.memory))
+        env[TOKEN_ENV] = self.token
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "conformance.verify.child", str(requests_read), str(answers_write)],
             pass_fds=(requests_read, answers_write),
@@ -267,6 +278,21 @@ class Isolated:
         }
         return tree, writer
 
+    def _short_of(self, e: OSError, case: Case) -> Exception:
+        """A case verify could not write for the port: the machine's resources (exit 2, with the
+        figure needed), else the error itself (the tool's)."""
+        from conformance.report import resource_problem
+
+        why = resource_problem(e)
+        if why is None:
+            return e
+        need = case.images.nbytes + sum(np.asarray(v).nbytes for v in case.state.values())
+        free = shutil.disk_usage(self.root).free
+        return ResourceError(
+            f"verify cannot write a case for the port in {str(self.root.parent)!r} (TMPDIR): {why}; a case's "
+            f"weights and images take {need / 1e6:.3g} MB and the port's outputs as much again, {free / 1e6:.3g} MB free"
+        )
+
     def _stopped(self, step: str, why: str):
         """A case the child did not answer: a hang ends the run (every case would wait as long);
         so does the same death on two cases in a row (a fresh child each time)."""
@@ -283,7 +309,10 @@ class Isolated:
                 self.start()
             except PortStopped as e:
                 return self._stopped("import", str(e))
-        tree, writer = self._case_tree(case)
+        try:
+            tree, writer = self._case_tree(case)
+        except OSError as e:
+            raise self._short_of(e, case) from None
         self._count += 1
         out = str(self._count)
         scratch = [writer.root / writer.sub, self.root / out]

@@ -12,6 +12,7 @@ Nothing is unpickled: what the port's process writes is read as numbers or refus
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 from collections.abc import Mapping
@@ -26,6 +27,10 @@ DTYPES = frozenset(
 )
 _FILE = re.compile(r"^[0-9]{1,9}/[0-9]{1,9}\.npy$")  # a numbered directory under the root, a numbered file
 MAX_MESSAGE = 64 * 2**20  # bytes of JSON in one answer
+# Arrays of at least this many bytes are mapped, smaller ones read: a mapping holds a file
+# descriptor for as long as the array lives, and a deep config's taps number in the hundreds of
+# thousands (a full-size stage is megabytes: its pages are what mapping is for).
+MAP_AT_LEAST = 1 << 20
 
 
 class WireError(Exception):
@@ -60,7 +65,12 @@ class Writer:
         stored = a.view(np.uint16) if name == "bfloat16" else a
         self.count += 1
         file = f"{self.sub}/{self.count}.npy"
-        np.save(self.root / file, np.ascontiguousarray(stored), allow_pickle=False)
+        try:
+            np.save(self.root / file, np.ascontiguousarray(stored), allow_pickle=False)
+        except OSError as e:
+            if e.errno is None:  # NumPy's short write ("N requested and M written"): the disk is full
+                raise OSError(errno.ENOSPC, f"no space left on the device ({e})", str(self.root / file)) from None
+            raise
         return {"__array__": file, "dtype": name}
 
     def encode(self, obj):
@@ -107,12 +117,16 @@ class Reader:
         file, dtype = tree.get("__array__"), tree.get("dtype")
         if not isinstance(file, str) or not _FILE.match(file) or dtype not in DTYPES:
             raise WireError(f"an array reference that is not one: {dict(tree)!r:.200}")
+        path = self.root / file
+        mapped = self.mmap and path.stat().st_size >= MAP_AT_LEAST
         try:
-            a = np.load(self.root / file, allow_pickle=False, mmap_mode="r" if self.mmap else None)
-        except ValueError:  # an empty array cannot be mapped: read
-            if not self.mmap:
+            a = np.load(path, allow_pickle=False, mmap_mode="r" if mapped else None)
+        except OSError as e:  # out of descriptors or mappings: read this one
+            if not mapped or e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
                 raise
-            a = np.load(self.root / file, allow_pickle=False)
+            a = np.load(path, allow_pickle=False)
+        if self.mmap and not mapped:  # read-only for good, as a mapped array is: backed by immutable bytes
+            a = np.frombuffer(a.tobytes(), dtype=a.dtype).reshape(a.shape)
         if dtype == "bfloat16":
             import ml_dtypes
 
