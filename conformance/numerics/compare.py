@@ -145,7 +145,12 @@ def token_subset(name: str, actual, shape, config: ViTConfig) -> tuple[int | Non
     same as timm's norm-then-pool when the class token is what is pooled. (the token index compared,
     None) when ``actual`` is such a form, (None, why not) when it is the one-token form of a
     pooling it is not equivalent to, (None, None) otherwise."""
-    got = tuple(np.shape(actual))
+    if isinstance(actual, Unreadable):
+        return None, None
+    try:
+        got = tuple(np.shape(actual))
+    except (ValueError, TypeError):  # a ragged or mixed value: ``malformed`` says what it is
+        return None, None
     if (
         name != "norm"
         or len(shape) != 3

@@ -139,6 +139,19 @@ MAX_STAGES = 40_000
 def too_large(config: ViTConfig, memory: float | None = None) -> str | None:
     """Why verifying ``config`` would not fit in ``memory`` (default: this machine's), or has more
     stages than verify takes (``MAX_STAGES``), or None."""
+    memory = machine_memory() if memory is None else memory
+    taps, params = sizes(config)
+    need = estimate(config, case_batch(config, memory))
+    if memory is None or need <= memory:
+        return _too_many_stages(config)
+    return (
+        f"verifying this config needs about {need / 1e9:.3g} GB ({params / 1e6:.4g} M parameters, "
+        f"{config.num_tokens} tokens, {config.depth} blocks: {taps / 1e6:.4g} M tap elements per image), "
+        f"more than this machine's {memory / 1e9:.3g} GB; pass --force to try anyway"
+    )
+
+
+def _too_many_stages(config: ViTConfig) -> str | None:
     from impls import tap_names
 
     stages = len(tap_names(config.replace(depth=1))) + (config.depth - 1) * (
@@ -151,13 +164,4 @@ def too_large(config: ViTConfig, memory: float | None = None) -> str | None:
             f"{MAX_STAGES} verify takes: about {minutes:.0f} min of per-stage work alone over ten cases; "
             "pass --force to try anyway"
         )
-    memory = machine_memory() if memory is None else memory
-    taps, params = sizes(config)
-    need = estimate(config, case_batch(config, memory))
-    if memory is None or need <= memory:
-        return None
-    return (
-        f"verifying this config needs about {need / 1e9:.3g} GB ({params / 1e6:.4g} M parameters, "
-        f"{config.num_tokens} tokens, {config.depth} blocks: {taps / 1e6:.4g} M tap elements per image), "
-        f"more than this machine's {memory / 1e9:.3g} GB; pass --force to try anyway"
-    )
+    return None

@@ -68,8 +68,15 @@ class OutputLimits:
         if isinstance(value, (list, tuple)):
             try:
                 value = np.asarray(value, dtype=np.float64)
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, OverflowError) as e:
                 return Refused(f"{name} is a ragged or mixed list, not an array ({' '.join(str(e).split())[:200]})")
+        elif isinstance(value, (int, float, complex, np.generic)):  # a bare number: an array of its own
+            try:
+                value = np.asarray(value)
+            except (OverflowError, ValueError) as e:
+                return Refused(f"{name} is {type(value).__name__} {value!r:.60}, not an array ({e})")
+        if getattr(value, "dtype", None) == np.dtype(object):
+            return Refused(f"{name} is an array of Python objects, not of numbers")
         shape = getattr(value, "shape", None)
         try:
             size = int(np.prod(shape)) if shape is not None else None

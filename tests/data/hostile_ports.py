@@ -240,3 +240,30 @@ def starts_a_grandchild_and_hangs(config, state):
         time.sleep(10**6)
 
     return forward
+
+
+def _built(recipe):
+    """A value from a JSON recipe (tests/test_robustness.py's fuzz draws them): arrays of a shape,
+    dtype and fill (a number, "nan", "inf", "-inf"), lazily broadcast ones, lists, tuples, dicts
+    and plain values."""
+    kind, body = next(iter(recipe.items()))
+    if kind == "array":
+        return np.full(body["shape"], float(body["fill"]), dtype=body["dtype"])
+    if kind == "broadcast":
+        return np.broadcast_to(np.float32(float(body["fill"])), body["shape"])
+    if kind == "list":
+        return [_built(r) for r in body]
+    if kind == "tuple":
+        return tuple(_built(r) for r in body)
+    if kind == "dict":
+        return {k: _built(r) for k, r in body.items()}
+    return body  # "value": a plain JSON value (a number, a string, None, a nested list)
+
+
+def returns_the_drawn_output(config, state):
+    """Returns what $VIT_TEST_RECIPE's JSON recipe builds, whatever the images."""
+    import json
+
+    with open(os.environ["VIT_TEST_RECIPE"]) as f:
+        recipe = json.load(f)
+    return lambda images: _built(recipe)
