@@ -72,9 +72,170 @@ def test_convert_to_a_missing_directory_is_exit_2_with_one_line(cli, tmp_path, c
     assert code == 2 and len(err.strip().splitlines()) == 1 and "does not exist" in err
 
 
-
 def test_an_hf_config_json_that_is_not_an_object_is_refused_naming_it(cli, tmp_path):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("[]")
     code, _, err = cli("convert", str(tmp_path / "hf"), str(tmp_path / "o.safetensors"), "--to", "canonical")
     assert code == 2 and "config.json' holds a list, expected a JSON object" in err, err
+
+
+# ----------------------------------------------------------------------------- writes that fail or are cut short
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A file system of 32 KB (a tmpfs: mounting one needs root, as CI runs)."""
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("a small file system to fill needs mount (root); the injected test covers the same path")
+    yield small
+    done = subprocess.run(["umount", str(small)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "layout, name", [("canonical", "o.safetensors"), ("timm", "o.pth"), ("hf", "o"), ("big_vision", "o.npz")]
+)
+def test_convert_onto_a_full_disk_is_exit_2_with_one_line_and_leaves_nothing(cli, canonical, small_fs, layout, name):
+    code, out, err = cli("convert", str(canonical), str(small_fs / name), "--to", layout)
+    assert code == 2 and err.count("\n") == 1 and "no space left on its device (about 0.0659 MB needed" in err, err
+    assert list(small_fs.iterdir()) == []
+
+
+def test_a_write_error_of_a_writer_s_own_type_is_exit_2_when_the_disk_is_full(cli, canonical, tmp_path, monkeypatch):
+    """The same path as a full disk, injected: safetensors raises its own error type, not OSError.
+    The companion: a writer's error with space to spare is the tool's own failure (exit 3)."""
+    import dataclasses
+    import shutil
+
+    from weights.layouts import REGISTRY
+
+    def full(state, config, path, **options):
+        open(path, "wb").write(b"half")
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setitem(REGISTRY, "canonical", dataclasses.replace(REGISTRY["canonical"], write=full))
+    code, _, err = cli("convert", str(canonical), str(tmp_path / "o.safetensors"), "--to", "canonical")
+    assert (
+        code == 2
+        and "no space left on its device" in err
+        and sorted(p.name for p in tmp_path.iterdir()) == ["src.safetensors"]
+    )
+
+    def bug(*args, **options):
+        raise KeyError("a bug of the writer")
+
+    monkeypatch.setitem(REGISTRY, "canonical", dataclasses.replace(REGISTRY["canonical"], write=bug))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**12, 0, 10**12))
+    code, _, err = cli("convert", str(canonical), str(tmp_path / "o.safetensors"), "--to", "canonical")
+    assert code == 3 and "INTERNAL ERROR of weights convert" in err
+
+
+def test_sigterm_mid_write_leaves_no_partial_file(tmp_path):
+    """The write stopped while its temporary is on disk (SIGSTOP), then SIGTERM: exit 143, one
+    line, neither the temporary nor OUT left."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = get_config("vit_small_patch16_224")
+    src = tmp_path / "src.safetensors"
+    save_state(init_state(config, seed=0), src, config)
+    out_dir = tmp_path / "out"
+    for attempt in range(3):
+        out_dir.mkdir(exist_ok=True)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "weights", "convert", str(src), str(out_dir / "o.pth"), "--to", "timm"],
+            cwd=Path(__file__).parent.parent,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        while run.poll() is None and not any(p.name.startswith(".") for p in out_dir.iterdir()):
+            pass
+        run.send_signal(signal.SIGSTOP)
+        mid_write = any(p.name.startswith(".") for p in out_dir.iterdir()) and not (out_dir / "o.pth").exists()
+        run.send_signal(signal.SIGTERM)
+        run.send_signal(signal.SIGCONT)
+        _, err = run.communicate(timeout=60)
+        if mid_write:
+            break
+        for p in out_dir.iterdir():
+            p.unlink()
+    assert mid_write, "never caught the write in progress"
+    assert run.returncode == 128 + signal.SIGTERM and err.strip().splitlines() == ["convert: cancelled by SIGTERM"]
+    assert list(out_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("length", [126, 200, 255])
+def test_a_long_legal_out_name_is_written(cli, tmp_path, canonical, length):
+    name = ("a." * 200)[: length - len(".safetensors")] + ".safetensors"
+    code, _, err = cli("convert", str(canonical), str(tmp_path / name), "--to", "canonical")
+    assert code == 0 and (tmp_path / name).is_file(), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["src.safetensors", name])
+
+
+@pytest.mark.parametrize(
+    "layout, name", [("canonical", "o.safetensors"), ("timm", "o.pth"), ("hf", "o"), ("big_vision", "o.npz")]
+)
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_convert_writes_with_the_umask_s_modes_in_every_layout(cli, tmp_path, canonical, layout, name, mask):
+    import os
+    import stat
+
+    old = os.umask(mask)
+    try:
+        code, _, err = cli("convert", str(canonical), str(tmp_path / name), "--to", layout)
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    out = tmp_path / name
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in ([out, *out.iterdir()] if out.is_dir() else [out])}
+    assert modes == {
+        p: (0o777 if (tmp_path / name / p).is_dir() or p == name and out.is_dir() else 0o666) & ~mask for p in modes
+    }
+
+
+def test_save_state_writes_with_the_umask_s_mode(tmp_path, state):
+    import os
+    import stat
+
+    old = os.umask(0o027)
+    try:
+        save_state(state, tmp_path / "w.safetensors", get_config("vit_test_token"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o640
+
+
+def _with_header(raw: bytes, pairs: list) -> bytes:
+    """A safetensors file's bytes with its header written from ``pairs`` (a key may repeat)."""
+    import json
+    import struct
+
+    (size,) = struct.unpack("<Q", raw[:8])
+    text = "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in pairs) + "}"
+    body = text.encode()
+    body += b" " * (-len(body) % 8)
+    return struct.pack("<Q", len(body)) + body + raw[8 + size :]
+
+
+def test_a_safetensors_header_naming_a_key_twice_is_refused_naming_it(cli, tmp_path, canonical):
+    """The format allows each key once; the reader would take the last silently. The companion:
+    the same header without the repeat reads."""
+    import json
+    import struct
+
+    raw = canonical.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    pairs = list(json.loads(raw[8 : 8 + size]).items())
+    twice = dict(pairs)["pos_embed"]
+    (tmp_path / "twice.safetensors").write_bytes(_with_header(raw, [*pairs, ("pos_embed", twice)]))
+    (tmp_path / "once.safetensors").write_bytes(_with_header(raw, pairs))
+    code, _, err = cli("convert", str(tmp_path / "twice.safetensors"), str(tmp_path / "o.pth"), "--to", "timm")
+    assert code == 2 and "its header names 'pos_embed' more than once" in err, err
+    code, _, err = cli("convert", str(tmp_path / "once.safetensors"), str(tmp_path / "o.pth"), "--to", "timm")
+    assert code == 0, err

@@ -32,7 +32,9 @@ def state():
 
 @pytest.mark.parametrize("hostile, counts", [("nan_logits", "21 NaN, 0 Inf"), ("overflowing_softmax", "18 NaN, 3 Inf")])
 def test_a_non_finite_finding_is_exit_1_with_a_complete_json_report(cli, tmp_path, hostile, counts):
-    code, out, err = cli("verify", f"{H}:{hostile}", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png"))
+    code, out, err = cli(
+        "verify", f"{H}:{hostile}", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")
+    )
     report = json.loads((tmp_path / "r.json").read_text())  # strict JSON: no bare Infinity or NaN
     assert code == 1 and report["conformant"] is False and report["first_divergence"] == "logits", err
     assert any(counts in f["reason"] for f in report["failures"]) and (tmp_path / "r.png").stat().st_size > 0
