@@ -133,7 +133,7 @@ def _check_given_ports(config) -> None:
     declaration; not a failing test per property. pytest-xdist's workers leave it to the
     controller."""
     from conformance.report import UsageError, describe_exception
-    from conformance.verify.portside import PortStopped, load_port
+    from conformance.verify.portside import WHAT, PortStopped, load_port
 
     opts = config.option
     _TIMEOUT[0] = opts.vit_timeout
@@ -145,7 +145,8 @@ def _check_given_ports(config) -> None:
                     _remote(kind, spec).check()
                 load_port(kind, spec)
             except (PortStopped, UsageError) as e:
-                raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {e}") from None
+                why = str(e).removeprefix(f"cannot load {WHAT[kind]} {spec!r}: ")
+                raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {why}") from None
             except Exception as e:  # noqa: BLE001 - the port's declaration is the user's to fix
                 raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {describe_exception(e)}") from None
 

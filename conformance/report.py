@@ -40,7 +40,9 @@ def resource_problem(e: BaseException) -> str | None:
     return f"{what}{where}"
 
 
-RESOURCE_ERRNOS = {getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EMFILE", "ENFILE", "EROFS") if hasattr(errno, name)}
+RESOURCE_ERRNOS = {
+    getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EMFILE", "ENFILE", "EROFS") if hasattr(errno, name)
+}
 
 
 def tool_failure(e: BaseException, frames: int = 4) -> str:

@@ -224,3 +224,50 @@ def test_a_given_port_that_does_not_load_stops_the_run_before_any_test(tmp_path)
     code, out = run_pytest(tmp_path, "--port", "no_such_module:make", select=None)
     assert code == 4 and "--port 'no_such_module:make' cannot be loaded: ModuleNotFoundError" in out, out[-800:]
     assert " passed" not in out and " failed" not in out
+
+
+ENDS = {
+    "os_exit_0_in_forward": "exited with status 0",
+    "exit_0_in_forward": "sys.exit(0)",
+    "hangs_in_forward": "no answer in 2 s",
+}
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
+def test_a_given_port_that_exits_or_hangs_fails_its_tests_with_and_without_xdist(tmp_path, workers):
+    """Each given port runs in a process of its own, as verify runs it: os._exit(0) in its forward
+    once ended pytest itself with exit 0 (no xdist worker to lose). The companion: the same run
+    with a correct port passes, so what fails here is the ports, not the run."""
+    from conformance.profiles import heavy
+
+    if workers and not heavy():
+        pytest.skip(
+            "thorough profile: under xdist a worker that dies was already a failure; ci runs the one-process run"
+        )
+    shutil.copy(Path(__file__).parent / "data" / "hostile_ports.py", tmp_path / "hostile_ports.py")
+    ports = [a for p in ENDS for a in ("--port", f"hostile_ports:{p}")]
+    code, out = run_pytest(
+        tmp_path,
+        "--only-given-ports",
+        "--vit-timeout",
+        "2",
+        "-rf",
+        *workers,
+        *ports,
+        select=MAIN,
+        suite=("conformance.tests.test_model",),
+    )
+    failed = [line for line in out.splitlines() if line.startswith("FAILED")]
+    assert code == 1 and len(failed) == len(ENDS), out[-3000:]
+    for port, reason in ENDS.items():  # each port's test failed, each for verify's reason
+        assert any(line.endswith(f"[hostile_ports:{port}]") for line in failed) and reason in out, (port, failed)
+    code, out = run_pytest(
+        tmp_path,
+        "--only-given-ports",
+        *workers,
+        "--port",
+        "hostile_ports:prints_to_stdout",
+        select=MAIN,
+        suite=("conformance.tests.test_model",),
+    )
+    assert code == 0 and "1 passed" in out, out[-2000:]
