@@ -70,11 +70,8 @@ class OutputLimits:
                 value = np.asarray(value, dtype=np.float64)
             except (ValueError, TypeError, OverflowError) as e:
                 return Refused(f"{name} is a ragged or mixed list, not an array ({' '.join(str(e).split())[:200]})")
-        elif isinstance(value, (int, float, complex, np.generic)):  # a bare number: an array of its own
-            try:
-                value = np.asarray(value)
-            except (OverflowError, ValueError) as e:
-                return Refused(f"{name} is {type(value).__name__} {value!r:.60}, not an array ({e})")
+        elif isinstance(value, int) and not -(2**63) <= value < 2**64:  # crosses as JSON, read as no array
+            return Refused(f"{name} is the integer {value!r:.60}, too large for any array dtype")
         if getattr(value, "dtype", None) == np.dtype(object):
             return Refused(f"{name} is an array of Python objects, not of numbers")
         shape = getattr(value, "shape", None)
