@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conformance.profiles import heavy
+from conformance.verify.outputs import dumps
 from conformance.zoo import MUTANTS
 from conformance.zoo.run import (
     CORRECT_ATTENTION,
@@ -72,6 +73,8 @@ def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
     assert report.diagnosis is not None and report.diagnosis.named == mutant.bug_class, (
         report.diagnosis.line() if report.diagnosis else "no diagnosis"
     )
+    # every bug class's finding reaches a strict JSON report (--json), its figures whatever they are
+    assert json.loads(dumps(report.to_dict()))["diagnosis"]["class"] == mutant.bug_class
 
 
 def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_ports_pass():
