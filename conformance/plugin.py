@@ -65,8 +65,14 @@ def pytest_addoption(parser):
         help="run only the given ports, not the built-in torch, mlx and jax ones",
     )
     group.addoption(
+        "--in-process-ports",
+        action="store_true",
+        help="run the given ports in pytest's own process, as the built-in ones (no isolation: a port's "
+        "os._exit ends the run; for ports you trust, such as the project's zoo)",
+    )
+    group.addoption(
         "--vit-timeout",
-        type=float,
+        type=_seconds,
         default=None,
         metavar="SECONDS",
         help="a call into a given port that gives no answer this long fails its test (default: verify's, 300 s "
@@ -81,6 +87,19 @@ def pytest_addoption(parser):
         help="fix one config field in every config drawn for the whole-model ports (repeatable; the "
         "value is JSON: --set num_classes=0 --set depth=2), as verify's --set",
     )
+
+
+def _seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"--vit-timeout must be a finite number of seconds above 0, got {text!r}")
+    return value
 
 
 _SETTINGS: dict = {}  # --set: config fields fixed for the whole-model ports' drawn configs
@@ -138,10 +157,11 @@ def _check_given_ports(config) -> None:
     opts = config.option
     _TIMEOUT[0] = opts.vit_timeout
     for flag, kind in KINDS.items():
-        _GIVEN[kind] = set(getattr(opts, flag[2:].replace("-", "_")))
-        for spec in sorted(_GIVEN[kind]):
+        specs = set(getattr(opts, flag[2:].replace("-", "_")))
+        _GIVEN[kind] = set() if opts.in_process_ports else specs
+        for spec in sorted(specs):
             try:
-                if not hasattr(config, "workerinput"):
+                if not hasattr(config, "workerinput") and not opts.in_process_ports:
                     _remote(kind, spec).check()
                 load_port(kind, spec)
             except (PortStopped, UsageError) as e:

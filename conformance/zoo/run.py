@@ -93,8 +93,11 @@ def _test_files() -> dict[str, Path]:
 def run_plugin(
     selection: list[tuple[str, str, str]], workers: int = 2, profile: str = "zoo", dtype: str = "float32"
 ) -> dict:
-    """One pytest run, exactly as a user runs it (``--port`` / ``--attention-port``), of the
-    given (test, port spec, level) triples; returns {(test, spec): "passed" | "failed" | ...}."""
+    """One pytest run, as a user runs it (``--port`` / ``--attention-port``), of the given (test,
+    port spec, level) triples; returns {(test, spec): "passed" | "failed" | ...}. The mutants are
+    this project's own code, run in pytest's process (``--in-process-ports``): what the zoo
+    proves is the properties' catch, and a process per mutant (its framework imported in each)
+    would cost most of the run; the isolation of given ports has its own tests."""
     files = _test_files()
     unknown = sorted({t for t, _, _ in selection if t not in files})
     if unknown:
@@ -109,6 +112,7 @@ def run_plugin(
             "-m",
             "pytest",
             "--only-given-ports",
+            "--in-process-ports",
             "-q",
             # The outcomes are read from the JUnit XML: a line per failure, where a full traceback
             # (pytest parses each frame's source) costs more than the failing test did.
