@@ -19,3 +19,18 @@ def cli(capfd):
         return code, out.out, out.err
 
     return run
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A file system of 32 KB to fill (a tmpfs: mounting one needs root, as CI runs; where it cannot
+    be mounted the tests that inject the same error cover the path)."""
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("a small file system to fill needs mount (root); the injected test covers the same path")
+    yield small
+    done = subprocess.run(["umount", str(small)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

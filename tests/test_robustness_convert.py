@@ -82,20 +82,6 @@ def test_an_hf_config_json_that_is_not_an_object_is_refused_naming_it(cli, tmp_p
 # ----------------------------------------------------------------------------- writes that fail or are cut short
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A file system of 32 KB (a tmpfs: mounting one needs root, as CI runs)."""
-    import subprocess
-
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(small)], capture_output=True).returncode:
-        pytest.skip("a small file system to fill needs mount (root); the injected test covers the same path")
-    yield small
-    done = subprocess.run(["umount", str(small)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.parametrize(
     "layout, name", [("canonical", "o.safetensors"), ("timm", "o.pth"), ("hf", "o"), ("big_vision", "o.npz")]
 )

@@ -224,20 +224,6 @@ def test_a_temporary_folder_that_cannot_be_made_is_exit_2_naming_tmpdir(cli, mon
     assert "(TMPDIR): Permission denied" in err and err.count("\n") == 1
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A file system of 32 KB (a tmpfs: mounting one needs root, as CI runs)."""
-    import subprocess
-
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(small)], capture_output=True).returncode:
-        pytest.skip("a small file system to fill needs mount (root); the injected test covers the same path")
-    yield small
-    done = subprocess.run(["umount", str(small)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-
-
 def test_a_full_tmpdir_is_exit_2_with_the_figure(small_fs):
     import subprocess
     import sys
