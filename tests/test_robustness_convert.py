@@ -128,7 +128,7 @@ def test_sigterm_mid_write_leaves_no_partial_file(tmp_path):
     import sys
     from pathlib import Path
 
-    config = get_config("vit_small_patch16_224")
+    config = get_config("vit_tiny_patch16_224")
     src = tmp_path / "src.safetensors"
     save_state(init_state(config, seed=0), src, config)
     out_dir = tmp_path / "out"

@@ -152,9 +152,8 @@ class Isolated:
         answer, step, stopped = self._ask({"op": "hello", "kind": self.kind, "spec": self.name, "taps": self.taps})
         if stopped:
             raise PortStopped(f"{stopped} (while importing {self.name!r})")
-        if answer["status"] == "usage":
+        if answer["status"] != "ok":  # the port did not load: its process is of no further use
             self._kill()
-            raise UsageError(answer["message"])
         self._check(answer)
         self.hello = answer
         return answer
