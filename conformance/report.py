@@ -30,10 +30,15 @@ def resource_problem(e: BaseException) -> str | None:
     if not isinstance(e, OSError) or e.errno not in RESOURCE_ERRNOS:
         return None
     where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    if e.errno == errno.EMFILE:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        where += f": it may open {soft} (ulimit -n; at most {hard})"
     what = {
         errno.ENOSPC: "no space left on the device",
         errno.EDQUOT: "the disk quota is exceeded",
-        errno.EMFILE: "too many open files for this process (ulimit -n)",
+        errno.EMFILE: "too many open files for this process",
         errno.ENFILE: "too many open files on the system",
         errno.EROFS: "a read-only file system",
     }[e.errno]

@@ -318,3 +318,19 @@ def test_whatever_a_port_returns_is_exit_1_with_one_line_never_a_traceback(cli, 
         del os.environ["VIT_TEST_RECIPE"]
     assert code == 1 and "Traceback" not in out + err and "INTERNAL ERROR" not in err, (recipe, err[-1500:])
     assert out.strip().splitlines()[-1].startswith("NOT CONFORMANT") or "NOT CONFORMANT" in out, out[-500:]
+
+
+def test_resource_errors_name_the_resource_and_the_figure():
+    """What exit 2 says of the machine (the companion: any other OS error is not one, and stays
+    the tool's failure)."""
+    import errno
+    import resource
+
+    from conformance.report import resource_problem
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert resource_problem(OSError(errno.ENOSPC, "full", "/tmp/x")) == "no space left on the device (/tmp/x)"
+    assert f"too many open files for this process (x.npy): it may open {soft} (ulimit -n" in resource_problem(
+        OSError(errno.EMFILE, "too many", "x.npy")
+    )
+    assert resource_problem(OSError(errno.EBADF, "bad")) is None and resource_problem(ValueError("x")) is None
