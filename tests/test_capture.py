@@ -224,6 +224,24 @@ def test_rename_tables_rename_segments_and_block_patterns():
     assert rename("head.weight") is None
 
 
+def test_a_rename_entry_never_renames_another_entry_s_output():
+    """vit-pytorch's table: block 0's first norm becomes ``transformer.layers.0.0.norm``, and the
+    final norm's entry must not rename that ``norm`` again. The companion: applied one entry
+    after another on the key as rewritten, the table gave the key issue 42 found."""
+    table = {"blocks.{i}.norm1": "transformer.layers.{i}.0.norm", "norm": "transformer.norm"}
+    rename = rename_function(table)
+    assert rename("blocks.0.norm1.bias") == "transformer.layers.0.0.norm.bias"
+    assert rename("norm.bias") == "transformer.norm.bias"
+    key = "blocks.0.norm1.bias"
+    for old, new in table.items():  # the old way: each entry on what the last one wrote
+        key = (
+            key.replace("blocks.0.norm1", new.replace("{i}", "0"))
+            if "{i}" in old
+            else key.replace(".norm.", f".{new}.")
+        )
+    assert key == "transformer.layers.0.0.transformer.norm.bias"
+
+
 def test_a_config_outside_what_the_port_supports_is_refused_naming_the_option():
     port = example("mlx_image_vit:port")
     with pytest.raises(Unsupported, match=r"img_size=\(16, 24\) \(supported: square images only\)"):
@@ -356,3 +374,23 @@ def test_each_adapter_is_named_by_the_import_path_of_the_module_system_it_reads(
     assert framework_of(torch.nn.Linear(2, 2)) == "torch.nn"
     with pytest.raises(TypeError, match="torch.nn, mlx.nn, flax.nnx, flax.linen"):
         framework_of(object())
+
+
+def test_a_convert_s_arrays_meet_the_model_s_parameters_in_size_1_axes():
+    """A convert that hands timm's model its class token as (1, 1, 1, D) and its position table
+    as (N, D), in its own layouts but for axes of size 1, loads and is conformant. The companion:
+    a convert whose array differs in more than size-1 axes is a shape finding naming the key."""
+    from conformance.examples.timm_vit import build
+    from conformance.capture import LoadError
+
+    def convert(state):
+        return {**state, "cls_token": state["cls_token"][None], "pos_embed": state["pos_embed"][0]}
+
+    config = get_config("vit_test_token")
+    assert verify(ModelPort(build, convert=convert), config).conformant
+
+    def transposed(state):
+        return {**state, "pos_embed": state["pos_embed"][0].T}
+
+    with pytest.raises(LoadError, match=r"'pos_embed': mapped \(24, 25\), the model has \(1, 25, 24\)"):
+        ModelPort(build, convert=transposed)(config, init_state(config))

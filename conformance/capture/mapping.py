@@ -11,31 +11,65 @@ class LoadError(ValueError):
     """The mapped weights do not fit the model: names the keys and shapes."""
 
 
-def _pattern(canonical: str) -> re.Pattern:
-    body = re.escape(canonical).replace(re.escape("{i}"), r"(?P<i>\d+)")
-    return re.compile(rf"(^|\.){body}(?=\.|$)")
-
-
 def rename_function(table: Mapping[str, str | None] | Callable[[str], str | None]) -> Callable[[str], str | None]:
-    """A key function from a rename table: each entry renames a dotted segment run at segment
-    boundaries, in order (``"norm1": "ln_attn"``, ``"blocks.{i}.mlp.fc1": "layers.{i}.ff.0"``);
-    an entry that maps to None drops the key (the model has no place for it)."""
+    """A key function from a rename table: each entry renames the first dotted segment run it
+    matches at segment boundaries (``"norm1": "ln_attn"``, ``"blocks.{i}.mlp.fc1": "layers.{i}.ff.0"``),
+    in order, and only in what no earlier entry wrote: an entry never renames another's output
+    (``"blocks.{i}.norm1": "layers.{i}.0.norm"`` then ``"norm": "final.norm"`` leaves the first's
+    ``norm`` alone). An entry that maps to None drops the key (the model has no place for it)."""
     if callable(table):
         return table
-    rules = [(_pattern(k), v) for k, v in table.items()]
+    rules = [([_segment(p) for p in k.split(".")], v) for k, v in table.items()]
 
     def rename(key: str) -> str | None:
+        parts = [(segment, False) for segment in key.split(".")]  # (segment, written by an entry)
         for pattern, new in rules:
-            m = pattern.search(key)
-            if m is None:
+            at = _find(parts, pattern)
+            if at is None:
                 continue
             if new is None:
                 return None
-            repl = new.replace("{i}", m.group("i")) if "i" in pattern.groupindex else new
-            key = key[: m.start()] + m.group(1) + repl + key[m.end() :]
-        return key
+            start, index = at
+            text = new.replace("{i}", index) if index is not None else new
+            parts[start : start + len(pattern)] = [(s, True) for s in text.split(".")] if text else []
+        return ".".join(s for s, _ in parts)
 
     return rename
+
+
+def _segment(canonical: str) -> re.Pattern:
+    return re.compile(re.escape(canonical).replace(re.escape("{i}"), r"(?P<i>\d+)") + r"\Z")
+
+
+def _find(parts: list[tuple[str, bool]], pattern: list[re.Pattern]) -> tuple[int, str | None] | None:
+    """Where ``pattern`` first matches segments no entry has written: (start, the block index
+    ``{i}`` stood for), or None."""
+    n = len(pattern)
+    for start in range(len(parts) - n + 1):
+        window = parts[start : start + n]
+        if any(written for _, written in window):
+            continue
+        matches = [want.match(segment) for (segment, _), want in zip(window, pattern)]
+        if all(matches):
+            index = next((m.group("i") for m in matches if "i" in m.re.groupindex), None)
+            return start, index
+    return None
+
+
+def unit_axes(value, shape):
+    """``value`` reshaped to ``shape`` where the two differ only in axes of size 1 (a
+    ``pos_embed`` (1, N, D) for a (N, D) parameter, a ``cls_token`` (1, 1, D) for a (1, D) one);
+    else ``value`` as it is (its shape is then a finding)."""
+    import numpy as np
+
+    if (
+        shape is not None
+        and value.shape != tuple(shape)
+        and value.size == int(np.prod(shape))
+        and [d for d in value.shape if d != 1] == [d for d in shape if d != 1]
+    ):
+        return value.reshape(shape)
+    return value
 
 
 def module_of(key: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from conformance.capture.adapters import ADAPTERS, BaseAdapter, framework_of
-from conformance.capture.mapping import LoadError, config_argument, rename_function
+from conformance.capture.mapping import LoadError, config_argument, rename_function, unit_axes
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.recorder import Recorder, arrays_in
 from conformance.report import ToolError, describe_exception
@@ -150,7 +150,8 @@ class ModelPort:
                     raise LoadError(f"the rename sends two canonical keys to {mk!r} (the second is {k!r})")
                 arrays[mk] = adapter.native(mk, np.asarray(v), params.get(mk, np.shape(v)))
         else:
-            arrays = {k: np.asarray(v) for k, v in self._convert(dict(state), config).items()}
+            # in the model's own layouts, but for size-1 axes (a (1, 1, D) class token for a (1, D) one)
+            arrays = {k: unit_axes(np.asarray(v), params.get(k)) for k, v in self._convert(dict(state), config).items()}
         unknown = sorted(set(arrays) - set(params))
         if unknown:
             import difflib

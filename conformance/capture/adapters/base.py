@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from conformance.capture.mapping import module_of
+from conformance.capture.mapping import module_of, unit_axes
 from conformance.capture.recorder import first_array, patched
 
 if TYPE_CHECKING:
@@ -90,13 +90,7 @@ class BaseAdapter:
         module's type, always (a square kernel fits either way, so shapes cannot decide), then
         size-1 axes by shape (``pos_embed`` (1, N, D) into a (N, D) parameter)."""
         value = self.by_type(self.kind(module_of(key)), key.rpartition(".")[2], value)
-        if (
-            value.shape != tuple(shape)
-            and value.size == int(np.prod(shape))
-            and [d for d in value.shape if d != 1] == [d for d in shape if d != 1]
-        ):
-            value = value.reshape(shape)
-        return value
+        return unit_axes(value, shape)
 
     def kind(self, path: str) -> str:
         """The class name of the module at ``path``."""
