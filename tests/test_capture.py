@@ -5,6 +5,7 @@ verified unmodified and the buggy ones located at their bugs."""
 
 import base64
 import dataclasses
+import re
 import hashlib
 import importlib
 import json
@@ -194,7 +195,7 @@ def _mlx_example_port(**changes):
             "shape mismatch(es): 'layers.0.ff_in.bias': mapped (24,), the model has (96,)",
         ),
         ({"head": None}, None),
-        ({"pos_embed": None}, "the mapping drops canonical keys the model needs: pos_embed"),
+        ({"pos_embed": None}, "it has no learned position table (a fixed one computed from the grid, or none)"),
     ],
     ids=["missing-key", "wrong-shape", "head-dropped", "key-dropped"],
 )
@@ -209,6 +210,12 @@ def test_a_mapping_that_does_not_fit_is_a_load_finding_naming_keys_and_shapes(re
             for f in report.failures
         ), report.failures
         assert report.first_divergence == "load" and not report.conformant
+        return
+    from conformance.capture.expressible import NotExpressible
+
+    if "position table" in message:  # the config names a part the model lacks: verify's exit 2, not a finding
+        with pytest.raises(NotExpressible, match=re.escape(message)):
+            verify(port, config, cases=quick_cases(config)[:1])
         return
     with pytest.raises(LoadError) as info:
         port(config, init_state(config))
@@ -394,3 +401,23 @@ def test_a_convert_s_arrays_meet_the_model_s_parameters_in_size_1_axes():
 
     with pytest.raises(LoadError, match=r"'pos_embed': mapped \(24, 25\), the model has \(1, 25, 24\)"):
         ModelPort(build, convert=transposed)(config, init_state(config))
+
+
+def test_a_model_the_config_cannot_express_is_exit_2_with_a_line_per_part_and_its_option(cli):
+    """timm's model without q, k, v biases and without a class token, against the default config
+    (issue 42: it was NOT CONFORMANT at load). The companion: the config that names both parts
+    makes the same model conformant."""
+    code, out, err = cli("verify", "tests.data.unexpressed_ports:port")
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and lines[0].startswith("the config cannot express this model:"), err
+    assert lines[1:] == [
+        "  its final norm comes after the pooling (timm's fc_norm): fc_norm=true expresses it (norm.bias, norm.weight)",
+        "  its q, k and v projections have no bias: qkv_bias=false expresses it (blocks.{i}.attn.qkv.bias)",
+        "  it has no class token: class_token=false (with global_pool='avg') expresses it (cls_token)",
+    ]
+    code, out, err = cli(
+        "verify",
+        "tests.data.unexpressed_ports:port",
+        *("--set", "qkv_bias=false", "--set", "class_token=false", "--set", 'global_pool="avg"'),
+    )
+    assert code == 0 and "CONFORMANT: all" in out, out[-1500:] + err[-1500:]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from conformance.capture.adapters import ADAPTERS, BaseAdapter, framework_of
+from conformance.capture.expressible import not_expressible, optional_parts
 from conformance.capture.mapping import LoadError, config_argument, rename_function, unit_axes
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.recorder import Recorder, arrays_in
@@ -138,6 +139,7 @@ class ModelPort:
     ) -> tuple[dict, list[str]]:
         """The model's arrays from the canonical state, strictly: (arrays, unfilled model keys)."""
         params = adapter.params()
+        source: dict[str, str] = {}  # model key -> the canonical key sent there (rename)
         if self.rename is not None:
             rename = rename_function(self.rename)
             arrays = {}
@@ -146,6 +148,7 @@ class ModelPort:
                 if mk is None:
                     continue
                 mk = adapter.resolve(mk, params)
+                source[mk] = k
                 if mk in arrays:
                     raise LoadError(f"the rename sends two canonical keys to {mk!r} (the second is {k!r})")
                 arrays[mk] = adapter.native(mk, np.asarray(v), params.get(mk, np.shape(v)))
@@ -153,6 +156,9 @@ class ModelPort:
             # in the model's own layouts, but for size-1 axes (a (1, 1, D) class token for a (1, D) one)
             arrays = {k: unit_axes(np.asarray(v), params.get(k)) for k, v in self._convert(dict(state), config).items()}
         unknown = sorted(set(arrays) - set(params))
+        homeless = [source.get(k, k) for k in unknown]
+        if unknown and optional_parts(homeless):  # the model lacks parts the config names
+            raise not_expressible(homeless, sorted(set(params) - set(arrays)))
         if unknown:
             import difflib
 
@@ -191,8 +197,8 @@ class ModelPort:
         adapter.call_kwargs = dict(self.call_kwargs)
         key_map = self.key_map(state, config)
         dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))
-        if dropped:
-            raise LoadError(f"the mapping drops canonical keys the model needs: {', '.join(dropped[:8])}")
+        if dropped:  # the config names parts the model lacks: not a finding about the port
+            raise not_expressible(dropped)
         arrays, unfilled = self.mapped(state, adapter, config)
         mixed = self.autocast and dtype != "float32"
         adapter.load(arrays, dtype, cast=not (chosen or self.autocast))

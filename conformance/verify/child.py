@@ -101,7 +101,7 @@ class Child:
         except Unsupported as e:
             return {"status": "unsupported", "message": str(e)}
         except UsageError as e:
-            return {"status": "usage", "message": str(e)}
+            return {"status": "usage", "message": str(e), "label": e.label}
         except PortStopped as e:
             return {"status": "stopped", "message": str(e), "stage": e.stage}
         except OSError as e:  # the outputs could not be written: the machine's resources, else this tool's

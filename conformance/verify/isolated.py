@@ -212,7 +212,9 @@ class Isolated:
         if status == "unsupported":
             raise Unsupported(str(answer.get("message", "")))
         if status == "usage":
-            raise UsageError(str(answer.get("message", "")))
+            error = UsageError(str(answer.get("message", "")))
+            error.label = str(answer.get("label", UsageError.label))  # the config's, or the user's input
+            raise error
         if status == "stopped":
             raise PortStopped(str(answer.get("message", "")), str(answer.get("stage", "import")))
         if status == "resource":

@@ -1,0 +1,14 @@
+"""timm's model built without parts the default config names (tests/test_capture.py): verify says
+the config cannot express it (exit 2, one line per part), and the config that names the model's
+parts makes it conformant."""
+
+from conformance.capture import ModelPort
+from conformance.examples.timm_vit import build
+from impls import VIT_FAMILY
+
+# q, k, v without bias, and no class token (the model pools the patch tokens' mean)
+port = ModelPort(
+    lambda config: build(config.replace(qkv_bias=False, class_token=False, global_pool="avg")),
+    rename={},
+    supports=VIT_FAMILY,
+)
