@@ -75,9 +75,8 @@ def _number(flag: str, kind=float, low: float = 0.0, strict: bool = True):
     return parse
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command")
+def _add_agree(parser, sub) -> None:
+    """``agree``, the default: its options on the main parser too."""
     p = sub.add_parser("agree", help="per-stage agreement of the built-in ports (the default)")
     for target in (parser, p):
         target.add_argument("--preset", default="vit_tiny_patch16_224", choices=sorted(PRESETS))
@@ -85,6 +84,10 @@ def main(argv=None) -> int:
         target.add_argument("--batch", type=int, default=2)
         target.add_argument("--ports", nargs="+", default=list(FRAMEWORK_PORTS), choices=list(FRAMEWORK_PORTS))
         target.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def _add_verify(sub) -> None:
+    """``verify``: a port (or --attention, --grad) against the oracle, stage by stage."""
     v = sub.add_parser(
         "verify",
         help="check a port factory against the oracle, stage by stage",
@@ -149,6 +152,11 @@ def main(argv=None) -> int:
         "each stage judged as stored), autocast (as torch.autocast: LayerNorm and the residual "
         "stream in float32), uniform (every stage in the dtype)",
     )
+    _add_verify_run(v)
+
+
+def _add_verify_run(v) -> None:
+    """verify's seed, report files, limits and where the port runs."""
     v.add_argument("--seed", type=_number("--seed", int, 0, strict=False), default=0)
     v.add_argument("--json", help="write the report as JSON here")
     v.add_argument("--plot", help="save a plot of error against stage here (PNG, SVG, PDF)")
@@ -180,6 +188,10 @@ def main(argv=None) -> int:
         action="store_true",
         help="run the port in verify's own process (no isolation: faster to start, for debugging)",
     )
+
+
+def _add_zoo(sub) -> None:
+    """``zoo``: the bug zoo through verify and the plugin."""
     z = sub.add_parser("zoo", help="run the bug zoo through verify and the --port plugin, one row per mutant")
     z.add_argument("--mutant", action="append", help="only this mutant (repeatable)")
     z.add_argument("--no-plugin", action="store_true", help="verify only, skip the sampled pytest run")
@@ -195,6 +207,10 @@ def main(argv=None) -> int:
     )
     z.add_argument("--json", help="write the rows as JSON here (docs/data/zoo.json feeds docs/zoo.md)")
     z.add_argument("--markdown", action="store_true", help="print the docs table (markdown) after the run")
+
+
+def _add_bench(sub) -> None:
+    """``bench``: throughput side by side, or verify's own cost (--verify)."""
     b = sub.add_parser("bench", help="forward throughput of every port against timm, side by side")
     b.add_argument(
         "--models",
@@ -221,53 +237,68 @@ def main(argv=None) -> int:
         help="with --verify: print conformance/verify/budget.py's constants fitted to docs/data/bench_verify.json "
         "instead of measuring",
     )
+
+
+def _add_docs(sub) -> None:
+    """``docs``: the generated tables."""
     d = sub.add_parser("docs", help="regenerate the tables in docs/ from code and committed measurements")
     d.add_argument("--check", action="store_true", help="only check: exit 1 naming each stale table")
+
+
+def _add_calibrate(sub) -> None:
+    """``calibrate``: its own options, parsed by its module."""
     c = sub.add_parser(
         "calibrate",
         add_help=False,
         help="measure the correct ports' errors the tolerances come from (--grad: the gradient bound's)",
     )
     c.add_argument("rest", nargs="*")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["calibrate"]:  # its own options: conformance.numerics.calibrate, or gradients with --grad
-        rest = argv[1:]
-        if "--grad" in rest:
-            from conformance.numerics.gradients import main as grad_main
 
-            return grad_main([a for a in rest if a != "--grad"])
-        from conformance.numerics.calibrate import main as calibrate_main
 
-        return calibrate_main(rest)
-    args = parser.parse_args(argv)
-    if args.command == "bench":
-        if args.verify:
-            from conformance.verify.bench import main as verify_bench_main
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    _add_agree(parser, sub)
+    for add in (_add_verify, _add_zoo, _add_bench, _add_docs, _add_calibrate):
+        add(sub)
+    return parser
 
-            return verify_bench_main(args)
-        from conformance.bench import main as bench_main
 
-        return bench_main(args)
-    if args.command == "docs":
-        from conformance.docs import main as docs_main
+def _calibrate(rest: list[str]) -> int:
+    """``calibrate [--grad] ...``: conformance.numerics.calibrate, or the gradients' with --grad."""
+    if "--grad" in rest:
+        from conformance.numerics.gradients import main as grad_main
 
-        return docs_main(args)
-    if args.command == "zoo":
-        if args.cover:
-            from conformance.zoo.cover import main as cover_main
+        return grad_main([a for a in rest if a != "--grad"])
+    from conformance.numerics.calibrate import main as calibrate_main
 
-            return cover_main(args)
-        from conformance.zoo.run import main as zoo_main
+    return calibrate_main(rest)
 
-        return zoo_main(args)
-    if args.command in (None, "agree"):
+
+def _command(args) -> int:
+    """The parsed command's own main, imported where it is run."""
+    if args.command == "bench" and args.verify:
+        from conformance.verify.bench import main
+    elif args.command == "bench":
+        from conformance.bench import main
+    elif args.command == "docs":
+        from conformance.docs import main
+    elif args.command == "zoo" and args.cover:
+        from conformance.zoo.cover import main
+    elif args.command == "zoo":
+        from conformance.zoo.run import main
+    elif args.command == "verify":
+        from conformance.verify.command import run as main
+    else:
         return agree(args)
-    if args.command == "verify":
-        from conformance.verify.command import run
+    return main(args)
 
-        return run(args)
-    parser.error(f"unknown command {args.command!r}")
-    return 2
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["calibrate"]:  # its own options
+        return _calibrate(argv[1:])
+    return _command(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

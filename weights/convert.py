@@ -123,6 +123,18 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+def _given_config(args) -> ViTConfig | None:
+    """--preset, or --config as inline JSON or a file (a mistyped path is said to be missing, not
+    parsed as JSON); None when neither is given."""
+    if args.preset:
+        return get_config(args.preset)
+    if not args.config:
+        return None
+    inline = args.config.lstrip().startswith(("{", "["))
+    text = args.config if inline else Path(args.config).read_text()
+    return config_from_json(text, "--config" if inline else f"the config file {args.config!r}")
+
+
 def _positive(name: str):
     def parse(text: str) -> int:
         try:
@@ -189,14 +201,7 @@ def _main(argv=None) -> int:
             parser.error(f"--{flag.replace('_', '-')} takes one size or two (height width)")
     try:
         check_output(args.out, args.to, args.force)
-        config = None
-        if args.preset:
-            config = get_config(args.preset)
-        elif args.config:
-            # inline JSON, else a file (a mistyped path is said to be missing, not parsed as JSON)
-            inline = args.config.lstrip().startswith(("{", "["))
-            text = args.config if inline else Path(args.config).read_text()
-            config = config_from_json(text, "--config" if inline else f"the config file {args.config!r}")
+        config = _given_config(args)
         img_size = (
             tuple(args.img_size)
             if args.img_size and len(args.img_size) == 2
