@@ -89,106 +89,19 @@ def infer_plan(
 ) -> Plan:
     """Which module (or record) each tap is read from, from where the mapping sends the weights:
     each stage's capture rule in the stage table (impls.stages) applied to this model."""
-    plan = Plan()
-
-    def owners(canonical_module: str) -> list[str]:
-        """The model modules that receive a canonical module's weights, in the order of the rows
-        they receive (so a split qkv gives its q, k, v projections in that order)."""
-        keys = [k for k in key_map if module_of(k) == canonical_module]
-        return list(dict.fromkeys(module_of(m) for k in sorted(keys, reverse=True) for m in key_map[k]))
-
-    def one(canonical_module: str, stage: str) -> str | None:
-        found = [caller(m, modules) for m in owners(canonical_module)]
-        if len(found) == 1 and found[0] in modules:
-            return found[0]
-        plan.unseen[stage] = (
-            f"no module of its own holds {canonical_module}'s weights"
-            if not found
-            else f"{canonical_module}'s weights go to {len(found)} modules ({', '.join(found)})"
-            if len(found) > 1
-            else f"{canonical_module}'s weights sit in {found[0] or 'the root'}, not a submodule that is called"
-        )
-        return None
-
-    block_paths = []
-    for i in range(config.depth):
-        keys = [k for k in key_map if k.startswith(f"blocks.{i}.")]
-        path = common_module({module_of(mk) for k in keys for mk in key_map[k]})
-        block_paths.append(path if path and path in modules else None)
-    if len(set(block_paths)) != len(block_paths):
-        block_paths = [None] * config.depth  # blocks share a module: the weights are not per block
-    plan.blocks = {p: i for i, p in enumerate(block_paths) if p is not None}
-    headless = not has_head and not config.num_classes  # timm's num_classes=0: the output is the pooled features
-
-    def attention(i: int, part: str, stage: str) -> Source | None:
-        """q, k, v or the weights of block i's attention: the attention record, failing it the
-        projections' outputs (separate q/k/v modules, or a fused qkv split as timm's)."""
-        if block_paths[i] is None:
-            plan.unseen[stage] = "the block has no module of its own"
-            return None
-        if part == "weights":
-            return Source("attn", part="weights", block=i)
-        qkv = owners(f"blocks.{i}.attn.qkv")
-        if len(qkv) == 1 and kind_name(modules.get(qkv[0])) in ATTENTION_MODULES:
-            return Source("attn", part=part, block=i)  # the module projects q, k and v itself
-        if len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)
-            return Source("attn", part=part, block=i, fallback=("heads", qkv["qkv".index(part)]))
-        if len(qkv) == 1:
-            return Source("attn", part=part, block=i, fallback=("qkv", qkv[0]))
-        return Source("attn", part=part, block=i)
-
-    def source(name: str) -> Source | None:
-        """The rule of the stage table (impls.stages) applied to this model."""
-        stage, i = stage_of(name)
-        rule = stage.capture_rule(config)
-        scope = f"blocks.{i}." if stage.scope == "block" else "attn_pool." if stage.scope == "attn_pool" else ""
-        what, _, arg = rule.partition(":")
-        if what in ("out", "in") and arg == "next":  # the input of block 0, or of norm_pre before it
-            if config.pre_norm:
-                m = one("norm_pre", name)
-                return m and Source("in", m)
-            if block_paths and block_paths[0] is not None:
-                return Source("in", block_paths[0])
-            plan.unseen[name] = "no module holds block 0's weights alone, so its input cannot be read"
-            return None
-        if what in ("out", "in"):
-            module, _, shape = arg.partition("@")
-            m = one(scope + module, name)
-            return m and Source(what, m, shape=shape)
-        if what == "attn":
-            return attention(i, arg, name)
-        if what == "block":
-            if block_paths[i] is None:
-                plan.unseen[name] = "no module holds this block's weights alone"
-                return None
-            return Source("out", block_paths[i])
-        if what == "pool":
-            keys = [k for k in key_map if k.startswith("attn_pool.")]
-            pool = common_module({module_of(mk) for k in keys for mk in key_map[k]})
-            if pool and pool in modules:
-                return Source("out", pool)
-            plan.unseen[name] = "no module of its own holds the attention pool's weights"
-            return None
-        if what in ("head", "return"):
-            if headless:
-                return Source("return", part="pooled" if what == "head" else "")
-            if not has_head:
-                plan.unseen[name] = "the model has no classifier head (the mapping drops head)"
-                return None
-            if what == "return":
-                return Source("return")
-            m = one("head", name)
-            return m and Source("in", m)
-        if what == "unseen":
-            plan.unseen[name] = arg
-            return None
-        raise ValueError(f"stage {name!r}: unknown capture rule {rule!r} (impls.stages)")
-
+    planner = _Planner(config, key_map, modules, has_head)
+    plan = planner.plan
     for name in tap_names(config):
-        found = source(name)
+        found = planner.source(name)
         if found is not None and name not in plan.unseen:
             plan.sources[name] = found
-    for pattern, spec in (overrides or {}).items():
+    _apply_overrides(plan, config, modules, overrides or {})
+    return plan
+
+
+def _apply_overrides(plan: Plan, config: ViTConfig, modules: Mapping[str, Any], overrides: Mapping[str, str]) -> None:
+    """``--tap STAGE=MODULE`` (``{i}`` for every block) over what the rules found."""
+    for pattern, spec in overrides.items():
         for i in range(config.depth) if "{i}" in pattern else [None]:
             stage = pattern.replace("{i}", str(i)) if i is not None else pattern
             if stage not in tap_names(config):
@@ -202,4 +115,117 @@ def infer_plan(
                 src.shape = "heads"
             plan.sources[stage] = src
             plan.unseen.pop(stage, None)
-    return plan
+
+
+class _Planner:
+    """The stage table's capture rules applied to one model: where its mapping sends each
+    canonical module's weights, and which of its modules is each block."""
+
+    def __init__(self, config: ViTConfig, key_map: Mapping[str, list[str]], modules: Mapping[str, Any], has_head: bool):
+        self.config, self.key_map, self.modules, self.has_head = config, key_map, modules, has_head
+        self.plan = Plan()
+        block_paths = []
+        for i in range(config.depth):
+            keys = [k for k in key_map if k.startswith(f"blocks.{i}.")]
+            path = common_module({module_of(mk) for k in keys for mk in key_map[k]})
+            block_paths.append(path if path and path in modules else None)
+        if len(set(block_paths)) != len(block_paths):
+            block_paths = [None] * config.depth  # blocks share a module: the weights are not per block
+        self.block_paths = block_paths
+        self.plan.blocks = {p: i for i, p in enumerate(block_paths) if p is not None}
+        self.headless = (
+            not has_head and not config.num_classes
+        )  # timm's num_classes=0: the output is the pooled features
+
+    def owners(self, canonical_module: str) -> list[str]:
+        """The model modules that receive a canonical module's weights, in the order of the rows
+        they receive (so a split qkv gives its q, k, v projections in that order)."""
+        keys = [k for k in self.key_map if module_of(k) == canonical_module]
+        return list(dict.fromkeys(module_of(m) for k in sorted(keys, reverse=True) for m in self.key_map[k]))
+
+    def one(self, canonical_module: str, stage: str) -> str | None:
+        found = [caller(m, self.modules) for m in self.owners(canonical_module)]
+        if len(found) == 1 and found[0] in self.modules:
+            return found[0]
+        self.plan.unseen[stage] = (
+            f"no module of its own holds {canonical_module}'s weights"
+            if not found
+            else f"{canonical_module}'s weights go to {len(found)} modules ({', '.join(found)})"
+            if len(found) > 1
+            else f"{canonical_module}'s weights sit in {found[0] or 'the root'}, not a submodule that is called"
+        )
+        return None
+
+    def attention(self, i: int, part: str, stage: str) -> Source | None:
+        """q, k, v or the weights of block i's attention: the attention record, failing it the
+        projections' outputs (separate q/k/v modules, or a fused qkv split as timm's)."""
+        if self.block_paths[i] is None:
+            self.plan.unseen[stage] = "the block has no module of its own"
+            return None
+        if part == "weights":
+            return Source("attn", part="weights", block=i)
+        qkv = self.owners(f"blocks.{i}.attn.qkv")
+        if len(qkv) == 1 and kind_name(self.modules.get(qkv[0])) in ATTENTION_MODULES:
+            return Source("attn", part=part, block=i)  # the module projects q, k and v itself
+        if len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)
+            return Source("attn", part=part, block=i, fallback=("heads", qkv["qkv".index(part)]))
+        if len(qkv) == 1:
+            return Source("attn", part=part, block=i, fallback=("qkv", qkv[0]))
+        return Source("attn", part=part, block=i)
+
+    def source(self, name: str) -> Source | None:
+        """The rule of the stage table (impls.stages) applied to this model."""
+        stage, i = stage_of(name)
+        rule = stage.capture_rule(self.config)
+        scope = f"blocks.{i}." if stage.scope == "block" else "attn_pool." if stage.scope == "attn_pool" else ""
+        what, _, arg = rule.partition(":")
+        if what in ("out", "in") and arg == "next":  # the input of block 0, or of norm_pre before it
+            return self._first_input(name)
+        if what in ("out", "in"):
+            module, _, shape = arg.partition("@")
+            m = self.one(scope + module, name)
+            return m and Source(what, m, shape=shape)
+        if what == "attn":
+            return self.attention(i, arg, name)
+        if what == "block":
+            if self.block_paths[i] is None:
+                self.plan.unseen[name] = "no module holds this block's weights alone"
+                return None
+            return Source("out", self.block_paths[i])
+        if what == "pool":
+            return self._pool(name)
+        if what in ("head", "return"):
+            return self._output(what, name)
+        if what == "unseen":
+            self.plan.unseen[name] = arg
+            return None
+        raise ValueError(f"stage {name!r}: unknown capture rule {rule!r} (impls.stages)")
+
+    def _first_input(self, name: str) -> Source | None:
+        if self.config.pre_norm:
+            m = self.one("norm_pre", name)
+            return m and Source("in", m)
+        if self.block_paths and self.block_paths[0] is not None:
+            return Source("in", self.block_paths[0])
+        self.plan.unseen[name] = "no module holds block 0's weights alone, so its input cannot be read"
+        return None
+
+    def _pool(self, name: str) -> Source | None:
+        keys = [k for k in self.key_map if k.startswith("attn_pool.")]
+        pool = common_module({module_of(mk) for k in keys for mk in self.key_map[k]})
+        if pool and pool in self.modules:
+            return Source("out", pool)
+        self.plan.unseen[name] = "no module of its own holds the attention pool's weights"
+        return None
+
+    def _output(self, what: str, name: str) -> Source | None:
+        """``pooled`` (the head's input) and ``logits`` (what the model returns)."""
+        if self.headless:
+            return Source("return", part="pooled" if what == "head" else "")
+        if not self.has_head:
+            self.plan.unseen[name] = "the model has no classifier head (the mapping drops head)"
+            return None
+        if what == "return":
+            return Source("return")
+        m = self.one("head", name)
+        return m and Source("in", m)
