@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from conformance.numerics import error_model as E
+from conformance.numerics import tape
+from conformance.numerics.kinds import activation, attention
 from conformance.numerics.compare import compare_outputs
 from conformance import strategies as S
 from conformance.tests.helpers import factory
@@ -135,11 +137,11 @@ def test_nearby_magnitudes_bound_those_computed_afresh():
     m0 = np.sqrt(E.squares(x0, w))
     for size in (1e-7, 1e-3):
         d = rng.normal(size=x0.shape) * size
-        near = E._nearby(m0, d, w)
+        near = tape._nearby(m0, d, w)
         assert near is not None and np.all(near >= np.sqrt(E.squares(x0 + d, w)))
         assert np.all(near <= (1 + E.NEARBY) * m0)
     # companion: a difference of a tenth of the input is not near
-    assert E._nearby(m0, rng.normal(size=x0.shape) * 0.1, w) is None
+    assert tape._nearby(m0, rng.normal(size=x0.shape) * 0.1, w) is None
 
 
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "quick_gelu", "silu"])
@@ -158,7 +160,7 @@ def test_an_activation_near_the_clean_one_is_its_value_to_a_share_of_the_roundin
     entry = (h0, a0, s0, np.abs(a0) + np.abs(h0))
     h1 = h0 + rng.normal(size=h0.shape) * 1e-5 * np.abs(h0)
     h1[:8] += 1.0  # far: computed afresh
-    a, bound = E._activation_near(name, h1, entry, p)
+    a, bound = activation._activation_near(name, h1, entry, p)
     exact, exact_slope = E.activation(name, h1)
     assert np.all(np.abs(a - exact) <= E.NEARBY * p.storage * (np.abs(exact) + np.abs(h1)) * 1.01)
     assert np.all(bound >= np.abs(exact_slope)) and np.array_equal(a[:8], exact[:8])
@@ -394,12 +396,14 @@ def test_large_attention_weights_are_computed_a_few_heads_at_a_time_alike(monkey
     p = E.Precision(dtype)
     whole = E.softmax_weights(q, k, 8**-0.5, p)
     whole_out = E.attend(*whole, v, p)
-    monkeypatch.setattr(E, "_HEADS_AT_ONCE", 3 * 13 * 13)  # three heads at a time: 10 rows in 4 chunks
+    monkeypatch.setattr(attention, "_HEADS_AT_ONCE", 3 * 13 * 13)  # three heads at a time: 10 rows in 4 chunks
     chunked = E.softmax_weights(q, k, 8**-0.5, p)
     chunked_out = E.attend(*chunked, v, p)
     for got, expected in zip((*chunked, *chunked_out), (*whole, *whole_out)):
         assert got.shape == expected.shape and np.array_equal(got, expected)
-    reversed_ = E._by_heads(lambda a, b: E._softmax_weights(a[::-1], b[::-1], 8**-0.5, p), (2, 5, 13, 13), q, k)
+    reversed_ = attention._by_heads(
+        lambda a, b: attention._softmax_weights(a[::-1], b[::-1], 8**-0.5, p), (2, 5, 13, 13), q, k
+    )
     assert reversed_[0].shape == whole[0].shape and not np.array_equal(reversed_[0], whole[0])
 
 

@@ -1,0 +1,242 @@
+"""A stage evaluated in float64 from its inputs, with its unit bound: the stage table's kinds
+(``conformance.numerics.kinds``) composed into the ViT's stages."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+import numpy as np
+from impls import numpy_vit as O
+from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
+from impls.protocol import ViTConfig
+from weights.resample import bicubic_aa_matrix
+from conformance.numerics.kinds.activation import gated, gelu
+from conformance.numerics.kinds.attention import attend, softmax_weights
+from conformance.numerics.kinds.layer_norm import layer_norm
+from conformance.numerics.kinds.linear import linear, propagate_linear
+from conformance.numerics.roundings import Precision
+
+# ----------------------------------------------------------------------------- stages
+
+
+def prefix_tokens(s, batch: int) -> list:
+    """The class token, then the registers, each broadcast over the batch (those the state has)."""
+    return [np.broadcast_to(s[k], (batch, *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
+
+
+def _prev(i: int, config: ViTConfig) -> str:
+    if i:
+        return f"blocks.{i - 1}"
+    return "norm_pre" if config.pre_norm else "embed"
+
+
+def _features(config: ViTConfig) -> str:
+    """The tokens the head pools: after the final norm, or the last block's where fc_norm replaces it."""
+    return "norm" if not config.use_fc_norm else f"blocks.{config.depth - 1}"
+
+
+def _heads(y, num_heads: int):
+    if np.ndim(y) == 0:  # a bound not computed (``Precision.bounds``)
+        return y
+    B, N, _ = y.shape
+    return y.reshape(B, N, num_heads, -1).transpose(0, 2, 1, 3)
+
+
+def _rows(s, key: str, rows: slice):
+    """Rows of a weight (and of its bias, if the checkpoint has one)."""
+    bias = s.get(f"{key}.bias")
+    return s[f"{key}.weight"][rows], None if bias is None else bias[rows]
+
+
+def _mlp_act(x, s, prefix: str, config: ViTConfig, p: Precision, mlp_layer: str = "mlp"):
+    """The MLP's activation (fc2's input) from its input x: act(fc1 x), or SwiGLU's act(gate) * value."""
+    act = config.act_layer
+    if mlp_layer == "mlp":
+        h, dh = linear(x, *_rows(s, f"{prefix}.fc1", slice(None)), p)
+        return gelu(h, dh, p, act)
+    if mlp_layer == "swiglu":
+        (g, dg), (v, dv) = (linear(x, *_rows(s, f"{prefix}.{fc}", slice(None)), p) for fc in ("fc1_g", "fc1_x"))
+    else:  # swiglu_packed: fc1's rows are the gate, then the value
+        half = config.mlp_hidden_dim // 2
+        (g, dg), (v, dv) = (
+            linear(x, *_rows(s, f"{prefix}.fc1", rows), p) for rows in (slice(0, half), slice(half, None))
+        )
+    return gated(g, dg, v, dv, p, act)
+
+
+def _scaled(x, gamma, p: Precision):
+    """LayerScale: x * gamma, one rounding."""
+    y = x * gamma
+    return y, p.output * np.abs(y)
+
+
+def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
+    """The position embedding at the images' grid (dynamic_img_size) and its bound: two
+    separable passes of the antialiased bicubic, each a contraction over a few taps with
+    weights of both signs, in float32, then stored. The weights themselves are computed in
+    float32 by torch (ATen's aa kernel): each is off by up to about u (n_in + 4) absolute, as
+    the source position scale (i + 0.5) is rounded (measured: 15.5 u for 16 -> 37)."""
+    grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+    if grid == config.grid_size:
+        return pos, 0.0
+    n = 0 if config.no_embed_class else config.num_prefix_tokens
+    new = O.resample_pos_embed(pos, config.grid_size, grid, n)
+    if not p.bounds:
+        return new, 0.0
+    Rh, Rw = (np.abs(bicubic_aa_matrix(o, g)) for o, g in zip(config.grid_size, grid))
+    g = np.abs(pos[:, n:]).reshape(pos.shape[0], *config.grid_size, pos.shape[-1])
+    flat = (pos.shape[0], -1, pos.shape[-1])
+    m = np.einsum("ih,bhwd,jw->bijd", Rh, g, Rw).reshape(flat)
+    m_h = np.einsum("ih,bhwd,jw->bijd", (Rh > 0).astype(float), g, Rw).reshape(flat)  # weight errors along h
+    m_w = np.einsum("ih,bhwd,jw->bijd", Rh, g, (Rw > 0).astype(float)).reshape(flat)
+    taps = math.sqrt(np.count_nonzero(Rh, 1).max()) + math.sqrt(np.count_nonzero(Rw, 1).max())
+    (oh, ow) = config.grid_size
+    stored = 0.0 if p.dtype in ("float32", "float64") else p.storage  # the table held in a lower dtype
+    bound = (
+        p.compute * (taps + 1.0) * m
+        + p.compute * ((oh + 4) * m_h + (ow + 4) * m_w)
+        + stored * m
+        + p.storage * np.abs(new[:, n:])
+    )
+    return new, np.concatenate([np.zeros_like(pos[:, :n]), bound], 1)
+
+
+def _sum(a, b, p: Precision):
+    """a + b, a a tap the port may have held more precisely than it emits (one rounding of it)."""
+    y = a + b
+    return y, p.output * (np.abs(a) + np.abs(b)) + p.inputs * np.abs(a)
+
+
+def _pool(x, config: ViTConfig, p: Precision):
+    """avg, max or avgmax over the tokens (axis 1): mean accumulated in float32, max exact."""
+    mean = x.mean(1)
+    dmean = p.compute * math.sqrt(x.shape[1]) * np.sqrt((x * x).mean(1)) + p.output * np.abs(mean)
+    if config.global_pool == "avg":
+        return mean, dmean
+    top = x.max(1)
+    if config.global_pool == "max":
+        return top, np.zeros_like(top)
+    y = 0.5 * (top + mean)
+    return y, 0.5 * dmean + p.output * (np.abs(top) + np.abs(y))
+
+
+def evaluate(
+    name: str,
+    t: Mapping[str, np.ndarray],
+    images: np.ndarray,
+    s: Mapping[str, np.ndarray],
+    config: ViTConfig,
+    p: Precision,
+):
+    """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64)."""
+    eps = config.norm_eps
+    H, hd = config.num_heads, config.head_dim
+    if name == "patch_embed":
+        (ph, pw), w = config.patch_size, s["patch_embed.proj.weight"]
+        B, C, Hi, Wi = images.shape
+        images = images[:, :, : Hi // ph * ph, : Wi // pw * pw]  # the convolution leaves the remainder unread
+        patches = (
+            images.reshape(B, C, Hi // ph, ph, Wi // pw, pw).transpose(0, 2, 4, 1, 3, 5).reshape(B, -1, C * ph * pw)
+        )
+        return linear(patches, w.reshape(w.shape[0], -1), s.get("patch_embed.proj.bias"), p)
+    if name == "embed":
+        x = t["patch_embed"]
+        pos, dpos = _resampled_pos_embed(s["pos_embed"], config, images, p)
+        prefix = prefix_tokens(s, x.shape[0])
+        if config.no_embed_class:  # the prefix tokens pass as stored: one rounding to the dtype
+            y, bound = _sum(x, pos, p)
+            bound = bound + dpos
+            return np.concatenate(prefix + [y], 1), np.concatenate([p.storage * np.abs(a) for a in prefix] + [bound], 1)
+        y, bound = _sum(np.concatenate(prefix + [x], 1), pos, p)
+        return y, bound + dpos
+    if name == "norm_pre":
+        return layer_norm(t["embed"], s["norm_pre.weight"], s["norm_pre.bias"], eps, p)
+    if name == "norm":
+        return layer_norm(t[f"blocks.{config.depth - 1}"], s["norm.weight"], s["norm.bias"], eps, p)
+    if name.startswith("attn_pool"):
+        return _attn_pool(name, t, images.shape[0], s, config, p)
+    if name == "pooled":
+        if config.global_pool == "map":
+            x = t["attn_pool"]
+            y, dy = x, p.storage * np.abs(x)
+        elif config.global_pool == "token":
+            y = t[_features(config)][:, 0]
+            dy = p.inputs * np.abs(y)
+        else:
+            y, dy = _pool(t[_features(config)][:, config.num_prefix_tokens :], config, p)
+        if not config.use_fc_norm:
+            return y, dy + p.output * np.abs(y)
+        return layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], eps, p, dx=dy)
+    if name == "logits":
+        if not config.num_classes:
+            return t["pooled"], p.storage * np.abs(t["pooled"])
+        return linear(t["pooled"], s["head.weight"], s["head.bias"], p)
+    _, i, *rest = name.split(".", 2)
+    b, rest = f"blocks.{i}", (rest[0] if rest else "")
+    inputs = [t.get(k) for k in stage_inputs(name, config)]
+    if rest == "norm1":
+        return layer_norm(inputs[0], s[f"{b}.norm1.weight"], s[f"{b}.norm1.bias"], eps, p)
+    if rest in ("attn.q", "attn.k", "attn.v"):
+        D, j = config.embed_dim, "qkv".index(rest[-1])
+        y, bound = linear(inputs[0], *_rows(s, f"{b}.attn.qkv", slice(j * D, (j + 1) * D)), p)
+        return _heads(y, H), _heads(bound, H)
+    if rest in ("attn.q_norm", "attn.k_norm"):
+        n = rest.split(".")[1]
+        return layer_norm(inputs[0], s[f"{b}.attn.{n}.weight"], s[f"{b}.attn.{n}.bias"], eps, p)
+    if rest == "attn.weights":
+        return softmax_weights(inputs[0], inputs[1], hd**-0.5, p)
+    if rest == "attn":
+        return _attend_and_project(inputs[0], inputs[1], s, f"{b}.attn.proj", p)
+    if rest in ("ls1", "ls2"):
+        return _scaled(inputs[0], s[f"{b}.{rest}.gamma"], p)
+    # A summand may enter the residual more precisely than its tap shows (XLA fuses x + h * gamma
+    # into one loop; a port computing in float64 emits float32 taps): its tap's rounding,
+    # u |attn| and u |mlp|, is then a difference too.
+    if rest == "norm2":
+        r = inputs[0] + inputs[1]
+        dx = p.output * np.abs(r) + p.inputs * np.abs(inputs[1])
+        return layer_norm(r, s[f"{b}.norm2.weight"], s[f"{b}.norm2.bias"], eps, p, dx=dx)
+    if rest == "mlp.act":
+        return _mlp_act(inputs[0], s, f"{b}.mlp", config, p, config.mlp_layer)
+    if rest == "mlp":
+        return linear(inputs[0], *_rows(s, f"{b}.mlp.fc2", slice(None)), p)
+    if rest == "":
+        r = inputs[0] + inputs[1]
+        y = r + inputs[2]
+        return y, p.output * (np.abs(r) + np.abs(y)) + p.inputs * (np.abs(inputs[1]) + np.abs(inputs[2]))
+    raise KeyError(f"no error model for stage {name!r}")
+
+
+def _attend_and_project(P, v, s, proj: str, p: Precision):
+    """proj(merge_heads(P v)), with the attention output's own error carried through proj."""
+    o, do = attend(P, None, v, p)
+    w, bias = _rows(s, proj, slice(None))
+    y, bound = linear(O.merge_heads(o), w, bias, p)
+    return y, (bound + propagate_linear(O.merge_heads(do), w)) if p.bounds else 0.0
+
+
+def _attn_pool(name: str, t, batch: int, s, config: ViTConfig, p: Precision):
+    """timm's AttentionPoolLatent: the latent's query over the patch tokens, then x + mlp(norm(x))."""
+    H, D = config.num_heads, config.embed_dim
+    stage = name[len("attn_pool.") :] if name != "attn_pool" else ""
+    if stage == "q":
+        latent = np.broadcast_to(s["attn_pool.latent"], (batch, 1, D))
+        y, bound = linear(latent, *_rows(s, "attn_pool.q", slice(None)), p)
+        return _heads(y, H), _heads(bound, H)
+    if stage in ("k", "v"):
+        x = t[_features(config)][:, config.num_prefix_tokens :]
+        rows = slice(0, D) if stage == "k" else slice(D, 2 * D)
+        y, bound = linear(x, *_rows(s, "attn_pool.kv", rows), p)
+        return _heads(y, H), _heads(bound, H)
+    if stage == "weights":
+        return softmax_weights(t["attn_pool.q"], t["attn_pool.k"], config.head_dim**-0.5, p)
+    if stage == "proj":
+        return _attend_and_project(t["attn_pool.weights"], t["attn_pool.v"], s, "attn_pool.proj", p)
+    if stage == "norm":
+        return layer_norm(t["attn_pool.proj"], s["attn_pool.norm.weight"], s["attn_pool.norm.bias"], config.norm_eps, p)
+    if stage == "mlp.act":
+        return _mlp_act(t["attn_pool.norm"], s, "attn_pool.mlp", config, p)
+    if stage == "mlp":
+        return linear(t["attn_pool.mlp.act"], *_rows(s, "attn_pool.mlp.fc2", slice(None)), p)
+    y, bound = _sum(t["attn_pool.proj"], t["attn_pool.mlp"], p)
+    return y[:, 0], bound[:, 0]

@@ -1,0 +1,57 @@
+"""The error model of a contraction (a Linear, the patch conv): its float64 value and unit bound."""
+
+from __future__ import annotations
+
+import math
+import numpy as np
+from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
+from conformance.numerics.roundings import Precision
+from conformance.numerics.runs import beside
+from conformance.numerics.tape import _difference_product, _large, _nearby, _taped, _times_t, squares
+
+
+def linear(x, w, b, p: Precision):
+    """y = x wᵀ + b and its unit bound; w is (out, in)."""
+    # a small product is not taped: its float64 costs less than the difference
+    record, entry = _taped("calls") if _large(x, w) else (None, None)
+    if entry is not None and entry[0].shape == x.shape:  # a run following the clean step's tape
+        x0, y0, m0 = entry
+        d = x - x0
+        m = None if not p.bounds or m0 is None else _nearby(m0, d, w)
+        if not p.bounds or m is not None:
+            y = y0 + _difference_product(d, w)
+            if np.isfinite(y).all():
+                return (y, 0.0) if not p.bounds else (y, _linear_bound(x.shape[-1], m, y, p))
+    # the clean step's magnitudes beside its value: the step is what the other runs wait for
+    magnitudes = beside().submit(squares, x, w) if record is not None and p.bounds else None
+    y = _times_t(x, w) if _large(x, w) else x @ w.T
+    if b is not None:
+        y = y + b
+    if not p.bounds:
+        if record is not None:
+            record.append((x, y, None))
+        return y, 0.0
+    m2 = squares(x, w) if magnitudes is None else magnitudes.result()
+    if b is not None:
+        m2 = m2 + b * b
+    m = np.sqrt(m2)
+    if record is not None:
+        record.append((x, y, m))
+    return y, _linear_bound(x.shape[-1], m, y, p)
+
+
+def _linear_bound(K: int, m, y, p: Precision):
+    return p.compute * math.sqrt(K) * m + p.storage * m + p.output * np.abs(y)
+
+
+def propagate_linear(dx, w):
+    """How an input error dx (independent signs) moves x wᵀ."""
+    record, entry = _taped("spreads") if _large(dx, w) else (None, None)
+    if entry is not None and entry[0].shape == dx.shape:  # a bounded run following the clean step's tape
+        m = _nearby(entry[1], dx - entry[0], w)
+        if m is not None:
+            return m
+    m = np.sqrt(squares(dx, w))
+    if record is not None:
+        record.append((dx, m))
+    return m
