@@ -295,7 +295,7 @@ def test_the_float16_token_sum_on_trained_like_weights_alone_is_systematic():
 def test_a_layernorm_with_an_eps_of_its_own_is_named_with_the_fitted_eps():
     """eps 1e-3 is no class of its own: the eps family fits it and says which; an eps 1e-5 port
     is named as that class, before the family (one coefficient first)."""
-    from conformance.diagnosis.classes import _layer_norm, _norm_operands
+    from conformance.diagnosis.model_classes import _layer_norm, _norm_operands
 
     config = get_config("vit_test_token")
     state, images = _case(config, "offset")

@@ -241,7 +241,7 @@ def token_statistics(port, base, values, stage: str, bound, tol, name) -> Fit | 
     named when what is left is within the tolerance and every token's implied δ is within
     ``CANCELLATION`` float32 roundings of μ² + σ² (what E[x^2] - E[x]^2 loses), one beyond any a
     correct port's rounding shows (its error at that token out of the tolerance)."""
-    from conformance.diagnosis.classes import _norm_operands
+    from conformance.diagnosis.model_classes import _norm_operands
 
     if not np.isfinite(port).all():
         return None
@@ -278,7 +278,7 @@ EPS_GRID = tuple(m * 10.0**e for e in range(-12, 0) for m in (1.0, 3.0))  # 1e-1
 def fitted_eps(port, base, values, stage: str, bound, tol, name) -> Fit | None:
     """A LayerNorm with an eps of its own: the class fitted for each eps of ``EPS_GRID`` (the
     config's own aside), the closest kept, its eps told."""
-    from conformance.diagnosis.classes import _layer_norm, _norm_operands
+    from conformance.diagnosis.model_classes import _layer_norm, _norm_operands
 
     x, prefix = _norm_operands(stage, values, values.model.config)
     w, b, own = values._s[f"{prefix}.weight"], values._s[f"{prefix}.bias"], values.model.config.norm_eps

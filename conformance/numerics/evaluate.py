@@ -129,8 +129,14 @@ def evaluate(
     p: Precision,
 ):
     """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64)."""
+    if name.startswith("blocks."):
+        return _block_stage(name, t, s, config, p)
+    return _model_stage(name, t, images, s, config, p)
+
+
+def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Precision):
+    """The stages outside the blocks: the embedding, the final norm, the pooling, the head."""
     eps = config.norm_eps
-    H, hd = config.num_heads, config.head_dim
     if name == "patch_embed":
         (ph, pw), w = config.patch_size, s["patch_embed.proj.weight"]
         B, C, Hi, Wi = images.shape
@@ -171,6 +177,12 @@ def evaluate(
         if not config.num_classes:
             return t["pooled"], p.storage * np.abs(t["pooled"])
         return linear(t["pooled"], s["head.weight"], s["head.bias"], p)
+    raise KeyError(f"no error model for stage {name!r}")
+
+
+def _block_stage(name: str, t, s, config: ViTConfig, p: Precision):
+    """A stage of block i, from its inputs (``stage_inputs``)."""
+    eps, H, hd = config.norm_eps, config.num_heads, config.head_dim
     _, i, *rest = name.split(".", 2)
     b, rest = f"blocks.{i}", (rest[0] if rest else "")
     inputs = [t.get(k) for k in stage_inputs(name, config)]

@@ -1,0 +1,581 @@
+"""The whole model's bug classes, each as the oracle computes it from a stage's inputs
+(``CLASSES``), with the operands and variants they are built from."""
+
+from __future__ import annotations
+
+
+from collections.abc import Callable
+
+import numpy as np
+
+from conformance.numerics.error_model import evaluate, prefix_tokens, softmax_weights
+from impls import numpy_vit as O
+from impls.protocol import ViTConfig
+from impls.stages import stage_inputs, stage_kind
+from weights.resample import _cubic
+from conformance.diagnosis.bugclass import BugClass, QUIET
+
+# ----------------------------------------------------------------------------- operands
+
+
+def _block(name: str) -> tuple[str, str]:
+    """'blocks.3.attn.q' -> ('blocks.3', 'attn.q')."""
+    _, i, *rest = name.split(".", 2)
+    return f"blocks.{i}", rest[0] if rest else ""
+
+
+_NORMS = {  # a LayerNorm stage kind -> the weights' prefix in its scope
+    "norm1": "{b}.norm1",
+    "norm2": "{b}.norm2",
+    "attn.q_norm": "{b}.attn.q_norm",
+    "attn.k_norm": "{b}.attn.k_norm",
+    "norm": "norm",
+    "norm_pre": "norm_pre",
+    "attn_pool.norm": "attn_pool.norm",
+}
+NORM_KINDS = tuple(_NORMS)
+
+
+def _norm_operands(name: str, t, config: ViTConfig):
+    """A LayerNorm stage's input and its weights' prefix."""
+    kind = stage_kind(name)
+    inputs = [t[k] for k in stage_inputs(name, config)]
+    x = inputs[0] + inputs[1] if kind == "norm2" else inputs[0]
+    b = _block(name)[0] if name.startswith("blocks.") else ""
+    return x, _NORMS[kind].format(b=b)
+
+
+def _layer_norm(x, w, b, eps, *, unbiased=False, eps_outside=False, stats_dtype=None):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a class may overflow: its NaN is its match
+        if stats_dtype is not None:  # E[x^2] - E[x]^2 in a lower dtype, as the port rounds it
+            xs = x.astype(stats_dtype)
+            mu = xs.mean(-1, keepdims=True, dtype=stats_dtype)
+            var = np.maximum((xs * xs).mean(-1, keepdims=True, dtype=stats_dtype) - mu * mu, 0).astype(np.float64)
+            mu = mu.astype(np.float64)
+        else:
+            mu = x.mean(-1, keepdims=True)
+            var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        if unbiased:
+            var = var * x.shape[-1] / max(x.shape[-1] - 1, 1)
+        sigma = np.sqrt(var) + eps if eps_outside else np.sqrt(var + eps)
+        return (x - mu) / sigma * w + b
+
+
+def _norm_variant(**how):
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _NORMS:
+            return None
+        x, prefix = _norm_operands(name, t, config)
+        return _layer_norm(x, s[f"{prefix}.weight"], s[f"{prefix}.bias"], config.norm_eps, **how)
+
+    return stage
+
+
+def _no_affine(name, t, images, s, config):
+    if stage_kind(name) not in _NORMS:
+        return None
+    x, _ = _norm_operands(name, t, config)
+    return _layer_norm(x, 1.0, 0.0, config.norm_eps)
+
+
+def _norm2_with_norm1(s, config):
+    return {
+        f"blocks.{i}.norm2.{p}": s[f"blocks.{i}.norm1.{p}"] for i in range(config.depth) for p in ("weight", "bias")
+    }
+
+
+def _attention_operands(name: str, t, config: ViTConfig):
+    """An attention-weights stage's q and k, and its head_dim."""
+    q, k = (t[n] for n in stage_inputs(name, config))
+    return q, k, config.head_dim
+
+
+_WEIGHTS = ("attn.weights", "attn_pool.weights")
+
+
+def _weights_variant(scale: Callable, swap: bool = False, axis: int = -1, causal: bool = False, after=None):
+    """softmax(scale(config) q kᵀ) over ``axis`` (-1 keys, -2 queries, 0 the batch), of k qᵀ where
+    ``swap``, causally masked where ``causal``, then times ``after(config)``; with the error
+    model's softmax bound (``softmax_weights``) where there is one."""
+
+    def stage(name, t, images, s, config, precision=QUIET):
+        if stage_kind(name) not in _WEIGHTS:
+            return None
+        q, k, hd = _attention_operands(name, t, config)
+        a, b = (k, q) if swap != (axis == -2) else (q, k)  # over queries: (softmax over keys of k qᵀ)ᵀ
+        if axis == 0:
+            P, bound = O.softmax(scale(config) * _qk(a, b), axis=0), None
+        else:
+            n, m = a.shape[-2], b.shape[-2]
+            mask = np.tril(np.ones((n, m), bool)) if causal else None
+            P, bound = softmax_weights(a, b, scale(config), precision, mask)
+            if not precision.bounds:
+                bound = None
+            if axis == -2:
+                P, bound = np.swapaxes(P, -1, -2), None if bound is None else np.swapaxes(bound, -1, -2)
+        if after is not None:
+            P, bound = P * after(config), None if bound is None else bound * after(config)
+        return P, bound
+
+    stage.bounded = True
+    return stage
+
+
+def _qk(q, k):
+    return q @ np.swapaxes(k, -2, -1)
+
+
+def _inverse_sqrt_head_dim(config):
+    return config.head_dim**-0.5
+
+
+def _softmax_naive(dtype):
+    """exp(l) / Σ exp(l) in the port's dtype, no maximum subtracted: inf / inf once a logit passes
+    the dtype's exp range (88.7 in float32, 11.1 in float16)."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _WEIGHTS:
+            return None
+        q, k, hd = _attention_operands(name, t, config)
+        logits = (hd**-0.5 * _qk(q, k)).astype(dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = np.exp(logits)
+            total = e.sum(-1, keepdims=True, dtype=np.float32).astype(dtype)  # a float32 accumulator, stored
+            return (e / total).astype(dtype).astype(np.float64)
+
+    return stage
+
+
+def _softmax_in(dtype: str):
+    """The softmax with its maximum subtracted, its exponentials and their sum stored in the port's
+    low-precision dtype (MLX's mx.softmax without precise=True, a half softmax without an upcast):
+    the sum, rounded at each addition, runs low, and every weight high."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _WEIGHTS:
+            return None
+        import ml_dtypes
+
+        low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+        q, k, hd = _attention_operands(name, t, config)
+        logits = (hd**-0.5 * _qk(q, k)).astype(low)
+        e = np.exp((logits - logits.max(-1, keepdims=True)).astype(np.float32)).astype(low)
+        total = np.add.reduce(e, axis=-1, keepdims=True, dtype=low)  # an accumulator of the dtype
+        return (e.astype(np.float32) / total.astype(np.float32)).astype(low).astype(np.float64)
+
+    return stage
+
+
+def _scaled_after_product(dtype):
+    """(q kᵀ) · scale in the port's dtype: the unscaled product overflows first."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _WEIGHTS:
+            return None
+        q, k, hd = _attention_operands(name, t, config)
+        with np.errstate(over="ignore", invalid="ignore"):
+            product = _qk(q, k).astype(dtype)  # accumulated in float32, stored: inf past 65504
+            return O.softmax((product * np.asarray(hd**-0.5, dtype)).astype(np.float64))
+
+    return stage
+
+
+def _qkv_rows(order: str):
+    """The fused qkv weight's rows read as ``order`` ("h qkv d" or "h d qkv") where timm's are
+    (qkv h d): the state whose timm reading gives what the port computes."""
+
+    def state(s, config):
+        H, hd = config.num_heads, config.head_dim
+        out = {}
+        for i in range(config.depth):
+            for p in ("weight", "bias"):
+                key = f"blocks.{i}.attn.qkv.{p}"
+                if key not in s:
+                    continue
+                w = s[key]
+                tail = w.shape[1:]
+                shape = (H, 3, hd) if order == "h qkv d" else (H, hd, 3)
+                axes = (1, 0, 2) if order == "h qkv d" else (2, 0, 1)
+                out[key] = w.reshape(*shape, *tail).transpose(*axes, *range(3, 3 + len(tail))).reshape(w.shape)
+        return out
+
+    return state
+
+
+def _qkv_bias_dropped(s, config):
+    return {k: np.zeros_like(v) for k, v in s.items() if k.endswith("attn.qkv.bias")}
+
+
+def _merged_head_dim_first(name, t, images, s, config):
+    if stage_kind(name) not in ("attn", "attn_pool.proj"):
+        return None
+    P, v = (t[n] for n in stage_inputs(name, config))
+    o = P @ v  # (B, H, N, hd)
+    B, H, N, hd = o.shape
+    merged = o.transpose(0, 2, 3, 1).reshape(B, N, hd * H)
+    prefix = f"{_block(name)[0]}.attn.proj" if name.startswith("blocks.") else "attn_pool.proj"
+    return merged @ s[f"{prefix}.weight"].T + s[f"{prefix}.bias"]
+
+
+def _projects_input(name, t, images, s, config):
+    if stage_kind(name) != "attn" or not name.startswith("blocks."):
+        return None
+    b = _block(name)[0]
+    return t[f"{b}.norm1"] @ s[f"{b}.attn.proj.weight"].T + s[f"{b}.attn.proj.bias"]
+
+
+def _kernel_hw_swapped(s, config):
+    return {"patch_embed.proj.weight": np.swapaxes(s["patch_embed.proj.weight"], -1, -2)}
+
+
+def _kernel_channels_last(s, config):
+    w = s["patch_embed.proj.weight"]
+    O_, C, ph, pw = w.shape
+    return {"patch_embed.proj.weight": w.reshape(O_, ph, pw, C).transpose(0, 3, 1, 2)}
+
+
+def _tokens_column_major(name, t, images, s, config):
+    if name != "patch_embed":
+        return None
+    y = evaluate(name, t, images, s, config, QUIET)[0]
+    B, _, D = y.shape
+    gh, gw = images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1]
+    return y.reshape(B, gh, gw, D).transpose(0, 2, 1, 3).reshape(B, gh * gw, D)
+
+
+def _class_token_without_pos_embed(name, t, images, s, config):
+    if name != "embed":
+        return None
+    x = t["patch_embed"] + s["pos_embed"][:, config.num_prefix_tokens :]
+    cls = np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2]))
+    return np.concatenate([cls, x], 1)
+
+
+def _pos_embed_not_offset(name, t, images, s, config):
+    """The patch tokens given the position embedding's first entries (``pos_embed[:, :num_patches]``,
+    the prefix tokens' included) and the prefix tokens none: a layout where the table covers the
+    patches alone (no_embed_class) read on one that covers the prefix tokens too."""
+    if name != "embed":
+        return None
+    x = t["patch_embed"]
+    prefix = prefix_tokens(s, x.shape[0])
+    return np.concatenate(prefix + [x + s["pos_embed"][:, : x.shape[1]]], 1)
+
+
+def _registers_without_pos_embed(name, t, images, s, config):
+    """The registers inserted after the position embedding was added to the class and patch tokens:
+    the registers get no position entries (the class token and the patches theirs)."""
+    if name != "embed":
+        return None
+    x, pos = t["patch_embed"], s["pos_embed"]
+    cls = np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2])) + pos[:, :1]
+    regs = np.broadcast_to(s["reg_token"], (x.shape[0], *s["reg_token"].shape[1:]))
+    return np.concatenate([cls, regs, x + pos[:, config.num_prefix_tokens :]], 1)
+
+
+def _pos_embed_scaled(factor: float):
+    def state(s, config):
+        return {"pos_embed": factor * s["pos_embed"]}
+
+    return state
+
+
+def _bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in): torch's interpolate(mode="bicubic", align_corners=False) without antialias
+    along one axis (the cubic with a = -0.75, four taps at the input's scale, edges replicated)."""
+    R = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        src = (i + 0.5) * n_in / n_out - 0.5
+        x0 = int(np.floor(src))
+        for j in range(x0 - 1, x0 + 3):
+            R[i, min(max(j, 0), n_in - 1)] += _cubic(np.asarray(src - j), -0.75)
+    return R
+
+
+def _pos_embed_without_antialias(name, t, images, s, config):
+    grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+    if name != "embed" or grid == config.grid_size:
+        return None
+    n = 0 if config.no_embed_class else config.num_prefix_tokens
+    pos = s["pos_embed"]
+    (gh, gw), D = config.grid_size, pos.shape[-1]
+    table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
+    Rh, Rw = _bicubic_matrix(gh, grid[0]), _bicubic_matrix(gw, grid[1])
+    new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
+    pos = np.concatenate([pos[:, :n], new], 1)
+    x = t["patch_embed"]
+    prefix = prefix_tokens(s, x.shape[0])
+    if config.no_embed_class:
+        return np.concatenate(prefix + [x + pos], 1)
+    return np.concatenate(prefix + [x], 1) + pos
+
+
+def _pooled(select: Callable, tokens: Callable | None = None):
+    """``pooled`` as ``select(features, config)``; ``tokens(features, config)``: the tokens it is
+    a mean of (its bound is a mean's: u_c √N rms + u_s |mean|), else a selection's."""
+
+    def stage(name, t, images, s, config, precision=QUIET):
+        if name != "pooled":
+            return None
+        feats = t[stage_inputs(name, config)[0]]
+        y = select(feats, config)
+        if precision.bounds and tokens is not None:
+            x = tokens(feats, config)
+            bound = precision.compute * np.sqrt(x.shape[1]) * np.sqrt((x * x).mean(1)) + precision.output * np.abs(y)
+        else:
+            bound = precision.inputs * np.abs(y) if precision.bounds else None
+        if config.use_fc_norm:
+            y = _layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], config.norm_eps)
+            bound = None  # through the norm: as the oracle's, scaled (fit)
+        return y, bound
+
+    stage.bounded = True  # returns (value, bound) in ``precision``
+    return stage
+
+
+def _token_sum(dtype):
+    """The token mean as a running sum in the port's dtype."""
+
+    def select(x, config):
+        x = x[:, config.num_prefix_tokens :].astype(dtype)
+        total = np.zeros(x[:, 0].shape, dtype)
+        with np.errstate(over="ignore"):  # past 65504 the sum is inf: the class's overflow, matched by where
+            for i in range(x.shape[1]):
+                total = (total + x[:, i]).astype(dtype)
+        return (total / np.asarray(x.shape[1], dtype)).astype(np.float64)
+
+    return select
+
+
+def _layerscale(power: float):
+    def state(s, config):
+        return {k: v**power for k, v in s.items() if k.endswith(("ls1.gamma", "ls2.gamma"))}
+
+    return state
+
+
+def _extra_mlp_norm(name, t, images, s, config):
+    """fc2(LayerNorm(act)) with the extra norm at its default init (eps 1e-5, MLX's and torch's)."""
+    if stage_kind(name) != "mlp" or not name.startswith("blocks."):
+        return None
+    b = _block(name)[0]
+    h = _layer_norm(t[f"{b}.mlp.act"], 1.0, 0.0, 1e-5)
+    return h @ s[f"{b}.mlp.fc2.weight"].T + s[f"{b}.mlp.fc2.bias"]
+
+
+def _residual_dropped(name, t, images, s, config):
+    if stage_kind(name) != "block":
+        return None
+    _, a, m = (t[k] for k in stage_inputs(name, config))
+    return a + m
+
+
+def _residual_from_norm(name, t, images, s, config):
+    """x + attn(norm1(x)) written as norm1(x) + attn(norm1(x)): the residual taken after the norm."""
+    if stage_kind(name) != "block":
+        return None
+    b = _block(name)[0]
+    _, a, m = (t[k] for k in stage_inputs(name, config))
+    return t[f"{b}.norm1"] + a + m
+
+
+def _norm_after_pooling(name, t, images, s, config):
+    """The final norm applied to the pooled vector where timm norms every token, then pools."""
+    if name != "pooled":
+        return None
+    x = t[f"blocks.{config.depth - 1}"][:, config.num_prefix_tokens :].mean(1)
+    return _layer_norm(x, s["norm.weight"], s["norm.bias"], config.norm_eps)
+
+
+def _bias_dropped(suffix: str):
+    def state(s, config):
+        return {k: np.zeros_like(v) for k, v in s.items() if k.endswith(suffix)}
+
+    return state
+
+
+def _several_heads(config: ViTConfig) -> bool:
+    return config.num_heads > 1
+
+
+def _class_token(config: ViTConfig) -> bool:
+    return config.class_token
+
+
+_GELU_HINT = "nn.GELU() / nn.gelu / jax.nn.gelu(approximate=False) for 'gelu'"
+
+# fmt: off
+CLASSES: tuple[BugClass, ...] = (
+    # LayerNorm
+    BugClass("layernorm_eps_1e-5", NORM_KINDS, "LayerNorm with eps 1e-5",
+             "timm's ViTs use eps 1e-6: nn.LayerNorm(dim, eps=1e-6) (nn.LayerNorm's default is 1e-5)",
+             config={"norm_eps": 1e-5}),
+    BugClass("layernorm_eps_1e-6", NORM_KINDS, "LayerNorm with eps 1e-6",
+             "this config's eps is another: read it from the checkpoint's config", config={"norm_eps": 1e-6}),
+    BugClass("layernorm_eps_1e-12", NORM_KINDS, "LayerNorm with eps 1e-12 (BERT's)",
+             "Hugging Face ViT configs carry layer_norm_eps=1e-12; timm's use 1e-6", config={"norm_eps": 1e-12}),
+    BugClass("layernorm_eps_fitted", NORM_KINDS, "LayerNorm with another eps",
+             "read eps from the checkpoint's config (timm's ViTs: 1e-6)", family="eps"),
+    BugClass("layernorm_unbiased_variance", NORM_KINDS, "LayerNorm with the unbiased (n - 1) variance",
+             "LayerNorm divides by n: x.var(unbiased=False), jnp.var", stage=_norm_variant(unbiased=True)),
+    BugClass("layernorm_eps_outside_root", NORM_KINDS, "LayerNorm as (x - mean) / (std + eps)",
+             "eps goes inside the root: (x - mean) / sqrt(var + eps)", stage=_norm_variant(eps_outside=True)),
+    BugClass("layernorm_fast_variance", NORM_KINDS, "LayerNorm statistics as E[x^2] - E[x]^2 in float32",
+             "Flax: nn.LayerNorm(use_fast_variance=False); compute the variance of x - mean",
+             family="token_statistics"),
+    BugClass("layernorm_stats_float16", NORM_KINDS, "LayerNorm statistics as E[x^2] - E[x]^2 in float16",
+             "keep LayerNorm's statistics in float32 (x.float(), upcast before the reduction)",
+             stage=_norm_variant(stats_dtype=np.float16), overflow=True),
+    BugClass("layernorm_without_affine", NORM_KINDS, "LayerNorm without its weight and bias",
+             "load the norm's weight and bias (a non-strict load dropped them?)", stage=_no_affine),
+    BugClass("norm2_with_norm1_weights", ("norm2",), "norm2 with norm1's weights (one LayerNorm reused)",
+             "each block has two LayerNorms: norm1 before attention, norm2 before the MLP",
+             state=_norm2_with_norm1),
+    # activations
+    BugClass("gelu_exact", ("mlp.act", "attn_pool.mlp.act"), "the exact (erf) GELU",
+             "this config's activation is another (gelu_tanh: SigLIP; quick_gelu: OpenAI CLIP)",
+             config={"act_layer": "gelu"}),
+    BugClass("gelu_tanh", ("mlp.act", "attn_pool.mlp.act"), "the tanh-approximate GELU",
+             "timm's vit_* use the exact GELU: " + _GELU_HINT, config={"act_layer": "gelu_tanh"}),
+    BugClass("quick_gelu", ("mlp.act", "attn_pool.mlp.act"), "QuickGELU, x sigmoid(1.702 x)",
+             "QuickGELU is OpenAI CLIP's only (timm's *_quickgelu names); others use GELU",
+             config={"act_layer": "quick_gelu"}),
+    BugClass("silu", ("mlp.act", "attn_pool.mlp.act"), "SiLU, x sigmoid(x)", "a ViT's MLP uses GELU",
+             config={"act_layer": "silu"}),
+    # attention weights
+    BugClass("attention_scale_missing", _WEIGHTS, "softmax(q kᵀ) without the 1/sqrt(head_dim) scale",
+             "scale the logits by head_dim ** -0.5", stage=_weights_variant(lambda c: 1.0)),
+    BugClass("attention_scale_by_embed_dim", _WEIGHTS, "logits scaled by embed_dim ** -0.5",
+             "the scale is head_dim ** -0.5 (head_dim = embed_dim / num_heads)",
+             stage=_weights_variant(lambda c: c.embed_dim**-0.5), when=_several_heads),
+    BugClass("attention_scale_after_softmax", _WEIGHTS, "softmax(q kᵀ) / sqrt(embed_dim): scaled after the softmax",
+             "scale the logits before the softmax, by head_dim ** -0.5",
+             stage=_weights_variant(lambda c: 1.0, after=lambda c: c.embed_dim**-0.5)),
+    BugClass("attention_scale_on_q_and_k", _WEIGHTS, "the scale applied to q and to k (logits / head_dim)",
+             "scale once: (q * head_dim ** -0.5) @ k.T",
+             stage=_weights_variant(lambda c: 1.0 / c.head_dim)),
+    BugClass("softmax_over_queries", _WEIGHTS, "the softmax over queries (axis -2)",
+             "softmax over keys: softmax(dim=-1)",
+             stage=_weights_variant(_inverse_sqrt_head_dim, axis=-2)),
+    BugClass("softmax_over_batch", ("attn.weights",), "the softmax over the batch (dim=0)",
+             "softmax over keys: softmax(dim=-1)",
+             stage=_weights_variant(_inverse_sqrt_head_dim, axis=0)),
+    BugClass("q_and_k_swapped", ("attn.weights",), "softmax(k qᵀ): q and k swapped",
+             "logits are q @ k.T, rows the queries",
+             stage=_weights_variant(_inverse_sqrt_head_dim, swap=True)),
+    BugClass("causal_mask", ("attn.weights", "attn"), "a causal mask (is_causal=True) in an encoder",
+             "a ViT encoder's attention is not causal: is_causal=False, no mask",
+             stage=_weights_variant(_inverse_sqrt_head_dim, causal=True)),
+    BugClass("softmax_without_max_float32", _WEIGHTS, "the softmax as exp(l) / sum(exp(l)) in float32",
+             "subtract the row maximum (torch.softmax, jax.nn.softmax do)",
+             stage=_softmax_naive(np.float32), overflow=True),
+    BugClass("softmax_without_max_float16", _WEIGHTS, "the softmax as exp(l) / sum(exp(l)) in float16",
+             "subtract the row maximum and keep the softmax in float32", stage=_softmax_naive(np.float16), overflow=True),
+    BugClass("softmax_in_bfloat16", _WEIGHTS, "the softmax's exponentials and their sum in bfloat16",
+             "keep the softmax in float32: mx.softmax(x, precise=True); F.softmax(x, dim=-1, dtype=torch.float32)",
+             stage=_softmax_in("bfloat16")),
+    BugClass("softmax_in_float16", _WEIGHTS, "the softmax's exponentials and their sum in float16",
+             "keep the softmax in float32: mx.softmax(x, precise=True); F.softmax(x, dim=-1, dtype=torch.float32)",
+             stage=_softmax_in("float16")),
+    BugClass("logits_scaled_after_product_float16", _WEIGHTS,
+             "q kᵀ in float16, scaled after the product: it overflows 65504",
+             "scale q before the product: (q * scale) @ k.T, as timm", stage=_scaled_after_product(np.float16), overflow=True),
+    # q, k, v
+    BugClass("qkv_rows_h_qkv_d", ("attn.q", "attn.k", "attn.v"), "the fused qkv rows read as (heads, 3, head_dim)",
+             "timm's qkv rows are (3, heads, head_dim): reshape(B, N, 3, H, hd)", state=_qkv_rows("h qkv d"),
+             when=_several_heads),
+    BugClass("qkv_rows_h_d_qkv", ("attn.q", "attn.k", "attn.v"), "the fused qkv rows read as (heads, head_dim, 3)",
+             "rearrange 'b n (qkv h d) -> qkv b h n d', not (h d qkv)", state=_qkv_rows("h d qkv")),
+    BugClass("qkv_bias_dropped", ("attn.q", "attn.k", "attn.v"), "q, k and v without the qkv bias",
+             "load attn.qkv.bias (qkv_bias=True; a non-strict load drops it)", state=_qkv_bias_dropped,
+             when=lambda c: c.qkv_bias),
+    # attention output
+    BugClass("heads_merged_head_dim_first", ("attn", "attn_pool.proj"), "heads merged as (head_dim, heads)",
+             "merge heads head-major: (B, H, N, hd) -> transpose(1, 2) -> (B, N, H * hd)",
+             stage=_merged_head_dim_first, when=_several_heads),
+    BugClass("attention_projects_input", ("attn",), "proj of the block's input: the attention result dropped",
+             "proj takes softmax(q kᵀ) v merged over heads", stage=_projects_input),
+    BugClass("proj_bias_dropped", ("attn",), "the attention's proj without its bias", "load attn.proj.bias",
+             state=_bias_dropped("attn.proj.bias"), when=lambda c: c.proj_bias),
+    # patch embedding
+    BugClass("patch_kernel_hw_swapped", ("patch_embed",), "the patch kernel with H and W swapped (OIHW -> OWHI)",
+             "convert a torch conv kernel OIHW to MLX/Flax as OHWI (transpose(0, 2, 3, 1))",
+             state=_kernel_hw_swapped),
+    BugClass("patch_flattened_channels_last", ("patch_embed",),
+             "patches flattened (s1 s2 c) against a kernel flattened (c s1 s2)",
+             "flatten the conv kernel in the order the patches are: w.permute(0, 2, 3, 1).reshape(D, -1)",
+             state=_kernel_channels_last, when=lambda c: c.in_chans > 1),
+    BugClass("tokens_column_major", ("patch_embed",), "the patch tokens flattened column-major (w, h)",
+             "flatten the grid row-major: x.flatten(2).transpose(1, 2) from (B, D, h, w)",
+             stage=_tokens_column_major),
+    BugClass("patch_bias_dropped", ("patch_embed",), "the patch embedding without its bias",
+             "load patch_embed.proj.bias", state=_bias_dropped("patch_embed.proj.bias")),
+    # embeddings
+    BugClass("pos_embed_missing", ("embed",), "no position embedding", "add pos_embed to the tokens",
+             state=_pos_embed_scaled(0.0)),
+    BugClass("pos_embed_added_twice", ("embed",), "the position embedding added twice",
+             "add pos_embed once", state=_pos_embed_scaled(2.0)),
+    BugClass("class_token_without_pos_embed", ("embed",),
+             "the class token prepended after the position embedding (big_vision's order)",
+             "timm adds pos_embed[:, 0] to the class token: prepend it, then add the position embedding",
+             stage=_class_token_without_pos_embed, when=lambda c: c.class_token and not c.no_embed_class),
+    BugClass("pos_embed_not_offset_by_prefix", ("embed",),
+             "the patch tokens given the position embedding's first entries (pos_embed[:, :num_patches]), "
+             "the class and register tokens none",
+             "with no_embed_class=False pos_embed covers the prefix tokens first: the patches take "
+             "pos_embed[:, num_prefix_tokens:]",
+             stage=_pos_embed_not_offset, when=lambda c: c.num_prefix_tokens > 0 and not c.no_embed_class),
+    BugClass("registers_without_pos_embed", ("embed",),
+             "the registers inserted after the position embedding was added (no position entries)",
+             "with no_embed_class=False timm concatenates [cls, registers, patches], then adds pos_embed: "
+             "the registers take pos_embed[:, 1:1 + reg_tokens]",
+             stage=_registers_without_pos_embed,
+             when=lambda c: c.reg_tokens > 0 and c.class_token and not c.no_embed_class),
+    BugClass("pos_embed_resampled_without_antialias", ("embed",),
+             "the position grid resampled bicubic without antialias",
+             "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True)",
+             stage=_pos_embed_without_antialias, when=lambda c: c.dynamic_img_size),
+    # pooling
+    BugClass("mean_pool_over_every_token", ("pooled",), "the mean over every token, the class token included",
+             "global_pool='token' takes x[:, 0]; 'avg' the mean over the patch tokens x[:, num_prefix_tokens:]",
+             stage=_pooled(lambda x, c: x.mean(1), lambda x, c: x)),
+    BugClass("mean_pool_skipping_only_the_class_token", ("pooled",),
+             "the mean over every token but the class token (registers averaged in)",
+             "average the patch tokens only: x[:, num_prefix_tokens:] (1 + reg_tokens prefix tokens)",
+             stage=_pooled(lambda x, c: x[:, int(c.class_token):].mean(1), lambda x, c: x[:, int(c.class_token):]),
+             when=lambda c: c.reg_tokens > 0),
+    BugClass("class_token_pooled", ("pooled",), "the class token where the config averages",
+             "global_pool='avg' averages the patch tokens", stage=_pooled(lambda x, c: x[:, 0]),
+             when=lambda c: c.global_pool == "avg" and c.class_token),
+    BugClass("mean_pool_instead_of_class_token", ("pooled",), "the patch-token mean where the config pools the class token",
+             "global_pool='token' takes x[:, 0]",
+             stage=_pooled(lambda x, c: x[:, c.num_prefix_tokens:].mean(1), lambda x, c: x[:, c.num_prefix_tokens:]),
+             when=lambda c: c.global_pool == "token"),
+    BugClass("last_token_pooled", ("pooled",), "the last token where the config pools the class token",
+             "the class token is the first: x[:, 0] (a decoder's last-token pooling?)",
+             stage=_pooled(lambda x, c: x[:, -1]), when=lambda c: c.global_pool == "token"),
+    BugClass("norm_after_pooling", ("pooled",), "the final norm applied to the mean of the tokens",
+             "timm norms every token, then averages: norm(x).mean(1) (open_clip's final_ln_after_pool differs)",
+             stage=_norm_after_pooling, when=lambda c: c.global_pool == "avg" and not c.use_fc_norm),
+    BugClass("token_sum_float16", ("pooled",), "the token mean as a running sum in float16",
+             "accumulate the mean in float32: x.mean(1, dtype=torch.float32)", stage=_pooled(_token_sum(np.float16)),
+             when=lambda c: c.global_pool == "avg"),
+    # LayerScale, residual, MLP, head
+    BugClass("layerscale_missing", ("ls1", "ls2", "block"), "the residual branches without LayerScale (gamma at 1)",
+             "load ls1.gamma and ls2.gamma (DINOv2: init_values; a non-strict load drops them)",
+             state=_layerscale(0.0), when=lambda c: c.init_values is not None),
+    BugClass("layerscale_applied_twice", ("ls1", "ls2"), "LayerScale applied twice (gamma squared)",
+             "multiply by gamma once", state=_layerscale(2.0), when=lambda c: c.init_values is not None),
+    BugClass("residual_dropped", ("block",), "a block without its residual (x not added back)",
+             "x = x + attn(norm1(x)); x = x + mlp(norm2(x))", stage=_residual_dropped),
+    BugClass("residual_from_norm_output", ("block",), "the first residual taken from norm1's output",
+             "add the block's input, not its normalised input: x = x + attn(norm1(x))", stage=_residual_from_norm),
+    BugClass("extra_layernorm_in_mlp", ("mlp",), "an extra LayerNorm (default init) between the MLP's activation and fc2",
+             "timm's Mlp is fc1, act, fc2 (its norm is Identity)", stage=_extra_mlp_norm,
+             when=lambda c: c.mlp_layer == "mlp"),
+    BugClass("fc2_bias_dropped", ("mlp",), "the MLP's fc2 without its bias", "load mlp.fc2.bias",
+             state=_bias_dropped("mlp.fc2.bias")),
+    BugClass("head_bias_dropped", ("logits",), "the head without its bias", "load head.bias",
+             state=_bias_dropped("head.bias"), when=lambda c: c.num_classes > 0),
+)
+# fmt: on
