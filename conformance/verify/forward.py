@@ -195,20 +195,26 @@ def verify(
             case = last.pop()
         else:
             case = cases[i] if cases is not None else pairs[i][0] if isinstance(pairs, tuple) else plan[i][1]()
-        both, findings = side.twice(case, config, dtype)
-        for stage, reason in findings:  # the re-run's own failure, told as what it is
-            finding(report, case.name, stage, f"{reason} (on the determinism re-run)")
-        differs = first_difference(*both) if both is not None else None
-        if differs:
-            finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")
-            from conformance.diagnosis import dropout
-
-            report.diagnosis = dropout(differs, case.name)
-        if report.failures and report.first_divergence is None:
-            report.first_divergence = report.failures[0]["stage"]
+        _determinism(report, side, case, config, dtype)
     if variant.scan is not None:
         _systematic(report, variant.scan, names)
     return report
+
+
+def _determinism(report: Report, side, case: Case, config: ViTConfig, dtype: str) -> None:
+    """The port called twice on the same case: two results that differ are a finding (randomness at
+    inference: dropout left active), named."""
+    both, findings = side.twice(case, config, dtype)
+    for stage, reason in findings:  # the re-run's own failure, told as what it is
+        finding(report, case.name, stage, f"{reason} (on the determinism re-run)")
+    differs = first_difference(*both) if both is not None else None
+    if differs:
+        finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")
+        from conformance.diagnosis import dropout
+
+        report.diagnosis = dropout(differs, case.name)
+    if report.failures and report.first_divergence is None:
+        report.first_divergence = report.failures[0]["stage"]
 
 
 def _systematic(report: Report, scan, names) -> None:

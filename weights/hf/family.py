@@ -374,79 +374,87 @@ def to_family_hf(
 ) -> dict[str, np.ndarray]:
     model_type = model_type or model_type_for(config)
     family_config_to_hf(config, model_type)  # refuses what the layout cannot hold
+    out = _to_dinov2(state, config) if model_type.startswith("dinov2") else _to_clip_family(state, config, model_type)
+    return {k: np.ascontiguousarray(t) for k, t in out.items()}
+
+
+def _to_dinov2(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
+    """transformers' Dinov2 names (registers, LayerScale, SwiGLU)."""
     D = config.embed_dim
     out: dict[str, np.ndarray] = {}
-    if model_type.startswith("dinov2"):
-        e = "embeddings."
-        pos = state["pos_embed"]
-        if config.reg_tokens:  # the class token's entry, folded into cls_token by timm, written as zero
-            pos = np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)
-            out[e + "register_tokens"] = state["reg_token"]
-        out[e + "cls_token"] = state["cls_token"]
-        out[e + "mask_token"] = np.zeros((1, D), np.float32)
-        out[e + "position_embeddings"] = pos
-        out[e + "patch_embeddings.projection.weight"] = state["patch_embed.proj.weight"]
-        out[e + "patch_embeddings.projection.bias"] = state["patch_embed.proj.bias"]
-        for i in range(config.depth):
-            h = f"encoder.layer.{i}."
-            _split(
-                state,
-                f"blocks.{i}.attn.qkv",
-                ("query", "key", "value"),
-                h + "attention.attention.",
-                out,
-                D,
-                config.qkv_bias,
-            )
-            out[h + "layer_scale1.lambda1"] = state[f"blocks.{i}.ls1.gamma"]
-            out[h + "layer_scale2.lambda1"] = state[f"blocks.{i}.ls2.gamma"]
-            _pairs(out, state, _dinov2_block(i, config.mlp_layer == "swiglu_packed"))
-        _pairs(out, state, {"norm": "layernorm"})
-    else:
-        v = "vision_model." if model_type == "clip_vision_model" else ""
-        tower: dict[str, np.ndarray] = {}
-        e = "embeddings."
-        tower[e + "patch_embedding.weight"] = state["patch_embed.proj.weight"]
-        if "patch_embed.proj.bias" in state:
-            tower[e + "patch_embedding.bias"] = state["patch_embed.proj.bias"]
-        tower[e + "position_embedding.weight"] = state["pos_embed"][0]
-        if config.class_token:
-            tower[e + "class_embedding"] = state["cls_token"].reshape(-1)
-        if config.pre_norm:
-            _pairs(tower, state, {"norm_pre": "pre_layrnorm"})
-        for i in range(config.depth):
-            _split(
-                state,
-                f"blocks.{i}.attn.qkv",
-                ("q_proj", "k_proj", "v_proj"),
-                f"encoder.layers.{i}.self_attn.",
-                tower,
-                D,
-                True,
-            )
-            _pairs(tower, state, _clip_block(i))
-        _pairs(tower, state, {"norm": "post_layernorm"})
-        if config.global_pool == "map":
-            tower["head.probe"] = state["attn_pool.latent"]
-            tower["head.attention.in_proj_weight"] = np.concatenate(
-                [state["attn_pool.q.weight"], state["attn_pool.kv.weight"]]
-            )
-            tower["head.attention.in_proj_bias"] = np.concatenate(
-                [state["attn_pool.q.bias"], state["attn_pool.kv.bias"]]
-            )
-            _pairs(
-                tower,
-                state,
-                {
-                    "attn_pool.proj": "head.attention.out_proj",
-                    "attn_pool.norm": "head.layernorm",
-                    "attn_pool.mlp.fc1": "head.mlp.fc1",
-                    "attn_pool.mlp.fc2": "head.mlp.fc2",
-                },
-            )
-        out = {v + k: t for k, t in tower.items()}
-        if config.num_classes:
-            if np.any(state["head.bias"]):
-                raise WeightError("CLIP's visual_projection has no bias, but head.bias is not zero: not representable")
-            out["visual_projection.weight"] = state["head.weight"]
-    return {k: np.ascontiguousarray(t) for k, t in out.items()}
+    e = "embeddings."
+    pos = state["pos_embed"]
+    if config.reg_tokens:  # the class token's entry, folded into cls_token by timm, written as zero
+        pos = np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)
+        out[e + "register_tokens"] = state["reg_token"]
+    out[e + "cls_token"] = state["cls_token"]
+    out[e + "mask_token"] = np.zeros((1, D), np.float32)
+    out[e + "position_embeddings"] = pos
+    out[e + "patch_embeddings.projection.weight"] = state["patch_embed.proj.weight"]
+    out[e + "patch_embeddings.projection.bias"] = state["patch_embed.proj.bias"]
+    for i in range(config.depth):
+        h = f"encoder.layer.{i}."
+        _split(
+            state,
+            f"blocks.{i}.attn.qkv",
+            ("query", "key", "value"),
+            h + "attention.attention.",
+            out,
+            D,
+            config.qkv_bias,
+        )
+        out[h + "layer_scale1.lambda1"] = state[f"blocks.{i}.ls1.gamma"]
+        out[h + "layer_scale2.lambda1"] = state[f"blocks.{i}.ls2.gamma"]
+        _pairs(out, state, _dinov2_block(i, config.mlp_layer == "swiglu_packed"))
+    _pairs(out, state, {"norm": "layernorm"})
+    return out
+
+
+def _to_clip_family(state: Mapping[str, np.ndarray], config: ViTConfig, model_type: str) -> dict[str, np.ndarray]:
+    """transformers' CLIP and SigLIP vision towers' names (SigLIP's MAP head)."""
+    D = config.embed_dim
+    v = "vision_model." if model_type == "clip_vision_model" else ""
+    tower: dict[str, np.ndarray] = {}
+    e = "embeddings."
+    tower[e + "patch_embedding.weight"] = state["patch_embed.proj.weight"]
+    if "patch_embed.proj.bias" in state:
+        tower[e + "patch_embedding.bias"] = state["patch_embed.proj.bias"]
+    tower[e + "position_embedding.weight"] = state["pos_embed"][0]
+    if config.class_token:
+        tower[e + "class_embedding"] = state["cls_token"].reshape(-1)
+    if config.pre_norm:
+        _pairs(tower, state, {"norm_pre": "pre_layrnorm"})
+    for i in range(config.depth):
+        _split(
+            state,
+            f"blocks.{i}.attn.qkv",
+            ("q_proj", "k_proj", "v_proj"),
+            f"encoder.layers.{i}.self_attn.",
+            tower,
+            D,
+            True,
+        )
+        _pairs(tower, state, _clip_block(i))
+    _pairs(tower, state, {"norm": "post_layernorm"})
+    if config.global_pool == "map":
+        tower["head.probe"] = state["attn_pool.latent"]
+        tower["head.attention.in_proj_weight"] = np.concatenate(
+            [state["attn_pool.q.weight"], state["attn_pool.kv.weight"]]
+        )
+        tower["head.attention.in_proj_bias"] = np.concatenate([state["attn_pool.q.bias"], state["attn_pool.kv.bias"]])
+        _pairs(
+            tower,
+            state,
+            {
+                "attn_pool.proj": "head.attention.out_proj",
+                "attn_pool.norm": "head.layernorm",
+                "attn_pool.mlp.fc1": "head.mlp.fc1",
+                "attn_pool.mlp.fc2": "head.mlp.fc2",
+            },
+        )
+    out = {v + k: t for k, t in tower.items()}
+    if config.num_classes:
+        if np.any(state["head.bias"]):
+            raise WeightError("CLIP's visual_projection has no bias, but head.bias is not zero: not representable")
+        out["visual_projection.weight"] = state["head.weight"]
+    return out

@@ -120,14 +120,8 @@ class TorchAdapter(BaseAdapter):
             if type(m).__name__ in TORCH_FAST_PATHS and type(m).__module__.startswith("torch.nn")
         ]
 
-    def run(self, inputs, recorder: "Recorder", watch: dict[str, tuple[bool, bool]], functions: bool = True):
-        """The model on ``inputs`` with forward hooks at ``watch``; with ``functions`` also a
-        TorchFunctionMode that records softmax, fused attention and the attention products
-        (without it the model runs exactly its own path, native kernels included)."""
-        import torch
-        import torch.nn.functional as F
-        from torch.overrides import TorchFunctionMode
-
+    def _hooks(self, recorder: "Recorder", watch: dict[str, tuple[bool, bool]]) -> list:
+        """Forward (pre-)hooks recording the input and output of each watched module; their handles."""
         handles = []
         for path, (want_in, want_out) in watch.items():
             module = self._modules[path]
@@ -142,7 +136,17 @@ class TorchAdapter(BaseAdapter):
                 handles.append(
                     module.register_forward_hook(lambda m, args, output, path=path: recorder.leave(path, output))
                 )
+        return handles
 
+    def run(self, inputs, recorder: "Recorder", watch: dict[str, tuple[bool, bool]], functions: bool = True):
+        """The model on ``inputs`` with forward hooks at ``watch``; with ``functions`` also a
+        TorchFunctionMode that records softmax, fused attention and the attention products
+        (without it the model runs exactly its own path, native kernels included)."""
+        import torch
+        import torch.nn.functional as F
+        from torch.overrides import TorchFunctionMode
+
+        handles = self._hooks(recorder, watch)
         sdpa = F.scaled_dot_product_attention
         on = callbacks(recorder)
         on_sdpa = on.fused("F.scaled_dot_product_attention", True, ("query", "key", "value"))
