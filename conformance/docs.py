@@ -203,6 +203,36 @@ def stage_table() -> str:
     )
 
 
+def option_table() -> str:
+    """The ViT family's options (weights/options.py): default, the original ViT's values, what each
+    layout that restricts it can hold, and its names in the other libraries."""
+    from weights.options import OPTIONS
+
+    def names(o) -> str:
+        found = [
+            f"{lib}: `{n}`"
+            for lib, n in (("transformers", o.hf), ("big_vision", o.big_vision), ("open_clip", o.open_clip))
+            if n
+        ]
+        return "; ".join(found)
+
+    rows = [
+        [
+            f"`{o.field}`",
+            f"`{o.default!r}`",
+            "-"
+            if not o.family
+            else ", ".join(f"`{v!r}`" for v in (o.original if isinstance(o.original, tuple) else (o.original,))),
+            o.doc,
+            "; ".join(f"{layout}: {', '.join(repr(v) for v in values)}" for layout, values in o.holds.items())
+            or "every value",
+            names(o),
+        ]
+        for o in OPTIONS
+    ]
+    return markdown_table(["option", "default", "original ViT", "what it is", "layouts hold", "named elsewhere"], rows)
+
+
 def verify_bench_table(result: dict | None = None) -> str:
     result = _recorded("bench_verify.json") if result is None else result
     if result is None:
@@ -327,6 +357,7 @@ GENERATORS = {
     "verify-bench": verify_bench_table,
     "tolerances": tolerance_table,
     "stages": stage_table,
+    "options": option_table,
 }
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from impls.stages import BLOCK, MODEL_OUT, block_taps, tap_names, tap_shapes  # noqa: F401 - re-exported
 from weights.config import GLOBAL_POOLS, PRESETS, ConfigError, ViTConfig, get_config
+from weights.options import original_vit
 
 
 class InputError(ValueError):
@@ -25,20 +26,8 @@ class Unsupported(ValueError):
 
 
 # What a port of the original ViT supports (conformance.support's form): every option of the
-# ViT family at its default.
-ORIGINAL_VIT = {
-    "global_pool": ("token", "avg"),
-    "reg_tokens": 0,
-    "no_embed_class": False,
-    "pre_norm": False,
-    "fc_norm": (None,),
-    "init_values": (None,),
-    "qk_norm": False,
-    "act_layer": "gelu",
-    "proj_bias": True,
-    "mlp_layer": "mlp",
-    "dynamic_img_size": False,
-}
+# ViT family at the original's values (weights/options.py, where each option is defined).
+ORIGINAL_VIT = original_vit()
 
 
 class _Any:

@@ -1,5 +1,7 @@
 """ViTConfig: timm's names and semantics, presets equal to timm's, and clear errors."""
 
+from pathlib import Path
+
 import pytest
 
 from impls import PRESETS, ConfigError, ViTConfig, get_config, tap_names, tap_shapes
@@ -81,3 +83,39 @@ def test_avg_pool_has_no_final_norm_stage_and_every_tap_has_a_shape():
         assert ("norm" in names) == (not config.use_fc_norm)
         assert set(names) == set(tap_shapes(config, 2))
         assert names[0] == "patch_embed" and names[-2:] == ["pooled", "logits"]
+
+
+def _disagreements(options, config_cls) -> list[str]:
+    """Where the option table and ViTConfig's fields differ (a field missing or another default)."""
+    fields = config_cls.__dataclass_fields__
+    found = [f"{o.field}: no such field" for o in options if o.field not in fields]
+    return found + [
+        f"{o.field}: default {o.default!r}, the config's {fields[o.field].default!r}"
+        for o in options
+        if o.field in fields and fields[o.field].default != o.default
+    ]
+
+
+def test_each_option_is_defined_once_and_everything_reads_it():
+    """weights/options.py is the one definition: the config's fields and defaults agree with it, and
+    the original ViT's supports, the .npz, open_clip and Hugging Face layouts' refusals and
+    docs/model.md's table are read from it. The companion: an entry whose default differs from the
+    config's is found."""
+    import dataclasses
+
+    from conformance.docs import option_table
+    from impls import ORIGINAL_VIT, VIT_FAMILY
+    from weights import formats
+    from weights.hf import family
+    from weights.options import BY_FIELD, FAMILY, OPTIONS, holds, original_vit
+
+    assert _disagreements(OPTIONS, ViTConfig) == []
+    broken = (dataclasses.replace(BY_FIELD["norm_eps"], default=1e-5),)
+    assert _disagreements(broken, ViTConfig) == ["norm_eps: default 1e-05, the config's 1e-06"]
+    assert ORIGINAL_VIT == original_vit() and set(VIT_FAMILY) == set(FAMILY)
+    assert formats.NPZ_HOLDS == holds("npz") and formats.OPEN_CLIP_HOLDS == holds("open_clip")
+    assert family.HOLDS == {t: holds(f"hf:{t}") for t in family.FAMILY_MODEL_TYPES}
+    docs = (Path(__file__).parent.parent / "docs" / "model.md").read_text()
+    assert option_table() in docs
+    config = ViTConfig(reg_tokens=4, global_pool="map", class_token=False)
+    assert config.beyond_original_vit() == ["global_pool='map'", "reg_tokens=4"]

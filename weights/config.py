@@ -220,23 +220,14 @@ class ViTConfig:
         return self.global_pool in REDUCING_POOLS if self.fc_norm is None else self.fc_norm
 
     def beyond_original_vit(self) -> list[str]:
-        """The options set beyond the original ViT (2020), as ``name=value``."""
-        defaults = ViTConfig.__dataclass_fields__
-        names = (
-            "reg_tokens",
-            "no_embed_class",
-            "pre_norm",
-            "fc_norm",
-            "init_values",
-            "qk_norm",
-            "act_layer",
-            "proj_bias",
-            "mlp_layer",
-            "dynamic_img_size",
-        )
-        beyond = [f"{n}={getattr(self, n)!r}" for n in names if getattr(self, n) != defaults[n].default]
-        if self.global_pool not in ("token", "avg"):
-            beyond.insert(0, f"global_pool={self.global_pool!r}")
+        """The options set beyond the original ViT (2020), as ``name=value`` (weights/options.py)."""
+        from weights.options import BY_FIELD, FAMILY
+
+        beyond = []
+        for name in FAMILY:
+            original, value = BY_FIELD[name].original, getattr(self, name)
+            if value not in (original if isinstance(original, tuple) else (original,)):
+                beyond.append(f"{name}={value!r}")
         return beyond
 
     @property

@@ -20,6 +20,7 @@ import numpy as np
 
 from weights.config import ViTConfig
 from weights.canonical import WeightError, as_float32, expected_shapes, validate_state
+from weights.options import holds
 
 # ----------------------------------------------------------------------------- timm
 
@@ -137,18 +138,11 @@ def _npz_names(config: ViTConfig, flavour: str, prefix: str | None = None) -> di
 # the final norm: fc_norm=False), no class token, and (big_vision) a class token without a
 # position entry. The activation is not stored: big_vision's is tanh GELU (flax's nn.gelu),
 # timm reads its checkpoints with the act_layer of the model it builds.
-_NPZ_HOLDS = {
-    "reg_tokens": (0,),
-    "pre_norm": (False,),
-    "init_values": (None,),
-    "qk_norm": (False,),
-    "proj_bias": (True,),
-    "mlp_layer": ("mlp",),
-}
+NPZ_HOLDS = holds("npz")  # weights/options.py
 
 
 def _check_npz_pooling(config: ViTConfig, flavour: str = "vit") -> None:
-    wrong = [f"{k}={getattr(config, k)!r}" for k, ok in _NPZ_HOLDS.items() if getattr(config, k) not in ok]
+    wrong = [f"{k}={getattr(config, k)!r}" for k, ok in NPZ_HOLDS.items() if getattr(config, k) not in ok]
     if config.no_embed_class and config.class_token and flavour != "big_vision":
         wrong.append(
             "no_embed_class=True (the original ViT layout gives the class token a position; write big_vision's)"
@@ -378,22 +372,11 @@ _OPEN_CLIP_BLOCK = {
     "mlp.fc1": "mlp.c_fc",
     "mlp.fc2": "mlp.c_proj",
 }
-_OPEN_CLIP_HOLDS = {
-    "reg_tokens": (0,),
-    "no_embed_class": (False,),
-    "pre_norm": (True,),
-    "fc_norm": (None, False),
-    "qk_norm": (False,),
-    "proj_bias": (True,),
-    "qkv_bias": (True,),
-    "mlp_layer": ("mlp",),
-    "global_pool": ("token",),
-    "class_token": (True,),
-}
+OPEN_CLIP_HOLDS = holds("open_clip")  # weights/options.py
 
 
 def _open_clip_holds(config: ViTConfig) -> None:
-    wrong = [f"{k}={getattr(config, k)!r}" for k, ok in _OPEN_CLIP_HOLDS.items() if getattr(config, k) not in ok]
+    wrong = [f"{k}={getattr(config, k)!r}" for k, ok in OPEN_CLIP_HOLDS.items() if getattr(config, k) not in ok]
     if wrong:
         raise WeightError(
             f"open_clip's VisionTransformer (token pooling after ln_post, pre_norm) cannot hold {', '.join(wrong)}"

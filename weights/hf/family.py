@@ -9,6 +9,7 @@ import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
+from weights.options import holds
 
 
 FAMILY_MODEL_TYPES = ("dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
@@ -132,60 +133,12 @@ def _refuse(config: ViTConfig, model_type: str, allowed: Mapping) -> None:
         raise WeightError(f"the Hugging Face {model_type} layout cannot hold {', '.join(wrong)}")
 
 
-_RULES = {
-    "dinov2": dict(
-        reg_tokens=(0,),
-        no_embed_class=(False,),
-        pre_norm=(False,),
-        fc_norm=(None, False),
-        qk_norm=(False,),
-        proj_bias=(True,),
-        global_pool=("token",),
-        class_token=(True,),
-        num_classes=(0,),
-    ),
-    "dinov2_with_registers": dict(
-        no_embed_class=(True,),
-        pre_norm=(False,),
-        fc_norm=(None, False),
-        qk_norm=(False,),
-        proj_bias=(True,),
-        global_pool=("token",),
-        class_token=(True,),
-        num_classes=(0,),
-    ),
-    "clip_vision_model": dict(
-        reg_tokens=(0,),
-        no_embed_class=(False,),
-        fc_norm=(None, False),
-        init_values=(None,),
-        qk_norm=(False,),
-        proj_bias=(True,),
-        qkv_bias=(True,),
-        mlp_layer=("mlp",),
-        global_pool=("token",),
-        class_token=(True,),
-    ),
-    "siglip_vision_model": dict(
-        reg_tokens=(0,),
-        no_embed_class=(False,),
-        pre_norm=(False,),
-        fc_norm=(None, False),
-        init_values=(None,),
-        qk_norm=(False,),
-        proj_bias=(True,),
-        qkv_bias=(True,),
-        mlp_layer=("mlp",),
-        global_pool=("map",),
-        class_token=(False,),
-        num_classes=(0,),
-    ),
-}
+HOLDS = {model_type: holds(f"hf:{model_type}") for model_type in FAMILY_MODEL_TYPES}  # weights/options.py
 
 
 def family_config_to_hf(config: ViTConfig, model_type: str | None = None) -> dict:
     model_type = model_type or model_type_for(config)
-    _refuse(config, model_type, _RULES[model_type])
+    _refuse(config, model_type, HOLDS[model_type])
     D = config.embed_dim
     common = {
         "model_type": model_type,

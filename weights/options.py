@@ -1,0 +1,204 @@
+"""The ViT family's options, each defined once: its ``ViTConfig`` field and default, the values
+the original ViT (2020) has (what a port that declares nothing is checked as), the values each
+checkpoint layout can hold, and its names in timm, Hugging Face transformers, big_vision and
+open_clip. Everything that speaks of an option reads this table: ``ViTConfig.beyond_original_vit``,
+``impls.ORIGINAL_VIT`` and ``VIT_FAMILY``, the .npz, open_clip and Hugging Face layouts' refusals,
+and docs/model.md's option table (generated; ``python -m conformance docs``). A field's type and
+its validation are ``ViTConfig``'s (weights/config.py), which a test keeps in step with this
+table; docs/model.md's "Adding an option" says what else an option touches.
+
+``holds`` names a layout by its registry name (``npz``: the original ViT's and big_vision's
+.npz; ``open_clip``) or ``hf:MODEL_TYPE`` for a Hugging Face model; a layout not named holds
+every value of the option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# the Hugging Face models of the ViT family's layouts (weights/hf/family.py)
+HF_FAMILY = ("hf:dinov2", "hf:dinov2_with_registers", "hf:clip_vision_model", "hf:siglip_vision_model")
+
+
+@dataclass(frozen=True)
+class Option:
+    field: str
+    default: Any
+    original: Any  # the original ViT's values, in conformance.support's form: a value or a tuple of values
+    doc: str
+    holds: dict[str, tuple] = field(default_factory=dict)  # layout -> the values it can hold
+    hf: str | None = None  # the transformers config's name for it, where one has it
+    big_vision: str | None = None
+    open_clip: str | None = None
+    family: bool = True  # False: an option of the original ViT itself (every layout's question, not a port's)
+
+    @property
+    def timm(self) -> str:
+        """timm's ``VisionTransformer`` keyword: the field's own name, always."""
+        return self.field
+
+
+def _every(value, *layouts) -> dict[str, tuple]:
+    return dict.fromkeys(layouts, value)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "global_pool",
+        "token",
+        ("token", "avg"),
+        "how the tokens become one vector: the class token, the patch tokens' mean ('avg'), 'max', 'avgmax', "
+        "or SigLIP's attention pool ('map')",
+        holds={
+            "open_clip": ("token",),
+            "hf:dinov2": ("token",),
+            "hf:dinov2_with_registers": ("token",),
+            "hf:clip_vision_model": ("token",),
+            "hf:siglip_vision_model": ("map",),
+        },
+        big_vision="pool_type",
+        open_clip="pool_type",
+    ),
+    Option(
+        "class_token",
+        True,
+        (True, False),
+        "a learned class token before the patches",
+        holds={
+            "open_clip": (True,),
+            "hf:dinov2": (True,),
+            "hf:dinov2_with_registers": (True,),
+            "hf:clip_vision_model": (True,),
+            "hf:siglip_vision_model": (False,),
+        },
+        family=False,
+    ),
+    Option(
+        "num_classes",
+        1000,
+        None,
+        "the head's width; 0: no head, the logits are the pooled features",
+        holds=_every((0,), "hf:dinov2", "hf:dinov2_with_registers", "hf:siglip_vision_model"),
+        hf="num_labels",
+        family=False,
+    ),
+    Option(
+        "qkv_bias",
+        True,
+        (True, False),
+        "the q, k and v projections' bias",
+        holds=_every((True,), "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model"),
+        hf="qkv_bias",
+        family=False,
+    ),
+    Option(
+        "norm_eps",
+        1e-6,
+        None,
+        "every LayerNorm's eps (timm's ViTs: 1e-6)",
+        hf="layer_norm_eps",
+        family=False,
+    ),
+    Option(
+        "reg_tokens",
+        0,
+        0,
+        "register tokens after the class token, never pooled (DINOv2 with registers)",
+        holds=_every((0,), "npz", "open_clip", "hf:dinov2", "hf:clip_vision_model", "hf:siglip_vision_model"),
+        hf="num_register_tokens",
+    ),
+    Option(
+        "no_embed_class",
+        False,
+        False,
+        "the position table covers the patches only; the prefix tokens join after it is added",
+        holds={
+            "open_clip": (False,),
+            "hf:dinov2": (False,),
+            "hf:dinov2_with_registers": (True,),
+            "hf:clip_vision_model": (False,),
+            "hf:siglip_vision_model": (False,),
+        },
+    ),
+    Option(
+        "pre_norm",
+        False,
+        False,
+        "a LayerNorm (norm_pre) after the position embedding, and no patch-embedding bias (CLIP)",
+        holds={
+            "npz": (False,),
+            "open_clip": (True,),
+            "hf:dinov2": (False,),
+            "hf:dinov2_with_registers": (False,),
+            "hf:siglip_vision_model": (False,),
+        },
+        open_clip="no_ln_pre (its negation)",
+    ),
+    Option(
+        "fc_norm",
+        None,
+        (None,),
+        "the final norm after the pooling (None: timm's default, after it for the reducing pools)",
+        holds=_every((None, False), "open_clip", *HF_FAMILY),
+    ),
+    Option(
+        "init_values",
+        None,
+        (None,),
+        "LayerScale: a per-channel gamma on each residual branch, initialised to this (DINOv2, DeiT III)",
+        holds=_every((None,), "npz", "hf:clip_vision_model", "hf:siglip_vision_model"),
+        hf="layerscale_value",
+        open_clip="ls_init_value",
+    ),
+    Option(
+        "qk_norm",
+        False,
+        False,
+        "a LayerNorm over head_dim on q and on k",
+        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+    ),
+    Option(
+        "act_layer",
+        "gelu",
+        "gelu",
+        "the MLP's activation: 'gelu' (erf), 'gelu_tanh' (SigLIP), 'quick_gelu' (OpenAI's CLIP), 'silu' (SwiGLU)",
+        hf="hidden_act",
+        open_clip="act_layer",
+    ),
+    Option(
+        "proj_bias",
+        True,
+        True,
+        "the biases of the attention output and the MLP's projections",
+        holds=_every((True,), "npz", "open_clip", *HF_FAMILY),
+    ),
+    Option(
+        "mlp_layer",
+        "mlp",
+        "mlp",
+        "the MLP: fc1, act, fc2 ('mlp'), timm's SwiGLUPacked (DINOv2 giant) or SwiGLU",
+        holds=_every(("mlp",), "npz", "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model"),
+        hf="use_swiglu_ffn",
+    ),
+    Option(
+        "dynamic_img_size",
+        False,
+        False,
+        "images of any size divisible by the patch, the position table resampled to their grid",
+    ),
+)
+
+BY_FIELD: dict[str, Option] = {o.field: o for o in OPTIONS}
+FAMILY = tuple(o.field for o in OPTIONS if o.family)  # the options beyond the original ViT
+
+
+def holds(layout: str) -> dict[str, tuple]:
+    """What ``layout`` can hold of each option that it restricts, in the table's order."""
+    return {o.field: o.holds[layout] for o in OPTIONS if layout in o.holds}
+
+
+def original_vit() -> dict[str, Any]:
+    """What a port of the original ViT supports (conformance.support's form): every option of the
+    family at the original's values."""
+    return {field: BY_FIELD[field].original for field in FAMILY}
