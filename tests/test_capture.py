@@ -421,3 +421,25 @@ def test_a_model_the_config_cannot_express_is_exit_2_with_a_line_per_part_and_it
         *("--set", "qkv_bias=false", "--set", "class_token=false", "--set", 'global_pool="avg"'),
     )
     assert code == 0 and "CONFORMANT: all" in out, out[-1500:] + err[-1500:]
+
+
+def test_a_convert_reading_a_key_the_config_moves_is_told_where_it_went():
+    """Under average pooling timm has no final ``norm`` (it is ``fc_norm``, after the pooling): a
+    convert written for token pooling reads ``norm.weight`` and used to end in a bare KeyError.
+    The companion: a KeyError of the convert's own, not a canonical key, is left as it is."""
+    from conformance.capture import LoadError
+    from conformance.examples.timm_vit import build
+
+    config = get_config("vit_test_avg")
+
+    def convert(state):
+        return {**state, "final": state["norm.weight"]}
+
+    with pytest.raises(LoadError, match=r"'norm.weight'.*fc_norm.weight\) when global_pool='avg'"):
+        ModelPort(build, convert=convert)(config, init_state(config))
+
+    def own_bug(state):
+        return {"renamed": {}["mine"]}
+
+    with pytest.raises(KeyError, match="mine"):
+        ModelPort(build, convert=own_bug)(config, init_state(config))

@@ -48,6 +48,16 @@ class Taps(dict):
         return own
 
 
+def _absent(key: str, config: ViTConfig) -> str:
+    """Why the convert found no ``key`` in the canonical state of ``config``."""
+    why = "this config has no such key (weights.expected_shapes lists them)"
+    if key.startswith("norm.") and config.use_fc_norm:
+        why = f"timm moves the final norm after the pooling (fc_norm.{key.partition('.')[2]}) when global_pool={config.global_pool!r}"
+    elif key in ("cls_token", "reg_token", "pos_embed") or key.startswith("head."):
+        why = f"this config has none (class_token={config.class_token}, reg_tokens={config.reg_tokens}, num_classes={config.num_classes})"
+    return f"the convert reads {key!r}, which the canonical state does not hold: {why}"
+
+
 @dataclass
 class ModelPort:
     """A model in its own framework, with the mapping from the canonical (timm) weights.
@@ -97,13 +107,23 @@ class ModelPort:
 
     def _convert(self, state, config):
         how = config_argument(self.convert, positional=2)
-        return (
-            self.convert(state, config=config)
-            if how == "keyword"
-            else self.convert(state, config)
-            if how == "positional"
-            else self.convert(state)
-        )
+        try:
+            return (
+                self.convert(state, config=config)
+                if how == "keyword"
+                else self.convert(state, config)
+                if how == "positional"
+                else self.convert(state)
+            )
+        except KeyError as e:  # a canonical key this config does not have: said why, where it bites
+            key = e.args[0] if e.args else None
+            if (
+                isinstance(key, str)
+                and key not in state
+                and ("." in key or key in ("cls_token", "reg_token", "pos_embed"))
+            ):
+                raise LoadError(_absent(key, config)) from None
+            raise
 
     def _build(self, config: ViTConfig, dtype: str):
         """(model, whether the model chose its own parameter dtypes)."""
