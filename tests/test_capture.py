@@ -447,3 +447,27 @@ def test_a_convert_reading_a_key_the_config_moves_is_told_where_it_went():
 
     with pytest.raises(KeyError, match="mine"):
         ModelPort(build, convert=own_bug)(config, init_state(config))
+
+
+def test_a_parameter_with_no_elements_is_not_a_weight_left_unfilled():
+    """vit-pytorch under mean pooling holds its class token as a (0, D) parameter: nothing to fill,
+    never "left at the model's initial values". The companion: the same model with a (1, D)
+    parameter the mapping does not fill is named."""
+    import torch
+
+    import impls
+    from conformance.examples.timm_vit import build
+
+    config = get_config("vit_test_avg")
+
+    def with_extra(rows):
+        def make(config):
+            model = build(config)
+            model.cls_like = torch.nn.Parameter(torch.zeros(rows, config.embed_dim))
+            return model
+
+        return ModelPort(make, rename={}, supports=impls.VIT_FAMILY)
+
+    assert verify(with_extra(0), config, cases=quick_cases(config)[:1]).conformant
+    report = verify(with_extra(1), config, cases=quick_cases(config)[:1])
+    assert not report.conformant and "left at the model's initial values: cls_like" in report.failures[0]["reason"]

@@ -198,7 +198,8 @@ class ModelPort:
         unfilled = sorted(set(params) - set(arrays))
         for k in unfilled:
             arrays[k] = adapter.current(k)
-        return arrays, unfilled
+        # a parameter with no elements (vit-pytorch's (0, D) class token under mean pooling) holds no value
+        return arrays, [k for k in unfilled if int(np.prod(params[k])) > 0]
 
     # -- the factory
 
