@@ -468,6 +468,7 @@ def test_a_parameter_with_no_elements_is_not_a_weight_left_unfilled():
 
         return ModelPort(make, rename={}, supports=impls.VIT_FAMILY)
 
-    assert verify(with_extra(0), config, cases=quick_cases(config)[:1]).conformant
-    report = verify(with_extra(1), config, cases=quick_cases(config)[:1])
-    assert not report.conformant and "left at the model's initial values: cls_like" in report.failures[0]["reason"]
+    state = init_state(config)
+    assert with_extra(0)(config, state).findings == []  # the load's findings, before any call
+    (stage, reason), *_ = with_extra(1)(config, state).findings
+    assert stage == "load" and "left at the model's initial values: cls_like" in reason

@@ -123,6 +123,13 @@ def test_a_write_error_of_a_writer_s_own_type_is_exit_2_when_the_disk_is_full(cl
 def test_sigterm_mid_write_leaves_no_partial_file(tmp_path):
     """The write stopped while its temporary is on disk (SIGSTOP), then SIGTERM: exit 143, one
     line, neither the temporary nor OUT left."""
+    from conformance.profiles import heavy
+
+    if not heavy():
+        pytest.skip(
+            "thorough profile: a ViT-Ti's weights written and stopped mid-write; in ci the same cancellation "
+            "(weights.cancel) is verify's SIGTERM and SIGINT tests and the same cleanup the full-disk tests"
+        )
     import signal
     import subprocess
     import sys

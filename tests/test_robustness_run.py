@@ -32,6 +32,10 @@ def state():
 
 @pytest.mark.parametrize("hostile, counts", [("nan_logits", "21 NaN, 0 Inf"), ("overflowing_softmax", "18 NaN, 3 Inf")])
 def test_a_non_finite_finding_is_exit_1_with_a_complete_json_report(cli, tmp_path, hostile, counts):
+    from conformance.profiles import heavy
+
+    if hostile == "nan_logits" and not heavy():
+        pytest.skip("thorough profile: NaN logits alone; in ci the overflowing softmax's logits hold NaN and Inf")
     plot = ["--plot", str(tmp_path / "r.png")] if hostile == "overflowing_softmax" else []  # its ratio is inf
     code, out, err = cli("verify", f"{H}:{hostile}", "--json", str(tmp_path / "r.json"), *plot)
     report = json.loads((tmp_path / "r.json").read_text())  # strict JSON: no bare Infinity or NaN
@@ -229,6 +233,10 @@ def test_a_temporary_folder_that_cannot_be_made_is_exit_2_naming_tmpdir(cli, mon
 
 
 def test_a_full_tmpdir_is_exit_2_with_the_figure(small_fs):
+    from conformance.profiles import heavy
+
+    if not heavy():
+        pytest.skip("thorough profile: a real full TMPDIR; in ci the same paths, injected, in the two tests around it")
     import subprocess
     import sys
     from pathlib import Path
