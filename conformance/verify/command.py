@@ -168,6 +168,9 @@ def run(args) -> int:
                 outputs.unfinished(3, str(e))
                 return 3
     except (Cancelled, KeyboardInterrupt) as e:
+        from conformance.verify.isolated import close_all
+
+        close_all()  # again, where the signal interrupted a close on its way
         line, code = cancelled_line("verify", e)
         print(line, file=sys.stderr)
         outputs.unfinished(code, line)

@@ -41,6 +41,16 @@ CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE"}
 MAP_BACK = 64 << 20
 
 
+_LIVE: "weakref.WeakSet[Isolated]" = weakref.WeakSet()  # every port side not yet closed
+
+
+def close_all() -> None:
+    """Close every port side still open: a cancelled run's cleanup, done again where the signal
+    interrupted a ``close`` on its way (each close is safe to repeat)."""
+    for side in list(_LIVE):
+        side.close()
+
+
 class ChildToolError(ToolError):
     """This tool failed inside the port's process; ``remote_traceback`` is the traceback there."""
 
@@ -86,6 +96,7 @@ class Isolated:
                 f"{e.strerror or e}; the cases and the port's outputs go there"
             ) from None
         self.token = new_token()  # carried by every process the port starts (``reap``)
+        _LIVE.add(self)
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         self._state: tuple[dict, dict, Path] | None = None  # the current state, its tree and directory
@@ -105,6 +116,7 @@ class Isolated:
         self._kill()
         kill_marked(self.token)  # what an earlier port process started and left
         shutil.rmtree(self.root, ignore_errors=True)
+        _LIVE.discard(self)
 
     def _kill(self) -> None:
         if self.proc is None:
@@ -119,7 +131,9 @@ class Isolated:
             self._requests.close()
         except OSError:  # what it was not sent: nobody reads it now
             pass
-        os.close(self._answers)
+        answers, self._answers = self._answers, None  # never closed twice: its number may be reused
+        if answers is not None:
+            os.close(answers)
         self.proc = None
 
     def _spawn(self) -> None:
