@@ -95,6 +95,30 @@ def test_hf_export_loads_in_transformers_and_gives_the_ports_logits(tmp_path):
     assert_logits_close("torch", config, state, x, ref, "our hf export in transformers")
 
 
+def test_hf_vit_state_in_transformers_5_s_own_names_loads_strictly_and_reads_back_bitwise():
+    """transformers 5 holds its ViT as layers.{i}.attention.q_proj ... (its files keep the 4.x
+    names): ``in_memory_names`` is what its ``load_state_dict`` takes, strictly, giving the ports'
+    logits, and its own state_dict reads back to the canonical state bit for bit. The companion:
+    the file names alone do not load into the module."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = get_config("vit_test_token").replace(img_size=16)
+    state = init_state(config, seed=2)
+    model = ViTForImageClassification(ViTConfig(**hf.vit_config_to_hf(config))).eval()
+    tensors = {k: torch.from_numpy(np.array(v)) for k, v in hf.in_memory_names(hf.to_hf(state, config)).items()}
+    model.load_state_dict(tensors, strict=True)
+    x = images(config)
+    with torch.no_grad():
+        ref = model(pixel_values=torch.from_numpy(x)).logits.numpy()
+    assert_logits_close("torch", config, state, x, ref, "transformers 5's ViT loaded with in_memory_names")
+    own = {k: v.numpy() for k, v in model.state_dict().items()}
+    back = hf.from_hf(own, config)
+    assert back.keys() == state.keys() and all(np.array_equal(back[k], state[k]) for k in state)
+    files = {k: torch.from_numpy(np.array(v)) for k, v in hf.to_hf(state, config).items()}
+    with pytest.raises(RuntimeError, match="Missing key"):
+        model.load_state_dict(files, strict=True)
+
+
 def test_hf_config_settings_are_taken_not_assumed():
     settings = hf.vit_config_to_hf(get_config("vit_test_token"))
     assert hf.hf_config_to_vit(settings) == get_config("vit_test_token")

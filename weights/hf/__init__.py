@@ -45,6 +45,7 @@ from weights.hf.family import (
     to_family_hf,
 )
 from weights.hf.vit import (
+    in_memory_names,
     hf_config_to_vit,
     vit_config_to_hf,
     from_hf,
@@ -103,6 +104,7 @@ __all__ = [
     "read_hf",
     "to_family_hf",
     "to_hf",
+    "in_memory_names",
     "vision_config",
     "vit_config_to_hf",
     "write_hf",

@@ -85,7 +85,62 @@ def vit_config_to_hf(config: ViTConfig) -> dict:
     }
 
 
+# transformers 5 holds its ViT's layers under new module names (q_proj, o_proj, mlp.fc1) and
+# converts the 4.x names its files keep on load and on save: the file names, then the names a
+# transformers-5 model's own state_dict has.
+_IN_MEMORY = (
+    (r"encoder\.layer\.(\d+)\.attention\.attention\.query\.", r"layers.\1.attention.q_proj."),
+    (r"encoder\.layer\.(\d+)\.attention\.attention\.key\.", r"layers.\1.attention.k_proj."),
+    (r"encoder\.layer\.(\d+)\.attention\.attention\.value\.", r"layers.\1.attention.v_proj."),
+    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.attention.o_proj."),
+    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.mlp.fc1."),
+    (r"encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.mlp.fc2."),
+    (r"encoder\.layer\.(\d+)\.", r"layers.\1."),
+)
+
+
+def in_memory_names(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A ViT state in transformers' file names (what ``to_hf`` writes) under the names a
+    transformers-5 model holds in memory, for its ``load_state_dict``."""
+    import re
+
+    def name(key: str) -> str:
+        for pattern, new in _IN_MEMORY:
+            key, n = re.subn(pattern, new, key)
+            if n:
+                break
+        return key
+
+    return {name(k): v for k, v in state.items()}
+
+
+def _file_names(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``in_memory_names`` undone: a transformers-5 model's own state_dict in the file names."""
+    import re
+
+    back = (
+        (r"layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
+        (r"layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
+        (r"layers\.(\d+)\.attention\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
+        (r"layers\.(\d+)\.attention\.o_proj\.", r"encoder.layer.\1.attention.output.dense."),
+        (r"layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
+        (r"layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
+        (r"(^|\.)layers\.(\d+)\.", r"\1encoder.layer.\2."),
+    )
+
+    def name(key: str) -> str:
+        for pattern, new in back:
+            key, n = re.subn(pattern, new, key)
+            if n:
+                break
+        return key
+
+    return {name(k): v for k, v in state.items()}
+
+
 def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
+    """Canonical from transformers' ViT state, in its files' names or a transformers-5 model's own."""
+    state = _file_names(state)
     s = {k.removeprefix("vit."): v for k, v in state.items() if not k.startswith("vit.pooler.")}
     out = {}
     try:
@@ -112,6 +167,8 @@ def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.
 
 
 def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
+    """transformers' ViT state in its files' names (``in_memory_names`` gives a transformers-5
+    model's own, for ``load_state_dict``)."""
     vit_config_to_hf(config)  # refuses layouts Hugging Face cannot hold
     D = config.embed_dim
     out = {
