@@ -24,7 +24,7 @@ from conformance.verify.cases import Case
 
 
 class PortFailure(AssertionError):
-    """The port's call did not return: verify's findings, one per line."""
+    """The port's call did not return: verify's findings on it, joined by semicolons."""
 
 
 def _raise(findings) -> None:
