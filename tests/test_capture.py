@@ -18,7 +18,7 @@ import pytest
 from conformance.capture import LoadError, ModelPort, rename_function
 from conformance.profiles import heavy
 from conformance.support import Unsupported, build_config, supports_of
-from conformance.verify import Case, verify
+from conformance.verify import Case, format_report, verify
 from impls import get_config, tap_names
 from weights import init_state
 from conformance.tests.helpers import DATA_DIR
@@ -472,3 +472,18 @@ def test_a_parameter_with_no_elements_is_not_a_weight_left_unfilled():
     assert with_extra(0)(config, state).findings == []  # the load's findings, before any call
     (stage, reason), *_ = with_extra(1)(config, state).findings
     assert stage == "load" and "left at the model's initial values: cls_like" in reason
+
+
+def test_blocks_written_as_a_module_list_are_read_and_judged_as_timm_s():
+    """vit-pytorch's Transformer, unmodified: each block an nn.ModuleList([Attention, FeedForward])
+    whose residuals the parent adds (the list is never called), an nn.Softmax module. Every
+    stage is read (the block's input is its attention's, its output the next block's input or the
+    final norm's) and the model is conformant; before, 'the module that holds its weights was never
+    called' at embed. The companion: its attention scale doubled in block 0 is located there."""
+    from tests.data.vit_pytorch_port import port, scale_bug_port
+
+    config = get_config("vit_test_token").replace(qkv_bias=False, norm_eps=1e-5)
+    report = verify(port, config, cases=quick_cases(config))
+    assert report.conformant and len(report.stages) == 25 and report.unseen == {}, format_report(report)
+    bug = verify(scale_bug_port, config, cases=quick_cases(config))
+    assert bug.first_divergence == "blocks.0.attn.weights", format_report(bug)

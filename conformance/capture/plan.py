@@ -80,6 +80,9 @@ def _override(spec: str) -> Source:
     return Source("in" if side == "in" else "out", path)
 
 
+CONTAINERS = ("ModuleList", "ModuleDict")  # torch's containers of modules, never called themselves
+
+
 def infer_plan(
     config: ViTConfig,
     key_map: Mapping[str, list[str]],
@@ -132,10 +135,36 @@ class _Planner:
         if len(set(block_paths)) != len(block_paths):
             block_paths = [None] * config.depth  # blocks share a module: the weights are not per block
         self.block_paths = block_paths
-        self.plan.blocks = {p: i for i, p in enumerate(block_paths) if p is not None}
+        # A block held in a container that is never called (a ModuleList of [attention, feed-forward]
+        # whose residuals the parent adds): its parts are the block's modules, its input the first
+        # part's, its output the next block's input (or the final norm's).
+        self.parts = {i: self._parts(p) for i, p in enumerate(block_paths) if p is not None and self._container(p)}
+        self.plan.blocks = {p: i for i, p in enumerate(block_paths) if p is not None and i not in self.parts}
+        self.plan.blocks.update({part: i for i, parts in self.parts.items() for part in parts})
         self.headless = (
             not has_head and not config.num_classes
         )  # timm's num_classes=0: the output is the pooled features
+
+    def _container(self, path: str) -> bool:
+        return kind_name(self.modules.get(path)) in CONTAINERS
+
+    def _parts(self, path: str) -> list[str]:
+        """A container block's children that hold its weights, in their order."""
+        children = {mk[len(path) + 1 :].split(".")[0] for targets in self.key_map.values() for mk in targets}
+        held = {
+            c
+            for c in children
+            if f"{path}.{c}" in self.modules
+            and any(mk.startswith(f"{path}.{c}.") for targets in self.key_map.values() for mk in targets)
+        }
+        return [f"{path}.{c}" for c in sorted(held, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c))]
+
+    def _block_input(self, i: int) -> Source | None:
+        """Where block i's input is read: its module's input, or its first part's."""
+        path = self.block_paths[i]
+        if path is None:
+            return None
+        return Source("in", self.parts[i][0] if i in self.parts and self.parts[i] else path)
 
     def owners(self, canonical_module: str) -> list[str]:
         """The model modules that receive a canonical module's weights, in the order of the rows
@@ -191,7 +220,9 @@ class _Planner:
             if self.block_paths[i] is None:
                 self.plan.unseen[name] = "no module holds this block's weights alone"
                 return None
-            return Source("out", self.block_paths[i])
+            if i not in self.parts:
+                return Source("out", self.block_paths[i])
+            return self._container_output(i, name)
         if what == "pool":
             return self._pool(name)
         if what in ("head", "return"):
@@ -206,9 +237,23 @@ class _Planner:
             m = self.one("norm_pre", name)
             return m and Source("in", m)
         if self.block_paths and self.block_paths[0] is not None:
-            return Source("in", self.block_paths[0])
+            return self._block_input(0)
         self.plan.unseen[name] = "no module holds block 0's weights alone, so its input cannot be read"
         return None
+
+    def _container_output(self, i: int, name: str) -> Source | None:
+        """A container block's output, which its parent computes: the next block's input, or the
+        final norm's for the last block."""
+        if i + 1 < self.config.depth:
+            found = self._block_input(i + 1)
+        elif not self.config.use_fc_norm or self.config.global_pool == "map":
+            m = self.one("norm", name)
+            found = m and Source("in", m)
+        else:
+            found = None
+        if found is None:
+            self.plan.unseen[name] = "the block's residuals are added by its parent and no module reads the sum"
+        return found
 
     def _pool(self, name: str) -> Source | None:
         keys = [k for k in self.key_map if k.startswith("attn_pool.")]
