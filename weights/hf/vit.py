@@ -99,48 +99,40 @@ _IN_MEMORY = (
 )
 
 
+def _renamed(state: Mapping[str, np.ndarray], table) -> dict[str, np.ndarray]:
+    """``state`` with each key renamed by the first (pattern, replacement) of ``table`` it matches."""
+    import re
+
+    def name(key: str) -> str:
+        for pattern, new in table:
+            key, n = re.subn(pattern, new, key)
+            if n:
+                break
+        return key
+
+    return {name(k): v for k, v in state.items()}
+
+
 def in_memory_names(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A ViT state in transformers' file names (what ``to_hf`` writes) under the names a
     transformers-5 model holds in memory, for its ``load_state_dict``."""
-    import re
-
-    def name(key: str) -> str:
-        for pattern, new in _IN_MEMORY:
-            key, n = re.subn(pattern, new, key)
-            if n:
-                break
-        return key
-
-    return {name(k): v for k, v in state.items()}
+    return _renamed(state, _IN_MEMORY)
 
 
-def _file_names(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``in_memory_names`` undone: a transformers-5 model's own state_dict in the file names."""
-    import re
-
-    back = (
-        (r"layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
-        (r"layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
-        (r"layers\.(\d+)\.attention\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
-        (r"layers\.(\d+)\.attention\.o_proj\.", r"encoder.layer.\1.attention.output.dense."),
-        (r"layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
-        (r"layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
-        (r"(^|\.)layers\.(\d+)\.", r"\1encoder.layer.\2."),
-    )
-
-    def name(key: str) -> str:
-        for pattern, new in back:
-            key, n = re.subn(pattern, new, key)
-            if n:
-                break
-        return key
-
-    return {name(k): v for k, v in state.items()}
+_FILE = (
+    (r"layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
+    (r"layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
+    (r"layers\.(\d+)\.attention\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
+    (r"layers\.(\d+)\.attention\.o_proj\.", r"encoder.layer.\1.attention.output.dense."),
+    (r"layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
+    (r"layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
+    (r"(^|\.)layers\.(\d+)\.", r"\1encoder.layer.\2."),
+)  # ``_IN_MEMORY`` undone: a transformers-5 model's own state_dict in the file names
 
 
 def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     """Canonical from transformers' ViT state, in its files' names or a transformers-5 model's own."""
-    state = _file_names(state)
+    state = _renamed(state, _FILE)
     s = {k.removeprefix("vit."): v for k, v in state.items() if not k.startswith("vit.pooler.")}
     out = {}
     try:
