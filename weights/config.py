@@ -50,6 +50,12 @@ class ConfigError(ValueError):
     """A ViTConfig whose options contradict each other."""
 
 
+def inline_json(text: str) -> bool:
+    """Whether a --config argument is JSON itself rather than a file's path (a long inline config
+    is not a path to probe: ENAMETOOLONG)."""
+    return text.lstrip().startswith(("{", "["))
+
+
 def config_from_json(text: str, what: str = "the config") -> "ViTConfig":
     """A ViTConfig from JSON text: an object of its fields, or a ConfigError saying what is wrong."""
     import json

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from weights.canonical import WeightError, validate_state
-from weights.config import ConfigError, ViTConfig, config_from_json, get_config
+from weights.config import ConfigError, ViTConfig, config_from_json, get_config, inline_json
 
 from weights.layouts import LAYOUTS, ORDER, REGISTRY
 from weights.layouts._io import LAYOUT_METADATA_KEY, header
@@ -85,11 +85,8 @@ def write_atomically(state, config: ViTConfig, out: str, layout: str, npz_flavou
     even when the disk fills or a signal stops the write."""
     from weights.atomic import replace_atomically
 
-    validate_state(state, config)
     replace_atomically(
-        out,
-        lambda tmp: REGISTRY[layout].write(state, config, str(tmp), npz_flavour=npz_flavour),
-        directory=layout in DIRECTORY_LAYOUTS,
+        out, lambda tmp: write(state, config, str(tmp), layout, npz_flavour), directory=layout in DIRECTORY_LAYOUTS
     )
 
 
@@ -130,7 +127,7 @@ def _given_config(args) -> ViTConfig | None:
         return get_config(args.preset)
     if not args.config:
         return None
-    inline = args.config.lstrip().startswith(("{", "["))
+    inline = inline_json(args.config)
     text = args.config if inline else Path(args.config).read_text()
     return config_from_json(text, "--config" if inline else f"the config file {args.config!r}")
 

@@ -150,14 +150,12 @@ class _Planner:
 
     def _parts(self, path: str) -> list[str]:
         """A container block's children that hold its weights, in their order."""
-        children = {mk[len(path) + 1 :].split(".")[0] for targets in self.key_map.values() for mk in targets}
-        held = {
-            c
-            for c in children
-            if f"{path}.{c}" in self.modules
-            and any(mk.startswith(f"{path}.{c}.") for targets in self.key_map.values() for mk in targets)
+        prefix = path + "."
+        targets = (mk for mks in self.key_map.values() for mk in mks if mk.startswith(prefix))
+        held = {mk[len(prefix) :].split(".")[0] for mk in targets} & {
+            m[len(prefix) :] for m in self.modules if m.startswith(prefix)
         }
-        return [f"{path}.{c}" for c in sorted(held, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c))]
+        return [prefix + c for c in sorted(held, key=lambda c: (not c.isdigit(), int(c) if c.isdigit() else 0, c))]
 
     def _block_input(self, i: int) -> Source | None:
         """Where block i's input is read: its module's input, or its first part's."""

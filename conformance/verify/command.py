@@ -54,13 +54,12 @@ def load_config(
     chose it) or ``default_config(make)``; with --set applied."""
     from impls import ConfigError, get_config
     from weights import WeightError, read_config
-    from weights.config import config_from_json
+    from weights.config import config_from_json, inline_json
 
     try:
         config = None
         if config_json:
-            # Inline JSON or a file: a long inline config is not a path to probe (ENAMETOOLONG).
-            text = config_json if config_json.lstrip().startswith(("{", "[")) else Path(config_json).read_text()
+            text = config_json if inline_json(config_json) else Path(config_json).read_text()
             config = config_from_json(text, "--config" if text is config_json else f"the config file {config_json!r}")
         elif preset:
             config = get_config(preset)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.report import UsageError, describe_exception
+from weights.config import inline_json
 
 NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
@@ -86,7 +87,7 @@ class Outputs:
         if getattr(args, "weights", None):
             found["--weights"] = Path(args.weights)
         config = getattr(args, "config", None)
-        if config and not config.lstrip().startswith(("{", "[")):
+        if config and not inline_json(config):
             found["--config"] = Path(config)
         module = _module_file(self.port)
         if module is not None:

@@ -121,8 +121,8 @@ class Reader:
         mapped = self.mmap and path.stat().st_size >= MAP_AT_LEAST
         try:
             a = np.load(path, allow_pickle=False, mmap_mode="r" if mapped else None)
-        except OSError as e:  # out of descriptors or mappings: read this one
-            if not mapped or e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+        except (OSError, ValueError) as e:  # out of descriptors or mappings, or empty (unmappable): read it
+            if not mapped or isinstance(e, OSError) and e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
                 raise
             a = np.load(path, allow_pickle=False)
         if self.mmap and not mapped:  # read-only for good, as a mapped array is: backed by immutable bytes
