@@ -214,7 +214,8 @@ def option_table() -> str:
             for lib, n in (("transformers", o.hf), ("big_vision", o.big_vision), ("open_clip", o.open_clip))
             if n
         ]
-        return "; ".join(found)
+        timm = "timm: none" if o.timm is None else f"timm: `{o.timm}`" if o.timm != o.field else ""
+        return "; ".join(([timm] if timm else []) + found)
 
     rows = [
         [

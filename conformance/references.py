@@ -37,7 +37,27 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     return model.eval()
 
 
+class NotInTimm(ValueError):
+    """A config timm's VisionTransformer cannot build: its options named."""
+
+
+def not_in_timm(config: ViTConfig) -> list[str]:
+    """The options of ``config`` timm's VisionTransformer has no keyword for (weights/options.py)."""
+    from weights.options import BY_FIELD
+
+    return [
+        f"{name}={getattr(config, name)!r}"
+        for name, option in BY_FIELD.items()
+        if option.timm is None and getattr(config, name) != option.default
+    ] + (["pos_embed='sincos'"] if config.pos_embed == "sincos" else [])
+
+
 def _timm_model(VisionTransformer, config: ViTConfig, mlp_layer, skip_init: bool, rates: dict):
+    beyond = not_in_timm(config)
+    if config.mlp_bias is not None and config.mlp_bias == config.proj_bias:
+        beyond = [b for b in beyond if not b.startswith("mlp_bias=")]  # timm's coupling, spelled out
+    if beyond:
+        raise NotInTimm(f"timm's VisionTransformer has no keyword for {', '.join(beyond)}")
     return VisionTransformer(
         img_size=config.img_size,
         patch_size=config.patch_size,
@@ -60,6 +80,9 @@ def _timm_model(VisionTransformer, config: ViTConfig, mlp_layer, skip_init: bool
         proj_bias=config.proj_bias,
         mlp_layer=mlp_layer,
         dynamic_img_size=config.dynamic_img_size,
+        pos_embed=config.pos_embed,
+        embed_norm_layer="layernorm" if config.embed_norm else None,
+        pool_include_prefix=config.pool_include_prefix,
         **({"weight_init": "skip"} if skip_init else {}),
         **rates,
     )
@@ -131,7 +154,10 @@ def _hooked(model, taps: dict):
             if where == "softmax":
                 softmax.append((root, name))
                 continue
-            module = root.get_submodule(path) if path else root
+            try:
+                module = root.get_submodule(path) if path else root
+            except AttributeError:  # a stage timm has no module for (a patch norm): no stage
+                continue
             store = record(name, how, root.get_submodule(path.rpartition(".")[0]))
             if where == "in":
                 hooks.append(module.register_forward_pre_hook(lambda m, args, store=store: store(args[0])))

@@ -44,6 +44,11 @@ def family_options(draw) -> dict:
         proj_bias=draw(st.booleans()),
         mlp_layer=draw(st.sampled_from(MLP_LAYERS)),
         dynamic_img_size=draw(st.booleans()),
+        pos_embed=draw(st.sampled_from(["learn", "learn", "sincos", "none"])),
+        patch_norm=draw(st.booleans()),
+        embed_norm=draw(st.booleans()),
+        pool_include_prefix=draw(st.booleans()),
+        mlp_bias=draw(st.sampled_from([None, None, True, False])),
     )
 
 
@@ -88,6 +93,8 @@ def configs(
     )
     if beyond:
         values.update(draw(family_options()))
+        if values["pos_embed"] == "sincos" and (values["embed_dim"] % 4 or values["embed_dim"] < 8):
+            values["pos_embed"] = "learn"  # the table needs two frequencies of each of x and y
         if family != "half":  # the suite's draws: one block shows each option (they act per block alike)
             values["depth"] = 1  # and JAX compiles it in a fraction of the time; the calibration keeps 1 to 3
     if _SUPPORTS is None:
@@ -106,7 +113,11 @@ def grad_configs(max_depth: int = 2, family: bool | str = True) -> st.SearchStra
     output is +-1 whatever the input, so the gradient through it is zero in exact arithmetic
     but for eps / var, and a float32 port returns rounding there (docs/gradients.md)."""
     return configs(max_depth=max_depth, family=family).filter(
-        lambda c: c.embed_dim > 2 and (not c.qk_norm or c.embed_dim // c.num_heads > 2)
+        lambda c: (
+            c.embed_dim > 2
+            and (not c.qk_norm or c.embed_dim // c.num_heads > 2)
+            and (not c.patch_norm or c.patch_dim > 2)
+        )
     )
 
 
@@ -182,13 +193,15 @@ def image_cases(kinds=IMAGE_KINDS, max_batch: int = 3) -> st.SearchStrategy[Imag
 
 
 def add_patch_offset(state: dict[str, np.ndarray], config: ViTConfig, offset: float) -> None:
-    """A common offset on every patch token: through the patch bias, or where there is none
-    (pre_norm) through the patch entries of the position embedding."""
+    """A common offset on every patch token: through the bias of the patch embedding's last step
+    (its norm's, or the projection's), or where there is none (pre_norm) through the patch entries
+    of the position embedding, if it has a learned one."""
     if not offset:
         return
-    if "patch_embed.proj.bias" in state:
-        state["patch_embed.proj.bias"] = state["patch_embed.proj.bias"] + np.float32(offset)
-    else:
+    last = "patch_embed.norm.bias" if config.embed_norm else "patch_embed.proj.bias"
+    if last in state:
+        state[last] = state[last] + np.float32(offset)
+    elif "pos_embed" in state:
         pos = state["pos_embed"].copy()
         pos[:, config.embed_len - config.num_patches :] += np.float32(offset)
         state["pos_embed"] = pos
@@ -240,19 +253,27 @@ class TrainedLike:
                 "norm.weight",
                 "fc_norm.weight",
                 "norm_pre.weight",
+                "patch_embed.norm.weight",
             ):
                 gamma = np.exp(rng.normal(0.0, 0.8, D)) * rng.choice([-1.0, 1.0], D)
                 state[key] = gamma.astype(np.float32)
                 bias_key = key[: -len("weight")] + "bias"
                 state[bias_key] = rng.normal(0.0, 0.5, D).astype(np.float32)
-        pos = state["pos_embed"].copy()
         channels = rng.choice(D, size=min(2, D), replace=False)
-        first_patch = 0 if config.no_embed_class else config.num_prefix_tokens  # pos_embed's first patch entry
-        tokens = [0, first_patch + int(rng.integers(config.num_patches))]
-        for t in dict.fromkeys(tokens):
-            pos[0, t, channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
-        state["pos_embed"] = pos.astype(np.float32)
-        if config.no_embed_class and config.class_token:  # the class token itself carries it
+        if "pos_embed" in state:
+            pos = state["pos_embed"].copy()
+            first_patch = 0 if config.no_embed_class else config.num_prefix_tokens  # pos_embed's first patch entry
+            tokens = [0, first_patch + int(rng.integers(config.num_patches))]
+            for t in dict.fromkeys(tokens):
+                pos[0, t, channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
+            state["pos_embed"] = pos.astype(np.float32)
+        else:  # no table to single out a patch: every patch token carries them
+            last = "patch_embed.norm.bias" if config.embed_norm else "patch_embed.proj.bias"
+            if last in state:
+                bias = state[last].copy()
+                bias[channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
+                state[last] = bias.astype(np.float32)
+        if not config.prefix_pos and config.class_token:  # the class token itself carries it
             cls = state["cls_token"].copy()
             cls[0, 0, channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
             state["cls_token"] = cls.astype(np.float32)

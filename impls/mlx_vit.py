@@ -45,6 +45,25 @@ def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
     return mx.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
 
 
+def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
+    """(1, gh * gw, dim) in float32, as lucidrains' SimpleViT computes it: [sin x w, cos x w,
+    sin y w, cos y w], w_i = temperature ** (-i / (dim / 4 - 1))."""
+    n = mx.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
+    omega = 1.0 / temperature ** (mx.arange(dim // 4) / (dim // 4 - 1))
+    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
+    return mx.concatenate([mx.sin(x), mx.cos(x), mx.sin(y), mx.cos(y)], axis=1)[None]
+
+
+def to_patches(x, patch_size):
+    """(B, C, H, W) -> (B, gh * gw, C * ph * pw): each patch flattened (c p1 p2), as the conv
+    kernel is; the remainder's pixels unread."""
+    B, C, H, W = x.shape
+    ph, pw = patch_size
+    x = x[:, :, : H // ph * ph, : W // pw * pw]
+    x = x.reshape(B, C, H // ph, ph, W // pw, pw).transpose(0, 2, 4, 1, 3, 5)
+    return x.reshape(B, (H // ph) * (W // pw), C * ph * pw)
+
+
 def split_heads(x, num_heads: int):
     """(B, N, H * hd) -> (B, H, N, hd)."""
     B, N, _ = x.shape
@@ -120,19 +139,40 @@ class LayerScale(nn.Module):
 
 
 class PatchEmbed(nn.Module):
-    """Non-overlapping p x p patches, each projected: a conv with stride = kernel = patch."""
+    """Non-overlapping p x p patches, each projected: a conv with stride = kernel = patch; with
+    patch_norm, the patches flattened (c p1 p2) and normalised, then projected by the same kernel;
+    with embed_norm, a norm after the projection."""
 
     def __init__(self, config: ViTConfig):
         super().__init__()
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
+        if config.patch_norm:
+            self.patch_norm = LayerNorm(config.patch_dim, eps=config.norm_eps)
         self.proj = Conv2d(
             config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
         )
+        if config.embed_norm:
+            self.norm = LayerNorm(config.embed_dim, eps=config.norm_eps)
 
-    def __call__(self, x):
-        x = self.proj(x.transpose(0, 2, 3, 1))  # NCHW -> NHWC -> (B, gh, gw, D)
-        return x.reshape(x.shape[0], -1, x.shape[-1])  # (B, gh * gw, D), row-major over the grid
+    def project(self, x, taps=None, name="patch_embed"):
+        """The projection's output, (B, gh * gw, D), row-major over the grid."""
+        if "patch_norm" not in self:
+            x = self.proj(x.transpose(0, 2, 3, 1))  # NCHW -> NHWC -> (B, gh, gw, D)
+            return x.reshape(x.shape[0], -1, x.shape[-1])
+        x = self.patch_norm(to_patches(x, self.patch_size))
+        x = record_tap(taps, f"{name}.patch_norm", x)
+        w = self.proj.weight.transpose(0, 3, 1, 2)  # OHWI -> OIHW: (c p1 p2) as the patches
+        y = x @ w.reshape(w.shape[0], -1).T
+        return y + self.proj.bias if "bias" in self.proj else y
+
+    def __call__(self, x, taps=None, name="patch_embed"):
+        x = self.project(x, taps, name)
+        x = record_tap(taps, name, x)
+        if "norm" in self:
+            x = self.norm(x)
+            x = record_tap(taps, f"{name}.norm", x)
+        return x
 
 
 class Attention(nn.Module):
@@ -327,7 +367,7 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
-            dim, config.mlp_hidden_dim, config.act_layer, config.proj_bias
+            dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
@@ -368,7 +408,8 @@ class VisionTransformer(nn.Module):
             self.cls_token = mx.zeros((1, 1, D))
         if config.reg_tokens:
             self.reg_token = mx.zeros((1, config.reg_tokens, D))
-        self.pos_embed = mx.zeros((1, config.embed_len, D))
+        if config.pos_embed == "learn":
+            self.pos_embed = mx.zeros((1, config.embed_len, D))
         if config.pre_norm:
             self.norm_pre = LayerNorm(D, eps=config.norm_eps)
         self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
@@ -386,17 +427,20 @@ class VisionTransformer(nn.Module):
     def _pos_embed(self, x, grid):
         B, _, D = x.shape
         c = self.config
-        pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
         tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
         prefix = [mx.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class token, then registers
+        if c.pos_embed == "none":
+            return mx.concatenate(prefix + [x], axis=1)
+        if c.pos_embed == "sincos":  # computed at the grid in float32; the prefix tokens get none
+            return mx.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D).astype(x.dtype)], axis=1)
+        pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return mx.concatenate(prefix + [x + pos], axis=1)
         return mx.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
 
     def forward_features(self, x, taps=None):
         grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
-        x = self.patch_embed(x)
-        x = record_tap(taps, "patch_embed", x)
+        x = self.patch_embed(x, taps)
         x = self._pos_embed(x, grid)
         x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
@@ -413,9 +457,9 @@ class VisionTransformer(nn.Module):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
-        x = x[:, self.config.num_prefix_tokens :]  # the patch tokens: class and register tokens excluded
-        if pool == "map":
-            return self.attn_pool(x, taps)
+        if pool == "map":  # the patch tokens: class and register tokens excluded
+            return self.attn_pool(x[:, self.config.num_prefix_tokens :], taps)
+        x = x if self.config.pool_include_prefix else x[:, self.config.num_prefix_tokens :]
         mean = x.astype(mx.float32).mean(axis=1).astype(x.dtype)  # accumulated in float32
         if pool == "avg":
             return mean
@@ -434,7 +478,7 @@ class VisionTransformer(nn.Module):
 
     def __call__(self, x, return_taps: bool = False, taps=None):
         check_images(tuple(x.shape), str(x.dtype), self.config)
-        x = x.astype(self.pos_embed.dtype)  # float32 images in; the model runs in its weights' dtype
+        x = x.astype(self.patch_embed.proj.weight.dtype)  # float32 images in; the model runs in its weights' dtype
         taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
         x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x

@@ -72,6 +72,34 @@ def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
     return np.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
 
 
+def sincos_2d_angles(grid, dim: int, temperature: float = 10000.0):
+    """The angles of the fixed 2-D sin-cos table (lucidrains' SimpleViT): for the patch at row y,
+    column x and w_i = temperature ** (-i / (dim / 4 - 1)), i < dim / 4, [x w, x w, y w, y w]."""
+    n = np.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
+    omega = 1.0 / temperature ** (np.arange(dim // 4) / (dim // 4 - 1))
+    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
+    return np.concatenate([x, x, y, y], axis=1)
+
+
+def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
+    """(1, gh * gw, dim): [sin x w, cos x w, sin y w, cos y w] (``sincos_2d_angles``)."""
+    a = sincos_2d_angles(grid, dim, temperature)
+    q = dim // 4
+    return np.concatenate(
+        [np.sin(a[:, :q]), np.cos(a[:, q : 2 * q]), np.sin(a[:, 2 * q : 3 * q]), np.cos(a[:, 3 * q :])], 1
+    )[None]
+
+
+def to_patches(x, patch_size):
+    """(B, C, H, W) -> (B, gh * gw, C * ph * pw): each patch flattened (c p1 p2), as the conv
+    kernel is; the remainder's pixels unread."""
+    B, C, H, W = x.shape
+    ph, pw = patch_size
+    x = x[:, :, : H // ph * ph, : W // pw * pw]
+    x = x.reshape(B, C, H // ph, ph, W // pw, pw).transpose(0, 2, 4, 1, 3, 5)
+    return x.reshape(B, (H // ph) * (W // pw), C * ph * pw)
+
+
 def split_heads(x, num_heads: int):
     """(B, N, H * hd) -> (B, H, N, hd)."""
     B, N, _ = x.shape
@@ -201,15 +229,35 @@ def record_tap(taps, name, value):
 
 
 class PatchEmbed(Module):
-    """Non-overlapping p x p patches, each projected: a conv with stride = kernel = patch."""
+    """Non-overlapping p x p patches, each projected: a conv with stride = kernel = patch; with
+    patch_norm, the patches flattened (c p1 p2) and normalised, then projected by the same kernel;
+    with embed_norm, a norm after the projection."""
 
     def __init__(self, config: ViTConfig):
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
+        if config.patch_norm:
+            self.patch_norm = LayerNorm(config.patch_dim, eps=config.norm_eps)
         self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, bias=not config.pre_norm)
+        if config.embed_norm:
+            self.norm = LayerNorm(config.embed_dim, eps=config.norm_eps)
 
-    def __call__(self, x):
-        return self.proj(x)  # (B, gh * gw, D), row-major over the grid
+    def project(self, x, taps=None, name="patch_embed"):
+        """The projection's output, (B, gh * gw, D), row-major over the grid."""
+        if not hasattr(self, "patch_norm"):
+            return self.proj(x)
+        x = self.patch_norm(to_patches(x, self.patch_size))
+        x = record_tap(taps, f"{name}.patch_norm", x)
+        y = x @ self.proj.weight.reshape(self.proj.weight.shape[0], -1).T
+        return y + self.proj.bias if hasattr(self.proj, "bias") else y
+
+    def __call__(self, x, taps=None, name="patch_embed"):
+        x = self.project(x, taps, name)
+        x = record_tap(taps, name, x)
+        if hasattr(self, "norm"):
+            x = self.norm(x)
+            x = record_tap(taps, f"{name}.norm", x)
+        return x
 
 
 class Attention(Module):
@@ -390,7 +438,7 @@ class Block(Module):
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
-            dim, config.mlp_hidden_dim, config.act_layer, config.proj_bias
+            dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
@@ -430,7 +478,8 @@ class VisionTransformer(Module):
             self.cls_token = np.zeros((1, 1, D))
         if config.reg_tokens:
             self.reg_token = np.zeros((1, config.reg_tokens, D))
-        self.pos_embed = np.zeros((1, config.embed_len, D))
+        if config.pos_embed == "learn":
+            self.pos_embed = np.zeros((1, config.embed_len, D))
         if config.pre_norm:
             self.norm_pre = LayerNorm(D, eps=config.norm_eps)
         self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
@@ -448,17 +497,20 @@ class VisionTransformer(Module):
     def _pos_embed(self, x, grid):
         B, _, D = x.shape
         c = self.config
-        pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
         tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
         prefix = [np.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class token, then registers
+        if c.pos_embed == "none":
+            return np.concatenate(prefix + [x], axis=1)
+        if c.pos_embed == "sincos":  # computed at the grid; the prefix tokens get none
+            return np.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D)], axis=1)
+        pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return np.concatenate(prefix + [x + pos], axis=1)
         return np.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
 
     def forward_features(self, x, taps=None):
         grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
-        x = self.patch_embed(x)
-        x = record_tap(taps, "patch_embed", x)
+        x = self.patch_embed(x, taps)
         x = self._pos_embed(x, grid)
         x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
@@ -475,9 +527,9 @@ class VisionTransformer(Module):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
-        x = x[:, self.config.num_prefix_tokens :]  # the patch tokens: class and register tokens excluded
-        if pool == "map":
-            return self.attn_pool(x, taps)
+        if pool == "map":  # the patch tokens: class and register tokens excluded
+            return self.attn_pool(x[:, self.config.num_prefix_tokens :], taps)
+        x = x if self.config.pool_include_prefix else x[:, self.config.num_prefix_tokens :]
         if pool == "avg":
             return x.mean(axis=1)
         if pool == "max":

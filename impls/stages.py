@@ -20,7 +20,7 @@ computes it. Its entry says what the rest of the project needs to know about it:
 Capture rules, in the canonical (timm) module names the user's mapping sends weights to:
 ``out:M`` / ``in:M`` the output / input of the model module that receives canonical module
 ``M``'s weights (``@patches``: a convolution's output brought to tokens, ``@heads``: split into
-heads); ``in:next`` the input of the first block (or of ``norm_pre``); ``attn:PART`` q, k, v or
+heads, ``@patch_order``: a patch vector's features brought from the model's order to (c p1 p2)); ``in:next`` the input of the first block (or of ``norm_pre``); ``attn:PART`` q, k, v or
 the weights as the block's attention computes them (a fused call's arguments, q kᵀ's operands,
 the softmax's output; failing those, the projections' outputs); ``block`` the smallest module
 holding all the block's weights; ``pool`` the attention pool's module; ``head`` the input of
@@ -35,7 +35,9 @@ Input patterns: ``{b}`` the stage's block (``blocks.3``); ``{prev}`` the block's
 previous block, or ``norm_pre`` / ``embed`` before block 0); ``{q}``, ``{k}`` q and k as the
 attention weights see them (``attn.q_norm`` with qk-norm); ``{attn_out}``, ``{mlp_out}`` what a
 residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
-final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads.
+final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads;
+``{patch_in}`` what the projection reads (the patch norm, or the images); ``{patches}`` the patch
+embedding's output (``patch_embed.norm`` with ``embed_norm``).
 
 Adding a stage is one entry here, its math in ``conformance.numerics.error_model.evaluate``, a tap in
 each of the four ports, and its capture rule (docs/model.md, "Adding a stage").
@@ -104,15 +106,29 @@ def _map(c):
     return c.global_pool == "map"
 
 
+def _patch_norm(c):
+    return c.patch_norm
+
+
+def _embed_norm(c):
+    return c.embed_norm
+
+
 _POOL_INSIDE = "unseen:inside the attention pool: its q, k, v and weights are not read yet"
 
 # A table: one entry per row (the formatter would give each argument a line).
 # fmt: off
 MODEL_IN = (
-    Stage("patch_embed", "patch_embed", (), "B P D", params=("patch_embed",), contraction=True,
-          capture="out:patch_embed.proj@patches", timm="out:patch_embed@tokens",
-          note='before prefix tokens and position'),
-    Stage("embed", "embed", ("patch_embed",), "B N D", params=("pos_embed", "cls_token", "reg_token"), residual=True,
+    Stage("patch_embed.patch_norm", "patch_embed.patch_norm", (), "B P patch", when=_patch_norm,
+          params=("patch_embed.patch_norm",), cotangent="D", capture="out:patch_embed.patch_norm@patch_order",
+          note="each raw patch flattened (c p1 p2), normalised"),
+    Stage("patch_embed", "patch_embed", ("{patch_in}",), "B P D", params=("patch_embed.proj",), contraction=True,
+          cotangent="embed_in", capture="out:patch_embed.proj@patches",
+          timm="in:patch_embed.norm@tokens",
+          note='the projection, before prefix tokens and position'),
+    Stage("patch_embed.norm", "patch_embed.norm", ("patch_embed",), "B P D", when=_embed_norm,
+          params=("patch_embed.norm",), capture="out:patch_embed.norm", note="timm's `embed_norm_layer`"),
+    Stage("embed", "embed", ("{patches}",), "B N D", params=("pos_embed", "cls_token", "reg_token"), residual=True,
           cotangent="D", capture="in:next", timm="out:pos_drop",
           note='after prefix tokens and position; N = prefix tokens + P'),
     Stage("norm_pre", "norm_pre", ("embed",), "B N D", when=_pre_norm, params=("norm_pre",), residual=True,
@@ -220,6 +236,7 @@ def _symbols(config: ViTConfig, batch: int) -> dict[str, int]:
         "hd": config.head_dim,
         "P": config.num_patches,
         "act": config.mlp_act_dim,
+        "patch": config.patch_dim,
         "mlp": config.mlp_hidden_dim,
         "classes": config.num_features,
         "1": 1,
@@ -257,6 +274,8 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
         "{attn_out}": f"{b}.ls1" if scaled else f"{b}.attn",
         "{mlp_out}": f"{b}.ls2" if scaled else f"{b}.mlp",
         "{pool_in}": "attn_pool" if config.global_pool == "map" else features,
+        "{patch_in}": "patch_embed.patch_norm" if config.patch_norm else "",
+        "{patches}": "patch_embed.norm" if config.embed_norm else "patch_embed",
     }
 
     def resolve(pattern: str) -> str:
@@ -265,7 +284,7 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
                 pattern = pattern.replace(key, value)
         return pattern
 
-    return tuple(resolve(p) for p in stage.inputs)
+    return tuple(r for r in (resolve(p) for p in stage.inputs) if r)  # "": the images
 
 
 def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) -> int:
@@ -277,6 +296,7 @@ def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) ->
     lengths = {
         "1": 1,
         "D": config.embed_dim,
+        "embed_in": config.embed_dim if config.embed_norm else 1,  # patch_embed.norm's, or the sum's
         "3D": 3 * config.embed_dim,
         "N": tokens,
         "hd": config.head_dim,
@@ -315,6 +335,8 @@ OPTIONS = {
     _layer_scale: "`init_values`",
     _final_norm: "no `fc_norm`",
     _map: '`global_pool="map"`',
+    _patch_norm: "`patch_norm`",
+    _embed_norm: "`embed_norm`",
 }
 
 CONTRACTIONS = frozenset(s.kind for s in STAGES if s.contraction)

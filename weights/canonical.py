@@ -31,10 +31,17 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes["cls_token"] = (1, 1, D)
     if config.reg_tokens:
         shapes["reg_token"] = (1, config.reg_tokens, D)
-    shapes["pos_embed"] = (1, config.embed_len, D)
+    if config.pos_embed == "learn":
+        shapes["pos_embed"] = (1, config.embed_len, D)
+    if config.patch_norm:
+        shapes["patch_embed.patch_norm.weight"] = (config.patch_dim,)
+        shapes["patch_embed.patch_norm.bias"] = (config.patch_dim,)
     shapes["patch_embed.proj.weight"] = (D, C, ph, pw)
     if not config.pre_norm:  # timm: bias=not pre_norm
         shapes["patch_embed.proj.bias"] = (D,)
+    if config.embed_norm:
+        shapes["patch_embed.norm.weight"] = (D,)
+        shapes["patch_embed.norm.bias"] = (D,)
     if config.pre_norm:
         shapes["norm_pre.weight"] = (D,)
         shapes["norm_pre.bias"] = (D,)
@@ -59,10 +66,10 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         fc1 = ("fc1_g", "fc1_x") if config.mlp_layer == "swiglu" else ("fc1",)
         for fc in fc1:
             shapes[f"{b}mlp.{fc}.weight"] = (hidden, D)
-            if config.proj_bias:
+            if config.use_mlp_bias:
                 shapes[f"{b}mlp.{fc}.bias"] = (hidden,)
         shapes[b + "mlp.fc2.weight"] = (D, config.mlp_act_dim)
-        if config.proj_bias:
+        if config.use_mlp_bias:
             shapes[b + "mlp.fc2.bias"] = (D,)
         if config.init_values is not None:
             shapes[b + "ls2.gamma"] = (D,)

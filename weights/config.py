@@ -30,6 +30,15 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 * ``dynamic_img_size``: images of any size divisible by the patch; the position embedding's
   grid is resampled at run time to theirs, bicubic with antialiasing (timm's
   ``resample_abs_pos_embed``; weights/resample.py).
+* ``pos_embed``: ``learn`` (a loaded table), ``sincos`` (a fixed 2-D table computed, not loaded:
+  lucidrains' SimpleViT, ``sincos_2d_pos_embed`` in impls/numpy_vit.py) or ``none``; with
+  ``sincos`` and ``none`` the prefix tokens join after it, without a position.
+* ``patch_norm``: a LayerNorm (``patch_embed.patch_norm``) over each raw patch flattened as the
+  conv kernel is, ``(c p1 p2)``, before the projection; ``embed_norm``: one
+  (``patch_embed.norm``, timm's ``embed_norm_layer``) after it (vit-pytorch, x-transformers).
+* ``pool_include_prefix``: the reducing pools take the prefix tokens too (vit-pytorch's mean).
+* ``mlp_bias``: the MLP's biases apart from ``attn.proj``'s (None: as ``proj_bias``, timm's
+  coupling; SimpleViT has ``proj_bias=False, mlp_bias=True``).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
+POS_EMBEDS = ("learn", "sincos", "none")
 REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
@@ -115,6 +125,11 @@ class ViTConfig:
     proj_bias: bool = True
     mlp_layer: str = "mlp"
     dynamic_img_size: bool = False
+    pos_embed: str = "learn"
+    patch_norm: bool = False
+    embed_norm: bool = False
+    pool_include_prefix: bool = False
+    mlp_bias: bool | None = None
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -151,7 +166,7 @@ class ViTConfig:
         _real(self.mlp_ratio, "mlp_ratio")
         _real(self.norm_eps, "norm_eps")
         _real(self.init_values, "init_values", optional=True)
-        for key in ("global_pool", "act_layer", "mlp_layer"):
+        for key in ("global_pool", "act_layer", "mlp_layer", "pos_embed"):
             if not isinstance(getattr(self, key), str):
                 raise ConfigError(f"{key} must be a string, got {getattr(self, key)!r}")
         if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
@@ -168,6 +183,15 @@ class ViTConfig:
             raise ConfigError(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
+        if self.pos_embed not in POS_EMBEDS:
+            raise ConfigError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.pos_embed == "sincos" and (self.embed_dim % 4 or self.embed_dim < 8):
+            raise ConfigError(
+                f"pos_embed='sincos' splits embed_dim {self.embed_dim} into sin and cos of x and y, each over "
+                "at least two frequencies: it must be a multiple of 4 from 8"
+            )
+        if self.mlp_bias not in (None, True, False):
+            raise ConfigError(f"mlp_bias must be None (as proj_bias), True or False, got {self.mlp_bias!r}")
         if self.mlp_layer == "swiglu_packed" and self.mlp_hidden_dim % 2:
             raise ConfigError(
                 f"mlp_layer='swiglu_packed' splits fc1's {self.mlp_hidden_dim} outputs (embed_dim * "
@@ -181,6 +205,9 @@ class ViTConfig:
             "qkv_bias",
             "class_token",
             "dynamic_img_size",
+            "patch_norm",
+            "embed_norm",
+            "pool_include_prefix",
         ):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
@@ -202,6 +229,20 @@ class ViTConfig:
     def embed_len(self) -> int:
         """The position embedding's length: the patches, and the prefix tokens unless no_embed_class."""
         return self.num_patches if self.no_embed_class else self.num_tokens
+
+    @property
+    def patch_dim(self) -> int:
+        """One flattened patch's length, C * ph * pw."""
+        return self.in_chans * self.patch_size[0] * self.patch_size[1]
+
+    @property
+    def prefix_pos(self) -> bool:
+        """Whether the prefix tokens get position entries (a learned table that covers them)."""
+        return self.pos_embed == "learn" and not self.no_embed_class
+
+    @property
+    def use_mlp_bias(self) -> bool:
+        return self.proj_bias if self.mlp_bias is None else self.mlp_bias
 
     @property
     def num_tokens(self) -> int:

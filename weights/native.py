@@ -21,7 +21,7 @@ import numpy as np
 
 FRAMEWORKS = ("numpy", "torch", "mlx", "jax")
 
-_NORM = re.compile(r"(^|\.)(fc_|q_|k_)?norm(\d*|_pre)\.(weight|bias)$")
+_NORM = re.compile(r"(^|\.)(fc_|q_|k_|patch_)?norm(\d*|_pre)\.(weight|bias)$")
 _CONV = re.compile(r"(^|\.)patch_embed\.proj\.weight$")
 
 

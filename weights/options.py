@@ -32,11 +32,12 @@ class Option:
     big_vision: str | None = None
     open_clip: str | None = None
     family: bool = True  # False: an option of the original ViT itself (every layout's question, not a port's)
+    timm_name: str | None = ""  # timm's keyword where it is not the field's name; None: timm has none
 
     @property
-    def timm(self) -> str:
-        """timm's ``VisionTransformer`` keyword: the field's own name, always."""
-        return self.field
+    def timm(self) -> str | None:
+        """timm's ``VisionTransformer`` keyword: the field's own name unless the table says otherwise."""
+        return self.field if self.timm_name == "" else self.timm_name
 
 
 def _every(value, *layouts) -> dict[str, tuple]:
@@ -186,6 +187,46 @@ OPTIONS: tuple[Option, ...] = (
         False,
         False,
         "images of any size divisible by the patch, the position table resampled to their grid",
+    ),
+    Option(
+        "pos_embed",
+        "learn",
+        "learn",
+        "the position embedding: a learned table ('learn'), the fixed 2-D sin-cos table of SimpleViT computed "
+        "at the grid ('sincos'), or none ('none')",
+        holds=_every(("learn",), "npz", "open_clip", *HF_FAMILY),
+    ),
+    Option(
+        "patch_norm",
+        False,
+        False,
+        "a LayerNorm over each raw patch, flattened (c p1 p2), before the projection (vit-pytorch, x-transformers)",
+        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+        timm_name=None,
+    ),
+    Option(
+        "embed_norm",
+        False,
+        False,
+        "a LayerNorm after the patch projection, patch_embed.norm (vit-pytorch, x-transformers)",
+        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+        timm_name="embed_norm_layer",
+    ),
+    Option(
+        "pool_include_prefix",
+        False,
+        False,
+        "the reducing pools average the class and register tokens too (vit-pytorch's 'mean')",
+        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+    ),
+    Option(
+        "mlp_bias",
+        None,
+        (None,),
+        "the MLP's biases on their own (None: as proj_bias, timm's coupling; SimpleViT: proj_bias=False, "
+        "mlp_bias=True)",
+        holds=_every((None,), "npz", "open_clip", *HF_FAMILY),
+        timm_name=None,
     ),
 )
 

@@ -246,7 +246,7 @@ def _tokens_column_major(name, t, images, s, config):
 def _class_token_without_pos_embed(name, t, images, s, config):
     if name != "embed":
         return None
-    x = t["patch_embed"] + s["pos_embed"][:, config.num_prefix_tokens :]
+    x = t[stage_inputs("embed", config)[0]] + s["pos_embed"][:, config.num_prefix_tokens :]
     cls = np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2]))
     return np.concatenate([cls, x], 1)
 
@@ -257,7 +257,7 @@ def _pos_embed_not_offset(name, t, images, s, config):
     patches alone (no_embed_class) read on one that covers the prefix tokens too."""
     if name != "embed":
         return None
-    x = t["patch_embed"]
+    x = t[stage_inputs("embed", config)[0]]
     prefix = prefix_tokens(s, x.shape[0])
     return np.concatenate(prefix + [x + s["pos_embed"][:, : x.shape[1]]], 1)
 
@@ -267,10 +267,14 @@ def _registers_without_pos_embed(name, t, images, s, config):
     the registers get no position entries (the class token and the patches theirs)."""
     if name != "embed":
         return None
-    x, pos = t["patch_embed"], s["pos_embed"]
+    x, pos = t[stage_inputs("embed", config)[0]], s["pos_embed"]
     cls = np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2])) + pos[:, :1]
     regs = np.broadcast_to(s["reg_token"], (x.shape[0], *s["reg_token"].shape[1:]))
     return np.concatenate([cls, regs, x + pos[:, config.num_prefix_tokens :]], 1)
+
+
+def _learned(config) -> bool:
+    return config.pos_embed == "learn"
 
 
 def _pos_embed_scaled(factor: float):
@@ -303,7 +307,7 @@ def _pos_embed_without_antialias(name, t, images, s, config):
     Rh, Rw = _bicubic_matrix(gh, grid[0]), _bicubic_matrix(gw, grid[1])
     new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
     pos = np.concatenate([pos[:, :n], new], 1)
-    x = t["patch_embed"]
+    x = t[stage_inputs("embed", config)[0]]
     prefix = prefix_tokens(s, x.shape[0])
     if config.no_embed_class:
         return np.concatenate(prefix + [x + pos], 1)
@@ -512,33 +516,35 @@ CLASSES: tuple[BugClass, ...] = (
              "load patch_embed.proj.bias", state=_bias_dropped("patch_embed.proj.bias")),
     # embeddings
     BugClass("pos_embed_missing", ("embed",), "no position embedding", "add pos_embed to the tokens",
-             state=_pos_embed_scaled(0.0)),
+             state=_pos_embed_scaled(0.0), when=_learned),
     BugClass("pos_embed_added_twice", ("embed",), "the position embedding added twice",
-             "add pos_embed once", state=_pos_embed_scaled(2.0)),
+             "add pos_embed once", state=_pos_embed_scaled(2.0), when=_learned),
     BugClass("class_token_without_pos_embed", ("embed",),
              "the class token prepended after the position embedding (big_vision's order)",
              "timm adds pos_embed[:, 0] to the class token: prepend it, then add the position embedding",
-             stage=_class_token_without_pos_embed, when=lambda c: c.class_token and not c.no_embed_class),
+             stage=_class_token_without_pos_embed, when=lambda c: c.class_token and c.prefix_pos),
     BugClass("pos_embed_not_offset_by_prefix", ("embed",),
              "the patch tokens given the position embedding's first entries (pos_embed[:, :num_patches]), "
              "the class and register tokens none",
              "with no_embed_class=False pos_embed covers the prefix tokens first: the patches take "
              "pos_embed[:, num_prefix_tokens:]",
-             stage=_pos_embed_not_offset, when=lambda c: c.num_prefix_tokens > 0 and not c.no_embed_class),
+             stage=_pos_embed_not_offset, when=lambda c: c.num_prefix_tokens > 0 and c.prefix_pos),
     BugClass("registers_without_pos_embed", ("embed",),
              "the registers inserted after the position embedding was added (no position entries)",
              "with no_embed_class=False timm concatenates [cls, registers, patches], then adds pos_embed: "
              "the registers take pos_embed[:, 1:1 + reg_tokens]",
              stage=_registers_without_pos_embed,
-             when=lambda c: c.reg_tokens > 0 and c.class_token and not c.no_embed_class),
+             when=lambda c: c.reg_tokens > 0 and c.class_token and c.prefix_pos),
     BugClass("pos_embed_resampled_without_antialias", ("embed",),
              "the position grid resampled bicubic without antialias",
              "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True)",
-             stage=_pos_embed_without_antialias, when=lambda c: c.dynamic_img_size),
+             stage=_pos_embed_without_antialias, when=lambda c: c.dynamic_img_size and _learned(c)),
     # pooling
     BugClass("mean_pool_over_every_token", ("pooled",), "the mean over every token, the class token included",
-             "global_pool='token' takes x[:, 0]; 'avg' the mean over the patch tokens x[:, num_prefix_tokens:]",
-             stage=_pooled(lambda x, c: x.mean(1), lambda x, c: x)),
+             "global_pool='token' takes x[:, 0]; 'avg' the mean over the patch tokens x[:, num_prefix_tokens:] "
+             "(a model meant to average them all, vit-pytorch's 'mean': pool_include_prefix=True)",
+             stage=_pooled(lambda x, c: x.mean(1), lambda x, c: x),
+             when=lambda c: not (c.pool_include_prefix and c.global_pool == "avg")),
     BugClass("mean_pool_skipping_only_the_class_token", ("pooled",),
              "the mean over every token but the class token (registers averaged in)",
              "average the patch tokens only: x[:, num_prefix_tokens:] (1 + reg_tokens prefix tokens)",

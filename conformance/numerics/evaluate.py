@@ -101,6 +101,23 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
     return new, np.concatenate([np.zeros_like(pos[:, :n]), bound], 1)
 
 
+def _unlearned_pos_embed(x, s, config: ViTConfig, images, p: Precision):
+    """The patches plus the fixed sin-cos table (or nothing), the prefix tokens before them as
+    stored. The table is computed in float32: w_i from a division, a power and a reciprocal, the
+    angle a product (about 4 u |angle| together), sin and cos each rounded (u), then stored in the
+    dtype."""
+    prefix = prefix_tokens(s, x.shape[0])
+    if config.pos_embed == "none":
+        y, bound = x, p.output * np.abs(x)
+    else:
+        grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+        pos = O.sincos_2d_pos_embed(grid, config.embed_dim)
+        y, bound = _sum(x, pos, p)
+        angles = O.sincos_2d_angles(grid, config.embed_dim)[None]
+        bound = bound + p.compute * (4.0 * np.abs(angles) + 1.0) + p.storage * np.abs(pos)
+    return np.concatenate(prefix + [y], 1), np.concatenate([p.storage * np.abs(a) for a in prefix] + [bound], 1)
+
+
 def _sum(a, b, p: Precision):
     """a + b, a a tap the port may have held more precisely than it emits (one rounding of it)."""
     y = a + b
@@ -137,16 +154,20 @@ def evaluate(
 def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Precision):
     """The stages outside the blocks: the embedding, the final norm, the pooling, the head."""
     eps = config.norm_eps
+    if name == "patch_embed.patch_norm":  # the images rounded to the dtype, then normalised
+        patches = O.to_patches(images, config.patch_size)
+        w, b = s["patch_embed.patch_norm.weight"], s["patch_embed.patch_norm.bias"]
+        return layer_norm(patches, w, b, eps, p, dx=p.storage * np.abs(patches))
     if name == "patch_embed":
-        (ph, pw), w = config.patch_size, s["patch_embed.proj.weight"]
-        B, C, Hi, Wi = images.shape
-        images = images[:, :, : Hi // ph * ph, : Wi // pw * pw]  # the convolution leaves the remainder unread
-        patches = (
-            images.reshape(B, C, Hi // ph, ph, Wi // pw, pw).transpose(0, 2, 4, 1, 3, 5).reshape(B, -1, C * ph * pw)
-        )
+        w = s["patch_embed.proj.weight"]
+        patches = t["patch_embed.patch_norm"] if config.patch_norm else O.to_patches(images, config.patch_size)
         return linear(patches, w.reshape(w.shape[0], -1), s.get("patch_embed.proj.bias"), p)
+    if name == "patch_embed.norm":
+        return layer_norm(t["patch_embed"], s["patch_embed.norm.weight"], s["patch_embed.norm.bias"], eps, p)
+    if name == "embed" and config.pos_embed != "learn":
+        return _unlearned_pos_embed(t[stage_inputs(name, config)[0]], s, config, images, p)
     if name == "embed":
-        x = t["patch_embed"]
+        x = t[stage_inputs(name, config)[0]]
         pos, dpos = _resampled_pos_embed(s["pos_embed"], config, images, p)
         prefix = prefix_tokens(s, x.shape[0])
         if config.no_embed_class:  # the prefix tokens pass as stored: one rounding to the dtype
@@ -169,7 +190,8 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
             y = t[_features(config)][:, 0]
             dy = p.inputs * np.abs(y)
         else:
-            y, dy = _pool(t[_features(config)][:, config.num_prefix_tokens :], config, p)
+            start = 0 if config.pool_include_prefix else config.num_prefix_tokens
+            y, dy = _pool(t[_features(config)][:, start:], config, p)
         if not config.use_fc_norm:
             return y, dy + p.output * np.abs(y)
         return layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], eps, p, dx=dy)

@@ -97,7 +97,7 @@ class AttentionFusedDropout(T.Attention):
 class PatchEmbedColumnMajor(T.PatchEmbed):
     """Tokens flattened column-major: flatten over (w, h) instead of (h, w)."""
 
-    def forward(self, x):
+    def project(self, x, taps=None, name="patch_embed"):
         return self.proj(x).transpose(2, 3).flatten(2).transpose(1, 2)
 
 
@@ -105,7 +105,7 @@ class PatchEmbedRearrangeS1S2C(T.PatchEmbed):
     """Seed post 002's linear patch embedding, 'b c (h s1) (w s2) -> b (h w) (s1 s2 c)', fed the
     conv kernel flattened as (c, s1, s2): the orders disagree as soon as in_chans > 1."""
 
-    def forward(self, x):
+    def project(self, x, taps=None, name="patch_embed"):
         ph, pw = self.patch_size
         patches = rearrange(x, "b c (h s1) (w s2) -> b (h w) (s1 s2 c)", s1=ph, s2=pw)
         w = self.proj.weight.reshape(self.proj.weight.shape[0], -1)
