@@ -19,13 +19,15 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     ``rates``: timm's dropout and drop-path rates (drop_rate, attn_drop_rate, drop_path_rate, ...)."""
     import torch
     from timm.layers import Mlp, SwiGLU, SwiGLUPacked
+    from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
     mlp_layer = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}[config.mlp_layer]
     # with a state to load, built without storage or timm's init (drawing ViT-B's takes a second),
     # then given the state's tensors: a strict load leaves nothing on the meta device
     with torch.device("meta") if state is not None else contextlib.nullcontext():
-        model = _timm_model(VisionTransformer, config, mlp_layer, state is not None, rates)
+        model_cls = VisionTransformerDistilled if config.distilled else VisionTransformer
+        model = _timm_model(model_cls, config, mlp_layer, state is not None, rates)
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):
             module.eps = config.norm_eps

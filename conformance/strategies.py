@@ -49,7 +49,18 @@ def family_options(draw) -> dict:
         embed_norm=draw(st.booleans()),
         pool_include_prefix=draw(st.booleans()),
         mlp_bias=draw(st.sampled_from([None, None, True, False])),
+        distilled=draw(st.booleans()),
     )
+
+
+def _consistent(values: dict) -> dict:
+    """Drawn options moved to a valid config: the sin-cos table needs two frequencies of each of x
+    and y; the distillation head reads the class and distillation tokens alone."""
+    if values.get("pos_embed") == "sincos" and (values["embed_dim"] % 4 or values["embed_dim"] < 8):
+        values["pos_embed"] = "learn"
+    if values.get("distilled") and (values["global_pool"] != "token" or values.get("reg_tokens")):
+        values["distilled"] = False
+    return values
 
 
 @st.composite
@@ -92,9 +103,7 @@ def configs(
         qkv_bias=draw(st.booleans()),
     )
     if beyond:
-        values.update(draw(family_options()))
-        if values["pos_embed"] == "sincos" and (values["embed_dim"] % 4 or values["embed_dim"] < 8):
-            values["pos_embed"] = "learn"  # the table needs two frequencies of each of x and y
+        values = _consistent({**values, **draw(family_options())})
         if family != "half":  # the suite's draws: one block shows each option (they act per block alike)
             values["depth"] = 1  # and JAX compiles it in a fraction of the time; the calibration keeps 1 to 3
     if _SUPPORTS is None:
@@ -138,6 +147,7 @@ def family_configs(max_depth: int = 2, **fixed) -> st.SearchStrategy[ViTConfig]:
         }
         if values["global_pool"] == "token" and not values["class_token"]:
             values["class_token"] = True
+        values = _consistent(values)
         try:
             return ViTConfig(**values)
         except ConfigError:

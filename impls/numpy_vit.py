@@ -493,12 +493,16 @@ class VisionTransformer(Module):
             self.fc_norm = LayerNorm(D, eps=config.norm_eps)
         if config.num_classes:
             self.head = Linear(D, config.num_classes)
+        if config.distilled:  # DeiT: a distillation token after the class token, a head of its own
+            self.dist_token = np.zeros((1, 1, D))
+            if config.num_classes:
+                self.head_dist = Linear(D, config.num_classes)
 
     def _pos_embed(self, x, grid):
         B, _, D = x.shape
         c = self.config
-        tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
-        prefix = [np.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class token, then registers
+        tokens = [getattr(self, k) for k in ("cls_token", "dist_token", "reg_token") if hasattr(self, k)]
+        prefix = [np.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class, distillation, registers
         if c.pos_embed == "none":
             return np.concatenate(prefix + [x], axis=1)
         if c.pos_embed == "sincos":  # computed at the grid; the prefix tokens get none
@@ -537,11 +541,24 @@ class VisionTransformer(Module):
         return 0.5 * (x.max(axis=1) + x.mean(axis=1))  # avgmax
 
     def forward_head(self, x, taps=None):
+        if self.config.distilled:
+            return self.forward_head_distilled(x, taps)
         x = self.pool(x, taps)
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
         x = record_tap(taps, "pooled", x)
         x = self.head(x) if self.config.num_classes else x
+        x = record_tap(taps, "logits", x)
+        return x
+
+    def forward_head_distilled(self, x, taps=None):
+        """timm's VisionTransformerDistilled in eval: the mean of the two heads' logits."""
+        x, x_dist = x[:, 0], x[:, 1]
+        x = record_tap(taps, "pooled", x)
+        x_dist = record_tap(taps, "pooled_dist", x_dist)
+        if self.config.num_classes:
+            x, x_dist = self.head(x), self.head_dist(x_dist)
+        x = (x + x_dist) / 2
         x = record_tap(taps, "logits", x)
         return x
 

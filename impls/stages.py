@@ -37,7 +37,8 @@ attention weights see them (``attn.q_norm`` with qk-norm); ``{attn_out}``, ``{ml
 residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
 final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads;
 ``{patch_in}`` what the projection reads (the patch norm, or the images); ``{patches}`` the patch
-embedding's output (``patch_embed.norm`` with ``embed_norm``).
+embedding's output (``patch_embed.norm`` with ``embed_norm``); ``{dist}`` the distillation
+token's features (``distilled``).
 
 Adding a stage is one entry here, its math in ``conformance.numerics.error_model.evaluate``, a tap in
 each of the four ports, and its capture rule (docs/model.md, "Adding a stage").
@@ -106,6 +107,10 @@ def _map(c):
     return c.global_pool == "map"
 
 
+def _distilled(c):
+    return c.distilled
+
+
 def _patch_norm(c):
     return c.patch_norm
 
@@ -128,7 +133,8 @@ MODEL_IN = (
           note='the projection, before prefix tokens and position'),
     Stage("patch_embed.norm", "patch_embed.norm", ("patch_embed",), "B P D", when=_embed_norm,
           params=("patch_embed.norm",), capture="out:patch_embed.norm", note="timm's `embed_norm_layer`"),
-    Stage("embed", "embed", ("{patches}",), "B N D", params=("pos_embed", "cls_token", "reg_token"), residual=True,
+    Stage("embed", "embed", ("{patches}",), "B N D", params=("pos_embed", "cls_token", "dist_token", "reg_token"),
+          residual=True,
           cotangent="D", capture="in:next", timm="out:pos_drop",
           note='after prefix tokens and position; N = prefix tokens + P'),
     Stage("norm_pre", "norm_pre", ("embed",), "B N D", when=_pre_norm, params=("norm_pre",), residual=True,
@@ -193,8 +199,10 @@ MODEL_OUT = (
     Stage("pooled", "pooled", ("{pool_in}",), "B D", params=("fc_norm",), cotangent="classes", capture="head",
           timm="in:head",
           note="the head's input (after `fc_norm` where there is one)"),
-    Stage("logits", "logits", ("pooled",), "B classes", params=("head",), contraction=True, capture="return",
-          timm="return"),
+    Stage("pooled_dist", "pooled_dist", ("{features}",), "B D", when=_distilled, cotangent="classes",
+          capture="in:head_dist", timm="in:head_dist", note="the distillation token: head_dist's input"),
+    Stage("logits", "logits", ("pooled", "{dist}"), "B classes", params=("head", "head_dist"), contraction=True,
+          capture="return", timm="return", note="with `distilled`: the mean of head's and head_dist's"),
 )
 # fmt: on
 STAGES = MODEL_IN + BLOCK + MODEL_OUT
@@ -276,6 +284,7 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
         "{pool_in}": "attn_pool" if config.global_pool == "map" else features,
         "{patch_in}": "patch_embed.patch_norm" if config.patch_norm else "",
         "{patches}": "patch_embed.norm" if config.embed_norm else "patch_embed",
+        "{dist}": "pooled_dist" if config.distilled else "",
     }
 
     def resolve(pattern: str) -> str:
@@ -337,6 +346,7 @@ OPTIONS = {
     _map: '`global_pool="map"`',
     _patch_norm: "`patch_norm`",
     _embed_norm: "`embed_norm`",
+    _distilled: "`distilled`",
 }
 
 CONTRACTIONS = frozenset(s.kind for s in STAGES if s.contraction)

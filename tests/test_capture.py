@@ -474,16 +474,95 @@ def test_a_parameter_with_no_elements_is_not_a_weight_left_unfilled():
     assert stage == "load" and "left at the model's initial values: cls_like" in reason
 
 
-def test_blocks_written_as_a_module_list_are_read_and_judged_as_timm_s():
-    """vit-pytorch's Transformer, unmodified: each block an nn.ModuleList([Attention, FeedForward])
-    whose residuals the parent adds (the list is never called), an nn.Softmax module. Every
-    stage is read (the block's input is its attention's, its output the next block's input or the
-    final norm's) and the model is conformant; before, 'the module that holds its weights was never
-    called' at embed. The companion: its attention scale doubled in block 0 is located there."""
-    from tests.data.vit_pytorch_port import port, scale_bug_port
+VIT_PYTORCH = {
+    "vit_cls": "VIT_CLS",  # each model of vit-pytorch, and the options that express it
+    "vit_mean": "VIT_MEAN",
+    "simple": "SIMPLE",
+}
 
-    config = get_config("vit_test_token").replace(qkv_bias=False, norm_eps=1e-5)
-    report = verify(port, config, cases=quick_cases(config))
-    assert report.conformant and len(report.stages) == 25 and report.unseen == {}, format_report(report)
-    bug = verify(scale_bug_port, config, cases=quick_cases(config))
+
+@pytest.mark.parametrize("name", list(VIT_PYTORCH))
+def test_vit_pytorch_models_unmodified_are_conformant_and_their_bugs_located(name):
+    """lucidrains' ViT (pool 'cls' and 'mean') and SimpleViT, unmodified, with the options that
+    express them (a norm on the raw patches flattened (p1 p2 c) and one after the Linear
+    projection, a fixed sin-cos table, the attention output without bias beside an MLP with
+    biases): every stage read from modules as the author wrote them (each block an
+    nn.ModuleList([Attention, FeedForward]) whose residuals the parent adds) and within its
+    bound. The companions: the attention scale doubled in block 0 is located at its weights, one
+    LayerNorm shared by both branches at block 0's norm1."""
+    import tests.data.vit_pytorch_port as V
+
+    config = get_config("vit_test_token").replace(**getattr(V, VIT_PYTORCH[name]))
+    report = verify(getattr(V, name), config, cases=quick_cases(config))
+    assert report.conformant and len(report.stages) == 27 and report.unseen == {}, format_report(report)
+    bug = verify(getattr(V, f"{name}_scale_bug"), config, cases=quick_cases(config))
     assert bug.first_divergence == "blocks.0.attn.weights", format_report(bug)
+    shared = verify(getattr(V, f"{name}_shared_norm"), config, cases=quick_cases(config))
+    assert shared.first_divergence == "blocks.0.norm1", format_report(shared)
+
+
+def test_a_vit_pytorch_model_in_bfloat16_is_conformant():
+    import tests.data.vit_pytorch_port as V
+
+    config = get_config("vit_test_token").replace(**V.SIMPLE)
+    report = verify(V.simple, config, cases=quick_cases(config), dtype="bfloat16")
+    assert report.conformant and len(report.stages) == 27, format_report(report)
+
+
+@pytest.mark.parametrize(
+    "name, lines",
+    [
+        ("vit_cls", ("qkv_bias=false", "patch_norm=true", "embed_norm=true")),
+        (
+            "simple",
+            (
+                "proj_bias=false with mlp_bias=true",
+                "class_token=false",
+                "pos_embed='sincos'",
+                "qkv_bias=false",
+                "patch_norm=true",
+                "embed_norm=true",
+            ),
+        ),
+    ],
+)
+def test_a_vit_pytorch_model_on_the_default_config_is_not_expressible_one_line_per_option(name, lines):
+    """Without the options, exit 2 (NotExpressible), never NOT CONFORMANT at load: one line per
+    option the model needs, each naming it, and no line left over about unfilled parameters."""
+    from conformance.capture.expressible import NotExpressible
+    import tests.data.vit_pytorch_port as V
+
+    build, rename = (V.vit, V.VIT_RENAME) if name == "vit_cls" else (V.simple_vit, V.SIMPLE_RENAME)
+    config = get_config("vit_test_token")
+    with pytest.raises(NotExpressible) as e:
+        ModelPort(build, rename=rename, patch_order="p1 p2 c")(config, init_state(config))
+    body = str(e.value).splitlines()[1:]
+    assert len(body) == len(lines) and all(sum(want in line for line in body) == 1 for want in lines), str(e.value)
+    assert not any("no canonical key fills" in line for line in body), str(e.value)
+
+
+def test_transformers_deit_with_teacher_unmodified_is_conformant_and_its_bugs_located():
+    """DeiTForImageClassificationWithTeacher (the distillation token, two classifiers, the logits
+    their mean) with distilled=True: conformant in float32 and bfloat16 with every stage read
+    but the attention weights (computed inside F.scaled_dot_product_attention); the attention
+    scale doubled in block 0 is located at its output, a LayerNorm shared by block 0's branches
+    at its norm1."""
+    from conformance.examples.hf_vit import deit_port
+    from tests.data.hf_deit_ports import scale_bug_port, shared_norm_port
+
+    config = config_for(deit_port, get_config("vit_test_distilled"))
+    for dtype in ("float32", "bfloat16"):
+        report = verify(deit_port, config, cases=quick_cases(config), dtype=dtype)
+        assert report.conformant and len(report.stages) == 24, format_report(report)
+        assert {"pooled", "pooled_dist", "logits"} <= {s.name for s in report.stages}
+    assert verify(scale_bug_port, config, cases=quick_cases(config)).first_divergence == "blocks.0.attn"
+    assert verify(shared_norm_port, config, cases=quick_cases(config)).first_divergence == "blocks.0.norm1"
+
+
+def test_deit_on_a_config_without_its_distillation_token_is_not_expressible():
+    from conformance.capture.expressible import NotExpressible
+    from conformance.examples.hf_vit import build_deit, deit_convert
+
+    config = get_config("vit_test_token_square")
+    with pytest.raises(NotExpressible, match="reads dist_token: distilled=true expresses it"):
+        ModelPort(build_deit, convert=deit_convert)(config, init_state(config))

@@ -209,6 +209,7 @@ FAMILY_PRESETS = {
     "vit_so400m_patch14_siglip_384": ("vit_so400m_patch14_siglip_384", {}),
     "vit_base_patch16_siglip_gap_224": ("vit_base_patch16_siglip_gap_224", {}),
     "deit3_small_patch16_224": ("deit3_small_patch16_224", {}),
+    "deit_small_distilled_patch16_224": ("deit_small_distilled_patch16_224", {}),
     "vit_small_patch16_qknorm_224": ("vit_small_patch16_224", {"qk_norm": True}),
 }
 
@@ -287,7 +288,11 @@ RUNNABLE = [n for n in FAMILY_PRESETS if n != "vit_giant_patch14_dinov2" and "la
 
 # In ci one preset of each kind, each on one framework port in turn (drawn family configs run
 # on all three in test_model); the thorough profile runs every preset on every port.
-CI_PRESETS = {"vit_small_patch14_reg4_dinov2": "torch", "vit_base_patch16_siglip_224": "mlx"}
+CI_PRESETS = {
+    "vit_small_patch14_reg4_dinov2": "torch",
+    "vit_base_patch16_siglip_224": "mlx",
+    "deit_small_distilled_patch16_224": "jax",
+}
 
 
 @pytest.mark.parametrize("name", RUNNABLE if heavy() else list(CI_PRESETS))

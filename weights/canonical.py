@@ -33,6 +33,8 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes["reg_token"] = (1, config.reg_tokens, D)
     if config.pos_embed == "learn":
         shapes["pos_embed"] = (1, config.embed_len, D)
+    if config.distilled:  # the root's parameters come first in timm's state_dict, in the order set
+        shapes["dist_token"] = (1, 1, D)
     if config.patch_norm:
         shapes["patch_embed.patch_norm.weight"] = (config.patch_dim,)
         shapes["patch_embed.patch_norm.bias"] = (config.patch_dim,)
@@ -86,6 +88,9 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     if config.num_classes:
         shapes["head.weight"] = (config.num_classes, D)
         shapes["head.bias"] = (config.num_classes,)
+    if config.distilled and config.num_classes:  # timm's VisionTransformerDistilled: after its parent's
+        shapes["head_dist.weight"] = (config.num_classes, D)
+        shapes["head_dist.bias"] = (config.num_classes,)
     return shapes
 
 

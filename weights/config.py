@@ -37,6 +37,9 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   conv kernel is, ``(c p1 p2)``, before the projection; ``embed_norm``: one
   (``patch_embed.norm``, timm's ``embed_norm_layer``) after it (vit-pytorch, x-transformers).
 * ``pool_include_prefix``: the reducing pools take the prefix tokens too (vit-pytorch's mean).
+* ``distilled``: DeiT's distillation token (``dist_token``, after the class token) and its head
+  (``head_dist``); the logits are the mean of the two heads' (timm's ``VisionTransformerDistilled``
+  in eval).
 * ``mlp_bias``: the MLP's biases apart from ``attn.proj``'s (None: as ``proj_bias``, timm's
   coupling; SimpleViT has ``proj_bias=False, mlp_bias=True``).
 """
@@ -130,6 +133,7 @@ class ViTConfig:
     embed_norm: bool = False
     pool_include_prefix: bool = False
     mlp_bias: bool | None = None
+    distilled: bool = False
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +196,11 @@ class ViTConfig:
             )
         if self.mlp_bias not in (None, True, False):
             raise ConfigError(f"mlp_bias must be None (as proj_bias), True or False, got {self.mlp_bias!r}")
+        if self.distilled is True and (self.global_pool != "token" or self.reg_tokens):
+            raise ConfigError(
+                "distilled=True (DeiT's distillation token and head_dist) reads the class and distillation "
+                f"tokens: it needs global_pool='token' and no reg_tokens, got {self.global_pool!r} and {self.reg_tokens!r}"
+            )
         if self.mlp_layer == "swiglu_packed" and self.mlp_hidden_dim % 2:
             raise ConfigError(
                 f"mlp_layer='swiglu_packed' splits fc1's {self.mlp_hidden_dim} outputs (embed_dim * "
@@ -208,6 +217,7 @@ class ViTConfig:
             "patch_norm",
             "embed_norm",
             "pool_include_prefix",
+            "distilled",
         ):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
@@ -223,7 +233,7 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return (1 if self.class_token else 0) + self.reg_tokens
+        return (1 if self.class_token else 0) + (1 if self.distilled else 0) + self.reg_tokens
 
     @property
     def embed_len(self) -> int:
@@ -349,6 +359,8 @@ PRESETS: dict[str, ViTConfig] = {
                                              class_token=False, global_pool="map"),
     "vit_base_patch16_siglip_gap_224": ViTConfig(patch_size=16, num_classes=0, embed_dim=768, depth=12,
                                                  num_heads=12, class_token=False, global_pool="avg", fc_norm=False),
+    "deit_small_distilled_patch16_224": ViTConfig(patch_size=16, embed_dim=384, depth=12, num_heads=6,
+                                                  distilled=True),
     "deit3_small_patch16_224": ViTConfig(patch_size=16, embed_dim=384, depth=12, num_heads=6, no_embed_class=True,
                                          init_values=1e-6),
     # timm names no ViT with LayerNorm qk-norm (its qk-norm ViTs use RmsNorm and parallel blocks):
@@ -398,6 +410,16 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_test_siglip": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
         class_token=False, global_pool="map", act_layer="gelu_tanh",
+    ),
+    # timm's keywords for ports as people write them: a norm after the patch projection, no
+    # position table, the mean over every token (the class and register tokens too).
+    "vit_test_embed_norm": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        reg_tokens=1, embed_norm=True, pos_embed="none", global_pool="avg", pool_include_prefix=True,
+    ),
+    "vit_test_distilled": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        distilled=True,
     ),
 }
 # fmt: on

@@ -47,7 +47,7 @@ def init_params(shapes: dict[str, tuple[int, ...]], seed: int = 0, scale: float 
             fan_in = int(np.prod(shape[1:]))  # PyTorch's default conv init, which timm keeps
             bound = scale / np.sqrt(fan_in)
             value = rng.uniform(-bound, bound, size=shape)
-        elif kind == "dense" or key in ("pos_embed", "cls_token", "reg_token", "attn_pool.latent"):
+        elif kind == "dense" or key in ("pos_embed", "cls_token", "dist_token", "reg_token", "attn_pool.latent"):
             value = _trunc_normal(rng, shape, 0.02 * scale)
         elif key.endswith(".gamma"):  # LayerScale: per channel, away from its init value
             value = rng.uniform(0.2, 1.2, size=shape)

@@ -220,6 +220,15 @@ OPTIONS: tuple[Option, ...] = (
         holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
     ),
     Option(
+        "distilled",
+        False,
+        False,
+        "DeiT's distillation token (dist_token, after the class token) and head (head_dist); the logits the mean "
+        "of both heads'",
+        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+        timm_name="VisionTransformerDistilled (a class)",
+    ),
+    Option(
         "mlp_bias",
         None,
         (None,),

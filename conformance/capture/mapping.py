@@ -72,6 +72,42 @@ def unit_axes(value, shape):
     return value
 
 
+PATCH_ORDERS = ("c p1 p2", "p1 p2 c")  # a flattened patch: the conv kernel's order, or einops' channels last
+
+
+def patch_layout(key: str, value, shape, config, order: str | None):
+    """A canonical patch weight in the model's flattened-patch ``order``: the conv kernel
+    (D, C, ph, pw) for a Linear (D, C * ph * pw), and the patch norm's (C * ph * pw,) vectors,
+    which are in (c p1 p2) canonically. Without an order where one is needed, a usage error:
+    no shape tells the two apart."""
+    from conformance.report import UsageError
+
+    to_linear = key == "patch_embed.proj.weight" and value.ndim == 4 and shape is not None and len(shape) == 2
+    if not (to_linear or key.startswith("patch_embed.patch_norm.")):
+        return value
+    if order is None:
+        where = "takes the patch kernel as a Linear" if to_linear else "normalises the raw patches"
+        raise UsageError(
+            f"the model {where} ({key!r} into {tuple(shape) if shape is not None else '?'}): say how it flattens "
+            "a patch, ModelPort(patch_order='p1 p2 c') (einops' 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)') or "
+            "patch_order='c p1 p2' (a conv kernel reshaped)"
+        )
+    C, (ph, pw) = config.in_chans, config.patch_size
+    grid = value.reshape(-1, C, ph, pw)
+    if order == "p1 p2 c":
+        grid = grid.transpose(0, 2, 3, 1)
+    return grid.reshape(value.shape[0], -1) if to_linear else grid.reshape(-1)
+
+
+def patches_to_canonical(x, config, order: str | None):
+    """A tap over flattened patches (..., C * ph * pw) from the model's ``order`` to (c p1 p2)."""
+    if order != "p1 p2 c":
+        return x
+    C, (ph, pw) = config.in_chans, config.patch_size
+    lead = x.shape[:-1]
+    return x.reshape(*lead, ph, pw, C).transpose(*range(len(lead)), -1, -3, -2).reshape(*lead, -1)
+
+
 def module_of(key: str) -> str:
     return key.rpartition(".")[0]
 

@@ -10,8 +10,16 @@ from typing import Any
 import numpy as np
 
 from conformance.capture.adapters import ADAPTERS, BaseAdapter, framework_of
-from conformance.capture.expressible import not_expressible, optional_parts
-from conformance.capture.mapping import LoadError, config_argument, rename_function, unit_axes
+from conformance.capture.expressible import extra_parts, needs_option, not_expressible, optional_parts
+from conformance.capture.mapping import (
+    PATCH_ORDERS,
+    LoadError,
+    config_argument,
+    patch_layout,
+    patches_to_canonical,
+    rename_function,
+    unit_axes,
+)
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.recorder import Recorder, arrays_in
 from conformance.report import ToolError, describe_exception
@@ -53,7 +61,7 @@ def _absent(key: str, config: ViTConfig) -> str:
     why = "this config has no such key (weights.expected_shapes lists them)"
     if key.startswith("norm.") and config.use_fc_norm:
         why = f"timm moves the final norm after the pooling (fc_norm.{key.partition('.')[2]}) when global_pool={config.global_pool!r}"
-    elif key in ("cls_token", "reg_token", "pos_embed") or key.startswith("head."):
+    elif key in ("cls_token", "dist_token", "reg_token", "pos_embed") or key.startswith(("head.", "head_dist.")):
         why = f"this config has none (class_token={config.class_token}, reg_tokens={config.reg_tokens}, num_classes={config.num_classes})"
     return f"the convert reads {key!r}, which the canonical state does not hold: {why}"
 
@@ -74,6 +82,9 @@ class ModelPort:
     call_kwargs: passed to every call of the model (``train=False``, ``deterministic=True``).
     autocast: a PyTorch model keeps float32 weights and runs under ``torch.autocast`` in the
     dtype asked for (bfloat16, float16): mixed precision as PyTorch users run it.
+    patch_order: how the model flattens a patch where it does (a Linear patch embedding, a norm
+    over raw patches): "p1 p2 c" (einops' channels last) or "c p1 p2" (a conv kernel reshaped);
+    rename= lays out the conv kernel and the patch norm's weights in it.
 
     ``build`` is called as ``build(config, dtype=...)`` when it takes ``dtype`` (then the model
     chooses each parameter's precision: Flax ``dtype``/``param_dtype``, Hugging Face
@@ -91,10 +102,13 @@ class ModelPort:
     supports: Any = None
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
     autocast: bool = False
+    patch_order: str | None = None
 
     def __post_init__(self):
         if (self.rename is None) == (self.convert is None):
             raise TypeError("ModelPort needs exactly one of rename= (names) or convert= (a state -> state function)")
+        if self.patch_order not in (None, *PATCH_ORDERS):
+            raise ValueError(f"patch_order must be one of {PATCH_ORDERS} (or None), got {self.patch_order!r}")
         if self.images not in ("NCHW", "NHWC"):
             raise ValueError(f"images must be 'NCHW' or 'NHWC', got {self.images!r}")
 
@@ -120,9 +134,9 @@ class ModelPort:
             if (
                 isinstance(key, str)
                 and key not in state
-                and ("." in key or key in ("cls_token", "reg_token", "pos_embed"))
+                and ("." in key or key in ("cls_token", "dist_token", "reg_token", "pos_embed"))
             ):
-                raise LoadError(_absent(key, config)) from None
+                raise needs_option(key) or LoadError(_absent(key, config)) from None
             raise
 
     def _build(self, config: ViTConfig, dtype: str):
@@ -171,14 +185,15 @@ class ModelPort:
                 source[mk] = k
                 if mk in arrays:
                     raise LoadError(f"the rename sends two canonical keys to {mk!r} (the second is {k!r})")
-                arrays[mk] = adapter.native(mk, np.asarray(v), params.get(mk, np.shape(v)))
+                shape = params.get(mk, np.shape(v))
+                arrays[mk] = adapter.native(mk, patch_layout(k, np.asarray(v), shape, config, self.patch_order), shape)
         else:
             # in the model's own layouts, but for size-1 axes (a (1, 1, D) class token for a (1, D) one)
             arrays = {k: unit_axes(np.asarray(v), params.get(k)) for k, v in self._convert(dict(state), config).items()}
         unknown = sorted(set(arrays) - set(params))
         homeless = [source.get(k, k) for k in unknown]
         if unknown and optional_parts(homeless):  # the model lacks parts the config names
-            raise not_expressible(homeless, sorted(set(params) - set(arrays)))
+            raise self._unexpressed(homeless, self.key_map(state, config), adapter, config)
         if unknown:
             import difflib
 
@@ -201,6 +216,19 @@ class ModelPort:
         # a parameter with no elements (vit-pytorch's (0, D) class token under mean pooling) holds no value
         return arrays, [k for k in unfilled if int(np.prod(params[k])) > 0]
 
+    def _unexpressed(self, dropped, key_map, adapter: BaseAdapter, config: ViTConfig):
+        """The answer for a model the config does not describe: the canonical keys it has no place
+        for, and its parameters no canonical key fills (those an option adds named)."""
+        params = adapter.params()
+        targets = {adapter.resolve(m, params) for ms in key_map.values() for m in ms}
+        extra = sorted(k for k in set(params) - targets if int(np.prod(params[k])) > 0)
+        shapes = dict(params)
+        if key_map.get("patch_embed.proj.weight"):
+            shapes["patch_embed.proj"] = adapter.resolve(key_map["patch_embed.proj.weight"][0], params).rpartition(".")[
+                0
+            ]
+        return not_expressible(dropped, extra, shapes, config)
+
     # -- the factory
 
     def __call__(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
@@ -219,8 +247,10 @@ class ModelPort:
         key_map = self.key_map(state, config)
         dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))
         if dropped:  # the config names parts the model lacks: not a finding about the port
-            raise not_expressible(dropped)
+            raise self._unexpressed(dropped, key_map, adapter, config)
         arrays, unfilled = self.mapped(state, adapter, config)
+        if extra_parts(unfilled, adapter.params(), config):  # the model has parts the config does not name
+            raise self._unexpressed([], key_map, adapter, config)
         mixed = self.autocast and dtype != "float32"
         adapter.load(arrays, dtype, cast=not (chosen or self.autocast))
         if mixed:
@@ -443,6 +473,8 @@ class CapturedForward:
                     x = x.reshape(B, -1, c.embed_dim)
             if source.shape == "heads":
                 x = _heads(x, c)
+            if source.shape == "patch_order":
+                x = patches_to_canonical(x, c, self.port.patch_order)
             if not source.shape and x.ndim == 3 and x.shape[:2] == (rec.N, B) != (B, rec.N):
                 # a sequence-first residual stream (OpenAI's CLIP, nn.MultiheadAttention(batch_first=False))
                 x, where = x.swapaxes(0, 1), f"{where}, sequence first (N, B, D)"

@@ -583,5 +583,9 @@ CLASSES: tuple[BugClass, ...] = (
              state=_bias_dropped("mlp.fc2.bias")),
     BugClass("head_bias_dropped", ("logits",), "the head without its bias", "load head.bias",
              state=_bias_dropped("head.bias"), when=lambda c: c.num_classes > 0),
+    BugClass("distillation_head_dropped", ("logits",), "the class token's head alone (no distillation head)",
+             "DeiT's logits are (head(x[:, 0]) + head_dist(x[:, 1])) / 2: DeiTForImageClassificationWithTeacher",
+             stage=lambda n, t, i, s, c: t["pooled"] @ s["head.weight"].T + s["head.bias"] if n == "logits" else None,
+             when=lambda c: c.distilled and c.num_classes > 0),
 )
 # fmt: on

@@ -4,7 +4,8 @@ gives the weight mapping from the canonical (timm) names, as a ``ModelPort`` nam
     python -m conformance verify conformance.examples.timm_vit:port --preset vit_tiny_patch16_224
 
 timm_vit            timm's VisionTransformer (names are timm's: an empty rename), also under torch.autocast
-hf_vit              transformers' ViTForImageClassification, ViTModel, CLIPVisionModel, SiglipVisionModel
+hf_vit              transformers' ViTForImageClassification, ViTModel, CLIPVisionModel, SiglipVisionModel,
+                    DeiTForImageClassificationWithTeacher (DeiT's distilled model)
 mlx_image_vit       mlx-image's VisionTransformer (MLX, NHWC, separate q/k/v projections)
 nnx_vit             a Flax NNX ViT built on nnx.MultiHeadAttention (LinearGeneral kernels)
 linen_vit           a Flax linen ViT with the original ViT checkpoints' module names

@@ -114,3 +114,32 @@ siglip_port = ModelPort(
         "square_patches": True,
     },
 )
+
+
+def deit_convert(state):
+    """DeiT's distilled model: the ViT's names under ``deit.``, the distillation token beside the
+    class token, cls_classifier and distillation_classifier for head and head_dist."""
+    vit = {k: v for k, v in state.items() if not k.startswith(("dist_token", "head"))}
+    out = convert(vit, prefix="deit.", head=False)
+    out["deit.embeddings.distillation_token"] = state["dist_token"]
+    for ours, theirs in (("head", "cls_classifier"), ("head_dist", "distillation_classifier")):
+        for leaf in ("weight", "bias"):
+            out[f"{theirs}.{leaf}"] = state[f"{ours}.{leaf}"]
+    return out
+
+
+def build_deit(config):
+    from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
+
+    settings = vit_config_to_hf(config.replace(distilled=False))  # DeiT's config is ViT's
+    settings.pop("architectures"), settings.pop("model_type")
+    return DeiTForImageClassificationWithTeacher(DeiTConfig(**settings)).eval()
+
+
+# DeiTForImageClassificationWithTeacher: the logits are the mean of its two classifiers'.
+deit_port = ModelPort(
+    build_deit,
+    convert=deit_convert,
+    output=lambda out: out.logits,
+    supports={**SUPPORTS, "distilled": True},
+)

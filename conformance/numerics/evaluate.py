@@ -20,8 +20,10 @@ from conformance.numerics.roundings import Precision
 
 
 def prefix_tokens(s, batch: int) -> list:
-    """The class token, then the registers, each broadcast over the batch (those the state has)."""
-    return [np.broadcast_to(s[k], (batch, *s[k].shape[1:])) for k in ("cls_token", "reg_token") if k in s]
+    """The class token, the distillation token, then the registers, each broadcast over the batch
+    (those the state has)."""
+    keys = ("cls_token", "dist_token", "reg_token")
+    return [np.broadcast_to(s[k], (batch, *s[k].shape[1:])) for k in keys if k in s]
 
 
 def _prev(i: int, config: ViTConfig) -> str:
@@ -118,6 +120,21 @@ def _unlearned_pos_embed(x, s, config: ViTConfig, images, p: Precision):
     return np.concatenate(prefix + [y], 1), np.concatenate([p.storage * np.abs(a) for a in prefix] + [bound], 1)
 
 
+def _distilled_logits(t, s, config: ViTConfig, p: Precision):
+    """The mean of the class token's and the distillation token's heads (or of the two tokens,
+    headless): each head's bound, halved, and the sum's rounding (the halving is exact)."""
+    if config.num_classes:
+        (a, da), (b, db) = (
+            linear(t["pooled"], s["head.weight"], s["head.bias"], p),
+            linear(t["pooled_dist"], s["head_dist.weight"], s["head_dist.bias"], p),
+        )
+    else:
+        (a, b) = t["pooled"], t["pooled_dist"]
+        da, db = p.inputs * np.abs(a), p.inputs * np.abs(b)
+    y = (a + b) / 2
+    return y, (da + db) / 2 + p.output * np.abs(y)
+
+
 def _sum(a, b, p: Precision):
     """a + b, a a tap the port may have held more precisely than it emits (one rounding of it)."""
     y = a + b
@@ -195,6 +212,11 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
         if not config.use_fc_norm:
             return y, dy + p.output * np.abs(y)
         return layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], eps, p, dx=dy)
+    if name == "pooled_dist":
+        y = t[_features(config)][:, 1]
+        return y, p.inputs * np.abs(y)
+    if name == "logits" and config.distilled:
+        return _distilled_logits(t, s, config, p)
     if name == "logits":
         if not config.num_classes:
             return t["pooled"], p.storage * np.abs(t["pooled"])

@@ -129,6 +129,10 @@ _ALL = [
            "mean over all tokens where timm pools the class token", "huggingface/pytorch-image-models#2543",
            "pooled", note="token pooling only",
            bug_class="mean_pool_over_every_token"),
+    Mutant("torch_distillation_head_unused", "torch", f"{_T}:distillation_head_unused",
+           "a distilled DeiT's logits from its class token's head alone (a classifier without the teacher "
+           "head run on a distilled checkpoint)", "DeiT's two heads (timm VisionTransformerDistilled)", "logits",
+           config="vit_test_distilled", plugin_in_ci=False, bug_class="distillation_head_dropped"),
     Mutant("mlx_extra_layernorm_in_mlp", "mlx", f"{_M}:extra_layernorm_in_mlp",
            "an extra LayerNorm(hidden) inside the MLP, at its default init", "seed post 000", "blocks.0.mlp",
            bug_class="extra_layernorm_in_mlp"),

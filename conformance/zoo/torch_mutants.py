@@ -123,6 +123,15 @@ class VisionTransformerMeanPoolsAll(T.VisionTransformer):
         return x
 
 
+class VisionTransformerClassHeadOnly(T.VisionTransformer):
+    """A distilled DeiT run through its class token's head alone: the distillation head unused."""
+
+    def forward_head_distilled(self, x, taps=None):
+        x = T.record_tap(taps, "pooled", x[:, 0])
+        T.record_tap(taps, "pooled_dist", x[:, 1])
+        return T.record_tap(taps, "logits", self.head(x))
+
+
 def layernorm_eps_1e5(config, state, **kw):
     """PyTorch's nn.LayerNorm default eps=1e-5 where timm uses 1e-6."""
     return T.make(config.replace(norm_eps=1e-5), state, **kw)
@@ -137,6 +146,7 @@ fused_attention_dropout = partial(T.make, attn_layer=AttentionFusedDropout)
 tokens_column_major = partial(T.make, embed_layer=PatchEmbedColumnMajor)
 patch_linear_s1s2c = partial(T.make, embed_layer=PatchEmbedRearrangeS1S2C)
 mean_pool_instead_of_cls = partial(T.make, model_cls=VisionTransformerMeanPoolsAll)
+distillation_head_unused = partial(T.make, model_cls=VisionTransformerClassHeadOnly)
 
 
 # ----------------------------------------------------------------------------- attention level
