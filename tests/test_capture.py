@@ -566,3 +566,19 @@ def test_deit_on_a_config_without_its_distillation_token_is_not_expressible():
     config = get_config("vit_test_token_square")
     with pytest.raises(NotExpressible, match="reads dist_token: distilled=true expresses it"):
         ModelPort(build_deit, convert=deit_convert)(config, init_state(config))
+
+
+def test_a_k_projection_without_bias_is_conformant_and_only_because_the_softmax_removes_it(monkeypatch):
+    """A model whose k projections have no bias (BEiT's) computes timm's function whatever b_k is:
+    CONFORMANT, its k tap compared with b_k added back. The companion: the same model judged with
+    its k taps as they are is NOT CONFORMANT at block 0's k, which is what the equivalence covers."""
+    from tests.data.k_bias_free_port import port
+
+    config = config_for(port, get_config("vit_test_token_square"))
+    report = verify(port, config, cases=quick_cases(config))
+    assert report.conformant and report.unseen.keys() <= {f"blocks.{i}.attn.weights" for i in range(2)}, format_report(
+        report
+    )
+    assert "plus the k bias" in report.to_dict()["sources"]["blocks.0.attn.k"]
+    monkeypatch.setattr(ModelPort, "_k_bias_free", lambda self, state, config: [])
+    assert verify(port, config, cases=quick_cases(config)).first_divergence == "blocks.0.attn.k"

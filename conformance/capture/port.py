@@ -216,6 +216,25 @@ class ModelPort:
         # a parameter with no elements (vit-pytorch's (0, D) class token under mean pooling) holds no value
         return arrays, [k for k in unfilled if int(np.prod(params[k])) > 0]
 
+    def _k_bias_free(self, state, config: ViTConfig) -> list[int]:
+        """The blocks whose model has no k bias: the convert sends every entry of qkv.bias but the
+        k third somewhere (q kᵀ + q b_kᵀ: the softmax removes the second term, a per-query constant,
+        so the attention is the same function; its k tap is compared with b_k added back)."""
+        if self.convert is None or not config.qkv_bias:
+            return []
+        D, keys = config.embed_dim, [f"blocks.{i}.attn.qkv.bias" for i in range(config.depth)]
+        probe = {k: np.zeros(np.shape(v), np.float32) for k, v in state.items()}
+        for i, k in enumerate(keys):  # every block's entries numbered apart, in one call
+            probe[k] = np.arange(1, 3 * D + 1, dtype=np.float32) + i * 3 * D
+        sent = set(np.concatenate([np.asarray(v, np.float64).ravel() for v in self._convert(probe, config).values()]))
+        k_third = np.arange(D + 1, 2 * D + 1)
+        return [
+            i
+            for i in range(config.depth)
+            if not any(v + i * 3 * D in sent for v in k_third)
+            and all(v + i * 3 * D in sent for v in np.r_[1 : D + 1, 2 * D + 1 : 3 * D + 1])
+        ]
+
     def _unexpressed(self, dropped, key_map, adapter: BaseAdapter, config: ViTConfig):
         """The answer for a model the config does not describe: the canonical keys it has no place
         for, and its parameters no canonical key fills (those an option adds named)."""
@@ -273,6 +292,7 @@ class ModelPort:
                 )
             )
         forward = CapturedForward(self, adapter, plan, config, dtype, findings)
+        forward.k_bias = {i: state[f"blocks.{i}.attn.qkv.bias"] for i in self._k_bias_free(state, config)}
         forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
         return forward
 
@@ -355,6 +375,7 @@ class CapturedForward:
         self.input_dtype = dtype
         self._emitted: str | None = None
         self.fast_paths = adapter.fast_paths()  # the model's modules do not change between calls
+        self.k_bias: dict[int, np.ndarray] = {}  # block -> qkv.bias of a model without k bias (ModelPort._k_bias_free)
 
     def __call__(self, images) -> Taps:
         images = np.asarray(images)
@@ -410,11 +431,19 @@ class CapturedForward:
                     f"capture failed reading stage {stage} ({source.kind} {source.path or ''}".rstrip()
                     + f"): {describe_exception(e)}"
                 ) from e
+            block = int(stage.split(".")[1]) if stage.endswith(".attn.k") else None
+            if block in self.k_bias:
+                value, where = self._k_bias_added(value, block), f"{where}, plus the k bias its model has not"
             taps[stage] = value
             taps.sources[stage] = where
             if self._emitted:
                 taps.dtypes[stage] = self._emitted
         return taps
+
+    def _k_bias_added(self, k, block: int):
+        c = self.config
+        b_k = self.k_bias[block][c.embed_dim : 2 * c.embed_dim].reshape(1, c.num_heads, 1, c.head_dim)
+        return (np.asarray(k, np.float64) + b_k).astype(np.asarray(k).dtype)
 
     def boundary_taps(self, recorder: Recorder, logits_grad) -> dict[str, np.ndarray]:
         """Every stage this forward reads at a module boundary (a module's input or output, the
