@@ -454,3 +454,28 @@ def test_resampled_state_runs_in_every_port_at_the_new_size():
     ref = factory("numpy")(new_config, state)(x)["logits"]
     for port in ("torch", "mlx", "jax"):
         assert_logits_close(port, new_config, state, x, ref, "resampled")
+
+
+def test_a_distilled_deit_exports_as_deit_with_teacher_and_reads_back_bitwise(tmp_path):
+    """distilled=True is transformers' DeiTForImageClassificationWithTeacher: our export loads
+    there (from_pretrained) and gives the ports' logits, the mean of its two classifiers; its
+    directory reads back as the same config and state bit for bit. The companion: a DeiT checkpoint
+    of the classifier without the teacher head is refused, naming the head it lacks."""
+    from transformers import DeiTForImageClassificationWithTeacher
+
+    config = get_config("vit_test_distilled").replace(img_size=16)
+    state = init_state(config, seed=2)
+    write(state, config, str(tmp_path / "hf"), "hf")
+    model = DeiTForImageClassificationWithTeacher.from_pretrained(tmp_path / "hf").eval()
+    x = images(config)
+    with torch.no_grad():
+        ref = model(pixel_values=torch.from_numpy(x)).logits.numpy()
+    assert_logits_close("torch", config, state, x, ref, "our DeiT export in transformers")
+    back, back_config = hf.read_hf(tmp_path / "hf")
+    assert (
+        back_config == config and all(np.array_equal(back[k], state[k]) for k in state) and back.keys() == state.keys()
+    )
+    settings = json.loads((tmp_path / "hf" / "config.json").read_text())
+    settings["architectures"] = ["DeiTForImageClassification"]
+    with pytest.raises(WeightError, match="not both heads"):
+        hf.hf_config_to_vit(settings)

@@ -131,7 +131,7 @@ def deit_convert(state):
 def build_deit(config):
     from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
 
-    settings = vit_config_to_hf(config.replace(distilled=False))  # DeiT's config is ViT's
+    settings = vit_config_to_hf(config)
     settings.pop("architectures"), settings.pop("model_type")
     return DeiTForImageClassificationWithTeacher(DeiTConfig(**settings)).eval()
 

@@ -70,7 +70,7 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (d / name).is_file():
             raw = read_timm(d / name)
-            if model_type == "vit":
+            if model_type in ("vit", "deit"):
                 config = hf_config_to_vit(hf)
                 return from_hf(raw, config), config
             config = family_config_to_vit(hf, raw)
@@ -83,7 +83,7 @@ def write_hf(state, config: ViTConfig, path) -> None:
     that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower)."""
     from safetensors.numpy import save_file
 
-    if config.beyond_original_vit():
+    if config.beyond_original_vit() and config.beyond_original_vit() != ["distilled=True"]:
         hf, tensors = family_config_to_hf(config), to_family_hf(state, config)
     else:
         hf, tensors = vit_config_to_hf(config), to_hf(state, config)

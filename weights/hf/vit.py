@@ -1,5 +1,7 @@
-"""transformers' original ViT (``ViTForImageClassification``, ``ViTModel``): config.json to and
-from a ``ViTConfig``, the state to and from canonical."""
+"""transformers' original ViT (``ViTForImageClassification``, ``ViTModel``) and DeiT's distilled
+model (``DeiTForImageClassificationWithTeacher``: ViT's layers under ``deit.``, a distillation
+token, ``cls_classifier`` and ``distillation_classifier``): config.json to and from a
+``ViTConfig``, the state to and from canonical."""
 
 from __future__ import annotations
 
@@ -22,10 +24,16 @@ _HF_BLOCK = {
 
 def hf_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a Hugging Face ViT config.json: every setting taken, none assumed."""
-    if hf.get("model_type") != "vit":
+    if hf.get("model_type") not in ("vit", "deit"):
         raise WeightError(
-            f"config.json has model_type {hf.get('model_type')!r}, expected 'vit' (or a family model: "
+            f"config.json has model_type {hf.get('model_type')!r}, expected 'vit' or 'deit' (or a family model: "
             "dinov2, dinov2_with_registers, clip_vision_model, siglip_vision_model, clip, siglip)"
+        )
+    distilled = hf["model_type"] == "deit"
+    if distilled and hf.get("architectures", [DEIT])[0] != DEIT:
+        raise WeightError(
+            f"a DeiT checkpoint of {hf['architectures'][0]} has a distillation token but not both heads: only "
+            f"{DEIT}'s (class and distillation classifiers, their mean) is a model the config expresses"
         )
     if hf.get("hidden_act", "gelu") != "gelu":
         raise WeightError(f"hidden_act {hf['hidden_act']!r} is not supported: the ports use exact GELU ('gelu')")
@@ -46,7 +54,11 @@ def hf_config_to_vit(hf: Mapping) -> ViTConfig:
         mlp_ratio=hf.get("intermediate_size", 4 * D) / D,
         qkv_bias=hf.get("qkv_bias", True),
         norm_eps=hf.get("layer_norm_eps", 1e-12),
+        distilled=distilled,
     )
+
+
+DEIT = "DeiTForImageClassificationWithTeacher"
 
 
 def _original_vit_only(config: ViTConfig, layout: str) -> None:
@@ -60,14 +72,16 @@ def _original_vit_only(config: ViTConfig, layout: str) -> None:
 
 
 def vit_config_to_hf(config: ViTConfig) -> dict:
-    _original_vit_only(config, "Hugging Face ViT")
+    distilled = config.distilled
+    config = config.replace(distilled=False)
+    _original_vit_only(config, f"Hugging Face {'DeiT' if distilled else 'ViT'}")
     if config.global_pool != "token" or not config.class_token:
         raise WeightError(
             "Hugging Face ViTForImageClassification pools the class token: global_pool='avg' has no Hugging Face layout"
         )
     return {
-        "architectures": ["ViTForImageClassification"],
-        "model_type": "vit",
+        "architectures": [DEIT if distilled else "ViTForImageClassification"],
+        "model_type": "deit" if distilled else "vit",
         "hidden_size": config.embed_dim,
         "num_hidden_layers": config.depth,
         "num_attention_heads": config.num_heads,
@@ -133,9 +147,15 @@ _FILE = (
 def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     """Canonical from transformers' ViT state, in its files' names or a transformers-5 model's own."""
     state = _renamed(state, _FILE)
-    s = {k.removeprefix("vit."): v for k, v in state.items() if not k.startswith("vit.pooler.")}
+    prefix = "deit." if config.distilled else "vit."
+    s = {k.removeprefix(prefix): v for k, v in state.items() if not k.startswith(prefix + "pooler.")}
     out = {}
     try:
+        if config.distilled:
+            out["dist_token"] = s["embeddings.distillation_token"]
+            for ours, theirs in (("head", "cls_classifier"), ("head_dist", "distillation_classifier")):
+                if config.num_classes:
+                    out[f"{ours}.weight"], out[f"{ours}.bias"] = s[f"{theirs}.weight"], s[f"{theirs}.bias"]
         out["cls_token"] = s["embeddings.cls_token"]
         out["pos_embed"] = s["embeddings.position_embeddings"]
         out["patch_embed.proj.weight"] = s["embeddings.patch_embeddings.projection.weight"]
@@ -151,7 +171,7 @@ def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.
                 out[f"{b}{timm_name}.weight"] = s[f"{hf}{hf_name}.weight"]
                 out[f"{b}{timm_name}.bias"] = s[f"{hf}{hf_name}.bias"]
         out["norm.weight"], out["norm.bias"] = s["layernorm.weight"], s["layernorm.bias"]
-        if config.num_classes:
+        if config.num_classes and not config.distilled:
             out["head.weight"], out["head.bias"] = state["classifier.weight"], state["classifier.bias"]
     except KeyError as e:
         raise WeightError(f"Hugging Face checkpoint is missing key {e.args[0]!r} for {config}") from None
@@ -162,15 +182,17 @@ def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nd
     """transformers' ViT state in its files' names (``in_memory_names`` gives a transformers-5
     model's own, for ``load_state_dict``)."""
     vit_config_to_hf(config)  # refuses layouts Hugging Face cannot hold
-    D = config.embed_dim
+    D, p = config.embed_dim, "deit." if config.distilled else "vit."
     out = {
-        "vit.embeddings.cls_token": state["cls_token"],
-        "vit.embeddings.position_embeddings": state["pos_embed"],
-        "vit.embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
-        "vit.embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"],
+        f"{p}embeddings.cls_token": state["cls_token"],
+        f"{p}embeddings.position_embeddings": state["pos_embed"],
+        f"{p}embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
+        f"{p}embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"],
     }
+    if config.distilled:
+        out["deit.embeddings.distillation_token"] = state["dist_token"]
     for i in range(config.depth):
-        hf, b = f"vit.encoder.layer.{i}.", f"blocks.{i}."
+        hf, b = f"{p}encoder.layer.{i}.", f"blocks.{i}."
         for j, n in enumerate(("query", "key", "value")):
             out[f"{hf}attention.attention.{n}.weight"] = state[b + "attn.qkv.weight"][j * D : (j + 1) * D]
             if config.qkv_bias:
@@ -178,7 +200,12 @@ def to_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nd
         for hf_name, timm_name in _HF_BLOCK.items():
             out[f"{hf}{hf_name}.weight"] = state[f"{b}{timm_name}.weight"]
             out[f"{hf}{hf_name}.bias"] = state[f"{b}{timm_name}.bias"]
-    out["vit.layernorm.weight"], out["vit.layernorm.bias"] = state["norm.weight"], state["norm.bias"]
-    if config.num_classes:
-        out["classifier.weight"], out["classifier.bias"] = state["head.weight"], state["head.bias"]
+    out[f"{p}layernorm.weight"], out[f"{p}layernorm.bias"] = state["norm.weight"], state["norm.bias"]
+    heads = (
+        (("head", "cls_classifier"), ("head_dist", "distillation_classifier"))
+        if config.distilled
+        else (("head", "classifier"),)
+    )
+    for ours, theirs in heads if config.num_classes else ():
+        out[f"{theirs}.weight"], out[f"{theirs}.bias"] = state[f"{ours}.weight"], state[f"{ours}.bias"]
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
