@@ -582,3 +582,29 @@ def test_a_k_projection_without_bias_is_conformant_and_only_because_the_softmax_
     assert "plus the k bias" in report.to_dict()["sources"]["blocks.0.attn.k"]
     monkeypatch.setattr(ModelPort, "_k_bias_free", lambda self, state, config: [])
     assert verify(port, config, cases=quick_cases(config)).first_divergence == "blocks.0.attn.k"
+
+
+def test_layerscale_held_as_bare_parameters_of_the_block_is_not_read_as_the_blocks_output():
+    """transformers' BEiT (without its relative position bias) keeps LayerScale as lambda_1 and
+    lambda_2, parameters of the layer itself: ls1 and ls2 are unseen, said why, not the layer's
+    output judged as theirs (2e14x before), and the model, its k projection without bias too, is
+    CONFORMANT. The companion: the two gammas swapped by the convert are caught at the first stage
+    after ls1 that is read."""
+    from dataclasses import replace
+
+    from tests.data.hf_beit_port import convert, port
+
+    config = config_for(port, get_config("vit_test_token_square")).replace(norm_eps=1e-12)
+    report = verify(port, config, cases=quick_cases(config))
+    assert report.conformant, format_report(report)
+    assert "bare parameters" in report.unseen["blocks.0.ls1"] and "blocks.1.ls2" in report.unseen
+
+    def swapped(state):
+        out = convert(state)
+        for i in range(config.depth):
+            a, b = f"beit.layers.{i}.lambda_1", f"beit.layers.{i}.lambda_2"
+            out[a], out[b] = out[b], out[a]
+        return out
+
+    bug = verify(replace(port, convert=swapped), config, cases=quick_cases(config))
+    assert bug.first_divergence == "blocks.0.norm2", format_report(bug)

@@ -172,6 +172,12 @@ class _Planner:
 
     def one(self, canonical_module: str, stage: str) -> str | None:
         found = [caller(m, self.modules) for m in self.owners(canonical_module)]
+        if len(found) == 1 and found[0] in self.modules and self._holds_others(found[0], canonical_module):
+            self.plan.unseen[stage] = (
+                f"{canonical_module}'s weights are bare parameters of {found[0] or 'the root'}, which holds other "
+                "stages' modules too: they act inside its forward, where no module boundary shows them"
+            )
+            return None
         if len(found) == 1 and found[0] in self.modules:
             return found[0]
         self.plan.unseen[stage] = (
@@ -182,6 +188,17 @@ class _Planner:
             else f"{canonical_module}'s weights sit in {found[0] or 'the root'}, not a submodule that is called"
         )
         return None
+
+    def _holds_others(self, path: str, canonical_module: str) -> bool:
+        """Whether the module at ``path`` holds another canonical module's weights in a submodule
+        (BEiT's lambda_1 beside the layer's norms and attention): its output is not the stage's."""
+        inside = path + "." if path else ""
+        return any(
+            module_of(mk).startswith(inside) and module_of(mk) != path
+            for k, mks in self.key_map.items()
+            if module_of(k) != canonical_module
+            for mk in mks
+        )
 
     def attention(self, i: int, part: str, stage: str) -> Source | None:
         """q, k, v or the weights of block i's attention: the attention record, failing it the

@@ -1,0 +1,43 @@
+"""transformers' BeitForImageClassification, unmodified, as BEiT without its relative position
+bias (absolute position embeddings, class-token pooling): LayerScale held as bare parameters of
+each layer (lambda_1, lambda_2, multiplied inside BeitLayer.forward) and a k projection without
+bias. A convert as conversion scripts write it: the ViT names under ``beit.``, the gammas to
+lambda_1 and lambda_2, qkv split and its k bias dropped."""
+
+from conformance.capture import ModelPort
+from conformance.examples.hf_vit import convert as vit_convert
+
+
+def build(config):
+    from transformers import BeitConfig, BeitForImageClassification
+
+    settings = dict(
+        image_size=config.img_size[0],
+        patch_size=config.patch_size[0],
+        num_channels=config.in_chans,
+        hidden_size=config.embed_dim,
+        num_hidden_layers=config.depth,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.mlp_hidden_dim,
+        num_labels=config.num_classes,
+        layer_norm_eps=config.norm_eps,
+        layer_scale_init_value=config.init_values,
+        use_relative_position_bias=False,
+        use_shared_relative_position_bias=False,
+        use_absolute_position_embeddings=True,
+        use_mean_pooling=False,
+    )
+    return BeitForImageClassification(BeitConfig(**settings)).eval()
+
+
+def convert(state):
+    out = {}
+    for key, value in vit_convert(state, prefix="beit.").items():
+        if key.endswith("k_proj.bias"):
+            continue  # BEiT's key projection has no bias
+        out[key.replace(".ls1.gamma", ".lambda_1").replace(".ls2.gamma", ".lambda_2")] = value
+    return out
+
+
+SUPPORTS = {"global_pool": "token", "init_values": 0.1, "square_images": True, "square_patches": True}
+port = ModelPort(build, convert=convert, output=lambda out: out.logits, supports=SUPPORTS)
