@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 
@@ -47,15 +48,27 @@ def not_in_timm(config: ViTConfig) -> list[str]:
     """The options of ``config`` timm's VisionTransformer has no keyword for (weights/options.py)."""
     from weights.options import BY_FIELD
 
-    return [
-        f"{name}={getattr(config, name)!r}"
-        for name, option in BY_FIELD.items()
-        if option.timm is None and getattr(config, name) != option.default
-    ] + (["pos_embed='sincos'"] if config.pos_embed == "sincos" else [])
+    return (
+        [
+            f"{name}={getattr(config, name)!r}"
+            for name, option in BY_FIELD.items()
+            if option.timm is None and getattr(config, name) != option.default
+        ]
+        + (["pos_embed='sincos'"] if config.pos_embed == "sincos" else [])
+        + (
+            # timm's norm_layer is every norm's, qk-norm's and the attention pool's too
+            ["norm_bias=False with qk_norm or global_pool='map'"]
+            if not config.norm_bias and (config.qk_norm or config.global_pool == "map")
+            else []
+        )
+    )
 
 
 def _timm_model(VisionTransformer, config: ViTConfig, mlp_layer, skip_init: bool, rates: dict):
+    import torch
+
     beyond = not_in_timm(config)
+    norm = "layernorm" if config.norm_bias else partial(torch.nn.LayerNorm, bias=False)
     if config.mlp_bias is not None and config.mlp_bias == config.proj_bias:
         beyond = [b for b in beyond if not b.startswith("mlp_bias=")]  # timm's coupling, spelled out
     if beyond:
@@ -83,7 +96,8 @@ def _timm_model(VisionTransformer, config: ViTConfig, mlp_layer, skip_init: bool
         mlp_layer=mlp_layer,
         dynamic_img_size=config.dynamic_img_size,
         pos_embed=config.pos_embed,
-        embed_norm_layer="layernorm" if config.embed_norm else None,
+        embed_norm_layer=(norm if config.embed_norm else None),
+        **({} if config.norm_bias else {"norm_layer": norm}),
         pool_include_prefix=config.pool_include_prefix,
         **({"weight_init": "skip"} if skip_init else {}),
         **rates,

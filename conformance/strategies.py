@@ -50,6 +50,7 @@ def family_options(draw) -> dict:
         pool_include_prefix=draw(st.booleans()),
         mlp_bias=draw(st.sampled_from([None, None, True, False])),
         distilled=draw(st.booleans()),
+        norm_bias=draw(st.sampled_from([True, True, False])),
     )
 
 

@@ -141,11 +141,15 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.patch_norm = LayerNorm(config.patch_dim, eps=config.norm_eps) if config.patch_norm else None
+        self.patch_norm = (
+            LayerNorm(config.patch_dim, eps=config.norm_eps, bias=config.norm_bias) if config.patch_norm else None
+        )
         self.proj = Conv2d(
             config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
         )
-        self.norm = LayerNorm(config.embed_dim, eps=config.norm_eps) if config.embed_norm else None
+        self.norm = (
+            LayerNorm(config.embed_dim, eps=config.norm_eps, bias=config.norm_bias) if config.embed_norm else None
+        )
 
     def project(self, x, taps=None, name="patch_embed"):
         """The projection's output, (B, gh * gw, D), row-major over the grid."""
@@ -343,7 +347,7 @@ class Block(nn.Module):
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
         super().__init__()
         dim = config.embed_dim
-        self.norm1 = LayerNorm(dim, eps=config.norm_eps)
+        self.norm1 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
         self.attn = (attn_layer or Attention)(
             dim,
             config.num_heads,
@@ -354,7 +358,7 @@ class Block(nn.Module):
             norm_eps=config.norm_eps,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
-        self.norm2 = LayerNorm(dim, eps=config.norm_eps)
+        self.norm2 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
             dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias
         )
@@ -400,18 +404,18 @@ class VisionTransformer(nn.Module):
         if config.pos_embed == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, config.embed_len, D))
         if config.pre_norm:
-            self.norm_pre = LayerNorm(D, eps=config.norm_eps)
+            self.norm_pre = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
         self.blocks = nn.ModuleList(
             [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
         )
         if not config.use_fc_norm:
-            self.norm = LayerNorm(D, eps=config.norm_eps)
+            self.norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
         if config.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
                 D, config.num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
             )
         if config.use_fc_norm:
-            self.fc_norm = LayerNorm(D, eps=config.norm_eps)
+            self.fc_norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
         if config.num_classes:
             self.head = Linear(D, config.num_classes)
         if config.distilled:  # DeiT: a distillation token after the class token, a head of its own

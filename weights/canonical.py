@@ -37,20 +37,24 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes["dist_token"] = (1, 1, D)
     if config.patch_norm:
         shapes["patch_embed.patch_norm.weight"] = (config.patch_dim,)
-        shapes["patch_embed.patch_norm.bias"] = (config.patch_dim,)
+        if config.norm_bias:
+            shapes["patch_embed.patch_norm.bias"] = (config.patch_dim,)
     shapes["patch_embed.proj.weight"] = (D, C, ph, pw)
     if not config.pre_norm:  # timm: bias=not pre_norm
         shapes["patch_embed.proj.bias"] = (D,)
     if config.embed_norm:
         shapes["patch_embed.norm.weight"] = (D,)
-        shapes["patch_embed.norm.bias"] = (D,)
+        if config.norm_bias:
+            shapes["patch_embed.norm.bias"] = (D,)
     if config.pre_norm:
         shapes["norm_pre.weight"] = (D,)
-        shapes["norm_pre.bias"] = (D,)
+        if config.norm_bias:
+            shapes["norm_pre.bias"] = (D,)
     for i in range(config.depth):
         b = f"blocks.{i}."
         shapes[b + "norm1.weight"] = (D,)
-        shapes[b + "norm1.bias"] = (D,)
+        if config.norm_bias:
+            shapes[b + "norm1.bias"] = (D,)
         shapes[b + "attn.qkv.weight"] = (3 * D, D)
         if config.qkv_bias:
             shapes[b + "attn.qkv.bias"] = (3 * D,)
@@ -64,7 +68,8 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         if config.init_values is not None:
             shapes[b + "ls1.gamma"] = (D,)
         shapes[b + "norm2.weight"] = (D,)
-        shapes[b + "norm2.bias"] = (D,)
+        if config.norm_bias:
+            shapes[b + "norm2.bias"] = (D,)
         fc1 = ("fc1_g", "fc1_x") if config.mlp_layer == "swiglu" else ("fc1",)
         for fc in fc1:
             shapes[f"{b}mlp.{fc}.weight"] = (hidden, D)
@@ -77,14 +82,16 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
             shapes[b + "ls2.gamma"] = (D,)
     if not config.use_fc_norm:
         shapes["norm.weight"] = (D,)
-        shapes["norm.bias"] = (D,)
+        if config.norm_bias:
+            shapes["norm.bias"] = (D,)
     if config.global_pool == "map":  # timm's AttentionPoolLatent, with its defaults (qkv bias, plain Mlp)
         shapes["attn_pool.latent"] = (1, 1, D)
         for key, shape in attn_pool_shapes(D, config.num_heads, config.mlp_hidden_dim).items():
             shapes[f"attn_pool.{key}"] = shape
     if config.use_fc_norm:
         shapes["fc_norm.weight"] = (D,)
-        shapes["fc_norm.bias"] = (D,)
+        if config.norm_bias:
+            shapes["fc_norm.bias"] = (D,)
     if config.num_classes:
         shapes["head.weight"] = (config.num_classes, D)
         shapes["head.bias"] = (config.num_classes,)

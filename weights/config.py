@@ -40,6 +40,9 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 * ``distilled``: DeiT's distillation token (``dist_token``, after the class token) and its head
   (``head_dist``); the logits are the mean of the two heads' (timm's ``VisionTransformerDistilled``
   in eval).
+* ``norm_bias=False``: the model's LayerNorms (the patch norms, ``norm1``, ``norm2``, ``norm_pre``,
+  ``norm``, ``fc_norm``; not qk-norm's or the attention pool's) scale without a bias
+  (x-transformers).
 * ``mlp_bias``: the MLP's biases apart from ``attn.proj``'s (None: as ``proj_bias``, timm's
   coupling; SimpleViT has ``proj_bias=False, mlp_bias=True``).
 """
@@ -134,6 +137,7 @@ class ViTConfig:
     pool_include_prefix: bool = False
     mlp_bias: bool | None = None
     distilled: bool = False
+    norm_bias: bool = True
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -218,6 +222,7 @@ class ViTConfig:
             "embed_norm",
             "pool_include_prefix",
             "distilled",
+            "norm_bias",
         ):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")

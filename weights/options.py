@@ -229,6 +229,14 @@ OPTIONS: tuple[Option, ...] = (
         timm_name="VisionTransformerDistilled (a class)",
     ),
     Option(
+        "norm_bias",
+        True,
+        True,
+        "the LayerNorms' bias (False: scale only, x-transformers; not qk-norm's or the attention pool's)",
+        holds=_every((True,), "npz", "open_clip", *HF_FAMILY),
+        timm_name="norm_layer",
+    ),
+    Option(
         "mlp_bias",
         None,
         (None,),

@@ -18,7 +18,11 @@ PARTS = (
     (r"blocks\.\d+\.attn\.qkv\.bias", "its q, k and v projections have no bias", "qkv_bias=false"),
     (r"blocks\.\d+\.attn\.proj\.bias", "its attention output has no bias", "proj_bias=false"),
     (r"blocks\.\d+\.mlp\.fc[12](_[gx])?\.bias", "its MLP has no biases", "mlp_bias=false"),
-    (r"(blocks\.\d+\.norm[12]|norm|fc_norm|norm_pre)\.bias", "its LayerNorms have no bias (a bias-free norm)", None),
+    (
+        r"(blocks\.\d+\.norm[12]|norm|fc_norm|norm_pre|patch_embed\.(patch_)?norm)\.bias",
+        "its LayerNorms have no bias (a bias-free norm)",
+        "norm_bias=false",
+    ),
     (r"cls_token", "it has no class token", "class_token=false (with global_pool='avg')"),
     (r"reg_token", "it has no register tokens", "reg_tokens=0"),
     (r"dist_token|head_dist\.(weight|bias)", "it has no distillation token and head", "distilled=false"),

@@ -281,7 +281,7 @@ def fitted_eps(port, base, values, stage: str, bound, tol, name) -> Fit | None:
     from conformance.diagnosis.model_classes import _layer_norm, _norm_operands
 
     x, prefix = _norm_operands(stage, values, values.model.config)
-    w, b, own = values._s[f"{prefix}.weight"], values._s[f"{prefix}.bias"], values.model.config.norm_eps
+    w, b, own = values._s[f"{prefix}.weight"], values._s.get(f"{prefix}.bias", 0.0), values.model.config.norm_eps
     best = None
     for eps in EPS_GRID:
         if abs(eps / own - 1.0) < 0.5:

@@ -66,7 +66,7 @@ def _norm_variant(**how):
         if stage_kind(name) not in _NORMS:
             return None
         x, prefix = _norm_operands(name, t, config)
-        return _layer_norm(x, s[f"{prefix}.weight"], s[f"{prefix}.bias"], config.norm_eps, **how)
+        return _layer_norm(x, s[f"{prefix}.weight"], s.get(f"{prefix}.bias", 0.0), config.norm_eps, **how)
 
     return stage
 
@@ -214,14 +214,14 @@ def _merged_head_dim_first(name, t, images, s, config):
     B, H, N, hd = o.shape
     merged = o.transpose(0, 2, 3, 1).reshape(B, N, hd * H)
     prefix = f"{_block(name)[0]}.attn.proj" if name.startswith("blocks.") else "attn_pool.proj"
-    return merged @ s[f"{prefix}.weight"].T + s[f"{prefix}.bias"]
+    return merged @ s[f"{prefix}.weight"].T + s.get(f"{prefix}.bias", 0.0)
 
 
 def _projects_input(name, t, images, s, config):
     if stage_kind(name) != "attn" or not name.startswith("blocks."):
         return None
     b = _block(name)[0]
-    return t[f"{b}.norm1"] @ s[f"{b}.attn.proj.weight"].T + s[f"{b}.attn.proj.bias"]
+    return t[f"{b}.norm1"] @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
 
 
 def _kernel_hw_swapped(s, config):
@@ -329,7 +329,7 @@ def _pooled(select: Callable, tokens: Callable | None = None):
         else:
             bound = precision.inputs * np.abs(y) if precision.bounds else None
         if config.use_fc_norm:
-            y = _layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], config.norm_eps)
+            y = _layer_norm(y, s["fc_norm.weight"], s.get("fc_norm.bias", 0.0), config.norm_eps)
             bound = None  # through the norm: as the oracle's, scaled (fit)
         return y, bound
 
@@ -364,7 +364,7 @@ def _extra_mlp_norm(name, t, images, s, config):
         return None
     b = _block(name)[0]
     h = _layer_norm(t[f"{b}.mlp.act"], 1.0, 0.0, 1e-5)
-    return h @ s[f"{b}.mlp.fc2.weight"].T + s[f"{b}.mlp.fc2.bias"]
+    return h @ s[f"{b}.mlp.fc2.weight"].T + s.get(f"{b}.mlp.fc2.bias", 0.0)
 
 
 def _residual_dropped(name, t, images, s, config):
@@ -388,7 +388,7 @@ def _norm_after_pooling(name, t, images, s, config):
     if name != "pooled":
         return None
     x = t[f"blocks.{config.depth - 1}"][:, config.num_prefix_tokens :].mean(1)
-    return _layer_norm(x, s["norm.weight"], s["norm.bias"], config.norm_eps)
+    return _layer_norm(x, s["norm.weight"], s.get("norm.bias", 0.0), config.norm_eps)
 
 
 def _bias_dropped(suffix: str):
@@ -585,7 +585,7 @@ CLASSES: tuple[BugClass, ...] = (
              state=_bias_dropped("head.bias"), when=lambda c: c.num_classes > 0),
     BugClass("distillation_head_dropped", ("logits",), "the class token's head alone (no distillation head)",
              "DeiT's logits are (head(x[:, 0]) + head_dist(x[:, 1])) / 2: DeiTForImageClassificationWithTeacher",
-             stage=lambda n, t, i, s, c: t["pooled"] @ s["head.weight"].T + s["head.bias"] if n == "logits" else None,
+             stage=lambda n, t, i, s, c: t["pooled"] @ s["head.weight"].T + s.get("head.bias", 0.0) if n == "logits" else None,
              when=lambda c: c.distilled and c.num_classes > 0),
 )
 # fmt: on

@@ -125,8 +125,8 @@ def _distilled_logits(t, s, config: ViTConfig, p: Precision):
     headless): each head's bound, halved, and the sum's rounding (the halving is exact)."""
     if config.num_classes:
         (a, da), (b, db) = (
-            linear(t["pooled"], s["head.weight"], s["head.bias"], p),
-            linear(t["pooled_dist"], s["head_dist.weight"], s["head_dist.bias"], p),
+            linear(t["pooled"], s["head.weight"], s.get("head.bias", 0.0), p),
+            linear(t["pooled_dist"], s["head_dist.weight"], s.get("head_dist.bias", 0.0), p),
         )
     else:
         (a, b) = t["pooled"], t["pooled_dist"]
@@ -173,14 +173,14 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
     eps = config.norm_eps
     if name == "patch_embed.patch_norm":  # the images rounded to the dtype, then normalised
         patches = O.to_patches(images, config.patch_size)
-        w, b = s["patch_embed.patch_norm.weight"], s["patch_embed.patch_norm.bias"]
+        w, b = s["patch_embed.patch_norm.weight"], s.get("patch_embed.patch_norm.bias", 0.0)
         return layer_norm(patches, w, b, eps, p, dx=p.storage * np.abs(patches))
     if name == "patch_embed":
         w = s["patch_embed.proj.weight"]
         patches = t["patch_embed.patch_norm"] if config.patch_norm else O.to_patches(images, config.patch_size)
         return linear(patches, w.reshape(w.shape[0], -1), s.get("patch_embed.proj.bias"), p)
     if name == "patch_embed.norm":
-        return layer_norm(t["patch_embed"], s["patch_embed.norm.weight"], s["patch_embed.norm.bias"], eps, p)
+        return layer_norm(t["patch_embed"], s["patch_embed.norm.weight"], s.get("patch_embed.norm.bias", 0.0), eps, p)
     if name == "embed" and config.pos_embed != "learn":
         return _unlearned_pos_embed(t[stage_inputs(name, config)[0]], s, config, images, p)
     if name == "embed":
@@ -194,9 +194,9 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
         y, bound = _sum(np.concatenate(prefix + [x], 1), pos, p)
         return y, bound + dpos
     if name == "norm_pre":
-        return layer_norm(t["embed"], s["norm_pre.weight"], s["norm_pre.bias"], eps, p)
+        return layer_norm(t["embed"], s["norm_pre.weight"], s.get("norm_pre.bias", 0.0), eps, p)
     if name == "norm":
-        return layer_norm(t[f"blocks.{config.depth - 1}"], s["norm.weight"], s["norm.bias"], eps, p)
+        return layer_norm(t[f"blocks.{config.depth - 1}"], s["norm.weight"], s.get("norm.bias", 0.0), eps, p)
     if name.startswith("attn_pool"):
         return _attn_pool(name, t, images.shape[0], s, config, p)
     if name == "pooled":
@@ -211,7 +211,7 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
             y, dy = _pool(t[_features(config)][:, start:], config, p)
         if not config.use_fc_norm:
             return y, dy + p.output * np.abs(y)
-        return layer_norm(y, s["fc_norm.weight"], s["fc_norm.bias"], eps, p, dx=dy)
+        return layer_norm(y, s["fc_norm.weight"], s.get("fc_norm.bias", 0.0), eps, p, dx=dy)
     if name == "pooled_dist":
         y = t[_features(config)][:, 1]
         return y, p.inputs * np.abs(y)
@@ -220,7 +220,7 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
     if name == "logits":
         if not config.num_classes:
             return t["pooled"], p.storage * np.abs(t["pooled"])
-        return linear(t["pooled"], s["head.weight"], s["head.bias"], p)
+        return linear(t["pooled"], s["head.weight"], s.get("head.bias", 0.0), p)
     raise KeyError(f"no error model for stage {name!r}")
 
 
@@ -231,14 +231,14 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision):
     b, rest = f"blocks.{i}", (rest[0] if rest else "")
     inputs = [t.get(k) for k in stage_inputs(name, config)]
     if rest == "norm1":
-        return layer_norm(inputs[0], s[f"{b}.norm1.weight"], s[f"{b}.norm1.bias"], eps, p)
+        return layer_norm(inputs[0], s[f"{b}.norm1.weight"], s.get(f"{b}.norm1.bias", 0.0), eps, p)
     if rest in ("attn.q", "attn.k", "attn.v"):
         D, j = config.embed_dim, "qkv".index(rest[-1])
         y, bound = linear(inputs[0], *_rows(s, f"{b}.attn.qkv", slice(j * D, (j + 1) * D)), p)
         return _heads(y, H), _heads(bound, H)
     if rest in ("attn.q_norm", "attn.k_norm"):
         n = rest.split(".")[1]
-        return layer_norm(inputs[0], s[f"{b}.attn.{n}.weight"], s[f"{b}.attn.{n}.bias"], eps, p)
+        return layer_norm(inputs[0], s[f"{b}.attn.{n}.weight"], s.get(f"{b}.attn.{n}.bias", 0.0), eps, p)
     if rest == "attn.weights":
         return softmax_weights(inputs[0], inputs[1], hd**-0.5, p)
     if rest == "attn":
@@ -251,7 +251,7 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision):
     if rest == "norm2":
         r = inputs[0] + inputs[1]
         dx = p.output * np.abs(r) + p.inputs * np.abs(inputs[1])
-        return layer_norm(r, s[f"{b}.norm2.weight"], s[f"{b}.norm2.bias"], eps, p, dx=dx)
+        return layer_norm(r, s[f"{b}.norm2.weight"], s.get(f"{b}.norm2.bias", 0.0), eps, p, dx=dx)
     if rest == "mlp.act":
         return _mlp_act(inputs[0], s, f"{b}.mlp", config, p, config.mlp_layer)
     if rest == "mlp":
@@ -289,7 +289,9 @@ def _attn_pool(name: str, t, batch: int, s, config: ViTConfig, p: Precision):
     if stage == "proj":
         return _attend_and_project(t["attn_pool.weights"], t["attn_pool.v"], s, "attn_pool.proj", p)
     if stage == "norm":
-        return layer_norm(t["attn_pool.proj"], s["attn_pool.norm.weight"], s["attn_pool.norm.bias"], config.norm_eps, p)
+        return layer_norm(
+            t["attn_pool.proj"], s["attn_pool.norm.weight"], s.get("attn_pool.norm.bias", 0.0), config.norm_eps, p
+        )
     if stage == "mlp.act":
         return _mlp_act(t["attn_pool.norm"], s, "attn_pool.mlp", config, p)
     if stage == "mlp":
