@@ -259,7 +259,7 @@ class TrainedLike:
         rng = np.random.default_rng(self.seed)
         state = init_state(config, seed=self.seed)
         D, hd = config.embed_dim, config.head_dim
-        for key in state:
+        for key in list(state):
             if key.endswith(("norm1.weight", "norm2.weight")) or key in (
                 "norm.weight",
                 "fc_norm.weight",
@@ -269,7 +269,8 @@ class TrainedLike:
                 gamma = np.exp(rng.normal(0.0, 0.8, D)) * rng.choice([-1.0, 1.0], D)
                 state[key] = gamma.astype(np.float32)
                 bias_key = key[: -len("weight")] + "bias"
-                state[bias_key] = rng.normal(0.0, 0.5, D).astype(np.float32)
+                if bias_key in state:  # (norm_bias=False: none)
+                    state[bias_key] = rng.normal(0.0, 0.5, D).astype(np.float32)
         channels = rng.choice(D, size=min(2, D), replace=False)
         if "pos_embed" in state:
             pos = state["pos_embed"].copy()
@@ -294,7 +295,7 @@ class TrainedLike:
             # D max(g^2) + |b|^2; q = W x with rows of spread sigma gives a self-logit
             # sqrt(hd) sigma^2 |x|^2, which this sigma keeps below `logit` (measured: the largest
             # logit of a block lands between about a twentieth of it and all of it).
-            g, b = state[f"blocks.{i}.norm1.weight"], state[f"blocks.{i}.norm1.bias"]
+            g, b = state[f"blocks.{i}.norm1.weight"], state.get(f"blocks.{i}.norm1.bias", np.zeros(D, np.float32))
             top = D * float(np.max(g.astype(np.float64) ** 2)) + float(np.sum(b.astype(np.float64) ** 2))
             sigma = np.sqrt(self.logit / (np.sqrt(hd) * top))
             w = state[f"blocks.{i}.attn.qkv.weight"].copy()

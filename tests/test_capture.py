@@ -564,7 +564,9 @@ def test_deit_on_a_config_without_its_distillation_token_is_not_expressible():
     from conformance.examples.hf_vit import build_deit, deit_convert
 
     config = get_config("vit_test_token_square")
-    with pytest.raises(NotExpressible, match="reads dist_token: distilled=true expresses it"):
+    with pytest.raises(
+        NotExpressible, match=r"distilled=true expresses it \(dist_token, head_dist.weight, head_dist.bias\)"
+    ):
         ModelPort(build_deit, convert=deit_convert)(config, init_state(config))
 
 
@@ -608,3 +610,35 @@ def test_layerscale_held_as_bare_parameters_of_the_block_is_not_read_as_the_bloc
 
     bug = verify(replace(port, convert=swapped), config, cases=quick_cases(config))
     assert bug.first_divergence == "blocks.0.norm2", format_report(bug)
+
+
+def test_x_transformers_vit_unmodified_is_conformant_and_its_bugs_located():
+    """x-transformers' ViTransformerWrapper: bias-free norms (a LayerNorm without affine, times a
+    gamma) on the raw patches, after the projection and in every block; each block two entries
+    of one ModuleList whose residuals the Encoder adds, so no module holds a block: q, k and v are
+    read from its to_q, to_k and to_v, the weights and the block outputs unseen, said why. 22
+    stages in float32 and bfloat16; the attention scale doubled in block 0 is located at its
+    output, a LayerNorm shared by its two branches at its norm1. On the default config: one line
+    per option the model needs."""
+    from conformance.capture.expressible import NotExpressible
+    from tests.data.x_transformers_port import port, scale_bug_port, shared_norm_port
+
+    config = config_for(port, get_config("vit_test_token_square"))
+    for dtype in ("float32", "bfloat16"):
+        report = verify(port, config, cases=quick_cases(config), dtype=dtype)
+        assert report.conformant and len(report.stages) == 22, format_report(report)
+    assert verify(scale_bug_port, config, cases=quick_cases(config)).first_divergence == "blocks.0.attn"
+    assert verify(shared_norm_port, config, cases=quick_cases(config)).first_divergence == "blocks.0.norm1"
+    default = get_config("vit_test_token_square")
+    with pytest.raises(NotExpressible) as e:
+        ModelPort(port.build, convert=port.convert, patch_order="p1 p2 c")(default, init_state(default))
+    lines = str(e.value).splitlines()[1:]
+    wanted = (
+        "patch_norm=true",
+        "embed_norm=true",
+        "mlp_bias=true",
+        "qkv_bias=false",
+        "norm_bias=false",
+        "class_token=false",
+    )
+    assert len(lines) == len(wanted) and all(sum(w in line for line in lines) == 1 for w in wanted), str(e.value)

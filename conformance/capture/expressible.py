@@ -42,29 +42,72 @@ PARTS = (
 )
 
 
-# (canonical key pattern, the option that adds it): a model whose mapping reads it needs the option
+# (what the option is called, the config changes that add a canonical key): a mapping that reads
+# a key only these add needs the option
 ADDS = (
-    (r"dist_token|head_dist\.(weight|bias)", "distilled=true"),
-    (r"cls_token", "class_token=true"),
-    (r"reg_token", "reg_tokens > 0"),
-    (r"pos_embed", "pos_embed='learn'"),
-    (r"patch_embed\.patch_norm\.(weight|bias)", "patch_norm=true"),
-    (r"patch_embed\.norm\.(weight|bias)", "embed_norm=true"),
-    (r"norm_pre\.(weight|bias)", "pre_norm=true"),
-    (r"blocks\.\d+\.ls[12]\.gamma", "init_values"),
-    (r"blocks\.\d+\.attn\.[qk]_norm\.(weight|bias)", "qk_norm=true"),
+    ("distilled=true", dict(distilled=True, global_pool="token", class_token=True, reg_tokens=0)),
+    ("class_token=true", dict(class_token=True)),
+    ("reg_tokens > 0", dict(reg_tokens=1, distilled=False)),
+    ("pos_embed='learn'", dict(pos_embed="learn")),
+    ("patch_norm=true", dict(patch_norm=True)),
+    ("embed_norm=true", dict(embed_norm=True)),
+    ("pre_norm=true", dict(pre_norm=True)),
+    ("init_values", dict(init_values=1e-5)),
+    ("qk_norm=true", dict(qk_norm=True)),
+    ("norm_bias=true", dict(norm_bias=True)),
+    ("qkv_bias=true", dict(qkv_bias=True)),
+    ("proj_bias=true", dict(proj_bias=True, mlp_bias=False)),
+    ("mlp_bias=true", dict(mlp_bias=True)),
 )
 
 
-def needs_option(key: str) -> NotExpressible | None:
-    """The answer for a mapping that reads a canonical key the config does not have, where an
-    option adds it: the model has a part the config does not name."""
-    option = next((option for pattern, option in ADDS if re.fullmatch(pattern, key)), None)
-    if option is None:
-        return None
-    return NotExpressible(
-        f"the model has a part the config does not name:\n  the mapping reads {key}: {option} expresses it"
-    )
+def adding(key: str, config) -> tuple[str, tuple] | None:
+    """(the option, the key's shape) for a canonical key ``config`` lacks that an option adds."""
+    from weights.canonical import expected_shapes
+    from weights.config import ConfigError
+
+    for option, changes in ADDS:
+        try:
+            shapes = expected_shapes(config.replace(**changes))
+        except ConfigError:
+            continue
+        if key in shapes:
+            return option, shapes[key]
+    return None
+
+
+def options_read(convert, state, config, first: str) -> NotExpressible | None:
+    """The answer for a convert that reads canonical keys ``config`` lacks (``first`` the first
+    it asked for), where options add them: each such key filled with zeros of its shape, the
+    convert run again, until it asks for none; one line per option."""
+    import numpy as np
+
+    state, lines, key = dict(state), {}, first
+    for _ in range(64):  # every optional key at most once
+        found = adding(key, config)
+        if found is None:
+            return None if not lines else _needs(lines)
+        lines.setdefault(found[0], []).append(re.sub(r"blocks\.\d+\.", "blocks.{i}.", key))
+        state[key] = np.zeros(found[1], np.float32)
+        try:
+            convert(state)
+            break
+        except KeyError as e:
+            key = e.args[0] if e.args and isinstance(e.args[0], str) else None
+            if key is None or key in state:
+                break
+    error = _needs(lines)
+    error.reads, error.state = _read_lines(lines), state  # the whole state, for the rest of the answer
+    return error
+
+
+def _read_lines(lines) -> dict[str, list[str]]:
+    return {f"it has a part the config does not name: {o} expresses it": k for o, k in lines.items()}
+
+
+def _needs(lines) -> NotExpressible:
+    body = "\n".join(f"  {what} ({', '.join(dict.fromkeys(k))})" for what, k in _read_lines(lines).items())
+    return NotExpressible(f"the mapping reads canonical keys the config does not have:\n{body}")
 
 
 class NotExpressible(UsageError):
@@ -107,12 +150,12 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
     return found
 
 
-def not_expressible(dropped: list[str], extra: list[str] = (), shapes=None, config=None) -> NotExpressible:
+def not_expressible(dropped: list[str], extra: list[str] = (), shapes=None, config=None, reads=None) -> NotExpressible:
     """The answer for canonical keys with nowhere to go in the model: one line per part the model
     lacks, naming its keys (blocks folded) and the option that expresses it; ``extra``, the
     model's parameters no canonical key fills: the parts an option adds named (``extra_parts``,
     from the parameters' ``shapes``), the rest in a line of their own."""
-    lines: dict[str, list[str]] = {}
+    lines: dict[str, list[str]] = dict(reads or {})
     attn_out, mlp = (any(re.fullmatch(p, k) for k in dropped) for p, _, _ in PARTS[1:3])
     if attn_out and not mlp:  # timm's proj_bias drops both; the MLP's kept on their own
         lines["its attention output has no bias, its MLP has: proj_bias=false with mlp_bias=true expresses it"] = []

@@ -203,12 +203,14 @@ class _Planner:
     def attention(self, i: int, part: str, stage: str) -> Source | None:
         """q, k, v or the weights of block i's attention: the attention record, failing it the
         projections' outputs (separate q/k/v modules, or a fused qkv split as timm's)."""
-        if self.block_paths[i] is None:
-            self.plan.unseen[stage] = "the block has no module of its own"
+        qkv = self.owners(f"blocks.{i}.attn.qkv")
+        if self.block_paths[i] is None:  # (x-transformers' halves of a block in one list) no record
+            if len(qkv) == 3 and part != "weights":  # but separate projections show q, k and v
+                return Source("out", qkv["qkv".index(part)], shape="heads")
+            self.plan.unseen[stage] = "the block has no module of its own, where its attention would be recorded"
             return None
         if part == "weights":
             return Source("attn", part="weights", block=i)
-        qkv = self.owners(f"blocks.{i}.attn.qkv")
         if len(qkv) == 1 and kind_name(self.modules.get(qkv[0])) in ATTENTION_MODULES:
             return Source("attn", part=part, block=i)  # the module projects q, k and v itself
         if len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)

@@ -10,7 +10,13 @@ from typing import Any
 import numpy as np
 
 from conformance.capture.adapters import ADAPTERS, BaseAdapter, framework_of
-from conformance.capture.expressible import extra_parts, needs_option, not_expressible, optional_parts
+from conformance.capture.expressible import (
+    NotExpressible,
+    extra_parts,
+    not_expressible,
+    optional_parts,
+    options_read,
+)
 from conformance.capture.mapping import (
     PATCH_ORDERS,
     LoadError,
@@ -119,16 +125,15 @@ class ModelPort:
 
     # -- weights
 
-    def _convert(self, state, config):
+    def _call_convert(self, state, config):
         how = config_argument(self.convert, positional=2)
+        if how == "keyword":
+            return self.convert(state, config=config)
+        return self.convert(state, config) if how == "positional" else self.convert(state)
+
+    def _convert(self, state, config):
         try:
-            return (
-                self.convert(state, config=config)
-                if how == "keyword"
-                else self.convert(state, config)
-                if how == "positional"
-                else self.convert(state)
-            )
+            return self._call_convert(state, config)
         except KeyError as e:  # a canonical key this config does not have: said why, where it bites
             key = e.args[0] if e.args else None
             if (
@@ -136,7 +141,8 @@ class ModelPort:
                 and key not in state
                 and ("." in key or key in ("cls_token", "dist_token", "reg_token", "pos_embed"))
             ):
-                raise needs_option(key) or LoadError(_absent(key, config)) from None
+                needs = options_read(lambda s: self._call_convert(s, config), state, config, key)
+                raise needs or LoadError(_absent(key, config)) from None
             raise
 
     def _build(self, config: ViTConfig, dtype: str):
@@ -235,7 +241,7 @@ class ModelPort:
             and all(v + i * 3 * D in sent for v in np.r_[1 : D + 1, 2 * D + 1 : 3 * D + 1])
         ]
 
-    def _unexpressed(self, dropped, key_map, adapter: BaseAdapter, config: ViTConfig):
+    def _unexpressed(self, dropped, key_map, adapter: BaseAdapter, config: ViTConfig, reads=None):
         """The answer for a model the config does not describe: the canonical keys it has no place
         for, and its parameters no canonical key fills (those an option adds named)."""
         params = adapter.params()
@@ -246,7 +252,7 @@ class ModelPort:
             shapes["patch_embed.proj"] = adapter.resolve(key_map["patch_embed.proj.weight"][0], params).rpartition(".")[
                 0
             ]
-        return not_expressible(dropped, extra, shapes, config)
+        return not_expressible(dropped, extra, shapes, config, reads)
 
     # -- the factory
 
@@ -263,7 +269,14 @@ class ModelPort:
             )
         adapter = framework.bind(model, config, self.images)
         adapter.call_kwargs = dict(self.call_kwargs)
-        key_map = self.key_map(state, config)
+        try:
+            key_map = self.key_map(state, config)
+        except NotExpressible as e:  # the convert reads keys options add: the rest of the answer too
+            if getattr(e, "state", None) is None:
+                raise
+            key_map = self.key_map(e.state, config)  # the keys options add, and where they go
+            dropped = sorted(k for k in state if not key_map[k] and not k.startswith("head."))
+            raise self._unexpressed(dropped, key_map, adapter, config, e.reads) from None
         dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))
         if dropped:  # the config names parts the model lacks: not a finding about the port
             raise self._unexpressed(dropped, key_map, adapter, config)
