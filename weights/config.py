@@ -191,6 +191,10 @@ class ViTConfig:
             raise ConfigError(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
+        self._check_ports_options()
+
+    def _check_ports_options(self) -> None:
+        """The options of ports as people write them (weights/options.py), and every flag a bool."""
         if self.pos_embed not in POS_EMBEDS:
             raise ConfigError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
         if self.pos_embed == "sincos" and (self.embed_dim % 4 or self.embed_dim < 8):
