@@ -135,7 +135,7 @@ MODEL_IN = (
           params=("patch_embed.norm",), capture="out:patch_embed.norm", note="timm's `embed_norm_layer`"),
     Stage("embed", "embed", ("{patches}",), "B N D", params=("pos_embed", "cls_token", "dist_token", "reg_token"),
           residual=True,
-          cotangent="D", capture="in:next", timm="out:pos_drop",
+          cotangent="D", capture="in:next", timm="in:norm_pre",
           note='after prefix tokens and position; N = prefix tokens + P'),
     Stage("norm_pre", "norm_pre", ("embed",), "B N D", when=_pre_norm, params=("norm_pre",), residual=True,
           cotangent="D", capture="out:norm_pre"),

@@ -195,7 +195,7 @@ def _mlx_example_port(**changes):
             "shape mismatch(es): 'layers.0.ff_in.bias': mapped (24,), the model has (96,)",
         ),
         ({"head": None}, None),
-        ({"pos_embed": None}, "it has no learned position table (a fixed one computed from the grid, or none)"),
+        ({"pos_embed": None}, "it has no learned position table: pos_embed='sincos'"),
     ],
     ids=["missing-key", "wrong-shape", "head-dropped", "key-dropped"],
 )

@@ -82,7 +82,9 @@ def test_avg_pool_has_no_final_norm_stage_and_every_tap_has_a_shape():
         names = tap_names(config)
         assert ("norm" in names) == (not config.use_fc_norm)
         assert set(names) == set(tap_shapes(config, 2))
-        assert names[0] == "patch_embed" and names[-2:] == ["pooled", "logits"]
+        first = "patch_embed.patch_norm" if config.patch_norm else "patch_embed"
+        last = ["pooled", "pooled_dist", "logits"] if config.distilled else ["pooled", "logits"]
+        assert names[0] == first and names[-len(last) :] == last
 
 
 def _disagreements(options, config_cls) -> list[str]:

@@ -21,6 +21,7 @@ PRESETS = (
     "vit_test_siglip",
     "vit_test_clip",
     "vit_test_dynamic",
+    "vit_test_distilled",
 )
 # Where a class shows only on some inputs: the images (their grid) or weights it needs.
 NEEDS = {

@@ -67,11 +67,13 @@ def adding(key: str, config) -> tuple[str, tuple] | None:
     from weights.config import ConfigError
 
     for option, changes in ADDS:
+        field = next(iter(changes))  # the option itself; the rest only makes it valid
         try:
             shapes = expected_shapes(config.replace(**changes))
+            without = expected_shapes(config.replace(**{k: v for k, v in changes.items() if k != field}))
         except ConfigError:
             continue
-        if key in shapes:
+        if key in shapes and key not in without:
             return option, shapes[key]
     return None
 
@@ -141,12 +143,12 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
             ).append(key)
         elif shape == (config.embed_dim,) and proj and module.rpartition(".")[0] == proj.rpartition(".")[0]:
             found.setdefault("it normalises the patch embedding: embed_norm=true expresses it", []).append(key)
-    for key in extra:  # a second classifier beside the head, a token beside the class token: DeiT's
-        shape = tuple(shapes.get(key, ()))
-        if shape in ((1, 1, config.embed_dim), (1, config.embed_dim), (config.num_classes, config.embed_dim)):
-            found.setdefault(
-                "it has a second token and head (DeiT's distillation token): distilled=true expresses it", []
-            ).append(key)
+    D = config.embed_dim
+    tokens = [k for k in extra if tuple(shapes.get(k, ())) in ((1, 1, D), (1, D))]
+    heads = [k for k in extra if config.num_classes and tuple(shapes.get(k, ())) == (config.num_classes, D)]
+    if tokens and (heads or not config.num_classes):  # a token and a classifier no key fills: DeiT's
+        what = "it has a second token and head (DeiT's distillation token): distilled=true expresses it"
+        found[what] = tokens + heads
     return found
 
 
