@@ -80,3 +80,28 @@ def test_a_linear_patch_embedding_without_its_order_is_a_usage_error_naming_patc
     kernel = np.zeros((config.embed_dim, 3, 4, 4), np.float32)
     with pytest.raises(UsageError, match="patch_order='p1 p2 c'"):
         patch_layout("patch_embed.proj.weight", kernel, (config.embed_dim, 48), config, None)
+
+
+def test_the_distillation_tokens_features_are_held_to_one_rounding():
+    """pooled_dist is a selection: no correct port errs on it, so its tolerance is its bound itself
+    (one rounding of its input), not a calibrated multiple of nothing. The built-in port passes
+    on a distilled config; one that hands head_dist its token rounded to bfloat16 fails there."""
+    from functools import partial
+
+    from conformance.numerics.tolerances import tolerance
+    from conformance.verify import verify
+
+    assert all(tolerance("pooled_dist", d) == 1.0 for d in ("float32", "bfloat16", "float16"))
+
+    class RoundedDistToken(torch_vit.VisionTransformer):
+        def forward_head_distilled(self, x, taps=None):
+            x = x.clone()
+            x[:, 1] = x[:, 1].to(torch.bfloat16).float()
+            return super().forward_head_distilled(x, taps)
+
+    config = get_config("vit_test_distilled")
+    assert verify(torch_vit.make, config, port="torch").conformant
+    rounded = partial(torch_vit.make, model_cls=RoundedDistToken)
+    rounded.supports = torch_vit.make.supports  # the family's options, as the built-in port's
+    report = verify(rounded, config, port="rounded")
+    assert report.first_divergence == "pooled_dist", report.failures[:2]
