@@ -152,3 +152,10 @@ def test_the_cover_keeps_a_case_only_a_weakly_located_mutant_needs():
         {"mutant": "a", "dtype": "float32", "case": "z", "located": False, "separation": 0.5},
     ]
     assert cover(rows) == ["x", "y"]
+    # active dropout's separation is a random draw: any case that locates it covers it
+    dropout = [
+        {"mutant": "a", "dtype": "float32", "case": "x", "located": True, "separation": 1e4},
+        {"mutant": "mlx_dropout_left_active", "dtype": "bfloat16", "case": "x", "located": True, "separation": 6.4},
+        {"mutant": "mlx_dropout_left_active", "dtype": "bfloat16", "case": "y", "located": True, "separation": 9.8},
+    ]
+    assert cover(dropout) == ["x"] and cover([dict(r, mutant="b") for r in dropout[1:]] + dropout[:1]) == ["x", "y"]

@@ -59,7 +59,10 @@ STRONG = 10.0  # a case covers a mutant it locates this far outside the toleranc
 
 def cover(rows: list[dict]) -> list[str]:
     """The fewest cases (greedy) that locate every (mutant, dtype) some case locates, each at a
-    separation of ``STRONG`` or at the best any single case reaches when that is less."""
+    separation of ``STRONG`` or at the best any single case reaches when that is less; a bug whose
+    separation is a random draw (active dropout: another mask each call) by any case that locates
+    it, its best case being chance's."""
+    random = {m.name for m in MUTANTS.values() if m.bug_class == "active_dropout"}
     best: dict[tuple, float] = {}
     for r in rows:
         if r["located"]:
@@ -70,7 +73,7 @@ def cover(rows: list[dict]) -> list[str]:
     strength: dict[str, float] = {}
     for r in rows:
         key = (r["mutant"], r["dtype"])
-        if r["located"] and float(r["separation"]) >= min(STRONG, best[key]):
+        if r["located"] and float(r["separation"]) >= (0.0 if r["mutant"] in random else min(STRONG, best[key])):
             by_case.setdefault(r["case"], set()).add(key)
             strength[r["case"]] = strength.get(r["case"], 0.0) + min(float(r["separation"]), 1e6)
     chosen: list[str] = []

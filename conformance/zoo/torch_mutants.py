@@ -127,8 +127,9 @@ class VisionTransformerClassHeadOnly(T.VisionTransformer):
     """A distilled DeiT run through its class token's head alone: the distillation head unused."""
 
     def forward_head_distilled(self, x, taps=None):
-        x = T.record_tap(taps, "pooled", x[:, 0])
-        T.record_tap(taps, "pooled_dist", x[:, 1])
+        x, x_dist = x[:, 0], x[:, 1]
+        x = T.record_tap(taps, "pooled", x)
+        T.record_tap(taps, "pooled_dist", x_dist)
         return T.record_tap(taps, "logits", self.head(x))
 
 
@@ -147,6 +148,7 @@ tokens_column_major = partial(T.make, embed_layer=PatchEmbedColumnMajor)
 patch_linear_s1s2c = partial(T.make, embed_layer=PatchEmbedRearrangeS1S2C)
 mean_pool_instead_of_cls = partial(T.make, model_cls=VisionTransformerMeanPoolsAll)
 distillation_head_unused = partial(T.make, model_cls=VisionTransformerClassHeadOnly)
+distillation_head_unused.supports = {"distilled": True}
 
 
 # ----------------------------------------------------------------------------- attention level
