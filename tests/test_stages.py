@@ -14,10 +14,12 @@ from impls.protocol import get_config, tap_names
 from impls.stages import STAGES, stage_of
 from weights import init_state
 
-# Every option a stage can need: pre_norm, qk_norm, LayerScale, the MAP head, and the final norm.
+# Every option a stage can need: pre_norm, qk_norm, LayerScale, the MAP head, the final norm, the
+# patch norms and DeiT's distillation token.
 CONFIGS = [
     get_config("vit_test_clip").replace(qk_norm=True, init_values=1e-5),
     get_config("vit_test_siglip").replace(pre_norm=True, qk_norm=True),
+    get_config("vit_test_distilled").replace(patch_norm=True, embed_norm=True),
 ]
 RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
 TIMM_RULES = ("out", "in", "softmax", "return")
@@ -59,7 +61,7 @@ def test_the_completeness_check_names_a_stage_without_its_parts():
     assert "embed2: no calibrated local tolerance in float32" in problems
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms"])
 def test_every_stage_has_an_error_model_and_a_tap_in_every_builtin_port(config):
     state = init_state(config, seed=0)
     images = make_images(config, 2, "ordinary", 0)
@@ -70,5 +72,9 @@ def test_every_stage_has_an_error_model_and_a_tap_in_every_builtin_port(config):
     for port in ("numpy", "torch", "mlx"):  # JAX's taps are checked by test_model on the same configs
         out = load_factory(port)(config, state)(images)
         assert sorted(set(tap_names(config)) - set(out)) == [], port
-    # timm's hooks, read from the table's timm rules, show every stage and no other
+    # timm's hooks, read from the table's timm rules, show every stage and no other (timm has no
+    # norm on the raw patches: that config without it)
+    if config.patch_norm:
+        config = config.replace(patch_norm=False)
+        state = init_state(config, seed=0)
     assert sorted(timm_taps(timm_vit(config, state), images)) == sorted(tap_names(config))
