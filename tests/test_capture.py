@@ -501,11 +501,12 @@ def test_vit_pytorch_models_unmodified_are_conformant_and_their_bugs_located(nam
     assert shared.first_divergence == "blocks.0.norm1", format_report(shared)
 
 
-def test_a_vit_pytorch_model_in_bfloat16_is_conformant():
+@pytest.mark.parametrize("name", list(VIT_PYTORCH))
+def test_vit_pytorch_models_in_bfloat16_are_conformant(name):
     import tests.data.vit_pytorch_port as V
 
-    config = get_config("vit_test_token").replace(**V.SIMPLE)
-    report = verify(V.simple, config, cases=quick_cases(config), dtype="bfloat16")
+    config = get_config("vit_test_token").replace(**getattr(V, VIT_PYTORCH[name]))
+    report = verify(getattr(V, name), config, cases=quick_cases(config), dtype="bfloat16")
     assert report.conformant and len(report.stages) == 27, format_report(report)
 
 
