@@ -11,7 +11,7 @@ from conformance.report import UsageError
 from impls import get_config, jax_vit, mlx_vit, numpy_vit, torch_vit
 
 
-@pytest.mark.parametrize("grid, dim", [((2, 3), 8), ((4, 4), 24), ((14, 14), 384)])
+@pytest.mark.parametrize("grid, dim", [((2, 3), 8), ((14, 14), 384)])
 def test_every_ports_sincos_table_is_vit_pytorchs(grid, dim):
     """lucidrains' posemb_sincos_2d, unmodified, in float32: the PyTorch port's table is it
     bitwise, MLX's and JAX's within a few float32 roundings of sin and cos of angles up to the

@@ -291,7 +291,7 @@ RUNNABLE = [n for n in FAMILY_PRESETS if n != "vit_giant_patch14_dinov2" and "la
 CI_PRESETS = {
     "vit_small_patch14_reg4_dinov2": "torch",
     "vit_base_patch16_siglip_224": "mlx",
-    "deit_small_distilled_patch16_224": "jax",
+    "deit_small_distilled_patch16_224": "torch",
 }
 
 
