@@ -21,6 +21,7 @@ from conformance.capture.mapping import (
     PATCH_ORDERS,
     LoadError,
     config_argument,
+    module_of,
     patch_layout,
     patches_to_canonical,
     rename_function,
@@ -248,10 +249,9 @@ class ModelPort:
         targets = {adapter.resolve(m, params) for ms in key_map.values() for m in ms}
         extra = sorted(k for k in set(params) - targets if int(np.prod(params[k])) > 0)
         shapes = dict(params)
-        if key_map.get("patch_embed.proj.weight"):
-            shapes["patch_embed.proj"] = adapter.resolve(key_map["patch_embed.proj.weight"][0], params).rpartition(".")[
-                0
-            ]
+        proj = key_map.get("patch_embed.proj.weight")
+        if proj:  # the module that takes the patch kernel: an embed norm sits beside it
+            shapes["patch_embed.proj"] = module_of(adapter.resolve(proj[0], params))
         return not_expressible(dropped, extra, shapes, config, reads)
 
     # -- the factory
