@@ -203,13 +203,18 @@ def image_cases(kinds=IMAGE_KINDS, max_batch: int = 3) -> st.SearchStrategy[Imag
     )
 
 
+def _patch_bias(config: ViTConfig) -> str:
+    """The bias of the patch embedding's last step: its norm's, or the projection's."""
+    return "patch_embed.norm.bias" if config.embed_norm else "patch_embed.proj.bias"
+
+
 def add_patch_offset(state: dict[str, np.ndarray], config: ViTConfig, offset: float) -> None:
     """A common offset on every patch token: through the bias of the patch embedding's last step
     (its norm's, or the projection's), or where there is none (pre_norm) through the patch entries
     of the position embedding, if it has a learned one."""
     if not offset:
         return
-    last = "patch_embed.norm.bias" if config.embed_norm else "patch_embed.proj.bias"
+    last = _patch_bias(config)
     if last in state:
         state[last] = state[last] + np.float32(offset)
     elif "pos_embed" in state:
@@ -280,7 +285,7 @@ class TrainedLike:
                 pos[0, t, channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
             state["pos_embed"] = pos.astype(np.float32)
         else:  # no table to single out a patch: every patch token carries them
-            last = "patch_embed.norm.bias" if config.embed_norm else "patch_embed.proj.bias"
+            last = _patch_bias(config)
             if last in state:
                 bias = state[last].copy()
                 bias[channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))

@@ -13,11 +13,12 @@ import re
 
 from conformance.report import UsageError
 
+ATTN_OUT_BIAS, MLP_BIAS = r"blocks\.\d+\.attn\.proj\.bias", r"blocks\.\d+\.mlp\.fc[12](_[gx])?\.bias"
 # (canonical key pattern, what the model lacks, the option that expresses it, or None)
 PARTS = (
     (r"blocks\.\d+\.attn\.qkv\.bias", "its q, k and v projections have no bias", "qkv_bias=false"),
-    (r"blocks\.\d+\.attn\.proj\.bias", "its attention output has no bias", "proj_bias=false"),
-    (r"blocks\.\d+\.mlp\.fc[12](_[gx])?\.bias", "its MLP has no biases", "mlp_bias=false"),
+    (ATTN_OUT_BIAS, "its attention output has no bias", "proj_bias=false"),
+    (MLP_BIAS, "its MLP has no biases", "mlp_bias=false"),
     (
         r"(blocks\.\d+\.norm[12]|norm|fc_norm|norm_pre|patch_embed\.(patch_)?norm)\.bias",
         "its LayerNorms have no bias (a bias-free norm)",
@@ -158,13 +159,13 @@ def not_expressible(dropped: list[str], extra: list[str] = (), shapes=None, conf
     model's parameters no canonical key fills: the parts an option adds named (``extra_parts``,
     from the parameters' ``shapes``), the rest in a line of their own."""
     lines: dict[str, list[str]] = dict(reads or {})
-    attn_out, mlp = (any(re.fullmatch(p, k) for k in dropped) for p, _, _ in PARTS[1:3])
+    attn_out, mlp = (any(re.fullmatch(p, k) for k in dropped) for p in (ATTN_OUT_BIAS, MLP_BIAS))
     if attn_out and not mlp:  # timm's proj_bias drops both; the MLP's kept on their own
         lines["its attention output has no bias, its MLP has: proj_bias=false with mlp_bias=true expresses it"] = []
-        dropped = [k for k in dropped if not re.fullmatch(PARTS[1][0], k)]
+        dropped = [k for k in dropped if not re.fullmatch(ATTN_OUT_BIAS, k)]
     elif attn_out and mlp:
         lines["its attention output and its MLP have no biases: proj_bias=false expresses it"] = []
-        dropped = [k for k in dropped if not re.fullmatch(PARTS[1][0], k) and not re.fullmatch(PARTS[2][0], k)]
+        dropped = [k for k in dropped if not re.fullmatch(f"{ATTN_OUT_BIAS}|{MLP_BIAS}", k)]
     if any(k.startswith("fc_norm.") for k in extra) and any(k.startswith("norm.") for k in dropped):
         # timm moves the final norm after the pooling under global_pool='avg' (fc_norm)
         what = "its final norm comes after the pooling (timm's fc_norm): fc_norm=true expresses it"
