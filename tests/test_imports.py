@@ -3,6 +3,7 @@ included, ``if TYPE_CHECKING:`` ones not: they never run), and no library module
 test module. Read from the source with ast, so nothing is imported to check it."""
 
 import ast
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,8 @@ def _runtime_imports(tree: ast.AST):
             yield node
 
 
-def import_graph() -> dict[str, set[str]]:
+@cache  # read once: each test takes its own copy
+def _graph() -> dict[str, frozenset[str]]:
     modules = _modules()
     graph = {m: set() for m in modules}
     for name, path in modules.items():
@@ -47,7 +49,11 @@ def import_graph() -> dict[str, set[str]]:
                     target = target.rpartition(".")[0]
                 if target and target != name:
                     graph[name].add(target)
-    return graph
+    return {m: frozenset(deps) for m, deps in graph.items()}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {m: set(deps) for m, deps in _graph().items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

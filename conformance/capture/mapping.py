@@ -20,8 +20,14 @@ def rename_function(table: Mapping[str, str | None] | Callable[[str], str | None
     if callable(table):
         return table
     rules = [([_segment(p) for p in k.split(".")], v) for k, v in table.items()]
+    renamed: dict[str, str | None] = {}  # a convert renames the same keys on every call
 
     def rename(key: str) -> str | None:
+        if key not in renamed:
+            renamed[key] = _rename(key)
+        return renamed[key]
+
+    def _rename(key: str) -> str | None:
         parts = [(segment, False) for segment in key.split(".")]  # (segment, written by an entry)
         for pattern, new in rules:
             at = _find(parts, pattern)
