@@ -10,6 +10,7 @@ reading is one edit away (the option, or the mapping).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from conformance.report import UsageError
 
@@ -119,6 +120,49 @@ class NotExpressible(UsageError):
     label = "the config cannot express this model"
 
 
+# What a model computes that the config has no word for yet (a position scheme other than one
+# table added once), found by its modules' class names or its parameters' names: (what it is,
+# a class-name pattern, a parameter-name pattern). Such a model is not a wrong port: verify
+# cannot judge it, and says so (exit 2) before anything runs.
+SCHEMES = (
+    (
+        "it rotates q and k by their positions (a rotary position embedding: EVA02, DINOv3, timm's "
+        "rope ViTs, Perception Encoder)",
+        # the module that makes the angles (an attention class that can rotate, timm's
+        # AttentionRope, also runs without them)
+        r".*(Rotary|RoPE|Rope(?![a-z])).*(Emb|Position|Freq).*|RoPE",
+        r"(.*\.)?rope\.(freqs|periods)",
+    ),
+    (
+        "it adds a learned relative position bias to each block's attention logits (BEiT)",
+        r".*RelativePosition.*",
+        r".*relative_position_bias_table",
+    ),
+)
+
+
+def schemes(kinds: Mapping[str, str], keys) -> dict[str, list[str]]:
+    """{what the model computes that the config has no word for: the modules or parameters that
+    show it}, from its modules' class names (``kinds``, path -> class name) and parameter keys."""
+    found: dict[str, list[str]] = {}
+    for what, kind, key in SCHEMES:
+        shown = sorted({_fold(p) + f" ({k})" for p, k in kinds.items() if re.fullmatch(kind, k)})
+        shown += sorted({_fold(k) for k in keys if re.fullmatch(key, k)})
+        if shown:
+            found[f"{what}: the config has no word for it yet"] = shown
+    return found
+
+
+def _fold(key: str) -> str:
+    return re.sub(r"\.\d+\.", ".{i}.", key) if key else "the model"
+
+
+def split_qv_bias(extra) -> list[str]:
+    """The model's q and v biases held apart with no k bias (timm's Beit and Eva: ``q_bias``,
+    ``v_bias``; transformers' BEiT ``q_proj.bias``, ``v_proj.bias`` without ``k_proj.bias``)."""
+    return [k for k in extra if re.fullmatch(r".*\.(q_bias|v_bias)", k)]
+
+
 def optional_parts(keys) -> bool:
     """Whether every canonical key of ``keys`` is a part some model leaves out (a bias, a token,
     the position table, a norm): a mapping that sends a weight matrix nowhere made a mistake."""
@@ -145,6 +189,29 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
         elif shape == (config.embed_dim,) and proj and module.rpartition(".")[0] == proj.rpartition(".")[0]:
             found.setdefault("it normalises the patch embedding: embed_norm=true expresses it", []).append(key)
     D = config.embed_dim
+    regs = [k for k in extra if re.search(r"reg(ister)?_tokens?$", k) and len(shapes.get(k, ())) == 3]
+    if regs and tuple(shapes[regs[0]])[2] == D:
+        found[
+            f"it has {tuple(shapes[regs[0]])[1]} register tokens: reg_tokens={tuple(shapes[regs[0]])[1]} expresses it"
+        ] = regs
+        extra = [k for k in extra if k not in regs]
+    gammas = [
+        k for k in extra if re.fullmatch(r".*\.(gamma_[12]|lambda_?[12])", k) and tuple(shapes.get(k, ())) == (D,)
+    ]
+    if gammas:
+        what = (
+            "it scales its residual branches by held vectors (LayerScale as timm's Beit and Eva hold it): "
+            "init_values with a rename of blocks.{i}.ls1.gamma and ls2.gamma to them expresses it"
+        )
+        found[what] = gammas
+        extra = [k for k in extra if k not in gammas]
+    if split_qv_bias(extra):
+        what = (
+            "its q and v projections have biases of their own and k none (BEiT, EVA): qkv_bias=true with a "
+            "convert that sends qkv.bias's q and v thirds there expresses it (a k bias changes no attention)"
+        )
+        found[what] = split_qv_bias(extra)
+        extra = [k for k in extra if k not in found[what]]
     tokens = [k for k in extra if tuple(shapes.get(k, ())) in ((1, 1, D), (1, D))]
     heads = [k for k in extra if config.num_classes and tuple(shapes.get(k, ())) == (config.num_classes, D)]
     if tokens and (heads or not config.num_classes):  # a token and a classifier no key fills: DeiT's
@@ -153,12 +220,45 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
     return found
 
 
-def not_expressible(dropped: list[str], extra: list[str] = (), shapes=None, config=None, reads=None) -> NotExpressible:
+def not_expressible(
+    dropped: list[str], extra: list[str] = (), shapes=None, config=None, reads=None, kinds=None
+) -> NotExpressible:
     """The answer for canonical keys with nowhere to go in the model: one line per part the model
     lacks, naming its keys (blocks folded) and the option that expresses it; ``extra``, the
     model's parameters no canonical key fills: the parts an option adds named (``extra_parts``,
-    from the parameters' ``shapes``), the rest in a line of their own."""
-    lines: dict[str, list[str]] = dict(reads or {})
+    from the parameters' ``shapes``), the rest in a line of their own; what the config has no
+    word for (``schemes``, from the modules' class names ``kinds``) first."""
+    lines: dict[str, list[str]] = schemes(kinds or {}, list(shapes or {}))
+    shown = {k for keys in lines.values() for k in keys}
+    extra = [k for k in extra if _fold(k) not in shown]
+    if lines and "pos_embed" in dropped:  # no learned table: its positions come from the scheme
+        lines[next(iter(lines))].append("and no pos_embed")
+        dropped = [k for k in dropped if k != "pos_embed"]
+    lines.update(reads or {})
+    dropped, extra = _paired(lines, dropped, extra)
+    for key in dropped:
+        lacks, option = next(
+            ((lacks, option) for pattern, lacks, option in PARTS if re.fullmatch(pattern, key)),
+            (f"it has no place for {key}", None),
+        )
+        what = f"{lacks}: " + (f"{option} expresses it" if option else "no option of the config expresses it yet")
+        lines.setdefault(what, []).append(_fold(key))
+    found = extra_parts(extra, shapes or {}, config)
+    for what, keys in found.items():
+        lines[what] = [_fold(k) for k in keys]
+        extra = [k for k in extra if k not in keys]
+    if extra:
+        lines["and it has parameters no canonical key fills"] = [_fold(k) for k in extra]
+    body = "\n".join(
+        f"  {what}" + (f" ({', '.join(dict.fromkeys(keys))})" if keys else "") for what, keys in lines.items()
+    )
+    return NotExpressible(f"canonical keys have nowhere to go in the model (or the mapping forgot them):\n{body}")
+
+
+def _paired(lines: dict, dropped: list[str], extra: list[str]) -> tuple[list[str], list[str]]:
+    """Dropped keys whose part the model holds another way, told as one line each (the attention
+    output's and the MLP's biases, the final norm after the pooling), or left to the line of the
+    part it holds instead (q and v biases apart, LayerScale as gamma_1)."""
     attn_out, mlp = (any(re.fullmatch(p, k) for k in dropped) for p in (ATTN_OUT_BIAS, MLP_BIAS))
     if attn_out and not mlp:  # timm's proj_bias drops both; the MLP's kept on their own
         lines["its attention output has no bias, its MLP has: proj_bias=false with mlp_bias=true expresses it"] = []
@@ -172,19 +272,8 @@ def not_expressible(dropped: list[str], extra: list[str] = (), shapes=None, conf
         lines[what] = [k for k in dropped if k.startswith("norm.")]
         dropped = [k for k in dropped if not k.startswith("norm.")]
         extra = [k for k in extra if not k.startswith("fc_norm.")]
-    for key in dropped:
-        lacks, option = next(
-            ((lacks, option) for pattern, lacks, option in PARTS if re.fullmatch(pattern, key)),
-            (f"it has no place for {key}", None),
-        )
-        what = f"{lacks}: " + (f"{option} expresses it" if option else "no option of the config expresses it yet")
-        lines.setdefault(what, []).append(re.sub(r"blocks\.\d+\.", "blocks.{i}.", key))
-    for what, keys in extra_parts(extra, shapes or {}, config).items():
-        lines[what] = keys
-        extra = [k for k in extra if k not in keys]
-    if extra:
-        lines["and it has parameters no canonical key fills"] = [re.sub(r"\.\d+\.", ".{i}.", k) for k in extra]
-    body = "\n".join(
-        f"  {what}" + (f" ({', '.join(dict.fromkeys(keys))})" if keys else "") for what, keys in lines.items()
-    )
-    return NotExpressible(f"canonical keys have nowhere to go in the model (or the mapping forgot them):\n{body}")
+    if split_qv_bias(extra):
+        dropped = [k for k in dropped if not re.fullmatch(r"blocks\.\d+\.attn\.qkv\.bias", k)]
+    if any(re.fullmatch(r".*\.(gamma_[12]|lambda_?[12])", k) for k in extra):
+        dropped = [k for k in dropped if not re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", k)]
+    return dropped, extra

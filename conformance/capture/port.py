@@ -14,6 +14,7 @@ from conformance.capture.expressible import (
     NotExpressible,
     extra_parts,
     not_expressible,
+    schemes,
     optional_parts,
     options_read,
 )
@@ -252,7 +253,8 @@ class ModelPort:
         proj = key_map.get("patch_embed.proj.weight")
         if proj:  # the module that takes the patch kernel: an embed norm sits beside it
             shapes["patch_embed.proj"] = module_of(adapter.resolve(proj[0], params))
-        return not_expressible(dropped, extra, shapes, config, reads)
+        kinds = {path: adapter.kind(path) for path in adapter.modules()}
+        return not_expressible(dropped, extra, shapes, config, reads, kinds)
 
     # -- the factory
 
@@ -278,10 +280,13 @@ class ModelPort:
             dropped = sorted(k for k in state if not key_map[k] and not k.startswith("head."))
             raise self._unexpressed(dropped, key_map, adapter, config, e.reads) from None
         dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))
-        if dropped:  # the config names parts the model lacks: not a finding about the port
+        params = adapter.params()
+        # the config names parts the model lacks, or the model computes what the config has no
+        # word for (no mapping could make it fit): not a finding about the port
+        if dropped or schemes({p: adapter.kind(p) for p in adapter.modules()}, params):
             raise self._unexpressed(dropped, key_map, adapter, config)
         arrays, unfilled = self.mapped(state, adapter, config)
-        if extra_parts(unfilled, adapter.params(), config):  # the model has parts the config does not name
+        if extra_parts(unfilled, params, config):  # the model has parts the config does not name
             raise self._unexpressed([], key_map, adapter, config)
         mixed = self.autocast and dtype != "float32"
         adapter.load(arrays, dtype, cast=not (chosen or self.autocast))

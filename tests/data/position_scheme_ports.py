@@ -1,0 +1,78 @@
+"""Towers whose positions are not one learned table added once, unmodified, as a user gives them
+to verify: timm's Eva (rotary embeddings: its rope ViTs, DINOv3, EVA02) and Beit (a relative
+position bias), transformers' DINOv3ViTModel and BeitModel. Each is built at the config's width
+and depth; the renames are the ones their LayerScale naming needs (``gamma_1``), no more."""
+
+from conformance.capture import ModelPort
+
+SQUARE = {"square_images": True, "square_patches": True}
+GAMMAS = {"blocks.{i}.ls1.gamma": "blocks.{i}.gamma_1", "blocks.{i}.ls2.gamma": "blocks.{i}.gamma_2"}
+
+
+def _timm(name, **kw):
+    def build(config):
+        import timm
+
+        return timm.create_model(
+            name,
+            pretrained=False,
+            img_size=config.img_size[0],
+            patch_size=config.patch_size[0],
+            num_classes=config.num_classes,
+            depth=config.depth,
+            embed_dim=config.embed_dim,
+            num_heads=config.num_heads,
+            **kw,
+        ).eval()
+
+    return build
+
+
+# timm's axial rope ViT: every canonical key has its place (no position table, LayerScale as
+# gamma_1): only the rotation is left for the config to name
+ROPE_OPTIONS = {**SQUARE, "pos_embed": "none", "init_values": 1e-5}
+rope_vit = ModelPort(_timm("vit_base_patch16_rope_224"), rename=GAMMAS, supports=ROPE_OPTIONS)
+# the same model built without its rotation (Eva's use_rot_pos_emb=False): a plain ViT
+rope_vit_without_rope = ModelPort(
+    _timm("vit_base_patch16_rope_224", use_rot_pos_emb=False), rename=GAMMAS, supports=ROPE_OPTIONS
+)
+rope_mixed_vit = ModelPort(_timm("vit_base_patch16_rope_mixed_224"), rename=GAMMAS, supports=ROPE_OPTIONS)
+dinov3 = ModelPort(_timm("vit_small_patch16_dinov3"), rename={}, supports=SQUARE)
+beit = ModelPort(_timm("beit_base_patch16_224"), rename={}, supports=SQUARE)
+
+
+def _hf_dinov3(config):
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    return DINOv3ViTModel(
+        DINOv3ViTConfig(
+            hidden_size=config.embed_dim,
+            num_hidden_layers=config.depth,
+            num_attention_heads=config.num_heads,
+            intermediate_size=config.mlp_hidden_dim,
+            image_size=config.img_size[0],
+            patch_size=config.patch_size[0],
+            num_register_tokens=2,
+        )
+    ).eval()
+
+
+def _hf_beit(config):
+    from transformers import BeitConfig, BeitModel
+
+    return BeitModel(
+        BeitConfig(
+            hidden_size=config.embed_dim,
+            num_hidden_layers=config.depth,
+            num_attention_heads=config.num_heads,
+            intermediate_size=config.mlp_hidden_dim,
+            image_size=config.img_size[0],
+            patch_size=config.patch_size[0],
+            use_relative_position_bias=True,
+            use_absolute_position_embeddings=False,
+        )
+    ).eval()
+
+
+hf_dinov3 = ModelPort(_hf_dinov3, rename={}, output=lambda out: out.pooler_output, supports=SQUARE)
+hf_beit = ModelPort(_hf_beit, rename={}, output=lambda out: out.pooler_output, supports=SQUARE)

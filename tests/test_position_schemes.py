@@ -1,0 +1,93 @@
+"""A tower whose positions the config has no word for (rotary embeddings, BEiT's relative position
+bias) is told as such: exit 2 naming the scheme and the modules or parameters that show it,
+never NOT CONFORMANT at a stage, and never advice to use a position table it does not have."""
+
+import json
+
+import pytest
+
+from conformance.capture.expressible import NotExpressible, schemes
+from conformance.verify.forward import verify
+from impls import get_config
+from tests.data import position_scheme_ports as P
+
+# two blocks of 2 heads on a 4x4 grid of 8x8 patches: rotary needs a head_dim divisible by 4
+CONFIG = get_config("vit_test_token").replace(img_size=(32, 32), patch_size=(8, 8), num_heads=2)
+ROTARY = "it rotates q and k by their positions"
+RELATIVE = "it adds a learned relative position bias to each block's attention logits"
+NO_WORD = "the config has no word for it yet"
+
+
+def answer(port, config=CONFIG) -> str:
+    with pytest.raises(NotExpressible) as e:
+        verify(port, config, port="tower")
+    return str(e.value)
+
+
+def line(text: str, start: str) -> str:
+    return next(line for line in text.splitlines() if line.strip().startswith(start))
+
+
+def test_a_rope_vit_whose_every_key_has_its_place_is_not_expressible_and_without_rope_is_conformant():
+    """timm's vit_base_patch16_rope_224 mapped whole (no position table, LayerScale renamed): once
+    NOT CONFORMANT at blocks.0.attn.q, now the rotation named; the companion, the same model built
+    without its rotation, passes: the answer comes from the rotary module alone."""
+    config = CONFIG.replace(pos_embed="none", init_values=1e-5)
+    text = answer(P.rope_vit, config)
+    assert text.count("\n") == 1 and f"{ROTARY} " in text and NO_WORD in text, text
+    assert "rope (RotaryEmbeddingCat)" in text and "AttentionRope" not in text
+    report = verify(P.rope_vit_without_rope, config, port="rope off")
+    assert report.conformant, report.failures[:2] or [s.name for s in report.stages if not s.ok]
+
+
+@pytest.mark.parametrize(
+    "tower, scheme, shown, lines",
+    [
+        ("dinov3", ROTARY, "rope (RotaryEmbeddingDinoV3)", ["reg_tokens=4 expresses it", "init_values with a rename"]),
+        ("rope_mixed_vit", ROTARY, "rope.freqs", []),
+        ("beit", RELATIVE, "blocks.{i}.attn.relative_position_bias_table", ["q and v projections have biases"]),
+        ("hf_dinov3", ROTARY, "rope_embeddings (DINOv3ViTRopePositionEmbedding)", ["reg_tokens=2 expresses it"]),
+        ("hf_beit", RELATIVE, "relative_position_bias_table", []),
+    ],
+)
+def test_a_tower_with_another_position_scheme_is_told_what_the_config_cannot_say(tower, scheme, shown, lines):
+    """The scheme's line first, with what shows it; the missing pos_embed is part of that line, not
+    a suggestion of a sin-cos table or none; the parts options do express named as before."""
+    config = CONFIG.replace(pos_embed="none", init_values=1e-5) if tower == "rope_mixed_vit" else CONFIG
+    text = answer(getattr(P, tower), config)
+    first = text.splitlines()[1]
+    assert first.strip().startswith(scheme) and NO_WORD in first and shown in first, text
+    assert "pos_embed='sincos'" not in text and "pos_embed='none'" not in text, text
+    for expected in lines:
+        assert expected in text, (expected, text)
+
+
+def test_the_cli_exits_2_on_a_rotary_tower_with_the_configs_label(cli):
+    """In verify's process: the answer is the config's wherever the port runs (its own process
+    would import timm only to say the same)."""
+    config = CONFIG.replace(pos_embed="none", init_values=1e-5)
+    spec = "tests.data.position_scheme_ports:rope_vit"
+    code, out, err = cli("verify", spec, "--config", json.dumps(config.to_dict()), "--in-process")
+    assert code == 2 and "NOT CONFORMANT" not in out, out + err
+    assert "the config cannot express this model" in err and ROTARY in err, err
+
+
+def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
+    """The companion of the rule on class names: timm's, transformers', MLX's and x-transformers'
+    rotary modules and BEiT's bias are found; an attention class that can rotate (timm's
+    AttentionRope, which runs without angles too) and names that merely contain the letters are not."""
+    found = schemes(
+        {
+            "rope": "RotaryEmbeddingCat",
+            "rope_embeddings": "DINOv3ViTRopePositionEmbedding",
+            "layers.0.rope": "RoPE",
+            "rotary": "RotaryEmbedding",
+            "rel": "BeitRelativePositionBias",
+        },
+        [],
+    )
+    keys = list(found)
+    assert len(keys) == 2 and keys[0].startswith(ROTARY) and keys[1].startswith(RELATIVE), found
+    assert len(found[keys[0]]) == 4 and found[keys[1]] == ["rel (BeitRelativePositionBias)"], found
+    assert schemes({"blocks.0.attn": "AttentionRope", "d": "Dropout", "p": "DropPath", "x": "PropertyNet"}, []) == {}
+    assert schemes({}, ["blocks.0.attn.qkv.weight", "pos_embed"]) == {}
