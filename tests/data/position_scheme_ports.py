@@ -41,37 +41,29 @@ dinov3 = ModelPort(_timm("vit_small_patch16_dinov3"), rename={}, supports=SQUARE
 beit = ModelPort(_timm("beit_base_patch16_224"), rename={}, supports=SQUARE)
 
 
+def _hf_sizes(config) -> dict:
+    """transformers' names for the config's sizes."""
+    return dict(
+        hidden_size=config.embed_dim,
+        num_hidden_layers=config.depth,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.mlp_hidden_dim,
+        image_size=config.img_size[0],
+        patch_size=config.patch_size[0],
+    )
+
+
 def _hf_dinov3(config):
     from transformers import DINOv3ViTConfig, DINOv3ViTModel
 
-    return DINOv3ViTModel(
-        DINOv3ViTConfig(
-            hidden_size=config.embed_dim,
-            num_hidden_layers=config.depth,
-            num_attention_heads=config.num_heads,
-            intermediate_size=config.mlp_hidden_dim,
-            image_size=config.img_size[0],
-            patch_size=config.patch_size[0],
-            num_register_tokens=2,
-        )
-    ).eval()
+    return DINOv3ViTModel(DINOv3ViTConfig(**_hf_sizes(config), num_register_tokens=2)).eval()
 
 
 def _hf_beit(config):
     from transformers import BeitConfig, BeitModel
 
-    return BeitModel(
-        BeitConfig(
-            hidden_size=config.embed_dim,
-            num_hidden_layers=config.depth,
-            num_attention_heads=config.num_heads,
-            intermediate_size=config.mlp_hidden_dim,
-            image_size=config.img_size[0],
-            patch_size=config.patch_size[0],
-            use_relative_position_bias=True,
-            use_absolute_position_embeddings=False,
-        )
-    ).eval()
+    settings = dict(use_relative_position_bias=True, use_absolute_position_embeddings=False)
+    return BeitModel(BeitConfig(**_hf_sizes(config), **settings)).eval()
 
 
 hf_dinov3 = ModelPort(_hf_dinov3, rename={}, output=lambda out: out.pooler_output, supports=SQUARE)
