@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conformance.capture.expressible import NotExpressible, schemes
+from conformance.support import build_config, supports_of
 from conformance.verify.forward import verify
 from impls import get_config
 from tests.data import position_scheme_ports as P
@@ -48,12 +49,15 @@ def test_a_rope_vit_whose_every_key_has_its_place_is_not_expressible_and_without
         ("beit", RELATIVE, "blocks.{i}.attn.relative_position_bias_table", ["q and v projections have biases"]),
         ("hf_dinov3", ROTARY, "rope_embeddings (DINOv3ViTRopePositionEmbedding)", ["reg_tokens=2 expresses it"]),
         ("hf_beit", RELATIVE, "relative_position_bias_table", []),
+        ("x_transformers_rotary", ROTARY, "attn_layers.rotary_pos_emb.inv_freq", []),
     ],
 )
 def test_a_tower_with_another_position_scheme_is_told_what_the_config_cannot_say(tower, scheme, shown, lines):
     """The scheme's line first, with what shows it; the missing pos_embed is part of that line, not
     a suggestion of a sin-cos table or none; the parts options do express named as before."""
     config = CONFIG.replace(pos_embed="none", init_values=1e-5) if tower == "rope_mixed_vit" else CONFIG
+    if tower == "x_transformers_rotary":  # the options its port declares (x_transformers_port.OPTIONS)
+        config = build_config(supports_of(P.x_transformers_rotary), CONFIG.to_dict() | {"name": None})
     text = answer(getattr(P, tower), config)
     first = text.splitlines()[1]
     assert first.strip().startswith(scheme) and NO_WORD in first and shown in first, text
@@ -89,5 +93,9 @@ def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
     keys = list(found)
     assert len(keys) == 2 and keys[0].startswith(ROTARY) and keys[1].startswith(RELATIVE), found
     assert len(found[keys[0]]) == 4 and found[keys[1]] == ["rel (BeitRelativePositionBias)"], found
+    # its frequencies, where a model holds them (timm's mixed rope, x-transformers' buffer)
+    assert schemes({}, ["rope.freqs", "attn_layers.rotary_pos_emb.inv_freq"]) == {
+        keys[0]: ["attn_layers.rotary_pos_emb.inv_freq", "rope.freqs"]
+    }
     assert schemes({"blocks.0.attn": "AttentionRope", "d": "Dropout", "p": "DropPath", "x": "PropertyNet"}, []) == {}
     assert schemes({}, ["blocks.0.attn.qkv.weight", "pos_embed"]) == {}

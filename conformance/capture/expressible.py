@@ -131,7 +131,7 @@ SCHEMES = (
         # the module that makes the angles (an attention class that can rotate, timm's
         # AttentionRope, also runs without them)
         r".*(Rotary|RoPE|Rope(?![a-z])).*(Emb|Position|Freq).*|RoPE",
-        r"(.*\.)?rope\.(freqs|periods)",
+        r"(.*\.)?\w*(rope|rotary)\w*\.(freqs|periods|inv_freq)",
     ),
     (
         "it adds a learned relative position bias to each block's attention logits (BEiT)",

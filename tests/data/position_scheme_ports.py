@@ -3,7 +3,10 @@ to verify: timm's Eva (rotary embeddings: its rope ViTs, DINOv3, EVA02) and Beit
 position bias), transformers' DINOv3ViTModel and BeitModel. Each is built at the config's width
 and depth; the renames are the ones their LayerScale naming needs (``gamma_1``), no more."""
 
+from dataclasses import replace
+
 from conformance.capture import ModelPort
+from tests.data import x_transformers_port
 
 SQUARE = {"square_images": True, "square_patches": True}
 GAMMAS = {"blocks.{i}.ls1.gamma": "blocks.{i}.gamma_1", "blocks.{i}.ls2.gamma": "blocks.{i}.gamma_2"}
@@ -68,3 +71,14 @@ def _hf_beit(config):
 
 hf_dinov3 = ModelPort(_hf_dinov3, rename={}, output=lambda out: out.pooler_output, supports=SQUARE)
 hf_beit = ModelPort(_hf_beit, rename={}, output=lambda out: out.pooler_output, supports=SQUARE)
+
+
+# x-transformers' ViT with its Encoder's rotary embedding on: the options that express the rest
+# of it (tests/data/x_transformers_port.py), the rotation left for the config to name
+def _x_rotary(config):
+    from tests.data.x_transformers_port import build
+
+    return build(config, rotary_pos_emb=True)
+
+
+x_transformers_rotary = replace(x_transformers_port.port, build=_x_rotary)

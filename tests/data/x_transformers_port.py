@@ -24,7 +24,8 @@ OPTIONS = {
 }
 
 
-def build(c):
+def build(c, rotary_pos_emb=False):
+    """``rotary_pos_emb``: the Encoder's rotary embedding (test_position_schemes)."""
     from x_transformers import Encoder, ViTransformerWrapper
 
     # norm_add_unit_offset=False: its norms' gamma is the weight (the default holds weight - 1)
@@ -35,6 +36,7 @@ def build(c):
         attn_dim_head=c.head_dim,
         ff_mult=c.mlp_ratio,
         norm_add_unit_offset=False,
+        rotary_pos_emb=rotary_pos_emb,
     )
     return ViTransformerWrapper(
         image_size=c.img_size[0],
