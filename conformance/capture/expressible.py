@@ -157,9 +157,14 @@ def _fold(key: str) -> str:
     return re.sub(r"\.\d+\.", ".{i}.", key) if key else "the model"
 
 
+# LayerScale held as bare vectors: timm's Beit and Eva (gamma_1), transformers' BEiT (lambda_1)
+# and DINOv3 (layer_scale1.lambda1)
+HELD_LAYERSCALE = r".*\.(gamma_[12]|lambda_?[12])"
+
+
 def split_qv_bias(extra) -> list[str]:
     """The model's q and v biases held apart with no k bias (timm's Beit and Eva: ``q_bias``,
-    ``v_bias``; transformers' BEiT ``q_proj.bias``, ``v_proj.bias`` without ``k_proj.bias``)."""
+    ``v_bias``, beside a qkv without bias)."""
     return [k for k in extra if re.fullmatch(r".*\.(q_bias|v_bias)", k)]
 
 
@@ -195,9 +200,7 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
             f"it has {tuple(shapes[regs[0]])[1]} register tokens: reg_tokens={tuple(shapes[regs[0]])[1]} expresses it"
         ] = regs
         extra = [k for k in extra if k not in regs]
-    gammas = [
-        k for k in extra if re.fullmatch(r".*\.(gamma_[12]|lambda_?[12])", k) and tuple(shapes.get(k, ())) == (D,)
-    ]
+    gammas = [k for k in extra if re.fullmatch(HELD_LAYERSCALE, k) and tuple(shapes.get(k, ())) == (D,)]
     if gammas:
         what = (
             "it scales its residual branches by held vectors (LayerScale as timm's Beit and Eva hold it): "
@@ -274,6 +277,6 @@ def _paired(lines: dict, dropped: list[str], extra: list[str]) -> tuple[list[str
         extra = [k for k in extra if not k.startswith("fc_norm.")]
     if split_qv_bias(extra):
         dropped = [k for k in dropped if not re.fullmatch(r"blocks\.\d+\.attn\.qkv\.bias", k)]
-    if any(re.fullmatch(r".*\.(gamma_[12]|lambda_?[12])", k) for k in extra):
+    if any(re.fullmatch(HELD_LAYERSCALE, k) for k in extra):
         dropped = [k for k in dropped if not re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", k)]
     return dropped, extra

@@ -14,9 +14,9 @@ from conformance.capture.expressible import (
     NotExpressible,
     extra_parts,
     not_expressible,
-    schemes,
     optional_parts,
     options_read,
+    schemes,
 )
 from conformance.capture.mapping import (
     PATCH_ORDERS,
