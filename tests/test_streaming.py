@@ -12,6 +12,7 @@ from conformance.numerics import tape
 from conformance.numerics.kinds import activation, attention
 from conformance.numerics.compare import compare_outputs
 from conformance import strategies as S
+from conformance.profiles import heavy
 from conformance.tests.helpers import factory
 from impls import get_config
 
@@ -46,7 +47,20 @@ def _spread_one_run_after_another(model: E.CaseModel) -> dict[str, float]:
 
 @pytest.mark.parametrize(
     "preset,dtype",
-    [("taped", "float32"), ("taped", "bfloat16"), ("vit_test_dinov2", "float32"), ("vit_test_siglip", "bfloat16")],
+    [
+        ("taped", "float32"),
+        pytest.param(
+            "taped",
+            "bfloat16",
+            marks=pytest.mark.skipif(
+                not heavy(),
+                reason="thorough profile: in ci the taped products in float32 (the same float32 "
+                "difference) and bfloat16's noisy runs on vit_test_siglip",
+            ),
+        ),
+        ("vit_test_dinov2", "float32"),
+        ("vit_test_siglip", "bfloat16"),
+    ],
 )
 def test_streamed_noisy_runs_are_the_runs_one_after_another(preset, dtype, monkeypatch):
     """The same draws (run r's generator skipped to where run r - 1 stops) and, with the noisy

@@ -321,6 +321,8 @@ def test_a_flax_model_built_for_bfloat16_keeps_float32_norms_and_is_judged_as_st
     assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
     stored = {s.name: s.stored for s in report.stages}
     assert stored["blocks.0.norm1"] == "float32" and stored["blocks.0.mlp"] == "bfloat16"
+    # every stage read but the weights NNX's dot_product_attention keeps inside (as nnx_vit:port)
+    assert {n.split(".", 2)[2] for n in report.unseen if n.startswith("blocks.")} == {"attn.weights"}
 
 
 @pytest.mark.parametrize(
