@@ -50,6 +50,7 @@ def test_a_rope_vit_whose_every_key_has_its_place_is_not_expressible_and_without
         ("hf_dinov3", ROTARY, "rope_embeddings (DINOv3ViTRopePositionEmbedding)", ["reg_tokens=2 expresses it"]),
         ("hf_beit", RELATIVE, "relative_position_bias_table", []),
         ("x_transformers_rotary", ROTARY, "attn_layers.rotary_pos_emb.inv_freq", []),
+        ("mlx_rope_vit", ROTARY, "blocks.{i}.attn.rope (RoPE)", []),
     ],
 )
 def test_a_tower_with_another_position_scheme_is_told_what_the_config_cannot_say(tower, scheme, shown, lines):
@@ -99,3 +100,10 @@ def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
     }
     assert schemes({"blocks.0.attn": "AttentionRope", "d": "Dropout", "p": "DropPath", "x": "PropertyNet"}, []) == {}
     assert schemes({}, ["blocks.0.attn.qkv.weight", "pos_embed"]) == {}
+
+
+def test_the_mlx_model_without_its_rope_is_conformant():
+    """The companion of the MLX row above: the same model, its attention without nn.RoPE, passes
+    (what made it unexpressible was the rotation, found through the MLX adapter's modules)."""
+    report = verify(P.mlx_vit_without_rope, CONFIG, port="mlx without rope")
+    assert report.conformant, report.failures[:2] or [s.name for s in report.stages if not s.ok]

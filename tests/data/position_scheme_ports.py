@@ -82,3 +82,32 @@ def _x_rotary(config):
 
 
 x_transformers_rotary = replace(x_transformers_port.port, build=_x_rotary)
+
+
+def _mlx_rope(config, rotate=True):
+    """An MLX ViT as MLX vision towers write their attention: mlx.nn.RoPE on q and k per head
+    (``rotate=False``: the same model without it). The rest is impls.mlx_vit's, names and all."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from impls import mlx_vit
+
+    class RopeAttention(mlx_vit.Attention):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.rope = nn.RoPE(self.head_dim) if rotate else None
+
+        def __call__(self, x, taps=None, name="attn"):
+            B, N, _ = x.shape
+            qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            if self.rope is not None:
+                q, k = self.rope(q), self.rope(k)
+            weights = mx.softmax((q * self.scale) @ k.swapaxes(-2, -1), axis=-1, precise=True)
+            return self.proj(mlx_vit.merge_heads(weights @ v))
+
+    return mlx_vit.VisionTransformer(config, attn_layer=RopeAttention)
+
+
+mlx_rope_vit = ModelPort(_mlx_rope, rename={})
+mlx_vit_without_rope = ModelPort(lambda config: _mlx_rope(config, rotate=False), rename={})
