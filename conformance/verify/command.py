@@ -10,7 +10,7 @@ from conformance.verify.attention import verify_attention
 from conformance.verify.forward import verify
 from conformance.verify.heap import keep_freed_memory
 from conformance.verify.outputs import Outputs
-from conformance.verify.portside import DEFAULT_CONFIGS, default_config, load_port
+from conformance.verify.portside import DEFAULT_CONFIGS, TAP_ON_A_FACTORY, default_config, load_port
 from conformance.verify.report import Report, format_report
 from impls.protocol import ViTConfig
 
@@ -81,6 +81,10 @@ def _side(args, kind: str, spec: str):
     from conformance.verify.isolated import Isolated
     from conformance.verify.portside import InProcess
 
+    from impls import PORTS
+
+    if kind == "forward" and args.tap and spec in PORTS:  # a built-in port is a factory: said before it starts
+        raise UsageError(TAP_ON_A_FACTORY)
     if not getattr(args, "in_process", False):
         memory = getattr(args, "memory_limit", None)
         taps = args.tap if kind == "forward" else ()

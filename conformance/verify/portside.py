@@ -231,6 +231,11 @@ def load_port(kind: str, spec: str, taps=()):
     return with_taps(make, list(taps)) if kind == "forward" else make
 
 
+TAP_ON_A_FACTORY = (
+    "--tap applies to a ModelPort (a model and its weight mapping), not a port factory: a factory names its taps itself"
+)
+
+
 def with_taps(make, taps: list[str]):
     """``--tap STAGE=MODULE`` overrides applied to a ``ModelPort``."""
     if not taps:
@@ -238,10 +243,7 @@ def with_taps(make, taps: list[str]):
     from conformance.capture import ModelPort
 
     if not isinstance(make, ModelPort):
-        raise UsageError(
-            "--tap applies to a ModelPort (a model and its weight mapping), not a port factory: a factory "
-            "names its taps itself"
-        )
+        raise UsageError(TAP_ON_A_FACTORY)
     overrides = {}
     for t in taps:
         stage, sep, module = t.partition("=")
