@@ -37,9 +37,9 @@ def test_the_zoo_holds_at_least_20_model_mutants_and_every_declared_bug_class():
 
 # The JAX mutants ci leaves to the thorough profile (XLA compiles each anew for verify's two
 # batch shapes), and what in ci catches the same bug instead. The JAX model mutants nearest their
-# tolerance stay in ci (Flax's tanh GELU and fast variance, 118x and 120x in docs/data/zoo.json:
-# a loosened bound would lose them first); one whose recorded float32 separation is FAR or more
-# leaves: a bound would have to loosen that many times over to hide it.
+# tolerance stay in ci (their ratios in docs/data/zoo.json: a loosened bound would lose them
+# first), unless WITNESSED; one whose recorded float32 separation is FAR or more leaves: a bound
+# would have to loosen that many times over to hide it.
 FAR = 1e5
 _JAX_MODEL_RATIOS = {
     r["name"]: r["ratio"]
