@@ -25,10 +25,6 @@ def answer(port, config=CONFIG) -> str:
     return str(e.value)
 
 
-def line(text: str, start: str) -> str:
-    return next(line for line in text.splitlines() if line.strip().startswith(start))
-
-
 def test_a_rope_vit_whose_every_key_has_its_place_is_not_expressible_and_without_rope_is_conformant():
     """timm's vit_base_patch16_rope_224 mapped whole (no position table, LayerScale renamed): once
     NOT CONFORMANT at blocks.0.attn.q, now the rotation named; the companion, the same model built
