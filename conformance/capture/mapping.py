@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from functools import cache, lru_cache
 
 
 class LoadError(ValueError):
@@ -19,15 +20,17 @@ def rename_function(table: Mapping[str, str | None] | Callable[[str], str | None
     ``norm`` alone). An entry that maps to None drops the key (the model has no place for it)."""
     if callable(table):
         return table
-    rules = [([_segment(p) for p in k.split(".")], v) for k, v in table.items()]
-    renamed: dict[str, str | None] = {}  # a convert renames the same keys on every call
+    return _table_rename(tuple(table.items()))
 
+
+@lru_cache(maxsize=64)
+def _table_rename(items: tuple[tuple[str, str | None], ...]) -> Callable[[str], str | None]:
+    """One key function per table, each key's answer remembered: a convert builds the function
+    and renames the same keys on every call (every case of every verify)."""
+    rules = [([_segment(p) for p in k.split(".")], v) for k, v in items]
+
+    @cache
     def rename(key: str) -> str | None:
-        if key not in renamed:
-            renamed[key] = _rename(key)
-        return renamed[key]
-
-    def _rename(key: str) -> str | None:
         parts = [(segment, False) for segment in key.split(".")]  # (segment, written by an entry)
         for pattern, new in rules:
             at = _find(parts, pattern)
