@@ -91,7 +91,7 @@ def options_read(convert, state, config, first: str) -> NotExpressible | None:
         found = adding(key, config)
         if found is None:
             return None if not lines else _needs(lines)
-        lines.setdefault(found[0], []).append(re.sub(r"blocks\.\d+\.", "blocks.{i}.", key))
+        lines.setdefault(found[0], []).append(_fold(key))
         state[key] = np.zeros(found[1], np.float32)
         try:
             convert(state)
@@ -196,9 +196,8 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
     D = config.embed_dim
     regs = [k for k in extra if re.search(r"reg(ister)?_tokens?$", k) and len(shapes.get(k, ())) == 3]
     if regs and tuple(shapes[regs[0]])[2] == D:
-        found[
-            f"it has {tuple(shapes[regs[0]])[1]} register tokens: reg_tokens={tuple(shapes[regs[0]])[1]} expresses it"
-        ] = regs
+        n = tuple(shapes[regs[0]])[1]
+        found[f"it has {n} register tokens: reg_tokens={n} expresses it"] = regs
         extra = [k for k in extra if k not in regs]
     gammas = [k for k in extra if re.fullmatch(HELD_LAYERSCALE, k) and tuple(shapes.get(k, ())) == (D,)]
     if gammas:
@@ -208,13 +207,14 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
         )
         found[what] = gammas
         extra = [k for k in extra if k not in gammas]
-    if split_qv_bias(extra):
+    qv = split_qv_bias(extra)
+    if qv:
         what = (
             "its q and v projections have biases of their own and k none (BEiT, EVA): qkv_bias=true with a "
             "convert that sends qkv.bias's q and v thirds there expresses it (a k bias changes no attention)"
         )
-        found[what] = split_qv_bias(extra)
-        extra = [k for k in extra if k not in found[what]]
+        found[what] = qv
+        extra = [k for k in extra if k not in qv]
     tokens = [k for k in extra if tuple(shapes.get(k, ())) in ((1, 1, D), (1, D))]
     heads = [k for k in extra if config.num_classes and tuple(shapes.get(k, ())) == (config.num_classes, D)]
     if tokens and (heads or not config.num_classes):  # a token and a classifier no key fills: DeiT's

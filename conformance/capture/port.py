@@ -253,8 +253,7 @@ class ModelPort:
         proj = key_map.get("patch_embed.proj.weight")
         if proj:  # the module that takes the patch kernel: an embed norm sits beside it
             shapes["patch_embed.proj"] = module_of(adapter.resolve(proj[0], params))
-        kinds = {path: adapter.kind(path) for path in adapter.modules()}
-        return not_expressible(dropped, extra, shapes, config, reads, kinds)
+        return not_expressible(dropped, extra, shapes, config, reads, adapter.kinds())
 
     # -- the factory
 
@@ -283,7 +282,7 @@ class ModelPort:
         params = adapter.params()
         # the config names parts the model lacks, or the model computes what the config has no
         # word for (no mapping could make it fit): not a finding about the port
-        if dropped or schemes({p: adapter.kind(p) for p in adapter.modules()}, params):
+        if dropped or schemes(adapter.kinds(), params):
             raise self._unexpressed(dropped, key_map, adapter, config)
         arrays, unfilled = self.mapped(state, adapter, config)
         if extra_parts(unfilled, params, config):  # the model has parts the config does not name
