@@ -82,16 +82,22 @@ def test_a_pth_holding_arbitrary_objects_is_refused_not_unpickled(tmp_path):
         formats.read_timm(path)
 
 
+def exported_to_transformers(preset: str, model_cls, directory):
+    """A preset's seeded state written as Hugging Face's layout to ``directory``, loaded there
+    by ``model_cls.from_pretrained``: (config, state, images, its logits)."""
+    config = get_config(preset).replace(img_size=16)
+    state = init_state(config, seed=2)
+    write(state, config, str(directory), "hf")
+    model = model_cls.from_pretrained(directory).eval()
+    x = images(config)
+    with torch.no_grad():
+        return config, state, x, model(pixel_values=torch.from_numpy(x)).logits.numpy()
+
+
 def test_hf_export_loads_in_transformers_and_gives_the_ports_logits(tmp_path):
     from transformers import ViTForImageClassification
 
-    config = get_config("vit_test_token").replace(img_size=16)
-    state = init_state(config, seed=2)
-    write(state, config, str(tmp_path / "hf"), "hf")
-    model = ViTForImageClassification.from_pretrained(tmp_path / "hf").eval()
-    x = images(config)
-    with torch.no_grad():
-        ref = model(pixel_values=torch.from_numpy(x)).logits.numpy()
+    config, state, x, ref = exported_to_transformers("vit_test_token", ViTForImageClassification, tmp_path / "hf")
     assert_logits_close("torch", config, state, x, ref, "our hf export in transformers")
 
 
@@ -463,13 +469,8 @@ def test_a_distilled_deit_exports_as_deit_with_teacher_and_reads_back_bitwise(tm
     of the classifier without the teacher head is refused, naming the head it lacks."""
     from transformers import DeiTForImageClassificationWithTeacher
 
-    config = get_config("vit_test_distilled").replace(img_size=16)
-    state = init_state(config, seed=2)
-    write(state, config, str(tmp_path / "hf"), "hf")
-    model = DeiTForImageClassificationWithTeacher.from_pretrained(tmp_path / "hf").eval()
-    x = images(config)
-    with torch.no_grad():
-        ref = model(pixel_values=torch.from_numpy(x)).logits.numpy()
+    model_cls = DeiTForImageClassificationWithTeacher
+    config, state, x, ref = exported_to_transformers("vit_test_distilled", model_cls, tmp_path / "hf")
     assert_logits_close("torch", config, state, x, ref, "our DeiT export in transformers")
     back, back_config = hf.read_hf(tmp_path / "hf")
     assert (
