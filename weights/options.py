@@ -44,6 +44,12 @@ def _every(value, *layouts) -> dict[str, tuple]:
     return dict.fromkeys(layouts, value)
 
 
+def _only(value) -> dict[str, tuple]:
+    """An option no layout but the canonical one holds other than ``value`` (big_vision's npz,
+    open_clip, every Hugging Face family)."""
+    return _every((value,), "npz", "open_clip", *HF_FAMILY)
+
+
 OPTIONS: tuple[Option, ...] = (
     Option(
         "global_pool",
@@ -157,7 +163,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         False,
         "a LayerNorm over head_dim on q and on k",
-        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+        holds=_only(False),
     ),
     Option(
         "act_layer",
@@ -172,7 +178,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         True,
         "the biases of the attention output and the MLP's projections",
-        holds=_every((True,), "npz", "open_clip", *HF_FAMILY),
+        holds=_only(True),
     ),
     Option(
         "mlp_layer",
@@ -194,14 +200,14 @@ OPTIONS: tuple[Option, ...] = (
         "learn",
         "the position embedding: a learned table ('learn'), the fixed 2-D sin-cos table of SimpleViT computed "
         "at the grid ('sincos'), or none ('none')",
-        holds=_every(("learn",), "npz", "open_clip", *HF_FAMILY),
+        holds=_only("learn"),
     ),
     Option(
         "patch_norm",
         False,
         False,
         "a LayerNorm over each raw patch, flattened (c p1 p2), before the projection (vit-pytorch, x-transformers)",
-        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+        holds=_only(False),
         timm_name=None,
     ),
     Option(
@@ -209,7 +215,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         False,
         "a LayerNorm after the patch projection, patch_embed.norm (vit-pytorch, x-transformers)",
-        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+        holds=_only(False),
         timm_name="embed_norm_layer",
     ),
     Option(
@@ -217,7 +223,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         False,
         "the reducing pools average the class and register tokens too (vit-pytorch's 'mean')",
-        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+        holds=_only(False),
     ),
     Option(
         "distilled",
@@ -225,7 +231,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "DeiT's distillation token (dist_token, after the class token) and head (head_dist); the logits the mean "
         "of both heads'",
-        holds=_every((False,), "npz", "open_clip", *HF_FAMILY),
+        holds=_only(False),
         timm_name="VisionTransformerDistilled (a class)",
     ),
     Option(
@@ -233,7 +239,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         True,
         "the LayerNorms' bias (False: scale only, x-transformers; not qk-norm's or the attention pool's)",
-        holds=_every((True,), "npz", "open_clip", *HF_FAMILY),
+        holds=_only(True),
         timm_name="norm_layer",
     ),
     Option(
@@ -242,7 +248,7 @@ OPTIONS: tuple[Option, ...] = (
         (None,),
         "the MLP's biases on their own (None: as proj_bias, timm's coupling; SimpleViT: proj_bias=False, "
         "mlp_bias=True)",
-        holds=_every((None,), "npz", "open_clip", *HF_FAMILY),
+        holds=_only(None),
         timm_name=None,
     ),
 )
