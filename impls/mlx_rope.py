@@ -1,0 +1,85 @@
+"""Rotary position embeddings as timm defines them (timm/layers/pos_embed_sincos.py), in MLX at
+float32, op for op as timm computes them: impls/numpy_rope.py says what each function is."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+KINDS = ("cat", "dinov3", "mixed")
+
+
+def rope_grid(feat_shape, kind: str, offset: float = 0.0, indexing: str = "ij", ref_feat_shape=None):
+    """(N, 2) coordinates of the grid's patches, row-major, in ``indexing``'s order."""
+    shape = list(feat_shape)
+    ref = None if ref_feat_shape is None else list(ref_feat_shape)
+    if indexing == "xy":
+        shape, ref = shape[::-1], None if ref is None else ref[::-1]
+    if kind == "dinov3":  # centred, each axis by its own size
+        t = [(mx.arange(0.5, s, 1.0, dtype=mx.float32) + offset) / float(s) for s in shape]
+    else:
+        t = [mx.arange(s).astype(mx.float32) + offset for s in shape]
+    if ref is not None:  # EVA's fine-tuning rescale onto the pretraining grid
+        t = [x / f * r for x, f, r in zip(t, shape, ref)]
+    grid = mx.stack(mx.meshgrid(*t, indexing=indexing), axis=-1)
+    if kind == "dinov3":
+        grid = 2.0 * grid - 1.0
+    return grid.reshape(-1, 2)
+
+
+def rope_bands(head_dim: int, kind: str, temperature: float) -> mx.array:
+    """(head_dim / 4,) frequencies (``cat``) or periods (``dinov3``), as timm holds them."""
+    n = head_dim // 4
+    if kind == "dinov3":
+        return float(temperature) ** (2.0 * mx.arange(n, dtype=mx.float32) / (head_dim // 2))
+    return 1.0 / (float(temperature) ** (mx.arange(n).astype(mx.float32) / n))
+
+
+def rope_angles(
+    feat_shape,
+    head_dim: int,
+    kind: str = "cat",
+    temperature: float = 10000.0,
+    offset=0.0,
+    indexing: str = "ij",
+    ref_feat_shape=None,
+    freqs=None,
+) -> mx.array:
+    """The angles: (N, head_dim / 2) for ``cat`` and ``dinov3``; (depth, heads, N, head_dim / 2)
+    for ``mixed``, from its learned ``freqs`` (2, depth, heads, head_dim / 2)."""
+    if kind not in KINDS:
+        raise ValueError(f"rope kind {kind!r}: expected one of {KINDS}")
+    if kind == "mixed":
+        grid = rope_grid(feat_shape, "cat", 0.0, indexing)
+        freqs = mx.array(freqs, dtype=mx.float32)
+        return grid[:, 0, None] * mx.expand_dims(freqs[0], -2) + grid[:, 1, None] * mx.expand_dims(freqs[1], -2)
+    grid = rope_grid(feat_shape, kind, offset, indexing, ref_feat_shape)
+    bands = rope_bands(head_dim, kind, temperature)
+    if kind == "dinov3":
+        return (2 * math.pi * grid[:, :, None] / bands).reshape(grid.shape[0], -1)
+    return (grid[:, :, None] * bands).reshape(grid.shape[0], -1)
+
+
+def rope_layout(x: mx.array, rotate_half: bool = False) -> mx.array:
+    """Per-frequency values (..., hd / 2) laid out as the rotation reads them (..., hd)."""
+    return mx.concatenate([x, x], axis=-1) if rotate_half else mx.repeat(x, 2, axis=-1)
+
+
+def rope_embed(angles: mx.array, rotate_half: bool = False) -> tuple[mx.array, mx.array]:
+    """sin and cos of the angles, laid out for ``apply_rope``."""
+    return rope_layout(mx.sin(angles), rotate_half), rope_layout(mx.cos(angles), rotate_half)
+
+
+def rotate(x: mx.array, rotate_half: bool = False) -> mx.array:
+    """x turned a quarter in each pair: interleaved (x0, x1) -> (-x1, x0), or halves."""
+    if rotate_half:
+        x1, x2 = mx.split(x, 2, axis=-1)
+        return mx.concatenate([-x2, x1], axis=-1)
+    return mx.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape)
+
+
+def apply_rope(x: mx.array, sin: mx.array, cos: mx.array, rotate_half: bool = False) -> mx.array:
+    """Each pair of x's features rotated by its angle: x cos + rotate(x) sin, in x's dtype (the
+    tables' float32 kept until the sum, as timm's ``apply_rot_embed``)."""
+    return (x * cos + rotate(x, rotate_half) * sin).astype(x.dtype)

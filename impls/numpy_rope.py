@@ -1,0 +1,97 @@
+"""Rotary position embeddings as timm defines them (timm/layers/pos_embed_sincos.py), in NumPy at
+float64: the oracle's tables. impls/torch_rope.py, mlx_rope.py and jax_rope.py compute the same in
+float32, op for op as timm does; a diff between them shows only framework differences.
+
+Three kinds (timm's ``rope_type``), each a table of angles (N, head_dim / 2) for the grid's N
+patch tokens, row-major:
+
+- ``cat``: EVA02 and the axial rope ViTs (``RotaryEmbeddingCat``): integer coordinates (plus
+  ``offset``, rescaled onto ``ref_feat_shape`` where given) times head_dim / 4 bands
+  ``temperature ** -(i / (head_dim / 4))``, the first axis's bands, then the second's;
+- ``dinov3``: DINOv3 (``RotaryEmbeddingDinoV3``): 0.5-centred coordinates divided by the axis's
+  size, mapped to [-1, 1], times ``2 pi / period``, periods
+  ``temperature ** (2 i / (head_dim / 2))``;
+- ``mixed``: RoPE-Mixed (``RotaryEmbeddingMixed``): learned frequencies ``freqs`` (2, depth,
+  heads, head_dim / 2), ``x freqs[0] + y freqs[1]`` per block and head.
+
+``indexing`` "ij" takes the coordinates as (row, column), "xy" as (column, row). The rotation
+reads sin and cos laid out interleaved ([f0, f0, f1, f1, ...]: pairs (x0, x1), (x2, x3) rotate)
+or, with ``rotate_half``, as halves ([f0, f1, ..., f0, f1, ...]: x_i rotates with x_{i + hd/2}).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+KINDS = ("cat", "dinov3", "mixed")
+
+
+def rope_grid(feat_shape, kind: str, offset: float = 0.0, indexing: str = "ij", ref_feat_shape=None):
+    """(N, 2) coordinates of the grid's patches, row-major, in ``indexing``'s order."""
+    shape = list(feat_shape)
+    ref = None if ref_feat_shape is None else list(ref_feat_shape)
+    if indexing == "xy":
+        shape, ref = shape[::-1], None if ref is None else ref[::-1]
+    if kind == "dinov3":  # centred, each axis by its own size
+        t = [(np.arange(0.5, s) + offset) / s for s in shape]
+    else:
+        t = [np.arange(s, dtype=np.float64) + offset for s in shape]
+    if ref is not None:  # EVA's fine-tuning rescale onto the pretraining grid
+        t = [x / f * r for x, f, r in zip(t, shape, ref)]
+    grid = np.stack(np.meshgrid(*t, indexing=indexing), axis=-1)
+    if kind == "dinov3":
+        grid = 2.0 * grid - 1.0
+    return grid.reshape(-1, 2)
+
+
+def rope_bands(head_dim: int, kind: str, temperature: float) -> np.ndarray:
+    """(head_dim / 4,) angular frequencies per coordinate unit."""
+    n = head_dim // 4
+    if kind == "dinov3":
+        return 2 * np.pi / temperature ** (2.0 * np.arange(n) / (head_dim // 2))
+    return 1.0 / temperature ** (np.arange(n) / n)
+
+
+def rope_angles(
+    feat_shape,
+    head_dim: int,
+    kind: str = "cat",
+    temperature: float = 10000.0,
+    offset=0.0,
+    indexing: str = "ij",
+    ref_feat_shape=None,
+    freqs=None,
+) -> np.ndarray:
+    """The angles: (N, head_dim / 2) for ``cat`` and ``dinov3``; (depth, heads, N, head_dim / 2)
+    for ``mixed``, from its learned ``freqs`` (2, depth, heads, head_dim / 2)."""
+    if kind not in KINDS:
+        raise ValueError(f"rope kind {kind!r}: expected one of {KINDS}")
+    if kind == "mixed":
+        grid = rope_grid(feat_shape, "cat", 0.0, indexing)
+        freqs = np.asarray(freqs, np.float64)
+        return grid[:, 0, None] * freqs[0][..., None, :] + grid[:, 1, None] * freqs[1][..., None, :]
+    grid = rope_grid(feat_shape, kind, offset, indexing, ref_feat_shape)
+    return (grid[:, :, None] * rope_bands(head_dim, kind, temperature)).reshape(len(grid), -1)
+
+
+def rope_layout(x: np.ndarray, rotate_half: bool = False) -> np.ndarray:
+    """Per-frequency values (..., hd / 2) laid out as the rotation reads them (..., hd)."""
+    return np.concatenate([x, x], axis=-1) if rotate_half else np.repeat(x, 2, axis=-1)
+
+
+def rope_embed(angles: np.ndarray, rotate_half: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """sin and cos of the angles, laid out for ``apply_rope``."""
+    return rope_layout(np.sin(angles), rotate_half), rope_layout(np.cos(angles), rotate_half)
+
+
+def rotate(x: np.ndarray, rotate_half: bool = False) -> np.ndarray:
+    """x turned a quarter in each pair: interleaved (x0, x1) -> (-x1, x0), or halves."""
+    if rotate_half:
+        x1, x2 = np.split(x, 2, axis=-1)
+        return np.concatenate([-x2, x1], axis=-1)
+    return np.stack([-x[..., 1::2], x[..., ::2]], axis=-1).reshape(x.shape)
+
+
+def apply_rope(x: np.ndarray, sin: np.ndarray, cos: np.ndarray, rotate_half: bool = False) -> np.ndarray:
+    """Each pair of x's features rotated by its angle: x cos + rotate(x) sin."""
+    return x * cos + rotate(x, rotate_half) * sin

@@ -1,0 +1,152 @@
+"""Rotary position embeddings' tables and rotation (impls/*_rope.py) against timm's own
+(timm.layers.pos_embed_sincos), built locally: the PyTorch port's tables are timm's bitwise, MLX's
+and JAX's and the float64 oracle's within float32's rounding of timm's, for each of timm's kinds,
+both coordinate orders, an offset grid and EVA's rescale onto a reference grid."""
+
+import numpy as np
+import pytest
+import torch
+
+from impls import jax_rope, mlx_rope, numpy_rope, torch_rope
+
+U = 2.0**-24  # float32's unit roundoff
+HD = 16  # head_dim: four bands per axis
+
+# kind, temperature, grid, ref_feat_shape, offset, rotate_half: every kind on a non-square grid
+# (rows and columns told apart), EVA02's rescale with an offset, DINOv3's and the rope ViTs' values
+CASES = {
+    "cat": ("cat", 10000.0, (3, 5), None, 0.0, False),
+    "cat_ref_offset": ("cat", 100.0, (14, 12), (16, 16), 1.0, True),
+    "dinov3": ("dinov3", 100.0, (6, 4), None, 0.0, True),
+    "dinov3_offset": ("dinov3", 100.0, (5, 7), None, 1.0, False),
+    "mixed": ("mixed", 10.0, (24, 32), None, 0.0, False),
+}
+
+
+def _freqs(kind):
+    """RoPE-Mixed's learned frequencies (2, depth, heads, head_dim / 2), drawn."""
+    if kind != "mixed":
+        return None
+    return (np.random.default_rng(0).normal(size=(2, 2, 3, HD // 2)) * 0.5).astype(np.float32)
+
+
+def timm_table(kind, temperature, grid, ref, offset, half, indexing, freqs=None) -> np.ndarray:
+    """timm's concatenated [sin, cos] table, (N, 2 head_dim) (mixed: (depth, heads, N, 2 hd))."""
+    from timm.layers import pos_embed_sincos as P
+
+    shape = list(grid)
+    if kind == "cat":
+        m = P.RotaryEmbeddingCat(
+            dim=HD,
+            temperature=temperature,
+            in_pixels=False,
+            feat_shape=shape,
+            ref_feat_shape=ref,
+            grid_offset=offset,
+            grid_indexing=indexing,
+            rotate_half=half,
+        )
+    elif kind == "dinov3":
+        m = P.RotaryEmbeddingDinoV3(
+            dim=HD,
+            temperature=temperature,
+            feat_shape=shape,
+            grid_offset=offset,
+            grid_indexing=indexing,
+            rotate_half=half,
+        )
+    else:
+        heads = freqs.shape[2]
+        m = P.RotaryEmbeddingMixed(
+            dim=HD * heads,
+            depth=freqs.shape[1],
+            num_heads=heads,
+            temperature=temperature,
+            feat_shape=shape,
+            grid_indexing=indexing,
+        )
+        with torch.no_grad():
+            m.freqs.copy_(torch.from_numpy(freqs))
+    return m.get_embed().detach().numpy()
+
+
+def table(port, kind, temperature, grid, ref, offset, half, indexing, freqs=None) -> np.ndarray:
+    def embed(freqs):
+        return port.rope_embed(port.rope_angles(grid, HD, kind, temperature, offset, indexing, ref, freqs), half)
+
+    if port is jax_rope:  # one program, as inside the JAX port's jitted forward (not one per op)
+        import jax
+
+        embed = jax.jit(embed)
+    sin, cos = embed(freqs)
+    return np.concatenate([np.asarray(sin), np.asarray(cos)], -1)
+
+
+@pytest.mark.parametrize("indexing", ["ij", "xy"])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_every_ports_rope_table_is_timms(case, indexing):
+    """The angle is a coordinate times a band: the band's power and division, the coordinate's
+    offset, rescale or centring and the product round at most 8 times, each by u of the angle;
+    sin and cos then round once more. Within u (8 |angle| + 1) of timm's float32 table."""
+    kind, temperature, grid, ref, offset, half = case
+    freqs = _freqs(kind)
+    ref_table = timm_table(kind, temperature, grid, ref, offset, half, indexing, freqs)
+    assert np.array_equal(table(torch_rope, kind, temperature, grid, ref, offset, half, indexing, freqs), ref_table)
+    reach = np.abs(numpy_rope.rope_angles(grid, HD, kind, temperature, offset, indexing, ref, freqs)).max()
+    for port in (mlx_rope, jax_rope, numpy_rope):
+        mine = table(port, kind, temperature, grid, ref, offset, half, indexing, freqs)
+        assert mine.shape == ref_table.shape, port.__name__
+        assert np.abs(mine - ref_table).max() <= U * (8 * reach + 1), port.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        {"indexing": "xy"},  # the grid's x and y swapped
+        {"half": True},  # the other layout
+        {"offset": 0.5},  # an offset the model does not have
+        {"kind": "dinov3"},  # DINOv3's coordinates and periods for EVA's
+        {"ref": (6, 10)},  # EVA's rescale the model does not have
+    ],
+    ids=["xy_swapped", "rotate_half", "offset", "dinov3_for_cat", "rescaled"],
+)
+def test_the_table_check_fails_on_a_table_of_another_scheme(wrong):
+    """Companion: each of the bugs the schemes invite gives a table the bound above refuses,
+    by far (timm's 'cat' on a 3 x 5 grid, ij, interleaved, no offset)."""
+    args = dict(kind="cat", temperature=100.0, grid=(3, 5), ref=None, offset=0.0, half=False, indexing="ij")
+    ref_table = timm_table(**args)
+    mine = table(numpy_rope, **(args | wrong))
+    assert mine.shape != ref_table.shape or np.abs(mine - ref_table).max() > 1e3 * U * (8 * 5 + 1)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["interleaved", "rotate_half"])
+def test_every_ports_rotation_is_timms(half):
+    """q rotated by each port in float32 against timm's ``apply_rot_embed`` in float64 on the
+    same tables: within float32's rounding of the two products and their sum (|x| (|cos| +
+    |sin|) <= 2 |x|); the float64 oracle's is timm's exactly. The companion: the other layout's
+    rotation is far off."""
+    from timm.layers.pos_embed_sincos import apply_rot_embed
+
+    import jax.numpy as jnp
+    import mlx.core as mx
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2, 3, 15, HD))
+    sin, cos = numpy_rope.rope_embed(numpy_rope.rope_angles((3, 5), HD, "cat", 100.0), half)
+    ref = apply_rot_embed(*(torch.from_numpy(a) for a in (x, sin, cos)), half=half).numpy()
+    assert np.array_equal(numpy_rope.apply_rope(x, sin, cos, half), ref)
+    f32 = [a.astype(np.float32) for a in (x, sin, cos)]
+    bound = 4 * U * 2 * np.abs(x).max()  # the rounding of x, sin, cos, then of the products and sum
+    for port, array in ((torch_rope, torch.from_numpy), (mlx_rope, mx.array), (jax_rope, jnp.asarray)):
+        out = np.asarray(port.apply_rope(*(array(a) for a in f32), half))
+        assert out.dtype == np.float32 and np.abs(out - ref).max() <= bound, port.__name__
+    other = numpy_rope.apply_rope(
+        x, *numpy_rope.rope_embed(numpy_rope.rope_angles((3, 5), HD, "cat", 100.0), not half), not half
+    )
+    assert np.abs(other - ref).max() > 1e3 * bound
+
+
+def test_an_unknown_kind_is_refused_naming_the_kinds():
+    for port in (numpy_rope, torch_rope):
+        with pytest.raises(ValueError, match="rope kind 'axial'.*'cat', 'dinov3', 'mixed'"):
+            port.rope_angles((2, 2), HD, "axial")
