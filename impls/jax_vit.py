@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
+from impls.jax_rope import rope_tables, rotate_tokens
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -228,19 +229,22 @@ class Attention(nnx.Module):
         qk_norm: bool = False,
         proj_bias: bool = True,
         norm_eps: float = 1e-6,
+        rotate_half: bool = False,
+        num_prefix_tokens: int = 0,
         *,
         rngs,
     ):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
+        self.rotate_half, self.num_prefix_tokens = rotate_half, num_prefix_tokens  # rope (timm's Eva)
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, use_bias=qkv_bias, rngs=rngs)
         self.q_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()  # per head
         self.k_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()
         self.proj = Linear(dim, dim, use_bias=proj_bias, rngs=rngs)
 
-    def __call__(self, x, taps=None, name="attn"):
+    def __call__(self, x, taps=None, name="attn", rope=None):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
@@ -251,6 +255,9 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
             q = record_tap(taps, f"{name}.q_norm", q)
             k = record_tap(taps, f"{name}.k_norm", k)
+        if rope is not None:  # the patch tokens' q and k turned by their positions (timm's Eva)
+            q = record_tap(taps, f"{name}.q_rope", rotate_tokens(q, rope, self.num_prefix_tokens, self.rotate_half))
+            k = record_tap(taps, f"{name}.k_rope", rotate_tokens(k, rope, self.num_prefix_tokens, self.rotate_half))
         if self.fused_attn and taps is None:
             x = jax.nn.dot_product_attention(
                 q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), scale=self.scale
@@ -410,6 +417,8 @@ class Block(nnx.Module):
             qk_norm=config.qk_norm,
             proj_bias=config.proj_bias,
             norm_eps=config.norm_eps,
+            rotate_half=config.rope_rotate_half,
+            num_prefix_tokens=config.num_prefix_tokens,
             rngs=rngs,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
@@ -419,10 +428,10 @@ class Block(nnx.Module):
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
-    def __call__(self, x, taps=None, name="blocks.0"):
+    def __call__(self, x, taps=None, name="blocks.0", rope=None):
         h = self.norm1(x)
         h = record_tap(taps, f"{name}.norm1", h)
-        h = self.attn(h, taps, f"{name}.attn")
+        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}))
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
@@ -501,8 +510,9 @@ class VisionTransformer(nnx.Module):
         if self.config.pre_norm:
             x = self.norm_pre(x)
             x = record_tap(taps, "norm_pre", x)
+        rope = rope_tables(self.config, grid)  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
-            x = blk(x, taps, f"blocks.{i}")
+            x = blk(x, taps, f"blocks.{i}", **({} if rope is None else {"rope": rope}))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)

@@ -95,3 +95,28 @@ def rotate(x: np.ndarray, rotate_half: bool = False) -> np.ndarray:
 def apply_rope(x: np.ndarray, sin: np.ndarray, cos: np.ndarray, rotate_half: bool = False) -> np.ndarray:
     """Each pair of x's features rotated by its angle: x cos + rotate(x) sin."""
     return x * cos + rotate(x, rotate_half) * sin
+
+
+def rope_tables(config, grid) -> tuple[np.ndarray, np.ndarray] | None:
+    """sin and cos (P, head_dim) of ``config``'s rotary embedding at ``grid`` (rows, columns), or
+    None without one: computed at the images' grid, as timm's Eva does."""
+    if config.rope_type is None:
+        return None
+    angles = rope_angles(
+        grid,
+        config.head_dim,
+        config.rope_type,
+        config.rope_temperature,
+        config.rope_grid_offset,
+        config.rope_grid_indexing,
+        config.ref_feat_shape,
+    )
+    return rope_embed(angles, config.rope_rotate_half)
+
+
+def rotate_tokens(x: np.ndarray, rope, num_prefix_tokens: int, rotate_half: bool = False) -> np.ndarray:
+    """(B, H, N, hd): the patch tokens turned by their positions, the prefix tokens (class,
+    registers) as they are (timm's EvaAttention)."""
+    sin, cos = rope
+    n = num_prefix_tokens
+    return np.concatenate([x[..., :n, :], apply_rope(x[..., n:, :], sin, cos, rotate_half)], axis=-2)

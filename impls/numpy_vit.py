@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib.util
 import math
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 from scipy.special import erf
 
 from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
+from impls.numpy_rope import rope_tables, rotate_tokens
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -273,10 +275,13 @@ class Attention(Module):
         qk_norm: bool = False,
         proj_bias: bool = True,
         norm_eps: float = 1e-6,
+        rotate_half: bool = False,
+        num_prefix_tokens: int = 0,
     ):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
+        self.rotate_half, self.num_prefix_tokens = rotate_half, num_prefix_tokens  # rope (timm's Eva)
         self.fused_attn = fused_attn
         self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         if qk_norm:  # over head_dim, per head, before the scale
@@ -284,7 +289,7 @@ class Attention(Module):
             self.k_norm = LayerNorm(self.head_dim, eps=norm_eps)
         self.proj = Linear(dim, dim, bias=proj_bias)
 
-    def __call__(self, x, taps=None, name="attn"):
+    def __call__(self, x, taps=None, name="attn", rope=None):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
         q, k, v = qkv[0], qkv[1], qkv[2]
@@ -295,6 +300,9 @@ class Attention(Module):
             q, k = self.q_norm(q), self.k_norm(k)
             q = record_tap(taps, f"{name}.q_norm", q)
             k = record_tap(taps, f"{name}.k_norm", k)
+        if rope is not None:  # the patch tokens' q and k turned by their positions (timm's Eva)
+            q = record_tap(taps, f"{name}.q_rope", rotate_tokens(q, rope, self.num_prefix_tokens, self.rotate_half))
+            k = record_tap(taps, f"{name}.k_rope", rotate_tokens(k, rope, self.num_prefix_tokens, self.rotate_half))
         q = q * self.scale
         attn = q @ np.swapaxes(k, -2, -1)
         attn = softmax(attn, axis=-1)  # over keys
@@ -435,6 +443,8 @@ class Block(Module):
             qk_norm=config.qk_norm,
             proj_bias=config.proj_bias,
             norm_eps=config.norm_eps,
+            rotate_half=config.rope_rotate_half,
+            num_prefix_tokens=config.num_prefix_tokens,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
@@ -443,10 +453,10 @@ class Block(Module):
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
-    def __call__(self, x, taps=None, name="blocks.0"):
+    def __call__(self, x, taps=None, name="blocks.0", rope=None):
         h = self.norm1(x)
         h = record_tap(taps, f"{name}.norm1", h)
-        h = self.attn(h, taps, f"{name}.attn")
+        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}))
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
@@ -521,8 +531,9 @@ class VisionTransformer(Module):
         if self.config.pre_norm:
             x = self.norm_pre(x)
             x = record_tap(taps, "norm_pre", x)
+        rope = rope_tables(self.config, grid)  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
-            x = blk(x, taps, f"blocks.{i}")
+            x = blk(x, taps, f"blocks.{i}", **({} if rope is None else {"rope": rope}))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)
@@ -653,6 +664,12 @@ def _traced(name: str = "impls._numpy_vit_traced"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.np, module.erf = anp, aerf
+    # and the rotary embeddings' file, so that a rope model's rotation is differentiated too
+    spec = importlib.util.spec_from_file_location(f"{name}_rope", Path(__file__).with_name("numpy_rope.py"))
+    rope = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rope)
+    rope.np = anp
+    module.rope_tables, module.rotate_tokens = rope.rope_tables, rope.rotate_tokens
     return module
 
 

@@ -83,3 +83,28 @@ def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, rotate_hal
     """Each pair of x's features rotated by its angle: x cos + rotate(x) sin, in x's dtype (the
     tables' float32 kept until the sum, as timm's ``apply_rot_embed``)."""
     return (x * cos + rotate(x, rotate_half) * sin).to(x.dtype)
+
+
+def rope_tables(config, grid) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """sin and cos (P, head_dim) of ``config``'s rotary embedding at ``grid`` (rows, columns), or
+    None without one: computed at the images' grid, as timm's Eva does."""
+    if config.rope_type is None:
+        return None
+    angles = rope_angles(
+        grid,
+        config.head_dim,
+        config.rope_type,
+        config.rope_temperature,
+        config.rope_grid_offset,
+        config.rope_grid_indexing,
+        config.ref_feat_shape,
+    )
+    return rope_embed(angles, config.rope_rotate_half)
+
+
+def rotate_tokens(x: torch.Tensor, rope, num_prefix_tokens: int, rotate_half: bool = False) -> torch.Tensor:
+    """(B, H, N, hd): the patch tokens turned by their positions, the prefix tokens (class,
+    registers) as they are (timm's EvaAttention)."""
+    sin, cos = rope
+    n = num_prefix_tokens
+    return torch.cat([x[..., :n, :], apply_rope(x[..., n:, :], sin, cos, rotate_half)], dim=-2)

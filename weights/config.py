@@ -57,6 +57,7 @@ from typing import Any
 
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
 POS_EMBEDS = ("learn", "sincos", "none")
+ROPE_TYPES = ("cat", "dinov3")  # timm's rope_type; 'mixed' (learned frequencies) and 'mrope' not yet
 REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
@@ -138,6 +139,12 @@ class ViTConfig:
     mlp_bias: bool | None = None
     distilled: bool = False
     norm_bias: bool = True
+    rope_type: str | None = None
+    rope_temperature: float = 10000.0
+    rope_grid_indexing: str = "ij"
+    rope_grid_offset: float = 0.0
+    rope_rotate_half: bool = False
+    ref_feat_shape: int | tuple[int, int] | None = None
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +199,35 @@ class ViTConfig:
         if self.mlp_layer not in MLP_LAYERS:
             raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
         self._check_ports_options()
+        self._check_rope()
+
+    def _check_rope(self) -> None:
+        """timm's Eva rotary options (impls/numpy_rope.py): q and k of the patch tokens rotated in
+        every block, the prefix tokens not."""
+        if self.rope_type is not None and self.rope_type not in ROPE_TYPES:
+            raise ConfigError(
+                f"rope_type must be None (no rotary embedding) or one of {ROPE_TYPES}, got {self.rope_type!r}"
+            )
+        _real(self.rope_temperature, "rope_temperature")
+        _real(self.rope_grid_offset, "rope_grid_offset")
+        if not self.rope_temperature > 0:
+            raise ConfigError(f"rope_temperature must be > 0, got {self.rope_temperature!r}")
+        if self.rope_grid_indexing not in ("ij", "xy"):
+            raise ConfigError(f"rope_grid_indexing must be 'ij' (row, column) or 'xy', got {self.rope_grid_indexing!r}")
+        if not isinstance(self.rope_rotate_half, bool):
+            raise ConfigError(f"rope_rotate_half must be a bool, got {self.rope_rotate_half!r}")
+        if self.ref_feat_shape is not None:
+            object.__setattr__(self, "ref_feat_shape", _pair(self.ref_feat_shape, "ref_feat_shape"))
+            if min(self.ref_feat_shape) < 1 or self.rope_type != "cat":
+                raise ConfigError(
+                    f"ref_feat_shape {self.ref_feat_shape} rescales rope_type='cat''s grid (EVA02): positive, "
+                    f"and with rope_type='cat', got {self.rope_type!r}"
+                )
+        if self.rope_type is not None and self.head_dim % 4:
+            raise ConfigError(
+                f"rope_type={self.rope_type!r} rotates head_dim {self.head_dim} in pairs, half of them per grid axis: "
+                "it must be a multiple of 4"
+            )
 
     def _check_ports_options(self) -> None:
         """The options of ports as people write them (weights/options.py), and every flag a bool."""
