@@ -23,6 +23,8 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
+    if config.rope_type is not None:
+        return _timm_eva(config, state, dtype, rates)
     mlp_layer = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}[config.mlp_layer]
     # with a state to load, built without storage or timm's init (drawing ViT-B's takes a second),
     # then given the state's tensors: a strict load leaves nothing on the meta device
@@ -38,6 +40,87 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+# timm's Eva names LayerScale's gamma after its block (gamma_1), VisionTransformer after its module
+_EVA_NAMES = ((".ls1.gamma", ".gamma_1"), (".ls2.gamma", ".gamma_2"))
+# what of a rope config timm's Eva (attn_type='rope': timm's Attention with the rotation) has no keyword for
+_NOT_IN_EVA = {
+    "act_layer": "gelu",
+    "proj_bias": True,
+    "mlp_layer": "mlp",
+    "pos_embed": ("learn", "none"),
+    "distilled": False,
+    "fc_norm": (None, True, False),
+    "norm_bias": True,
+    "embed_norm": False,
+    "patch_norm": False,
+    "pool_include_prefix": False,
+    "mlp_bias": (None, True),
+}
+
+
+def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
+    """timm's Eva for a rope config (the rope ViTs' and DINOv3's layout: timm's Attention, LayerScale
+    as gamma_1 and gamma_2), in eval mode, with ``state`` loaded strictly."""
+    import torch
+    from timm.layers import LayerNorm
+    from timm.models.eva import Eva
+
+    beyond = [
+        f"{k}={getattr(config, k)!r}"
+        for k, ok in _NOT_IN_EVA.items()
+        if getattr(config, k) not in (ok if isinstance(ok, tuple) else (ok,))
+    ]
+    if beyond:
+        raise NotInTimm(f"timm's Eva has no keyword for {', '.join(beyond)}")
+    with torch.device("meta") if state is not None else contextlib.nullcontext():
+        model = Eva(
+            img_size=config.img_size,
+            patch_size=config.patch_size,
+            in_chans=config.in_chans,
+            num_classes=config.num_classes,
+            global_pool=config.global_pool,
+            embed_dim=config.embed_dim,
+            depth=config.depth,
+            num_heads=config.num_heads,
+            qkv_bias=config.qkv_bias,
+            mlp_ratio=config.mlp_ratio,
+            attn_type="rope",
+            init_values=config.init_values,
+            class_token=config.class_token,
+            num_reg_tokens=config.reg_tokens,
+            no_embed_class=config.no_embed_class,
+            use_abs_pos_emb=config.pos_embed == "learn",
+            use_rot_pos_emb=True,
+            rope_type=config.rope_type,
+            rope_temperature=config.rope_temperature,
+            rope_grid_indexing=config.rope_grid_indexing,
+            rope_grid_offset=config.rope_grid_offset,
+            rope_rotate_half=config.rope_rotate_half,
+            ref_feat_shape=config.ref_feat_shape,
+            use_fc_norm=config.use_fc_norm,
+            use_pre_transformer_norm=config.pre_norm,
+            qk_norm=config.qk_norm,
+            norm_layer=partial(LayerNorm, eps=config.norm_eps),
+            dynamic_img_size=config.dynamic_img_size,
+            **rates,
+        )
+    if state is not None:
+        model.load_state_dict(
+            {_eva_key(k): torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True, assign=True
+        )
+        model.rope.to_empty(device="cpu")  # its tables are no weights: computed, as timm does at init
+        model.rope.reset_parameters()
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
+def _eva_key(key: str, back: bool = False) -> str:
+    for canonical, eva in _EVA_NAMES:
+        key = key.replace(eva, canonical) if back else key.replace(canonical, eva)
+    return key
 
 
 class NotInTimm(ValueError):
@@ -111,7 +194,7 @@ def _numpy(t) -> np.ndarray:
 
 
 def timm_state(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
+    return {_eva_key(k, back=True): v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
 
 
 def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
@@ -144,7 +227,7 @@ def _hooked(model, taps: dict):
 
     from impls.stages import STAGES
 
-    hooks, softmax = [], []
+    hooks, softmax, typed = [], [], []
 
     def record(name, how, attention):
         def store(value):
@@ -170,6 +253,9 @@ def _hooked(model, taps: dict):
             if where == "softmax":
                 softmax.append((root, name))
                 continue
+            if where == "typed":  # timm's Eva casts its rotated q, then k, with type_as
+                typed.append((root.get_submodule("attn"), name, int(path)))
+                continue
             try:
                 module = root.get_submodule(path) if path else root
             except AttributeError:  # a stage timm has no module for (a patch norm): no stage
@@ -182,7 +268,11 @@ def _hooked(model, taps: dict):
     try:
         with contextlib.ExitStack() as stack:
             for root, name in softmax:
-                stack.enter_context(_SoftmaxRecorder(root, taps, name))
+                stack.enter_context(_CallRecorder(root, taps, name, _softmaxes()))
+            for attention, name, index in typed:
+                import torch
+
+                stack.enter_context(_CallRecorder(attention, taps, name, (torch.Tensor.type_as,), index))
             yield taps
     finally:
         for h in hooks:
@@ -224,28 +314,36 @@ def timm_make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, train: bo
     return grad
 
 
-class _SoftmaxRecorder:
-    """The output of the softmax called while ``module`` runs (timm's AttentionPoolLatent passes
-    its attention weights through no module)."""
+def _softmaxes():
+    import torch
 
-    def __init__(self, module, taps, name):
-        self.module, self.taps, self.name = module, taps, name
+    return (torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax)
+
+
+class _CallRecorder:
+    """The output of a function called while ``module`` runs: the ``index``-th call of one of
+    ``funcs``, or (None) the last (timm's AttentionPoolLatent passes its attention weights
+    through no module, Eva its rotated q and k)."""
+
+    def __init__(self, module, taps, name, funcs, index=None):
+        self.module, self.taps, self.name, self.funcs, self.index = module, taps, name, funcs, index
 
     def __enter__(self):
-        import torch
         from torch.overrides import TorchFunctionMode
 
-        taps, name = self.taps, self.name
+        taps, name, funcs, index, calls = self.taps, self.name, self.funcs, self.index, []
 
         class Mode(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 result = func(*args, **(kwargs or {}))
-                if func in (torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax):
-                    taps[name] = result
+                if func in funcs:
+                    if index is None or len(calls) == index:
+                        taps[name] = result
+                    calls.append(func)
                 return result
 
         self.mode = Mode()
-        self.pre = self.module.register_forward_pre_hook(lambda m, a: None if self.mode.__enter__() else None)
+        self.pre = self.module.register_forward_pre_hook(lambda m, a: calls.clear() or self.mode.__enter__() and None)
         self.post = self.module.register_forward_hook(
             lambda m, a, o: None if self.mode.__exit__(None, None, None) else None
         )

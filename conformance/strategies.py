@@ -51,16 +51,27 @@ def family_options(draw) -> dict:
         mlp_bias=draw(st.sampled_from([None, None, True, False])),
         distilled=draw(st.booleans()),
         norm_bias=draw(st.sampled_from([True, True, False])),
+        rope_type=draw(st.sampled_from([None, None, "cat", "dinov3"])),
+        rope_temperature=draw(st.sampled_from([10000.0, 100.0])),
+        rope_grid_indexing=draw(st.sampled_from(["ij", "xy"])),
+        rope_grid_offset=draw(st.sampled_from([0.0, 0.0, 1.0])),
+        rope_rotate_half=draw(st.booleans()),
+        ref_feat_shape=draw(st.sampled_from([None, None, (3, 5)])),
     )
 
 
 def _consistent(values: dict) -> dict:
     """Drawn options moved to a valid config: the sin-cos table needs two frequencies of each of x
-    and y; the distillation head reads the class and distillation tokens alone."""
+    and y; the distillation head reads the class and distillation tokens alone; a rotary embedding
+    turns pairs of head_dim over each of two axes."""
     if values.get("pos_embed") == "sincos" and (values["embed_dim"] % 4 or values["embed_dim"] < 8):
         values["pos_embed"] = "learn"
     if values.get("distilled") and (values["global_pool"] != "token" or values.get("reg_tokens")):
         values["distilled"] = False
+    if values.get("rope_type") and (values["embed_dim"] // values["num_heads"]) % 4:  # pairs over two axes
+        values["rope_type"] = None
+    if values.get("rope_type") != "cat":  # EVA02's rescale is the 'cat' grid's
+        values["ref_feat_shape"] = None
     return values
 
 

@@ -29,11 +29,14 @@ the head (a headless model's output); ``return`` what the model returns; ``unsee
 timm rules, in timm's module names relative to the stage's scope (the model, ``blocks[i]``,
 ``attn_pool``), read by forward hooks: ``out:M`` / ``in:M`` as above (``out:`` the scope's own
 module; ``@tokens`` an NHWC output flattened, ``@v`` the value part of a fused projection, split
-into heads); ``softmax`` the softmax called inside the scope; ``return`` the model's output.
+into heads); ``softmax`` the softmax called inside the scope; ``typed:I`` the I-th tensor the
+scope's attention casts with ``type_as`` (timm's Eva: its rotated q, then k); ``return`` the
+model's output.
 
 Input patterns: ``{b}`` the stage's block (``blocks.3``); ``{prev}`` the block's input (the
 previous block, or ``norm_pre`` / ``embed`` before block 0); ``{q}``, ``{k}`` q and k as the
-attention weights see them (``attn.q_norm`` with qk-norm); ``{attn_out}``, ``{mlp_out}`` what a
+attention weights see them (``attn.q_rope`` with rotary embeddings, else ``attn.q_norm`` with
+qk-norm); ``{q_in}``, ``{k_in}`` what the rotation reads (``attn.q_norm`` with qk-norm); ``{attn_out}``, ``{mlp_out}`` what a
 residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
 final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads;
 ``{patch_in}`` what the projection reads (the patch norm, or the images); ``{patches}`` the patch
@@ -99,6 +102,10 @@ def _layer_scale(c):
     return c.init_values is not None
 
 
+def _rope(c):
+    return c.rope_type is not None
+
+
 def _final_norm(c):
     return not c.use_fc_norm
 
@@ -144,16 +151,21 @@ BLOCK = (
     Stage("norm1", "norm1", ("{prev}",), "B N D", "block", params=("norm1",), residual=True, cotangent="3D",
           capture="out:norm1"),
     Stage("attn.q", "attn.q", ("{b}.norm1",), "B H N hd", "block", params=("attn.qkv",), contraction=True,
-          cotangent="qk", capture=lambda c: "in:attn.q_norm@heads" if c.qk_norm else "attn:q", timm="in:attn.q_norm",
+          cotangent="qk", capture=lambda c: "in:attn.q_norm@heads" if c.qk_norm or c.rope_type else "attn:q",
+          timm="in:attn.q_norm",
           note='split from `qkv`, q before scaling'),
     Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="qk",
-          capture=lambda c: "in:attn.k_norm@heads" if c.qk_norm else "attn:k", timm="in:attn.k_norm"),
+          capture=lambda c: "in:attn.k_norm@heads" if c.qk_norm or c.rope_type else "attn:k", timm="in:attn.k_norm"),
     Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N", capture="attn:v",
           timm="out:attn.qkv@v"),
     Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "B H N hd", "block", _qk_norm, ("attn.q_norm",),
-          cotangent="N", capture="out:attn.q_norm@heads"),
+          cotangent="qk_out", capture="out:attn.q_norm@heads"),
     Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "B H N hd", "block", _qk_norm, ("attn.k_norm",),
-          cotangent="N", capture="out:attn.k_norm@heads"),
+          cotangent="qk_out", capture="out:attn.k_norm@heads"),
+    Stage("attn.q_rope", "attn.q_rope", ("{q_in}",), "B H N hd", "block", _rope, cotangent="N", capture="attn:q",
+          timm="typed:0", note="q turned by its position (the prefix tokens as they are; timm's Eva)"),
+    Stage("attn.k_rope", "attn.k_rope", ("{k_in}",), "B H N hd", "block", _rope, cotangent="N", capture="attn:k",
+          timm="typed:1"),
     Stage("attn.weights", "attn.weights", ("{q}", "{k}"), "B H N N", "block", contraction=True, cotangent="hd",
           capture="attn:weights", timm="out:attn.attn_drop",
           note='softmax over the last axis'),
@@ -270,11 +282,14 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
         prev = None
     last = f"blocks.{config.depth - 1}"
     features = "norm" if not config.use_fc_norm else last
-    qk = (f"{b}.attn.q_norm", f"{b}.attn.k_norm") if config.qk_norm else (f"{b}.attn.q", f"{b}.attn.k")
+    qk_in = (f"{b}.attn.q_norm", f"{b}.attn.k_norm") if config.qk_norm else (f"{b}.attn.q", f"{b}.attn.k")
+    qk = (f"{b}.attn.q_rope", f"{b}.attn.k_rope") if config.rope_type else qk_in
     scaled = config.init_values is not None
     values = {
         "{b}": b,
         "{prev}": prev,
+        "{q_in}": qk_in[0],
+        "{k_in}": qk_in[1],
         "{q}": qk[0],
         "{k}": qk[1],
         "{last}": last,
@@ -309,7 +324,9 @@ def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) ->
         "3D": 3 * config.embed_dim,
         "N": tokens,
         "hd": config.head_dim,
-        "qk": config.head_dim if config.qk_norm else tokens,
+        # q's and k's consumer: qk-norm (over head_dim), the rotation (two products' sum), or q kᵀ
+        "qk": config.head_dim if config.qk_norm else (2 if config.rope_type else tokens),
+        "qk_out": 2 if config.rope_type else tokens,
         "hidden": hidden,
         "P": config.num_patches,
         "mlp": config.mlp_hidden_dim,
@@ -342,6 +359,7 @@ OPTIONS = {
     _pre_norm: "`pre_norm`",
     _qk_norm: "`qk_norm`",
     _layer_scale: "`init_values`",
+    _rope: "`rope_type`",
     _final_norm: "no `fc_norm`",
     _map: '`global_pool="map"`',
     _patch_norm: "`patch_norm`",

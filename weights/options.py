@@ -259,25 +259,39 @@ OPTIONS: tuple[Option, ...] = (
         "rotary position embeddings of q and k (the prefix tokens left unrotated): None, 'cat' (EVA02, the "
         "axial rope ViTs) or 'dinov3' (DINOv3's centred coordinates and periods)",
         holds=_only(None),
-        timm_name=None,
+        timm_name="rope_type (Eva)",
     ),
-    Option("rope_temperature", 10000.0, 10000.0, "the rotary bands' base", holds=_only(10000.0), timm_name=None),
+    Option(
+        "rope_temperature",
+        10000.0,
+        10000.0,
+        "the rotary bands' base",
+        holds=_only(10000.0),
+        timm_name="rope_temperature (Eva)",
+    ),
     Option(
         "rope_grid_indexing",
         "ij",
         "ij",
         "the rotary grid's coordinates as (row, column), 'ij', or (column, row), 'xy'",
         holds=_only("ij"),
-        timm_name=None,
+        timm_name="rope_grid_indexing (Eva)",
     ),
-    Option("rope_grid_offset", 0.0, 0.0, "added to the rotary grid's coordinates", holds=_only(0.0), timm_name=None),
+    Option(
+        "rope_grid_offset",
+        0.0,
+        0.0,
+        "added to the rotary grid's coordinates",
+        holds=_only(0.0),
+        timm_name="rope_grid_offset (Eva)",
+    ),
     Option(
         "rope_rotate_half",
         False,
         False,
         "the rotation's pairs: (x_i, x_{i + hd/2}) (True, DINOv3) or neighbours (x_2i, x_2i+1)",
         holds=_only(False),
-        timm_name=None,
+        timm_name="rope_rotate_half (Eva)",
     ),
     Option(
         "ref_feat_shape",
@@ -285,7 +299,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "EVA02's rescale of the rotary grid onto the pretraining grid",
         holds=_only(None),
-        timm_name=None,
+        timm_name="ref_feat_shape (Eva)",
     ),
 )
 

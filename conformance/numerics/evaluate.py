@@ -14,6 +14,7 @@ from conformance.numerics.kinds.activation import gated, gelu
 from conformance.numerics.kinds.attention import attend, softmax_weights
 from conformance.numerics.kinds.layer_norm import layer_norm
 from conformance.numerics.kinds.linear import linear, propagate_linear
+from conformance.numerics.kinds.rotary import rotary
 from conformance.numerics.roundings import Precision
 
 # ----------------------------------------------------------------------------- stages
@@ -164,7 +165,8 @@ def evaluate(
 ):
     """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64)."""
     if name.startswith("blocks."):
-        return _block_stage(name, t, s, config, p)
+        grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+        return _block_stage(name, t, s, config, p, grid)
     return _model_stage(name, t, images, s, config, p)
 
 
@@ -224,8 +226,8 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
     raise KeyError(f"no error model for stage {name!r}")
 
 
-def _block_stage(name: str, t, s, config: ViTConfig, p: Precision):
-    """A stage of block i, from its inputs (``stage_inputs``)."""
+def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid):
+    """A stage of block i, from its inputs (``stage_inputs``), at the images' ``grid``."""
     eps, H, hd = config.norm_eps, config.num_heads, config.head_dim
     _, i, *rest = name.split(".", 2)
     b, rest = f"blocks.{i}", (rest[0] if rest else "")
@@ -239,6 +241,8 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision):
     if rest in ("attn.q_norm", "attn.k_norm"):
         n = rest.split(".")[1]
         return layer_norm(inputs[0], s[f"{b}.attn.{n}.weight"], s.get(f"{b}.attn.{n}.bias", 0.0), eps, p)
+    if rest in ("attn.q_rope", "attn.k_rope"):
+        return rotary(inputs[0], grid, config, p)
     if rest == "attn.weights":
         return softmax_weights(inputs[0], inputs[1], hd**-0.5, p)
     if rest == "attn":

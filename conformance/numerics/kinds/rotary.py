@@ -1,0 +1,45 @@
+"""The error model of a rotary position embedding (timm's Eva): q or k of the patch tokens turned
+by their positions, the prefix tokens as they are."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance.numerics.roundings import Precision
+from impls import numpy_rope as R
+from impls.protocol import ViTConfig
+
+# The angle is a coordinate times a band: the band's power and division, the coordinate's offset,
+# rescale or centring and the product round at most this many times, each by float32's u of the
+# angle (measured against timm's own tables in tests/test_rope.py).
+ANGLE_ROUNDINGS = 8
+
+
+def rotary(x: np.ndarray, grid, config: ViTConfig, p: Precision):
+    """(value, unit bound) of ``x`` (B, H, N, hd) rotated at ``grid`` (rows, columns).
+
+    A port computes the tables in float32 (timm does, whatever the model's dtype): sin and cos
+    each within u (8 |angle| + 1) of the float64 oracle's. It may store them in its dtype and
+    multiply and add there (two products and their sum, each rounded), then emits the result in
+    its output dtype. The prefix tokens pass unchanged: their output's rounding alone."""
+    angles = R.rope_angles(
+        grid,
+        config.head_dim,
+        config.rope_type,
+        config.rope_temperature,
+        config.rope_grid_offset,
+        config.rope_grid_indexing,
+        config.ref_feat_shape,
+    )
+    sin, cos = R.rope_embed(angles, config.rope_rotate_half)
+    n = config.num_prefix_tokens
+    prefix, xp = x[..., :n, :], x[..., n:, :]
+    r = R.rotate(xp, config.rope_rotate_half)
+    products = np.abs(xp * cos) + np.abs(r * sin)
+    y = xp * cos + r * sin
+    value = np.concatenate([prefix, y], axis=-2)
+    if not p.bounds:
+        return value, 0.0
+    table = p.compute * (ANGLE_ROUNDINGS * R.rope_layout(np.abs(angles), config.rope_rotate_half) + 1.0)
+    bound = (np.abs(xp) + np.abs(r)) * table + p.storage * (2.0 * products + np.abs(y)) + p.output * np.abs(y)
+    return value, np.concatenate([p.output * np.abs(prefix), bound], axis=-2)
