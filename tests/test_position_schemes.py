@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from conformance.capture.expressible import NotExpressible, schemes
+from conformance.capture.expressible import NO_WORD, NotExpressible, schemes
+from conformance.capture import ModelPort
 from conformance.support import build_config, supports_of
 from conformance.verify.forward import verify
 from impls import get_config
@@ -16,7 +17,8 @@ from tests.data import position_scheme_ports as P
 CONFIG = get_config("vit_test_token").replace(img_size=(32, 32), patch_size=(8, 8), num_heads=2)
 ROTARY = "it rotates q and k by their positions"
 RELATIVE = "it adds a learned relative position bias to each block's attention logits"
-NO_WORD = "the config has no word for it yet"
+LEARNED = "it learns its rotary frequencies"
+SAID = "rope_type ('cat'"  # the option that expresses a rotation of timm's kinds
 
 
 def answer(port, config=CONFIG) -> str:
@@ -26,22 +28,39 @@ def answer(port, config=CONFIG) -> str:
 
 
 def test_a_rope_vit_whose_every_key_has_its_place_is_not_expressible_and_without_rope_is_conformant():
-    """timm's vit_base_patch16_rope_224 mapped whole (no position table, LayerScale renamed): once
-    NOT CONFORMANT at blocks.0.attn.q, now the rotation named; the companion, the same model built
-    without its rotation, passes: the answer comes from the rotary module alone."""
+    """timm's vit_base_patch16_rope_224 mapped whole (no position table, LayerScale renamed), given
+    a config without a rotation: once NOT CONFORMANT at blocks.0.attn.q, now the rotation named with
+    the option that says it; the companion, the same model built without its rotation, passes: the
+    answer comes from the rotary module alone."""
     config = CONFIG.replace(pos_embed="none", init_values=1e-5)
     text = answer(P.rope_vit, config)
-    assert text.count("\n") == 1 and f"{ROTARY} " in text and NO_WORD in text, text
+    assert text.count("\n") == 1 and f"{ROTARY} " in text and SAID in text, text
     assert "rope (RotaryEmbeddingCat)" in text and "AttentionRope" not in text
     report = verify(P.rope_vit_without_rope, config, port="rope off")
     assert report.conformant, report.failures[:2] or [s.name for s in report.stages if not s.ok]
+
+
+def test_timms_rope_vit_unmodified_is_conformant_with_its_rotation_declared_and_a_swapped_grid_is_located():
+    """The same model, its rotation declared as timm builds it (the axial kind, x first,
+    temperature 100): CONFORMANT, q and k after the rotation judged at their own stages. The
+    companion: declared with the grid's rows first, the rotation is the first stage found wrong."""
+    config = CONFIG.replace(pos_embed="none", init_values=1e-5, **P.ROPE_ON)
+    report = verify(P.rope_vit_declared, config, port="timm rope")
+    assert report.conformant, report.failures[:2] or [s.name for s in report.stages if not s.ok]
+    assert {"blocks.0.attn.q_rope", "blocks.1.attn.k_rope"} <= {s.name for s in report.stages if s.ok}
+    swapped = config.replace(rope_grid_indexing="ij")
+    declared = ModelPort(
+        P.rope_vit_declared.build, rename=P.GAMMAS, supports={**P.ROPE_OPTIONS, **P.ROPE_ON, "rope_grid_indexing": "ij"}
+    )
+    report = verify(declared, swapped, port="timm rope, rows first")
+    assert not report.conformant and report.located() == "blocks.0.attn.q_rope", report.located()
 
 
 @pytest.mark.parametrize(
     "tower, scheme, shown, lines",
     [
         ("dinov3", ROTARY, "rope (RotaryEmbeddingDinoV3)", ["reg_tokens=4 expresses it", "init_values with a rename"]),
-        ("rope_mixed_vit", ROTARY, "rope.freqs", []),
+        ("rope_mixed_vit", LEARNED, "rope.freqs", []),
         ("beit", RELATIVE, "blocks.{i}.attn.relative_position_bias_table", ["q and v projections have biases"]),
         ("hf_dinov3", ROTARY, "rope_embeddings (DINOv3ViTRopePositionEmbedding)", ["reg_tokens=2 expresses it"]),
         ("hf_beit", RELATIVE, "relative_position_bias_table", []),
@@ -57,7 +76,8 @@ def test_a_tower_with_another_position_scheme_is_told_what_the_config_cannot_say
         config = build_config(supports_of(P.x_transformers_rotary), CONFIG.to_dict() | {"name": None})
     text = answer(getattr(P, tower), config)
     first = text.splitlines()[1]
-    assert first.strip().startswith(scheme) and NO_WORD in first and shown in first, text
+    said = SAID if scheme == ROTARY else NO_WORD  # a rotation of timm's kinds has its option; the others none yet
+    assert first.strip().startswith(scheme) and said in first and shown in first, text
     assert "pos_embed='sincos'" not in text and "pos_embed='none'" not in text, text
     for expected in lines:
         assert expected in text, (expected, text)
@@ -90,10 +110,14 @@ def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
     keys = list(found)
     assert len(keys) == 2 and keys[0].startswith(ROTARY) and keys[1].startswith(RELATIVE), found
     assert len(found[keys[0]]) == 4 and found[keys[1]] == ["rel (BeitRelativePositionBias)"], found
-    # its frequencies, where a model holds them (timm's mixed rope, x-transformers' buffer)
-    assert schemes({}, ["rope.freqs", "attn_layers.rotary_pos_emb.inv_freq"]) == {
-        keys[0]: ["attn_layers.rotary_pos_emb.inv_freq", "rope.freqs"]
-    }
+    # its frequencies, where a model holds them (x-transformers' buffer; timm's mixed rope learns
+    # them, which rope_type does not say yet: that line alone)
+    assert schemes({}, ["attn_layers.rotary_pos_emb.inv_freq"]) == {keys[0]: ["attn_layers.rotary_pos_emb.inv_freq"]}
+    learned = schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"])
+    assert list(learned) == [f"{LEARNED}, per block and head (RoPE-Mixed): {NO_WORD}"], learned
+    # a config that declares a rotation leaves it to be judged; BEiT's bias is still unsaid
+    declared = CONFIG.replace(rope_type="cat")
+    assert list(schemes({"rope": "RotaryEmbeddingCat", "rel": "BeitRelativePositionBias"}, [], declared)) == [keys[1]]
     assert schemes({"blocks.0.attn": "AttentionRope", "d": "Dropout", "p": "DropPath", "x": "PropertyNet"}, []) == {}
     assert schemes({}, ["blocks.0.attn.qkv.weight", "pos_embed"]) == {}
 

@@ -411,6 +411,20 @@ PRESETS: dict[str, ViTConfig] = {
     # timm names no ViT with LayerNorm qk-norm (its qk-norm ViTs use RmsNorm and parallel blocks):
     # this is timm.create_model("vit_small_patch16_224", qk_norm=True).
     "vit_small_patch16_qknorm_224": ViTConfig(patch_size=16, embed_dim=384, depth=12, num_heads=6, qk_norm=True),
+    # timm's Eva with rotary position embeddings and timm's Attention (attn_type='rope'): DINOv3
+    # (average-pooled, as timm's default) and the axial RoPE ViT of naver-ai/rope-vit
+    **{
+        f"vit_{size}_patch16_dinov3": ViTConfig(
+            patch_size=16, embed_dim=dim, depth=depth, num_heads=heads, num_classes=0, qkv_bias=False, init_values=1e-5,
+            reg_tokens=4, global_pool="avg", fc_norm=False, norm_eps=1e-5, pos_embed="none", dynamic_img_size=True,
+            rope_type="dinov3", rope_temperature=100.0, rope_rotate_half=True,
+        )
+        for size, dim, depth, heads in (("small", 384, 12, 6), ("base", 768, 12, 12), ("large", 1024, 24, 16))
+    },
+    "vit_base_patch16_rope_224": ViTConfig(
+        patch_size=16, embed_dim=768, depth=12, num_heads=12, init_values=1e-5, fc_norm=False, pos_embed="none",
+        rope_type="cat", rope_grid_indexing="xy", rope_temperature=100.0,
+    ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3

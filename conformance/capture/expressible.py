@@ -120,36 +120,54 @@ class NotExpressible(UsageError):
     label = "the config cannot express this model"
 
 
-# What a model computes that the config has no word for yet (a position scheme other than one
-# table added once), found by its modules' class names or its parameters' names: (what it is,
-# a class-name pattern, a parameter-name pattern). Such a model is not a wrong port: verify
-# cannot judge it, and says so (exit 2) before anything runs.
+# What a model computes beyond one position table added once, found by its modules' class names
+# or its parameters' names: (what it is, a class-name pattern, a parameter-name pattern, the
+# option that expresses it or None). With that option unset, or no option for it yet, such a
+# model is not a wrong port: verify cannot judge it, and says so (exit 2) before anything runs.
 SCHEMES = (
+    (
+        "it learns its rotary frequencies, per block and head (RoPE-Mixed)",
+        None,
+        r"(.*\.)?\w*(rope|rotary)\w*\.freqs",
+        None,
+    ),
     (
         "it rotates q and k by their positions (a rotary position embedding: EVA02, DINOv3, timm's "
         "rope ViTs, Perception Encoder)",
         # the module that makes the angles (an attention class that can rotate, timm's
         # AttentionRope, also runs without them)
         r".*(Rotary|RoPE|Rope(?![a-z])).*(Emb|Position|Freq).*|RoPE",
-        r"(.*\.)?\w*(rope|rotary)\w*\.(freqs|periods|inv_freq)",
+        r"(.*\.)?\w*(rope|rotary)\w*\.(periods|inv_freq)",
+        "rope_type",
     ),
     (
         "it adds a learned relative position bias to each block's attention logits (BEiT)",
         r".*RelativePosition.*",
         r".*relative_position_bias_table",
+        None,
     ),
 )
+# how the option that expresses a scheme is named to the user
+EXPRESSED_BY = {
+    "rope_type": "rope_type ('cat': EVA02 and the axial rope ViTs, 'dinov3'; with rope_temperature, "
+    "rope_grid_indexing, rope_grid_offset, rope_rotate_half, ref_feat_shape) expresses it",
+}
+NO_WORD = "the config has no word for it yet"
 
 
-def schemes(kinds: Mapping[str, str], keys) -> dict[str, list[str]]:
-    """{what the model computes that the config has no word for: the modules or parameters that
-    show it}, from its modules' class names (``kinds``, path -> class name) and parameter keys."""
+def schemes(kinds: Mapping[str, str], keys, config=None) -> dict[str, list[str]]:
+    """{what the model computes that ``config`` does not say: the modules or parameters that show
+    it}, from its modules' class names (``kinds``, path -> class name) and parameter keys."""
     found: dict[str, list[str]] = {}
-    for what, kind, key in SCHEMES:
-        shown = sorted({_fold(p) + f" ({k})" for p, k in kinds.items() if re.fullmatch(kind, k)})
+    for what, kind, key, option in SCHEMES:
+        shown = sorted({_fold(p) + f" ({k})" for p, k in kinds.items() if kind and re.fullmatch(kind, k)})
         shown += sorted({_fold(k) for k in keys if re.fullmatch(key, k)})
+        if option and config is not None and getattr(config, option) is not None:
+            continue  # the config says it: the model is judged
+        if shown and option == "rope_type" and any(w.startswith("it learns its rotary") for w in found):
+            continue  # its rotation is the learned kind, which rope_type does not say yet
         if shown:
-            found[f"{what}: the config has no word for it yet"] = shown
+            found[f"{what}: {EXPRESSED_BY[option] if option else NO_WORD}"] = shown
     return found
 
 
@@ -231,7 +249,7 @@ def not_expressible(
     model's parameters no canonical key fills: the parts an option adds named (``extra_parts``,
     from the parameters' ``shapes``), the rest in a line of their own; what the config has no
     word for (``schemes``, from the modules' class names ``kinds``) first."""
-    lines: dict[str, list[str]] = schemes(kinds or {}, list(shapes or {}))
+    lines: dict[str, list[str]] = schemes(kinds or {}, list(shapes or {}), config)
     shown = {k for keys in lines.values() for k in keys}
     extra = [k for k in extra if _fold(k) not in shown]
     if lines and "pos_embed" in dropped:  # no learned table: its positions come from the scheme

@@ -282,7 +282,7 @@ class ModelPort:
         params = adapter.params()
         # the config names parts the model lacks, or the model computes what the config has no
         # word for (no mapping could make it fit): not a finding about the port
-        if dropped or schemes(adapter.kinds(), params):
+        if dropped or schemes(adapter.kinds(), params, config):
             raise self._unexpressed(dropped, key_map, adapter, config)
         arrays, unfilled = self.mapped(state, adapter, config)
         if extra_parts(unfilled, params, config):  # the model has parts the config does not name

@@ -35,6 +35,9 @@ def _timm(name, **kw):
 # gamma_1): only the rotation is left for the config to name
 ROPE_OPTIONS = {**SQUARE, "pos_embed": "none", "init_values": 1e-5}
 rope_vit = ModelPort(_timm("vit_base_patch16_rope_224"), rename=GAMMAS, supports=ROPE_OPTIONS)
+# the same, declared with its rotation (timm's vit_base_patch16_rope_224: the axial 'cat' kind, x first)
+ROPE_ON = {"rope_type": "cat", "rope_grid_indexing": "xy", "rope_temperature": 100.0}
+rope_vit_declared = ModelPort(_timm("vit_base_patch16_rope_224"), rename=GAMMAS, supports={**ROPE_OPTIONS, **ROPE_ON})
 # the same model built without its rotation (Eva's use_rot_pos_emb=False): a plain ViT
 rope_vit_without_rope = ModelPort(
     _timm("vit_base_patch16_rope_224", use_rot_pos_emb=False), rename=GAMMAS, supports=ROPE_OPTIONS
