@@ -193,6 +193,11 @@ def _numpy(t) -> np.ndarray:
     return (t.float() if t.dtype == torch.bfloat16 else t).detach().numpy()  # NumPy has no bfloat16
 
 
+def timm_state_keys(model) -> dict[str, tuple[int, ...]]:
+    """Each canonical key of timm's model (VisionTransformer's or Eva's) and its shape, in its order."""
+    return {_eva_key(k, back=True): tuple(v.shape) for k, v in model.state_dict().items()}
+
+
 def timm_state(model) -> dict[str, np.ndarray]:
     return {_eva_key(k, back=True): v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
 

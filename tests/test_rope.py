@@ -150,3 +150,69 @@ def test_an_unknown_kind_is_refused_naming_the_kinds():
     for port in (numpy_rope, torch_rope):
         with pytest.raises(ValueError, match="rope kind 'axial'.*'cat', 'dinov3', 'mixed'"):
             port.rope_angles((2, 2), HD, "axial")
+
+
+# timm's Eva towers with rotary embeddings that the config expresses (weights/config.py)
+ROPE_PRESETS = (
+    "vit_small_patch16_dinov3",
+    "vit_base_patch16_dinov3",
+    "vit_large_patch16_dinov3",
+    "vit_base_patch16_rope_224",
+)
+
+
+@pytest.mark.parametrize("name", ROPE_PRESETS)
+def test_rope_preset_has_the_timm_models_keys_and_shapes(name):
+    """On the meta device, timm.create_model(name) against the preset's canonical keys, timm's Eva's
+    LayerScale (gamma_1, gamma_2) read as VisionTransformer's (ls1.gamma, ls2.gamma)."""
+    import timm
+
+    from conformance.references import timm_state_keys
+    from impls import get_config
+    from weights import expected_shapes
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False)
+    assert timm_state_keys(model) == expected_shapes(get_config(name))
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_dinov3", "vit_base_patch16_rope_224"])
+def test_oracle_equals_the_named_timm_rope_model_at_every_stage(name):
+    """A reduced preset (one block, a 2 x 3 grid) against timm.create_model(name) with the same
+    reductions and its own init, in float64: every stage timm shows (all but LayerScale, which
+    Eva computes inline), within float64's rounding up to the rotation and within timm's float32
+    rotary tables' rounding, u (8 |angle| + 1) of each value, from it on."""
+    import timm
+
+    from conformance.references import _eva_key, timm_taps
+    from impls import get_config, load_factory, tap_names
+
+    config = get_config(name)
+    img = (2 * config.patch_size[0], 3 * config.patch_size[1])
+    config = config.replace(img_size=img, depth=1)
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, img_size=img, depth=1).double().eval()
+    state = {_eva_key(k, back=True): v.float().numpy() for k, v in model.state_dict().items()}
+    model.load_state_dict({_eva_key(k): torch.from_numpy(v).double() for k, v in state.items()})
+    x = np.random.default_rng(0).normal(size=(2, 3, *img)).astype(np.float32)
+    ref, oracle = timm_taps(model, x), load_factory("numpy")(config, state)(x)
+    assert sorted(set(tap_names(config)) - set(ref)) == ["blocks.0.ls1", "blocks.0.ls2"]
+    reach = np.abs(
+        numpy_rope.rope_angles(
+            img and (2, 3),
+            config.head_dim,
+            config.rope_type,
+            config.rope_temperature,
+            config.rope_grid_offset,
+            config.rope_grid_indexing,
+        )
+    ).max()
+    rotated = False
+    for stage in (s for s in tap_names(config) if s in ref):
+        rotated = rotated or stage.endswith("q_rope")
+        rel = np.abs(oracle[stage] - ref[stage]).max() / np.abs(ref[stage]).max()
+        assert rel <= (U * (8 * reach + 1) if rotated else 1e-12), (stage, rel)
+    # companion: the grid's axes swapped is seen at the rotation, by far
+    swapped = config.replace(rope_grid_indexing="xy" if config.rope_grid_indexing == "ij" else "ij")
+    wrong = load_factory("numpy")(swapped, state)(x)["blocks.0.attn.q_rope"]
+    assert np.abs(wrong - ref["blocks.0.attn.q_rope"]).max() > 1e3 * U * (8 * reach + 1)

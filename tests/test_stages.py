@@ -15,11 +15,13 @@ from impls.stages import STAGES, stage_of
 from weights import init_state
 
 # Every option a stage can need: pre_norm, qk_norm, LayerScale, the MAP head, the final norm, the
-# patch norms and DeiT's distillation token.
+# patch norms, DeiT's distillation token and a rotary embedding (timm's Eva: no LayerScale module
+# to hook).
 CONFIGS = [
     get_config("vit_test_clip").replace(qk_norm=True, init_values=1e-5),
     get_config("vit_test_siglip").replace(pre_norm=True, qk_norm=True),
     get_config("vit_test_distilled").replace(patch_norm=True, embed_norm=True),
+    get_config("vit_test_token").replace(rope_type="dinov3", rope_rotate_half=True, reg_tokens=2, pos_embed="none"),
 ]
 RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
 TIMM_RULES = ("out", "in", "softmax", "return")
@@ -61,7 +63,7 @@ def test_the_completeness_check_names_a_stage_without_its_parts():
     assert "embed2: no calibrated local tolerance in float32" in problems
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms", "dinov3 rope"])
 def test_every_stage_has_an_error_model_and_a_tap_in_every_builtin_port(config):
     state = init_state(config, seed=0)
     images = make_images(config, 2, "ordinary", 0)
