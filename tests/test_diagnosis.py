@@ -22,6 +22,7 @@ PRESETS = (
     "vit_test_clip",
     "vit_test_dynamic",
     "vit_test_distilled",
+    "vit_test_rope",
 )
 # Where a class shows only on some inputs: the images (their grid) or weights it needs.
 NEEDS = {
@@ -45,8 +46,11 @@ def _injected(bug):
     """The correct port's taps with one stage replaced by the class computed from the port's own
     inputs to it (rounded to float32): what a port with that bug emits there. None: the class
     changes no stage of any preset here."""
-    configs = [get_config(p) for p in PRESETS] + [get_config("vit_test_avg").replace(fc_norm=False)]
-    for config in configs:  # the presets, and average pooling after the final norm (no fc_norm)
+    configs = [get_config(p) for p in PRESETS] + [
+        get_config("vit_test_avg").replace(fc_norm=False),
+        get_config("vit_test_rope").replace(rope_grid_indexing="xy", rope_rotate_half=True),
+    ]
+    for config in configs:  # the presets, average pooling after the final norm, the rope's other grid and pairs
         if not bug.applies(config):
             continue
         state, images = _case(config, NEEDS.get(bug.name))

@@ -407,6 +407,18 @@ def _class_token(config: ViTConfig) -> bool:
 
 
 _GELU_HINT = "nn.GELU() / nn.gelu / jax.nn.gelu(approximate=False) for 'gelu'"
+_ROPE = ("attn.q_rope", "attn.k_rope")
+
+
+def _rope(config: ViTConfig) -> bool:
+    return config.rope_type is not None
+
+
+_GRID_HINT = "timm's rope_grid_indexing: 'ij' reads the grid's coordinates as (row, column), 'xy' as (column, row)"
+_PAIRS_HINT = (
+    "timm's rope_rotate_half (mlx.nn.RoPE's traditional=False) turns x_i with x_(i + hd/2); "
+    "interleaved (traditional=True) turns neighbours x_2i, x_2i+1"
+)
 
 # fmt: off
 CLASSES: tuple[BugClass, ...] = (
@@ -490,6 +502,15 @@ CLASSES: tuple[BugClass, ...] = (
              when=_several_heads),
     BugClass("qkv_rows_h_d_qkv", ("attn.q", "attn.k", "attn.v"), "the fused qkv rows read as (heads, head_dim, 3)",
              "rearrange 'b n (qkv h d) -> qkv b h n d', not (h d qkv)", state=_qkv_rows("h d qkv")),
+    # rotary position embeddings
+    BugClass("rope_grid_xy", _ROPE, "the rotary grid's axes swapped: (column, row) where the model has (row, column)",
+             _GRID_HINT, config={"rope_grid_indexing": "xy"}, when=_rope),
+    BugClass("rope_grid_ij", _ROPE, "the rotary grid's axes swapped: (row, column) where the model has (column, row)",
+             _GRID_HINT, config={"rope_grid_indexing": "ij"}, when=_rope),
+    BugClass("rope_rotate_half", _ROPE, "the rotation's pairs as halves (x_i, x_i+hd/2) where the model's are "
+             "neighbours", _PAIRS_HINT, config={"rope_rotate_half": True}, when=_rope),
+    BugClass("rope_interleaved", _ROPE, "the rotation's pairs as neighbours where the model's are halves "
+             "(x_i, x_i+hd/2)", _PAIRS_HINT, config={"rope_rotate_half": False}, when=_rope),
     BugClass("qkv_bias_dropped", ("attn.q", "attn.k", "attn.v"), "q, k and v without the qkv bias",
              "load attn.qkv.bias (qkv_bias=True; a non-strict load drops it)", state=_qkv_bias_dropped,
              when=lambda c: c.qkv_bias),

@@ -180,6 +180,15 @@ _ALL = [
            note="needs a large common mean over many tokens (the offset case: 100 x 1000 > 65504)",
            bug_class="token_sum_float16"),
     # The ViT family (issue 13): each bug from a public report, on a small preset with the option.
+    # Rotary position embeddings (issue 43): the grid's axes and the rotation's pairs
+    Mutant("torch_rope_grid_axes_swapped", "torch", f"{_T}:rope_grid_axes_swapped",
+           "the rotary grid's x and y swapped (meshgrid's other indexing)", "2-D RoPE ports of EVA02 and the rope "
+           "ViTs (timm's rope_grid_indexing)", "blocks.0.attn.q_rope", config="vit_test_rope",
+           bug_class="rope_grid_xy"),
+    Mutant("mlx_rope_pairs_as_halves", "mlx", f"{_M}:rope_pairs_as_halves",
+           "mlx.nn.RoPE's default rotate-half pairs for a model that rotates neighbouring pairs",
+           "mlx.nn.RoPE(traditional=False) in MLX ports of interleaved RoPE", "blocks.0.attn.q_rope",
+           config="vit_test_rope", bug_class="rope_rotate_half"),
     Mutant("mlx_layerscale_not_loaded", "mlx", f"{_M}:layerscale_not_loaded",
            "DINOv2 blocks without LayerScale: load_weights(strict=False) drops every ls1/ls2 gamma and the "
            "residual branches run unscaled", "riccardomusmeci/mlx-image#26", "blocks.0.ls1",

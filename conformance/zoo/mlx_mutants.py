@@ -204,3 +204,12 @@ class VisionTransformerClsStopGradient(M.VisionTransformer):
 
 
 cls_token_stop_gradient = partial(M.make_grad, model_cls=VisionTransformerClsStopGradient)
+
+
+def rope_pairs_as_halves(config, state, **kw):
+    """mlx.nn.RoPE's default (traditional=False: x_i turned with x_(i + hd/2)) for a model whose
+    rotation pairs neighbours (timm's rope ViTs and EVA02)."""
+    return M.make(config.replace(rope_rotate_half=not config.rope_rotate_half), state, **kw)
+
+
+rope_pairs_as_halves.supports = {"rope_type": ("cat",), "rope_rotate_half": (False,), "pos_embed": "none"}

@@ -481,3 +481,13 @@ gelu_backward_missing_term = partial(T.make_grad, mlp_layer=MlpGeluHalfBackward)
 gelu_tanh_backward = partial(T.make_grad, mlp_layer=MlpGeluTanhBackward)
 layernorm_detached_statistics = partial(T.make_grad, block_fn=BlockNorm2DetachedStatistics)
 attn_residual_detached = partial(T.make_grad, attn_layer=AttentionDetached)
+
+
+def rope_grid_axes_swapped(config, state, **kw):
+    """The rotary grid built with the other meshgrid indexing: each patch turned by its column's
+    angles where the model has its row's (and back)."""
+    other = "xy" if config.rope_grid_indexing == "ij" else "ij"
+    return T.make(config.replace(rope_grid_indexing=other), state, **kw)
+
+
+rope_grid_axes_swapped.supports = {"rope_type": ("cat", "dinov3"), "rope_grid_indexing": ("ij",), "pos_embed": "none"}
