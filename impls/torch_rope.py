@@ -85,12 +85,9 @@ def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, rotate_hal
     return (x * cos + rotate(x, rotate_half) * sin).to(x.dtype)
 
 
-def rope_tables(config, grid) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """sin and cos (P, head_dim) of ``config``'s rotary embedding at ``grid`` (rows, columns), or
-    None without one: computed at the images' grid, as timm's Eva does."""
-    if config.rope_type is None:
-        return None
-    angles = rope_angles(
+def config_angles(config, grid):
+    """``rope_angles`` of ``config``'s rotary embedding at ``grid`` (rows, columns)."""
+    return rope_angles(
         grid,
         config.head_dim,
         config.rope_type,
@@ -99,7 +96,14 @@ def rope_tables(config, grid) -> tuple[torch.Tensor, torch.Tensor] | None:
         config.rope_grid_indexing,
         config.ref_feat_shape,
     )
-    return rope_embed(angles, config.rope_rotate_half)
+
+
+def rope_tables(config, grid) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """sin and cos (P, head_dim) of ``config``'s rotary embedding at ``grid`` (rows, columns), or
+    None without one: computed at the images' grid, as timm's Eva does."""
+    if config.rope_type is None:
+        return None
+    return rope_embed(config_angles(config, grid), config.rope_rotate_half)
 
 
 def rotate_tokens(x: torch.Tensor, rope, num_prefix_tokens: int, rotate_half: bool = False) -> torch.Tensor:

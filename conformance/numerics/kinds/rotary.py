@@ -22,15 +22,7 @@ def rotary(x: np.ndarray, grid, config: ViTConfig, p: Precision):
     each within u (8 |angle| + 1) of the float64 oracle's. It may store them in its dtype and
     multiply and add there (two products and their sum, each rounded), then emits the result in
     its output dtype. The prefix tokens pass unchanged: their output's rounding alone."""
-    angles = R.rope_angles(
-        grid,
-        config.head_dim,
-        config.rope_type,
-        config.rope_temperature,
-        config.rope_grid_offset,
-        config.rope_grid_indexing,
-        config.ref_feat_shape,
-    )
+    angles = R.config_angles(config, grid)
     sin, cos = R.rope_embed(angles, config.rope_rotate_half)
     n = config.num_prefix_tokens
     prefix, xp = x[..., :n, :], x[..., n:, :]
