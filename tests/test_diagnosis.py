@@ -48,7 +48,7 @@ def _injected(bug):
     changes no stage of any preset here."""
     configs = [get_config(p) for p in PRESETS] + [
         get_config("vit_test_avg").replace(fc_norm=False),
-        get_config("vit_test_rope").replace(rope_grid_indexing="xy", rope_rotate_half=True),
+        get_config("vit_test_rope").replace(rope_grid_indexing="ij", rope_rotate_half=True, rope_temperature=10000.0),
     ]
     for config in configs:  # the presets, average pooling after the final norm, the rope's other grid and pairs
         if not bug.applies(config):

@@ -429,10 +429,10 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3
     ),
-    # vit_test_token with timm's axial rotary embedding and no position table (the zoo's rope bugs)
+    # vit_test_token with vit_base_patch16_rope_224's rotary embedding and no position table (the zoo's rope bugs)
     "vit_test_rope": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
-        pos_embed="none", rope_type="cat",
+        pos_embed="none", rope_type="cat", rope_grid_indexing="xy", rope_temperature=100.0,
     ),
     # vit_test_token's square twin: the default for ports of square images only.
     "vit_test_token_square": ViTConfig(

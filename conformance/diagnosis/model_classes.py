@@ -507,6 +507,12 @@ CLASSES: tuple[BugClass, ...] = (
              _GRID_HINT, config={"rope_grid_indexing": "xy"}, when=_rope),
     BugClass("rope_grid_ij", _ROPE, "the rotary grid's axes swapped: (row, column) where the model has (column, row)",
              _GRID_HINT, config={"rope_grid_indexing": "ij"}, when=_rope),
+    BugClass("rope_temperature_10000", _ROPE, "the rotary base 10000 (EVA02's, timm's default)",
+             "read the base from the checkpoint's config (timm's rope_temperature: 100 for the rope ViTs and DINOv3)",
+             config={"rope_temperature": 10000.0}, when=_rope),
+    BugClass("rope_temperature_100", _ROPE, "the rotary base 100 (the rope ViTs' and DINOv3's)",
+             "read the base from the checkpoint's config (timm's rope_temperature: 10000 for EVA02)",
+             config={"rope_temperature": 100.0}, when=_rope),
     BugClass("rope_rotate_half", _ROPE, "the rotation's pairs as halves (x_i, x_i+hd/2) where the model's are "
              "neighbours", _PAIRS_HINT, config={"rope_rotate_half": True}, when=_rope),
     BugClass("rope_interleaved", _ROPE, "the rotation's pairs as neighbours where the model's are halves "

@@ -184,7 +184,11 @@ _ALL = [
     Mutant("torch_rope_grid_axes_swapped", "torch", f"{_T}:rope_grid_axes_swapped",
            "the rotary grid's x and y swapped (meshgrid's other indexing)", "2-D RoPE ports of EVA02 and the rope "
            "ViTs (timm's rope_grid_indexing)", "blocks.0.attn.q_rope", config="vit_test_rope",
-           bug_class="rope_grid_xy"),
+           bug_class="rope_grid_ij"),
+    Mutant("torch_rope_default_temperature", "torch", f"{_T}:rope_default_temperature",
+           "the rotary base 10000 (EVA02's, timm's default) for a model trained with 100", "ports of the rope "
+           "ViTs and DINOv3 that keep a library's default theta", "blocks.0.attn.q_rope", config="vit_test_rope",
+           bug_class="rope_temperature_10000"),
     Mutant("mlx_rope_pairs_as_halves", "mlx", f"{_M}:rope_pairs_as_halves",
            "mlx.nn.RoPE's default rotate-half pairs for a model that rotates neighbouring pairs",
            "mlx.nn.RoPE(traditional=False) in MLX ports of interleaved RoPE", "blocks.0.attn.q_rope",

@@ -212,4 +212,10 @@ def rope_pairs_as_halves(config, state, **kw):
     return M.make(config.replace(rope_rotate_half=not config.rope_rotate_half), state, **kw)
 
 
-rope_pairs_as_halves.supports = {"rope_type": ("cat",), "rope_rotate_half": (False,), "pos_embed": "none"}
+rope_pairs_as_halves.supports = {
+    "rope_type": ("cat",),
+    "rope_rotate_half": (False,),
+    "rope_grid_indexing": ("ij", "xy"),
+    "rope_temperature": (100.0, 10000.0),
+    "pos_embed": "none",
+}

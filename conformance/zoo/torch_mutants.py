@@ -490,4 +490,23 @@ def rope_grid_axes_swapped(config, state, **kw):
     return T.make(config.replace(rope_grid_indexing=other), state, **kw)
 
 
-rope_grid_axes_swapped.supports = {"rope_type": ("cat", "dinov3"), "rope_grid_indexing": ("ij",), "pos_embed": "none"}
+rope_grid_axes_swapped.supports = {
+    "rope_type": ("cat", "dinov3"),
+    "rope_grid_indexing": ("xy",),
+    "rope_temperature": (100.0, 10000.0),
+    "pos_embed": "none",
+}
+
+
+def rope_default_temperature(config, state, **kw):
+    """EVA02's and timm's default rotary base (10000) for a model trained with another (the rope
+    ViTs' and DINOv3's 100)."""
+    return T.make(config.replace(rope_temperature=10000.0), state, **kw)
+
+
+rope_default_temperature.supports = {
+    "rope_type": ("cat", "dinov3"),
+    "rope_temperature": (100.0,),
+    "rope_grid_indexing": ("ij", "xy"),
+    "pos_embed": "none",
+}
