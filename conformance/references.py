@@ -348,7 +348,12 @@ class _CallRecorder:
                 return result
 
         self.mode = Mode()
-        self.pre = self.module.register_forward_pre_hook(lambda m, a: calls.clear() or self.mode.__enter__() and None)
+
+        def enter(module, args):
+            calls.clear()  # the calls of this run of the module are counted
+            self.mode.__enter__()
+
+        self.pre = self.module.register_forward_pre_hook(enter)
         self.post = self.module.register_forward_hook(
             lambda m, a, o: None if self.mode.__exit__(None, None, None) else None
         )

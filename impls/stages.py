@@ -36,8 +36,8 @@ model's output.
 Input patterns: ``{b}`` the stage's block (``blocks.3``); ``{prev}`` the block's input (the
 previous block, or ``norm_pre`` / ``embed`` before block 0); ``{q}``, ``{k}`` q and k as the
 attention weights see them (``attn.q_rope`` with rotary embeddings, else ``attn.q_norm`` with
-qk-norm); ``{q_in}``, ``{k_in}`` what the rotation reads (``attn.q_norm`` with qk-norm); ``{attn_out}``, ``{mlp_out}`` what a
-residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
+qk-norm); ``{q_in}``, ``{k_in}`` what the rotation reads (``attn.q_norm`` with qk-norm);
+``{attn_out}``, ``{mlp_out}`` what a residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
 final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads;
 ``{patch_in}`` what the projection reads (the patch norm, or the images); ``{patches}`` the patch
 embedding's output (``patch_embed.norm`` with ``embed_norm``); ``{dist}`` the distillation
