@@ -45,6 +45,12 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   (x-transformers).
 * ``mlp_bias``: the MLP's biases apart from ``attn.proj``'s (None: as ``proj_bias``, timm's
   coupling; SimpleViT has ``proj_bias=False, mlp_bias=True``).
+* ``rope_type``: timm's Eva's rotary position embedding of q and k in every block, after
+  qk-norm, the prefix tokens left unrotated (impls/numpy_rope.py): ``cat`` (EVA02, the axial
+  rope ViTs) or ``dinov3``; ``rope_temperature`` its base, ``rope_grid_indexing`` ``ij``
+  (row, column) or ``xy``, ``rope_grid_offset``, ``rope_rotate_half`` (pairs x_i, x_{i+hd/2}
+  rather than neighbours) and ``ref_feat_shape`` (EVA02's rescale onto the pretraining grid) as
+  timm names them. LayerScale stays ``ls1.gamma``: timm's Eva's ``gamma_1`` is read as it.
 """
 
 from __future__ import annotations
