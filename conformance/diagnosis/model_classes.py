@@ -217,6 +217,18 @@ def _merged_head_dim_first(name, t, images, s, config):
     return merged @ s[f"{prefix}.weight"].T + s.get(f"{prefix}.bias", 0.0)
 
 
+def _rope_sin_cos_swapped(name, t, images, s, config):
+    """q or k turned with the tables' sin and cos exchanged: x sin + rot(x) cos."""
+    if stage_kind(name) not in _ROPE:
+        return None
+    from impls import numpy_rope as R
+
+    x = t[stage_inputs(name, config)[0]]
+    grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+    sin, cos = R.rope_tables(config, grid)
+    return R.rotate_tokens(x, (cos, sin), config.num_prefix_tokens, config.rope_rotate_half)
+
+
 def _projects_input(name, t, images, s, config):
     if stage_kind(name) != "attn" or not name.startswith("blocks."):
         return None
@@ -507,6 +519,9 @@ CLASSES: tuple[BugClass, ...] = (
              _GRID_HINT, config={"rope_grid_indexing": "xy"}, when=_rope),
     BugClass("rope_grid_ij", _ROPE, "the rotary grid's axes swapped: (row, column) where the model has (column, row)",
              _GRID_HINT, config={"rope_grid_indexing": "ij"}, when=_rope),
+    BugClass("rope_sin_cos_swapped", _ROPE, "the rotation with sin and cos exchanged: x sin + rot(x) cos",
+             "x cos + rot(x) sin: a table laid out [cos, sin] read as timm's [sin, cos] (apply_rot_embed_cat)",
+             stage=_rope_sin_cos_swapped, when=_rope),
     BugClass("rope_temperature_10000", _ROPE, "the rotary base 10000 (EVA02's, timm's default)",
              "read the base from the checkpoint's config (timm's rope_temperature: 100 for the rope ViTs and DINOv3)",
              config={"rope_temperature": 10000.0}, when=_rope),

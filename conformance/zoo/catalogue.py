@@ -185,6 +185,10 @@ _ALL = [
            "the rotary grid's x and y swapped (meshgrid's other indexing)", "2-D RoPE ports of EVA02 and the rope "
            "ViTs (timm's rope_grid_indexing)", "blocks.0.attn.q_rope", config="vit_test_rope",
            bug_class="rope_grid_ij"),
+    Mutant("torch_rope_sin_cos_swapped", "torch", f"{_T}:rope_sin_cos_swapped",
+           "the rotary tables' sin and cos exchanged", "RoPE caches laid out [cos, sin] (transformers' "
+           "position_embeddings tuple order) read as timm's [sin, cos]", "blocks.0.attn.q_rope", config="vit_test_rope",
+           bug_class="rope_sin_cos_swapped"),
     Mutant("torch_rope_default_temperature", "torch", f"{_T}:rope_default_temperature",
            "the rotary base 10000 (EVA02's, timm's default) for a model trained with 100", "ports of the rope "
            "ViTs and DINOv3 that keep a library's default theta", "blocks.0.attn.q_rope", config="vit_test_rope",

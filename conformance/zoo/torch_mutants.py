@@ -510,3 +510,19 @@ rope_default_temperature.supports = {
     "rope_grid_indexing": ("ij", "xy"),
     "pos_embed": "none",
 }
+
+
+class AttentionRopeSinCosSwapped(T.Attention):
+    """The rotary tables' sin and cos exchanged (a [cos, sin] cache read as timm's [sin, cos])."""
+
+    def forward(self, x, taps=None, name="attn", rope=None):
+        return super().forward(x, taps, name, **({} if rope is None else {"rope": rope[::-1]}))
+
+
+rope_sin_cos_swapped = partial(T.make, attn_layer=AttentionRopeSinCosSwapped)
+rope_sin_cos_swapped.supports = {
+    "rope_type": ("cat", "dinov3"),
+    "rope_grid_indexing": ("ij", "xy"),
+    "rope_temperature": (100.0, 10000.0),
+    "pos_embed": "none",
+}
