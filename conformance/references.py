@@ -275,8 +275,6 @@ def _hooked(model, taps: dict):
             for root, name in softmax:
                 stack.enter_context(_CallRecorder(root, taps, name, _softmaxes()))
             for attention, name, index in typed:
-                import torch
-
                 stack.enter_context(_CallRecorder(attention, taps, name, (torch.Tensor.type_as,), index))
             yield taps
     finally:

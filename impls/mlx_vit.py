@@ -452,7 +452,7 @@ class VisionTransformer(nn.Module):
         return mx.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
 
     def forward_features(self, x, taps=None):
-        grid = (x.shape[2] // self.config.patch_size[0], x.shape[3] // self.config.patch_size[1])
+        grid = self.config.grid_at(x.shape[2:])
         x = self.patch_embed(x, taps)
         x = self._pos_embed(x, grid)
         x = record_tap(taps, "embed", x)

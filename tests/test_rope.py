@@ -184,7 +184,7 @@ def test_oracle_equals_the_named_timm_rope_model_at_every_stage(name):
     rotary tables' rounding, u (8 |angle| + 1) of each value, from it on."""
     import timm
 
-    from conformance.references import _eva_key, timm_taps
+    from conformance.references import timm_state, timm_taps
     from impls import get_config, load_factory, tap_names
 
     config = get_config(name)
@@ -192,8 +192,8 @@ def test_oracle_equals_the_named_timm_rope_model_at_every_stage(name):
     config = config.replace(img_size=img, depth=1)
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, img_size=img, depth=1).double().eval()
-    state = {_eva_key(k, back=True): v.float().numpy() for k, v in model.state_dict().items()}
-    model.load_state_dict({_eva_key(k): torch.from_numpy(v).double() for k, v in state.items()})
+    model.load_state_dict({k: v.float().double() for k, v in model.state_dict().items()})  # float32's values
+    state = timm_state(model)
     x = np.random.default_rng(0).normal(size=(2, 3, *img)).astype(np.float32)
     ref, oracle = timm_taps(model, x), load_factory("numpy")(config, state)(x)
     assert sorted(set(tap_names(config)) - set(ref)) == ["blocks.0.ls1", "blocks.0.ls2"]

@@ -276,7 +276,11 @@ class ViTConfig:
     # Derived sizes, named as in timm.
     @property
     def grid_size(self) -> tuple[int, int]:
-        return (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        return self.grid_at(self.img_size)
+
+    def grid_at(self, img_size) -> tuple[int, int]:
+        """The patch grid of images of ``img_size`` (H, W): what a stride-p convolution reads."""
+        return (img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1])
 
     @property
     def num_patches(self) -> int:

@@ -124,9 +124,10 @@ class NotExpressible(UsageError):
 # or its parameters' names: (what it is, a class-name pattern, a parameter-name pattern, the
 # option that expresses it or None). With that option unset, or no option for it yet, such a
 # model is not a wrong port: verify cannot judge it, and says so (exit 2) before anything runs.
+LEARNED_ROTARY = "it learns its rotary frequencies, per block and head (RoPE-Mixed)"
 SCHEMES = (
     (
-        "it learns its rotary frequencies, per block and head (RoPE-Mixed)",
+        LEARNED_ROTARY,
         None,
         r"(.*\.)?\w*(rope|rotary)\w*\.freqs",
         None,
@@ -164,7 +165,7 @@ def schemes(kinds: Mapping[str, str], keys, config=None) -> dict[str, list[str]]
         shown += sorted({_fold(k) for k in keys if re.fullmatch(key, k)})
         if option and config is not None and getattr(config, option) is not None:
             continue  # the config says it: the model is judged
-        if shown and option == "rope_type" and any(w.startswith("it learns its rotary") for w in found):
+        if shown and option == "rope_type" and any(w.startswith(LEARNED_ROTARY) for w in found):
             continue  # its rotation is the learned kind, which rope_type does not say yet
         if shown:
             found[f"{what}: {EXPRESSED_BY[option] if option else NO_WORD}"] = shown

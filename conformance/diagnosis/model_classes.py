@@ -224,7 +224,7 @@ def _rope_sin_cos_swapped(name, t, images, s, config):
     from impls import numpy_rope as R
 
     x = t[stage_inputs(name, config)[0]]
-    grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+    grid = config.grid_at(images.shape[2:])
     sin, cos = R.rope_tables(config, grid)
     return R.rotate_tokens(x, (cos, sin), config.num_prefix_tokens, config.rope_rotate_half)
 
@@ -251,7 +251,7 @@ def _tokens_column_major(name, t, images, s, config):
         return None
     y = evaluate(name, t, images, s, config, QUIET)[0]
     B, _, D = y.shape
-    gh, gw = images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1]
+    gh, gw = config.grid_at(images.shape[2:])
     return y.reshape(B, gh, gw, D).transpose(0, 2, 1, 3).reshape(B, gh * gw, D)
 
 
@@ -309,7 +309,7 @@ def _bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 
 def _pos_embed_without_antialias(name, t, images, s, config):
-    grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+    grid = config.grid_at(images.shape[2:])
     if name != "embed" or grid == config.grid_size:
         return None
     n = 0 if config.no_embed_class else config.num_prefix_tokens

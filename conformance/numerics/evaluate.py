@@ -79,7 +79,7 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
     weights of both signs, in float32, then stored. The weights themselves are computed in
     float32 by torch (ATen's aa kernel): each is off by up to about u (n_in + 4) absolute, as
     the source position scale (i + 0.5) is rounded (measured: 15.5 u for 16 -> 37)."""
-    grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+    grid = config.grid_at(images.shape[2:])
     if grid == config.grid_size:
         return pos, 0.0
     n = 0 if config.no_embed_class else config.num_prefix_tokens
@@ -113,7 +113,7 @@ def _unlearned_pos_embed(x, s, config: ViTConfig, images, p: Precision):
     if config.pos_embed == "none":
         y, bound = x, p.output * np.abs(x)
     else:
-        grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+        grid = config.grid_at(images.shape[2:])
         pos = O.sincos_2d_pos_embed(grid, config.embed_dim)
         y, bound = _sum(x, pos, p)
         angles = O.sincos_2d_angles(grid, config.embed_dim)[None]
@@ -165,7 +165,7 @@ def evaluate(
 ):
     """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64)."""
     if name.startswith("blocks."):
-        grid = (images.shape[2] // config.patch_size[0], images.shape[3] // config.patch_size[1])
+        grid = config.grid_at(images.shape[2:])
         return _block_stage(name, t, s, config, p, grid)
     return _model_stage(name, t, images, s, config, p)
 

@@ -30,6 +30,15 @@ class Mutant:
         return (*main, *self.catchers)
 
 
+# The rope configs a rope mutant's sampled run may draw (its ``supports``, each narrowing this to
+# where its bug shows): both of timm's kinds, both grid orders, both bases, no position table.
+ROPE_SUPPORTS = {
+    "rope_type": ("cat", "dinov3"),
+    "rope_grid_indexing": ("ij", "xy"),
+    "rope_temperature": (100.0, 10000.0),
+    "pos_embed": "none",
+}
+
 MAIN_MODEL_TEST = ("test_every_tap_of_every_port_matches_the_oracle",)
 MAIN_GRADIENT_TEST = ("test_every_taps_and_parameters_gradient_and_the_images_match_the_reference",)
 

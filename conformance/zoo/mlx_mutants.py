@@ -11,6 +11,8 @@ import mlx.core as mx  # noqa: E402, I001
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
+from conformance.zoo.catalogue import ROPE_SUPPORTS  # noqa: E402
+
 
 class BlockSharedNorm(M.Block):
     """One LayerNorm before attention and before the MLP: the seed MLX post's bug."""
@@ -212,10 +214,4 @@ def rope_pairs_as_halves(config, state, **kw):
     return M.make(config.replace(rope_rotate_half=not config.rope_rotate_half), state, **kw)
 
 
-rope_pairs_as_halves.supports = {
-    "rope_type": ("cat",),
-    "rope_rotate_half": (False,),
-    "rope_grid_indexing": ("ij", "xy"),
-    "rope_temperature": (100.0, 10000.0),
-    "pos_embed": "none",
-}
+rope_pairs_as_halves.supports = ROPE_SUPPORTS | {"rope_type": ("cat",), "rope_rotate_half": (False,)}

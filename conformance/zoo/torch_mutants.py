@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
+from conformance.zoo.catalogue import ROPE_SUPPORTS
 from impls import torch_vit as T
 
 
@@ -490,12 +491,7 @@ def rope_grid_axes_swapped(config, state, **kw):
     return T.make(config.replace(rope_grid_indexing=other), state, **kw)
 
 
-rope_grid_axes_swapped.supports = {
-    "rope_type": ("cat", "dinov3"),
-    "rope_grid_indexing": ("xy",),
-    "rope_temperature": (100.0, 10000.0),
-    "pos_embed": "none",
-}
+rope_grid_axes_swapped.supports = ROPE_SUPPORTS | {"rope_grid_indexing": ("xy",)}
 
 
 def rope_default_temperature(config, state, **kw):
@@ -504,12 +500,7 @@ def rope_default_temperature(config, state, **kw):
     return T.make(config.replace(rope_temperature=10000.0), state, **kw)
 
 
-rope_default_temperature.supports = {
-    "rope_type": ("cat", "dinov3"),
-    "rope_temperature": (100.0,),
-    "rope_grid_indexing": ("ij", "xy"),
-    "pos_embed": "none",
-}
+rope_default_temperature.supports = ROPE_SUPPORTS | {"rope_temperature": (100.0,)}
 
 
 class AttentionRopeSinCosSwapped(T.Attention):
@@ -520,9 +511,4 @@ class AttentionRopeSinCosSwapped(T.Attention):
 
 
 rope_sin_cos_swapped = partial(T.make, attn_layer=AttentionRopeSinCosSwapped)
-rope_sin_cos_swapped.supports = {
-    "rope_type": ("cat", "dinov3"),
-    "rope_grid_indexing": ("ij", "xy"),
-    "rope_temperature": (100.0, 10000.0),
-    "pos_embed": "none",
-}
+rope_sin_cos_swapped.supports = ROPE_SUPPORTS

@@ -26,12 +26,12 @@ def rotary(x: np.ndarray, grid, config: ViTConfig, p: Precision):
     sin, cos = R.rope_embed(angles, config.rope_rotate_half)
     n = config.num_prefix_tokens
     prefix, xp = x[..., :n, :], x[..., n:, :]
-    r = R.rotate(xp, config.rope_rotate_half)
-    products = np.abs(xp * cos) + np.abs(r * sin)
-    y = xp * cos + r * sin
+    y = R.apply_rope(xp, sin, cos, config.rope_rotate_half)
     value = np.concatenate([prefix, y], axis=-2)
     if not p.bounds:
         return value, 0.0
+    r = R.rotate(xp, config.rope_rotate_half)
+    products = np.abs(xp * cos) + np.abs(r * sin)
     table = p.compute * (ANGLE_ROUNDINGS * R.rope_layout(np.abs(angles), config.rope_rotate_half) + 1.0)
     bound = (np.abs(xp) + np.abs(r)) * table + p.storage * (2.0 * products + np.abs(y)) + p.output * np.abs(y)
     return value, np.concatenate([p.output * np.abs(prefix), bound], axis=-2)
