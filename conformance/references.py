@@ -23,7 +23,7 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
-    if config.rope_type is not None:
+    if _eva_only(config):
         return _timm_eva(config, state, dtype, rates)
     mlp_layer = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}[config.mlp_layer]
     # with a state to load, built without storage or timm's init (drawing ViT-B's takes a second),
@@ -44,11 +44,9 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
 
 # timm's Eva names LayerScale's gamma after its block (gamma_1), VisionTransformer after its module
 _EVA_NAMES = ((".ls1.gamma", ".gamma_1"), (".ls2.gamma", ".gamma_2"))
-# what of a rope config timm's Eva (attn_type='rope': timm's Attention with the rotation) has no keyword for
+# what of a config timm's Eva has no keyword for (its MLP's activation: GELU, SiLU in its SwiGLUs)
 _NOT_IN_EVA = {
-    "act_layer": "gelu",
     "proj_bias": True,
-    "mlp_layer": "mlp",
     "pos_embed": ("learn", "none"),
     "distilled": False,
     "fc_norm": (None, True, False),
@@ -60,9 +58,30 @@ _NOT_IN_EVA = {
 }
 
 
+def _eva_only(config: ViTConfig) -> bool:
+    """What timm's VisionTransformer lacks and its Eva has: rotary embeddings, q's and v's biases
+    without k's, three projections, the MLP's norm."""
+    return config.rope_type is not None or not config.k_bias or not config.qkv_fused or config.scale_mlp
+
+
+def _eva_mlp(config: ViTConfig) -> tuple[list[str], dict]:
+    """Eva's keywords for the MLP (its Mlp takes GELU; its SwiGLUs SiLU, packed only without a norm,
+    GluMlp doubling the hidden width), or what it cannot build."""
+    act = "silu" if config.mlp_layer != "mlp" else "gelu"
+    beyond = [f"act_layer={config.act_layer!r} with mlp_layer={config.mlp_layer!r}"] if config.act_layer != act else []
+    if config.mlp_layer == "swiglu_packed" and config.scale_mlp:
+        beyond.append("mlp_layer='swiglu_packed' with scale_mlp")
+    ratio = config.mlp_ratio / 2 if config.mlp_layer == "swiglu_packed" else config.mlp_ratio
+    kw = dict(mlp_ratio=ratio, swiglu_mlp=config.mlp_layer != "mlp", scale_mlp=config.scale_mlp)
+    if config.mlp_layer == "swiglu" and not config.scale_mlp:
+        kw["swiglu_align_to"] = 1  # Eva's SwiGLU without a norm (fc1_g, fc1_x), the width as it is
+    return beyond, kw
+
+
 def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
-    """timm's Eva for a rope config (the rope ViTs' and DINOv3's layout: timm's Attention, LayerScale
-    as gamma_1 and gamma_2), in eval mode, with ``state`` loaded strictly."""
+    """timm's Eva for what only it has (``_eva_only``): the rope ViTs' and DINOv3's layout (timm's
+    Attention), or EVA02's attention (q's and v's biases, k none) where k_bias=False; LayerScale as
+    gamma_1 and gamma_2; in eval mode, with ``state`` loaded strictly."""
     import torch
     from timm.layers import LayerNorm
     from timm.models.eva import Eva
@@ -72,8 +91,9 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
         for k, ok in _NOT_IN_EVA.items()
         if getattr(config, k) not in (ok if isinstance(ok, tuple) else (ok,))
     ]
-    if beyond:
-        raise NotInTimm(f"timm's Eva has no keyword for {', '.join(beyond)}")
+    mlp_beyond, mlp = _eva_mlp(config)
+    if beyond + mlp_beyond:
+        raise NotInTimm(f"timm's Eva has no keyword for {', '.join(beyond + mlp_beyond)}")
     with torch.device("meta") if state is not None else contextlib.nullcontext():
         model = Eva(
             img_size=config.img_size,
@@ -85,15 +105,17 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
             depth=config.depth,
             num_heads=config.num_heads,
             qkv_bias=config.qkv_bias,
-            mlp_ratio=config.mlp_ratio,
-            attn_type="rope",
+            qkv_fused=config.qkv_fused,
+            # EvaAttention gives k no bias; AttentionRope (timm's Attention, rotated) all three
+            attn_type="eva" if config.qkv_bias and not config.k_bias else "rope",
+            **mlp,
             init_values=config.init_values,
             class_token=config.class_token,
             num_reg_tokens=config.reg_tokens,
             no_embed_class=config.no_embed_class,
             use_abs_pos_emb=config.pos_embed == "learn",
-            use_rot_pos_emb=True,
-            rope_type=config.rope_type,
+            use_rot_pos_emb=config.rope_type is not None,
+            rope_type=config.rope_type or "cat",
             rope_temperature=config.rope_temperature,
             rope_grid_indexing=config.rope_grid_indexing,
             rope_grid_offset=config.rope_grid_offset,
@@ -110,8 +132,12 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
         model.load_state_dict(
             {_eva_key(k): torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True, assign=True
         )
-        model.rope.to_empty(device="cpu")  # its tables are no weights: computed, as timm does at init
-        model.rope.reset_parameters()
+        if model.rope is not None:  # its tables are no weights: computed, as timm does at init
+            model.rope.to_empty(device="cpu")
+            model.rope.reset_parameters()
+        for m in model.modules():
+            if getattr(m, "k_bias", None) is not None:  # EvaAttention's zero k bias: a buffer, no weight
+                m.k_bias = torch.zeros_like(m.q_bias)
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
@@ -232,7 +258,7 @@ def _hooked(model, taps: dict):
 
     from impls.stages import STAGES
 
-    hooks, softmax, typed = [], [], []
+    hooks, softmax, typed, values = [], [], [], []
 
     def record(name, how, attention):
         def store(value):
@@ -261,6 +287,9 @@ def _hooked(model, taps: dict):
             if where == "typed":  # timm's Eva casts its rotated q, then k, with type_as
                 typed.append((root.get_submodule("attn"), name, int(path)))
                 continue
+            if where == "values":  # P v's second operand: no module shows v in Eva's attention
+                values.append((root.get_submodule("attn"), name))
+                continue
             try:
                 module = root.get_submodule(path) if path else root
             except AttributeError:  # a stage timm has no module for (a patch norm): no stage
@@ -276,6 +305,9 @@ def _hooked(model, taps: dict):
                 stack.enter_context(_CallRecorder(root, taps, name, _softmaxes()))
             for attention, name, index in typed:
                 stack.enter_context(_CallRecorder(attention, taps, name, (torch.Tensor.type_as,), index))
+            for attention, name in values:  # the explicit path's second product, P v
+                products = (torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul)
+                stack.enter_context(_CallRecorder(attention, taps, name, products, 1, operand=1))
             yield taps
     finally:
         for h in hooks:
@@ -324,24 +356,25 @@ def _softmaxes():
 
 
 class _CallRecorder:
-    """The output of a function called while ``module`` runs: the ``index``-th call of one of
-    ``funcs``, or (None) the last (timm's AttentionPoolLatent passes its attention weights
-    through no module, Eva its rotated q and k)."""
+    """The output (or the ``operand``-th argument) of a function called while ``module`` runs: the
+    ``index``-th call of one of ``funcs``, or (None) the last (timm's AttentionPoolLatent passes
+    its attention weights through no module, Eva its rotated q and k, and its v)."""
 
-    def __init__(self, module, taps, name, funcs, index=None):
+    def __init__(self, module, taps, name, funcs, index=None, operand=None):
         self.module, self.taps, self.name, self.funcs, self.index = module, taps, name, funcs, index
+        self.operand = operand
 
     def __enter__(self):
         from torch.overrides import TorchFunctionMode
 
-        taps, name, funcs, index, calls = self.taps, self.name, self.funcs, self.index, []
+        taps, name, funcs, index, operand, calls = self.taps, self.name, self.funcs, self.index, self.operand, []
 
         class Mode(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 result = func(*args, **(kwargs or {}))
                 if func in funcs:
                     if index is None or len(calls) == index:
-                        taps[name] = result
+                        taps[name] = result if operand is None else args[operand]
                     calls.append(func)
                 return result
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from impls.protocol import ViTConfig
 from weights.config import ACT_LAYERS, GLOBAL_POOLS, MLP_LAYERS
 from weights import init_params, init_state
+from weights.canonical import qkv_rows
 
 IMAGE_KINDS = ("ordinary", "tiny", "huge", "constant", "near_constant")
 
@@ -57,13 +58,16 @@ def family_options(draw) -> dict:
         rope_grid_offset=draw(st.sampled_from([0.0, 0.0, 1.0])),
         rope_rotate_half=draw(st.booleans()),
         ref_feat_shape=draw(st.sampled_from([None, None, (3, 5)])),
+        k_bias=draw(st.sampled_from([True, True, False])),
+        qkv_fused=draw(st.sampled_from([True, True, False])),
+        scale_mlp=draw(st.booleans()),
     )
 
 
 def _consistent(values: dict) -> dict:
     """Drawn options moved to a valid config: the sin-cos table needs two frequencies of each of x
     and y; the distillation head reads the class and distillation tokens alone; a rotary embedding
-    turns pairs of head_dim over each of two axes."""
+    turns pairs of head_dim over each of two axes; k's bias is dropped only beside q's and v's."""
     if values.get("pos_embed") == "sincos" and (values["embed_dim"] % 4 or values["embed_dim"] < 8):
         values["pos_embed"] = "learn"
     if values.get("distilled") and (values["global_pool"] != "token" or values.get("reg_tokens")):
@@ -72,6 +76,8 @@ def _consistent(values: dict) -> dict:
         values["rope_type"] = None
     if values.get("rope_type") != "cat":  # EVA02's rescale is the 'cat' grid's
         values["ref_feat_shape"] = None
+    if not values.get("qkv_bias", True):  # no bias to keep apart from k's
+        values["k_bias"] = True
     return values
 
 
@@ -314,10 +320,12 @@ class TrainedLike:
             g, b = state[f"blocks.{i}.norm1.weight"], state.get(f"blocks.{i}.norm1.bias", np.zeros(D, np.float32))
             top = D * float(np.max(g.astype(np.float64) ** 2)) + float(np.sum(b.astype(np.float64) ** 2))
             sigma = np.sqrt(self.logit / (np.sqrt(hd) * top))
-            w = state[f"blocks.{i}.attn.qkv.weight"].copy()
-            w[:hd] = rng.normal(0.0, sigma, (hd, D))
-            w[D : D + hd] = w[:hd]
-            state[f"blocks.{i}.attn.qkv.weight"] = w.astype(np.float32)
+            rows = qkv_rows(state, f"blocks.{i}.attn", D)
+            head0 = rng.normal(0.0, sigma, (hd, D))  # head 0's q and k rows: one matrix
+            for key, first in (rows["q"][0], rows["k"][0]):
+                w = state[key].copy()
+                w[first : first + hd] = head0
+                state[key] = w.astype(np.float32)
         return state
 
 
@@ -337,12 +345,13 @@ def with_block0_logit(
     factor = np.float32(np.sqrt(target / current)) if current > 0 else np.float32(1.0)
     D, hd = config.embed_dim, config.head_dim
     state = dict(state)
-    rows = np.r_[0:hd, D : D + hd]
-    for key in ("blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias"):
-        if key in state:
-            t = state[key].copy()
-            t[rows] *= factor
-            state[key] = t
+    for part in ("q", "k"):  # head 0's rows of q and k, weights and biases, wherever they are
+        for where in qkv_rows(state, "blocks.0.attn", D)[part]:
+            if where is not None:
+                key, first = where
+                t = state[key].copy()
+                t[first : first + hd] *= factor
+                state[key] = t
     return state
 
 

@@ -16,7 +16,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
+from impls.protocol import (
+    VIT_FAMILY,
+    AdamW,
+    Loss,
+    Perturbed,
+    ViTConfig,
+    check_images,
+    mlp_norm_eps,
+    tap_shapes,
+)
 from impls.jax_rope import rope_tables, rotate_tokens
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
@@ -231,6 +240,8 @@ class Attention(nnx.Module):
         norm_eps: float = 1e-6,
         rotate_half: bool = False,
         num_prefix_tokens: int = 0,
+        k_bias: bool = True,
+        qkv_fused: bool = True,
         *,
         rngs,
     ):
@@ -239,15 +250,31 @@ class Attention(nnx.Module):
         self.scale = self.head_dim**-0.5
         self.rotate_half, self.num_prefix_tokens = rotate_half, num_prefix_tokens  # rope (timm's Eva)
         self.fused_attn = fused_attn
-        self.qkv = Linear(dim, dim * 3, use_bias=qkv_bias, rngs=rngs)
+        self.qkv = Linear(dim, dim * 3, use_bias=qkv_bias and k_bias, rngs=rngs) if qkv_fused else None
+        apart = qkv_fused and qkv_bias and not k_bias  # timm's Eva and BEiT: q's and v's biases apart, k none
+        self.q_bias = nnx.Param(jnp.zeros((dim,))) if apart else None
+        self.v_bias = nnx.Param(jnp.zeros((dim,))) if apart else None
+        if not qkv_fused:  # timm's Eva with qkv_fused=False
+            self.q_proj = Linear(dim, dim, use_bias=qkv_bias, rngs=rngs)
+            self.k_proj = Linear(dim, dim, use_bias=qkv_bias and k_bias, rngs=rngs)
+            self.v_proj = Linear(dim, dim, use_bias=qkv_bias, rngs=rngs)
         self.q_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()  # per head
         self.k_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()
         self.proj = Linear(dim, dim, use_bias=proj_bias, rngs=rngs)
 
-    def __call__(self, x, taps=None, name="attn", rope=None):
+    def project(self, x):
+        """q, k and v, each (B, H, N, hd)."""
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        if self.qkv is None:
+            return [split_heads(p(x), self.num_heads) for p in (self.q_proj, self.k_proj, self.v_proj)]
+        qkv = self.qkv(x)
+        if self.q_bias is not None:
+            qkv = qkv + jnp.concatenate([self.q_bias[...], jnp.zeros_like(self.q_bias[...]), self.v_bias[...]])
+        qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
+    def __call__(self, x, taps=None, name="attn", rope=None):
+        q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
         v = record_tap(taps, f"{name}.v", v)
@@ -351,15 +378,35 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
+def mlp_norm(mlp, x, taps, name):
+    """timm's scale_mlp (EVA02's normed SwiGLU): a LayerNorm over the hidden features before fc2."""
+    if mlp.norm is None:
+        return x
+    return record_tap(taps, f"{name}.norm", mlp.norm(x))
+
+
 class Mlp(nnx.Module):
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "gelu", bias: bool = True, *, rngs):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "gelu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+        *,
+        rngs,
+    ):
         self.fc1 = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
         self.act = ACT_LAYERS[act_layer]()
         self.fc2 = Linear(hidden_features, in_features, use_bias=bias, rngs=rngs)
+        self.norm = (
+            LayerNorm(hidden_features, epsilon=norm_eps, rngs=rngs) if norm_eps is not None else None
+        )  # scale_mlp
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -368,15 +415,28 @@ class Mlp(nnx.Module):
 class SwiGLUPacked(nnx.Module):
     """timm's SwiGLUPacked (GluMlp, gate first): fc1 rows are the gate, then the value."""
 
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True, *, rngs):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "silu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+        *,
+        rngs,
+    ):
         self.fc1 = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
         self.act = ACT_LAYERS[act_layer]()
         self.fc2 = Linear(hidden_features // 2, in_features, use_bias=bias, rngs=rngs)
+        self.norm = (
+            LayerNorm(hidden_features // 2, epsilon=norm_eps, rngs=rngs) if norm_eps is not None else None
+        )  # scale_mlp
 
     def __call__(self, x, taps=None, name="mlp"):
         gate, x = jnp.split(self.fc1(x), 2, axis=-1)
         x = self.act(gate) * x
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -385,15 +445,28 @@ class SwiGLUPacked(nnx.Module):
 class SwiGLU(nnx.Module):
     """timm's SwiGLU: separate gate (fc1_g) and value (fc1_x) projections."""
 
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True, *, rngs):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "silu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+        *,
+        rngs,
+    ):
         self.fc1_g = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
         self.fc1_x = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
         self.act = ACT_LAYERS[act_layer]()
         self.fc2 = Linear(hidden_features, in_features, use_bias=bias, rngs=rngs)
+        self.norm = (
+            LayerNorm(hidden_features, epsilon=norm_eps, rngs=rngs) if norm_eps is not None else None
+        )  # scale_mlp
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -419,12 +492,14 @@ class Block(nnx.Module):
             norm_eps=config.norm_eps,
             rotate_half=config.rope_rotate_half,
             num_prefix_tokens=config.num_prefix_tokens,
+            k_bias=config.k_bias,
+            qkv_fused=config.qkv_fused,
             rngs=rngs,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
-            dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias, rngs=rngs
+            dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias, **mlp_norm_eps(config), rngs=rngs
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 

@@ -14,7 +14,16 @@ from pathlib import Path
 import numpy as np
 from scipy.special import erf
 
-from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
+from impls.protocol import (
+    VIT_FAMILY,
+    AdamW,
+    Loss,
+    Perturbed,
+    ViTConfig,
+    check_images,
+    mlp_norm_eps,
+    tap_shapes,
+)
 from impls.numpy_rope import rope_tables, rotate_tokens
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
@@ -277,22 +286,40 @@ class Attention(Module):
         norm_eps: float = 1e-6,
         rotate_half: bool = False,
         num_prefix_tokens: int = 0,
+        k_bias: bool = True,
+        qkv_fused: bool = True,
     ):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.rotate_half, self.num_prefix_tokens = rotate_half, num_prefix_tokens  # rope (timm's Eva)
         self.fused_attn = fused_attn
-        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        if qkv_fused:
+            self.qkv = Linear(dim, dim * 3, bias=qkv_bias and k_bias)
+            if qkv_bias and not k_bias:  # timm's Eva and BEiT: q's and v's biases apart, k none
+                self.q_bias, self.v_bias = np.zeros((dim,)), np.zeros((dim,))
+        else:  # timm's Eva with qkv_fused=False
+            self.q_proj = Linear(dim, dim, bias=qkv_bias)
+            self.k_proj = Linear(dim, dim, bias=qkv_bias and k_bias)
+            self.v_proj = Linear(dim, dim, bias=qkv_bias)
         if qk_norm:  # over head_dim, per head, before the scale
             self.q_norm = LayerNorm(self.head_dim, eps=norm_eps)
             self.k_norm = LayerNorm(self.head_dim, eps=norm_eps)
         self.proj = Linear(dim, dim, bias=proj_bias)
 
-    def __call__(self, x, taps=None, name="attn", rope=None):
+    def project(self, x):
+        """q, k and v, each (B, H, N, hd)."""
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        if not hasattr(self, "qkv"):
+            return [split_heads(p(x), self.num_heads) for p in (self.q_proj, self.k_proj, self.v_proj)]
+        qkv = self.qkv(x)
+        if hasattr(self, "q_bias"):
+            qkv = qkv + np.concatenate([self.q_bias, np.zeros_like(self.q_bias), self.v_bias])
+        qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
+        return qkv[0], qkv[1], qkv[2]
+
+    def __call__(self, x, taps=None, name="attn", rope=None):
+        q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
         v = record_tap(taps, f"{name}.v", v)
@@ -377,15 +404,32 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
+def mlp_norm(mlp, x, taps, name):
+    """timm's scale_mlp (EVA02's normed SwiGLU): a LayerNorm over the hidden features before fc2."""
+    if not hasattr(mlp, "norm"):
+        return x
+    return record_tap(taps, f"{name}.norm", mlp.norm(x))
+
+
 class Mlp(Module):
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "gelu", bias: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "gelu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+    ):
         self.fc1 = Linear(in_features, hidden_features, bias=bias)
         self.act = GELU(act_layer)
         self.fc2 = Linear(hidden_features, in_features, bias=bias)
+        if norm_eps is not None:  # timm's scale_mlp
+            self.norm = LayerNorm(hidden_features, eps=norm_eps)
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -394,15 +438,25 @@ class Mlp(Module):
 class SwiGLUPacked(Module):
     """timm's SwiGLUPacked (GluMlp, gate first): fc1 rows are the gate, then the value."""
 
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "silu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+    ):
         self.fc1 = Linear(in_features, hidden_features, bias=bias)
         self.act = GELU(act_layer)
         self.fc2 = Linear(hidden_features // 2, in_features, bias=bias)
+        if norm_eps is not None:  # timm's scale_mlp
+            self.norm = LayerNorm(hidden_features // 2, eps=norm_eps)
 
     def __call__(self, x, taps=None, name="mlp"):
         gate, x = np.split(self.fc1(x), 2, axis=-1)
         x = self.act(gate) * x
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -411,15 +465,25 @@ class SwiGLUPacked(Module):
 class SwiGLU(Module):
     """timm's SwiGLU: separate gate (fc1_g) and value (fc1_x) projections."""
 
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "silu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+    ):
         self.fc1_g = Linear(in_features, hidden_features, bias=bias)
         self.fc1_x = Linear(in_features, hidden_features, bias=bias)
         self.act = GELU(act_layer)
         self.fc2 = Linear(hidden_features, in_features, bias=bias)
+        if norm_eps is not None:  # timm's scale_mlp
+            self.norm = LayerNorm(hidden_features, eps=norm_eps)
 
     def __call__(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -445,11 +509,13 @@ class Block(Module):
             norm_eps=config.norm_eps,
             rotate_half=config.rope_rotate_half,
             num_prefix_tokens=config.num_prefix_tokens,
+            k_bias=config.k_bias,
+            qkv_fused=config.qkv_fused,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
-            dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias
+            dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias, **mlp_norm_eps(config)
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 

@@ -54,6 +54,12 @@ def require_original_vit(config: ViTConfig, port: str) -> None:
         )
 
 
+def mlp_norm_eps(config: ViTConfig) -> dict:
+    """The MLP's ``norm_eps`` keyword where ``scale_mlp`` gives it a norm before fc2, else none (a
+    replacement MLP, the zoo's, need not take it)."""
+    return {"norm_eps": config.norm_eps} if config.scale_mlp else {}
+
+
 # The stages themselves are defined once, in impls/stages.py.
 BLOCK_TAPS = tuple(s.name for s in BLOCK)
 ATTN_POOL_TAPS = tuple(s.name for s in MODEL_OUT if s.scope == "attn_pool")

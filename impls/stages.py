@@ -30,14 +30,15 @@ timm rules, in timm's module names relative to the stage's scope (the model, ``b
 ``attn_pool``), read by forward hooks: ``out:M`` / ``in:M`` as above (``out:`` the scope's own
 module; ``@tokens`` an NHWC output flattened, ``@v`` the value part of a fused projection, split
 into heads); ``softmax`` the softmax called inside the scope; ``typed:I`` the I-th tensor the
-scope's attention casts with ``type_as`` (timm's Eva: its rotated q, then k); ``return`` the
-model's output.
+scope's attention casts with ``type_as`` (timm's Eva: its rotated q, then k); ``values`` the
+second operand of its attention's P v (Eva computes its q, k and v in no module of their own);
+``return`` the model's output.
 
 Input patterns: ``{b}`` the stage's block (``blocks.3``); ``{prev}`` the block's input (the
 previous block, or ``norm_pre`` / ``embed`` before block 0); ``{q}``, ``{k}`` q and k as the
 attention weights see them (``attn.q_rope`` with rotary embeddings, else ``attn.q_norm`` with
 qk-norm); ``{q_in}``, ``{k_in}`` what the rotation reads (``attn.q_norm`` with qk-norm);
-``{attn_out}``, ``{mlp_out}`` what a residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
+``{mlp_in}`` what fc2 reads (``mlp.norm`` with ``scale_mlp``); ``{attn_out}``, ``{mlp_out}`` what a residual adds (``ls1``/``ls2`` with LayerScale); ``{features}`` the tokens the head pools (the
 final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads;
 ``{patch_in}`` what the projection reads (the patch norm, or the images); ``{patches}`` the patch
 embedding's output (``patch_embed.norm`` with ``embed_norm``); ``{dist}`` the distillation
@@ -106,6 +107,10 @@ def _rope(c):
     return c.rope_type is not None
 
 
+def _scale_mlp(c):
+    return c.scale_mlp
+
+
 def _final_norm(c):
     return not c.use_fc_norm
 
@@ -157,7 +162,7 @@ BLOCK = (
     Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="qk",
           capture=lambda c: "in:attn.k_norm@heads" if c.qk_norm or c.rope_type else "attn:k", timm="in:attn.k_norm"),
     Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N", capture="attn:v",
-          timm="out:attn.qkv@v"),
+          timm="values"),
     Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "B H N hd", "block", _qk_norm, ("attn.q_norm",),
           cotangent="qk_out", capture="out:attn.q_norm@heads"),
     Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "B H N hd", "block", _qk_norm, ("attn.k_norm",),
@@ -177,10 +182,12 @@ BLOCK = (
     Stage("norm2", "norm2", ("{prev}", "{attn_out}"), "B N D", "block", params=("norm2",), residual=True,
           cotangent="hidden", capture="out:norm2"),
     Stage("mlp.act", "mlp.act", ("{b}.norm2",), "B N act", "block",
-          params=("mlp.fc1", "mlp.fc1_g", "mlp.fc1_x", "mlp.norm"), contraction=True, cotangent="D",
-          capture="in:mlp.fc2", timm="in:mlp.fc2",
-          note="fc2's input: the activation, or SwiGLU's `act(gate) * value`"),
-    Stage("mlp", "mlp", ("{b}.mlp.act",), "B N D", "block", params=("mlp.fc2",), contraction=True,
+          params=("mlp.fc1", "mlp.fc1_g", "mlp.fc1_x"), contraction=True, cotangent="mlp_act",
+          capture=lambda c: "in:mlp.norm" if c.scale_mlp else "in:mlp.fc2", timm="in:mlp.norm",
+          note="the activation, or SwiGLU's `act(gate) * value`: fc2's input without `scale_mlp`"),
+    Stage("mlp.norm", "mlp.norm", ("{b}.mlp.act",), "B N act", "block", _scale_mlp, ("mlp.norm",), cotangent="D",
+          capture="out:mlp.norm", note="EVA02's norm over the hidden features (timm's Eva `scale_mlp`)"),
+    Stage("mlp", "mlp", ("{mlp_in}",), "B N D", "block", params=("mlp.fc2",), contraction=True,
           capture="out:mlp.fc2"),
     Stage("ls2", "ls2", ("{b}.mlp",), "B N D", "block", _layer_scale, ("ls2",), capture="out:ls2"),
     Stage("", "block", ("{prev}", "{attn_out}", "{mlp_out}"), "B N D", "block", residual=True, cotangent="D",
@@ -296,6 +303,7 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
         "{features}": features,
         "{attn_out}": f"{b}.ls1" if scaled else f"{b}.attn",
         "{mlp_out}": f"{b}.ls2" if scaled else f"{b}.mlp",
+        "{mlp_in}": f"{b}.mlp.norm" if config.scale_mlp else f"{b}.mlp.act",
         "{pool_in}": "attn_pool" if config.global_pool == "map" else features,
         "{patch_in}": "patch_embed.patch_norm" if config.patch_norm else "",
         "{patches}": "patch_embed.norm" if config.embed_norm else "patch_embed",
@@ -327,6 +335,7 @@ def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) ->
         # q's and k's consumer: qk-norm (over head_dim), the rotation (two products' sum), or q kᵀ
         "qk": config.head_dim if config.qk_norm else (2 if config.rope_type else tokens),
         "qk_out": 2 if config.rope_type else tokens,
+        "mlp_act": config.mlp_act_dim if config.scale_mlp else config.embed_dim,  # mlp.norm's, or fc2's
         "hidden": hidden,
         "P": config.num_patches,
         "mlp": config.mlp_hidden_dim,
@@ -360,6 +369,7 @@ OPTIONS = {
     _qk_norm: "`qk_norm`",
     _layer_scale: "`init_values`",
     _rope: "`rope_type`",
+    _scale_mlp: "`scale_mlp`",
     _final_norm: "no `fc_norm`",
     _map: '`global_pool="map"`',
     _patch_norm: "`patch_norm`",

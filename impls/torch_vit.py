@@ -12,7 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from impls.protocol import VIT_FAMILY, AdamW, Loss, Perturbed, ViTConfig, check_images, tap_shapes
+from impls.protocol import (
+    VIT_FAMILY,
+    AdamW,
+    Loss,
+    Perturbed,
+    ViTConfig,
+    check_images,
+    mlp_norm_eps,
+    tap_shapes,
+)
 from impls.torch_rope import rope_tables, rotate_tokens
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 
@@ -183,6 +192,8 @@ class Attention(nn.Module):
         norm_eps: float = 1e-6,
         rotate_half: bool = False,
         num_prefix_tokens: int = 0,
+        k_bias: bool = True,
+        qkv_fused: bool = True,
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -190,15 +201,33 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.rotate_half, self.num_prefix_tokens = rotate_half, num_prefix_tokens  # rope (timm's Eva)
         self.fused_attn = fused_attn
-        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv_fused, self.q_bias, self.v_bias = qkv_fused, None, None
+        if qkv_fused:
+            self.qkv = Linear(dim, dim * 3, bias=qkv_bias and k_bias)
+            if qkv_bias and not k_bias:  # timm's Eva and BEiT: q's and v's biases apart, k none
+                self.q_bias, self.v_bias = nn.Parameter(torch.zeros(dim)), nn.Parameter(torch.zeros(dim))
+        else:  # timm's Eva with qkv_fused=False
+            self.q_proj = Linear(dim, dim, bias=qkv_bias)
+            self.k_proj = Linear(dim, dim, bias=qkv_bias and k_bias)
+            self.v_proj = Linear(dim, dim, bias=qkv_bias)
         self.q_norm = LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else Identity()  # per head, before the scale
         self.k_norm = LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else Identity()
         self.proj = Linear(dim, dim, bias=proj_bias)
 
-    def forward(self, x, taps=None, name="attn", rope=None):
+    def project(self, x):
+        """q, k and v, each (B, H, N, hd)."""
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
+        if not self.qkv_fused:
+            return [split_heads(p(x), self.num_heads) for p in (self.q_proj, self.k_proj, self.v_proj)]
+        if self.q_bias is None:
+            qkv = self.qkv(x)
+        else:
+            qkv = F.linear(x, self.qkv.weight, torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias]))
+        qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return qkv.unbind(0)
+
+    def forward(self, x, taps=None, name="attn", rope=None):
+        q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
         v = record_tap(taps, f"{name}.v", v)
@@ -293,16 +322,32 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
+def mlp_norm(mlp, x, taps, name):
+    """timm's scale_mlp (EVA02's normed SwiGLU): a LayerNorm over the hidden features before fc2."""
+    if mlp.norm is None:
+        return x
+    return record_tap(taps, f"{name}.norm", mlp.norm(x))
+
+
 class Mlp(nn.Module):
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "gelu", bias: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "gelu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+    ):
         super().__init__()
         self.fc1 = Linear(in_features, hidden_features, bias=bias)
         self.act = ACT_LAYERS[act_layer]()
         self.fc2 = Linear(hidden_features, in_features, bias=bias)
+        self.norm = LayerNorm(hidden_features, eps=norm_eps) if norm_eps is not None else None  # timm's scale_mlp
 
     def forward(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1(x))
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -311,16 +356,25 @@ class Mlp(nn.Module):
 class SwiGLUPacked(nn.Module):
     """timm's SwiGLUPacked (GluMlp, gate first): fc1 rows are the gate, then the value."""
 
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "silu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+    ):
         super().__init__()
         self.fc1 = Linear(in_features, hidden_features, bias=bias)
         self.act = ACT_LAYERS[act_layer]()
         self.fc2 = Linear(hidden_features // 2, in_features, bias=bias)
+        self.norm = LayerNorm(hidden_features // 2, eps=norm_eps) if norm_eps is not None else None  # timm's scale_mlp
 
     def forward(self, x, taps=None, name="mlp"):
         gate, x = self.fc1(x).chunk(2, dim=-1)
         x = self.act(gate) * x
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -329,16 +383,25 @@ class SwiGLUPacked(nn.Module):
 class SwiGLU(nn.Module):
     """timm's SwiGLU: separate gate (fc1_g) and value (fc1_x) projections."""
 
-    def __init__(self, in_features: int, hidden_features: int, act_layer: str = "silu", bias: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: str = "silu",
+        bias: bool = True,
+        norm_eps: float | None = None,
+    ):
         super().__init__()
         self.fc1_g = Linear(in_features, hidden_features, bias=bias)
         self.fc1_x = Linear(in_features, hidden_features, bias=bias)
         self.act = ACT_LAYERS[act_layer]()
         self.fc2 = Linear(hidden_features, in_features, bias=bias)
+        self.norm = LayerNorm(hidden_features, eps=norm_eps) if norm_eps is not None else None  # timm's scale_mlp
 
     def forward(self, x, taps=None, name="mlp"):
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)
         x = record_tap(taps, f"{name}.act", x)
+        x = mlp_norm(self, x, taps, name)
         x = self.fc2(x)
         x = record_tap(taps, name, x)
         return x
@@ -365,11 +428,13 @@ class Block(nn.Module):
             norm_eps=config.norm_eps,
             rotate_half=config.rope_rotate_half,
             num_prefix_tokens=config.num_prefix_tokens,
+            k_bias=config.k_bias,
+            qkv_fused=config.qkv_fused,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
-            dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias
+            dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias, **mlp_norm_eps(config)
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 

@@ -24,7 +24,7 @@ CONFIGS = [
     get_config("vit_test_token").replace(rope_type="dinov3", rope_rotate_half=True, reg_tokens=2, pos_embed="none"),
 ]
 RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
-TIMM_RULES = ("out", "in", "softmax", "typed", "return")
+TIMM_RULES = ("out", "in", "softmax", "typed", "values", "return")
 
 
 def incomplete(stages=STAGES, configs=CONFIGS) -> list[str]:

@@ -55,9 +55,7 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes[b + "norm1.weight"] = (D,)
         if config.norm_bias:
             shapes[b + "norm1.bias"] = (D,)
-        shapes[b + "attn.qkv.weight"] = (3 * D, D)
-        if config.qkv_bias:
-            shapes[b + "attn.qkv.bias"] = (3 * D,)
+        shapes.update({b + k: shape for k, shape in qkv_shapes(config).items()})
         if config.qk_norm:
             for n in ("q_norm", "k_norm"):
                 shapes[f"{b}attn.{n}.weight"] = (hd,)
@@ -75,6 +73,9 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{b}mlp.{fc}.weight"] = (hidden, D)
             if config.use_mlp_bias:
                 shapes[f"{b}mlp.{fc}.bias"] = (hidden,)
+        if config.scale_mlp:
+            shapes[b + "mlp.norm.weight"] = (config.mlp_act_dim,)
+            shapes[b + "mlp.norm.bias"] = (config.mlp_act_dim,)
         shapes[b + "mlp.fc2.weight"] = (D, config.mlp_act_dim)
         if config.use_mlp_bias:
             shapes[b + "mlp.fc2.bias"] = (D,)
@@ -99,6 +100,54 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes["head_dist.weight"] = (config.num_classes, D)
         shapes["head_dist.bias"] = (config.num_classes,)
     return shapes
+
+
+def qkv_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
+    """A block's q, k and v projections (keys relative to the block), in timm's order: a fused
+    ``attn.qkv`` with its bias, or with q's and v's apart (timm's Eva, BEiT: ``k_bias=False``),
+    or three projections (``qkv_fused=False``)."""
+    D, bias = config.embed_dim, config.qkv_bias
+    if not config.qkv_fused:
+        shapes = {}
+        for part in "qkv":
+            shapes[f"attn.{part}_proj.weight"] = (D, D)
+            if bias and (config.k_bias or part != "k"):
+                shapes[f"attn.{part}_proj.bias"] = (D,)
+        return shapes
+    if bias and not config.k_bias:
+        return {"attn.q_bias": (D,), "attn.v_bias": (D,), "attn.qkv.weight": (3 * D, D)}
+    return {"attn.qkv.weight": (3 * D, D), **({"attn.qkv.bias": (3 * D,)} if bias else {})}
+
+
+def qkv_rows(state: Mapping[str, np.ndarray], attn: str, dim: int) -> dict[str, tuple]:
+    """Where q's, k's and v's weights and biases are in whichever of ``qkv_shapes``'s layouts the
+    attention ``attn`` ("blocks.3.attn") has: part -> ((weight key, first row), (bias key, first
+    row) or None), each part ``dim`` rows from its first."""
+    if f"{attn}.qkv.weight" not in state:
+        return {
+            p: (
+                (f"{attn}.{p}_proj.weight", 0),
+                (f"{attn}.{p}_proj.bias", 0) if f"{attn}.{p}_proj.bias" in state else None,
+            )
+            for p in "qkv"
+        }
+    rows = {}
+    for j, p in enumerate("qkv"):
+        if f"{attn}.qkv.bias" in state:
+            bias = (f"{attn}.qkv.bias", j * dim)
+        else:  # timm's Eva and BEiT: q's and v's apart, k none
+            bias = (f"{attn}.{p}_bias", 0) if f"{attn}.{p}_bias" in state else None
+        rows[p] = ((f"{attn}.qkv.weight", j * dim), bias)
+    return rows
+
+
+def qkv_parts(state: Mapping[str, np.ndarray], attn: str, dim: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """(weight, bias or None) of q, k and v, wherever ``qkv_rows`` finds them."""
+    parts = []
+    for (wkey, w0), bias in qkv_rows(state, attn, dim).values():
+        b = None if bias is None else state[bias[0]][bias[1] : bias[1] + dim]
+        parts.append((state[wkey][w0 : w0 + dim], b))
+    return parts
 
 
 def mha_shapes(dim: int, context_dim: int | None, num_heads: int, head_dim: int, qkv_bias: bool = True):

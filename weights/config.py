@@ -51,6 +51,11 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   (row, column) or ``xy``, ``rope_grid_offset``, ``rope_rotate_half`` (pairs x_i, x_{i+hd/2}
   rather than neighbours) and ``ref_feat_shape`` (EVA02's rescale onto the pretraining grid) as
   timm names them. LayerScale stays ``ls1.gamma``: timm's Eva's ``gamma_1`` is read as it.
+* timm's Eva block (EVA02; BEiT and transformers' DINOv3 share its attention): ``k_bias=False``
+  keeps q's and v's biases and gives k none (``attn.q_bias`` and ``attn.v_bias`` beside a
+  bias-free ``attn.qkv``); ``qkv_fused=False`` projects q, k and v apart (``attn.q_proj``,
+  ``attn.k_proj``, ``attn.v_proj``); ``scale_mlp``: a LayerNorm ``mlp.norm`` over the MLP's
+  hidden features before ``fc2`` (EVA02's normed SwiGLU).
 """
 
 from __future__ import annotations
@@ -151,6 +156,9 @@ class ViTConfig:
     rope_grid_offset: float = 0.0
     rope_rotate_half: bool = False
     ref_feat_shape: int | tuple[int, int] | None = None
+    k_bias: bool = True
+    qkv_fused: bool = True
+    scale_mlp: bool = False
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -269,9 +277,17 @@ class ViTConfig:
             "pool_include_prefix",
             "distilled",
             "norm_bias",
+            "k_bias",
+            "qkv_fused",
+            "scale_mlp",
         ):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
+        if not self.k_bias and not self.qkv_bias:
+            raise ConfigError(
+                "k_bias=False drops the key's bias beside q's and v's: it needs qkv_bias=True (with "
+                "qkv_bias=False there is no bias to drop)"
+            )
 
     # Derived sizes, named as in timm.
     @property
@@ -434,6 +450,18 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_base_patch16_rope_224": ViTConfig(
         patch_size=16, embed_dim=768, depth=12, num_heads=12, init_values=1e-5, fc_norm=False, pos_embed="none",
         rope_type="cat", rope_grid_indexing="xy", rope_temperature=100.0,
+    ),
+    # EVA02 (timm's Eva, its own attention): q's and v's biases apart and k none, 2-D rotary embeddings
+    # rescaled onto the 16 x 16 pretraining grid beside a learned table, SwiGLU (packed in the tiny one;
+    # with a norm, and q, k and v projected apart, from the base one on)
+    "eva02_tiny_patch14_224": ViTConfig(
+        patch_size=14, embed_dim=192, depth=12, num_heads=3, num_classes=0, global_pool="avg", k_bias=False,
+        mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=16 / 3, rope_type="cat", ref_feat_shape=16,
+    ),
+    "eva02_base_patch14_224": ViTConfig(
+        patch_size=14, embed_dim=768, depth=12, num_heads=12, num_classes=0, global_pool="avg", k_bias=False,
+        qkv_fused=False, mlp_layer="swiglu", act_layer="silu", mlp_ratio=4 * 2 / 3, scale_mlp=True,
+        rope_type="cat", ref_feat_shape=16,
     ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(

@@ -301,6 +301,31 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None),
         timm_name="ref_feat_shape (Eva)",
     ),
+    # timm's Eva block (eva.py): EVA02; BEiT and transformers' DINOv3 share its attention's biases
+    Option(
+        "k_bias",
+        True,
+        True,
+        "the key's bias beside q's and v's (False: attn.q_bias and attn.v_bias, k none; EVA02, BEiT)",
+        holds=_only(True),
+        timm_name="qkv_bias (Eva's attention: q and v only)",
+    ),
+    Option(
+        "qkv_fused",
+        True,
+        True,
+        "q, k and v from one projection, attn.qkv (False: attn.q_proj, attn.k_proj and attn.v_proj; EVA02 B, L)",
+        holds=_only(True),
+        timm_name="qkv_fused (Eva)",
+    ),
+    Option(
+        "scale_mlp",
+        False,
+        False,
+        "a LayerNorm over the MLP's hidden features before fc2, mlp.norm (EVA02's normed SwiGLU)",
+        holds=_only(False),
+        timm_name="scale_mlp (Eva)",
+    ),
 )
 
 BY_FIELD: dict[str, Option] = {o.field: o for o in OPTIONS}

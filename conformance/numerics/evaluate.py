@@ -16,6 +16,7 @@ from conformance.numerics.kinds.layer_norm import layer_norm
 from conformance.numerics.kinds.linear import linear, propagate_linear
 from conformance.numerics.kinds.rotary import rotary
 from conformance.numerics.roundings import Precision
+from weights.canonical import qkv_parts
 
 # ----------------------------------------------------------------------------- stages
 
@@ -235,8 +236,7 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid):
     if rest == "norm1":
         return layer_norm(inputs[0], s[f"{b}.norm1.weight"], s.get(f"{b}.norm1.bias", 0.0), eps, p)
     if rest in ("attn.q", "attn.k", "attn.v"):
-        D, j = config.embed_dim, "qkv".index(rest[-1])
-        y, bound = linear(inputs[0], *_rows(s, f"{b}.attn.qkv", slice(j * D, (j + 1) * D)), p)
+        y, bound = linear(inputs[0], *qkv_parts(s, f"{b}.attn", config.embed_dim)["qkv".index(rest[-1])], p)
         return _heads(y, H), _heads(bound, H)
     if rest in ("attn.q_norm", "attn.k_norm"):
         n = rest.split(".")[1]
@@ -258,6 +258,8 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid):
         return layer_norm(r, s[f"{b}.norm2.weight"], s.get(f"{b}.norm2.bias", 0.0), eps, p, dx=dx)
     if rest == "mlp.act":
         return _mlp_act(inputs[0], s, f"{b}.mlp", config, p, config.mlp_layer)
+    if rest == "mlp.norm":
+        return layer_norm(inputs[0], s[f"{b}.mlp.norm.weight"], s[f"{b}.mlp.norm.bias"], eps, p)
     if rest == "mlp":
         return linear(inputs[0], *_rows(s, f"{b}.mlp.fc2", slice(None)), p)
     if rest == "":
