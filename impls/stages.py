@@ -131,6 +131,14 @@ def _embed_norm(c):
     return c.embed_norm
 
 
+def _before_rotation(c, part: str) -> str:
+    """q or k as projected: what the attention reads, unless a norm or a rotation comes between
+    (then qk-norm's input, or the projection's own output)."""
+    if c.qk_norm or (c.rope_type and c.qkv_fused):
+        return f"in:attn.{part}_norm@heads"
+    return f"out:attn.{part}_proj@heads" if c.rope_type else f"attn:{part}"
+
+
 _POOL_INSIDE = "unseen:inside the attention pool: its q, k, v and weights are not read yet"
 
 # A table: one entry per row (the formatter would give each argument a line).
@@ -155,13 +163,16 @@ MODEL_IN = (
 BLOCK = (
     Stage("norm1", "norm1", ("{prev}",), "B N D", "block", params=("norm1",), residual=True, cotangent="3D",
           capture="out:norm1"),
-    Stage("attn.q", "attn.q", ("{b}.norm1",), "B H N hd", "block", params=("attn.qkv",), contraction=True,
-          cotangent="qk", capture=lambda c: "in:attn.q_norm@heads" if c.qk_norm or c.rope_type else "attn:q",
+    Stage("attn.q", "attn.q", ("{b}.norm1",), "B H N hd", "block", params=("attn.qkv", "attn.q_bias", "attn.q_proj"),
+          contraction=True,
+          cotangent="qk", capture=lambda c: _before_rotation(c, "q"),
           timm="in:attn.q_norm",
           note='split from `qkv`, q before scaling'),
-    Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="qk",
-          capture=lambda c: "in:attn.k_norm@heads" if c.qk_norm or c.rope_type else "attn:k", timm="in:attn.k_norm"),
-    Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", contraction=True, cotangent="N", capture="attn:v",
+    Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", params=("attn.k_proj",), contraction=True,
+          cotangent="qk",
+          capture=lambda c: _before_rotation(c, "k"), timm="in:attn.k_norm"),
+    Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", params=("attn.v_bias", "attn.v_proj"),
+          contraction=True, cotangent="N", capture="attn:v",
           timm="values"),
     Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "B H N hd", "block", _qk_norm, ("attn.q_norm",),
           cotangent="qk_out", capture="out:attn.q_norm@heads"),

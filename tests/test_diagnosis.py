@@ -23,6 +23,7 @@ PRESETS = (
     "vit_test_dynamic",
     "vit_test_distilled",
     "vit_test_rope",
+    "vit_test_eva",
 )
 # Where a class shows only on some inputs: the images (their grid) or weights it needs.
 NEEDS = {

@@ -56,6 +56,25 @@ def test_timms_rope_vit_unmodified_is_conformant_with_its_rotation_declared_and_
     assert not report.conformant and report.located() == "blocks.0.attn.q_rope", report.located()
 
 
+def test_transformers_dinov3_unmodified_is_conformant_declared_and_its_other_pairs_are_located():
+    """transformers' DINOv3ViTModel, a rename of its names alone: CONFORMANT with DINOv3's rotation and
+    its attention's biases (q and v, k none, three projections) declared; the companion, declared with
+    neighbouring pairs rotated where it turns halves, is located at the rotation."""
+    config = CONFIG.replace(**P.HF_DINOV3)
+    report = verify(P.hf_dinov3_declared, config, port="transformers DINOv3")
+    assert report.conformant, report.failures[:2] or [s.name for s in report.stages if not s.ok]
+    assert {"blocks.0.attn.k", "blocks.1.attn.q_rope"} <= {s.name for s in report.stages if s.ok}
+    pairs = config.replace(rope_rotate_half=False)
+    port = ModelPort(
+        P.hf_dinov3_declared.build,
+        rename=P.HF_DINOV3_RENAME,
+        output=P.hf_dinov3_declared.output,
+        supports={**P.hf_dinov3_declared.supports, "rope_rotate_half": False},
+    )
+    report = verify(port, pairs, port="transformers DINOv3, pairs")
+    assert not report.conformant and report.located() == "blocks.0.attn.q_rope", report.located()
+
+
 @pytest.mark.parametrize(
     "tower, scheme, shown, lines",
     [

@@ -472,6 +472,12 @@ PRESETS: dict[str, ViTConfig] = {
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
         pos_embed="none", rope_type="cat", rope_grid_indexing="xy", rope_temperature=100.0,
     ),
+    # vit_test_rope with EVA02's block: q's and v's biases without k's, a norm in its MLP
+    "vit_test_eva": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        pos_embed="none", rope_type="cat", rope_grid_indexing="xy", rope_temperature=100.0, k_bias=False,
+        scale_mlp=True,
+    ),
     # vit_test_token's square twin: the default for ports of square images only.
     "vit_test_token_square": ViTConfig(
         img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3

@@ -41,6 +41,9 @@ PARTS = (
     (r"blocks\.\d+\.ls[12]\.gamma", "its residual branches have no LayerScale", "init_values=null"),
     (r"blocks\.\d+\.attn\.[qk]_norm\.(weight|bias)", "it normalises neither q nor k", "qk_norm=false"),
     (r"(norm|fc_norm)\.weight", "it has no final norm", None),
+    (r"blocks\.\d+\.attn\.[qv]_bias", "its q and v have no biases apart from a qkv's", "k_bias=true (or qkv_bias=false)"),
+    (r"blocks\.\d+\.attn\.k_proj\.bias", "its key projection has no bias", "k_bias=false"),
+    (r"blocks\.\d+\.mlp\.norm\.(weight|bias)", "its MLP has no norm before fc2", "scale_mlp=false"),
 )
 
 
@@ -60,6 +63,9 @@ ADDS = (
     ("qkv_bias=true", dict(qkv_bias=True)),
     ("proj_bias=true", dict(proj_bias=True, mlp_bias=False)),
     ("mlp_bias=true", dict(mlp_bias=True)),
+    ("k_bias=false", dict(k_bias=False, qkv_bias=True)),
+    ("qkv_fused=false", dict(qkv_fused=False)),
+    ("scale_mlp=true", dict(scale_mlp=True)),
 )
 
 
@@ -229,8 +235,9 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
     qv = split_qv_bias(extra)
     if qv:
         what = (
-            "its q and v projections have biases of their own and k none (BEiT, EVA): qkv_bias=true with a "
-            "convert that sends qkv.bias's q and v thirds there expresses it (a k bias changes no attention)"
+            "its q and v projections have biases of their own and k none (BEiT, EVA): k_bias=false expresses it "
+            "(or qkv_bias=true with a convert that sends qkv.bias's q and v thirds there, where no rotary "
+            "embedding turns k: then a k bias changes no attention)"
         )
         found[what] = qv
         extra = [k for k in extra if k not in qv]

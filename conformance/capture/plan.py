@@ -204,6 +204,8 @@ class _Planner:
         """q, k, v or the weights of block i's attention: the attention record, failing it the
         projections' outputs (separate q/k/v modules, or a fused qkv split as timm's)."""
         qkv = self.owners(f"blocks.{i}.attn.qkv")
+        if not self.config.qkv_fused:  # the canonical layout's own three projections
+            qkv = [m for p in "qkv" for m in self.owners(f"blocks.{i}.attn.{p}_proj")]
         if self.block_paths[i] is None:  # (x-transformers' halves of a block in one list) no record
             if len(qkv) == 3 and part != "weights":  # but separate projections show q, k and v
                 return Source("out", qkv["qkv".index(part)], shape="heads")

@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import re
+
 import numpy as np
 
 from conformance.capture.adapters import ADAPTERS, BaseAdapter, framework_of
@@ -72,6 +74,9 @@ def _absent(key: str, config: ViTConfig) -> str:
     elif key in ("cls_token", "dist_token", "reg_token", "pos_embed") or key.startswith(("head.", "head_dist.")):
         why = f"this config has none (class_token={config.class_token}, reg_tokens={config.reg_tokens}, num_classes={config.num_classes})"
     return f"the convert reads {key!r}, which the canonical state does not hold: {why}"
+
+
+MASK_TOKEN = re.compile(r"(.*\.)?mask_token")
 
 
 @dataclass
@@ -221,8 +226,11 @@ class ModelPort:
         unfilled = sorted(set(params) - set(arrays))
         for k in unfilled:
             arrays[k] = adapter.current(k)
-        # a parameter with no elements (vit-pytorch's (0, D) class token under mean pooling) holds no value
-        return arrays, [k for k in unfilled if int(np.prod(params[k])) > 0]
+        # a parameter with no elements (vit-pytorch's (0, D) class token under mean pooling) holds no
+        # value; transformers' mask_token (ViT, DINOv2, DINOv3, BEiT) replaces the patches only under
+        # bool_masked_pos, masked-image pretraining's input: an image's forward never reads it (and if
+        # a model did, its stages would show it)
+        return arrays, [k for k in unfilled if int(np.prod(params[k])) > 0 and not MASK_TOKEN.fullmatch(k)]
 
     def _k_bias_free(self, state, config: ViTConfig) -> list[int]:
         """The blocks whose model has no k bias: the convert sends every entry of qkv.bias but the

@@ -12,6 +12,7 @@ from conformance.numerics.error_model import evaluate, prefix_tokens, softmax_we
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
 from impls.stages import stage_inputs, stage_kind
+from weights.canonical import qkv_parts
 from weights.resample import _cubic
 from conformance.diagnosis.bugclass import BugClass, QUIET
 
@@ -227,6 +228,18 @@ def _rope_sin_cos_swapped(name, t, images, s, config):
     grid = config.grid_at(images.shape[2:])
     sin, cos = R.rope_tables(config, grid)
     return R.rotate_tokens(x, (cos, sin), config.num_prefix_tokens, config.rope_rotate_half)
+
+
+def _qv_biases_misplaced(name, t, images, s, config):
+    """k with v's bias and v with none: q's and v's biases joined as (q, v, 0), timm's Eva's (q, 0, v)."""
+    if stage_kind(name) not in ("attn.k", "attn.v"):
+        return None
+    b = _block(name)[0]
+    j = "qkv".index(name[-1])
+    w, _ = qkv_parts(s, f"{b}.attn", config.embed_dim)[j]
+    y = t[stage_inputs(name, config)[0]] @ w.T + (s[f"{b}.attn.v_bias"] if j == 1 else 0.0)
+    B, N, _ = y.shape
+    return y.reshape(B, N, config.num_heads, config.head_dim).transpose(0, 2, 1, 3)
 
 
 def _projects_input(name, t, images, s, config):
@@ -535,6 +548,9 @@ CLASSES: tuple[BugClass, ...] = (
     BugClass("qkv_bias_dropped", ("attn.q", "attn.k", "attn.v"), "q, k and v without the qkv bias",
              "load attn.qkv.bias (qkv_bias=True; a non-strict load drops it)", state=_qkv_bias_dropped,
              when=lambda c: c.qkv_bias),
+    BugClass("qv_biases_misplaced", ("attn.k", "attn.v"), "k with v's bias and v with none",
+             "timm's Eva joins the biases as cat(q_bias, zeros, v_bias): k has none (BEiT, EVA02)",
+             stage=_qv_biases_misplaced, when=lambda c: not c.k_bias),
     # attention output
     BugClass("heads_merged_head_dim_first", ("attn", "attn_pool.proj"), "heads merged as (head_dim, heads)",
              "merge heads head-major: (B, H, N, hd) -> transpose(1, 2) -> (B, N, H * hd)",

@@ -512,3 +512,17 @@ class AttentionRopeSinCosSwapped(T.Attention):
 
 rope_sin_cos_swapped = partial(T.make, attn_layer=AttentionRopeSinCosSwapped)
 rope_sin_cos_swapped.supports = ROPE_SUPPORTS
+
+
+class AttentionQvBiasesAsQV0(T.Attention):
+    """q's and v's biases joined as (q, v, 0) where timm's Eva joins (q, 0, v): k gets v's bias, v none."""
+
+    def project(self, x):
+        B, N, C = x.shape
+        bias = torch.cat([self.q_bias, self.v_bias, torch.zeros_like(self.q_bias)])
+        qkv = F.linear(x, self.qkv.weight, bias).reshape(B, N, 3, self.num_heads, self.head_dim)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+qv_biases_misplaced = partial(T.make, attn_layer=AttentionQvBiasesAsQV0)
+qv_biases_misplaced.supports = ROPE_SUPPORTS | {"k_bias": (False,), "qkv_fused": (True,)}

@@ -114,3 +114,55 @@ def _mlx_rope(config, rotate=True):
 
 mlx_rope_vit = ModelPort(_mlx_rope, rename={})
 mlx_vit_without_rope = ModelPort(lambda config: _mlx_rope(config, rotate=False), rename={})
+
+
+# timm's EVA02 (its Eva block: q's and v's biases without k's, SwiGLU; the base one with q, k and v
+# projected apart and a norm in its SwiGLU), declared with the options that say its block
+EVA02_TINY = dict(
+    global_pool="avg",
+    k_bias=False,
+    mlp_layer="swiglu_packed",
+    act_layer="silu",
+    rope_type="cat",
+    ref_feat_shape=(16, 16),
+)
+EVA02_BASE = dict(EVA02_TINY, qkv_fused=False, mlp_layer="swiglu", scale_mlp=True)
+# a tuple-valued option's one supported value is a tuple of it (conformance.support)
+eva02_tiny = ModelPort(
+    _timm("eva02_tiny_patch14_224"), rename={}, supports={**SQUARE, **EVA02_TINY, "ref_feat_shape": ((16, 16),)}
+)
+eva02_base = ModelPort(
+    _timm("eva02_base_patch14_224"), rename={}, supports={**SQUARE, **EVA02_BASE, "ref_feat_shape": ((16, 16),)}
+)
+
+
+# transformers' DINOv3ViTModel declared: q and v biases of three projections, k none; LayerScale's
+# lambda1; DINOv3's rotation (periods of base 100, halves rotated); its pooler output, the class token
+# after the final norm; mask_token (masked-image pretraining's) unread by an image's forward
+HF_DINOV3 = dict(
+    num_classes=0,
+    reg_tokens=2,
+    init_values=1.0,
+    pos_embed="none",
+    norm_eps=1e-5,
+    qkv_fused=False,
+    k_bias=False,
+    rope_type="dinov3",
+    rope_temperature=100.0,
+    rope_rotate_half=True,
+)
+HF_DINOV3_RENAME = {
+    "cls_token": "embeddings.cls_token",
+    "reg_token": "embeddings.register_tokens",
+    "patch_embed.proj": "embeddings.patch_embeddings",
+    "blocks.{i}.attn.proj": "model.layer.{i}.attention.o_proj",
+    "blocks.{i}.attn": "model.layer.{i}.attention",
+    "blocks.{i}.ls1.gamma": "model.layer.{i}.layer_scale1.lambda1",
+    "blocks.{i}.ls2.gamma": "model.layer.{i}.layer_scale2.lambda1",
+    "blocks.{i}.mlp.fc1": "model.layer.{i}.mlp.up_proj",
+    "blocks.{i}.mlp.fc2": "model.layer.{i}.mlp.down_proj",
+    "blocks.{i}": "model.layer.{i}",
+}
+hf_dinov3_declared = ModelPort(
+    _hf_dinov3, rename=HF_DINOV3_RENAME, output=lambda out: out.pooler_output, supports={**SQUARE, **HF_DINOV3}
+)
