@@ -41,7 +41,11 @@ PARTS = (
     (r"blocks\.\d+\.ls[12]\.gamma", "its residual branches have no LayerScale", "init_values=null"),
     (r"blocks\.\d+\.attn\.[qk]_norm\.(weight|bias)", "it normalises neither q nor k", "qk_norm=false"),
     (r"(norm|fc_norm)\.weight", "it has no final norm", None),
-    (r"blocks\.\d+\.attn\.[qv]_bias", "its q and v have no biases apart from a qkv's", "k_bias=true (or qkv_bias=false)"),
+    (
+        r"blocks\.\d+\.attn\.[qv]_bias",
+        "its q and v have no biases apart from a qkv's",
+        "k_bias=true (or qkv_bias=false)",
+    ),
     (r"blocks\.\d+\.attn\.k_proj\.bias", "its key projection has no bias", "k_bias=false"),
     (r"blocks\.\d+\.mlp\.norm\.(weight|bias)", "its MLP has no norm before fc2", "scale_mlp=false"),
 )
