@@ -133,7 +133,9 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
             {_eva_key(k): torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True, assign=True
         )
         if model.rope is not None:  # its tables are no weights: computed, as timm does at init
-            model.rope.to_empty(device="cpu")
+            for name, buffer in model.rope.named_buffers():  # (RoPE-Mixed's freqs are, loaded above)
+                if buffer.is_meta:
+                    model.rope.register_buffer(name, torch.empty_like(buffer, device="cpu"), persistent=False)
             model.rope.reset_parameters()
         for m in model.modules():
             if getattr(m, "k_bias", None) is not None:  # EvaAttention's zero k bias: a buffer, no weight

@@ -52,7 +52,7 @@ def family_options(draw) -> dict:
         mlp_bias=draw(st.sampled_from([None, None, True, False])),
         distilled=draw(st.booleans()),
         norm_bias=draw(st.sampled_from([True, True, False])),
-        rope_type=draw(st.sampled_from([None, None, "cat", "dinov3"])),
+        rope_type=draw(st.sampled_from([None, None, "cat", "dinov3", "mixed"])),
         rope_temperature=draw(st.sampled_from([10000.0, 100.0])),
         rope_grid_indexing=draw(st.sampled_from(["ij", "xy"])),
         rope_grid_offset=draw(st.sampled_from([0.0, 0.0, 1.0])),
@@ -76,6 +76,8 @@ def _consistent(values: dict) -> dict:
         values["rope_type"] = None
     if values.get("rope_type") != "cat":  # EVA02's rescale is the 'cat' grid's
         values["ref_feat_shape"] = None
+    if values.get("rope_type") == "mixed":  # learned frequencies at integer coordinates, neighbouring pairs
+        values.update(rope_grid_offset=0.0, rope_rotate_half=False)
     if not values.get("qkv_bias", True):  # no bias to keep apart from k's
         values["k_bias"] = True
     return values
@@ -339,6 +341,8 @@ def with_block0_logit(
 
     # block 0 alone computes its q and k as the whole model does (a full-size model's taps are not made)
     first = {k: v for k, v in state.items() if not k.startswith("blocks.") or k.startswith("blocks.0.")}
+    if "rope.freqs" in first:  # RoPE-Mixed's, per block
+        first["rope.freqs"] = first["rope.freqs"][:, :1]
     taps = numpy_vit.make(config.replace(depth=1), first)(images)
     q, k = taps["blocks.0.attn.q"][:, 0], taps["blocks.0.attn.k"][:, 0]
     current = float((q @ np.swapaxes(k, -2, -1)).max()) * config.head_dim**-0.5

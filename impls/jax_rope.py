@@ -85,8 +85,9 @@ def apply_rope(x: jnp.ndarray, sin: jnp.ndarray, cos: jnp.ndarray, rotate_half: 
     return (x * cos + rotate(x, rotate_half) * sin).astype(x.dtype)
 
 
-def config_angles(config, grid):
-    """``rope_angles`` of ``config``'s rotary embedding at ``grid`` (rows, columns)."""
+def config_angles(config, grid, freqs=None):
+    """``rope_angles`` of ``config``'s rotary embedding at ``grid`` (rows, columns); RoPE-Mixed's
+    from its learned ``freqs`` (the canonical ``rope.freqs``)."""
     return rope_angles(
         grid,
         config.head_dim,
@@ -95,15 +96,17 @@ def config_angles(config, grid):
         config.rope_grid_offset,
         config.rope_grid_indexing,
         config.ref_feat_shape,
+        freqs,
     )
 
 
-def rope_tables(config, grid) -> tuple[jnp.ndarray, jnp.ndarray] | None:
+def rope_tables(config, grid, freqs=None) -> tuple[jnp.ndarray, jnp.ndarray] | None:
     """sin and cos (P, head_dim) of ``config``'s rotary embedding at ``grid`` (rows, columns), or
-    None without one: computed at the images' grid, as timm's Eva does."""
+    None without one: computed at the images' grid, as timm's Eva does; RoPE-Mixed's (depth, heads,
+    P, head_dim), from its ``freqs`` (``block_rope`` takes a block's)."""
     if config.rope_type is None:
         return None
-    return rope_embed(config_angles(config, grid), config.rope_rotate_half)
+    return rope_embed(config_angles(config, grid, freqs), config.rope_rotate_half)
 
 
 def rotate_tokens(x: jnp.ndarray, rope, num_prefix_tokens: int, rotate_half: bool = False) -> jnp.ndarray:

@@ -27,6 +27,7 @@ from impls.protocol import (
     tap_shapes,
 )
 from impls.jax_rope import rope_tables, rotate_tokens
+from impls.numpy_rope import block_rope
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -522,6 +523,13 @@ class Block(nnx.Module):
         return x
 
 
+class RotaryEmbeddingMixed(nnx.Module):
+    """timm's RoPE-Mixed: the rotation's learned frequencies, (2, depth, heads, head_dim / 2)."""
+
+    def __init__(self, config: ViTConfig):
+        self.freqs = nnx.Param(jnp.zeros((2, config.depth, config.num_heads, config.head_dim // 2)))
+
+
 class VisionTransformer(nnx.Module):
     def __init__(
         self,
@@ -537,6 +545,7 @@ class VisionTransformer(nnx.Module):
         self.config = config
         D = config.embed_dim
         self.patch_embed = (embed_layer or PatchEmbed)(config, rngs=rngs)
+        self.rope = RotaryEmbeddingMixed(config) if config.rope_type == "mixed" else None
         if config.class_token:
             self.cls_token = nnx.Param(jnp.zeros((1, 1, D)))
         if config.reg_tokens:
@@ -585,9 +594,12 @@ class VisionTransformer(nnx.Module):
         if self.config.pre_norm:
             x = self.norm_pre(x)
             x = record_tap(taps, "norm_pre", x)
-        rope = rope_tables(self.config, grid)  # None without rotary embeddings
+        rope = rope_tables(
+            self.config, grid, self.rope.freqs[...] if self.rope is not None else None
+        )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
-            x = blk(x, taps, f"blocks.{i}", **({} if rope is None else {"rope": rope}))
+            r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
+            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)

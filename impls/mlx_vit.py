@@ -27,6 +27,7 @@ from impls.protocol import (  # noqa: E402
     tap_shapes,
 )
 from impls.mlx_rope import rope_tables, rotate_tokens  # noqa: E402
+from impls.numpy_rope import block_rope  # noqa: E402
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
 from weights.resample import bicubic_aa_matrix  # noqa: E402
 
@@ -466,6 +467,14 @@ class Block(nn.Module):
         return x
 
 
+class RotaryEmbeddingMixed(nn.Module):
+    """timm's RoPE-Mixed: the rotation's learned frequencies, (2, depth, heads, head_dim / 2)."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.freqs = mx.zeros((2, config.depth, config.num_heads, config.head_dim // 2))
+
+
 class VisionTransformer(nn.Module):
     def __init__(
         self,
@@ -480,6 +489,8 @@ class VisionTransformer(nn.Module):
         self.config = config
         D = config.embed_dim
         self.patch_embed = (embed_layer or PatchEmbed)(config)
+        if config.rope_type == "mixed":
+            self.rope = RotaryEmbeddingMixed(config)
         if config.class_token:
             self.cls_token = mx.zeros((1, 1, D))
         if config.reg_tokens:
@@ -526,9 +537,12 @@ class VisionTransformer(nn.Module):
         if self.config.pre_norm:
             x = self.norm_pre(x)
             x = record_tap(taps, "norm_pre", x)
-        rope = rope_tables(self.config, grid)  # None without rotary embeddings
+        rope = rope_tables(
+            self.config, grid, self.rope.freqs if "rope" in self else None
+        )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
-            x = blk(x, taps, f"blocks.{i}", **({} if rope is None else {"rope": rope}))
+            r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
+            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)

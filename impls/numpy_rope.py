@@ -97,8 +97,9 @@ def apply_rope(x: np.ndarray, sin: np.ndarray, cos: np.ndarray, rotate_half: boo
     return x * cos + rotate(x, rotate_half) * sin
 
 
-def config_angles(config, grid):
-    """``rope_angles`` of ``config``'s rotary embedding at ``grid`` (rows, columns)."""
+def config_angles(config, grid, freqs=None):
+    """``rope_angles`` of ``config``'s rotary embedding at ``grid`` (rows, columns); RoPE-Mixed's
+    from its learned ``freqs`` (the canonical ``rope.freqs``)."""
     return rope_angles(
         grid,
         config.head_dim,
@@ -107,15 +108,17 @@ def config_angles(config, grid):
         config.rope_grid_offset,
         config.rope_grid_indexing,
         config.ref_feat_shape,
+        freqs,
     )
 
 
-def rope_tables(config, grid) -> tuple[np.ndarray, np.ndarray] | None:
+def rope_tables(config, grid, freqs=None) -> tuple[np.ndarray, np.ndarray] | None:
     """sin and cos (P, head_dim) of ``config``'s rotary embedding at ``grid`` (rows, columns), or
-    None without one: computed at the images' grid, as timm's Eva does."""
+    None without one: computed at the images' grid, as timm's Eva does; RoPE-Mixed's (depth, heads,
+    P, head_dim), from its ``freqs`` (``block_rope`` takes a block's)."""
     if config.rope_type is None:
         return None
-    return rope_embed(config_angles(config, grid), config.rope_rotate_half)
+    return rope_embed(config_angles(config, grid, freqs), config.rope_rotate_half)
 
 
 def rotate_tokens(x: np.ndarray, rope, num_prefix_tokens: int, rotate_half: bool = False) -> np.ndarray:
@@ -124,3 +127,11 @@ def rotate_tokens(x: np.ndarray, rope, num_prefix_tokens: int, rotate_half: bool
     sin, cos = rope
     n = num_prefix_tokens
     return np.concatenate([x[..., :n, :], apply_rope(x[..., n:, :], sin, cos, rotate_half)], axis=-2)
+
+
+def block_rope(rope, i: int, config):
+    """Block i's tables (``rope_tables``'s): RoPE-Mixed's own, its frequencies being per block; the
+    other kinds' shared by every block."""
+    if rope is None or config.rope_type != "mixed":
+        return rope
+    return rope[0][i], rope[1][i]

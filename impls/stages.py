@@ -355,10 +355,16 @@ def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) ->
     return lengths[stage.cotangent]
 
 
+# Parameters every block reads: their gradient is whole where the backward reaches the first block
+SHARED_PARAMS = {"rope.freqs": "blocks.0.attn.q_rope"}  # RoPE-Mixed's frequencies
+
+
 def param_stage(key: str) -> str:
     """The stage whose operation uses the canonical parameter ``key``: its gradient is computed
     when the backward reaches that stage's output (a fused qkv at q, the first of the three in
-    backward order to have all three cotangents)."""
+    backward order to have all three cotangents; a parameter of every block at the first's)."""
+    if key in SHARED_PARAMS:
+        return SHARED_PARAMS[key]
     if key.startswith("blocks."):
         _, i, rest = key.split(".", 2)
         scope, entries = f"blocks.{i}", BLOCK

@@ -23,6 +23,7 @@ from impls.protocol import (
     tap_shapes,
 )
 from impls.torch_rope import rope_tables, rotate_tokens
+from impls.numpy_rope import block_rope
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "torch"
@@ -457,6 +458,14 @@ class Block(nn.Module):
         return x
 
 
+class RotaryEmbeddingMixed(nn.Module):
+    """timm's RoPE-Mixed: the rotation's learned frequencies, (2, depth, heads, head_dim / 2)."""
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.freqs = nn.Parameter(torch.zeros(2, config.depth, config.num_heads, config.head_dim // 2))
+
+
 class VisionTransformer(nn.Module):
     def __init__(
         self,
@@ -471,6 +480,7 @@ class VisionTransformer(nn.Module):
         self.config = config
         D = config.embed_dim
         self.patch_embed = (embed_layer or PatchEmbed)(config)
+        self.rope = RotaryEmbeddingMixed(config) if config.rope_type == "mixed" else None
         if config.class_token:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, D))
         if config.reg_tokens:
@@ -519,9 +529,12 @@ class VisionTransformer(nn.Module):
         if self.config.pre_norm:
             x = self.norm_pre(x)
             x = record_tap(taps, "norm_pre", x)
-        rope = rope_tables(self.config, grid)  # None without rotary embeddings
+        rope = rope_tables(
+            self.config, grid, self.rope.freqs if self.rope is not None else None
+        )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
-            x = blk(x, taps, f"blocks.{i}", **({} if rope is None else {"rope": rope}))
+            r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
+            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)

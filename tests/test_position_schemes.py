@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conformance.capture.expressible import NO_WORD, NotExpressible, schemes
+from conformance.capture.expressible import EXPRESSED_BY, NO_WORD, NotExpressible, schemes
 from conformance.capture import ModelPort
 from conformance.support import build_config, supports_of
 from conformance.verify.forward import verify
@@ -18,6 +18,7 @@ CONFIG = get_config("vit_test_token").replace(img_size=(32, 32), patch_size=(8, 
 ROTARY = "it rotates q and k by their positions"
 RELATIVE = "it adds a learned relative position bias to each block's attention logits"
 LEARNED = "it learns its rotary frequencies"
+MIXED = "rope_type='mixed'"
 SAID = "rope_type ('cat'"  # the option that expresses a rotation of timm's kinds
 
 
@@ -53,6 +54,23 @@ def test_timms_rope_vit_unmodified_is_conformant_with_its_rotation_declared_and_
         P.rope_vit_declared.build, rename=P.GAMMAS, supports={**P.ROPE_OPTIONS, **P.ROPE_ON, "rope_grid_indexing": "ij"}
     )
     report = verify(declared, swapped, port="timm rope, rows first")
+    assert not report.conformant and report.located() == "blocks.0.attn.q_rope", report.located()
+
+
+def test_timms_rope_mixed_vit_unmodified_is_conformant_declared_and_its_other_grid_order_is_located():
+    """RoPE-Mixed (timm's vit_base_patch16_rope_mixed_224): its learned frequencies are the
+    canonical rope.freqs, mapped by name; declared, CONFORMANT, its rotation judged per block; the
+    companion, declared with the grid's rows first, is located at the rotation."""
+    config = CONFIG.replace(pos_embed="none", init_values=1e-5, rope_type="mixed", rope_grid_indexing="xy")
+    report = verify(P.rope_mixed_declared, config, port="timm rope-mixed")
+    assert report.conformant, report.failures[:2] or [s.name for s in report.stages if not s.ok]
+    assert {"blocks.0.attn.q_rope", "blocks.1.attn.k_rope"} <= {s.name for s in report.stages if s.ok}
+    rows = ModelPort(
+        P.rope_mixed_declared.build,
+        rename=P.GAMMAS,
+        supports={**P.rope_mixed_declared.supports, "rope_grid_indexing": "ij"},
+    )
+    report = verify(rows, config.replace(rope_grid_indexing="ij"), port="timm rope-mixed, rows first")
     assert not report.conformant and report.located() == "blocks.0.attn.q_rope", report.located()
 
 
@@ -95,7 +113,8 @@ def test_a_tower_with_another_position_scheme_is_told_what_the_config_cannot_say
         config = build_config(supports_of(P.x_transformers_rotary), CONFIG.to_dict() | {"name": None})
     text = answer(getattr(P, tower), config)
     first = text.splitlines()[1]
-    said = SAID if scheme == ROTARY else NO_WORD  # a rotation of timm's kinds has its option; the others none yet
+    # a rotation of timm's kinds has its option, the learned one 'mixed'; BEiT's bias none yet
+    said = {ROTARY: SAID, LEARNED: "rope_type='mixed'"}.get(scheme, NO_WORD)
     assert first.strip().startswith(scheme) and said in first and shown in first, text
     assert "pos_embed='sincos'" not in text and "pos_embed='none'" not in text, text
     for expected in lines:
@@ -130,10 +149,12 @@ def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
     assert len(keys) == 2 and keys[0].startswith(ROTARY) and keys[1].startswith(RELATIVE), found
     assert len(found[keys[0]]) == 4 and found[keys[1]] == ["rel (BeitRelativePositionBias)"], found
     # its frequencies, where a model holds them (x-transformers' buffer; timm's mixed rope learns
-    # them, which rope_type does not say yet: that line alone)
+    # them, which rope_type='mixed' says: that line alone, also beside another kind declared)
     assert schemes({}, ["attn_layers.rotary_pos_emb.inv_freq"]) == {keys[0]: ["attn_layers.rotary_pos_emb.inv_freq"]}
     learned = schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"])
-    assert list(learned) == [f"{LEARNED}, per block and head (RoPE-Mixed): {NO_WORD}"], learned
+    assert list(learned) == [f"{LEARNED}, per block and head (RoPE-Mixed): {EXPRESSED_BY[MIXED]}"], learned
+    assert schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"], CONFIG.replace(rope_type="cat")) == learned
+    assert schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"], CONFIG.replace(rope_type="mixed")) == {}
     # a config that declares a rotation leaves it to be judged; BEiT's bias is still unsaid
     declared = CONFIG.replace(rope_type="cat")
     assert list(schemes({"rope": "RotaryEmbeddingCat", "rel": "BeitRelativePositionBias"}, [], declared)) == [keys[1]]

@@ -46,6 +46,8 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes["patch_embed.norm.weight"] = (D,)
         if config.norm_bias:
             shapes["patch_embed.norm.bias"] = (D,)
+    if config.rope_type == "mixed":  # timm's Eva: RoPE-Mixed's learned frequencies, after the patch embedding
+        shapes["rope.freqs"] = (2, config.depth, config.num_heads, hd // 2)
     if config.pre_norm:
         shapes["norm_pre.weight"] = (D,)
         if config.norm_bias:

@@ -50,7 +50,8 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   rope ViTs) or ``dinov3``; ``rope_temperature`` its base, ``rope_grid_indexing`` ``ij``
   (row, column) or ``xy``, ``rope_grid_offset``, ``rope_rotate_half`` (pairs x_i, x_{i+hd/2}
   rather than neighbours) and ``ref_feat_shape`` (EVA02's rescale onto the pretraining grid) as
-  timm names them. LayerScale stays ``ls1.gamma``: timm's Eva's ``gamma_1`` is read as it.
+  timm names them; ``mixed`` (RoPE-Mixed) learns its frequencies per block and head
+  (``rope.freqs``, (2, depth, heads, head_dim / 2); ``rope_temperature`` is then its init's base). LayerScale stays ``ls1.gamma``: timm's Eva's ``gamma_1`` is read as it.
 * timm's Eva block (EVA02; BEiT and transformers' DINOv3 share its attention): ``k_bias=False``
   keeps q's and v's biases and gives k none (``attn.q_bias`` and ``attn.v_bias`` beside a
   bias-free ``attn.qkv``); ``qkv_fused=False`` projects q, k and v apart (``attn.q_proj``,
@@ -68,7 +69,7 @@ from typing import Any
 
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
 POS_EMBEDS = ("learn", "sincos", "none")
-ROPE_TYPES = ("cat", "dinov3")  # timm's rope_type; 'mixed' (learned frequencies) and 'mrope' not yet
+ROPE_TYPES = ("cat", "dinov3", "mixed")  # timm's rope_type; 'mrope' not yet
 REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
@@ -237,6 +238,12 @@ class ViTConfig:
                     f"ref_feat_shape {self.ref_feat_shape} rescales rope_type='cat''s grid (EVA02): positive, "
                     f"and with rope_type='cat', got {self.rope_type!r}"
                 )
+        if self.rope_type == "mixed" and (self.rope_grid_offset or self.rope_rotate_half):
+            raise ConfigError(
+                "rope_type='mixed' (RoPE-Mixed: learned frequencies, rope.freqs) turns neighbouring pairs at the "
+                f"grid's integer coordinates: it takes no rope_grid_offset ({self.rope_grid_offset!r}) and no "
+                f"rope_rotate_half ({self.rope_rotate_half!r}), as timm's RotaryEmbeddingMixed"
+            )
         if self.rope_type is not None and self.head_dim % 4:
             raise ConfigError(
                 f"rope_type={self.rope_type!r} rotates head_dim {self.head_dim} in pairs, half of them per grid axis: "
@@ -462,6 +469,11 @@ PRESETS: dict[str, ViTConfig] = {
         patch_size=14, embed_dim=768, depth=12, num_heads=12, num_classes=0, global_pool="avg", k_bias=False,
         qkv_fused=False, mlp_layer="swiglu", act_layer="silu", mlp_ratio=4 * 2 / 3, scale_mlp=True,
         rope_type="cat", ref_feat_shape=16,
+    ),
+    # naver-ai's RoPE-Mixed ViT: learned rotary frequencies per block and head (timm's Eva, its Attention)
+    "vit_base_patch16_rope_mixed_224": ViTConfig(
+        patch_size=16, embed_dim=768, depth=12, num_heads=12, init_values=1e-5, pos_embed="none",
+        rope_type="mixed", rope_grid_indexing="xy", rope_temperature=10.0,
     ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(

@@ -59,4 +59,20 @@ def init_params(shapes: dict[str, tuple[int, ...]], seed: int = 0, scale: float 
 
 def init_state(config: ViTConfig, seed: int = 0, scale: float = 1.0) -> dict[str, np.ndarray]:
     """A canonical float32 state for ``config``."""
-    return init_params(expected_shapes(config), seed=seed, scale=scale)
+    state = init_params(expected_shapes(config), seed=seed, scale=scale)
+    if config.rope_type == "mixed":
+        state["rope.freqs"] = rope_mixed_freqs(config, seed)
+    return state
+
+
+def rope_mixed_freqs(config: ViTConfig, seed: int = 0) -> np.ndarray:
+    """RoPE-Mixed's frequencies as timm's init_random_2d_freqs draws them: per block and head the
+    bands temperature ** -(4 i / head_dim), turned by a random angle, x's then y's (2, depth, heads,
+    head_dim / 2). Not scaled: they are angles per patch, not a spread."""
+    rng = np.random.default_rng([seed, 2])  # a stream of its own: the other tensors' draws unchanged
+    hd = config.head_dim
+    mag = 1.0 / config.rope_temperature ** (np.arange(0, hd, 4) / hd)
+    turn = rng.uniform(0.0, 2 * np.pi, (config.depth, config.num_heads, 1))
+    fx = np.concatenate([mag * np.cos(turn), mag * np.cos(turn + np.pi / 2)], axis=-1)
+    fy = np.concatenate([mag * np.sin(turn), mag * np.sin(turn + np.pi / 2)], axis=-1)
+    return np.stack([fx, fy]).astype(np.float32)

@@ -257,7 +257,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         None,
         "rotary position embeddings of q and k (the prefix tokens left unrotated): None, 'cat' (EVA02, the "
-        "axial rope ViTs) or 'dinov3' (DINOv3's centred coordinates and periods)",
+        "axial rope ViTs), 'dinov3' (DINOv3's centred coordinates and periods) or 'mixed' (RoPE-Mixed's "
+        "learned frequencies, rope.freqs)",
         holds=_only(None),
         timm_name="rope_type (Eva)",
     ),

@@ -140,7 +140,7 @@ SCHEMES = (
         LEARNED_ROTARY,
         None,
         r"(.*\.)?\w*(rope|rotary)\w*\.freqs",
-        None,
+        "rope_type='mixed'",
     ),
     (
         "it rotates q and k by their positions (a rotary position embedding: EVA02, DINOv3, timm's "
@@ -162,7 +162,11 @@ SCHEMES = (
 EXPRESSED_BY = {
     "rope_type": "rope_type ('cat': EVA02 and the axial rope ViTs, 'dinov3'; with rope_temperature, "
     "rope_grid_indexing, rope_grid_offset, rope_rotate_half, ref_feat_shape) expresses it",
+    "rope_type='mixed'": "rope_type='mixed' (its frequencies the canonical rope.freqs, (2, depth, heads, "
+    "head_dim / 2); with rope_grid_indexing) expresses it",
 }
+# whether a config says what the option names
+SAID = {"rope_type": lambda c: c.rope_type is not None, "rope_type='mixed'": lambda c: c.rope_type == "mixed"}
 NO_WORD = "the config has no word for it yet"
 
 
@@ -173,10 +177,10 @@ def schemes(kinds: Mapping[str, str], keys, config=None) -> dict[str, list[str]]
     for what, kind, key, option in SCHEMES:
         shown = sorted({_fold(p) + f" ({k})" for p, k in kinds.items() if kind and re.fullmatch(kind, k)})
         shown += sorted({_fold(k) for k in keys if re.fullmatch(key, k)})
-        if option and config is not None and getattr(config, option) is not None:
+        if option and config is not None and SAID[option](config):
             continue  # the config says it: the model is judged
         if shown and option == "rope_type" and any(w.startswith(LEARNED_ROTARY) for w in found):
-            continue  # its rotation is the learned kind, which rope_type does not say yet
+            continue  # its rotation is the learned kind: the line above says which option that is
         if shown:
             found[f"{what}: {EXPRESSED_BY[option] if option else NO_WORD}"] = shown
     return found

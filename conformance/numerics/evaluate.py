@@ -242,7 +242,8 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid):
         n = rest.split(".")[1]
         return layer_norm(inputs[0], s[f"{b}.attn.{n}.weight"], s.get(f"{b}.attn.{n}.bias", 0.0), eps, p)
     if rest in ("attn.q_rope", "attn.k_rope"):
-        return rotary(inputs[0], grid, config, p)
+        freqs = s.get("rope.freqs")  # RoPE-Mixed's, per block
+        return rotary(inputs[0], grid, config, p, None if freqs is None else freqs[:, int(i) : int(i) + 1])
     if rest == "attn.weights":
         return softmax_weights(inputs[0], inputs[1], hd**-0.5, p)
     if rest == "attn":

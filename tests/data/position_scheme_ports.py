@@ -43,6 +43,12 @@ rope_vit_without_rope = ModelPort(
     _timm("vit_base_patch16_rope_224", use_rot_pos_emb=False), rename=GAMMAS, supports=ROPE_OPTIONS
 )
 rope_mixed_vit = ModelPort(_timm("vit_base_patch16_rope_mixed_224"), rename=GAMMAS, supports=ROPE_OPTIONS)
+# the same declared: RoPE-Mixed's learned frequencies (rope.freqs, by name), x first
+rope_mixed_declared = ModelPort(
+    _timm("vit_base_patch16_rope_mixed_224"),
+    rename=GAMMAS,
+    supports={**ROPE_OPTIONS, "rope_type": "mixed", "rope_grid_indexing": "xy"},
+)
 dinov3 = ModelPort(_timm("vit_small_patch16_dinov3"), rename={}, supports=SQUARE)
 beit = ModelPort(_timm("beit_base_patch16_224"), rename={}, supports=SQUARE)
 

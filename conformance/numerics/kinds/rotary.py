@@ -15,14 +15,19 @@ from impls.protocol import ViTConfig
 ANGLE_ROUNDINGS = 8
 
 
-def rotary(x: np.ndarray, grid, config: ViTConfig, p: Precision):
-    """(value, unit bound) of ``x`` (B, H, N, hd) rotated at ``grid`` (rows, columns).
+def rotary(x: np.ndarray, grid, config: ViTConfig, p: Precision, freqs=None):
+    """(value, unit bound) of ``x`` (B, H, N, hd) rotated at ``grid`` (rows, columns); RoPE-Mixed's
+    by its block's learned ``freqs`` (2, 1, H, hd / 2).
 
     A port computes the tables in float32 (timm does, whatever the model's dtype): sin and cos
-    each within u (8 |angle| + 1) of the float64 oracle's. It may store them in its dtype and
-    multiply and add there (two products and their sum, each rounded), then emits the result in
-    its output dtype. The prefix tokens pass unchanged: their output's rounding alone."""
-    angles = R.config_angles(config, grid)
+    each within u (8 |angle| + 1) of the float64 oracle's, |angle| RoPE-Mixed's |x fx| + |y fy| (its
+    sum may cancel). It may store them in its dtype and multiply and add there (two products and
+    their sum, each rounded), then emits the result in its output dtype. The prefix tokens pass
+    unchanged: their output's rounding alone."""
+    angles = R.config_angles(config, grid, freqs)
+    reach = np.abs(angles) if freqs is None else R.config_angles(config, grid, np.abs(freqs))
+    if freqs is not None:  # the block's (1, H, N, hd / 2): over its heads
+        angles, reach = angles[0], reach[0]
     sin, cos = R.rope_embed(angles, config.rope_rotate_half)
     n = config.num_prefix_tokens
     prefix, xp = x[..., :n, :], x[..., n:, :]
@@ -32,6 +37,6 @@ def rotary(x: np.ndarray, grid, config: ViTConfig, p: Precision):
         return value, 0.0
     r = R.rotate(xp, config.rope_rotate_half)
     products = np.abs(xp * cos) + np.abs(r * sin)
-    table = p.compute * (ANGLE_ROUNDINGS * R.rope_layout(np.abs(angles), config.rope_rotate_half) + 1.0)
+    table = p.compute * (ANGLE_ROUNDINGS * R.rope_layout(reach, config.rope_rotate_half) + 1.0)
     bound = (np.abs(xp) + np.abs(r)) * table + p.storage * (2.0 * products + np.abs(y)) + p.output * np.abs(y)
     return value, np.concatenate([p.output * np.abs(prefix), bound], axis=-2)
