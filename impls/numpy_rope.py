@@ -68,7 +68,6 @@ def rope_angles(
         raise ValueError(f"rope kind {kind!r}: expected one of {KINDS}")
     if kind == "mixed":
         grid = rope_grid(feat_shape, "cat", 0.0, indexing)
-        freqs = np.asarray(freqs, np.float64)
         return grid[:, 0, None] * freqs[0][..., None, :] + grid[:, 1, None] * freqs[1][..., None, :]
     grid = rope_grid(feat_shape, kind, offset, indexing, ref_feat_shape)
     return (grid[:, :, None] * rope_bands(head_dim, kind, temperature)).reshape(len(grid), -1)
@@ -76,7 +75,9 @@ def rope_angles(
 
 def rope_layout(x: np.ndarray, rotate_half: bool = False) -> np.ndarray:
     """Per-frequency values (..., hd / 2) laid out as the rotation reads them (..., hd)."""
-    return np.concatenate([x, x], axis=-1) if rotate_half else np.repeat(x, 2, axis=-1)
+    # repeat's axis counted from the front: autograd's VJP of np.repeat reads a negative axis wrong
+    # (the oracle's gradient through RoPE-Mixed's learned frequencies)
+    return np.concatenate([x, x], axis=-1) if rotate_half else np.repeat(x, 2, axis=np.ndim(x) - 1)
 
 
 def rope_embed(angles: np.ndarray, rotate_half: bool = False) -> tuple[np.ndarray, np.ndarray]:

@@ -180,7 +180,13 @@ def test_rope_preset_has_the_timm_models_keys_and_shapes(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["vit_small_patch16_dinov3", "vit_base_patch16_rope_224", "eva02_tiny_patch14_224", "eva02_base_patch14_224"],
+    [
+        "vit_small_patch16_dinov3",
+        "vit_base_patch16_rope_224",
+        "eva02_tiny_patch14_224",
+        "eva02_base_patch14_224",
+        "vit_base_patch16_rope_mixed_224",
+    ],
 )
 def test_oracle_equals_the_named_timm_rope_model_at_every_stage(name):
     """A reduced preset (one block, a 2 x 3 grid) against timm.create_model(name) with the same
@@ -203,16 +209,8 @@ def test_oracle_equals_the_named_timm_rope_model_at_every_stage(name):
     ref, oracle = timm_taps(model, x), load_factory("numpy")(config, state)(x)
     inline = ["blocks.0.ls1", "blocks.0.ls2"] if config.init_values is not None else []
     assert sorted(set(tap_names(config)) - set(ref)) == inline
-    reach = np.abs(
-        numpy_rope.rope_angles(
-            img and (2, 3),
-            config.head_dim,
-            config.rope_type,
-            config.rope_temperature,
-            config.rope_grid_offset,
-            config.rope_grid_indexing,
-        )
-    ).max()
+    freqs = state.get("rope.freqs")  # RoPE-Mixed's: |x fx| + |y fy| bounds its angle's rounding
+    reach = np.abs(numpy_rope.config_angles(config, (2, 3), None if freqs is None else np.abs(freqs))).max()
     rotated = False
     for stage in (s for s in tap_names(config) if s in ref):
         rotated = rotated or stage.endswith("q_rope")

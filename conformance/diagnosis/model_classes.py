@@ -226,7 +226,7 @@ def _rope_sin_cos_swapped(name, t, images, s, config):
 
     x = t[stage_inputs(name, config)[0]]
     grid = config.grid_at(images.shape[2:])
-    sin, cos = R.rope_tables(config, grid)
+    sin, cos = R.block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
     return R.rotate_tokens(x, (cos, sin), config.num_prefix_tokens, config.rope_rotate_half)
 
 
@@ -439,6 +439,11 @@ def _rope(config: ViTConfig) -> bool:
     return config.rope_type is not None
 
 
+def _rope_banded(config: ViTConfig) -> bool:
+    """A rotation of bands from a base (RoPE-Mixed's frequencies are learned, its pairs neighbours)."""
+    return config.rope_type in ("cat", "dinov3")
+
+
 _GRID_HINT = "timm's rope_grid_indexing: 'ij' reads the grid's coordinates as (row, column), 'xy' as (column, row)"
 _PAIRS_HINT = (
     "timm's rope_rotate_half (mlx.nn.RoPE's traditional=False) turns x_i with x_(i + hd/2); "
@@ -537,14 +542,14 @@ CLASSES: tuple[BugClass, ...] = (
              stage=_rope_sin_cos_swapped, when=_rope),
     BugClass("rope_temperature_10000", _ROPE, "the rotary base 10000 (EVA02's, timm's default)",
              "read the base from the checkpoint's config (timm's rope_temperature: 100 for the rope ViTs and DINOv3)",
-             config={"rope_temperature": 10000.0}, when=_rope),
+             config={"rope_temperature": 10000.0}, when=_rope_banded),
     BugClass("rope_temperature_100", _ROPE, "the rotary base 100 (the rope ViTs' and DINOv3's)",
              "read the base from the checkpoint's config (timm's rope_temperature: 10000 for EVA02)",
-             config={"rope_temperature": 100.0}, when=_rope),
+             config={"rope_temperature": 100.0}, when=_rope_banded),
     BugClass("rope_rotate_half", _ROPE, "the rotation's pairs as halves (x_i, x_i+hd/2) where the model's are "
-             "neighbours", _PAIRS_HINT, config={"rope_rotate_half": True}, when=_rope),
+             "neighbours", _PAIRS_HINT, config={"rope_rotate_half": True}, when=_rope_banded),
     BugClass("rope_interleaved", _ROPE, "the rotation's pairs as neighbours where the model's are halves "
-             "(x_i, x_i+hd/2)", _PAIRS_HINT, config={"rope_rotate_half": False}, when=_rope),
+             "(x_i, x_i+hd/2)", _PAIRS_HINT, config={"rope_rotate_half": False}, when=_rope_banded),
     BugClass("qkv_bias_dropped", ("attn.q", "attn.k", "attn.v"), "q, k and v without the qkv bias",
              "load attn.qkv.bias (qkv_bias=True; a non-strict load drops it)", state=_qkv_bias_dropped,
              when=lambda c: c.qkv_bias),
