@@ -242,6 +242,22 @@ def _qv_biases_misplaced(name, t, images, s, config):
     return y.reshape(B, N, config.num_heads, config.head_dim).transpose(0, 2, 1, 3)
 
 
+def _rope_from_first_token(name, t, images, s, config):
+    """q or k rotated from the sequence's first token: the prefix by the first patches' angles, the
+    last patches as they are."""
+    if stage_kind(name) not in _ROPE:
+        return None
+    from impls import numpy_rope as R
+
+    x = t[stage_inputs(name, config)[0]]
+    grid = config.grid_at(images.shape[2:])
+    sin, cos = R.block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
+    n = config.num_prefix_tokens
+    sin = np.concatenate([sin, np.zeros_like(sin[..., :n, :])], axis=-2)
+    cos = np.concatenate([cos, np.ones_like(cos[..., :n, :])], axis=-2)
+    return R.rotate_tokens(x, (sin, cos), 0, config.rope_rotate_half)
+
+
 def _projects_input(name, t, images, s, config):
     if stage_kind(name) != "attn" or not name.startswith("blocks."):
         return None
@@ -540,6 +556,10 @@ CLASSES: tuple[BugClass, ...] = (
     BugClass("rope_sin_cos_swapped", _ROPE, "the rotation with sin and cos exchanged: x sin + rot(x) cos",
              "x cos + rot(x) sin: a table laid out [cos, sin] read as timm's [sin, cos] (apply_rot_embed_cat)",
              stage=_rope_sin_cos_swapped, when=_rope),
+    BugClass("rope_from_first_token", _ROPE, "the rotation applied from the first token: the class and register "
+             "tokens turned, the last patches not", "timm's EvaAttention turns q[:, :, npt:] only (npt: the "
+             "class and register tokens); the tables cover the patches", stage=_rope_from_first_token,
+             when=lambda c: c.rope_type is not None and c.num_prefix_tokens > 0),
     BugClass("rope_temperature_10000", _ROPE, "the rotary base 10000 (EVA02's, timm's default)",
              "read the base from the checkpoint's config (timm's rope_temperature: 100 for the rope ViTs and DINOv3)",
              config={"rope_temperature": 10000.0}, when=_rope_banded),

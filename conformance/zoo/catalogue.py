@@ -202,6 +202,10 @@ _ALL = [
            "the rotary base 10000 (EVA02's, timm's default) for a model trained with 100", "ports of the rope "
            "ViTs and DINOv3 that keep a library's default theta", "blocks.0.attn.q_rope", config="vit_test_rope",
            bug_class="rope_temperature_10000"),
+    Mutant("torch_rope_from_first_token", "torch", f"{_T}:rope_from_first_token",
+           "the rotation applied from the first token: the class token turned, the last patch not",
+           "ports that rotate q[..., :P] where timm's Eva rotates q[..., npt:]", "blocks.0.attn.q_rope",
+           config="vit_test_rope", bug_class="rope_from_first_token"),
     Mutant("torch_qv_biases_misplaced", "torch", f"{_T}:qv_biases_misplaced",
            "q's and v's biases joined as (q, v, 0): k gets v's bias, v none", "ports of EVA02 and BEiT that "
            "assemble the qkv bias from q_bias and v_bias by hand", "blocks.0.attn.k", config="vit_test_eva",

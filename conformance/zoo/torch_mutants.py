@@ -526,3 +526,27 @@ class AttentionQvBiasesAsQV0(T.Attention):
 
 qv_biases_misplaced = partial(T.make, attn_layer=AttentionQvBiasesAsQV0)
 qv_biases_misplaced.supports = ROPE_SUPPORTS | {"k_bias": (False,), "qkv_fused": (True,)}
+
+
+class AttentionRopeFromFirstToken(T.Attention):
+    """The rotation applied from the sequence's first token: the class and register tokens turned by the
+    first patches' angles and the last patches left as they are (``x[..., :P]`` for ``x[..., npt:]``)."""
+
+    def forward(self, x, taps=None, name="attn", rope=None):
+        npt, self.num_prefix_tokens = self.num_prefix_tokens, 0
+        try:
+            return super().forward(x, taps, name, **({} if rope is None else {"rope": _padded(rope, npt)}))
+        finally:
+            self.num_prefix_tokens = npt
+
+
+def _padded(rope, npt):
+    """The tables over every token: the patches' first, the prefix's count of rows of no rotation after."""
+    sin, cos = rope
+    return torch.cat([sin, torch.zeros_like(sin[..., :npt, :])], -2), torch.cat(
+        [cos, torch.ones_like(cos[..., :npt, :])], -2
+    )
+
+
+rope_from_first_token = partial(T.make, attn_layer=AttentionRopeFromFirstToken)
+rope_from_first_token.supports = ROPE_SUPPORTS | {"class_token": True}
