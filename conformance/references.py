@@ -53,7 +53,6 @@ _NOT_IN_EVA = {
     "norm_bias": True,
     "embed_norm": False,
     "patch_norm": False,
-    "pool_include_prefix": False,
     "mlp_bias": (None, True),
 }
 
@@ -61,7 +60,13 @@ _NOT_IN_EVA = {
 def _eva_only(config: ViTConfig) -> bool:
     """What timm's VisionTransformer lacks and its Eva has: rotary embeddings, q's and v's biases
     without k's, three projections, the MLP's norm."""
-    return config.rope_type is not None or not config.k_bias or not config.qkv_fused or config.scale_mlp
+    return (
+        config.rope_type is not None
+        or not config.k_bias
+        or not config.qkv_fused
+        or config.scale_mlp
+        or config.attn_pool_num_heads is not None
+    )
 
 
 def _eva_mlp(config: ViTConfig) -> tuple[list[str], dict]:
@@ -92,6 +97,9 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
         if getattr(config, k) not in (ok if isinstance(ok, tuple) else (ok,))
     ]
     mlp_beyond, mlp = _eva_mlp(config)
+    # Eva's attention pool reads every token, its reducing pools the patch tokens alone
+    if config.num_prefix_tokens and config.pool_include_prefix != (config.global_pool == "map"):
+        beyond.append(f"pool_include_prefix={config.pool_include_prefix!r} with global_pool={config.global_pool!r}")
     if beyond + mlp_beyond:
         raise NotInTimm(f"timm's Eva has no keyword for {', '.join(beyond + mlp_beyond)}")
     with torch.device("meta") if state is not None else contextlib.nullcontext():
@@ -122,6 +130,7 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
             rope_rotate_half=config.rope_rotate_half,
             ref_feat_shape=config.ref_feat_shape,
             use_fc_norm=config.use_fc_norm,
+            attn_pool_num_heads=config.attn_pool_num_heads,
             use_pre_transformer_norm=config.pre_norm,
             qk_norm=config.qk_norm,
             norm_layer=partial(LayerNorm, eps=config.norm_eps),

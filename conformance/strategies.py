@@ -61,6 +61,7 @@ def family_options(draw) -> dict:
         k_bias=draw(st.sampled_from([True, True, False])),
         qkv_fused=draw(st.sampled_from([True, True, False])),
         scale_mlp=draw(st.booleans()),
+        attn_pool_num_heads=draw(st.sampled_from([None, None, 1, 2])),
     )
 
 
@@ -80,6 +81,8 @@ def _consistent(values: dict) -> dict:
         values.update(rope_grid_offset=0.0, rope_rotate_half=False)
     if not values.get("qkv_bias", True):  # no bias to keep apart from k's
         values["k_bias"] = True
+    if values.get("attn_pool_num_heads") and values["embed_dim"] % values["attn_pool_num_heads"]:
+        values["attn_pool_num_heads"] = None
     return values
 
 

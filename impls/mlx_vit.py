@@ -504,7 +504,7 @@ class VisionTransformer(nn.Module):
             self.norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
         if config.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
-                D, config.num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
+                D, config.pool_num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
             )
         if config.use_fc_norm:
             self.fc_norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
@@ -552,9 +552,9 @@ class VisionTransformer(nn.Module):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
-        if pool == "map":  # the patch tokens: class and register tokens excluded
-            return self.attn_pool(x[:, self.config.num_prefix_tokens :], taps)
-        x = x if self.config.pool_include_prefix else x[:, self.config.num_prefix_tokens :]
+        x = x[:, self.config.pool_skip :]  # the patch tokens, and the prefix with pool_include_prefix
+        if pool == "map":
+            return self.attn_pool(x, taps)
         mean = x.astype(mx.float32).mean(axis=1).astype(x.dtype)  # accumulated in float32
         if pool == "avg":
             return mean

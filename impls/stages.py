@@ -207,13 +207,13 @@ BLOCK = (
 )
 MODEL_OUT = (
     Stage("norm", "norm", ("{last}",), "B N D", when=_final_norm, params=("norm",), residual=True, capture="out:norm"),
-    Stage("q", "attn_pool.q", (), "B H 1 hd", "attn_pool", _map, ("latent", "q"), contraction=True,
-          cotangent="P", capture=_POOL_INSIDE, timm="in:q_norm"),
-    Stage("k", "attn_pool.k", ("{features}",), "B H P hd", "attn_pool", _map, ("kv",), contraction=True,
+    Stage("q", "attn_pool.q", (), "B Hp 1 hdp", "attn_pool", _map, ("latent", "q"), contraction=True,
+          cotangent="Np", capture=_POOL_INSIDE, timm="in:q_norm"),
+    Stage("k", "attn_pool.k", ("{features}",), "B Hp Np hdp", "attn_pool", _map, ("kv",), contraction=True,
           capture=_POOL_INSIDE, timm="in:k_norm"),
-    Stage("v", "attn_pool.v", ("{features}",), "B H P hd", "attn_pool", _map, contraction=True, capture=_POOL_INSIDE,
+    Stage("v", "attn_pool.v", ("{features}",), "B Hp Np hdp", "attn_pool", _map, contraction=True, capture=_POOL_INSIDE,
           timm="out:kv@v"),
-    Stage("weights", "attn_pool.weights", ("attn_pool.q", "attn_pool.k"), "B H 1 P", "attn_pool", _map,
+    Stage("weights", "attn_pool.weights", ("attn_pool.q", "attn_pool.k"), "B Hp 1 Np", "attn_pool", _map,
           contraction=True, cotangent="hd", capture=_POOL_INSIDE, timm="softmax"),
     Stage("proj", "attn_pool.proj", ("attn_pool.weights", "attn_pool.v"), "B 1 D", "attn_pool", _map, ("proj",),
           contraction=True, cotangent="D", capture="out:proj"),
@@ -273,6 +273,9 @@ def _symbols(config: ViTConfig, batch: int) -> dict[str, int]:
         "H": config.num_heads,
         "hd": config.head_dim,
         "P": config.num_patches,
+        "Hp": config.pool_num_heads,
+        "hdp": config.embed_dim // config.pool_num_heads,
+        "Np": config.num_tokens - config.pool_skip,  # what the pool reads
         "act": config.mlp_act_dim,
         "patch": config.patch_dim,
         "mlp": config.mlp_hidden_dim,
@@ -348,7 +351,7 @@ def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) ->
         "qk_out": 2 if config.rope_type else tokens,
         "mlp_act": config.mlp_act_dim if config.scale_mlp else config.embed_dim,  # mlp.norm's, or fc2's
         "hidden": hidden,
-        "P": config.num_patches,
+        "Np": tokens - config.pool_skip,
         "mlp": config.mlp_hidden_dim,
         "classes": max(config.num_classes, 1),
     }

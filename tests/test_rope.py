@@ -160,6 +160,8 @@ ROPE_PRESETS = (
     "vit_base_patch16_rope_224",
     "eva02_tiny_patch14_224",
     "eva02_base_patch14_224",
+    "vit_base_patch16_rope_mixed_224",
+    "vit_pe_core_tiny_patch16_384",
 )
 
 
@@ -186,6 +188,7 @@ def test_rope_preset_has_the_timm_models_keys_and_shapes(name):
         "eva02_tiny_patch14_224",
         "eva02_base_patch14_224",
         "vit_base_patch16_rope_mixed_224",
+        "vit_pe_core_tiny_patch16_384",
     ],
 )
 def test_oracle_equals_the_named_timm_rope_model_at_every_stage(name):

@@ -56,7 +56,8 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   keeps q's and v's biases and gives k none (``attn.q_bias`` and ``attn.v_bias`` beside a
   bias-free ``attn.qkv``); ``qkv_fused=False`` projects q, k and v apart (``attn.q_proj``,
   ``attn.k_proj``, ``attn.v_proj``); ``scale_mlp``: a LayerNorm ``mlp.norm`` over the MLP's
-  hidden features before ``fc2`` (EVA02's normed SwiGLU).
+  hidden features before ``fc2`` (EVA02's normed SwiGLU); ``attn_pool_num_heads``: the attention
+  pool's own number of heads (Perception Encoder's 8; None: ``num_heads``).
 """
 
 from __future__ import annotations
@@ -160,6 +161,7 @@ class ViTConfig:
     k_bias: bool = True
     qkv_fused: bool = True
     scale_mlp: bool = False
+    attn_pool_num_heads: int | None = None
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -290,6 +292,11 @@ class ViTConfig:
         ):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
+        heads = self.attn_pool_num_heads
+        if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+            raise ConfigError(f"attn_pool_num_heads must be None (num_heads) or a positive int, got {heads!r}")
+        if heads is not None and self.embed_dim % heads:
+            raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by attn_pool_num_heads {heads}")
         if not self.k_bias and not self.qkv_bias:
             raise ConfigError(
                 "k_bias=False drops the key's bias beside q's and v's: it needs qkv_bias=True (with "
@@ -308,6 +315,16 @@ class ViTConfig:
     @property
     def num_patches(self) -> int:
         return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def pool_num_heads(self) -> int:
+        """The attention pool's heads (timm's Eva's attn_pool_num_heads: Perception Encoder's 8)."""
+        return self.attn_pool_num_heads or self.num_heads
+
+    @property
+    def pool_skip(self) -> int:
+        """The leading tokens the pooling leaves out: the prefix tokens, unless pool_include_prefix."""
+        return 0 if self.pool_include_prefix else self.num_prefix_tokens
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -474,6 +491,14 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_base_patch16_rope_mixed_224": ViTConfig(
         patch_size=16, embed_dim=768, depth=12, num_heads=12, init_values=1e-5, pos_embed="none",
         rope_type="mixed", rope_grid_indexing="xy", rope_temperature=10.0,
+    ),
+    # Meta's Perception Encoder (timm's Eva): CLIP's norm_pre, the rotation at coordinates from 1, (column,
+    # row), rescaled onto a 24 x 24 grid beside a learned table, and an attention pool of 8 heads over every
+    # token, the class token's too, projected to 512
+    "vit_pe_core_tiny_patch16_384": ViTConfig(
+        img_size=384, patch_size=16, embed_dim=192, depth=12, num_heads=3, num_classes=512, global_pool="map",
+        pool_include_prefix=True, attn_pool_num_heads=8, pre_norm=True, norm_eps=1e-5, rope_type="cat",
+        rope_grid_offset=1.0, rope_grid_indexing="xy", ref_feat_shape=24,
     ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(

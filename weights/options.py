@@ -222,7 +222,7 @@ OPTIONS: tuple[Option, ...] = (
         "pool_include_prefix",
         False,
         False,
-        "the reducing pools average the class and register tokens too (vit-pytorch's 'mean')",
+        "the pools read the class and register tokens too (vit-pytorch's 'mean'; the attention pool of timm's Eva)",
         holds=_only(False),
     ),
     Option(
@@ -326,6 +326,14 @@ OPTIONS: tuple[Option, ...] = (
         "a LayerNorm over the MLP's hidden features before fc2, mlp.norm (EVA02's normed SwiGLU)",
         holds=_only(False),
         timm_name="scale_mlp (Eva)",
+    ),
+    Option(
+        "attn_pool_num_heads",
+        None,
+        (None,),
+        "the attention pool's heads (None: num_heads; Perception Encoder: 8)",
+        holds=_only(None),
+        timm_name="attn_pool_num_heads (Eva)",
     ),
 )
 

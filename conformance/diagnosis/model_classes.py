@@ -382,7 +382,7 @@ def _token_sum(dtype):
     """The token mean as a running sum in the port's dtype."""
 
     def select(x, config):
-        x = x[:, config.num_prefix_tokens :].astype(dtype)
+        x = x[:, config.pool_skip :].astype(dtype)
         total = np.zeros(x[:, 0].shape, dtype)
         with np.errstate(over="ignore"):  # past 65504 the sum is inf: the class's overflow, matched by where
             for i in range(x.shape[1]):
@@ -428,7 +428,7 @@ def _norm_after_pooling(name, t, images, s, config):
     """The final norm applied to the pooled vector where timm norms every token, then pools."""
     if name != "pooled":
         return None
-    x = t[f"blocks.{config.depth - 1}"][:, config.num_prefix_tokens :].mean(1)
+    x = t[f"blocks.{config.depth - 1}"][:, config.pool_skip :].mean(1)
     return _layer_norm(x, s["norm.weight"], s.get("norm.bias", 0.0), config.norm_eps)
 
 

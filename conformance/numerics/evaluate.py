@@ -279,20 +279,21 @@ def _attend_and_project(P, v, s, proj: str, p: Precision):
 
 
 def _attn_pool(name: str, t, batch: int, s, config: ViTConfig, p: Precision):
-    """timm's AttentionPoolLatent: the latent's query over the patch tokens, then x + mlp(norm(x))."""
-    H, D = config.num_heads, config.embed_dim
+    """timm's AttentionPoolLatent: the latent's query over the patch tokens (and the prefix with
+    pool_include_prefix), then x + mlp(norm(x))."""
+    H, D = config.pool_num_heads, config.embed_dim
     stage = name[len("attn_pool.") :] if name != "attn_pool" else ""
     if stage == "q":
         latent = np.broadcast_to(s["attn_pool.latent"], (batch, 1, D))
         y, bound = linear(latent, *_rows(s, "attn_pool.q", slice(None)), p)
         return _heads(y, H), _heads(bound, H)
     if stage in ("k", "v"):
-        x = t[_features(config)][:, config.num_prefix_tokens :]
+        x = t[_features(config)][:, config.pool_skip :]
         rows = slice(0, D) if stage == "k" else slice(D, 2 * D)
         y, bound = linear(x, *_rows(s, "attn_pool.kv", rows), p)
         return _heads(y, H), _heads(bound, H)
     if stage == "weights":
-        return softmax_weights(t["attn_pool.q"], t["attn_pool.k"], config.head_dim**-0.5, p)
+        return softmax_weights(t["attn_pool.q"], t["attn_pool.k"], (D // H) ** -0.5, p)
     if stage == "proj":
         return _attend_and_project(t["attn_pool.weights"], t["attn_pool.v"], s, "attn_pool.proj", p)
     if stage == "norm":
