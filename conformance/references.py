@@ -419,6 +419,23 @@ def timm_port(config: ViTConfig, state: dict[str, np.ndarray], dtype: str = "flo
     return lambda images: timm_taps(model, np.asarray(images))
 
 
+def timm_named_port(name: str):
+    """``timm.create_model(name)`` as a port factory: built at the config's image size and depth (the
+    rest is the named model's own), given the canonical state strictly (timm's Eva's LayerScale as
+    its gamma_1 and gamma_2), every stage read through hooks, computed in ``dtype``."""
+
+    def make(config: ViTConfig, state: dict[str, np.ndarray], dtype: str = "float32"):
+        import timm
+        import torch
+
+        model = timm.create_model(name, pretrained=False, img_size=config.img_size, depth=config.depth)
+        model.load_state_dict({_eva_key(k): torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
+        model = model.to(getattr(torch, _TORCH_DTYPES[dtype])).eval()
+        return lambda images: timm_taps(model, np.asarray(images))
+
+    return make
+
+
 def transformers_port(config: ViTConfig, state: dict[str, np.ndarray], dtype: str = "float32"):
     """transformers' ViTForImageClassification as a port factory (logits only): the canonical
     state written as a Hugging Face checkpoint by this project's exporter and read back by

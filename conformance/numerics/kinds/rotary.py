@@ -21,9 +21,10 @@ def rotary(x: np.ndarray, grid, config: ViTConfig, p: Precision, freqs=None):
 
     A port computes the tables in float32 (timm does, whatever the model's dtype): sin and cos
     each within u (8 |angle| + 1) of the float64 oracle's, |angle| RoPE-Mixed's |x fx| + |y fy| (its
-    sum may cancel). It may store them in its dtype and multiply and add there (two products and
-    their sum, each rounded), then emits the result in its output dtype. The prefix tokens pass
-    unchanged: their output's rounding alone."""
+    sum may cancel), whose learned frequencies are weights the port holds in its dtype (each rounded:
+    u_dtype |angle| more). It may store the tables in its dtype and multiply and add there (two
+    products and their sum, each rounded), then emits the result in its output dtype. The prefix
+    tokens pass unchanged: their output's rounding alone."""
     angles = R.config_angles(config, grid, freqs)
     reach = np.abs(angles) if freqs is None else R.config_angles(config, grid, np.abs(freqs))
     if freqs is not None:  # the block's (1, H, N, hd / 2): over its heads
@@ -37,6 +38,9 @@ def rotary(x: np.ndarray, grid, config: ViTConfig, p: Precision, freqs=None):
         return value, 0.0
     r = R.rotate(xp, config.rope_rotate_half)
     products = np.abs(xp * cos) + np.abs(r * sin)
-    table = p.compute * (ANGLE_ROUNDINGS * R.rope_layout(reach, config.rope_rotate_half) + 1.0)
+    reach = R.rope_layout(reach, config.rope_rotate_half)
+    table = p.compute * (ANGLE_ROUNDINGS * reach + 1.0)
+    if freqs is not None:  # RoPE-Mixed's frequencies are weights: stored in the port's dtype, each rounded
+        table = table + p.storage * reach
     bound = (np.abs(xp) + np.abs(r)) * table + p.storage * (2.0 * products + np.abs(y)) + p.output * np.abs(y)
     return value, np.concatenate([p.output * np.abs(prefix), bound], axis=-2)

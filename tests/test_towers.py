@@ -1,0 +1,62 @@
+"""The vision towers of timm's Eva the config expresses (issue: the position schemes of today's
+towers), each preset shrunk to two blocks on a 2 x 3 patch grid: timm.create_model(name) given the
+canonical weights, and the three built-in ports, CONFORMANT under verify's cases (trained-like
+weights among them) in float32, bfloat16 and float16. The float64 oracle against timm is
+tests/test_rope.py's; the shapes of each preset's keys too."""
+
+import pytest
+
+from conformance.profiles import heavy
+from conformance.references import timm_named_port
+from conformance.tests.helpers import factory
+from conformance.verify.forward import verify
+from impls import get_config
+
+TOWERS = (
+    "vit_small_patch16_dinov3",
+    "eva02_tiny_patch14_224",
+    "vit_base_patch16_rope_224",
+    "vit_base_patch16_rope_mixed_224",
+    "vit_pe_core_tiny_patch16_384",
+)
+# In ci one (port, dtype) of each tower, timm's own model in each dtype once; every port in every
+# dtype in the thorough profile (drawn rope configs run on all three ports in test_model)
+CI = {
+    "vit_small_patch16_dinov3": ("timm", "bfloat16"),
+    "eva02_tiny_patch14_224": ("mlx", "float32"),
+    "vit_base_patch16_rope_224": ("timm", "float16"),
+    "vit_base_patch16_rope_mixed_224": ("torch", "bfloat16"),
+    "vit_pe_core_tiny_patch16_384": ("timm", "float32"),
+}
+PORTS = ("timm", "torch", "mlx", "jax")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def shrunk(name: str):
+    config = get_config(name)
+    (ph, pw) = config.patch_size
+    return config.replace(img_size=(2 * ph, 3 * pw), depth=2)
+
+
+def runs():
+    for name in TOWERS:
+        for runner, dtype in [(p, d) for p in PORTS for d in DTYPES] if heavy() else [CI[name]]:
+            yield pytest.param(name, runner, dtype, id=f"{name}-{runner}-{dtype}")
+
+
+# (``runner``: the suite's plugin parametrizes every test argument named ``port``)
+@pytest.mark.parametrize("name, runner, dtype", list(runs()))
+def test_a_shrunk_tower_is_conformant_in_timm_and_in_every_port(name, runner, dtype):
+    config = shrunk(name)
+    make = timm_named_port(name) if runner == "timm" else factory(runner)
+    report = verify(make, config, port=f"{runner} {name}", dtype=dtype)
+    assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
+
+
+def test_a_tower_declared_with_the_other_grid_order_is_located_at_the_rotation():
+    """The companion: timm's RoPE-Mixed tower (x first) judged against a config that reads the grid rows
+    first is NOT CONFORMANT where the rotation is."""
+    name = "vit_base_patch16_rope_mixed_224"
+    config = shrunk(name).replace(rope_grid_indexing="ij")
+    report = verify(timm_named_port(name), config, port=f"timm {name}")
+    assert not report.conformant and report.located() == "blocks.0.attn.q_rope", report.located()
