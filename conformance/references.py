@@ -12,7 +12,7 @@ from functools import partial
 
 import numpy as np
 
-from impls.protocol import ViTConfig
+from impls.protocol import VIT_FAMILY, ViTConfig
 
 
 def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None, **rates):
@@ -433,6 +433,7 @@ def timm_named_port(name: str):
         model = model.to(getattr(torch, _TORCH_DTYPES[dtype])).eval()
         return lambda images: timm_taps(model, np.asarray(images))
 
+    make.supports = VIT_FAMILY  # the named model's own options: the config says them
     return make
 
 

@@ -19,15 +19,11 @@ TOWERS = (
     "vit_base_patch16_rope_mixed_224",
     "vit_pe_core_tiny_patch16_384",
 )
-# In ci one (port, dtype) of each tower, timm's own model in each dtype once; every port in every
-# dtype in the thorough profile (drawn rope configs run on all three ports in test_model)
-CI = {
-    "vit_small_patch16_dinov3": ("timm", "bfloat16"),
-    "eva02_tiny_patch14_224": ("mlx", "float32"),
-    "vit_base_patch16_rope_224": ("timm", "float16"),
-    "vit_base_patch16_rope_mixed_224": ("torch", "bfloat16"),
-    "vit_pe_core_tiny_patch16_384": ("timm", "float32"),
-}
+# A tower keeps its width (ViT-S and ViT-B: verify's noisy runs of a 768-wide model take a minute):
+# in ci the narrowest on one port (drawn rope configs run on all three ports in test_model, timm's
+# own rope models in test_rope and test_position_schemes); every tower on every port in every dtype
+# in the thorough profile
+CI = {"eva02_tiny_patch14_224": ("mlx", "float32")}
 PORTS = ("timm", "torch", "mlx", "jax")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -40,7 +36,8 @@ def shrunk(name: str):
 
 def runs():
     for name in TOWERS:
-        for runner, dtype in [(p, d) for p in PORTS for d in DTYPES] if heavy() else [CI[name]]:
+        every = [(p, d) for p in PORTS for d in DTYPES]
+        for runner, dtype in every if heavy() else [CI[name]] if name in CI else []:
             yield pytest.param(name, runner, dtype, id=f"{name}-{runner}-{dtype}")
 
 
@@ -53,10 +50,15 @@ def test_a_shrunk_tower_is_conformant_in_timm_and_in_every_port(name, runner, dt
     assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
 
 
+@pytest.mark.skipif(
+    not heavy(),
+    reason="thorough profile: a 192-wide tower's failure diagnosed; in ci test_position_schemes locates the same "
+    "mismatch in timm's rope ViT, RoPE-Mixed ViT and transformers' DINOv3",
+)
 def test_a_tower_declared_with_the_other_grid_order_is_located_at_the_rotation():
-    """The companion: timm's RoPE-Mixed tower (x first) judged against a config that reads the grid rows
-    first is NOT CONFORMANT where the rotation is."""
-    name = "vit_base_patch16_rope_mixed_224"
-    config = shrunk(name).replace(rope_grid_indexing="ij")
+    """The companion: timm's EVA02 tower (rows first) judged against a config that reads the grid's
+    columns first is NOT CONFORMANT where the rotation is."""
+    name = "eva02_tiny_patch14_224"
+    config = shrunk(name).replace(rope_grid_indexing="xy")
     report = verify(timm_named_port(name), config, port=f"timm {name}")
     assert not report.conformant and report.located() == "blocks.0.attn.q_rope", report.located()

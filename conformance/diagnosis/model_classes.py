@@ -253,8 +253,9 @@ def _rope_from_first_token(name, t, images, s, config):
     grid = config.grid_at(images.shape[2:])
     sin, cos = R.block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
     n = config.num_prefix_tokens
-    sin = np.concatenate([sin, np.zeros_like(sin[..., :n, :])], axis=-2)
-    cos = np.concatenate([cos, np.ones_like(cos[..., :n, :])], axis=-2)
+    pad = (*sin.shape[:-2], n, sin.shape[-1])  # the prefix's rows: no rotation
+    sin = np.concatenate([sin, np.zeros(pad)], axis=-2)
+    cos = np.concatenate([cos, np.ones(pad)], axis=-2)
     return R.rotate_tokens(x, (sin, cos), 0, config.rope_rotate_half)
 
 

@@ -543,9 +543,8 @@ class AttentionRopeFromFirstToken(T.Attention):
 def _padded(rope, npt):
     """The tables over every token: the patches' first, the prefix's count of rows of no rotation after."""
     sin, cos = rope
-    return torch.cat([sin, torch.zeros_like(sin[..., :npt, :])], -2), torch.cat(
-        [cos, torch.ones_like(cos[..., :npt, :])], -2
-    )
+    pad = (*sin.shape[:-2], npt, sin.shape[-1])
+    return torch.cat([sin, sin.new_zeros(pad)], -2), torch.cat([cos, cos.new_ones(pad)], -2)
 
 
 rope_from_first_token = partial(T.make, attn_layer=AttentionRopeFromFirstToken)
