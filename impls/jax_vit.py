@@ -379,11 +379,13 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
-def mlp_norm(mlp, x, taps, name):
-    """timm's scale_mlp (EVA02's normed SwiGLU): a LayerNorm over the hidden features before fc2."""
-    if mlp.norm is None:
-        return x
-    return record_tap(taps, f"{name}.norm", mlp.norm(x))
+def mlp_out(mlp, x, taps, name):
+    """The MLP's output from its activation ``x``, each stage tapped: fc2, of the hidden features
+    normalised first under timm's scale_mlp (EVA02's normed SwiGLU)."""
+    x = record_tap(taps, f"{name}.act", x)
+    if mlp.norm is not None:
+        x = record_tap(taps, f"{name}.norm", mlp.norm(x))
+    return record_tap(taps, name, mlp.fc2(x))
 
 
 class Mlp(nnx.Module):
@@ -405,12 +407,7 @@ class Mlp(nnx.Module):
         )  # scale_mlp
 
     def __call__(self, x, taps=None, name="mlp"):
-        x = self.act(self.fc1(x))
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(self.fc1(x)), taps, name)
 
 
 class SwiGLUPacked(nnx.Module):
@@ -435,12 +432,7 @@ class SwiGLUPacked(nnx.Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         gate, x = jnp.split(self.fc1(x), 2, axis=-1)
-        x = self.act(gate) * x
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(gate) * x, taps, name)
 
 
 class SwiGLU(nnx.Module):
@@ -465,12 +457,7 @@ class SwiGLU(nnx.Module):
         )  # scale_mlp
 
     def __call__(self, x, taps=None, name="mlp"):
-        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(self.fc1_g(x)) * self.fc1_x(x), taps, name)
 
 
 MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}

@@ -329,11 +329,13 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
-def mlp_norm(mlp, x, taps, name):
-    """timm's scale_mlp (EVA02's normed SwiGLU): a LayerNorm over the hidden features before fc2."""
-    if "norm" not in mlp:
-        return x
-    return record_tap(taps, f"{name}.norm", mlp.norm(x))
+def mlp_out(mlp, x, taps, name):
+    """The MLP's output from its activation ``x``, each stage tapped: fc2, of the hidden features
+    normalised first under timm's scale_mlp (EVA02's normed SwiGLU)."""
+    x = record_tap(taps, f"{name}.act", x)
+    if "norm" in mlp:
+        x = record_tap(taps, f"{name}.norm", mlp.norm(x))
+    return record_tap(taps, name, mlp.fc2(x))
 
 
 class Mlp(nn.Module):
@@ -353,12 +355,7 @@ class Mlp(nn.Module):
             self.norm = LayerNorm(hidden_features, eps=norm_eps)
 
     def __call__(self, x, taps=None, name="mlp"):
-        x = self.act(self.fc1(x))
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(self.fc1(x)), taps, name)
 
 
 class SwiGLUPacked(nn.Module):
@@ -381,12 +378,7 @@ class SwiGLUPacked(nn.Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         gate, x = mx.split(self.fc1(x), 2, axis=-1)
-        x = self.act(gate) * x
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(gate) * x, taps, name)
 
 
 class SwiGLU(nn.Module):
@@ -409,12 +401,7 @@ class SwiGLU(nn.Module):
             self.norm = LayerNorm(hidden_features, eps=norm_eps)
 
     def __call__(self, x, taps=None, name="mlp"):
-        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(self.fc1_g(x)) * self.fc1_x(x), taps, name)
 
 
 MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}

@@ -404,11 +404,13 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
-def mlp_norm(mlp, x, taps, name):
-    """timm's scale_mlp (EVA02's normed SwiGLU): a LayerNorm over the hidden features before fc2."""
-    if not hasattr(mlp, "norm"):
-        return x
-    return record_tap(taps, f"{name}.norm", mlp.norm(x))
+def mlp_out(mlp, x, taps, name):
+    """The MLP's output from its activation ``x``, each stage tapped: fc2, of the hidden features
+    normalised first under timm's scale_mlp (EVA02's normed SwiGLU)."""
+    x = record_tap(taps, f"{name}.act", x)
+    if hasattr(mlp, "norm"):
+        x = record_tap(taps, f"{name}.norm", mlp.norm(x))
+    return record_tap(taps, name, mlp.fc2(x))
 
 
 class Mlp(Module):
@@ -427,12 +429,7 @@ class Mlp(Module):
             self.norm = LayerNorm(hidden_features, eps=norm_eps)
 
     def __call__(self, x, taps=None, name="mlp"):
-        x = self.act(self.fc1(x))
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(self.fc1(x)), taps, name)
 
 
 class SwiGLUPacked(Module):
@@ -454,12 +451,7 @@ class SwiGLUPacked(Module):
 
     def __call__(self, x, taps=None, name="mlp"):
         gate, x = np.split(self.fc1(x), 2, axis=-1)
-        x = self.act(gate) * x
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(gate) * x, taps, name)
 
 
 class SwiGLU(Module):
@@ -481,12 +473,7 @@ class SwiGLU(Module):
             self.norm = LayerNorm(hidden_features, eps=norm_eps)
 
     def __call__(self, x, taps=None, name="mlp"):
-        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(self.fc1_g(x)) * self.fc1_x(x), taps, name)
 
 
 MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}

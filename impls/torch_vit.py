@@ -323,11 +323,13 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
-def mlp_norm(mlp, x, taps, name):
-    """timm's scale_mlp (EVA02's normed SwiGLU): a LayerNorm over the hidden features before fc2."""
-    if mlp.norm is None:
-        return x
-    return record_tap(taps, f"{name}.norm", mlp.norm(x))
+def mlp_out(mlp, x, taps, name):
+    """The MLP's output from its activation ``x``, each stage tapped: fc2, of the hidden features
+    normalised first under timm's scale_mlp (EVA02's normed SwiGLU)."""
+    x = record_tap(taps, f"{name}.act", x)
+    if mlp.norm is not None:
+        x = record_tap(taps, f"{name}.norm", mlp.norm(x))
+    return record_tap(taps, name, mlp.fc2(x))
 
 
 class Mlp(nn.Module):
@@ -346,12 +348,7 @@ class Mlp(nn.Module):
         self.norm = LayerNorm(hidden_features, eps=norm_eps) if norm_eps is not None else None  # timm's scale_mlp
 
     def forward(self, x, taps=None, name="mlp"):
-        x = self.act(self.fc1(x))
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(self.fc1(x)), taps, name)
 
 
 class SwiGLUPacked(nn.Module):
@@ -373,12 +370,7 @@ class SwiGLUPacked(nn.Module):
 
     def forward(self, x, taps=None, name="mlp"):
         gate, x = self.fc1(x).chunk(2, dim=-1)
-        x = self.act(gate) * x
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(gate) * x, taps, name)
 
 
 class SwiGLU(nn.Module):
@@ -400,12 +392,7 @@ class SwiGLU(nn.Module):
         self.norm = LayerNorm(hidden_features, eps=norm_eps) if norm_eps is not None else None  # timm's scale_mlp
 
     def forward(self, x, taps=None, name="mlp"):
-        x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        x = record_tap(taps, f"{name}.act", x)
-        x = mlp_norm(self, x, taps, name)
-        x = self.fc2(x)
-        x = record_tap(taps, name, x)
-        return x
+        return mlp_out(self, self.act(self.fc1_g(x)) * self.fc1_x(x), taps, name)
 
 
 MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}
