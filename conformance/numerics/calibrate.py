@@ -56,7 +56,9 @@ class Recorder:
     def add_end_to_end(self, dtype: str, kind: str, port: str, r: dict, info: dict) -> None:
         """An end-to-end ratio (``stage_ratios``'s), to its kind's or, past the linear regime, to
         the chaotic stages' of every kind (tolerances.CHAOTIC)."""
-        edge = next(e for e in SPREAD_BINS[1:] if r["relative_spread"] < e)
+        # the last bin holds an infinite spread too (a stage of zeros moved by its runs' rounding: a
+        # LayerNorm over one feature)
+        edge = next((e for e in SPREAD_BINS[1:] if r["relative_spread"] < e), SPREAD_BINS[-1])
         self.by_spread[(dtype, edge)].append(r["end-to-end"])
         if is_chaotic(r["relative_spread"]):
             key = (dtype, CHAOTIC_MODE, CHAOTIC_KIND, port)
