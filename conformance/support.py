@@ -31,8 +31,23 @@ from impls.protocol import ANY, ORIGINAL_VIT, VIT_FAMILY, ConfigError, Unsupport
 SHAPE_RULES = ("square_images", "square_patches")
 
 
+# The fields whose value is a pair: ``(16, 16)`` is that one value, not a choice of 16 or 16
+PAIRS = ("img_size", "patch_size", "ref_feat_shape")
+
+
+def _pair(option: str, rule) -> bool:
+    return (
+        option in PAIRS
+        and isinstance(rule, (tuple, list))
+        and len(rule) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in rule)
+    )
+
+
 def _with_family_defaults(supports: Mapping) -> dict:
-    """A field-constraint mapping with the family options it does not name pinned to the original ViT."""
+    """A field-constraint mapping with the family options it does not name pinned to the original
+    ViT, a pair-valued option's pair read as its one value."""
+    supports = {k: ((tuple(v),) if _pair(k, v) else v) for k, v in supports.items()}
     return {**{k: v for k, v in ORIGINAL_VIT.items() if k not in supports}, **supports}
 
 

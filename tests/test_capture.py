@@ -366,6 +366,15 @@ def test_drawn_configs_move_inside_what_a_port_supports():
     )
     with pytest.raises(ValueError, match="unknown option"):
         unsupported_option({"pooling": "token"}, get_config("vit_test_token"))
+    # a pair-valued option's pair is its one value (EVA02's ref_feat_shape), a tuple of pairs a choice
+    eva = get_config("eva02_tiny_patch14_224")
+    rope = {"rope_type": "cat", "k_bias": False, "mlp_layer": "swiglu_packed", "act_layer": "silu"}
+    assert unsupported_option({**rope, "ref_feat_shape": (16, 16)}, eva) is None
+    assert unsupported_option({**rope, "ref_feat_shape": ((8, 8), (16, 16))}, eva) is None
+    assert (
+        unsupported_option({**rope, "ref_feat_shape": (8, 8)}, eva) == "ref_feat_shape=(16, 16) (supported: ((8, 8),))"
+    )
+    assert build_config({**rope, "ref_feat_shape": (16, 16)}, {**drawn, "embed_dim": 16}).ref_feat_shape == (16, 16)
 
 
 def test_each_adapter_is_named_by_the_import_path_of_the_module_system_it_reads():

@@ -133,13 +133,8 @@ EVA02_TINY = dict(
     ref_feat_shape=(16, 16),
 )
 EVA02_BASE = dict(EVA02_TINY, qkv_fused=False, mlp_layer="swiglu", scale_mlp=True)
-# a tuple-valued option's one supported value is a tuple of it (conformance.support)
-eva02_tiny = ModelPort(
-    _timm("eva02_tiny_patch14_224"), rename={}, supports={**SQUARE, **EVA02_TINY, "ref_feat_shape": ((16, 16),)}
-)
-eva02_base = ModelPort(
-    _timm("eva02_base_patch14_224"), rename={}, supports={**SQUARE, **EVA02_BASE, "ref_feat_shape": ((16, 16),)}
-)
+eva02_tiny = ModelPort(_timm("eva02_tiny_patch14_224"), rename={}, supports={**SQUARE, **EVA02_TINY})
+eva02_base = ModelPort(_timm("eva02_base_patch14_224"), rename={}, supports={**SQUARE, **EVA02_BASE})
 
 
 # transformers' DINOv3ViTModel declared: q and v biases of three projections, k none; LayerScale's
