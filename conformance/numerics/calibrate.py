@@ -35,7 +35,7 @@ from conformance.numerics import provenance
 from conformance import strategies as S
 from conformance.numerics.compare import ratio_over_bound, stage_ratios
 from conformance.numerics.tolerances import CHAOTIC, CHAOTIC_KIND, CHAOTIC_MODE, is_chaotic
-from impls import FRAMEWORK_PORTS, get_config, load_factory
+from impls import FRAMEWORK_PORTS, ViTConfig, get_config, load_factory
 
 DEFAULT_OUT = Path(__file__).with_name("calibration.json")
 PRESET_NAMES = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
@@ -159,6 +159,47 @@ def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info
             rec.add(("float32", "local", kind, port), ratio_over_bound(err, bound + E.SMALLEST_NORMAL["float32"]), info)
 
 
+# Cases a correct port was once measured far out on, kept whatever the draws (a redrawn calibration
+# lost the first, and with it the float32 end-to-end tolerances it sets): MLX's and JAX's rounding,
+# correlated across identical tokens (constant images through a patch norm, DINOv3's rotation),
+# which the error model's independent noise underestimates: 4.09x and 2.05x at blocks.1.attn.
+HARD_CASES = (
+    (
+        dict(
+            img_size=(14, 21),
+            patch_size=(7, 7),
+            in_chans=1,
+            num_classes=1,
+            embed_dim=16,
+            depth=3,
+            num_heads=4,
+            mlp_ratio=1.0,
+            qkv_bias=False,
+            reg_tokens=2,
+            pre_norm=True,
+            fc_norm=True,
+            init_values=1e-5,
+            proj_bias=False,
+            mlp_bias=True,
+            patch_norm=True,
+            rope_type="dinov3",
+            rope_rotate_half=True,
+        ),
+        S.WeightCase(689795, 0.5),
+        S.ImageCase("constant", 11815274, 2, (4, 3)),
+    ),
+)
+
+
+def record_hard_cases(rec: Recorder, factories) -> None:
+    for values, weights, images in HARD_CASES:
+        config = ViTConfig(**values)
+        info = {"config": config.to_dict(), "weights": repr(weights), "images": vars(images), "hard case": True}
+        record_model(
+            rec, factories, config, weights.make(config), images.make(config), info, ("float32", *LOW_PRECISION)
+        )
+
+
 def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, attention_examples: int = 100) -> dict:
     factories = {p: load_factory(p) for p in FRAMEWORK_PORTS}
     rec = Recorder()
@@ -183,6 +224,7 @@ def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, 
         )
 
     run()
+    record_hard_cases(rec, factories)
     for name in presets:  # full-size shapes: wider reductions than the drawn configs
         config = get_config(name)
         # x64 on ordinary images: saturated softmaxes twelve blocks deep, where the model turns chaotic
