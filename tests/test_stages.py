@@ -15,13 +15,14 @@ from impls.stages import STAGES, stage_of
 from weights import init_state
 
 # Every option a stage can need: pre_norm, qk_norm, LayerScale, the MAP head, the final norm, the
-# patch norms, DeiT's distillation token and a rotary embedding (timm's Eva: no LayerScale module
-# to hook).
+# patch norms, DeiT's distillation token, a rotary embedding (timm's Eva: no LayerScale module
+# to hook) and EVA02's block (q's and v's biases apart, its MLP's norm).
 CONFIGS = [
     get_config("vit_test_clip").replace(qk_norm=True, init_values=1e-5),
     get_config("vit_test_siglip").replace(pre_norm=True, qk_norm=True),
     get_config("vit_test_distilled").replace(patch_norm=True, embed_norm=True),
     get_config("vit_test_token").replace(rope_type="dinov3", rope_rotate_half=True, reg_tokens=2, pos_embed="none"),
+    get_config("vit_test_eva"),
 ]
 RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
 TIMM_RULES = ("out", "in", "softmax", "typed", "values", "return")
@@ -63,7 +64,7 @@ def test_the_completeness_check_names_a_stage_without_its_parts():
     assert "embed2: no calibrated local tolerance in float32" in problems
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms", "dinov3 rope"])
+@pytest.mark.parametrize("config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms", "dinov3 rope", "eva block"])
 def test_every_stage_has_an_error_model_and_a_tap_in_every_builtin_port(config):
     state = init_state(config, seed=0)
     images = make_images(config, 2, "ordinary", 0)
