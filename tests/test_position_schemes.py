@@ -16,6 +16,7 @@ from tests.data import position_scheme_ports as P
 # two blocks of 2 heads on a 4x4 grid of 8x8 patches: rotary needs a head_dim divisible by 4
 CONFIG = get_config("vit_test_token").replace(img_size=(32, 32), patch_size=(8, 8), num_heads=2)
 ROTARY = "it rotates q and k by their positions"
+SEQUENCE = "it rotates q and k by each token's index in the sequence"
 RELATIVE = "it adds a learned relative position bias to each block's attention logits"
 LEARNED = "it learns its rotary frequencies"
 MIXED = "rope_type='mixed'"
@@ -101,8 +102,8 @@ def test_transformers_dinov3_unmodified_is_conformant_declared_and_its_other_pai
         ("beit", RELATIVE, "blocks.{i}.attn.relative_position_bias_table", ["q and v projections have biases"]),
         ("hf_dinov3", ROTARY, "rope_embeddings (DINOv3ViTRopePositionEmbedding)", ["reg_tokens=2 expresses it"]),
         ("hf_beit", RELATIVE, "relative_position_bias_table", []),
-        ("x_transformers_rotary", ROTARY, "attn_layers.rotary_pos_emb.inv_freq", []),
-        ("mlx_rope_vit", ROTARY, "blocks.{i}.attn.rope (RoPE)", []),
+        ("x_transformers_rotary", SEQUENCE, "attn_layers.rotary_pos_emb.inv_freq", []),
+        ("mlx_rope_vit", SEQUENCE, "blocks.{i}.attn.rope (RoPE)", []),
     ],
 )
 def test_a_tower_with_another_position_scheme_is_told_what_the_config_cannot_say(tower, scheme, shown, lines):
@@ -132,8 +133,9 @@ def test_the_cli_exits_2_on_a_rotary_tower_with_the_configs_label(cli):
 
 
 def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
-    """The companion of the rule on class names: timm's, transformers', MLX's and x-transformers'
-    rotary modules and BEiT's bias are found; an attention class that can rotate (timm's
+    """The companion of the rule on class names: timm's and transformers' rotary modules (a patch's
+    row and column), MLX's and x-transformers' (a token's index in the sequence: no option says it)
+    and BEiT's bias are found, each as its own scheme; an attention class that can rotate (timm's
     AttentionRope, which runs without angles too) and names that merely contain the letters are not."""
     found = schemes(
         {
@@ -146,18 +148,23 @@ def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
         [],
     )
     keys = list(found)
-    assert len(keys) == 2 and keys[0].startswith(ROTARY) and keys[1].startswith(RELATIVE), found
-    assert len(found[keys[0]]) == 4 and found[keys[1]] == ["rel (BeitRelativePositionBias)"], found
-    # its frequencies, where a model holds them (x-transformers' buffer; timm's mixed rope learns
-    # them, which rope_type='mixed' says: that line alone, also beside another kind declared)
+    assert [k.split(" (")[0] for k in keys] == [SEQUENCE, ROTARY, RELATIVE], found
+    assert NO_WORD in keys[0] and SAID in keys[1] and NO_WORD in keys[2], found
+    assert found[keys[0]] == ["layers.{i}.rope (RoPE)", "rotary (RotaryEmbedding)"], found
+    assert len(found[keys[1]]) == 2 and found[keys[2]] == ["rel (BeitRelativePositionBias)"], found
+    # their frequencies, where a model holds them (x-transformers' buffer, transformers' DINOv3's
+    # periods; timm's mixed rope learns them, which rope_type='mixed' says: that line alone, also
+    # beside another kind declared)
     assert schemes({}, ["attn_layers.rotary_pos_emb.inv_freq"]) == {keys[0]: ["attn_layers.rotary_pos_emb.inv_freq"]}
+    assert schemes({}, ["rope_embeddings.periods"]) == {keys[1]: ["rope_embeddings.periods"]}
     learned = schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"])
     assert list(learned) == [f"{LEARNED}, per block and head (RoPE-Mixed): {EXPRESSED_BY[MIXED]}"], learned
     assert schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"], CONFIG.replace(rope_type="cat")) == learned
     assert schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"], CONFIG.replace(rope_type="mixed")) == {}
     # a config that declares a rotation leaves it to be judged; BEiT's bias is still unsaid
     declared = CONFIG.replace(rope_type="cat")
-    assert list(schemes({"rope": "RotaryEmbeddingCat", "rel": "BeitRelativePositionBias"}, [], declared)) == [keys[1]]
+    assert list(schemes({"rope": "RotaryEmbeddingCat", "rel": "BeitRelativePositionBias"}, [], declared)) == [keys[2]]
+    assert list(schemes({"layers.0.rope": "RoPE"}, [], declared)) == [keys[0]]  # 'cat' is not the sequence's
     assert schemes({"blocks.0.attn": "AttentionRope", "d": "Dropout", "p": "DropPath", "x": "PropertyNet"}, []) == {}
     assert schemes({}, ["blocks.0.attn.qkv.weight", "pos_embed"]) == {}
 

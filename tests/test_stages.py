@@ -64,7 +64,9 @@ def test_the_completeness_check_names_a_stage_without_its_parts():
     assert "embed2: no calibrated local tolerance in float32" in problems
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms", "dinov3 rope", "eva block"])
+@pytest.mark.parametrize(
+    "config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms", "dinov3 rope", "eva block"]
+)
 def test_every_stage_has_an_error_model_and_a_tap_in_every_builtin_port(config):
     state = init_state(config, seed=0)
     images = make_images(config, 2, "ordinary", 0)

@@ -135,6 +135,9 @@ class NotExpressible(UsageError):
 # option that expresses it or None). With that option unset, or no option for it yet, such a
 # model is not a wrong port: verify cannot judge it, and says so (exit 2) before anything runs.
 LEARNED_ROTARY = "it learns its rotary frequencies, per block and head (RoPE-Mixed)"
+SEQUENCE_ROTARY = (
+    "it rotates q and k by each token's index in the sequence (a 1-D rotary embedding), not by a patch's row and column"
+)
 SCHEMES = (
     (
         LEARNED_ROTARY,
@@ -143,12 +146,19 @@ SCHEMES = (
         "rope_type='mixed'",
     ),
     (
+        SEQUENCE_ROTARY,
+        # mlx.nn.RoPE and x-transformers' RotaryEmbedding turn a token by its index in the sequence
+        r"RoPE|RotaryEmbedding",
+        r"(.*\.)?\w*(rope|rotary)\w*\.inv_freq",
+        None,
+    ),
+    (
         "it rotates q and k by their positions (a rotary position embedding: EVA02, DINOv3, timm's "
         "rope ViTs, Perception Encoder)",
-        # the module that makes the angles (an attention class that can rotate, timm's
-        # AttentionRope, also runs without them)
-        r".*(Rotary|RoPE|Rope(?![a-z])).*(Emb|Position|Freq).*|RoPE",
-        r"(.*\.)?\w*(rope|rotary)\w*\.(periods|inv_freq)",
+        # the module that makes the angles of a patch's row and column (an attention class that can
+        # rotate, timm's AttentionRope, also runs without them)
+        r"(?!(RoPE|RotaryEmbedding)$).*(Rotary|RoPE|Rope(?![a-z])).*(Emb|Position|Freq).*",
+        r"(.*\.)?\w*(rope|rotary)\w*\.periods",
         "rope_type",
     ),
     (
