@@ -525,7 +525,7 @@ class AttentionQvBiasesAsQV0(T.Attention):
 
 
 qv_biases_misplaced = partial(T.make, attn_layer=AttentionQvBiasesAsQV0)
-qv_biases_misplaced.supports = ROPE_SUPPORTS | {"k_bias": (False,), "qkv_fused": (True,)}
+qv_biases_misplaced.supports = ROPE_SUPPORTS | {"k_bias": (False,), "qkv_fused": (True,), "scale_mlp": (False, True)}
 
 
 class AttentionRopeFromFirstToken(T.Attention):
