@@ -25,7 +25,7 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     """Every canonical key for ``config`` with its shape, in timm's state_dict order."""
     D, C = config.embed_dim, config.in_chans
     ph, pw = config.patch_size
-    hidden, hd = config.mlp_hidden_dim, config.head_dim
+    hd = config.head_dim
     shapes: dict[str, tuple[int, ...]] = {}
     if config.class_token:
         shapes["cls_token"] = (1, 1, D)
@@ -52,37 +52,9 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes["norm_pre.weight"] = (D,)
         if config.norm_bias:
             shapes["norm_pre.bias"] = (D,)
+    block = block_shapes(config)
     for i in range(config.depth):
-        b = f"blocks.{i}."
-        shapes[b + "norm1.weight"] = (D,)
-        if config.norm_bias:
-            shapes[b + "norm1.bias"] = (D,)
-        shapes.update({b + k: shape for k, shape in qkv_shapes(config).items()})
-        if config.qk_norm:
-            for n in ("q_norm", "k_norm"):
-                shapes[f"{b}attn.{n}.weight"] = (hd,)
-                shapes[f"{b}attn.{n}.bias"] = (hd,)
-        shapes[b + "attn.proj.weight"] = (D, D)
-        if config.proj_bias:
-            shapes[b + "attn.proj.bias"] = (D,)
-        if config.init_values is not None:
-            shapes[b + "ls1.gamma"] = (D,)
-        shapes[b + "norm2.weight"] = (D,)
-        if config.norm_bias:
-            shapes[b + "norm2.bias"] = (D,)
-        fc1 = ("fc1_g", "fc1_x") if config.mlp_layer == "swiglu" else ("fc1",)
-        for fc in fc1:
-            shapes[f"{b}mlp.{fc}.weight"] = (hidden, D)
-            if config.use_mlp_bias:
-                shapes[f"{b}mlp.{fc}.bias"] = (hidden,)
-        if config.scale_mlp:
-            shapes[b + "mlp.norm.weight"] = (config.mlp_act_dim,)
-            shapes[b + "mlp.norm.bias"] = (config.mlp_act_dim,)
-        shapes[b + "mlp.fc2.weight"] = (D, config.mlp_act_dim)
-        if config.use_mlp_bias:
-            shapes[b + "mlp.fc2.bias"] = (D,)
-        if config.init_values is not None:
-            shapes[b + "ls2.gamma"] = (D,)
+        shapes.update({f"blocks.{i}.{k}": shape for k, shape in block.items()})
     if not config.use_fc_norm:
         shapes["norm.weight"] = (D,)
         if config.norm_bias:
@@ -101,6 +73,42 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     if config.distilled and config.num_classes:  # timm's VisionTransformerDistilled: after its parent's
         shapes["head_dist.weight"] = (config.num_classes, D)
         shapes["head_dist.bias"] = (config.num_classes,)
+    return shapes
+
+
+def block_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
+    """A block's canonical keys (relative to ``blocks.{i}``) with their shapes, in timm's order."""
+    D, hd, hidden = config.embed_dim, config.head_dim, config.mlp_hidden_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    shapes["norm1.weight"] = (D,)
+    if config.norm_bias:
+        shapes["norm1.bias"] = (D,)
+    shapes.update(qkv_shapes(config))
+    if config.qk_norm:
+        for n in ("q_norm", "k_norm"):
+            shapes[f"attn.{n}.weight"] = (hd,)
+            shapes[f"attn.{n}.bias"] = (hd,)
+    shapes["attn.proj.weight"] = (D, D)
+    if config.proj_bias:
+        shapes["attn.proj.bias"] = (D,)
+    if config.init_values is not None:
+        shapes["ls1.gamma"] = (D,)
+    shapes["norm2.weight"] = (D,)
+    if config.norm_bias:
+        shapes["norm2.bias"] = (D,)
+    fc1 = ("fc1_g", "fc1_x") if config.mlp_layer == "swiglu" else ("fc1",)
+    for fc in fc1:
+        shapes[f"mlp.{fc}.weight"] = (hidden, D)
+        if config.use_mlp_bias:
+            shapes[f"mlp.{fc}.bias"] = (hidden,)
+    if config.scale_mlp:
+        shapes["mlp.norm.weight"] = (config.mlp_act_dim,)
+        shapes["mlp.norm.bias"] = (config.mlp_act_dim,)
+    shapes["mlp.fc2.weight"] = (D, config.mlp_act_dim)
+    if config.use_mlp_bias:
+        shapes["mlp.fc2.bias"] = (D,)
+    if config.init_values is not None:
+        shapes["ls2.gamma"] = (D,)
     return shapes
 
 
