@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from conformance.numerics.error_model import evaluate, prefix_tokens, softmax_weights
+from impls import numpy_rope as R
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
 from impls.stages import stage_inputs, stage_kind
@@ -218,15 +219,18 @@ def _merged_head_dim_first(name, t, images, s, config):
     return merged @ s[f"{prefix}.weight"].T + s.get(f"{prefix}.bias", 0.0)
 
 
+def _rotation_inputs(name, t, images, s, config):
+    """What a rotary stage reads: q or k before it, and its block's sin and cos at the images' grid."""
+    grid = config.grid_at(images.shape[2:])
+    sin, cos = R.block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
+    return t[stage_inputs(name, config)[0]], sin, cos
+
+
 def _rope_sin_cos_swapped(name, t, images, s, config):
     """q or k turned with the tables' sin and cos exchanged: x sin + rot(x) cos."""
     if stage_kind(name) not in _ROPE:
         return None
-    from impls import numpy_rope as R
-
-    x = t[stage_inputs(name, config)[0]]
-    grid = config.grid_at(images.shape[2:])
-    sin, cos = R.block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
+    x, sin, cos = _rotation_inputs(name, t, images, s, config)
     return R.rotate_tokens(x, (cos, sin), config.num_prefix_tokens, config.rope_rotate_half)
 
 
@@ -238,8 +242,7 @@ def _qv_biases_misplaced(name, t, images, s, config):
     j = "qkv".index(name[-1])
     w, _ = qkv_parts(s, f"{b}.attn", config.embed_dim)[j]
     y = t[stage_inputs(name, config)[0]] @ w.T + (s[f"{b}.attn.v_bias"] if j == 1 else 0.0)
-    B, N, _ = y.shape
-    return y.reshape(B, N, config.num_heads, config.head_dim).transpose(0, 2, 1, 3)
+    return O.split_heads(y, config.num_heads)
 
 
 def _rope_from_first_token(name, t, images, s, config):
@@ -247,13 +250,8 @@ def _rope_from_first_token(name, t, images, s, config):
     last patches as they are."""
     if stage_kind(name) not in _ROPE:
         return None
-    from impls import numpy_rope as R
-
-    x = t[stage_inputs(name, config)[0]]
-    grid = config.grid_at(images.shape[2:])
-    sin, cos = R.block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
-    n = config.num_prefix_tokens
-    pad = (*sin.shape[:-2], n, sin.shape[-1])  # the prefix's rows: no rotation
+    x, sin, cos = _rotation_inputs(name, t, images, s, config)
+    pad = (*sin.shape[:-2], config.num_prefix_tokens, sin.shape[-1])  # the prefix's rows: no rotation
     sin = np.concatenate([sin, np.zeros(pad)], axis=-2)
     cos = np.concatenate([cos, np.ones(pad)], axis=-2)
     return R.rotate_tokens(x, (sin, cos), 0, config.rope_rotate_half)
