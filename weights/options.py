@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# the Hugging Face models of the ViT family's layouts (weights/hf/family.py)
-HF_FAMILY = ("hf:dinov2", "hf:dinov2_with_registers", "hf:clip_vision_model", "hf:siglip_vision_model")
+# the Hugging Face models of the ViT family's layouts (weights/hf/family.py, weights/hf/dinov3.py)
+DINOV3 = "hf:dinov3_vit"
+HF_FAMILY = ("hf:dinov2", "hf:dinov2_with_registers", "hf:clip_vision_model", "hf:siglip_vision_model", DINOV3)
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,11 @@ def _every(value, *layouts) -> dict[str, tuple]:
     return dict.fromkeys(layouts, value)
 
 
-def _only(value) -> dict[str, tuple]:
+def _only(value, but: dict[str, tuple | None] | None = None) -> dict[str, tuple]:
     """An option no layout but the canonical one holds other than ``value`` (big_vision's npz,
-    open_clip, every Hugging Face family)."""
-    return _every((value,), "npz", "open_clip", *HF_FAMILY)
+    open_clip, every Hugging Face family), ``but`` those it names (None: every value)."""
+    out = {**_every((value,), "npz", "open_clip", *HF_FAMILY), **(but or {})}
+    return {layout: values for layout, values in out.items() if values is not None}
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -63,6 +65,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:dinov2_with_registers": ("token",),
             "hf:clip_vision_model": ("token",),
             "hf:siglip_vision_model": ("map",),
+            DINOV3: ("token",),
         },
         big_vision="pool_type",
         open_clip="pool_type",
@@ -78,6 +81,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:dinov2_with_registers": (True,),
             "hf:clip_vision_model": (True,),
             "hf:siglip_vision_model": (False,),
+            DINOV3: (True,),
         },
         family=False,
     ),
@@ -86,7 +90,7 @@ OPTIONS: tuple[Option, ...] = (
         1000,
         None,
         "the head's width; 0: no head, the logits are the pooled features",
-        holds=_every((0,), "hf:dinov2", "hf:dinov2_with_registers", "hf:siglip_vision_model"),
+        holds=_every((0,), "hf:dinov2", "hf:dinov2_with_registers", "hf:siglip_vision_model", DINOV3),
         hf="num_labels",
         family=False,
     ),
@@ -126,6 +130,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:dinov2_with_registers": (True,),
             "hf:clip_vision_model": (False,),
             "hf:siglip_vision_model": (False,),
+            DINOV3: (False,),
         },
     ),
     Option(
@@ -139,6 +144,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:dinov2": (False,),
             "hf:dinov2_with_registers": (False,),
             "hf:siglip_vision_model": (False,),
+            DINOV3: (False,),
         },
         open_clip="no_ln_pre (its negation)",
     ),
@@ -178,14 +184,17 @@ OPTIONS: tuple[Option, ...] = (
         True,
         True,
         "the biases of the attention output and the MLP's projections",
-        holds=_only(True),
+        holds=_only(True, {DINOV3: None}),
     ),
     Option(
         "mlp_layer",
         "mlp",
         "mlp",
         "the MLP: fc1, act, fc2 ('mlp'), timm's SwiGLUPacked (DINOv2 giant) or SwiGLU",
-        holds=_every(("mlp",), "npz", "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model"),
+        holds={
+            **_every(("mlp",), "npz", "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model"),
+            DINOV3: ("mlp", "swiglu"),
+        },
         hf="use_swiglu_ffn",
     ),
     Option(
@@ -200,7 +209,7 @@ OPTIONS: tuple[Option, ...] = (
         "learn",
         "the position embedding: a learned table ('learn'), the fixed 2-D sin-cos table of SimpleViT computed "
         "at the grid ('sincos'), or none ('none')",
-        holds=_only("learn"),
+        holds=_only("learn", {DINOV3: ("none",)}),
     ),
     Option(
         "patch_norm",
@@ -248,7 +257,7 @@ OPTIONS: tuple[Option, ...] = (
         (None,),
         "the MLP's biases on their own (None: as proj_bias, timm's coupling; SimpleViT: proj_bias=False, "
         "mlp_bias=True)",
-        holds=_only(None),
+        holds=_only(None, {DINOV3: None}),
         timm_name=None,
     ),
     # timm's Eva (eva.py): rotary position embeddings in every block's attention (impls/numpy_rope.py)
@@ -259,7 +268,7 @@ OPTIONS: tuple[Option, ...] = (
         "rotary position embeddings of q and k (the prefix tokens left unrotated): None, 'cat' (EVA02, the "
         "axial rope ViTs), 'dinov3' (DINOv3's centred coordinates and periods) or 'mixed' (RoPE-Mixed's "
         "learned frequencies, rope.freqs)",
-        holds=_only(None),
+        holds=_only(None, {DINOV3: ("dinov3",)}),
         timm_name="rope_type (Eva)",
     ),
     Option(
@@ -267,7 +276,7 @@ OPTIONS: tuple[Option, ...] = (
         10000.0,
         10000.0,
         "the rotary bands' base",
-        holds=_only(10000.0),
+        holds=_only(10000.0, {DINOV3: None}),
         timm_name="rope_temperature (Eva)",
     ),
     Option(
@@ -291,7 +300,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         False,
         "the rotation's pairs: (x_i, x_{i + hd/2}) (True, DINOv3) or neighbours (x_2i, x_2i+1)",
-        holds=_only(False),
+        holds=_only(False, {DINOV3: (True,)}),
         timm_name="rope_rotate_half (Eva)",
     ),
     Option(
@@ -308,7 +317,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         True,
         "the key's bias beside q's and v's (False: attn.q_bias and attn.v_bias, k none; EVA02, BEiT)",
-        holds=_only(True),
+        holds=_only(True, {DINOV3: None}),
         timm_name="qkv_bias (Eva's attention: q and v only)",
     ),
     Option(
@@ -316,7 +325,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         True,
         "q, k and v from one projection, attn.qkv (False: attn.q_proj, attn.k_proj and attn.v_proj; EVA02 B, L)",
-        holds=_only(True),
+        holds=_only(True, {DINOV3: (False,)}),
         timm_name="qkv_fused (Eva)",
     ),
     Option(

@@ -17,6 +17,8 @@ directory.
   (no bias) is the head, with a zero bias.
 * ``siglip_vision_model`` (and a ``siglip`` checkpoint's vision tower): no class token, the
   MAP head ``head.*`` is timm's ``attn_pool`` (``in_proj_weight`` rows are q, k, v).
+* ``dinov3_vit`` (``DINOv3ViTModel``, ``dinov3``): timm's Eva with DINOv3's rotation, q, k and
+  v projected apart, LayerScale ``lambda1``, a plain or gated MLP (weights/hf/dinov3.py).
 
 Every mapping is a rename, a split or a concatenation (and the class-token fold, a float32
 sum with an entry written back as zero), so canonical -> Hugging Face -> canonical is bitwise.
@@ -44,6 +46,7 @@ from weights.hf.family import (
     from_family_hf,
     to_family_hf,
 )
+from weights.hf import dinov3
 from weights.hf.vit import (
     in_memory_names,
     hf_config_to_vit,
@@ -70,6 +73,9 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (d / name).is_file():
             raw = read_timm(d / name)
+            if model_type == dinov3.MODEL_TYPE:
+                config = dinov3.dinov3_config_to_vit(hf)
+                return dinov3.from_dinov3(raw, config), config
             if model_type in ("vit", "deit"):
                 config = hf_config_to_vit(hf)
                 return from_hf(raw, config), config
@@ -80,10 +86,12 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
 
 def write_hf(state, config: ViTConfig, path) -> None:
     """The original ViT as ViTForImageClassification; a family config as the Hugging Face model
-    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower)."""
+    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower, DINOv3)."""
     from safetensors.numpy import save_file
 
-    if config.beyond_original_vit() and config.beyond_original_vit() != ["distilled=True"]:
+    if config.rope_type == "dinov3":
+        hf, tensors = dinov3.vit_config_to_dinov3(config), dinov3.to_dinov3(state, config)
+    elif config.beyond_original_vit() and config.beyond_original_vit() != ["distilled=True"]:
         hf, tensors = family_config_to_hf(config), to_family_hf(state, config)
     else:
         hf, tensors = vit_config_to_hf(config), to_hf(state, config)

@@ -107,7 +107,7 @@ def family_config_to_vit(hf: Mapping, state: Mapping[str, np.ndarray] | None = N
         )
     raise WeightError(
         f"config.json has model_type {hf.get('model_type')!r}; the family layouts are "
-        f"{FAMILY_MODEL_TYPES} (and whole 'clip' / 'siglip' checkpoints)"
+        f"{FAMILY_MODEL_TYPES}, 'dinov3_vit' (and whole 'clip' / 'siglip' checkpoints)"
     )
 
 
@@ -122,7 +122,8 @@ def model_type_for(config: ViTConfig) -> str:
     raise WeightError(
         f"no Hugging Face layout holds {config.beyond_original_vit()} with global_pool="
         f"{config.global_pool!r}, class_token={config.class_token}: the family layouts are Dinov2 "
-        "(LayerScale), Dinov2 with registers, CLIP (pre_norm) and SigLIP ('map', no class token)"
+        "(LayerScale), Dinov2 with registers, CLIP (pre_norm), SigLIP ('map', no class token) and DINOv3 "
+        "(rope_type='dinov3')"
     )
 
 

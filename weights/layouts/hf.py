@@ -1,4 +1,4 @@
-"""A Hugging Face save_pretrained directory (ViT, Dinov2, CLIP and SigLIP vision towers)."""
+"""A Hugging Face save_pretrained directory (ViT, Dinov2, CLIP and SigLIP vision towers, DINOv3)."""
 
 from __future__ import annotations
 
