@@ -4,7 +4,8 @@
                                     [--out conformance/numerics/calibration.json]
 
 Draws whole-model cases with the suite's own strategies (configs, images of every kind,
-seeded weights at every scale and offset, trained-like weights), then runs the timm presets
+seeded weights at every scale and offset, trained-like weights), the hard cases
+(hard_cases.json: where a correct port was once measured far out), then runs the timm presets
 at 224 (whose reductions are wider than any drawn config) on seeded, trained-like and x64
 weights (twelve blocks of saturated softmaxes: where the model turns chaotic), through every
 built-in framework port with taps, in float32 and (on every n-th case)
@@ -20,6 +21,7 @@ conformance/numerics/tolerances.py turns the per-kind maximum into a tolerance w
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from collections import defaultdict
@@ -176,6 +178,12 @@ def hard_cases(path: Path = HARD_CASES_FILE) -> list[tuple[ViTConfig, object, S.
     return cases
 
 
+def hard_cases_digest(path: Path = HARD_CASES_FILE) -> str:
+    """What calibration.json records of the hard cases it ran: a calibration older than the file
+    lacks the cases added since (tests/test_calibration.py)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def record_hard_cases(rec: Recorder, factories) -> None:
     for config, weights, images in hard_cases():
         info = {"config": config.to_dict(), "weights": repr(weights), "images": vars(images), "hard case": True}
@@ -282,6 +290,7 @@ def main(argv=None) -> int:
         "examples": args.examples,
         "seed": args.seed,
         "presets": args.presets,
+        "hard_cases_sha256": hard_cases_digest(),
         "seconds": round(time.perf_counter() - t0, 1),
         "metric": "error over the error model's bound (conformance/numerics/error_model.py), per stage",
         "provenance": provenance.collect(),
