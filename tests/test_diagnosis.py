@@ -315,3 +315,22 @@ def test_a_layernorm_with_an_eps_of_its_own_is_named_with_the_fitted_eps():
         )
         d = diagnose("blocks.0.norm1", out, model)
         assert d.named == named and said in d.line(), d.line()
+
+
+def test_a_correct_float16_port_with_a_power_of_two_attention_scale_is_not_named_for_an_overflow():
+    """At head_dim 16 (a real ViT's 64 alike) the scale is a power of two and q * scale exact, so a
+    correct float16 port's logits are the unscaled product rounded, then scaled, bit for bit: the
+    overflow class's difference wherever nothing overflows, all the scan pools of it. The scan
+    leaves overflow classes out (every test preset's head_dim 8 hid it); the mutant that does
+    overflow is still located and named on the same config, per element."""
+    from conformance.verify.forward import verify
+    from conformance.zoo import MUTANTS
+    from impls import load_factory
+
+    config = get_config("vit_test_token").replace(embed_dim=64, num_heads=4)  # the logits large enough to resolve α
+    report = verify(factory("torch"), config, port="torch", dtype="float16")
+    assert report.conformant, report.failures[:2]
+    bug = MUTANTS["torch_qk_scaled_after_product_fp16"]
+    report = verify(load_factory(bug.factory), config, port=bug.name, dtype="float16")
+    assert not report.conformant and report.located() == bug.first_divergence, report.failures[:2]
+    assert report.diagnosis.named == bug.bug_class and report.diagnosis.mode != "pooled", report.diagnosis.line()
