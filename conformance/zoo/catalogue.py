@@ -202,6 +202,10 @@ _ALL = [
            "the rotary base 10000 (EVA02's, timm's default) for a model trained with 100", "ports of the rope "
            "ViTs and DINOv3 that keep a library's default theta", "blocks.0.attn.q_rope", config="vit_test_rope",
            bug_class="rope_temperature_10000"),
+    Mutant("torch_rope_pairs_as_halves", "torch", f"{_T}:rope_pairs_as_halves",
+           "the rotation's pairs as halves (x_i, x_i+hd/2) where the model's are neighbours (x_2i, x_2i+1)",
+           "ports of EVA02 and the rope ViTs that reuse Llama's rotate_half (timm: rope_rotate_half=False)",
+           "blocks.0.attn.q_rope", config="vit_test_rope", bug_class="rope_rotate_half"),
     Mutant("torch_rope_from_first_token", "torch", f"{_T}:rope_from_first_token",
            "the rotation applied from the first token: the class token turned, the last patch not",
            "ports that rotate q[..., :P] where timm's Eva rotates q[..., npt:]", "blocks.0.attn.q_rope",

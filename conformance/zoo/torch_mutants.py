@@ -503,6 +503,15 @@ def rope_default_temperature(config, state, **kw):
 rope_default_temperature.supports = ROPE_SUPPORTS | {"rope_temperature": (100.0,)}
 
 
+def rope_pairs_as_halves(config, state, **kw):
+    """The rotation's pairs taken as halves (x_i, x_{i + hd/2}: Llama's rotate_half) where the model
+    pairs neighbours (x_2i, x_2i+1: timm's rope ViTs and EVA02)."""
+    return T.make(config.replace(rope_rotate_half=True), state, **kw)
+
+
+rope_pairs_as_halves.supports = ROPE_SUPPORTS  # rope_rotate_half left at False: the model's pairs are neighbours
+
+
 class AttentionRopeSinCosSwapped(T.Attention):
     """The rotary tables' sin and cos exchanged (a [cos, sin] cache read as timm's [sin, cos])."""
 
