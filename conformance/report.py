@@ -18,6 +18,12 @@ class UsageError(Exception):
     label = "usage error"
 
 
+class CannotJudge(UsageError):
+    """What verify cannot judge about a model, found by the tool inside the port's own call (the
+    config has no word for a part, no adapter reads its module system): exit 2, passed through the
+    port's call, never a finding about the port."""
+
+
 class ResourceError(UsageError):
     """The machine lacks what the run needs (disk space, file handles, a writable TMPDIR): exit
     status 2 too, one line naming the resource and the figure needed."""

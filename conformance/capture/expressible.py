@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from conformance.report import UsageError
+from conformance.report import CannotJudge
 
 ATTN_OUT_BIAS, MLP_BIAS = r"blocks\.\d+\.attn\.proj\.bias", r"blocks\.\d+\.mlp\.fc[12](_[gx])?\.bias"
 # (canonical key pattern, what the model lacks, the option that expresses it, or None)
@@ -124,7 +124,7 @@ def _needs(lines) -> NotExpressible:
     return NotExpressible(f"the mapping reads canonical keys the config does not have:\n{body}")
 
 
-class NotExpressible(UsageError):
+class NotExpressible(CannotJudge):
     """The config names parts the model does not have (exit 2): the message has a line for each."""
 
     label = "the config cannot express this model"

@@ -300,8 +300,7 @@ class Handed:
     def call(self, report, stage: str, fn, *args):
         """(True, fn(*args)), or (False, None) with the port's exception a finding at ``stage``;
         an ``Unsupported`` config and the tool's own failures pass through."""
-        from conformance.capture.expressible import NotExpressible
-        from conformance.report import ToolError, describe_exception
+        from conformance.report import CannotJudge, ToolError, describe_exception
         from conformance.support import Unsupported
         from conformance.verify.report import finding
 
@@ -309,7 +308,7 @@ class Handed:
             Handed.on_step(stage)
         try:
             return True, fn(*args)
-        except (Unsupported, ToolError, NotExpressible):  # the config, and the tool: not the port's doing
+        except (Unsupported, ToolError, CannotJudge):  # the config, and the tool: not the port's doing
             raise
         except Handed.port_errors as e:  # the port's failure is the finding
             if isinstance(e, SystemExit):

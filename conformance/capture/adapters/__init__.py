@@ -6,6 +6,7 @@ and one entry below."""
 from __future__ import annotations
 
 from conformance.capture.adapters.base import Adapter, BaseAdapter, SwapAdapter
+from conformance.report import CannotJudge
 from conformance.capture.adapters.linen import LinenAdapter
 from conformance.capture.adapters.mlx import MLXAdapter
 from conformance.capture.adapters.nnx import NNXAdapter
@@ -13,18 +14,43 @@ from conformance.capture.adapters.torch import TorchAdapter
 
 
 ADAPTERS = {cls.name: cls for cls in (TorchAdapter, MLXAdapter, NNXAdapter, LinenAdapter)}
+# Module systems no adapter reads yet, by the package their classes come from, looked up before the
+# adapters: Keras 3's layers on its torch backend are torch.nn.Modules too, with Keras's own names
+NOT_TAKEN = {
+    "keras": "Keras 3",
+    "tf_keras": "Keras 2",
+    "equinox": "Equinox",
+    "haiku": "Haiku",
+    "tensorflow": "TensorFlow",
+}
+
+
+class ModuleSystemNotTaken(CannotJudge):
+    """A model port's model is of a module system no capture adapter reads (exit 2): what verify
+    cannot do, not what the port did; the message names the system and the factory route."""
+
+    label = "the tool does not take this model's module system"
 
 
 def framework_of(model) -> str:
     """The module system of a model object (an ``ADAPTERS`` key), from its class hierarchy: the
-    adapter whose name prefixes a class's module (no framework is imported)."""
+    adapter whose name prefixes a class's module (no framework is imported); ModuleSystemNotTaken
+    for any other."""
     modules = [c.__module__ for c in type(model).__mro__]
-    for name in ADAPTERS:
-        if any(m == name or m.startswith(name + ".") for m in modules):
-            return name
-    raise TypeError(
-        f"a model port needs a PyTorch, MLX, Flax NNX or Flax linen module (a class from one of "
-        f"{', '.join(ADAPTERS)}), got {type(model).__name__}"
+
+    def of(name: str) -> bool:
+        return any(m == name or m.startswith(name + ".") for m in modules)
+
+    known = next((label for name, label in NOT_TAKEN.items() if of(name)), None)
+    name = next((name for name in ADAPTERS if of(name)), None)
+    if known is None and name is not None:
+        return name
+    package = type(model).__module__.split(".")[0]
+    what = f"{'an' if known[0] in 'AEIOU' else 'a'} {known} model" if known else f"a {package} object"
+    raise ModuleSystemNotTaken(
+        f"{type(model).__name__} is {what}: a model port takes a PyTorch, MLX, "
+        f"Flax NNX or Flax linen module (a class from one of {', '.join(ADAPTERS)}); give verify a port factory "
+        "instead, make(config, state, dtype=...) returning the forward (docs/verify.md, 'A port factory')"
     )
 
 
@@ -34,6 +60,7 @@ __all__ = [
     "BaseAdapter",
     "LinenAdapter",
     "MLXAdapter",
+    "ModuleSystemNotTaken",
     "NNXAdapter",
     "SwapAdapter",
     "TorchAdapter",

@@ -1,0 +1,51 @@
+"""A model port's model of a module system no capture adapter reads (Keras 3, Equinox, Haiku) is
+what verify cannot do, not what the port did: exit 2 naming the system and the factory route, never
+NOT CONFORMANT at ``load``. Keras 3's layers on its torch backend are torch.nn.Modules too: they are
+told as Keras's, not read as PyTorch's. The classes here stand in for those libraries' (capture
+reads only a model's class hierarchy); the companion is that PyTorch and MLX modules still find
+their adapters."""
+
+import pytest
+import torch
+
+from conformance.capture import ModelPort, framework_of
+from conformance.capture.adapters import ModuleSystemNotTaken
+from conformance.report import CannotJudge, UsageError
+from conformance.verify.forward import verify
+from impls import get_config
+
+
+def stand_in(module: str, *bases):
+    return type("Model", bases or (object,), {"__module__": module})
+
+
+KERAS_ON_TORCH = stand_in("keras.src.backend.torch.layer", torch.nn.Module)
+SYSTEMS = {
+    "equinox": (stand_in("equinox._module"), "an Equinox model"),
+    "keras_on_jax": (stand_in("keras.src.models.functional"), "a Keras 3 model"),
+    "keras_on_torch": (KERAS_ON_TORCH, "a Keras 3 model"),
+    "haiku": (stand_in("haiku._src.module"), "a Haiku model"),
+    "unknown": (stand_in("somelib.nets"), "a somelib object"),
+}
+
+
+@pytest.mark.parametrize("system", list(SYSTEMS))
+def test_a_model_of_a_module_system_no_adapter_reads_is_a_usage_error_naming_it(system):
+    cls, what = SYSTEMS[system]
+    with pytest.raises(ModuleSystemNotTaken, match=what) as e:
+        framework_of(cls())
+    assert isinstance(e.value, CannotJudge) and isinstance(e.value, UsageError)
+    assert "give verify a port factory instead" in str(e.value)
+
+
+def test_verify_of_such_a_model_port_is_exit_2_not_a_finding_about_the_port():
+    port = ModelPort(lambda config: KERAS_ON_TORCH(), rename={})
+    with pytest.raises(ModuleSystemNotTaken, match="a Keras 3 model"):
+        verify(port, get_config("vit_test_token"), port="keras on torch")
+
+
+def test_pytorch_and_mlx_modules_still_find_their_adapters():
+    import mlx.nn
+
+    assert framework_of(torch.nn.Linear(2, 2)) == "torch.nn"
+    assert framework_of(mlx.nn.Linear(2, 2)) == "mlx.nn"
