@@ -241,6 +241,49 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if id(item) not in dropped]
 
 
+CANNOT_JUDGE = "vit-conformance cannot judge"  # a report's user property: the run is a usage error
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A model the tool cannot judge (conformance.report.CannotJudge: a module system no adapter
+    reads, a part the config has no word for) fails its test with the one line verify prints, marked
+    so that the run ends as pytest's usage error (``pytest_sessionfinish``), not as a finding."""
+    from conformance.report import CannotJudge
+
+    report = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, CannotJudge):
+        line = f"{getattr(error, 'label', 'usage error')}: {error}"
+        report.longrepr = line
+        report.user_properties.append((CANNOT_JUDGE, line))
+    return report
+
+
+_JUDGED = {"cannot": [], "failed": 0}  # the run's reports, read where they arrive (xdist's controller too)
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        lines = [v for k, v in report.user_properties if k == CANNOT_JUDGE]
+        if lines:
+            _JUDGED["cannot"].append(lines[0])
+        else:
+            _JUDGED["failed"] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Tests failed only by what the tool cannot judge: pytest's usage error (exit 4), one line
+    each; a finding about a port (any other failure) keeps exit 1."""
+    if _JUDGED["cannot"] and not _JUDGED["failed"] and exitstatus == pytest.ExitCode.TESTS_FAILED:
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in dict.fromkeys(_JUDGED["cannot"]):
+        terminalreporter.write_line(f"vit-conformance: {line}")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
     """A fixed config (a preset parameter) outside what the port supports is reported as such,

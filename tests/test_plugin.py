@@ -38,18 +38,29 @@ def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}", suite=("conformance.test
     return proc.returncode, proc.stdout + proc.stderr
 
 
+KERAS_LIKE = """from conformance.capture import ModelPort
+
+# a stand-in for a Keras 3 model (capture reads only the class hierarchy; on the torch backend too,
+# tests/test_module_systems.py)
+Functional = type("Functional", (), {"__module__": "keras.src.models.functional"})
+port = ModelPort(lambda config: Functional(), rename={})
+"""
+
+
 @pytest.fixture(scope="module")
 def given_only(tmp_path_factory):
     """One run from a directory outside the project, of five user ports and no built-in one: two
     of them written for one config (and declaring it), and the timm comparison over presets."""
     d = tmp_path_factory.mktemp("elsewhere")
     shutil.copy(DATA, d / "user_ports.py")
+    (d / "keras_like.py").write_text(KERAS_LIKE)
     code, out = run_pytest(
         d,
         "--only-given-ports",
         "-rs",
         f"--junitxml={d / 'r.xml'}",
         *[a for p in GIVEN for a in ("--port", f"user_ports:{p}")],
+        *("--port", "keras_like:port"),  # a model the tool cannot judge, beside ports with findings
         # timm's comparison for the ports written for one config (what the tests below read of it)
         select=f"{MAIN} or {NORMS} or ({TIMM} and project_init and single_config and (vit_test_token or vit_test_deep))",
         # the modules that hold them: the others' imports (JAX, transformers) are not this test's
@@ -93,9 +104,9 @@ def test_a_logits_only_port_is_checked_end_to_end_and_tap_properties_are_skipped
 def test_only_given_ports_leaves_the_builtin_ones_out(given_only):
     _, _, _, outcome = given_only
     assert {name for name in outcome if not name.startswith(TIMM)} == {
-        f"{t}[user_ports:{p}]" for t in (MAIN, NORMS) for p in GIVEN
+        f"{t}[{p}]" for t in (MAIN, NORMS) for p in (*(f"user_ports:{p}" for p in GIVEN), "keras_like:port")
     }
-    assert all("[user_ports:" in name for name in outcome)
+    assert all("[user_ports:" in name or "[keras_like:port" in name for name in outcome)
 
 
 def test_a_port_written_for_one_config_is_judged_on_it_and_others_are_reported_unsupported(given_only):
@@ -262,3 +273,34 @@ def test_a_given_port_that_exits_or_hangs_fails_its_tests_with_and_without_xdist
     assert code == 1 and len(failed) == len(ENDS), out[-3000:]
     for port, reason in ENDS.items():  # each port's test failed, each for verify's reason
         assert any(f"[hostile_ports:{port}]" in line for line in failed) and reason in out, (port, failed)
+
+
+def test_a_model_the_tool_cannot_judge_fails_with_verify_s_line_and_a_finding_beside_it_keeps_exit_1(given_only):
+    """The companion of the usage error below: in the run with ports that have findings, the model
+    of a module system no adapter reads fails with verify's one line, and the run stays exit 1 (a
+    finding is never lost behind a usage error)."""
+    _, code, out, outcome = given_only
+    assert code == 1 and outcome[f"{MAIN}[keras_like:port]"] == "failed", out[-2000:]
+    assert "vit-conformance: the tool does not take this model's module system: Functional is a Keras 3 model" in out
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
+def test_a_given_model_the_tool_cannot_judge_ends_the_run_as_a_usage_error(tmp_path, workers):
+    """A model port of a module system no adapter reads, alone: its test fails with verify's one
+    line and the run is pytest's usage error (exit 4), not a finding (exit 1)."""
+    from conformance.profiles import heavy
+
+    if workers and not heavy():
+        pytest.skip("thorough profile: the same reports through xdist's controller; ci runs the one-process run")
+    (tmp_path / "keras_like.py").write_text(KERAS_LIKE)
+    code, out = run_pytest(
+        tmp_path,
+        "--only-given-ports",
+        *workers,
+        "--port",
+        "keras_like:port",
+        select=MAIN,
+        suite=("conformance.tests.test_model",),
+    )
+    assert code == 4, out[-2000:]
+    assert "vit-conformance: the tool does not take this model's module system: Functional is a Keras 3 model" in out

@@ -104,7 +104,7 @@ def _call(port: str, fn: Callable, *args, case=None):
     """Run a port; an exception or a malformed result is a finding, not a crash."""
     from hypothesis.errors import UnsatisfiedAssumption
 
-    from conformance.report import ToolError, describe_exception
+    from conformance.report import CannotJudge, ToolError, describe_exception
     from conformance.support import Unsupported
 
     from conformance.guard import process_state
@@ -112,8 +112,10 @@ def _call(port: str, fn: Callable, *args, case=None):
     try:
         with process_state():  # numpy's functions, error handling and the working directory kept
             return fn(*args)
-    except (UnsatisfiedAssumption, Unsupported, ToolError):
-        raise  # a config the port does not support: discarded (hypothesis) or reported as such; the tool's own
+    except (UnsatisfiedAssumption, Unsupported, ToolError, CannotJudge):
+        # a config the port does not support: discarded (hypothesis) or reported as such; the
+        # tool's own failure; a model the tool cannot judge (the plugin's usage error)
+        raise
     except SystemExit as e:
         raise _fail(port, f"the port exited (sys.exit({e.code!r})) before returning", case) from e
     except Exception as e:  # noqa: BLE001 - anything a port raises is reported

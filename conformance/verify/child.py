@@ -62,7 +62,7 @@ class Child:
     def handle(self, request: dict):
         from conformance.support import Unsupported
         import conformance.verify.wire as wire
-        from conformance.report import UsageError
+        from conformance.report import CannotJudge, UsageError
         from conformance.verify.portable import OutputLimits
         from conformance.verify.portside import PortStopped
         from impls.protocol import Loss, ViTConfig
@@ -100,8 +100,8 @@ class Child:
             return {"status": "ok", "out": writer.encode(out), "findings": [list(f) for f in findings]}
         except Unsupported as e:
             return {"status": "unsupported", "message": str(e)}
-        except UsageError as e:
-            return {"status": "usage", "message": str(e), "label": e.label}
+        except UsageError as e:  # cannot_judge: found by the tool inside the port's call (CannotJudge)
+            return {"status": "usage", "message": str(e), "label": e.label, "cannot_judge": isinstance(e, CannotJudge)}
         except PortStopped as e:
             return {"status": "stopped", "message": str(e), "stage": e.stage}
         except OSError as e:  # the outputs could not be written: the machine's resources, else this tool's

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.report import ResourceError, ToolError, UsageError
+from conformance.report import CannotJudge, ResourceError, ToolError, UsageError
 import conformance.verify.wire as wire
 from conformance.verify.cases import Case
 from conformance.verify.heap import return_freed_memory
@@ -226,7 +226,7 @@ class Isolated:
         if status == "unsupported":
             raise Unsupported(str(answer.get("message", "")))
         if status == "usage":
-            error = UsageError(str(answer.get("message", "")))
+            error = (CannotJudge if answer.get("cannot_judge") else UsageError)(str(answer.get("message", "")))
             error.label = str(answer.get("label", UsageError.label))  # the config's, or the user's input
             raise error
         if status == "stopped":
