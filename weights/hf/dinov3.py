@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from weights.canonical import WeightError, expected_shapes
+from weights.canonical import WeightError, block_shapes, expected_shapes
 from weights.config import ViTConfig
 from weights.options import holds
 
@@ -107,36 +107,46 @@ def vit_config_to_dinov3(config: ViTConfig) -> dict:
     }
 
 
+# Canonical names -> DINOv3ViTModel's: outside the blocks, and within a block (``blocks.{i}``,
+# theirs ``layer.{i}``) by module, a LayerScale parameter by its whole name
+OUTSIDE = {
+    "cls_token": "embeddings.cls_token",
+    "reg_token": "embeddings.register_tokens",
+    "patch_embed.proj.weight": "embeddings.patch_embeddings.weight",
+    "patch_embed.proj.bias": "embeddings.patch_embeddings.bias",
+    "norm.weight": "norm.weight",
+    "norm.bias": "norm.bias",
+}
+BLOCK = {
+    "norm1": "norm1",
+    "norm2": "norm2",
+    "ls1.gamma": "layer_scale1.lambda1",
+    "ls2.gamma": "layer_scale2.lambda1",
+    **{f"attn.{p}_proj": f"attention.{p}_proj" for p in "qkv"},
+    "attn.proj": "attention.o_proj",
+    "mlp.fc1_g": "mlp.gate_proj",
+    "mlp.fc1_x": "mlp.up_proj",
+    "mlp.fc1": "mlp.up_proj",
+    "mlp.fc2": "mlp.down_proj",
+}
+
+
+def _in_block(key: str) -> str | None:
+    """A block's canonical key (relative to it) as DINOv3ViTModel names it, or None."""
+    if key in BLOCK:
+        return BLOCK[key]
+    module, _, param = key.rpartition(".")
+    return f"{BLOCK[module]}.{param}" if module in BLOCK else None
+
+
 def names(config: ViTConfig) -> dict[str, str]:
     """Canonical key -> DINOv3ViTModel's checkpoint name (``layer.{i}``: the module is
-    ``model.layer.{i}`` in memory, and transformers renames on loading), for every key the config has."""
-    out = {
-        "cls_token": "embeddings.cls_token",
-        "reg_token": "embeddings.register_tokens",
-        "patch_embed.proj.weight": "embeddings.patch_embeddings.weight",
-        "patch_embed.proj.bias": "embeddings.patch_embeddings.bias",
-        "norm.weight": "norm.weight",
-        "norm.bias": "norm.bias",
-    }
-    block = {
-        "norm1": "norm1",
-        "norm2": "norm2",
-        "ls1.gamma": "layer_scale1.lambda1",
-        "ls2.gamma": "layer_scale2.lambda1",
-    }
-    block.update({f"attn.{p}_proj": f"attention.{p}_proj" for p in "qkv"})
-    block["attn.proj"] = "attention.o_proj"
-    block.update({"mlp.fc1_g": "mlp.gate_proj", "mlp.fc1_x": "mlp.up_proj", "mlp.fc1": "mlp.up_proj"})
-    block["mlp.fc2"] = "mlp.down_proj"
-    for key in expected_shapes(config):
-        if key.startswith("blocks."):
-            _, i, rest = key.split(".", 2)
-            module, _, param = rest.rpartition(".")
-            theirs = block.get(module) if module else None
-            if rest in block:  # the LayerScale parameters are named whole
-                out[key] = f"layer.{i}.{block[rest]}"
-            elif theirs is not None:
-                out[key] = f"layer.{i}.{theirs}.{param}"
+    ``model.layer.{i}`` in memory, and transformers renames on loading), for every key the config
+    has that the layout holds, in timm's order."""
+    out = dict(OUTSIDE)
+    block = {key: theirs for key in block_shapes(config) if (theirs := _in_block(key)) is not None}
+    for i in range(config.depth):
+        out.update({f"blocks.{i}.{key}": f"layer.{i}.{theirs}" for key, theirs in block.items()})
     return {k: out[k] for k in expected_shapes(config) if k in out}
 
 
