@@ -260,27 +260,25 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
-_JUDGED = {"cannot": [], "failed": 0}  # the run's reports, read where they arrive (xdist's controller too)
-
-
-def pytest_runtest_logreport(report):
-    if report.failed:
-        lines = [v for k, v in report.user_properties if k == CANNOT_JUDGE]
-        if lines:
-            _JUDGED["cannot"].append(lines[0])
-        else:
-            _JUDGED["failed"] += 1
+def _cannot_judge(config) -> tuple[list[str], bool]:
+    """(the lines of the tests the tool could not judge, whether every failure of the run is one),
+    from the reports pytest's terminal reporter holds (xdist's controller's, under xdist)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    failed = [r for k in ("failed", "error") for r in (reporter.stats.get(k, []) if reporter else [])]
+    lines = [[v for k, v in getattr(r, "user_properties", ()) if k == CANNOT_JUDGE] for r in failed]
+    return [line[0] for line in lines if line], all(lines)
 
 
 def pytest_sessionfinish(session, exitstatus):
     """Tests failed only by what the tool cannot judge: pytest's usage error (exit 4), one line
     each; a finding about a port (any other failure) keeps exit 1."""
-    if _JUDGED["cannot"] and not _JUDGED["failed"] and exitstatus == pytest.ExitCode.TESTS_FAILED:
+    lines, only = _cannot_judge(session.config)
+    if lines and only and exitstatus == pytest.ExitCode.TESTS_FAILED:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
 def pytest_terminal_summary(terminalreporter):
-    for line in dict.fromkeys(_JUDGED["cannot"]):
+    for line in dict.fromkeys(_cannot_judge(terminalreporter.config)[0]):
         terminalreporter.write_line(f"vit-conformance: {line}")
 
 
