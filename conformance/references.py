@@ -23,6 +23,8 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import VisionTransformer
 
+    if config.rel_pos_bias:
+        return _timm_beit(config, state, dtype, rates)
     if _eva_only(config):
         return _timm_eva(config, state, dtype, rates)
     mlp_layer = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}[config.mlp_layer]
@@ -154,6 +156,72 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
     return model.eval()
 
 
+# what of a config timm's Beit takes, beside the sizes: its only values (a value or a tuple of them)
+_BEIT = {
+    "pos_embed": ("learn", "none"),
+    "global_pool": ("token", "avg"),
+    "act_layer": "gelu",
+    "mlp_layer": "mlp",
+    "k_bias": False,  # with qkv_bias: q's and v's biases, k none (qkv_bias=False: none)
+    "no_embed_class": False,
+    "pre_norm": False,
+    "qk_norm": False,
+    "proj_bias": True,
+    "norm_bias": True,
+    "rope_type": None,
+    "scale_mlp": False,
+    "pool_include_prefix": False,
+}
+
+
+def _timm_beit(config: ViTConfig, state, dtype, rates: dict):
+    """timm's Beit for BEiT's relative position bias (``rel_pos_bias``): LayerScale as gamma_1
+    and gamma_2, in eval mode, with ``state`` loaded strictly."""
+    import torch
+    from timm.layers import LayerNorm
+    from timm.models.beit import Beit, gen_relative_position_index as gen_index
+
+    beyond = [
+        f"{k}={getattr(config, k)!r}"
+        for k, ok in _BEIT.items()
+        if getattr(config, k) not in (ok if isinstance(ok, tuple) else (ok,))
+        and not (k == "k_bias" and not config.qkv_bias)
+    ]
+    if beyond:
+        raise NotInTimm(f"timm's Beit has no keyword for {', '.join(beyond)}")
+    with torch.device("meta") if state is not None else contextlib.nullcontext():
+        model = Beit(
+            img_size=config.img_size,
+            patch_size=config.patch_size,
+            in_chans=config.in_chans,
+            num_classes=config.num_classes,
+            global_pool=config.global_pool,
+            embed_dim=config.embed_dim,
+            depth=config.depth,
+            num_heads=config.num_heads,
+            qkv_bias=config.qkv_bias,
+            mlp_ratio=config.mlp_ratio,
+            norm_layer=partial(LayerNorm, eps=config.norm_eps),
+            init_values=config.init_values,
+            use_abs_pos_emb=config.pos_embed == "learn",
+            use_rel_pos_bias=True,
+            use_fc_norm=config.use_fc_norm,
+            **rates,
+        )
+    if state is not None:
+        model.load_state_dict(
+            {_eva_key(k): torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True, assign=True
+        )
+        for m in model.modules():  # its index and zero k bias are buffers, not weights: made as timm makes them
+            if getattr(m, "relative_position_bias_table", None) is not None:
+                m.relative_position_index = gen_index(m.window_size)
+            if getattr(m, "q_bias", None) is not None:
+                m.k_bias = torch.zeros_like(m.q_bias)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
+
+
 def _eva_key(key: str, back: bool = False) -> str:
     for canonical, eva in _EVA_NAMES:
         key = key.replace(eva, canonical) if back else key.replace(canonical, eva)
@@ -247,7 +315,8 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
     with torch.no_grad(), _hooked(model, taps):
         dtype = next(model.parameters()).dtype
         taps["logits"] = model(torch.tensor(np.asarray(images)).to(dtype))  # a copy: inputs may be read-only
-    return {k: _numpy(v) for k, v in taps.items()}
+    batch = len(images)  # a stage of the weights alone (BEiT's bias), broadcast over it as the ports emit it
+    return {k: _numpy(v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v) for k, v in taps.items()}
 
 
 def _timm_scopes(model):
@@ -255,7 +324,7 @@ def _timm_scopes(model):
     yield "", "", model
     for i, blk in enumerate(model.blocks):
         yield "block", f"blocks.{i}", blk
-    if model.attn_pool is not None:
+    if getattr(model, "attn_pool", None) is not None:  # (timm's Beit has none)
         yield "attn_pool", "attn_pool", model.attn_pool
 
 
@@ -269,7 +338,7 @@ def _hooked(model, taps: dict):
 
     from impls.stages import STAGES
 
-    hooks, softmax, typed, values = [], [], [], []
+    hooks, softmax, typed, values, added = [], [], [], [], []
 
     def record(name, how, attention):
         def store(value):
@@ -301,6 +370,10 @@ def _hooked(model, taps: dict):
             if where == "values":  # P v's second operand: no module shows v in Eva's attention
                 values.append((root.get_submodule("attn"), name))
                 continue
+            if where == "added":  # what Beit's attention adds to its logits, (1, H, N, N), where it has a table
+                if getattr(root.get_submodule("attn"), "relative_position_bias_table", None) is not None:
+                    added.append((root.get_submodule("attn"), name))
+                continue
             try:
                 module = root.get_submodule(path) if path else root
             except AttributeError:  # a stage timm has no module for (a patch norm): no stage
@@ -319,6 +392,9 @@ def _hooked(model, taps: dict):
             for attention, name in values:  # the explicit path's second product, P v
                 products = (torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul)
                 stack.enter_context(_CallRecorder(attention, taps, name, products, 1, operand=1))
+            for attention, name in added:  # the explicit path's first sum, its second operand
+                sums = (torch.add, torch.Tensor.__add__, torch.Tensor.add)
+                stack.enter_context(_CallRecorder(attention, taps, name, sums, 0, operand=1))
             yield taps
     finally:
         for h in hooks:

@@ -62,13 +62,15 @@ def family_options(draw) -> dict:
         qkv_fused=draw(st.sampled_from([True, True, False])),
         scale_mlp=draw(st.booleans()),
         attn_pool_num_heads=draw(st.sampled_from([None, None, 1, 2])),
+        rel_pos_bias=draw(st.sampled_from([False, False, True])),
     )
 
 
 def _consistent(values: dict) -> dict:
     """Drawn options moved to a valid config: the sin-cos table needs two frequencies of each of x
     and y; the distillation head reads the class and distillation tokens alone; a rotary embedding
-    turns pairs of head_dim over each of two axes; k's bias is dropped only beside q's and v's."""
+    turns pairs of head_dim over each of two axes; k's bias is dropped only beside q's and v's;
+    BEiT's relative position table has rows for one class token, at the config's grid."""
     if values.get("pos_embed") == "sincos" and (values["embed_dim"] % 4 or values["embed_dim"] < 8):
         values["pos_embed"] = "learn"
     if values.get("distilled") and (values["global_pool"] != "token" or values.get("reg_tokens")):
@@ -81,6 +83,9 @@ def _consistent(values: dict) -> dict:
         values.update(rope_grid_offset=0.0, rope_rotate_half=False)
     if not values.get("qkv_bias", True):  # no bias to keep apart from k's
         values["k_bias"] = True
+    one_token = values.get("class_token", True) and not (values.get("reg_tokens") or values.get("distilled"))
+    if values.get("rel_pos_bias") and not (one_token and not values.get("dynamic_img_size")):
+        values["rel_pos_bias"] = False  # BEiT's table: the class token's three rows, the config's grid
     if values.get("attn_pool_num_heads") and values["embed_dim"] % values["attn_pool_num_heads"]:
         values["attn_pool_num_heads"] = None
     return values

@@ -28,6 +28,7 @@ from impls.protocol import (
 )
 from impls.jax_rope import rope_tables, rotate_tokens
 from impls.numpy_rope import block_rope
+from impls.relative_position import relative_position_index
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -243,6 +244,7 @@ class Attention(nnx.Module):
         num_prefix_tokens: int = 0,
         k_bias: bool = True,
         qkv_fused: bool = True,
+        window_size: tuple[int, int] | None = None,
         *,
         rngs,
     ):
@@ -262,6 +264,15 @@ class Attention(nnx.Module):
         self.q_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()  # per head
         self.k_norm = LayerNorm(self.head_dim, epsilon=norm_eps, rngs=rngs) if qk_norm else Identity()
         self.proj = Linear(dim, dim, use_bias=proj_bias, rngs=rngs)
+        self.window_size = window_size  # BEiT: a learned bias per head and relative position
+        if window_size is not None:  # every (dy, dx) of the grid, then the class token's three
+            rows = (2 * window_size[0] - 1) * (2 * window_size[1] - 1) + 3
+            self.relative_position_bias_table = nnx.Param(jnp.zeros((rows, num_heads)))
+
+    def _get_rel_pos_bias(self):
+        """(1, H, N, N): the table's row for each (query, key) pair's relative position, per head."""
+        index = relative_position_index(self.window_size)
+        return self.relative_position_bias_table[...][index].transpose(2, 0, 1)[None]
 
     def project(self, x):
         """q, k and v, each (B, H, N, hd)."""
@@ -286,13 +297,19 @@ class Attention(nnx.Module):
         if rope is not None:  # the patch tokens' q and k turned by their positions (timm's Eva)
             q = record_tap(taps, f"{name}.q_rope", rotate_tokens(q, rope, self.num_prefix_tokens, self.rotate_half))
             k = record_tap(taps, f"{name}.k_rope", rotate_tokens(k, rope, self.num_prefix_tokens, self.rotate_half))
+        bias = None
+        if self.window_size is not None:  # added to the scaled logits
+            bias = record_tap(
+                taps, f"{name}.rel_pos_bias", jnp.broadcast_to(self._get_rel_pos_bias(), (*q.shape[:3], q.shape[2]))
+            )
         if self.fused_attn and taps is None:
             x = jax.nn.dot_product_attention(
-                q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), scale=self.scale
+                q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), bias=bias, scale=self.scale
             ).swapaxes(1, 2)
         else:
             q = q * self.scale
             attn = _matmul(q, k.swapaxes(-2, -1))
+            attn = attn if bias is None else attn + bias
             attn = jax.nn.softmax(attn.astype(jnp.float32), axis=-1).astype(v.dtype)  # over keys, in float32
             attn = record_tap(taps, f"{name}.weights", attn)
             x = _matmul(attn, v)
@@ -482,6 +499,7 @@ class Block(nnx.Module):
             num_prefix_tokens=config.num_prefix_tokens,
             k_bias=config.k_bias,
             qkv_fused=config.qkv_fused,
+            window_size=config.grid_size if config.rel_pos_bias else None,
             rngs=rngs,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()

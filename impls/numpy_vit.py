@@ -25,6 +25,7 @@ from impls.protocol import (
     tap_shapes,
 )
 from impls.numpy_rope import block_rope, rope_tables, rotate_tokens
+from impls.relative_position import relative_position_index
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import bicubic_aa_matrix
 
@@ -288,6 +289,7 @@ class Attention(Module):
         num_prefix_tokens: int = 0,
         k_bias: bool = True,
         qkv_fused: bool = True,
+        window_size: tuple[int, int] | None = None,
     ):
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -306,6 +308,15 @@ class Attention(Module):
             self.q_norm = LayerNorm(self.head_dim, eps=norm_eps)
             self.k_norm = LayerNorm(self.head_dim, eps=norm_eps)
         self.proj = Linear(dim, dim, bias=proj_bias)
+        self.window_size = window_size  # BEiT: a learned bias per head and relative position
+        if window_size is not None:  # every (dy, dx) of the grid, then the class token's three
+            rows = (2 * window_size[0] - 1) * (2 * window_size[1] - 1) + 3
+            self.relative_position_bias_table = np.zeros((rows, num_heads))
+
+    def _get_rel_pos_bias(self):
+        """(1, H, N, N): the table's row for each (query, key) pair's relative position, per head."""
+        index = relative_position_index(self.window_size)
+        return self.relative_position_bias_table[index].transpose(2, 0, 1)[None]
 
     def project(self, x):
         """q, k and v, each (B, H, N, hd)."""
@@ -330,8 +341,14 @@ class Attention(Module):
         if rope is not None:  # the patch tokens' q and k turned by their positions (timm's Eva)
             q = record_tap(taps, f"{name}.q_rope", rotate_tokens(q, rope, self.num_prefix_tokens, self.rotate_half))
             k = record_tap(taps, f"{name}.k_rope", rotate_tokens(k, rope, self.num_prefix_tokens, self.rotate_half))
+        bias = None
+        if self.window_size is not None:  # added to the scaled logits
+            bias = record_tap(
+                taps, f"{name}.rel_pos_bias", np.broadcast_to(self._get_rel_pos_bias(), (*q.shape[:3], q.shape[2]))
+            )
         q = q * self.scale
         attn = q @ np.swapaxes(k, -2, -1)
+        attn = attn if bias is None else attn + bias
         attn = softmax(attn, axis=-1)  # over keys
         attn = record_tap(taps, f"{name}.weights", attn)
         x = attn @ v
@@ -498,6 +515,7 @@ class Block(Module):
             num_prefix_tokens=config.num_prefix_tokens,
             k_bias=config.k_bias,
             qkv_fused=config.qkv_fused,
+            window_size=config.grid_size if config.rel_pos_bias else None,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)

@@ -32,7 +32,8 @@ module; ``@tokens`` an NHWC output flattened, ``@v`` the value part of a fused p
 into heads); ``softmax`` the softmax called inside the scope; ``typed:I`` the I-th tensor the
 scope's attention casts with ``type_as`` (timm's Eva: its rotated q, then k); ``values`` the
 second operand of its attention's P v (Eva computes its q, k and v in no module of their own);
-``return`` the model's output.
+``added`` the second operand of the first sum in its attention (timm's Beit: the bias it adds
+to the logits, (1, H, N, N), broadcast over the batch); ``return`` the model's output.
 
 Input patterns: ``{b}`` the stage's block (``blocks.3``); ``{prev}`` the block's input (the
 previous block, or ``norm_pre`` / ``embed`` before block 0); ``{q}``, ``{k}`` q and k as the
@@ -42,7 +43,7 @@ qk-norm); ``{q_in}``, ``{k_in}`` what the rotation reads (``attn.q_norm`` with q
 final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads;
 ``{patch_in}`` what the projection reads (the patch norm, or the images); ``{patches}`` the patch
 embedding's output (``patch_embed.norm`` with ``embed_norm``); ``{dist}`` the distillation
-token's features (``distilled``).
+token's features (``distilled``); ``{bias}`` what the logits add (``attn.rel_pos_bias``).
 
 Adding a stage is one entry here, its math in ``conformance.numerics.error_model.evaluate``, a tap in
 each of the four ports, and its capture rule (docs/model.md, "Adding a stage").
@@ -105,6 +106,10 @@ def _layer_scale(c):
 
 def _rope(c):
     return c.rope_type is not None
+
+
+def _rel_pos_bias(c):
+    return c.rel_pos_bias
 
 
 def _scale_mlp(c):
@@ -182,7 +187,10 @@ BLOCK = (
           timm="typed:0", note="q turned by its position (the prefix tokens as they are; timm's Eva)"),
     Stage("attn.k_rope", "attn.k_rope", ("{k_in}",), "B H N hd", "block", _rope, cotangent="N", capture="attn:k",
           timm="typed:1"),
-    Stage("attn.weights", "attn.weights", ("{q}", "{k}"), "B H N N", "block", contraction=True, cotangent="hd",
+    Stage("attn.rel_pos_bias", "attn.rel_pos_bias", (), "B H N N", "block", _rel_pos_bias,
+          ("attn.relative_position_bias_table",), capture="attn:bias", timm="added",
+          note="BEiT's bias, the table's row at each (query, key) pair's relative position (timm's Beit)"),
+    Stage("attn.weights", "attn.weights", ("{q}", "{k}", "{bias}"), "B H N N", "block", contraction=True, cotangent="hd",
           capture="attn:weights", timm="out:attn.attn_drop",
           note='softmax over the last axis'),
     Stage("attn", "attn", ("{b}.attn.weights", "{b}.attn.v"), "B N D", "block", params=("attn.proj",),
@@ -322,6 +330,7 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
         "{patch_in}": "patch_embed.patch_norm" if config.patch_norm else "",
         "{patches}": "patch_embed.norm" if config.embed_norm else "patch_embed",
         "{dist}": "pooled_dist" if config.distilled else "",
+        "{bias}": f"{b}.attn.rel_pos_bias" if config.rel_pos_bias else "",
     }
 
     def resolve(pattern: str) -> str:
@@ -389,6 +398,7 @@ OPTIONS = {
     _qk_norm: "`qk_norm`",
     _layer_scale: "`init_values`",
     _rope: "`rope_type`",
+    _rel_pos_bias: "`rel_pos_bias`",
     _scale_mlp: "`scale_mlp`",
     _final_norm: "no `fc_norm`",
     _map: '`global_pool="map"`',

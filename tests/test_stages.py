@@ -25,7 +25,7 @@ CONFIGS = [
     get_config("vit_test_eva"),
 ]
 RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
-TIMM_RULES = ("out", "in", "softmax", "typed", "values", "return")
+TIMM_RULES = ("out", "in", "softmax", "typed", "values", "added", "return")
 
 
 def incomplete(stages=STAGES, configs=CONFIGS) -> list[str]:

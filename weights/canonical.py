@@ -80,10 +80,17 @@ def block_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     """A block's canonical keys (relative to ``blocks.{i}``) with their shapes, in timm's order."""
     D, hd, hidden = config.embed_dim, config.head_dim, config.mlp_hidden_dim
     shapes: dict[str, tuple[int, ...]] = {}
+    if config.rel_pos_bias and config.init_values is not None:  # timm's Beit: its gammas, the block's own, first
+        shapes.update({"ls1.gamma": (D,), "ls2.gamma": (D,)})
     shapes["norm1.weight"] = (D,)
     if config.norm_bias:
         shapes["norm1.bias"] = (D,)
-    shapes.update(qkv_shapes(config))
+    qkv = qkv_shapes(config)
+    own = {k: v for k, v in qkv.items() if k.count(".") == 1}  # the attention's own (q_bias, v_bias)
+    shapes.update(own)
+    if config.rel_pos_bias:  # timm's Beit: after the attention's own biases, before its modules
+        shapes["attn.relative_position_bias_table"] = (config.num_relative_distance, config.num_heads)
+    shapes.update({k: v for k, v in qkv.items() if k not in own})
     if config.qk_norm:
         for n in ("q_norm", "k_norm"):
             shapes[f"attn.{n}.weight"] = (hd,)
@@ -91,7 +98,7 @@ def block_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     shapes["attn.proj.weight"] = (D, D)
     if config.proj_bias:
         shapes["attn.proj.bias"] = (D,)
-    if config.init_values is not None:
+    if config.init_values is not None and not config.rel_pos_bias:
         shapes["ls1.gamma"] = (D,)
     shapes["norm2.weight"] = (D,)
     if config.norm_bias:
@@ -107,7 +114,7 @@ def block_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     shapes["mlp.fc2.weight"] = (D, config.mlp_act_dim)
     if config.use_mlp_bias:
         shapes["mlp.fc2.bias"] = (D,)
-    if config.init_values is not None:
+    if config.init_values is not None and not config.rel_pos_bias:
         shapes["ls2.gamma"] = (D,)
     return shapes
 

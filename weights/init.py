@@ -4,7 +4,9 @@ Deviations from timm's init, each so that a bug cannot hide behind a trivial val
 * every LayerNorm weight is 1 +/- U(0.25, 0.75) and every bias +/- U(0.05, 0.3), drawn
   per norm: with timm's ones/zeros a block that reuses one norm computes the same thing;
 * every Linear bias is drawn N(0, 0.02) rather than zero, so a dropped qkv bias shows;
-* the cls token is N(0, 0.02) rather than N(0, 1e-6), so cls-token handling shows.
+* the cls token is N(0, 0.02) rather than N(0, 1e-6), so cls-token handling shows;
+* BEiT's relative position bias tables are N(0, 0.5) rather than zero (trained ones are of that
+  order), so a misread index or a table shared by the heads shows in the logits.
 ``scale`` multiplies the spread of every weight matrix and embedding (not the norms): large
 scales give large attention logits, the stress regime for softmax.
 """
@@ -49,6 +51,8 @@ def init_params(shapes: dict[str, tuple[int, ...]], seed: int = 0, scale: float 
             value = rng.uniform(-bound, bound, size=shape)
         elif kind == "dense" or key in ("pos_embed", "cls_token", "dist_token", "reg_token", "attn_pool.latent"):
             value = _trunc_normal(rng, shape, 0.02 * scale)
+        elif key.endswith("relative_position_bias_table"):  # logits' offsets, of a trained BEiT's order
+            value = rng.normal(0.0, 0.5, size=shape)
         elif key.endswith(".gamma"):  # LayerScale: per channel, away from its init value
             value = rng.uniform(0.2, 1.2, size=shape)
         else:  # biases

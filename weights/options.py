@@ -344,6 +344,17 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None),
         timm_name="attn_pool_num_heads (Eva)",
     ),
+    # timm's Beit (beit.py): BEiT's relative position bias in every block's attention
+    Option(
+        "rel_pos_bias",
+        False,
+        False,
+        "a learned relative position bias added to each block's attention logits, "
+        "attn.relative_position_bias_table (BEiT; usually with pos_embed='none')",
+        holds=_only(False),
+        hf="use_relative_position_bias",
+        timm_name="use_rel_pos_bias (Beit)",
+    ),
 )
 
 BY_FIELD: dict[str, Option] = {o.field: o for o in OPTIONS}

@@ -213,6 +213,17 @@ class _Planner:
             return None
         if part == "weights":
             return Source("attn", part="weights", block=i)
+        if part == "bias":  # BEiT's: the output of a module holding the table alone, or a fused call's mask
+            own = {module_of(m) for m in self.key_map.get(f"blocks.{i}.attn.relative_position_bias_table", [])}
+            alone = len(own) == 1 and not any(
+                module_of(m) == next(iter(own))
+                for k, ms in self.key_map.items()
+                for m in ms
+                if "relative_position" not in k
+            )
+            if alone and next(iter(own)) in self.modules:
+                return Source("out", next(iter(own)), shape="bias")
+            return Source("attn", part="bias", block=i)
         if len(qkv) == 1 and kind_name(self.modules.get(qkv[0])) in ATTENTION_MODULES:
             return Source("attn", part=part, block=i)  # the module projects q, k and v itself
         if len(qkv) == 3:  # separate q, k, v projections, in q, k, v order (see key_map)

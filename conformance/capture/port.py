@@ -31,39 +31,9 @@ from conformance.capture.mapping import (
     unit_axes,
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
-from conformance.capture.recorder import Recorder, arrays_in
+from conformance.capture.recorder import Recorder, Taps, arrays_in
 from conformance.report import ToolError, describe_exception
 from impls.protocol import ViTConfig, tap_names
-
-
-class Taps(dict):
-    """What a captured forward returns: stage -> array, plus what it could not see and the
-    findings of the load (``unseen``: stage -> reason; ``findings``: (stage, reason))."""
-
-    def __init__(self, *args, unseen=None, findings=(), sources=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.unseen: dict[str, str] = dict(unseen or {})
-        self.findings: list[tuple[str, str]] = list(findings)
-        self.sources: dict[str, str] = dict(sources or {})
-        self.dtypes: dict[str, str] = {}  # stage -> the dtype the model emitted it in (before any cast to NumPy)
-        # A second pass off the model's own path (a fused kernel's internals read where a function
-        # mode moves it onto another path): judged too, its stages named in ``sources``.
-        self.second: Taps | None = None
-        self.from_second: set[str] = set()  # stages here that only the second pass showed
-
-    def own_pass(self) -> "Taps":
-        """The stages read on the model's own path alone (a stage's local check then never takes
-        its inputs from another pass)."""
-        if not self.from_second:
-            return self
-        own = Taps(
-            {k: v for k, v in self.items() if k not in self.from_second},
-            unseen=self.unseen,
-            findings=self.findings,
-            sources=self.sources,
-        )
-        own.dtypes = {k: v for k, v in self.dtypes.items() if k not in self.from_second}
-        return own
 
 
 def _absent(key: str, config: ViTConfig) -> str:
@@ -525,6 +495,8 @@ class CapturedForward:
                     x = x.reshape(B, c.embed_dim, -1).transpose(0, 2, 1)
                 else:
                     x = x.reshape(B, -1, c.embed_dim)
+            if source.shape == "bias":  # the weights' alone, (1, H, N, N) or (H, N, N): over the batch
+                x = np.broadcast_to(x, (B, *x.shape[-3:]))
             if source.shape == "heads":
                 x = _heads(x, c)
             if source.shape == "patch_order":
@@ -533,7 +505,11 @@ class CapturedForward:
                 # a sequence-first residual stream (OpenAI's CLIP, nn.MultiheadAttention(batch_first=False))
                 x, where = x.swapaxes(0, 1), f"{where}, sequence first (N, B, D)"
             return x, where
-        # attention records
+        return self._read_attention(source, stage, rec)
+
+    def _read_attention(self, source: Source, stage: str, rec: Recorder):
+        """q, k, v, the weights or the bias of a block as its attention record shows them."""
+        c, B = self.config, rec.B
         slot = rec.attn.get(source.block, {})
         part = source.part
         if part == "weights":
@@ -546,6 +522,11 @@ class CapturedForward:
                 if "native" in slot
                 else "no softmax over (N, N) logits was seen in this block"
             )
+        if part == "bias":
+            if "bias" not in slot:
+                raise Unseen("no fused attention call with a float mask was seen in this block (an explicit sum)")
+            x = self._np(slot["bias"])
+            return np.broadcast_to(x, (B, *x.shape[-3:])), f"the additive mask of {slot['fused']}"
         if part in slot:
             x = self._np(slot[part])
             if not slot.get("heads_first", True):

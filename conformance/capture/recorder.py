@@ -12,6 +12,36 @@ from conformance.report import ToolError, describe_exception
 from impls.protocol import ViTConfig
 
 
+class Taps(dict):
+    """What a captured forward returns: stage -> array, plus what it could not see and the
+    findings of the load (``unseen``: stage -> reason; ``findings``: (stage, reason))."""
+
+    def __init__(self, *args, unseen=None, findings=(), sources=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.unseen: dict[str, str] = dict(unseen or {})
+        self.findings: list[tuple[str, str]] = list(findings)
+        self.sources: dict[str, str] = dict(sources or {})
+        self.dtypes: dict[str, str] = {}  # stage -> the dtype the model emitted it in (before any cast to NumPy)
+        # A second pass off the model's own path (a fused kernel's internals read where a function
+        # mode moves it onto another path): judged too, its stages named in ``sources``.
+        self.second: Taps | None = None
+        self.from_second: set[str] = set()  # stages here that only the second pass showed
+
+    def own_pass(self) -> "Taps":
+        """The stages read on the model's own path alone (a stage's local check then never takes
+        its inputs from another pass)."""
+        if not self.from_second:
+            return self
+        own = Taps(
+            {k: v for k, v in self.items() if k not in self.from_second},
+            unseen=self.unseen,
+            findings=self.findings,
+            sources=self.sources,
+        )
+        own.dtypes = {k: v for k, v in self.dtypes.items() if k not in self.from_second}
+        return own
+
+
 def guarded(method):
     """A recorder callback runs inside the model's call: an exception in it is the tool's, kept
     (the first) and raised as a ToolError after the call, never let loose inside the model."""
@@ -88,10 +118,12 @@ class Recorder:
         return self.adapter.is_array(x) and tuple(x.shape[-len(tail) :]) == tail and len(x.shape) >= 3
 
     @guarded
-    def fused(self, q, k, v, where, heads_first):
+    def fused(self, q, k, v, where, heads_first, bias=None):
         slot = self._slot()
         if "q" not in slot and all(self.adapter.is_array(t) for t in (q, k, v)):
             copy = self.adapter.copy
+            if self.adapter.is_array(bias) and not str(bias.dtype).endswith("bool"):  # added to the logits
+                slot["bias"] = copy(bias)
             slot.update(
                 q=copy(q),
                 k=copy(k),
@@ -206,9 +238,13 @@ def callbacks(recorder):
         return hook
 
     def fused(where, heads_first, names):
-        return inside(
-            lambda a, k, out: recorder.fused(*(list(a) + [k.get(n) for n in names])[:3], where, heads_first=heads_first)
-        )
+        """names: q's, k's and v's keywords, then the additive bias's (its 4th argument)."""
+
+        def hook(a, k, out):
+            bias = a[3] if len(a) > 3 else k.get(names[3])
+            recorder.fused(*(list(a) + [k.get(n) for n in names[:3]])[:3], where, heads_first=heads_first, bias=bias)
+
+        return inside(hook)
 
     return SimpleNamespace(
         softmax=inside(lambda a, k, out: recorder.softmax(out)),

@@ -9,6 +9,7 @@ import numpy as np
 from impls import numpy_vit as O
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from impls.protocol import ViTConfig
+from impls.relative_position import relative_position_index
 from weights.resample import bicubic_aa_matrix
 from conformance.numerics.kinds.activation import gated, gelu
 from conformance.numerics.kinds.attention import attend, softmax_weights
@@ -167,7 +168,7 @@ def evaluate(
     """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64)."""
     if name.startswith("blocks."):
         grid = config.grid_at(images.shape[2:])
-        return _block_stage(name, t, s, config, p, grid)
+        return _block_stage(name, t, s, config, p, grid, images.shape[0])
     return _model_stage(name, t, images, s, config, p)
 
 
@@ -227,7 +228,7 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
     raise KeyError(f"no error model for stage {name!r}")
 
 
-def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid):
+def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: int):
     """A stage of block i, from its inputs (``stage_inputs``), at the images' ``grid``."""
     eps, H, hd = config.norm_eps, config.num_heads, config.head_dim
     _, i, *rest = name.split(".", 2)
@@ -244,8 +245,14 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid):
     if rest in ("attn.q_rope", "attn.k_rope"):
         freqs = s.get("rope.freqs")  # RoPE-Mixed's, per block
         return rotary(inputs[0], grid, config, p, None if freqs is None else freqs[:, int(i) : int(i) + 1])
-    if rest == "attn.weights":
-        return softmax_weights(inputs[0], inputs[1], hd**-0.5, p)
+    if rest == "attn.rel_pos_bias":  # a gather of the table as the port holds it: its one rounding
+        table = s[f"{b}.attn.relative_position_bias_table"]
+        y = np.broadcast_to(
+            table[relative_position_index(grid)].transpose(2, 0, 1), (batch, H, *[grid[0] * grid[1] + 1] * 2)
+        )
+        return y, p.storage * np.abs(y)
+    if rest == "attn.weights":  # BEiT's bias (a tap) added to the scaled logits
+        return softmax_weights(inputs[0], inputs[1], hd**-0.5, p, mask=inputs[2] if len(inputs) > 2 else None)
     if rest == "attn":
         return _attend_and_project(inputs[0], inputs[1], s, f"{b}.attn.proj", p)
     if rest in ("ls1", "ls2"):

@@ -57,7 +57,7 @@ class JAXArrays:
                 "dot_product_attention",
                 wrapped(
                     jax.nn.dot_product_attention,
-                    on.fused("jax.nn.dot_product_attention", False, ("query", "key", "value")),
+                    on.fused("jax.nn.dot_product_attention", False, ("query", "key", "value", "bias")),
                 ),
             ),
             (jax.nn, "softmax", softmax),

@@ -148,7 +148,7 @@ class MLXAdapter(SwapAdapter):
                 "scaled_dot_product_attention",
                 wrapped(
                     mx.fast.scaled_dot_product_attention,
-                    on.fused("mx.fast.scaled_dot_product_attention", True, ("q", "k", "v")),
+                    on.fused("mx.fast.scaled_dot_product_attention", True, ("q", "k", "v", "mask")),
                 ),
             ),
             (mx, "softmax", softmax),

@@ -149,7 +149,7 @@ class TorchAdapter(BaseAdapter):
         handles = self._hooks(recorder, watch)
         sdpa = F.scaled_dot_product_attention
         on = callbacks(recorder)
-        on_sdpa = on.fused("F.scaled_dot_product_attention", True, ("query", "key", "value"))
+        on_sdpa = on.fused("F.scaled_dot_product_attention", True, ("query", "key", "value", "attn_mask"))
         hooks = {
             "softmax": on.softmax,
             "matmul": on.product,
