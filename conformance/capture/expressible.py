@@ -165,7 +165,7 @@ SCHEMES = (
         "it adds a learned relative position bias to each block's attention logits (BEiT)",
         r".*RelativePosition.*",
         r".*relative_position_bias_table",
-        None,
+        "rel_pos_bias",
     ),
 )
 # how the option that expresses a scheme is named to the user
@@ -174,9 +174,15 @@ EXPRESSED_BY = {
     "rope_grid_indexing, rope_grid_offset, rope_rotate_half, ref_feat_shape) expresses it",
     "rope_type='mixed'": "rope_type='mixed' (its frequencies the canonical rope.freqs, (2, depth, heads, "
     "head_dim / 2); with rope_grid_indexing) expresses it",
+    "rel_pos_bias": "rel_pos_bias=true (each block's attn.relative_position_bias_table, ((2 gh - 1)(2 gw - 1) + 3, "
+    "heads); BEiT has no position table: pos_embed='none') expresses it",
 }
 # whether a config says what the option names
-SAID = {"rope_type": lambda c: c.rope_type is not None, "rope_type='mixed'": lambda c: c.rope_type == "mixed"}
+SAID = {
+    "rope_type": lambda c: c.rope_type is not None,
+    "rope_type='mixed'": lambda c: c.rope_type == "mixed",
+    "rel_pos_bias": lambda c: c.rel_pos_bias,
+}
 NO_WORD = "the config has no word for it yet"
 
 

@@ -206,7 +206,7 @@ class ModelPort:
         """The blocks whose model has no k bias: the convert sends every entry of qkv.bias but the
         k third somewhere (q kᵀ + q b_kᵀ: the softmax removes the second term, a per-query constant,
         so the attention is the same function; its k tap is compared with b_k added back)."""
-        if self.convert is None or not config.qkv_bias:
+        if self.convert is None or not (config.qkv_bias and config.k_bias and config.qkv_fused):  # a qkv.bias to probe
             return []
         D, keys = config.embed_dim, [f"blocks.{i}.attn.qkv.bias" for i in range(config.depth)]
         probe = {k: np.zeros(np.shape(v), np.float32) for k, v in state.items()}

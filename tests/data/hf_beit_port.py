@@ -41,3 +41,56 @@ def convert(state):
 
 SUPPORTS = {"global_pool": "token", "init_values": 0.1, "square_images": True, "square_patches": True}
 port = ModelPort(build, convert=convert, output=lambda out: out.logits, supports=SUPPORTS)
+
+
+def build_relative(config):
+    """BeitForImageClassification as BEiT is: a relative position bias in every layer (its own
+    module, relative_position_bias), no absolute position embeddings, the patch tokens' mean
+    normalised by the pooler's layernorm."""
+    from transformers import BeitConfig, BeitForImageClassification
+
+    settings = dict(
+        image_size=config.img_size[0],
+        patch_size=config.patch_size[0],
+        num_channels=config.in_chans,
+        hidden_size=config.embed_dim,
+        num_hidden_layers=config.depth,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.mlp_hidden_dim,
+        num_labels=config.num_classes,
+        layer_norm_eps=config.norm_eps,
+        layer_scale_init_value=config.init_values,
+        use_relative_position_bias=True,
+        use_absolute_position_embeddings=False,
+        use_mean_pooling=True,
+    )
+    return BeitForImageClassification(BeitConfig(**settings)).eval()
+
+
+def convert_relative(state):
+    """The canonical BEiT state in transformers' names: q's and v's biases to their projections,
+    each block's table to its layer's relative_position_bias, fc_norm to the pooler's layernorm."""
+    out = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        if key.startswith("fc_norm."):
+            out[f"beit.pooler.layernorm.{parts[-1]}"] = value
+        elif key.endswith("relative_position_bias_table"):
+            out[f"beit.layers.{parts[1]}.relative_position_bias.relative_position_bias_table"] = value
+        elif key.endswith(("attn.q_bias", "attn.v_bias")):
+            out[f"beit.layers.{parts[1]}.attention.{parts[-1][0]}_proj.bias"] = value
+        else:
+            out.update(convert({key: value}))
+    return out
+
+
+RELATIVE = {
+    "global_pool": "avg",
+    "init_values": 0.1,
+    "k_bias": False,
+    "pos_embed": "none",
+    "rel_pos_bias": True,
+    "square_images": True,
+    "square_patches": True,
+}
+relative_port = ModelPort(build_relative, convert=convert_relative, output=lambda out: out.logits, supports=RELATIVE)
