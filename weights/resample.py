@@ -12,7 +12,7 @@ from weights.config import ViTConfig
 from weights.canonical import WeightError
 
 
-def _cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
+def cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
     # The antialiased kernel's cubic (PIL's, a = -0.5; the non-antialiased bicubic uses -0.75).
     x = np.abs(x)
     return np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1, np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0))
@@ -29,7 +29,7 @@ def bicubic_aa_matrix(n_in: int, n_out: int) -> np.ndarray:
     for i in range(n_out):
         center = scale * (i + 0.5)
         lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
-        w = _cubic((np.arange(lo, hi) - center + 0.5) * invscale)
+        w = cubic((np.arange(lo, hi) - center + 0.5) * invscale)
         R[i, lo:hi] = w / w.sum()
     return R
 

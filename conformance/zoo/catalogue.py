@@ -32,6 +32,8 @@ class Mutant:
 
 # The rope configs a rope mutant's sampled run may draw (its ``supports``, each narrowing this to
 # where its bug shows): both of timm's kinds, both grid orders, both bases, no position table.
+# BEiT's relative position bias on its block (q's and v's biases, LayerScale, no position table)
+REL_SUPPORTS = {"rel_pos_bias": True, "pos_embed": "none"}
 ROPE_SUPPORTS = {
     "rope_type": ("cat", "dinov3"),
     "rope_grid_indexing": ("ij", "xy"),
@@ -210,6 +212,15 @@ _ALL = [
            "the rotation applied from the first token: the class token turned, the last patch not",
            "ports that rotate q[..., :P] where timm's Eva rotates q[..., npt:]", "blocks.0.attn.q_rope",
            config="vit_test_rope", bug_class="rope_from_first_token"),
+    Mutant("torch_rel_pos_index_transposed", "torch", f"{_T}:rel_pos_index_transposed",
+           "BEiT's relative position index transposed: each pair reads key minus query, and the class "
+           "token's query and key rows exchanged", "ports that build the index as coords[:, None, :] - "
+           "coords[:, :, None] (timm: query minus key)", "blocks.0.attn.rel_pos_bias", config="vit_test_beit",
+           bug_class="rel_pos_index_transposed"),
+    Mutant("mlx_rel_pos_bias_one_head", "mlx", f"{_M}:rel_pos_bias_one_head",
+           "BEiT's relative position table read as one head's: its first column for every head",
+           "ports that squeeze or index the table's head axis (table[index][..., 0])", "blocks.0.attn.rel_pos_bias",
+           config="vit_test_beit", bug_class="rel_pos_bias_one_head"),
     Mutant("torch_qv_biases_misplaced", "torch", f"{_T}:qv_biases_misplaced",
            "q's and v's biases joined as (q, v, 0): k gets v's bias, v none", "ports of EVA02 and BEiT that "
            "assemble the qkv bias from q_bias and v_bias by hand", "blocks.0.attn.k", config="vit_test_eva",

@@ -11,7 +11,7 @@ import mlx.core as mx  # noqa: E402, I001
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
-from conformance.zoo.catalogue import ROPE_SUPPORTS  # noqa: E402
+from conformance.zoo.catalogue import REL_SUPPORTS, ROPE_SUPPORTS  # noqa: E402
 
 
 class BlockSharedNorm(M.Block):
@@ -215,3 +215,15 @@ def rope_pairs_as_halves(config, state, **kw):
 
 
 rope_pairs_as_halves.supports = ROPE_SUPPORTS | {"rope_type": ("cat",), "rope_rotate_half": (False,)}
+
+
+class AttentionRelPosOneHead(M.Attention):
+    """BEiT's table read as one head's: its first column for every head."""
+
+    def _get_rel_pos_bias(self):
+        bias = super()._get_rel_pos_bias()
+        return mx.broadcast_to(bias[:, :1], bias.shape)
+
+
+rel_pos_bias_one_head = partial(M.make, attn_layer=AttentionRelPosOneHead)
+rel_pos_bias_one_head.supports = REL_SUPPORTS | {"num_heads": lambda heads: heads > 1}  # one head: no other

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from conformance.zoo.catalogue import ROPE_SUPPORTS
+from conformance.zoo.catalogue import REL_SUPPORTS, ROPE_SUPPORTS
+from impls.relative_position import relative_position_index
 from impls import torch_vit as T
 
 
@@ -558,3 +559,15 @@ def _padded(rope, npt):
 
 rope_from_first_token = partial(T.make, attn_layer=AttentionRopeFromFirstToken)
 rope_from_first_token.supports = ROPE_SUPPORTS | {"class_token": True}
+
+
+class AttentionRelPosIndexTransposed(T.Attention):
+    """BEiT's bias read through the transposed index: key minus query, the class rows exchanged."""
+
+    def _get_rel_pos_bias(self):
+        index = torch.from_numpy(relative_position_index(self.window_size).T.copy())
+        return self.relative_position_bias_table[index].permute(2, 0, 1).unsqueeze(0)
+
+
+rel_pos_index_transposed = partial(T.make, attn_layer=AttentionRelPosIndexTransposed)
+rel_pos_index_transposed.supports = REL_SUPPORTS

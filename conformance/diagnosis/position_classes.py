@@ -1,0 +1,226 @@
+"""The bug classes of positions: the learned table's (added once, at ``embed``), the rotary
+embeddings' (timm's Eva) and BEiT's relative position bias, each as the oracle computes it from
+a stage's inputs (``conformance.diagnosis.classes`` is the registry)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from conformance.diagnosis.bugclass import BugClass
+from conformance.numerics.error_model import prefix_tokens
+from impls import numpy_rope as R
+from impls.protocol import ViTConfig
+from impls.relative_position import relative_position_index
+from impls.stages import stage_inputs, stage_kind
+from weights.resample import cubic
+
+_ROPE = ("attn.q_rope", "attn.k_rope")
+
+
+def _class_token_without_pos_embed(name, t, images, s, config):
+    if name != "embed":
+        return None
+    x = t[stage_inputs("embed", config)[0]] + s["pos_embed"][:, config.num_prefix_tokens :]
+    cls = np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2]))
+    return np.concatenate([cls, x], 1)
+
+
+def _pos_embed_not_offset(name, t, images, s, config):
+    """The patch tokens given the position embedding's first entries (``pos_embed[:, :num_patches]``,
+    the prefix tokens' included) and the prefix tokens none: a layout where the table covers the
+    patches alone (no_embed_class) read on one that covers the prefix tokens too."""
+    if name != "embed":
+        return None
+    x = t[stage_inputs("embed", config)[0]]
+    prefix = prefix_tokens(s, x.shape[0])
+    return np.concatenate(prefix + [x + s["pos_embed"][:, : x.shape[1]]], 1)
+
+
+def _registers_without_pos_embed(name, t, images, s, config):
+    """The registers inserted after the position embedding was added to the class and patch tokens:
+    the registers get no position entries (the class token and the patches theirs)."""
+    if name != "embed":
+        return None
+    x, pos = t[stage_inputs("embed", config)[0]], s["pos_embed"]
+    cls = np.broadcast_to(s["cls_token"], (x.shape[0], 1, x.shape[2])) + pos[:, :1]
+    regs = np.broadcast_to(s["reg_token"], (x.shape[0], *s["reg_token"].shape[1:]))
+    return np.concatenate([cls, regs, x + pos[:, config.num_prefix_tokens :]], 1)
+
+
+def _learned(config) -> bool:
+    return config.pos_embed == "learn"
+
+
+def _pos_embed_scaled(factor: float):
+    def state(s, config):
+        return {"pos_embed": factor * s["pos_embed"]}
+
+    return state
+
+
+def _bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in): torch's interpolate(mode="bicubic", align_corners=False) without antialias
+    along one axis (the cubic with a = -0.75, four taps at the input's scale, edges replicated)."""
+    R = np.zeros((n_out, n_in))
+    for i in range(n_out):
+        src = (i + 0.5) * n_in / n_out - 0.5
+        x0 = int(np.floor(src))
+        for j in range(x0 - 1, x0 + 3):
+            R[i, min(max(j, 0), n_in - 1)] += cubic(np.asarray(src - j), -0.75)
+    return R
+
+
+def _pos_embed_without_antialias(name, t, images, s, config):
+    grid = config.grid_at(images.shape[2:])
+    if name != "embed" or grid == config.grid_size:
+        return None
+    n = 0 if config.no_embed_class else config.num_prefix_tokens
+    pos = s["pos_embed"]
+    (gh, gw), D = config.grid_size, pos.shape[-1]
+    table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
+    Rh, Rw = _bicubic_matrix(gh, grid[0]), _bicubic_matrix(gw, grid[1])
+    new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
+    pos = np.concatenate([pos[:, :n], new], 1)
+    x = t[stage_inputs("embed", config)[0]]
+    prefix = prefix_tokens(s, x.shape[0])
+    if config.no_embed_class:
+        return np.concatenate(prefix + [x + pos], 1)
+    return np.concatenate(prefix + [x], 1) + pos
+
+
+def _rope(config: ViTConfig) -> bool:
+    return config.rope_type is not None
+
+
+def _rope_banded(config: ViTConfig) -> bool:
+    """A rotation of bands from a base (RoPE-Mixed's frequencies are learned, its pairs neighbours)."""
+    return config.rope_type in ("cat", "dinov3")
+
+
+_GRID_HINT = "timm's rope_grid_indexing: 'ij' reads the grid's coordinates as (row, column), 'xy' as (column, row)"
+_PAIRS_HINT = (
+    "timm's rope_rotate_half (mlx.nn.RoPE's traditional=False) turns x_i with x_(i + hd/2); "
+    "interleaved (traditional=True) turns neighbours x_2i, x_2i+1"
+)
+
+
+def _rope(config: ViTConfig) -> bool:
+    return config.rope_type is not None
+
+
+def _rope_banded(config: ViTConfig) -> bool:
+    """A rotation of bands from a base (RoPE-Mixed's frequencies are learned, its pairs neighbours)."""
+    return config.rope_type in ("cat", "dinov3")
+
+
+def _rotation_inputs(name, t, images, s, config):
+    """What a rotary stage reads: q or k before it, and its block's sin and cos at the images' grid."""
+    grid = config.grid_at(images.shape[2:])
+    sin, cos = R.block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
+    return t[stage_inputs(name, config)[0]], sin, cos
+
+
+def _rope_sin_cos_swapped(name, t, images, s, config):
+    """q or k turned with the tables' sin and cos exchanged: x sin + rot(x) cos."""
+    if stage_kind(name) not in _ROPE:
+        return None
+    x, sin, cos = _rotation_inputs(name, t, images, s, config)
+    return R.rotate_tokens(x, (cos, sin), config.num_prefix_tokens, config.rope_rotate_half)
+
+
+def _rope_from_first_token(name, t, images, s, config):
+    """q or k rotated from the sequence's first token: the prefix by the first patches' angles, the
+    last patches as they are."""
+    if stage_kind(name) not in _ROPE:
+        return None
+    x, sin, cos = _rotation_inputs(name, t, images, s, config)
+    pad = (*sin.shape[:-2], config.num_prefix_tokens, sin.shape[-1])  # the prefix's rows: no rotation
+    sin = np.concatenate([sin, np.zeros(pad)], axis=-2)
+    cos = np.concatenate([cos, np.ones(pad)], axis=-2)
+    return R.rotate_tokens(x, (sin, cos), 0, config.rope_rotate_half)
+
+
+def _rel_pos_bias(index_of, heads_of=lambda table: table):
+    """BEiT's bias gathered another way: ``index_of`` the (N, N) index, ``heads_of`` the table."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) != "attn.rel_pos_bias":
+            return None
+        grid = config.grid_at(images.shape[2:])
+        table = heads_of(s[f"{name.rsplit('.', 1)[0]}.relative_position_bias_table"])
+        y = table[index_of(relative_position_index(grid))].transpose(2, 0, 1)
+        return np.broadcast_to(y, (images.shape[0], config.num_heads, *y.shape[1:]))
+
+    return stage
+
+
+def _rel(config: ViTConfig) -> bool:
+    return config.rel_pos_bias
+
+
+_REL = ("attn.rel_pos_bias",)
+_INDEX_HINT = (
+    "timm's gen_relative_position_index: coords[:, :, None] - coords[:, None, :] (query minus key), the "
+    "class token's query row D - 3, its key column D - 2, itself D - 1"
+)
+
+# fmt: off
+TABLE_CLASSES: tuple[BugClass, ...] = (
+    # embeddings
+    BugClass("pos_embed_missing", ("embed",), "no position embedding", "add pos_embed to the tokens",
+             state=_pos_embed_scaled(0.0), when=_learned),
+    BugClass("pos_embed_added_twice", ("embed",), "the position embedding added twice",
+             "add pos_embed once", state=_pos_embed_scaled(2.0), when=_learned),
+    BugClass("class_token_without_pos_embed", ("embed",),
+             "the class token prepended after the position embedding (big_vision's order)",
+             "timm adds pos_embed[:, 0] to the class token: prepend it, then add the position embedding",
+             stage=_class_token_without_pos_embed, when=lambda c: c.class_token and c.prefix_pos),
+    BugClass("pos_embed_not_offset_by_prefix", ("embed",),
+             "the patch tokens given the position embedding's first entries (pos_embed[:, :num_patches]), "
+             "the class and register tokens none",
+             "with no_embed_class=False pos_embed covers the prefix tokens first: the patches take "
+             "pos_embed[:, num_prefix_tokens:]",
+             stage=_pos_embed_not_offset, when=lambda c: c.num_prefix_tokens > 0 and c.prefix_pos),
+    BugClass("registers_without_pos_embed", ("embed",),
+             "the registers inserted after the position embedding was added (no position entries)",
+             "with no_embed_class=False timm concatenates [cls, registers, patches], then adds pos_embed: "
+             "the registers take pos_embed[:, 1:1 + reg_tokens]",
+             stage=_registers_without_pos_embed,
+             when=lambda c: c.reg_tokens > 0 and c.class_token and c.prefix_pos),
+    BugClass("pos_embed_resampled_without_antialias", ("embed",),
+             "the position grid resampled bicubic without antialias",
+             "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True)",
+             stage=_pos_embed_without_antialias, when=lambda c: c.dynamic_img_size and _learned(c)),
+)
+POSITION_CLASSES: tuple[BugClass, ...] = (
+    # rotary position embeddings (timm's Eva)
+    BugClass("rope_grid_xy", _ROPE, "the rotary grid's axes swapped: (column, row) where the model has (row, column)",
+             _GRID_HINT, config={"rope_grid_indexing": "xy"}, when=_rope),
+    BugClass("rope_grid_ij", _ROPE, "the rotary grid's axes swapped: (row, column) where the model has (column, row)",
+             _GRID_HINT, config={"rope_grid_indexing": "ij"}, when=_rope),
+    BugClass("rope_sin_cos_swapped", _ROPE, "the rotation with sin and cos exchanged: x sin + rot(x) cos",
+             "x cos + rot(x) sin: a table laid out [cos, sin] read as timm's [sin, cos] (apply_rot_embed_cat)",
+             stage=_rope_sin_cos_swapped, when=_rope),
+    BugClass("rope_from_first_token", _ROPE, "the rotation applied from the first token: the class and register "
+             "tokens turned, the last patches not", "timm's EvaAttention turns q[:, :, npt:] only (npt: the "
+             "class and register tokens); the tables cover the patches", stage=_rope_from_first_token,
+             when=lambda c: c.rope_type is not None and c.num_prefix_tokens > 0),
+    BugClass("rope_temperature_10000", _ROPE, "the rotary base 10000 (EVA02's, timm's default)",
+             "read the base from the checkpoint's config (timm's rope_temperature: 100 for the rope ViTs and DINOv3)",
+             config={"rope_temperature": 10000.0}, when=_rope_banded),
+    BugClass("rope_temperature_100", _ROPE, "the rotary base 100 (the rope ViTs' and DINOv3's)",
+             "read the base from the checkpoint's config (timm's rope_temperature: 10000 for EVA02)",
+             config={"rope_temperature": 100.0}, when=_rope_banded),
+    BugClass("rope_rotate_half", _ROPE, "the rotation's pairs as halves (x_i, x_i+hd/2) where the model's are "
+             "neighbours", _PAIRS_HINT, config={"rope_rotate_half": True}, when=_rope_banded),
+    BugClass("rope_interleaved", _ROPE, "the rotation's pairs as neighbours where the model's are halves "
+             "(x_i, x_i+hd/2)", _PAIRS_HINT, config={"rope_rotate_half": False}, when=_rope_banded),
+    # relative position bias (timm's Beit)
+    BugClass("rel_pos_index_transposed", _REL, "the relative position index transposed: key minus query, the "
+             "class token's query and key rows exchanged", _INDEX_HINT, stage=_rel_pos_bias(np.transpose), when=_rel),
+    BugClass("rel_pos_bias_one_head", _REL, "one head's column of the relative position table for every head",
+             "the table is (rows, heads): table[index] -> (N, N, H), permuted to (H, N, N)",
+             stage=_rel_pos_bias(lambda i: i, lambda table: np.repeat(table[:, :1], table.shape[1], 1)),
+             when=lambda c: c.rel_pos_bias and c.num_heads > 1),
+)
+# fmt: on
