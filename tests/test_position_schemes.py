@@ -114,8 +114,8 @@ def test_a_tower_with_another_position_scheme_is_told_what_the_config_cannot_say
         config = build_config(supports_of(P.x_transformers_rotary), CONFIG.to_dict() | {"name": None})
     text = answer(getattr(P, tower), config)
     first = text.splitlines()[1]
-    # a rotation of timm's kinds has its option, the learned one 'mixed'; BEiT's bias none yet
-    said = {ROTARY: SAID, LEARNED: "rope_type='mixed'"}.get(scheme, NO_WORD)
+    # a rotation of timm's kinds has its option, the learned one 'mixed', BEiT's bias rel_pos_bias
+    said = {ROTARY: SAID, LEARNED: "rope_type='mixed'", RELATIVE: "rel_pos_bias=true"}.get(scheme, NO_WORD)
     assert first.strip().startswith(scheme) and said in first and shown in first, text
     assert "pos_embed='sincos'" not in text and "pos_embed='none'" not in text, text
     for expected in lines:
@@ -149,7 +149,7 @@ def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
     )
     keys = list(found)
     assert [k.split(" (")[0] for k in keys] == [SEQUENCE, ROTARY, RELATIVE], found
-    assert NO_WORD in keys[0] and SAID in keys[1] and NO_WORD in keys[2], found
+    assert NO_WORD in keys[0] and SAID in keys[1] and "rel_pos_bias=true" in keys[2], found
     assert found[keys[0]] == ["layers.{i}.rope (RoPE)", "rotary (RotaryEmbedding)"], found
     assert len(found[keys[1]]) == 2 and found[keys[2]] == ["rel (BeitRelativePositionBias)"], found
     # their frequencies, where a model holds them (x-transformers' buffer, transformers' DINOv3's
@@ -161,9 +161,12 @@ def test_only_the_modules_that_make_the_angles_are_read_as_a_scheme():
     assert list(learned) == [f"{LEARNED}, per block and head (RoPE-Mixed): {EXPRESSED_BY[MIXED]}"], learned
     assert schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"], CONFIG.replace(rope_type="cat")) == learned
     assert schemes({"rope": "RotaryEmbeddingMixed"}, ["rope.freqs"], CONFIG.replace(rope_type="mixed")) == {}
-    # a config that declares a rotation leaves it to be judged; BEiT's bias is still unsaid
+    # a config that declares a rotation leaves it to be judged, BEiT's bias still unsaid; one that
+    # declares the bias leaves that to be judged
     declared = CONFIG.replace(rope_type="cat")
     assert list(schemes({"rope": "RotaryEmbeddingCat", "rel": "BeitRelativePositionBias"}, [], declared)) == [keys[2]]
+    beit = CONFIG.replace(pos_embed="none", rel_pos_bias=True, global_pool="avg")
+    assert schemes({"rel": "BeitRelativePositionBias"}, ["rel.relative_position_bias_table"], beit) == {}
     assert list(schemes({"layers.0.rope": "RoPE"}, [], declared)) == [keys[0]]  # 'cat' is not the sequence's
     assert schemes({"blocks.0.attn": "AttentionRope", "d": "Dropout", "p": "DropPath", "x": "PropertyNet"}, []) == {}
     assert schemes({}, ["blocks.0.attn.qkv.weight", "pos_embed"]) == {}

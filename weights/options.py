@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# the Hugging Face models of the ViT family's layouts (weights/hf/family.py, weights/hf/dinov3.py)
+# the Hugging Face models of the ViT family's layouts (weights/hf/family.py, dinov3.py, beit.py)
 DINOV3 = "hf:dinov3_vit"
-HF_FAMILY = ("hf:dinov2", "hf:dinov2_with_registers", "hf:clip_vision_model", "hf:siglip_vision_model", DINOV3)
+BEIT = "hf:beit"
+HF_FAMILY = ("hf:dinov2", "hf:dinov2_with_registers", "hf:clip_vision_model", "hf:siglip_vision_model", DINOV3, BEIT)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:clip_vision_model": ("token",),
             "hf:siglip_vision_model": ("map",),
             DINOV3: ("token",),
+            BEIT: ("token", "avg"),
         },
         big_vision="pool_type",
         open_clip="pool_type",
@@ -82,6 +84,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:clip_vision_model": (True,),
             "hf:siglip_vision_model": (False,),
             DINOV3: (True,),
+            BEIT: (True,),
         },
         family=False,
     ),
@@ -99,7 +102,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         (True, False),
         "the q, k and v projections' bias",
-        holds=_every((True,), "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model"),
+        holds=_every((True,), "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT),
         hf="qkv_bias",
         family=False,
     ),
@@ -116,7 +119,7 @@ OPTIONS: tuple[Option, ...] = (
         0,
         0,
         "register tokens after the class token, never pooled (DINOv2 with registers)",
-        holds=_every((0,), "npz", "open_clip", "hf:dinov2", "hf:clip_vision_model", "hf:siglip_vision_model"),
+        holds=_every((0,), "npz", "open_clip", "hf:dinov2", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT),
         hf="num_register_tokens",
     ),
     Option(
@@ -131,6 +134,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:clip_vision_model": (False,),
             "hf:siglip_vision_model": (False,),
             DINOV3: (False,),
+            BEIT: (False,),
         },
     ),
     Option(
@@ -145,6 +149,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:dinov2_with_registers": (False,),
             "hf:siglip_vision_model": (False,),
             DINOV3: (False,),
+            BEIT: (False,),
         },
         open_clip="no_ln_pre (its negation)",
     ),
@@ -153,7 +158,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         (None,),
         "the final norm after the pooling (None: timm's default, after it for the reducing pools)",
-        holds=_every((None, False), "open_clip", *HF_FAMILY),
+        holds={**_every((None, False), "open_clip", *HF_FAMILY), BEIT: (None,)},
     ),
     Option(
         "init_values",
@@ -194,6 +199,7 @@ OPTIONS: tuple[Option, ...] = (
         holds={
             **_every(("mlp",), "npz", "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model"),
             DINOV3: ("mlp", "swiglu"),
+            BEIT: ("mlp",),
         },
         hf="use_swiglu_ffn",
     ),
@@ -209,7 +215,7 @@ OPTIONS: tuple[Option, ...] = (
         "learn",
         "the position embedding: a learned table ('learn'), the fixed 2-D sin-cos table of SimpleViT computed "
         "at the grid ('sincos'), or none ('none')",
-        holds=_only("learn", {DINOV3: ("none",)}),
+        holds=_only("learn", {DINOV3: ("none",), BEIT: ("learn", "none")}),
     ),
     Option(
         "patch_norm",
@@ -317,7 +323,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         True,
         "the key's bias beside q's and v's (False: attn.q_bias and attn.v_bias, k none; EVA02, BEiT)",
-        holds=_only(True, {DINOV3: None}),
+        holds=_only(True, {DINOV3: None, BEIT: (False,)}),
         timm_name="qkv_bias (Eva's attention: q and v only)",
     ),
     Option(
@@ -351,7 +357,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "a learned relative position bias added to each block's attention logits, "
         "attn.relative_position_bias_table (BEiT; usually with pos_embed='none')",
-        holds=_only(False),
+        holds=_only(False, {BEIT: None}),
         hf="use_relative_position_bias",
         timm_name="use_rel_pos_bias (Beit)",
     ),

@@ -19,6 +19,8 @@ directory.
   MAP head ``head.*`` is timm's ``attn_pool`` (``in_proj_weight`` rows are q, k, v).
 * ``dinov3_vit`` (``DINOv3ViTModel``, ``dinov3``): timm's Eva with DINOv3's rotation, q, k and
   v projected apart, LayerScale ``lambda1``, a plain or gated MLP (weights/hf/dinov3.py).
+* ``beit`` (``BeitModel``, ``BeitForImageClassification``): timm's Beit, its relative position
+  bias per layer, q's and v's biases and k none, LayerScale ``lambda_1`` (weights/hf/beit.py).
 
 Every mapping is a rename, a split or a concatenation (and the class-token fold, a float32
 sum with an entry written back as zero), so canonical -> Hugging Face -> canonical is bitwise.
@@ -46,7 +48,7 @@ from weights.hf.family import (
     from_family_hf,
     to_family_hf,
 )
-from weights.hf import dinov3
+from weights.hf import beit, dinov3
 from weights.hf.vit import (
     in_memory_names,
     hf_config_to_vit,
@@ -76,6 +78,9 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
             if model_type == dinov3.MODEL_TYPE:
                 config = dinov3.dinov3_config_to_vit(hf)
                 return dinov3.from_dinov3(raw, config), config
+            if model_type == beit.MODEL_TYPE:
+                config = beit.beit_config_to_vit(hf)
+                return beit.from_beit(raw, config), config
             if model_type in ("vit", "deit"):
                 config = hf_config_to_vit(hf)
                 return from_hf(raw, config), config
@@ -86,11 +91,13 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
 
 def write_hf(state, config: ViTConfig, path) -> None:
     """The original ViT as ViTForImageClassification; a family config as the Hugging Face model
-    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower, DINOv3)."""
+    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower, DINOv3, BEiT)."""
     from safetensors.numpy import save_file
 
     if config.rope_type == "dinov3":
         hf, tensors = dinov3.vit_config_to_dinov3(config), dinov3.to_dinov3(state, config)
+    elif config.rel_pos_bias or (not config.k_bias and config.rope_type is None):  # BEiT's attention
+        hf, tensors = beit.vit_config_to_beit(config), beit.to_beit(state, config)
     elif config.beyond_original_vit() and config.beyond_original_vit() != ["distilled=True"]:
         hf, tensors = family_config_to_hf(config), to_family_hf(state, config)
     else:
