@@ -42,6 +42,7 @@ def pytest_collection_modifyitems(config, items):
         "test_plugin.py",
         "test_verify.py",
         "test_capture.py",
+        "test_ports_as_written.py",
         "test_third_party.py",
         "test_diagnosis.py",
     )

@@ -10,7 +10,7 @@ import pytest
 
 from conformance.capture import ModelPort
 from conformance.profiles import heavy
-from tests.test_capture import config_for, example, quick_cases
+from tests.capture_cases import config_for, example, quick_cases
 from conformance.verify import default_config, load_config, verify
 from impls import get_config, load_factory, tap_names
 from conformance.tests.helpers import DATA_DIR
@@ -393,7 +393,7 @@ def test_open_clip_tower_built_with_gelu_on_quickgelu_weights_is_named():
     """open_clip#771: OpenAI's weights (QuickGELU) run in a tower built with open_clip's default
     nn.GELU; verify names the exact GELU at the first activation."""
     from conformance.examples import open_clip_vit as oc
-    from tests.test_capture import config_for
+    from tests.capture_cases import config_for
 
     port = ModelPort(lambda c: oc.build(c.replace(act_layer="gelu")), rename=oc.RENAME, supports=oc.SUPPORTS)
     report = verify(port, config_for(port).replace(act_layer="quick_gelu"), port="open_clip")
