@@ -216,11 +216,11 @@ _ALL = [
            "BEiT's relative position index transposed: each pair reads key minus query, and the class "
            "token's query and key rows exchanged", "ports that build the index as coords[:, None, :] - "
            "coords[:, :, None] (timm: query minus key)", "blocks.0.attn.rel_pos_bias", config="vit_test_beit",
-           bug_class="rel_pos_index_transposed"),
+           plugin_in_ci=False, bug_class="rel_pos_index_transposed"),
     Mutant("mlx_rel_pos_bias_one_head", "mlx", f"{_M}:rel_pos_bias_one_head",
            "BEiT's relative position table read as one head's: its first column for every head",
            "ports that squeeze or index the table's head axis (table[index][..., 0])", "blocks.0.attn.rel_pos_bias",
-           config="vit_test_beit", bug_class="rel_pos_bias_one_head"),
+           config="vit_test_beit", plugin_in_ci=False, bug_class="rel_pos_bias_one_head"),
     Mutant("torch_qv_biases_misplaced", "torch", f"{_T}:qv_biases_misplaced",
            "q's and v's biases joined as (q, v, 0): k gets v's bias, v none", "ports of EVA02 and BEiT that "
            "assemble the qkv bias from q_bias and v_bias by hand", "blocks.0.attn.k", config="vit_test_eva",
