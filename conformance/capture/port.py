@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from conformance.capture.adapters import ADAPTERS, BaseAdapter, framework_of
+from conformance.capture.adapters import ADAPTERS, BaseAdapter, check_not_quantized, framework_of
 from conformance.capture.expressible import (
     NotExpressible,
     extra_parts,
@@ -247,6 +247,7 @@ class ModelPort:
                 f"{framework.name} model (give build a dtype= argument instead)"
             )
         adapter = framework.bind(model, config, self.images)
+        check_not_quantized(adapter.modules())  # before its parameters are read: they are not float
         adapter.call_kwargs = dict(self.call_kwargs)
         try:
             key_map = self.key_map(state, config)

@@ -5,6 +5,10 @@ and one entry below."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Any
+
 from conformance.capture.adapters.base import Adapter, BaseAdapter, SwapAdapter
 from conformance.report import CannotJudge
 from conformance.capture.adapters.linen import LinenAdapter
@@ -30,6 +34,41 @@ class ModuleSystemNotTaken(CannotJudge):
     cannot do, not what the port did; the message names the system and the factory route."""
 
     label = "the tool does not take this model's module system"
+
+
+class QuantizedNotTaken(CannotJudge):
+    """A model port whose modules hold quantized weights (exit 2): verify loads float weights and
+    bounds float rounding, so it would blame the port for its own cast or judge 4-bit weights by
+    float32's roundoff; the message names the modules and what can be verified instead."""
+
+    label = "the tool does not judge quantized weights yet"
+
+
+# Modules that store their weights quantized, by class name (MLX's QuantizedLinear and QQLinear,
+# bitsandbytes' Linear4bit and Linear8bitLt) or by package (torch.ao.nn.quantized's dynamic Linear,
+# named Linear; mlx.nn.layers.quantized)
+_QUANTIZED = re.compile(r"Quantized|QQLinear|Linear4bit|Linear8bitLt")
+
+
+def quantized_modules(modules: Mapping[str, Any]) -> list[str]:
+    """The modules of a model (path -> module) that hold quantized weights, as 'path (Class)'."""
+    found: dict[str, str] = {}
+    for path, m in modules.items():
+        inside = any(path.startswith(p + ".") for p in found)  # (a quantized module's own parts)
+        if not inside and (".quantized" in type(m).__module__ or _QUANTIZED.search(type(m).__name__)):
+            found[path] = f"{path or 'the model'} ({type(m).__name__})"
+    return list(found.values())
+
+
+def check_not_quantized(modules: Mapping[str, Any]) -> None:
+    found = quantized_modules(modules)
+    if found:
+        shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise QuantizedNotTaken(
+            f"{len(found)} of the model's modules hold quantized weights ({shown}): verify loads the "
+            "canonical float weights and bounds float rounding, so a quantized port cannot be judged yet; "
+            "verify the model before it is quantized (the same ModelPort without the quantization step)"
+        )
 
 
 def framework_of(model) -> str:
@@ -61,6 +100,9 @@ __all__ = [
     "LinenAdapter",
     "MLXAdapter",
     "ModuleSystemNotTaken",
+    "QuantizedNotTaken",
+    "check_not_quantized",
+    "quantized_modules",
     "NNXAdapter",
     "SwapAdapter",
     "TorchAdapter",
