@@ -4,6 +4,7 @@ where it would switch off a native kernel), autocast, autograd with tap cotangen
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,8 +27,11 @@ class TorchAdapter(BaseAdapter):
     channels_first = True
 
     def __init__(self, model):
-        super().__init__(model)
-        self._modules = dict(model.named_modules())
+        # torch.compile's wrapper (an OptimizedModule) is called, its _orig_mod named and loaded:
+        # the weights are the module's own, the forward the compiled one
+        self.compiled = model if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod") else None
+        super().__init__(model if self.compiled is None else model._orig_mod)
+        self._modules = dict(self.model.named_modules())
         self.retain = False  # record the graph's own tensors (a gradient pass), not copies
         self.autocast: str | None = None  # ModelPort(autocast=True): run under torch.autocast in this dtype
 
@@ -144,7 +148,6 @@ class TorchAdapter(BaseAdapter):
         (without it the model runs exactly its own path, native kernels included)."""
         import torch
         import torch.nn.functional as F
-        from torch.overrides import TorchFunctionMode
 
         handles = self._hooks(recorder, watch)
         sdpa = F.scaled_dot_product_attention
@@ -169,19 +172,17 @@ class TorchAdapter(BaseAdapter):
             (torch, "baddbmm", wrapped(torch.baddbmm, lambda a, k, out: on.product(a[1:], k, out))),
         ]
 
-        class Intercept(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                if func is mha:
-                    with patched(inside_mha):
-                        out = func(*args, **kwargs)
-                    recorder.scaled_inside("F.multi_head_attention_forward")
-                    return out
-                out = func(*args, **kwargs)
-                hook = on_sdpa if func is sdpa else hooks.get(getattr(func, "__name__", ""))
-                if hook is not None:
-                    hook(args, kwargs, out)
+        def intercept(func, args, kwargs):
+            if func is mha:
+                with patched(inside_mha):
+                    out = func(*args, **kwargs)
+                recorder.scaled_inside("F.multi_head_attention_forward")
                 return out
+            out = func(*args, **kwargs)
+            hook = on_sdpa if func is sdpa else hooks.get(getattr(func, "__name__", ""))
+            if hook is not None:
+                hook(args, kwargs, out)
+            return out
 
         native = torch._native_multi_head_attention
 
@@ -199,10 +200,28 @@ class TorchAdapter(BaseAdapter):
             with (
                 torch.enable_grad() if self.retain else torch.no_grad(),
                 autocast,
-                Intercept() if functions else contextlib.nullcontext(),
+                _intercept_mode()(intercept) if functions else contextlib.nullcontext(),
             ):
-                return self.model(inputs, **self.call_kwargs)
+                return (self.model if self.compiled is None else self.compiled)(inputs, **self.call_kwargs)
         finally:
             torch._native_multi_head_attention = native
             for h in handles:
                 h.remove()
+
+
+@functools.lru_cache(maxsize=1)
+def _intercept_mode():
+    """One TorchFunctionMode class for every call (torch.compile guards on the mode stack's types:
+    a class made per call would recompile a compiled model at each), each instance handing every
+    torch function to its ``handler``."""
+    from torch.overrides import TorchFunctionMode
+
+    class Intercept(TorchFunctionMode):
+        def __init__(self, handler):
+            super().__init__()
+            self.handler = handler
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return self.handler(func, args, kwargs or {})
+
+    return Intercept

@@ -1,0 +1,63 @@
+"""Models as they are shipped, compiled: a torch.compile'd model given as a ModelPort is loaded
+through the module it wraps (its names without ``_orig_mod.``) and judged on its compiled forward,
+compiled once per batch shape (capture's function mode and hooks do not make it recompile at each
+call, which would leave it eager past dynamo's recompile limit)."""
+
+import pytest
+import torch
+
+from conformance.capture import ModelPort
+from conformance.verify.forward import verify
+from impls import get_config
+
+CONFIG = get_config("vit_test_token_square")
+
+
+def compiled_timm(graphs: list, **changes):
+    """timm's model for the config under torch.compile, with a backend that counts the graphs it is
+    given and runs each as traced (dynamo's own eager backend, counted)."""
+    import timm
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def build(c):
+        model = timm.create_model(
+            "vit_tiny_patch16_224", img_size=c.img_size, patch_size=c.patch_size, embed_dim=c.embed_dim,
+            depth=c.depth, num_heads=c.num_heads, num_classes=c.num_classes, **changes,
+        ).eval()  # fmt: skip
+        return torch.compile(model, backend=counting)
+
+    return build
+
+
+def test_a_compiled_timm_model_is_conformant_on_its_compiled_forward_compiled_once_per_batch_shape():
+    torch.compiler.reset()  # (compiled code is cached per process: another test's compiles not counted)
+    graphs = []
+    report = verify(ModelPort(compiled_timm(graphs), rename={}), CONFIG, port="compiled timm")
+    assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
+    assert len([s for s in report.stages if s.ok]) >= 20
+    # verify's cases come in two batch shapes: a graph for each (and none per call: 12 calls here)
+    assert 1 <= len(graphs) <= 2, len(graphs)
+
+
+def test_a_compiled_model_with_a_bug_is_located_at_it():
+    """The companion: the same compiled model with LayerNorm's eps at 1e-5 (nn.LayerNorm's default)."""
+    from functools import partial
+
+    torch.compiler.reset()
+    build = compiled_timm([], norm_layer=partial(torch.nn.LayerNorm, eps=1e-5))
+    report = verify(ModelPort(build, rename={}), CONFIG, port="compiled timm, eps 1e-5")
+    assert not report.conformant and report.located() == "blocks.0.norm1", report.located()
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_the_compiled_wrapper_and_its_module_have_the_same_names(wrapped):
+    from conformance.capture.adapters import TorchAdapter
+
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, depth=1, num_classes=3)
+    adapter = TorchAdapter(torch.compile(model, backend="eager") if wrapped else model)
+    assert "blocks.0.attn.qkv.weight" in adapter.params() and not any("_orig_mod" in k for k in adapter.params())
