@@ -7,10 +7,14 @@ import pytest
 import torch
 
 from conformance.capture import ModelPort
+from conformance.profiles import heavy
+from conformance.strategies import make_images
 from conformance.verify.forward import verify
 from impls import get_config
+from weights import init_state
 
 CONFIG = get_config("vit_test_token_square")
+HEAVY = "thorough profile: XLA compiles the NNX example's ops anew under nnx.jit (the MLX case runs in ci)"
 
 
 def compiled_timm(graphs: list, **changes):
@@ -61,3 +65,56 @@ def test_the_compiled_wrapper_and_its_module_have_the_same_names(wrapped):
     model = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, depth=1, num_classes=3)
     adapter = TorchAdapter(torch.compile(model, backend="eager") if wrapped else model)
     assert "blocks.0.attn.qkv.weight" in adapter.params() and not any("_orig_mod" in k for k in adapter.params())
+
+
+def mlx_image_compiled(config):
+    """mlx-image's ViT (conformance.examples) with its encoder under mx.compile, as a user compiles
+    a module's forward: a subclass whose __call__ runs the compiled function."""
+    import mlx.core as mx
+
+    from conformance.examples import mlx_image_vit
+
+    model = mlx_image_vit.build(config)
+    base = type(model.encoder)
+
+    class CompiledEncoder(base):
+        def __call__(self, x):
+            if "_compiled" not in self.__dict__:
+                self.__dict__["_compiled"] = mx.compile(lambda y: base.__call__(self, y))
+            return self.__dict__["_compiled"](x)
+
+    model.encoder.__class__ = CompiledEncoder
+    return model
+
+
+def nnx_jitted(config):
+    """The Flax NNX example's ViT called through nnx.jit."""
+    from flax import nnx
+
+    from conformance.examples import nnx_vit
+
+    model = nnx_vit.build(config)
+    base = type(model)
+    forward = nnx.jit(lambda m, x: base.__call__(m, x))
+    model.__class__ = type("JittedViT", (base,), {"__call__": lambda self, images: forward(self, images)})
+    return model
+
+
+# nnx.jit's XLA compiles of the example take a while: in the thorough profile
+@pytest.mark.parametrize("system", ["mlx", pytest.param("nnx", marks=pytest.mark.skipif(not heavy(), reason=HEAVY))])
+def test_a_model_compiled_inside_is_judged_its_output_compiled_and_its_stages_with_compilation_off(system):
+    """mx.compile and nnx.jit record placeholders of their trace where capture's hooks run (and run
+    no Python on later calls): the compiled forward's output is judged, every other stage is read in
+    a second pass with compilation off and named so; never the tool's error on a placeholder."""
+    from conformance.examples import mlx_image_vit, nnx_vit
+    from tests.capture_cases import config_for
+
+    example = {"mlx": mlx_image_vit, "nnx": nnx_vit}[system]
+    build = {"mlx": mlx_image_compiled, "nnx": nnx_jitted}[system]
+    port = ModelPort(build, convert=example.convert, images="NHWC", supports=example.SUPPORTS)
+    config = config_for(port)
+    report = verify(port, config, port=f"{system} compiled")
+    assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
+    assert len([s for s in report.stages if s.ok]) >= 20
+    taps = port(config, init_state(config))(make_images(config, 2, "ordinary", 0))
+    assert "compiled" not in taps.sources["logits"] and "compilation off" in taps.sources["blocks.0.norm1"]

@@ -31,7 +31,7 @@ from conformance.capture.mapping import (
     unit_axes,
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
-from conformance.capture.recorder import Recorder, Taps, arrays_in
+from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import ToolError, describe_exception
 from impls.protocol import ViTConfig, tap_names
 
@@ -372,43 +372,44 @@ class CapturedForward:
         self._emitted: str | None = None
         self.fast_paths = adapter.fast_paths()  # the model's modules do not change between calls
         self.k_bias: dict[int, np.ndarray] = {}  # block -> qkv.bias of a model without k bias (ModelPort._k_bias_free)
+        self.compiled = False  # a call met a compiled function's placeholders (then every call is read so)
 
     def __call__(self, images) -> Taps:
         images = np.asarray(images)
         x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
         inputs = self.adapter.to_input(np.ascontiguousarray(x), self.input_dtype)
         if not self.fast_paths:
-            return self._pass(inputs, images.shape[0], functions=True)
-        # The model's own path first (hooks only: its native kernels run as for its user), then
-        # the internals those kernels hide, read in a second pass that leaves them; both are judged.
-        taps = self._pass(inputs, images.shape[0], functions=False)
-        second = self._pass(inputs, images.shape[0], functions=True)
-        for stage, why in second.unseen.items():
-            if stage in taps.unseen and taps.unseen[stage] != why:
-                taps.unseen[stage] = f"{taps.unseen[stage]} on the model's own path, and {why} off it"
-        for stage in second:
-            if stage in taps:
-                continue
-            own = taps.unseen.pop(stage, "not read")
-            second.sources[stage] = (
-                f"{second.sources[stage]}, in a second pass under a TorchFunctionMode (on the model's own path: {own})"
-            )
-            taps.sources[stage] = second.sources[stage]
-            taps[stage] = second[stage]
-            if stage in second.dtypes:
-                taps.dtypes[stage] = second.dtypes[stage]
-            taps.from_second.add(stage)
-        taps.second = second
-        return taps
+            taps = self._pass(inputs, images.shape[0], functions=True)
+        else:
+            # The model's own path first (hooks only: its native kernels run as for its user), then
+            # the internals those kernels hide, read in a second pass that leaves them; both are judged.
+            taps = self._pass(inputs, images.shape[0], functions=False)
+            second = self._pass(inputs, images.shape[0], functions=True)
+            merge_second(taps, second, "in a second pass under a TorchFunctionMode")
+        if not self.compiled and not any(why == self.adapter.TRACED for why in taps.unseen.values()):
+            return taps
+        # Stages inside a compiled function are placeholders of its trace (and later calls run no
+        # Python there): the compiled forward gives the output, judged end to end, and a pass with
+        # compilation off every stage, judged as a second pass's
+        self.compiled = True
+        own = self._pass(inputs, images.shape[0], functions=False, watch=False)
+        with self.adapter.uncompiled():
+            second = self._pass(inputs, images.shape[0], functions=True)
+        merge_second(own, second, "in a second pass with compilation off")
+        return own
 
-    def _pass(self, inputs, batch: int, functions: bool) -> Taps:
+    def _pass(self, inputs, batch: int, functions: bool, watch: bool = True) -> Taps:
+        """The stages one call shows (``watch=False``: the model's output alone, no hooks)."""
         recorder = Recorder(self.adapter, self.config, batch, self.plan.blocks)
-        out = self.adapter.run(inputs, recorder, self.plan.watch(), functions=functions)
+        out = self.adapter.run(inputs, recorder, self.plan.watch() if watch else {}, functions=functions)
         recorder.raise_error()
         taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))
         for stage in tap_names(self.config):
             source = self.plan.sources.get(stage)
             if source is None:
+                continue
+            if not watch and source.kind != "return":
+                taps.unseen[stage] = "inside the model's compiled forward"
                 continue
             try:
                 self._emitted = None
@@ -423,6 +424,9 @@ class CapturedForward:
                 taps.findings.append((stage, str(e)))
                 continue
             except Exception as e:  # noqa: BLE001 - reading a recorded tensor is the tool's job
+                if self.adapter.traced(e):
+                    taps.unseen[stage] = self.adapter.TRACED
+                    continue
                 raise ToolError(
                     f"capture failed reading stage {stage} ({source.kind} {source.path or ''}".rstrip()
                     + f"): {describe_exception(e)}"

@@ -42,6 +42,24 @@ class Taps(dict):
         return own
 
 
+def merge_second(taps: Taps, second: Taps, how: str) -> None:
+    """The stages only a second pass read, into ``taps`` (the model's own path), each named so."""
+    for stage, why in second.unseen.items():
+        if stage in taps.unseen and taps.unseen[stage] != why:
+            taps.unseen[stage] = f"{taps.unseen[stage]} on the model's own path, and {why} off it"
+    for stage in second:
+        if stage in taps:
+            continue
+        own = taps.unseen.pop(stage, "not read")
+        second.sources[stage] = f"{second.sources[stage]}, {how} (on the model's own path: {own})"
+        taps.sources[stage] = second.sources[stage]
+        taps[stage] = second[stage]
+        if stage in second.dtypes:
+            taps.dtypes[stage] = second.dtypes[stage]
+        taps.from_second.add(stage)
+    taps.second = second
+
+
 def guarded(method):
     """A recorder callback runs inside the model's call: an exception in it is the tool's, kept
     (the first) and raised as a ToolError after the call, never let loose inside the model."""

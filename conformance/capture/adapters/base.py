@@ -3,6 +3,8 @@ a call with recording, gradients), as a written Protocol, and what the adapters 
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -73,6 +75,9 @@ class BaseAdapter:
 
     name = ""
     supports_autocast = False
+
+    # why a stage recorded inside a compiled function cannot be read (``traced``)
+    TRACED = "inside a compiled function: what was recorded there is a placeholder of its trace"
 
     def __init__(self, model):
         self.model = model
@@ -161,3 +166,11 @@ class SwapAdapter(BaseAdapter):
 
     def patches(self, recorder) -> list:
         return []
+
+    def traced(self, error: Exception) -> bool:
+        """Whether reading a recorded array failed because it was a compiled function's placeholder."""
+        return False
+
+    def uncompiled(self):
+        """A context in which the model's compiled functions run as plain Python (a second pass)."""
+        return contextlib.nullcontext()

@@ -44,6 +44,17 @@ class JAXArrays:
     def copy(self, x):
         return x
 
+    def traced(self, error):
+        """A tracer of jax.jit or nnx.jit read as an array (the hooks ran while it traced)."""
+        import jax
+
+        return isinstance(error, (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError))
+
+    def uncompiled(self):
+        import jax
+
+        return jax.disable_jit()
+
     def patches(self, recorder):
         import jax
         import jax.numpy as jnp

@@ -3,6 +3,9 @@ wrapped, tap cotangents as gradients of added zeros."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -135,6 +138,21 @@ class MLXAdapter(SwapAdapter):
 
     def copy(self, x):
         return x
+
+    def traced(self, error):
+        return isinstance(error, RuntimeError) and "without a primitive" in str(error)
+
+    @contextlib.contextmanager
+    def uncompiled(self):
+        """mx.compile off for the pass (left off where MLX_DISABLE_COMPILE asked it)."""
+        import mlx.core as mx
+
+        mx.disable_compile()
+        try:
+            yield
+        finally:
+            if not os.environ.get("MLX_DISABLE_COMPILE"):
+                mx.enable_compile()
 
     def patches(self, recorder):
         import mlx.core as mx
