@@ -106,15 +106,7 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
         raise NotInTimm(f"timm's Eva has no keyword for {', '.join(beyond + mlp_beyond)}")
     with torch.device("meta") if state is not None else contextlib.nullcontext():
         model = Eva(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            num_classes=config.num_classes,
-            global_pool=config.global_pool,
-            embed_dim=config.embed_dim,
-            depth=config.depth,
-            num_heads=config.num_heads,
-            qkv_bias=config.qkv_bias,
+            **_sizes(config),
             qkv_fused=config.qkv_fused,
             # EvaAttention gives k no bias; AttentionRope (timm's Attention, rotated) all three
             attn_type="eva" if config.qkv_bias and not config.k_bias else "rope",
@@ -191,15 +183,7 @@ def _timm_beit(config: ViTConfig, state, dtype, rates: dict):
         raise NotInTimm(f"timm's Beit has no keyword for {', '.join(beyond)}")
     with torch.device("meta") if state is not None else contextlib.nullcontext():
         model = Beit(
-            img_size=config.img_size,
-            patch_size=config.patch_size,
-            in_chans=config.in_chans,
-            num_classes=config.num_classes,
-            global_pool=config.global_pool,
-            embed_dim=config.embed_dim,
-            depth=config.depth,
-            num_heads=config.num_heads,
-            qkv_bias=config.qkv_bias,
+            **_sizes(config),
             mlp_ratio=config.mlp_ratio,
             norm_layer=partial(LayerNorm, eps=config.norm_eps),
             init_values=config.init_values,
@@ -220,6 +204,12 @@ def _timm_beit(config: ViTConfig, state, dtype, rates: dict):
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+def _sizes(config: ViTConfig) -> dict:
+    """The keywords timm's Eva and Beit share with the config's fields, by the same names."""
+    fields = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads")
+    return {k: getattr(config, k) for k in (*fields, "qkv_bias")}
 
 
 def _eva_key(key: str, back: bool = False) -> str:

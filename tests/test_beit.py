@@ -14,6 +14,7 @@ from conformance.verify.forward import verify
 from impls import get_config
 from impls.relative_position import relative_position_index
 from weights import expected_shapes, init_state
+from tests.capture_cases import quick_cases
 
 BEIT = get_config("vit_test_beit")
 
@@ -67,7 +68,32 @@ def test_transformers_beit_with_its_relative_bias_is_conformant_unmodified():
     from tests.data.hf_beit_port import relative_port as port
 
     config = BEIT.replace(img_size=16)  # transformers' BEiT takes square images
-    report = verify(port, config, port="transformers BEiT")
+    report = verify(port, config, port="transformers BEiT", cases=quick_cases(config))
     assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
     checked = [s.name for s in report.stages if s.ok]
     assert "blocks.0.attn.rel_pos_bias" in checked and len(checked) >= 20, checked
+
+
+def test_timms_beit_unmodified_is_conformant_declared_its_bias_read_from_the_fused_attention():
+    """timm's Beit as a user gives it (the rename its gamma_1 needs): its bias is no module's output
+    but the float mask of its fused attention, read there; the companion, a config whose grid order
+    is another (the table read transposed), is located at the bias."""
+    from conformance.capture import ModelPort
+    from tests.data import position_scheme_ports as P
+
+    config = get_config("vit_test_token").replace(img_size=(16, 16), **P.BEIT_ON)
+    report = verify(P.beit_declared, config, port="timm Beit", cases=quick_cases(config))
+    assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
+    assert "blocks.0.attn.rel_pos_bias" in [s.name for s in report.stages if s.ok]
+    taps = P.beit_declared(config, init_state(config))(make_images(config, 2, "ordinary", 0))
+    assert "mask" in taps.sources["blocks.0.attn.rel_pos_bias"], taps.sources["blocks.0.attn.rel_pos_bias"]
+
+    def transposed(c):
+        model = P.beit_declared.build(c)
+        for block in model.blocks:
+            block.attn.relative_position_index = block.attn.relative_position_index.T.contiguous()
+        return model
+
+    wrong = ModelPort(transposed, rename=P.GAMMAS, supports=P.beit_declared.supports)
+    report = verify(wrong, config, port="timm Beit, index transposed", cases=quick_cases(config)[:1])
+    assert not report.conformant and report.located() == "blocks.0.attn.rel_pos_bias", report.located()

@@ -241,6 +241,7 @@ def calibrate(
         "vit_test_siglip",
         "vit_test_clip",
         "vit_test_dinov2",
+        "vit_test_beit",
         SHRUNK_DINOV3,
     ),
 ) -> dict:

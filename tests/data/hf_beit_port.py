@@ -8,10 +8,9 @@ from conformance.capture import ModelPort
 from conformance.examples.hf_vit import convert as vit_convert
 
 
-def build(config):
-    from transformers import BeitConfig, BeitForImageClassification
-
-    settings = dict(
+def _settings(config, **beit) -> dict:
+    """BeitConfig's names for the config's sizes, and ``beit``'s own settings."""
+    return dict(
         image_size=config.img_size[0],
         patch_size=config.patch_size[0],
         num_channels=config.in_chans,
@@ -22,6 +21,15 @@ def build(config):
         num_labels=config.num_classes,
         layer_norm_eps=config.norm_eps,
         layer_scale_init_value=config.init_values,
+        **beit,
+    )
+
+
+def build(config):
+    from transformers import BeitConfig, BeitForImageClassification
+
+    settings = _settings(
+        config,
         use_relative_position_bias=False,
         use_shared_relative_position_bias=False,
         use_absolute_position_embeddings=True,
@@ -49,20 +57,8 @@ def build_relative(config):
     normalised by the pooler's layernorm."""
     from transformers import BeitConfig, BeitForImageClassification
 
-    settings = dict(
-        image_size=config.img_size[0],
-        patch_size=config.patch_size[0],
-        num_channels=config.in_chans,
-        hidden_size=config.embed_dim,
-        num_hidden_layers=config.depth,
-        num_attention_heads=config.num_heads,
-        intermediate_size=config.mlp_hidden_dim,
-        num_labels=config.num_classes,
-        layer_norm_eps=config.norm_eps,
-        layer_scale_init_value=config.init_values,
-        use_relative_position_bias=True,
-        use_absolute_position_embeddings=False,
-        use_mean_pooling=True,
+    settings = _settings(
+        config, use_relative_position_bias=True, use_absolute_position_embeddings=False, use_mean_pooling=True
     )
     return BeitForImageClassification(BeitConfig(**settings)).eval()
 

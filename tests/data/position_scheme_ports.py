@@ -51,6 +51,9 @@ rope_mixed_declared = ModelPort(
 )
 dinov3 = ModelPort(_timm("vit_small_patch16_dinov3"), rename={}, supports=SQUARE)
 beit = ModelPort(_timm("beit_base_patch16_224"), rename={}, supports=SQUARE)
+# the same declared: its relative position bias, q's and v's biases, LayerScale, the patches' mean
+BEIT_ON = {"rel_pos_bias": True, "pos_embed": "none", "k_bias": False, "init_values": 0.1, "global_pool": "avg"}
+beit_declared = ModelPort(_timm("beit_base_patch16_224"), rename=GAMMAS, supports={**SQUARE, **BEIT_ON})
 
 
 def _hf_sizes(config) -> dict:

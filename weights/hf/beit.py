@@ -23,16 +23,11 @@ import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
+from weights.hf.common import ACT_BACK, act_of, size
 from weights.options import holds
 
 MODEL_TYPE = "beit"
 HOLDS = holds(f"hf:{MODEL_TYPE}")  # weights/options.py
-_ACT = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu"}
-_ACT_BACK = {v: k for k, v in _ACT.items()}
-
-
-def _size(value):
-    return tuple(value) if isinstance(value, list) else value
 
 
 def beit_config_to_vit(hf: Mapping) -> ViTConfig:
@@ -42,17 +37,14 @@ def beit_config_to_vit(hf: Mapping) -> ViTConfig:
             "use_shared_relative_position_bias=true (one relative position table for every layer) is not "
             "expressible: rel_pos_bias gives each block its own attn.relative_position_bias_table"
         )
-    act = hf.get("hidden_act", "gelu")
-    if act not in _ACT:
-        raise WeightError(f"hidden_act {act!r} is not supported; supported: {sorted(_ACT)}")
     D, hidden = hf["hidden_size"], hf.get("intermediate_size", 3072)
     if int(D * (hidden / D)) != hidden:
         raise WeightError(f"intermediate_size {hidden} is int(hidden_size * r) for no ratio r of hidden_size {D}")
     scale = float(hf.get("layer_scale_init_value", 0.1))
     classify = any(a.endswith("ForImageClassification") for a in hf.get("architectures") or [])
     return ViTConfig(
-        img_size=_size(hf.get("image_size", 224)),
-        patch_size=_size(hf.get("patch_size", 16)),
+        img_size=size(hf.get("image_size", 224)),
+        patch_size=size(hf.get("patch_size", 16)),
         in_chans=hf.get("num_channels", 3),
         num_classes=len(hf.get("id2label") or {}) if classify else 0,
         global_pool="avg" if hf.get("use_mean_pooling", True) else "token",
@@ -61,7 +53,7 @@ def beit_config_to_vit(hf: Mapping) -> ViTConfig:
         num_heads=hf["num_attention_heads"],
         mlp_ratio=hidden / D,
         k_bias=False,
-        act_layer=_ACT[act],
+        act_layer=act_of(hf),
         norm_eps=hf.get("layer_norm_eps", 1e-12),
         init_values=scale if scale > 0 else None,
         pos_embed="learn" if hf.get("use_absolute_position_embeddings", False) else "none",
@@ -83,7 +75,7 @@ def vit_config_to_beit(config: ViTConfig) -> dict:
         "intermediate_size": config.mlp_hidden_dim,
         "num_hidden_layers": config.depth,
         "num_attention_heads": config.num_heads,
-        "hidden_act": _ACT_BACK[config.act_layer],
+        "hidden_act": ACT_BACK[config.act_layer],
         "layer_norm_eps": config.norm_eps,
         "image_size": list(config.img_size) if config.img_size[0] != config.img_size[1] else config.img_size[0],
         "patch_size": [ph, pw] if ph != pw else ph,

@@ -20,16 +20,11 @@ import numpy as np
 
 from weights.canonical import WeightError, block_shapes, expected_shapes
 from weights.config import ViTConfig
+from weights.hf.common import ACT_BACK, act_of, size
 from weights.options import holds
 
 MODEL_TYPE = "dinov3_vit"
 HOLDS = holds(f"hf:{MODEL_TYPE}")  # weights/options.py
-_ACT = {"gelu": "gelu", "silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
-_ACT_BACK = {v: k for k, v in _ACT.items()}
-
-
-def _size(value):
-    return tuple(value) if isinstance(value, list) else value
 
 
 def dinov3_config_to_vit(hf: Mapping) -> ViTConfig:
@@ -41,17 +36,14 @@ def dinov3_config_to_vit(hf: Mapping) -> ViTConfig:
             f"query_bias={q}, key_bias={k}, value_bias={v}: the canonical form has one qkv_bias for q and v "
             "(and k_bias for k beside them); not representable"
         )
-    act = hf.get("hidden_act", "gelu")
-    if act not in _ACT:
-        raise WeightError(f"hidden_act {act!r} is not supported; supported: {sorted(_ACT)}")
     hidden = hf.get("intermediate_size", 4 * D)
     ratio = hidden / D
     if int(D * ratio) != hidden:
         raise WeightError(f"intermediate_size {hidden} is int(hidden_size * r) for no ratio r of hidden_size {D}")
     proj, mlp = hf.get("proj_bias", True), hf.get("mlp_bias", True)
     return ViTConfig(
-        img_size=_size(hf.get("image_size", 224)),
-        patch_size=_size(hf.get("patch_size", 16)),
+        img_size=size(hf.get("image_size", 224)),
+        patch_size=size(hf.get("patch_size", 16)),
         in_chans=hf.get("num_channels", 3),
         num_classes=0,
         embed_dim=D,
@@ -64,7 +56,7 @@ def dinov3_config_to_vit(hf: Mapping) -> ViTConfig:
         proj_bias=proj,
         mlp_bias=None if mlp == proj else mlp,
         mlp_layer="swiglu" if hf.get("use_gated_mlp", False) else "mlp",
-        act_layer=_ACT[act],
+        act_layer=act_of(hf),
         norm_eps=hf.get("layer_norm_eps", 1e-5),
         init_values=float(hf.get("layerscale_value", 1.0)),
         reg_tokens=hf.get("num_register_tokens", 0),
@@ -90,7 +82,7 @@ def vit_config_to_dinov3(config: ViTConfig) -> dict:
         "intermediate_size": config.mlp_hidden_dim,
         "num_hidden_layers": config.depth,
         "num_attention_heads": config.num_heads,
-        "hidden_act": _ACT_BACK[config.act_layer],
+        "hidden_act": ACT_BACK[config.act_layer],
         "layer_norm_eps": config.norm_eps,
         "rope_theta": config.rope_temperature,
         "image_size": list(config.img_size) if config.img_size[0] != config.img_size[1] else config.img_size[0],
