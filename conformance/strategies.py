@@ -62,7 +62,7 @@ def family_options(draw) -> dict:
         qkv_fused=draw(st.sampled_from([True, True, False])),
         scale_mlp=draw(st.booleans()),
         attn_pool_num_heads=draw(st.sampled_from([None, None, 1, 2])),
-        rel_pos_bias=draw(st.sampled_from([False, False, True])),
+        rel_pos_bias=draw(st.sampled_from([False, False, False, True])),
     )
 
 
@@ -83,9 +83,8 @@ def _consistent(values: dict) -> dict:
         values.update(rope_grid_offset=0.0, rope_rotate_half=False)
     if not values.get("qkv_bias", True):  # no bias to keep apart from k's
         values["k_bias"] = True
-    one_token = values.get("class_token", True) and not (values.get("reg_tokens") or values.get("distilled"))
-    if values.get("rel_pos_bias") and not (one_token and not values.get("dynamic_img_size")):
-        values["rel_pos_bias"] = False  # BEiT's table: the class token's three rows, the config's grid
+    if values.get("rel_pos_bias"):  # BEiT's table: the class token's three rows, at the config's grid
+        values.update(class_token=True, reg_tokens=0, distilled=False, dynamic_img_size=False)
     if values.get("attn_pool_num_heads") and values["embed_dim"] % values["attn_pool_num_heads"]:
         values["attn_pool_num_heads"] = None
     return values
