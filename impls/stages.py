@@ -22,7 +22,9 @@ Capture rules, in the canonical (timm) module names the user's mapping sends wei
 ``M``'s weights (``@patches``: a convolution's output brought to tokens, ``@heads``: split into
 heads, ``@patch_order``: a patch vector's features brought from the model's order to (c p1 p2)); ``in:next`` the input of the first block (or of ``norm_pre``); ``attn:PART`` q, k, v or
 the weights as the block's attention computes them (a fused call's arguments, q kᵀ's operands,
-the softmax's output; failing those, the projections' outputs); ``block`` the smallest module
+the softmax's output; failing those, the projections' outputs), or ``bias``, what it adds to
+its logits (the output of a module holding the table alone, else a fused call's float mask);
+``block`` the smallest module
 holding all the block's weights; ``pool`` the attention pool's module; ``head`` the input of
 the head (a headless model's output); ``return`` what the model returns; ``unseen:REASON``.
 
