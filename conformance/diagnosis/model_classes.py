@@ -86,9 +86,9 @@ def _norm2_with_norm1(s, config):
 
 
 def _attention_operands(name: str, t, config: ViTConfig):
-    """An attention-weights stage's q and k, and its head_dim."""
-    q, k = (t[n] for n in stage_inputs(name, config))
-    return q, k, config.head_dim
+    """An attention-weights stage's q and k, its head_dim, and what its logits add (BEiT's bias, else 0)."""
+    q, k, *bias = (t[n] for n in stage_inputs(name, config))
+    return q, k, config.head_dim, (bias[0] if bias else 0.0)
 
 
 _WEIGHTS = ("attn.weights", "attn_pool.weights")
@@ -102,13 +102,16 @@ def _weights_variant(scale: Callable, swap: bool = False, axis: int = -1, causal
     def stage(name, t, images, s, config, precision=QUIET):
         if stage_kind(name) not in _WEIGHTS:
             return None
-        q, k, hd = _attention_operands(name, t, config)
+        q, k, hd, bias = _attention_operands(name, t, config)
         a, b = (k, q) if swap != (axis == -2) else (q, k)  # over queries: (softmax over keys of k qᵀ)ᵀ
+        bias = np.swapaxes(bias, -1, -2) if axis == -2 and np.ndim(bias) else bias  # (transposed back below)
         if axis == 0:
-            P, bound = O.softmax(scale(config) * _qk(a, b), axis=0), None
+            P, bound = O.softmax(scale(config) * _qk(a, b) + bias, axis=0), None
         else:
             n, m = a.shape[-2], b.shape[-2]
             mask = np.tril(np.ones((n, m), bool)) if causal else None
+            if np.ndim(bias):  # an added bias: the mask as its -inf where causal
+                mask = bias if mask is None else np.where(mask, bias, -np.inf)
             P, bound = softmax_weights(a, b, scale(config), precision, mask)
             if not precision.bounds:
                 bound = None
@@ -137,8 +140,8 @@ def _softmax_naive(dtype):
     def stage(name, t, images, s, config):
         if stage_kind(name) not in _WEIGHTS:
             return None
-        q, k, hd = _attention_operands(name, t, config)
-        logits = (hd**-0.5 * _qk(q, k)).astype(dtype)
+        q, k, hd, bias = _attention_operands(name, t, config)
+        logits = (hd**-0.5 * _qk(q, k) + bias).astype(dtype)
         with np.errstate(over="ignore", invalid="ignore"):
             e = np.exp(logits)
             total = e.sum(-1, keepdims=True, dtype=np.float32).astype(dtype)  # a float32 accumulator, stored
@@ -158,8 +161,8 @@ def _softmax_in(dtype: str):
         import ml_dtypes
 
         low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
-        q, k, hd = _attention_operands(name, t, config)
-        logits = (hd**-0.5 * _qk(q, k)).astype(low)
+        q, k, hd, bias = _attention_operands(name, t, config)
+        logits = (hd**-0.5 * _qk(q, k) + bias).astype(low)
         e = np.exp((logits - logits.max(-1, keepdims=True)).astype(np.float32)).astype(low)
         total = np.add.reduce(e, axis=-1, keepdims=True, dtype=low)  # an accumulator of the dtype
         return (e.astype(np.float32) / total.astype(np.float32)).astype(low).astype(np.float64)
@@ -173,10 +176,10 @@ def _scaled_after_product(dtype):
     def stage(name, t, images, s, config):
         if stage_kind(name) not in _WEIGHTS:
             return None
-        q, k, hd = _attention_operands(name, t, config)
+        q, k, hd, bias = _attention_operands(name, t, config)
         with np.errstate(over="ignore", invalid="ignore"):
             product = _qk(q, k).astype(dtype)  # accumulated in float32, stored: inf past 65504
-            return O.softmax((product * np.asarray(hd**-0.5, dtype)).astype(np.float64))
+            return O.softmax((product * np.asarray(hd**-0.5, dtype)).astype(np.float64) + bias)
 
     return stage
 
