@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from impls.stages import BLOCK, MODEL_OUT, block_taps, tap_names, tap_shapes  # noqa: F401 - re-exported
-from weights.config import GLOBAL_POOLS, PRESETS, ConfigError, ViTConfig, get_config
+from weights.config import GLOBAL_POOLS, ConfigError, ViTConfig
+from weights.presets import PRESETS, get_config
 from weights.options import original_vit
 
 

@@ -24,6 +24,7 @@ PRESETS = (
     "vit_test_distilled",
     "vit_test_rope",
     "vit_test_eva",
+    "vit_test_beit",
 )
 # Where a class shows only on some inputs: the images (their grid) or weights it needs.
 NEEDS = {

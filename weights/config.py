@@ -438,7 +438,3 @@ class ViTConfig:
             if isinstance(d.get(key), list):
                 d[key] = tuple(d[key])
         return cls(**d)
-
-
-# the presets, named as timm's models (weights/presets.py), read through this module as before
-from weights.presets import PRESETS, get_config  # noqa: E402, F401

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from weights.canonical import WeightError, validate_state
-from weights.config import ConfigError, ViTConfig, config_from_json, get_config, inline_json
+from weights.config import ConfigError, ViTConfig, config_from_json, inline_json
+from weights.presets import get_config
 
 from weights.layouts import LAYOUTS, ORDER, REGISTRY
 from weights.layouts._io import LAYOUT_METADATA_KEY, header

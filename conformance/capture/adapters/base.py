@@ -83,6 +83,14 @@ class BaseAdapter:
         self.model = model
         self.call_kwargs: dict = {}  # ModelPort(call_kwargs=...): e.g. train=False
 
+    def traced(self, error: Exception) -> bool:
+        """Whether reading a recorded array failed because it was a compiled function's placeholder."""
+        return False
+
+    def uncompiled(self):
+        """A context in which the model's compiled functions run as plain Python (a second pass)."""
+        return contextlib.nullcontext()
+
     @classmethod
     def bind(cls, model, config, images: str = "NCHW"):
         """The adapter for ``model``, built for ``config`` (whose images are ``images``)."""
@@ -166,11 +174,3 @@ class SwapAdapter(BaseAdapter):
 
     def patches(self, recorder) -> list:
         return []
-
-    def traced(self, error: Exception) -> bool:
-        """Whether reading a recorded array failed because it was a compiled function's placeholder."""
-        return False
-
-    def uncompiled(self):
-        """A context in which the model's compiled functions run as plain Python (a second pass)."""
-        return contextlib.nullcontext()
