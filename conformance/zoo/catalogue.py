@@ -33,7 +33,7 @@ class Mutant:
 # The rope configs a rope mutant's sampled run may draw (its ``supports``, each narrowing this to
 # where its bug shows): both of timm's kinds, both grid orders, both bases, no position table.
 # BEiT's relative position bias on its block (q's and v's biases, LayerScale, no position table)
-REL_SUPPORTS = {"rel_pos_bias": True, "pos_embed": "none"}
+REL_SUPPORTS = {"rel_pos_bias": True, "pos_embed": "none", "k_bias": (False, True), "init_values": (0.1, None)}
 ROPE_SUPPORTS = {
     "rope_type": ("cat", "dinov3"),
     "rope_grid_indexing": ("ij", "xy"),
