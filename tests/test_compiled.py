@@ -41,11 +41,11 @@ def test_a_compiled_timm_model_is_conformant_on_its_compiled_forward_compiled_on
     torch.compiler.reset()  # (compiled code is cached per process: another test's compiles not counted)
     graphs = []
     report = verify(
-        ModelPort(compiled_timm(graphs), rename={}), CONFIG, port="compiled timm", cases=quick_cases(CONFIG)
+        ModelPort(compiled_timm(graphs), rename={}), CONFIG, port="compiled timm", cases=quick_cases(CONFIG)[1:2]
     )
     assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
     assert len([s for s in report.stages if s.ok]) >= 20
-    # three cases of one batch shape, each called twice (verify's determinism check): one graph
+    # trained-like weights, called twice (verify's determinism check): one graph
     assert len(graphs) == 1, len(graphs)
 
 
