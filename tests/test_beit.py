@@ -7,6 +7,7 @@ are tests/test_towers.py's (thorough profile)."""
 import numpy as np
 import pytest
 
+from conformance.profiles import heavy
 from conformance.references import timm_state_keys, timm_taps, timm_vit
 from conformance.strategies import make_images
 from conformance.tests.helpers import factory
@@ -40,9 +41,16 @@ def test_a_beit_preset_has_the_keys_and_shapes_of_timms_model(name):
     assert model.blocks[0].gamma_1.shape == (768,) and model.pos_embed is None
 
 
+THOROUGH = pytest.mark.skipif(not heavy(), reason="thorough profile: ci compares timm's Beit on BEiT's own options")
+
+
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"global_pool": "token", "pos_embed": "learn"}, {"qkv_bias": False, "k_bias": True, "init_values": None}],
+    [
+        {},
+        pytest.param({"global_pool": "token", "pos_embed": "learn"}, marks=THOROUGH),
+        pytest.param({"qkv_bias": False, "k_bias": True, "init_values": None}, marks=THOROUGH),
+    ],
     ids=["beit", "token+table", "no biases"],
 )
 def test_the_oracle_is_timms_beit_at_every_stage_in_float64(changes):
