@@ -335,3 +335,17 @@ def test_a_correct_float16_port_with_a_power_of_two_attention_scale_is_not_named
     report = verify(load_factory(bug.factory), config, port=bug.name, dtype="float16")
     assert not report.conformant and report.located() == bug.first_divergence, report.failures[:2]
     assert report.diagnosis.named == bug.bug_class and report.diagnosis.mode != "pooled", report.diagnosis.line()
+
+
+def test_the_open_rule_reads_no_share_along_another_dtypes_precision_class():
+    """A correct bfloat16 port's pooled mean can run along the float16-sum class's difference (both
+    roundings of one mean: timm's BEiT at 768 wide, α = -1.08): not a share the open rule flags in a
+    bfloat16 run. The companion: the same share in a float16 run, the class's own dtype, is flagged."""
+    from conformance.diagnosis.scan import Scan
+
+    scan = Scan()
+    scan.order = ["pooled"]
+    # Σ e d, Σ d², Σ e², elements, cases for α = -1.08 with σ_α far below it
+    scan.sums[("pooled", "token_sum_float16")] = np.array([-1.08e4, 1e4, 1.2e4, 7680.0, 10.0])
+    assert scan.beyond("bfloat16", bands={}) == []
+    assert [f.bug for f in scan.beyond("float16", bands={})] == ["token_sum_float16"]

@@ -164,7 +164,7 @@ class Scan:
         order, the most of the error explained first."""
 
         def outside(f: Systematic) -> bool:
-            if not banded(f.bug, f.stage):
+            if not banded(f.bug, f.stage) or of_another_dtype(f.bug, dtype):
                 return False
             key = band_key(f.bug, f.stage)
             lo, hi = band(dtype, key) if bands is None else bands.get(key, (0.0, 0.0))
@@ -221,6 +221,15 @@ def banded(bug: str, stage: str | None = None) -> bool:
         return stage is not None and stage_kind(stage) not in NORM_KINDS
     bug = BY_NAME[bug]
     return not bug.overflow and not set(bug.kinds) & set(NORM_KINDS)
+
+
+def of_another_dtype(bug: str, dtype: str) -> bool:
+    """A precision class of another dtype than the run's (the token mean summed in float16, in a
+    bfloat16 run): there its difference is that dtype's rounding pattern, which a correct port's
+    own rounding of the same values can share, significantly over a wide stage (timm's BEiT in
+    bfloat16: α = -1.08 ± 0.08 along token_sum_float16 at its 768-wide pooled mean). Named, it is
+    still the verdict's (α = 1); it is no share the open rule reads."""
+    return any(bug.endswith(f"_{other}") for other in ("float16", "bfloat16", "float32") if other != dtype)
 
 
 @lru_cache(maxsize=1)
