@@ -166,3 +166,20 @@ def test_a_chaotic_stage_still_fails_past_the_chaotic_tolerance_and_locally():
     shifted[name][0, 0, 1] += np.float32(2.5 * tolerance("attn_pool.norm") * bound[0, 0, 1])
     (r,) = [r for r in compare_outputs(shifted, model) if r.name == name]
     assert r.chaotic and r.mode == "local" and not r.ok and "(local)" in r.reason, r
+
+
+def test_the_softmax_bound_holds_where_bfloat16_rounds_two_far_logits_together():
+    """Logits of 29881 and 29761 (block 0 at 3e4, timm's BEiT tower) both round to bfloat16's 29824:
+    a correct bfloat16 port weighs them alike where float64 gives 1 and 4e-53. The bound grows past
+    the exponent of 80 in log space (it was capped there: 2.4e-18); in float32 the same weights are
+    far out (the companion)."""
+    from conformance.numerics.kinds.attention import softmax_weights
+    from conformance.numerics.roundings import Precision
+
+    q = np.array([[[[1.0, 0.0]]]])
+    k = np.array([[[[29881.0, 0.0], [29761.0, 0.0]]]]) * np.sqrt(2.0)  # scale 2^-0.5: the logits themselves
+    port = np.array([[[[0.5, 0.5]]]])
+    for dtype, within in (("bfloat16", True), ("float32", False)):
+        P, bound = softmax_weights(q, k, 2**-0.5, Precision(dtype))
+        assert P[0, 0, 0, 1] < 1e-50
+        assert bool(np.all(np.abs(port - P) <= bound)) is within, (dtype, bound)

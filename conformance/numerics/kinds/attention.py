@@ -70,8 +70,13 @@ def _softmax_weights(q, k, scale, p: Precision, mask=None):
     top = np.where(np.isfinite(top), top, 0.0)
     with np.errstate(divide="ignore"):  # a fully masked row: no weight, no bound
         E_bar = top + np.log(np.sum(np.exp(shifted - top), axis=-1, keepdims=True))
-    bound = np.minimum(P * np.expm1(np.minimum(E + E_bar, 80.0)), 1.0) + p.output * P + p.tiny
-    return P, bound
+    # past an exponent of 80, P e^(E + Ē) in log space: a bfloat16 logit of 3e4 is off by 117 (two
+    # logits 120 apart round to one), and a weight of 4e-53 may be a correct port's 0.6
+    growth = E + E_bar
+    with np.errstate(divide="ignore"):
+        far = np.exp(np.minimum(np.log(P) + np.maximum(growth, 80.0), 0.0))
+    bound = np.where(growth > 80.0, far, np.minimum(P * np.expm1(np.minimum(growth, 80.0)), 1.0))
+    return P, bound + p.output * P + p.tiny
 
 
 def attend(P, dP, v, p: Precision):
