@@ -23,7 +23,7 @@ import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
-from weights.hf.common import ACT_BACK, act_of, size
+from weights.hf.common import act_of, refuse, size, sizes_to_hf
 from weights.options import holds
 
 MODEL_TYPE = "beit"
@@ -62,24 +62,12 @@ def beit_config_to_vit(hf: Mapping) -> ViTConfig:
 
 
 def vit_config_to_beit(config: ViTConfig) -> dict:
-    wrong = [f"{k}={getattr(config, k)!r}" for k, ok in HOLDS.items() if getattr(config, k) not in ok]
-    if config.dynamic_img_size:
-        wrong.append("dynamic_img_size=True (transformers' BEiT interpolates only when asked at each call)")
-    if wrong:
-        raise WeightError(f"the Hugging Face {MODEL_TYPE} layout cannot hold {', '.join(wrong)}")
-    ph, pw = config.patch_size
+    dynamic = ["dynamic_img_size=True (transformers' BEiT interpolates only when asked at each call)"]
+    refuse(config, MODEL_TYPE, HOLDS, dynamic if config.dynamic_img_size else [])
     return {
         "model_type": MODEL_TYPE,
         "architectures": ["BeitForImageClassification" if config.num_classes else "BeitModel"],
-        "hidden_size": config.embed_dim,
-        "intermediate_size": config.mlp_hidden_dim,
-        "num_hidden_layers": config.depth,
-        "num_attention_heads": config.num_heads,
-        "hidden_act": ACT_BACK[config.act_layer],
-        "layer_norm_eps": config.norm_eps,
-        "image_size": list(config.img_size) if config.img_size[0] != config.img_size[1] else config.img_size[0],
-        "patch_size": [ph, pw] if ph != pw else ph,
-        "num_channels": config.in_chans,
+        **sizes_to_hf(config),
         "layer_scale_init_value": config.init_values or 0.0,
         "use_absolute_position_embeddings": config.pos_embed == "learn",
         "use_relative_position_bias": config.rel_pos_bias,

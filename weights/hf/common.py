@@ -1,11 +1,13 @@
-"""What the Hugging Face layouts of timm's Eva and Beit (dinov3.py, beit.py) read alike: an
-activation's name, a size that may be a pair."""
+"""What the Hugging Face layouts of timm's Eva and Beit (dinov3.py, beit.py) read and write alike:
+an activation's name, a size that may be a pair, the refusal of what a layout cannot hold, the
+sizes of a config.json."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from weights.canonical import WeightError
+from weights.config import ViTConfig
 
 ACT = {"gelu": "gelu", "silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 ACT_BACK = {v: k for k, v in ACT.items()}  # ours -> transformers' hidden_act
@@ -22,3 +24,26 @@ def act_of(hf: Mapping) -> str:
 def size(value):
     """An image or patch size as config.json holds it (an int, or a list of two) as ViTConfig's."""
     return tuple(value) if isinstance(value, list) else value
+
+
+def refuse(config: ViTConfig, model_type: str, holds: Mapping, extra: list[str]) -> None:
+    """A WeightError naming each option of ``config`` outside what the layout ``holds`` (and ``extra``)."""
+    wrong = [f"{k}={getattr(config, k)!r}" for k, ok in holds.items() if getattr(config, k) not in ok] + extra
+    if wrong:
+        raise WeightError(f"the Hugging Face {model_type} layout cannot hold {', '.join(wrong)}")
+
+
+def sizes_to_hf(config: ViTConfig) -> dict:
+    """A config.json's sizes, activation and eps for ``config`` (a pair only where it is not square)."""
+    ph, pw = config.patch_size
+    return {
+        "hidden_size": config.embed_dim,
+        "intermediate_size": config.mlp_hidden_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "hidden_act": ACT_BACK[config.act_layer],
+        "layer_norm_eps": config.norm_eps,
+        "image_size": list(config.img_size) if config.img_size[0] != config.img_size[1] else config.img_size[0],
+        "patch_size": [ph, pw] if ph != pw else ph,
+        "num_channels": config.in_chans,
+    }

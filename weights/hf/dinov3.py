@@ -20,7 +20,7 @@ import numpy as np
 
 from weights.canonical import WeightError, block_shapes, expected_shapes
 from weights.config import ViTConfig
-from weights.hf.common import ACT_BACK, act_of, size
+from weights.hf.common import act_of, refuse, size, sizes_to_hf
 from weights.options import holds
 
 MODEL_TYPE = "dinov3_vit"
@@ -69,25 +69,17 @@ def dinov3_config_to_vit(hf: Mapping) -> ViTConfig:
 
 
 def vit_config_to_dinov3(config: ViTConfig) -> dict:
-    wrong = [f"{k}={getattr(config, k)!r}" for k, ok in HOLDS.items() if getattr(config, k) not in ok]
-    if config.init_values is None:
-        wrong.append("init_values=None (DINOv3 always has LayerScale)")
-    if wrong:
-        raise WeightError(f"the Hugging Face {MODEL_TYPE} layout cannot hold {', '.join(wrong)}")
-    ph, pw = config.patch_size
+    refuse(
+        config,
+        MODEL_TYPE,
+        HOLDS,
+        ["init_values=None (DINOv3 always has LayerScale)"] if config.init_values is None else [],
+    )
     return {
         "model_type": MODEL_TYPE,
         "architectures": ["DINOv3ViTModel"],
-        "hidden_size": config.embed_dim,
-        "intermediate_size": config.mlp_hidden_dim,
-        "num_hidden_layers": config.depth,
-        "num_attention_heads": config.num_heads,
-        "hidden_act": ACT_BACK[config.act_layer],
-        "layer_norm_eps": config.norm_eps,
+        **sizes_to_hf(config),
         "rope_theta": config.rope_temperature,
-        "image_size": list(config.img_size) if config.img_size[0] != config.img_size[1] else config.img_size[0],
-        "patch_size": [ph, pw] if ph != pw else ph,
-        "num_channels": config.in_chans,
         "query_bias": config.qkv_bias,
         "key_bias": config.qkv_bias and config.k_bias,
         "value_bias": config.qkv_bias,
