@@ -243,12 +243,13 @@ def timm_named_float64(name: str, **overrides):
 
 
 def reduced(name: str):
-    """A family preset with one block on a 2x3 patch grid: the same options, cheap to run; the
-    timm model built with the same reductions."""
+    """A family preset with one block of its heads at a width of 8 each on a 2x3 patch grid: the
+    same options (its MLP's ratio to the width too), cheap to run; the timm model built with the
+    same reductions."""
     config = get_config(name)
     (ph, pw) = config.patch_size
-    img = (2 * ph, 3 * pw)
-    return config.replace(img_size=img, depth=1), dict(img_size=img, depth=1)
+    small = dict(img_size=(2 * ph, 3 * pw), depth=1, embed_dim=8 * config.num_heads)
+    return config.replace(**small), small
 
 
 @pytest.mark.parametrize("name", [n for n in FAMILY_PRESETS if n != "vit_giant_patch14_dinov2"])
@@ -297,7 +298,7 @@ CI_PRESETS = {
 
 @pytest.mark.parametrize("name", RUNNABLE if heavy() else list(CI_PRESETS))
 def test_every_port_is_within_its_bound_at_every_stage_of_a_family_preset(name):
-    """Each reduced preset (one block, 2x3 patches) on trained-like weights; the full-size
+    """Each reduced preset (one block, heads 8 wide, 2x3 patches) on trained-like weights; the full-size
     presets run in the thorough profile (test below)."""
     config, _ = reduced(name)
     weights = S.TrainedLike(5)

@@ -102,6 +102,7 @@ class Chain:
         self.precision = Precision(precision) if isinstance(precision, str) else precision
         self.noisy_runs, self.seed, self.stream = noisy_runs, seed, stream
         self._runs: _Runs | None = None
+        self._last_readers: dict[str, int] | None = None
 
     def _run(self) -> _Runs:
         if self._runs is None:
@@ -118,12 +119,14 @@ class Chain:
 
     def last_readers(self) -> dict[str, int]:
         """Each stage's place, in model order, of the last stage that reads it (or its own): what
-        a run going in model order may let go once past it."""
-        last = {n: i for i, n in enumerate(self.names)}
-        for i, n in enumerate(self.names):
-            for k in self.inputs(n):
-                last[k] = max(last.get(k, i), i)
-        return last
+        a run going in model order may let go once past it (worked out once: every fit reads it)."""
+        if self._last_readers is None:
+            last = {n: i for i, n in enumerate(self.names)}
+            for i, n in enumerate(self.names):
+                for k in self.inputs(n):
+                    last[k] = max(last.get(k, i), i)
+            self._last_readers = last
+        return dict(self._last_readers)
 
     def evaluate(self, name: str, t: Mapping[str, np.ndarray], precision: Precision | None = None):
         """(value, unit bound) of stage ``name`` from its inputs ``t``, in ``precision`` (default:
@@ -220,9 +223,11 @@ class CaseModel(Chain):
         self._s = {k: np.asarray(v, np.float64) for k, v in state.items()} if small else _Float64(state)
         self._x = np.asarray(images, np.float64)
         self.names = tuple(tap_names(config))
+        # read for every stage of every noisy run and fit: looked up here, not through the config's hash
+        self._inputs = {n: stage_inputs(n, config) for n in self.names}
 
     def inputs(self, name):
-        return stage_inputs(name, self.config)
+        return self._inputs[name] if name in self._inputs else stage_inputs(name, self.config)
 
     def evaluate(self, name, t, precision=None):
         return evaluate(name, t, self._x, self._s, self.config, precision or self.precision)
