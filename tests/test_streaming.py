@@ -82,6 +82,47 @@ def test_streamed_noisy_runs_are_the_runs_one_after_another(preset, dtype, monke
     assert max(abs(other.spread(n) / expected[n] - 1) for n in other.names) > 1e-2
 
 
+@pytest.mark.parametrize("preset", ["vit_test_token", "vit_test_beit", "vit_test_siglip"])
+def test_held_noisy_runs_stacked_side_by_side_are_the_runs_one_after_another(preset, monkeypatch):
+    """A small case's noisy runs go through each stage at once, stacked along the batch axis
+    (``Chain.evaluate_runs``): the same draws and, in float64, the same spread at every stage
+    (but the last bits of a product of another shape)."""
+    config, state, images = _case(preset)
+    expected = _spread_one_run_after_another(E.CaseModel(config, state, images, "bfloat16"))
+    calls = []
+    stacked = E.CaseModel.evaluate_runs
+    monkeypatch.setattr(E.CaseModel, "evaluate_runs", lambda self, *a: calls.append(a[2]) or stacked(self, *a))
+    held = E.CaseModel(config, state, images, "bfloat16")
+    got = {name: held.spread(name) for name in held.names}
+    assert len(calls) == len(held.names) and set(calls) == {8}  # every stage, its eight runs at once
+    assert max(abs(got[n] / expected[n] - 1) for n in held.names) < 1e-9
+
+    # companion: runs stacked out of step (every run reading the first run's inputs) move the spread
+    def first(v):
+        return np.concatenate([v[: len(v) // 8]] * 8)
+
+    monkeypatch.setattr(E.CaseModel, "evaluate_runs", lambda self, n, t, *a: stacked(self, n, _Each(t, first), *a))
+    wrong = E.CaseModel(config, state, images, "bfloat16")
+    assert max(abs(wrong.spread(n) / expected[n] - 1) for n in wrong.names) > 1e-2
+
+
+class _Each(dict):
+    """A mapping whose every value is ``f`` of the one held."""
+
+    def __init__(self, held, f):
+        super().__init__()
+        self.held, self.f = held, f
+
+    def __getitem__(self, key):
+        return self.f(self.held[key])
+
+    def get(self, key, default=None):
+        return self.f(self.held[key]) if key in self.held else default
+
+    def __contains__(self, key):
+        return key in self.held
+
+
 def test_a_streamed_case_judges_every_stage_as_a_held_one():
     """compare_outputs on a streamed model (threads, the oracle let go) gives the held model's
     results, ratio for ratio; the oracle is read in model order only."""

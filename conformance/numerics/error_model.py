@@ -133,6 +133,13 @@ class Chain:
         the chain's)."""
         raise NotImplementedError
 
+    def evaluate_runs(self, name: str, t: Mapping[str, np.ndarray], runs: int, precision: Precision):
+        """The value of ``name`` for ``runs`` runs at once, each input of ``t`` the runs' values
+        stacked along the batch axis (run r's batch r-th), or None where the chain cannot (each
+        run is then evaluated on its own). Every stage computes each image on its own, so a
+        stacked batch is the runs side by side: one call instead of one per run (``_Runs``)."""
+        return None
+
     def sizes(self) -> dict[str, int]:
         """Each stage's number of elements (before anything is computed)."""
         raise NotImplementedError
@@ -225,12 +232,18 @@ class CaseModel(Chain):
         self.names = tuple(tap_names(config))
         # read for every stage of every noisy run and fit: looked up here, not through the config's hash
         self._inputs = {n: stage_inputs(n, config) for n in self.names}
+        self._tiled: tuple[int, np.ndarray | None] = (0, None)  # (runs, the images once per run)
 
     def inputs(self, name):
         return self._inputs[name] if name in self._inputs else stage_inputs(name, self.config)
 
     def evaluate(self, name, t, precision=None):
         return evaluate(name, t, self._x, self._s, self.config, precision or self.precision)
+
+    def evaluate_runs(self, name, t, runs, precision):
+        if self._tiled[0] != runs:
+            self._tiled = (runs, np.concatenate([self._x] * runs))
+        return evaluate(name, t, self._tiled[1], self._s, self.config, precision)[0]
 
     def sizes(self):
         shapes = tap_shapes(self.config, self.images.shape[0], self.images.shape[2:])

@@ -101,6 +101,8 @@ class _Runs:
         self.done = 0  # stages computed, in model order
         self.clean: dict[str, np.ndarray] = {}
         self.noisy: list[dict[str, np.ndarray]] = [{} for _ in range(self.runs)]
+        # held: the runs' stages stacked along the batch axis (``_stacked_step``), while the chain can
+        self.stacked: dict[str, np.ndarray] | None = {} if held else None
         self.spread: dict[str, float] = {}
         self.pending: dict[str, list] = {}  # streamed: each step's noisy runs in the pool, oldest first
         self.tapes: dict[str, Tape] = {}  # streamed: the last step's tape, for its local check to follow
@@ -171,7 +173,8 @@ class _Runs:
         self.clean[name] = value
         self.done = i + 1
         if self.held:
-            self.spread[name] = max(map(perturbed, runs))
+            stacked = self._stacked_step(name, value, bound, quiet, let_past, tape)
+            self.spread[name] = max(map(perturbed, runs)) if stacked is None else stacked
             return
         # Each run's step after its step before, in the pool: FIFO, so a step waits only on one
         # already running or done. Beside them the clean run goes on, and what reads it.
@@ -180,6 +183,40 @@ class _Runs:
         self.tapes = {name: tape}  # the comparison takes it for the local check as it reads the value
         for k in [k for k in self.clean if self.last[k] < i]:  # past their last reader and their own step
             del self.clean[k]
+
+    def _stacked_step(self, name, value, bound, quiet, let_past, tape) -> float | None:
+        """A held step's noisy runs in one evaluation, their stages stacked along the batch axis
+        (``Chain.evaluate_runs``): the same values and draws as run by run (each run's noise from
+        its own generator, in stage order), the largest spread over the runs. None where the
+        runs go one at a time from here on (then ``noisy`` holds them): the chain cannot stack
+        them, or the clean step taped a product each run follows (``Tape``: a large one)."""
+        chain, R = self.chain, self.runs
+        if self.stacked is None:
+            return None
+        if any(getattr(tape, kind) for kind in tape.KINDS):
+            self._unstack()
+            return None
+        stacked = chain.evaluate_runs(name, self.stacked, R, quiet)
+        if stacked is None:
+            self._unstack()
+            return None
+        v = np.asarray(stacked, np.float64).reshape(R, *value.shape)
+        noise = np.empty(v.shape)
+        for r in range(R):
+            self.rngs[r].standard_normal(out=noise[r])
+        noise *= bound
+        v = np.add(v, noise, out=noise)  # v + noise x bound, as run by run
+        self.stacked[name] = v.reshape(R * value.shape[0], *value.shape[1:])
+        for k in let_past:
+            self.stacked.pop(k, None)
+        return float(np.abs(v - value).max(initial=0.0))
+
+    def _unstack(self) -> None:
+        """Each run's stages so far, from the stacked batch, for the runs to go on one at a time."""
+        for k, v in self.stacked.items():
+            for r, part in enumerate(v.reshape(self.runs, -1, *v.shape[1:])):
+                self.noisy[r][k] = part
+        self.stacked = None
 
     def _settle_oldest(self) -> None:
         name = next(iter(self.pending))
