@@ -289,6 +289,9 @@ def diagnosis_table() -> str:
     """Every bug class (conformance.diagnosis.classes): where it is fitted, what it says, the hint."""
     from conformance.diagnosis.classes import ATTENTION_CLASSES, CLASSES, GRADIENT_CLASSES, OBSERVED
     from conformance.zoo import MUTANTS
+    from impls.stages import BY_KIND
+
+    FAMILY_FORMS = {"token_statistics": "fitted per token", "eps": "fitted over eps", "factor": "fitted constant"}
 
     by_class: dict[str, list[str]] = {}
     for m in MUTANTS.values():
@@ -298,8 +301,8 @@ def diagnosis_table() -> str:
         [
             f"`{c.name}`",
             where,
-            ", ".join(f"`{k}`" for k in c.kinds) or "any",
-            "fitted per token" if c.family else ("observed" if where == "observed" else form(c)),
+            "every stage" if set(c.kinds) == set(BY_KIND) else ", ".join(f"`{k}`" for k in c.kinds) or "any",
+            FAMILY_FORMS[c.family] if c.family else ("observed" if where == "observed" else form(c)),
             c.says,
             c.hint,
             ", ".join(by_class.get(c.name, [])) or "-",

@@ -96,15 +96,55 @@ def test_a_fraction_of_a_class_is_not_named_and_the_closest_is_told():
     assert "no known bug class matches; closest: gelu_tanh (α = 0.5" in d.line(), d.line()
 
 
+def test_the_seed_posts_embedding_scaled_by_the_square_root_of_d_model_is_located_and_named():
+    """Seed post 004's Transformer embedding, times √d_model, in a ViT port: verify locates it at
+    patch_embed and names the factor (it was told as the noise of patch_bias_dropped before)."""
+    from functools import partial
+
+    from conformance.verify.forward import verify
+    import impls.torch_vit as T
+
+    class ScaledPatchEmbed(T.PatchEmbed):
+        def project(self, x, taps=None, name="patch_embed"):
+            return super().project(x, taps, name) * self.proj.weight.shape[0] ** 0.5
+
+    config = get_config("vit_test_token")
+    report = verify(partial(T.make, embed_layer=ScaledPatchEmbed), config, port="embedding x √d_model")
+    assert report.located() == "patch_embed" and report.diagnosis.named == "constant_factor", report.diagnosis.line()
+    assert "(c = 4.899, √embed_dim = √24)" in report.diagnosis.line()
+
+
 def test_an_unknown_bug_gets_no_name():
-    """A GELU scaled by 1.01 is no class of mlp.act: none is named."""
+    """A GELU plus 1 % of its sine is no class of mlp.act: none is named (not even a constant factor)."""
     config = get_config("vit_test_token")
     state, images = _case(config, None)
     model = CaseModel(config, state, images)
     out = dict(factory("torch")(config, state)(images))
-    out["blocks.0.mlp.act"] = out["blocks.0.mlp.act"] * np.float32(1.01)
+    act = out["blocks.0.mlp.act"]
+    out["blocks.0.mlp.act"] = act + np.float32(0.01) * np.sin(act)
     d = diagnose("blocks.0.mlp.act", out, model)
     assert d.named is None and len(d.fits) >= 2, d.line()
+
+
+@pytest.mark.parametrize(
+    "stage, factor, said",
+    [
+        ("patch_embed", 24**0.5, "c = 4.899, √embed_dim = √24"),  # seed post 004: the embedding times √d_model
+        ("blocks.1.attn", -1.0, "c = -1, -1"),
+        ("blocks.0.mlp.act", 1.01, "c = 1.01, fitted"),
+    ],
+)
+def test_a_stage_times_a_constant_is_named_with_the_constant(stage, factor, said):
+    """The constant-factor class: a meaningful constant named as such, another as fitted; the
+    companions are test_an_unknown_bug_gets_no_name (not a multiple) and the classes of one
+    operation named before it (test_a_stage_computed_as_a_bug_class_is_named_as_it, unchanged)."""
+    config = get_config("vit_test_token")
+    state, images = _case(config, None)
+    model = CaseModel(config, state, images)
+    out = dict(factory("torch")(config, state)(images))
+    out[stage] = out[stage] * np.float32(factor)
+    d = diagnose(stage, out, model)
+    assert d.named == "constant_factor" and f"({said})" in d.line(), d.line()
 
 
 def test_verify_reports_the_diagnosis_in_text_and_json_and_none_when_conformant():

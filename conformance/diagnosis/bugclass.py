@@ -31,7 +31,8 @@ class BugClass:
     # A class whose difference is not one array but a family: "token_statistics", a LayerNorm whose
     # per-token variance is off by float32's cancellation in E[x^2] - E[x]^2 (rounding the oracle
     # cannot replay in the port's order of summation: fitted per token, fit.token_statistics);
-    # "eps", a LayerNorm with an eps of its own (fitted over a grid of them, fit.fitted_eps)
+    # "eps", a LayerNorm with an eps of its own (fitted over a grid of them, fit.fitted_eps);
+    # "factor", any stage times a constant (the meaningful ones, then fitted: fit.constant_factor)
     family: str | None = None
     attention: Callable | None = None  # a standalone attention's weights(q, k, mask, options) (ATTENTION_CLASSES)
     gradient: Callable | None = None  # a gradient's value under the class (GRADIENT_CLASSES)

@@ -295,7 +295,48 @@ def fitted_eps(port, base, values, stage: str, bound, tol, name) -> Fit | None:
     return best
 
 
-FAMILIES = {"token_statistics": token_statistics, "eps": fitted_eps}  # classes.BugClass.family -> its fit
+def factors(config) -> list[tuple[float, str]]:
+    """The constants a port multiplies a stage by where the reference does not (or leaves out
+    where it does), each with its name: the Transformer paper's embedding scale √d_model, the
+    attention's 1/√head_dim applied twice or not at all, a half, a double, a sign."""
+    D, hd = config.embed_dim, config.head_dim
+    return [
+        (D**0.5, f"√embed_dim = √{D}"),
+        (D**-0.5, f"1/√embed_dim = 1/√{D}"),
+        (hd**0.5, f"√head_dim = √{hd}"),
+        (hd**-0.5, f"1/√head_dim = 1/√{hd}"),
+        (2.0, "2"),
+        (0.5, "1/2"),
+        (-1.0, "-1"),
+    ]
+
+
+def constant_factor(port, base, values, stage: str, bound, tol, name) -> Fit | None:
+    """The stage times a constant c: the class c x the oracle fitted for each meaningful constant
+    (``factors``), then for c fitted by least squares (weighted by the bound), the closest kept,
+    c told with its name or as fitted."""
+    if not np.isfinite(port).all():
+        return None
+    w = 1.0 / (bound * bound)
+    denominator = float(np.sum(base * base * w))
+    if denominator == 0.0:
+        return None
+    fitted = float(np.sum(port * base * w)) / denominator
+    best = None
+    for c, label in [*factors(values.model.config), (fitted, "fitted")]:
+        fit = _fit(port, base, c * base, bound, abs(c) * bound, tol, name)
+        if fit is not None and (best is None or (fit.named, -fit.distance) > (best.named, -best.distance)):
+            best = fit
+            best.detail = f" (c = {c:.4g}, {label})"
+        if best is not None and best.named:
+            break  # a meaningful constant before the fitted value
+    if best is not None:
+        best.family = True  # after the classes of one coefficient
+    return best
+
+
+# classes.BugClass.family -> its fit
+FAMILIES = {"token_statistics": token_statistics, "eps": fitted_eps, "factor": constant_factor}
 
 
 def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:

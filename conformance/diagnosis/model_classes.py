@@ -11,7 +11,7 @@ import numpy as np
 from conformance.numerics.error_model import evaluate, softmax_weights
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
-from impls.stages import stage_inputs, stage_kind
+from impls.stages import BY_KIND, stage_inputs, stage_kind
 from weights.canonical import qkv_parts
 from conformance.diagnosis.bugclass import BugClass, QUIET
 from conformance.diagnosis.position_classes import POSITION_CLASSES, TABLE_CLASSES
@@ -511,5 +511,10 @@ CLASSES: tuple[BugClass, ...] = (
              "DeiT's logits are (head(x[:, 0]) + head_dist(x[:, 1])) / 2: DeiTForImageClassificationWithTeacher",
              stage=lambda n, t, i, s, c: t["pooled"] @ s["head.weight"].T + s.get("head.bias", 0.0) if n == "logits" else None,
              when=lambda c: c.distilled and c.num_classes > 0),
+    # any stage, last: a class of one operation above explains the same factor first
+    BugClass("constant_factor", tuple(sorted(BY_KIND)), "this stage times a constant c",
+             "a factor the reference does not apply, or one it does left out: the Transformer paper's "
+             "embedding scale √d_model (a ViT has none), a scale applied twice or not at all, a sign",
+             family="factor"),
 )
 # fmt: on
