@@ -101,26 +101,11 @@ def test_held_noisy_runs_stacked_side_by_side_are_the_runs_one_after_another(pre
     def first(v):
         return np.concatenate([v[: len(v) // 8]] * 8)
 
-    monkeypatch.setattr(E.CaseModel, "evaluate_runs", lambda self, n, t, *a: stacked(self, n, _Each(t, first), *a))
+    monkeypatch.setattr(
+        E.CaseModel, "evaluate_runs", lambda self, n, t, *a: stacked(self, n, {k: first(v) for k, v in t.items()}, *a)
+    )
     wrong = E.CaseModel(config, state, images, "bfloat16")
     assert max(abs(wrong.spread(n) / expected[n] - 1) for n in wrong.names) > 1e-2
-
-
-class _Each(dict):
-    """A mapping whose every value is ``f`` of the one held."""
-
-    def __init__(self, held, f):
-        super().__init__()
-        self.held, self.f = held, f
-
-    def __getitem__(self, key):
-        return self.f(self.held[key])
-
-    def get(self, key, default=None):
-        return self.f(self.held[key]) if key in self.held else default
-
-    def __contains__(self, key):
-        return key in self.held
 
 
 def test_a_streamed_case_judges_every_stage_as_a_held_one():
