@@ -114,6 +114,29 @@ def test_the_seed_posts_embedding_scaled_by_the_square_root_of_d_model_is_locate
     assert "(c = 4.899, √embed_dim = √24)" in report.diagnosis.line()
 
 
+def test_timms_vit_with_its_patch_tokens_scaled_by_the_square_root_of_d_model_is_named_at_embed():
+    """The same scale where a user adds it to timm's model as shipped (a forward hook on its
+    patch_embed, read by capture at the projection): located at embed, where the position
+    embedding joins, and named with the factor on the patch tokens."""
+    import timm
+
+    from conformance.capture import ModelPort
+    from conformance.verify.forward import verify
+
+    def build(c):
+        model = timm.create_model(
+            "vit_tiny_patch16_224", img_size=c.img_size, patch_size=c.patch_size, embed_dim=c.embed_dim,
+            depth=c.depth, num_heads=c.num_heads, num_classes=c.num_classes,
+        ).eval()  # fmt: skip
+        model.patch_embed.register_forward_hook(lambda module, args, out: out * c.embed_dim**0.5)
+        return model
+
+    report = verify(ModelPort(build, rename={}), get_config("vit_test_token"), port="timm, patch tokens x √d_model")
+    line = report.diagnosis.line()
+    assert report.located() == "embed" and report.diagnosis.named == "constant_factor", line
+    assert "(c = 4.899 on the patch tokens, √embed_dim = √24)" in line, line
+
+
 def test_an_unknown_bug_gets_no_name():
     """A GELU plus 1 % of its sine is no class of mlp.act: none is named (not even a constant factor)."""
     config = get_config("vit_test_token")

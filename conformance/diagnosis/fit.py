@@ -312,27 +312,49 @@ def factors(config) -> list[tuple[float, str]]:
 
 
 def constant_factor(port, base, values, stage: str, bound, tol, name) -> Fit | None:
-    """The stage times a constant c: the class c x the oracle fitted for each meaningful constant
-    (``factors``), then for c fitted by least squares (weighted by the bound), the closest kept,
-    c told with its name or as fitted."""
+    """The stage times a constant c (at ``embed`` also the patch tokens times c before the position
+    embedding is added, where the Transformer paper scales): the class fitted for each meaningful
+    constant (``factors``), then for c fitted by least squares (weighted by the bound), the closest
+    kept, c told with its name or as fitted."""
     if not np.isfinite(port).all():
         return None
     w = 1.0 / (bound * bound)
-    denominator = float(np.sum(base * base * w))
-    if denominator == 0.0:
-        return None
-    fitted = float(np.sum(port * base * w)) / denominator
     best = None
-    for c, label in [*factors(values.model.config), (fitted, "fitted")]:
-        fit = _fit(port, base, c * base, bound, abs(c) * bound, tol, name)
-        if fit is not None and (best is None or (fit.named, -fit.distance) > (best.named, -best.distance)):
-            best = fit
-            best.detail = f" (c = {c:.4g}, {label})"
+    for where, scaled in _multiples(stage, base, values):
+        d = scaled(2.0) - base  # what c - 1 adds (each variant is linear in c)
+        dd = float(np.sum(d * d * w))
+        if dd == 0.0:
+            continue
+        fitted = 1.0 + float(np.sum((port - base) * d * w)) / dd
+        for c, label in [*factors(values.model.config), (fitted, "fitted")]:
+            alt = scaled(c)
+            fit = _fit(port, base, alt, bound, _scaled(bound, alt, base), tol, name)
+            if fit is not None and (best is None or (fit.named, -fit.distance) > (best.named, -best.distance)):
+                best = fit
+                best.detail = f" (c = {c:.4g}{where}, {label})"
+            if best is not None and best.named:
+                break  # a meaningful constant before the fitted value
         if best is not None and best.named:
-            break  # a meaningful constant before the fitted value
+            break  # the whole stage before its inputs
     if best is not None:
         best.family = True  # after the classes of one coefficient
     return best
+
+
+def _multiples(stage: str, base, values):
+    """(where, c -> the stage with a factor c there): the stage itself; at ``embed`` its patch
+    tokens, before the prefix tokens and the position embedding join them."""
+    yield "", lambda c: c * base
+    model = values.model
+    if model.kind(stage) == "embed":
+        (tokens,) = model.inputs(stage)
+        x = values[tokens]
+
+        def scaled(c):
+            out = evaluate(stage, {tokens: c * x}, model._x, model._s, model.config, QUIET)[0]
+            return np.asarray(out, np.float64)
+
+        yield " on the patch tokens", scaled
 
 
 # classes.BugClass.family -> its fit
