@@ -97,19 +97,13 @@ def test_a_fraction_of_a_class_is_not_named_and_the_closest_is_told():
 
 
 def test_the_seed_posts_embedding_scaled_by_the_square_root_of_d_model_is_located_and_named():
-    """Seed post 004's Transformer embedding, times √d_model, in a ViT port: verify locates it at
-    patch_embed and names the factor (it was told as the noise of patch_bias_dropped before)."""
-    from functools import partial
+    """Seed post 004's Transformer embedding, times √d_model, in a ViT port (the zoo's
+    torch_patch_embed_times_sqrt_d): verify locates it at patch_embed and names the factor (it was
+    told as the noise of patch_bias_dropped before)."""
+    from conformance.zoo import MUTANTS
+    from conformance.zoo.run import verify_mutant
 
-    from conformance.verify.forward import verify
-    import impls.torch_vit as T
-
-    class ScaledPatchEmbed(T.PatchEmbed):
-        def project(self, x, taps=None, name="patch_embed"):
-            return super().project(x, taps, name) * self.proj.weight.shape[0] ** 0.5
-
-    config = get_config("vit_test_token")
-    report = verify(partial(T.make, embed_layer=ScaledPatchEmbed), config, port="embedding x √d_model")
+    report = verify_mutant(MUTANTS["torch_patch_embed_times_sqrt_d"])
     assert report.located() == "patch_embed" and report.diagnosis.named == "constant_factor", report.diagnosis.line()
     assert "(c = 4.899, √embed_dim = √24)" in report.diagnosis.line()
 

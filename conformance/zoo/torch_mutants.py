@@ -103,6 +103,13 @@ class PatchEmbedColumnMajor(T.PatchEmbed):
         return self.proj(x).transpose(2, 3).flatten(2).transpose(1, 2)
 
 
+class PatchEmbedTimesSqrtD(T.PatchEmbed):
+    """Seed post 004's Transformer embedding scale: the patch tokens times √d_model."""
+
+    def project(self, x, taps=None, name="patch_embed"):
+        return super().project(x, taps, name) * self.proj.weight.shape[0] ** 0.5
+
+
 class PatchEmbedRearrangeS1S2C(T.PatchEmbed):
     """Seed post 002's linear patch embedding, 'b c (h s1) (w s2) -> b (h w) (s1 s2 c)', fed the
     conv kernel flattened as (c, s1, s2): the orders disagree as soon as in_chans > 1."""
@@ -147,6 +154,7 @@ qkv_heads_first = partial(T.make, attn_layer=AttentionQkvHeadsFirst)
 qkv_einops_h_d_qkv = partial(T.make, attn_layer=AttentionEinopsHdQkv)
 fused_attention_dropout = partial(T.make, attn_layer=AttentionFusedDropout)
 tokens_column_major = partial(T.make, embed_layer=PatchEmbedColumnMajor)
+patch_embed_times_sqrt_d = partial(T.make, embed_layer=PatchEmbedTimesSqrtD)
 patch_linear_s1s2c = partial(T.make, embed_layer=PatchEmbedRearrangeS1S2C)
 mean_pool_instead_of_cls = partial(T.make, model_cls=VisionTransformerMeanPoolsAll)
 distillation_head_unused = partial(T.make, model_cls=VisionTransformerClassHeadOnly)
