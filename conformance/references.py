@@ -7,6 +7,7 @@ are read through forward hooks on timm's own modules, not recomputed here.
 from __future__ import annotations
 
 import contextlib
+import math
 from contextlib import contextmanager
 from functools import partial
 
@@ -25,6 +26,8 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
 
     if config.rel_pos_bias:
         return _timm_beit(config, state, dtype, rates)
+    if config.pos_embed_grid_size is not None:
+        return _timm_naflex(config, state, dtype, rates)
     if _eva_only(config):
         return _timm_eva(config, state, dtype, rates)
     mlp_layer = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}[config.mlp_layer]
@@ -206,6 +209,38 @@ def _timm_beit(config: ViTConfig, state, dtype, rates: dict):
     return model.eval()
 
 
+# what of a config timm's NaFlexVit takes by its own keywords (NaFlexVitCfg's fields, the same names)
+_NAFLEX_KEYWORDS = ("mlp_ratio", "qk_norm", "proj_bias", "init_values", "class_token", "reg_tokens")
+_NAFLEX_KEYWORDS += ("pre_norm", "fc_norm", "act_layer", "pool_include_prefix", "pos_embed_grid_size")
+_NAFLEX = {"no_embed_class": True, "pos_embed": "learn", "mlp_layer": "mlp", "distilled": False, "norm_bias": True}
+_NAFLEX.update(dict.fromkeys(("rope_type", "attn_pool_num_heads", "mlp_bias"), None))
+_NAFLEX.update(k_bias=True, qkv_fused=True, scale_mlp=False, patch_norm=False, embed_norm=False)
+
+
+def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
+    """timm's NaFlexVit for a table of its own grid (``pos_embed_grid_size``), in eval mode, with
+    ``state`` loaded strictly in its layout (weights/layouts/naflex.py)."""
+    import torch
+    from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
+
+    from weights.layouts.naflex import from_canonical
+
+    beyond = [f"{k}={getattr(config, k)!r}" for k, ok in _NAFLEX.items() if getattr(config, k) != ok]
+    if beyond:
+        raise NotInTimm(f"timm's NaFlexVit has no keyword for {', '.join(beyond)}")
+    skip = ("img_size", "in_chans", "num_classes")  # NaFlexVit's own arguments, beside its cfg
+    sizes = {k: v for k, v in _sizes(config).items() if k not in skip}
+    cfg = NaFlexVitCfg(**sizes, **{k: getattr(config, k) for k in _NAFLEX_KEYWORDS}, **rates)
+    model = NaFlexVit(cfg, in_chans=config.in_chans, num_classes=config.num_classes, img_size=config.img_size)
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = config.norm_eps
+    if state is not None:
+        tensors = {k: torch.from_numpy(np.array(v)) for k, v in from_canonical(dict(state), config).items()}
+        model.load_state_dict(tensors, strict=True)
+    return (model if dtype is None else model.to(dtype)).eval()
+
+
 def _sizes(config: ViTConfig) -> dict:
     """The keywords timm's Eva and Beit share with the config's fields, by the same names."""
     fields = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads")
@@ -289,12 +324,22 @@ def _numpy(t) -> np.ndarray:
 
 
 def timm_state_keys(model) -> dict[str, tuple[int, ...]]:
-    """Each canonical key of timm's model (VisionTransformer's or Eva's) and its shape, in its order."""
-    return {_eva_key(k, back=True): tuple(v.shape) for k, v in model.state_dict().items()}
+    """Each canonical key of timm's model (VisionTransformer's, Eva's, NaFlexVit's) and its shape, in its order."""
+    return {k: v.shape for k, v in timm_state(model, meta=True).items()}
 
 
-def timm_state(model) -> dict[str, np.ndarray]:
-    return {_eva_key(k, back=True): v.detach().float().numpy().copy() for k, v in model.state_dict().items()}
+def timm_state(model, meta: bool = False) -> dict[str, np.ndarray]:
+    state = {k: v.detach().float() for k, v in model.state_dict().items()}
+    if meta:  # shapes only: a model on the meta device holds no values
+        state = {k: np.broadcast_to(np.float32(0), v.shape) for k, v in state.items()}
+    else:
+        state = {k: v.numpy().copy() for k, v in state.items()}
+    if hasattr(model, "embeds"):  # timm's NaFlexVit
+        from weights.layouts.naflex import to_canonical
+
+        proj = model.embeds.proj
+        return to_canonical(state, model.embeds.patch_size, proj.in_features // math.prod(model.embeds.patch_size))
+    return {_eva_key(k, back=True): v for k, v in state.items()}
 
 
 def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
@@ -338,7 +383,7 @@ def _hooked(model, taps: dict):
                 b, n, width = value.shape
                 heads, head_dim = attention.num_heads, attention.head_dim
                 value = value.reshape(b, n, width // (heads * head_dim), heads, head_dim)[:, :, -1].transpose(1, 2)
-            taps[name] = value
+            taps[name] = value.clone()  # NaFlexVit adds its position table in place, after its embeds.norm
 
         return store
 
@@ -364,6 +409,8 @@ def _hooked(model, taps: dict):
                 if getattr(root.get_submodule("attn"), "relative_position_bias_table", None) is not None:
                     added.append((root.get_submodule("attn"), name))
                 continue
+            if path.startswith("patch_embed") and hasattr(root, "embeds"):  # timm's NaFlexVit: its embeds
+                path = "embeds" + path.removeprefix("patch_embed")
             try:
                 module = root.get_submodule(path) if path else root
             except AttributeError:  # a stage timm has no module for (a patch norm): no stage
@@ -495,7 +542,13 @@ def timm_named_port(name: str):
         import torch
 
         model = timm.create_model(name, pretrained=False, img_size=config.img_size, depth=config.depth)
-        model.load_state_dict({_eva_key(k): torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
+        if hasattr(model, "embeds"):  # timm's NaFlexVit holds the embedding's weights as its own layout
+            from weights.layouts.naflex import from_canonical
+
+            state = from_canonical(dict(state), config)
+        else:
+            state = {_eva_key(k): v for k, v in state.items()}
+        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, strict=True)
         model = model.to(getattr(torch, _TORCH_DTYPES[dtype])).eval()
         return lambda images: timm_taps(model, np.asarray(images))
 

@@ -245,7 +245,7 @@ def add_patch_offset(state: dict[str, np.ndarray], config: ViTConfig, offset: fl
         state[last] = state[last] + np.float32(offset)
     elif "pos_embed" in state:
         pos = state["pos_embed"].copy()
-        pos[:, config.embed_len - config.num_patches :] += np.float32(offset)
+        pos[:, 0 if config.no_embed_class else config.num_prefix_tokens :] += np.float32(offset)
         state["pos_embed"] = pos
 
 

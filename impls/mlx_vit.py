@@ -529,7 +529,7 @@ class VisionTransformer(nn.Module):
             return mx.concatenate(prefix + [x], axis=1)
         if c.pos_embed == "sincos":  # computed at the grid in float32; the prefix tokens get none
             return mx.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D).astype(x.dtype)], axis=1)
-        pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
+        pos = resample_pos_embed(self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return mx.concatenate(prefix + [x + pos], axis=1)
         return mx.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries

@@ -598,7 +598,7 @@ class VisionTransformer(Module):
             return np.concatenate(prefix + [x], axis=1)
         if c.pos_embed == "sincos":  # computed at the grid; the prefix tokens get none
             return np.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D)], axis=1)
-        pos = resample_pos_embed(self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
+        pos = resample_pos_embed(self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return np.concatenate(prefix + [x + pos], axis=1)
         return np.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries

@@ -348,7 +348,8 @@ def test_npz_refuses_a_pooling_it_cannot_hold():
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_round_trips_bitwise_through_the_command(layout, tmp_path, cli):
-    config = get_config("vit_test_clip" if layout == "open_clip" else "vit_test_token").replace(img_size=(16, 16))
+    preset = {"open_clip": "vit_test_clip", "naflex": "vit_test_naflex"}.get(layout, "vit_test_token")
+    config = get_config(preset).replace(img_size=(16, 16))
     state = init_state(config, seed=5)
     if layout == "open_clip":
         state["head.bias"][:] = 0.0  # open_clip's proj has no bias

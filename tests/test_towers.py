@@ -1,5 +1,5 @@
 """The vision towers of timm's Eva and Beit the config expresses (issue: the position schemes of
-today's towers), each preset shrunk to two blocks on a 2 x 3 patch grid: timm.create_model(name) given the
+today's towers; NaFlexVit on images, its 16 x 16 table resampled to the grid), each preset shrunk to two blocks on a 2 x 3 patch grid: timm.create_model(name) given the
 canonical weights, and the three built-in ports, CONFORMANT under verify's cases (trained-like
 weights among them) in float32, bfloat16 and float16. The float64 oracle against timm is
 tests/test_rope.py's and tests/test_beit.py's; the shapes of each preset's keys too."""
@@ -19,6 +19,7 @@ TOWERS = (
     "vit_base_patch16_rope_mixed_224",
     "vit_pe_core_tiny_patch16_384",
     "beit_base_patch16_224",
+    "naflexvit_base_patch16_gap",
 )
 # A tower keeps its width (ViT-S and ViT-B: verify's noisy runs of a 768-wide model take a minute):
 # in ci the narrowest on one port (drawn rope configs run on all three ports in test_model, timm's

@@ -167,6 +167,7 @@ class ViTConfig:
     scale_mlp: bool = False
     attn_pool_num_heads: int | None = None
     rel_pos_bias: bool = False
+    pos_embed_grid_size: int | tuple[int, int] | None = None
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -266,6 +267,14 @@ class ViTConfig:
                 f"pos_embed='sincos' splits embed_dim {self.embed_dim} into sin and cos of x and y, each over "
                 "at least two frequencies: it must be a multiple of 4 from 8"
             )
+        if self.pos_embed_grid_size is not None:
+            object.__setattr__(self, "pos_embed_grid_size", _pair(self.pos_embed_grid_size, "pos_embed_grid_size"))
+            if min(self.pos_embed_grid_size) < 1 or self.pos_embed != "learn" or self.rel_pos_bias:
+                raise ConfigError(
+                    f"pos_embed_grid_size {self.pos_embed_grid_size} is a learned table's own grid (NaFlex): "
+                    f"positive, with pos_embed='learn' and no rel_pos_bias, got pos_embed={self.pos_embed!r}, "
+                    f"rel_pos_bias={self.rel_pos_bias!r}"
+                )
         if self.mlp_bias not in (None, True, False):
             raise ConfigError(f"mlp_bias must be None (as proj_bias), True or False, got {self.mlp_bias!r}")
         if self.distilled is True and (self.global_pool != "token" or self.reg_tokens):
@@ -329,6 +338,11 @@ class ViTConfig:
         return self.grid_size[0] * self.grid_size[1]
 
     @property
+    def pos_grid(self) -> tuple[int, int]:
+        """The learned position table's grid: pos_embed_grid_size, else the images' own."""
+        return self.pos_embed_grid_size or self.grid_size
+
+    @property
     def num_relative_distance(self) -> int:
         """The relative position bias table's rows: every (dy, dx) of the grid, then the class
         token's to the patches, the patches' to it, and its own (timm's Beit)."""
@@ -352,7 +366,8 @@ class ViTConfig:
     @property
     def embed_len(self) -> int:
         """The position embedding's length: the patches, and the prefix tokens unless no_embed_class."""
-        return self.num_patches if self.no_embed_class else self.num_tokens
+        n = self.pos_grid[0] * self.pos_grid[1]
+        return n if self.no_embed_class else n + self.num_prefix_tokens
 
     @property
     def patch_dim(self) -> int:

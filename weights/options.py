@@ -350,6 +350,16 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None),
         timm_name="attn_pool_num_heads (Eva)",
     ),
+    # timm's NaFlexVit (naflexvit.py): one learned table for every image size
+    Option(
+        "pos_embed_grid_size",
+        None,
+        None,
+        "the learned table's own grid where it is not the images' (NaFlex: 16 x 16 at every image size), "
+        "resampled to each image's grid as timm resamples it (bicubic, antialiased)",
+        holds=_only(None),
+        timm_name="pos_embed_grid_size (NaFlexVit)",
+    ),
     # timm's Beit (beit.py): BEiT's relative position bias in every block's attention
     Option(
         "rel_pos_bias",

@@ -95,6 +95,21 @@ PRESETS: dict[str, ViTConfig] = {
         )
         for name, init in (("beit_base_patch16_224", 0.1), ("beitv2_base_patch16_224", 1e-5))
     },
+    # timm's NaFlexVit: no class token, registers after the table is added, one 16 x 16 table resampled to
+    # every image's grid (bicubic, antialiased), the patch embedding a Linear (timm's weights as its
+    # `embeds`: weights/layouts/naflex.py); at its pretrained image size, 384
+    **{
+        name: ViTConfig(
+            img_size=384, patch_size=16, embed_dim=dim, depth=depth, num_heads=heads, mlp_ratio=ratio,
+            qkv_bias=qkv_bias, init_values=1e-5, class_token=False, reg_tokens=regs, no_embed_class=True,
+            global_pool=pool, fc_norm=True if pool == "avg" else None, dynamic_img_size=True, pos_embed_grid_size=16,
+        )
+        for name, dim, depth, heads, ratio, qkv_bias, regs, pool in (
+            ("naflexvit_base_patch16_gap", 768, 12, 12, 4.0, True, 4, "avg"),
+            ("naflexvit_base_patch16_map", 768, 12, 12, 4.0, True, 1, "map"),
+            ("naflexvit_so150m2_patch16_reg1_gap", 832, 21, 13, 34 / 13, False, 1, "avg"),
+        )
+    },
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3
@@ -109,6 +124,12 @@ PRESETS: dict[str, ViTConfig] = {
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
         pos_embed="none", rope_type="cat", rope_grid_indexing="xy", rope_temperature=100.0, k_bias=False,
         scale_mlp=True,
+    ),
+    # vit_test_token as NaFlexVit holds it: registers and no class token, a 3 x 5 table resampled to every grid
+    "vit_test_naflex": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        class_token=False, reg_tokens=2, no_embed_class=True, init_values=1e-5, global_pool="avg", fc_norm=True,
+        dynamic_img_size=True, pos_embed_grid_size=(3, 5),
     ),
     # vit_test_token's square twin: the default for ports of square images only.
     "vit_test_token_square": ViTConfig(

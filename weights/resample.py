@@ -69,5 +69,7 @@ def resample_state(
     """The config and state for running the same weights at ``img_size``."""
     new_config = config.replace(img_size=img_size)
     prefix = 0 if config.no_embed_class else config.num_prefix_tokens  # pytorch-image-models#1365
+    if config.pos_embed_grid_size is not None:  # the table keeps its own grid (NaFlex): resampled at run time
+        return new_config, state
     pos = resample_abs_pos_embed(state["pos_embed"], new_config.grid_size, config.grid_size, prefix)
     return new_config, dict(state, pos_embed=pos)

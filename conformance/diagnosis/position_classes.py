@@ -72,11 +72,11 @@ def _bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 def _pos_embed_without_antialias(name, t, images, s, config):
     grid = config.grid_at(images.shape[2:])
-    if name != "embed" or grid == config.grid_size:
+    if name != "embed" or grid == config.pos_grid:
         return None
     n = 0 if config.no_embed_class else config.num_prefix_tokens
     pos = s["pos_embed"]
-    (gh, gw), D = config.grid_size, pos.shape[-1]
+    (gh, gw), D = config.pos_grid, pos.shape[-1]
     table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
     Rh, Rw = _bicubic_matrix(gh, grid[0]), _bicubic_matrix(gw, grid[1])
     new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)

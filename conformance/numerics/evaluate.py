@@ -81,21 +81,21 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
     weights of both signs, in float32, then stored. The weights themselves are computed in
     float32 by torch (ATen's aa kernel): each is off by up to about u (n_in + 4) absolute, as
     the source position scale (i + 0.5) is rounded (measured: 15.5 u for 16 -> 37)."""
-    grid = config.grid_at(images.shape[2:])
-    if grid == config.grid_size:
+    grid, table = config.grid_at(images.shape[2:]), config.pos_grid
+    if grid == table:
         return pos, 0.0
     n = 0 if config.no_embed_class else config.num_prefix_tokens
-    new = O.resample_pos_embed(pos, config.grid_size, grid, n)
+    new = O.resample_pos_embed(pos, table, grid, n)
     if not p.bounds:
         return new, 0.0
-    Rh, Rw = (np.abs(bicubic_aa_matrix(o, g)) for o, g in zip(config.grid_size, grid))
-    g = np.abs(pos[:, n:]).reshape(pos.shape[0], *config.grid_size, pos.shape[-1])
+    Rh, Rw = (np.abs(bicubic_aa_matrix(o, g)) for o, g in zip(table, grid))
+    g = np.abs(pos[:, n:]).reshape(pos.shape[0], *table, pos.shape[-1])
     flat = (pos.shape[0], -1, pos.shape[-1])
     m = np.einsum("ih,bhwd,jw->bijd", Rh, g, Rw).reshape(flat)
     m_h = np.einsum("ih,bhwd,jw->bijd", (Rh > 0).astype(float), g, Rw).reshape(flat)  # weight errors along h
     m_w = np.einsum("ih,bhwd,jw->bijd", Rh, g, (Rw > 0).astype(float)).reshape(flat)
     taps = math.sqrt(np.count_nonzero(Rh, 1).max()) + math.sqrt(np.count_nonzero(Rw, 1).max())
-    (oh, ow) = config.grid_size
+    (oh, ow) = table
     stored = 0.0 if p.dtype in ("float32", "float64") else p.storage  # the table held in a lower dtype
     bound = (
         p.compute * (taps + 1.0) * m

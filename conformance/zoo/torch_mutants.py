@@ -340,7 +340,7 @@ class VisionTransformerPosEmbedNoAntialias(T.VisionTransformer):
     def _pos_embed(self, x, grid):
         c = self.config
         pos = resample_without_antialias(
-            self.pos_embed, c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens
+            self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens
         )
         prefix = [
             t.expand(x.shape[0], -1, -1)
@@ -388,7 +388,7 @@ class VisionTransformerFrozenPosEmbed(T.VisionTransformer):
         B, _, D = x.shape
         c = self.config
         pos = T.resample_pos_embed(
-            self.pos_embed.detach(), c.grid_size, grid, 0 if c.no_embed_class else c.num_prefix_tokens
+            self.pos_embed.detach(), c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens
         )
         tokens = ([self.cls_token] if c.class_token else []) + ([self.reg_token] if c.reg_tokens else [])
         prefix = [t.expand(B, -1, -1) for t in tokens]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from weights.layouts import big_vision, canonical, hf, native, open_clip, timm
+from weights.layouts import big_vision, canonical, hf, naflex, native, open_clip, timm
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ REGISTRY: dict[str, Layout] = {
     "hf": Layout("hf", hf.detect, hf.read, hf.write),
     "big_vision": Layout("big_vision", big_vision.detect, big_vision.read, big_vision.write),
     "open_clip": Layout("open_clip", open_clip.detect, open_clip.read, open_clip.write),
+    "naflex": Layout("naflex", naflex.detect, naflex.read, naflex.write),  # timm's NaFlexVit
 }
 LAYOUTS = tuple(REGISTRY)
 # Detection order: a directory, then by suffix, then a safetensors file by its keys.
-ORDER = ("hf", "big_vision", "canonical", "open_clip", "flax", "timm")
+ORDER = ("hf", "big_vision", "canonical", "open_clip", "flax", "naflex", "timm")

@@ -1,0 +1,93 @@
+"""timm's NaFlexVit on images (issue: the position schemes of today's towers, NaFlex): its presets'
+keys and shapes as timm.create_model(name) holds them, its layout (``embeds``: a Linear over each
+patch flattened (ph, pw, C), a (1, Gh, Gw, D) table) read and written bitwise both ways, the
+oracle equal to timm's model at every stage in float64 on the table's own grid and on others, and
+timm's model, built narrow with a table of its own grid, CONFORMANT under verify as the built-in
+ports are. The shrunk presets under verify in every port and dtype are tests/test_towers.py's."""
+
+import numpy as np
+import pytest
+import torch
+
+from conformance.references import timm_state_keys, timm_taps, timm_vit
+from conformance.strategies import make_images
+from conformance.tests.helpers import factory
+from conformance.verify.forward import verify
+from impls import VIT_FAMILY, get_config
+from weights import expected_shapes, init_state
+from weights.canonical import WeightError
+from weights.layouts import naflex
+
+PRESETS = ("naflexvit_base_patch16_gap", "naflexvit_base_patch16_map", "naflexvit_so150m2_patch16_reg1_gap")
+SMALL = get_config("vit_test_naflex")  # a 3 x 5 table, images on a 4 x 6 grid
+
+
+def timm_naflex(config, state, dtype=torch.float32):
+    """timm's NaFlexVit for ``config``, given ``state`` strictly in its own layout (conformance.references)."""
+    return timm_vit(config, state, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_a_naflex_preset_has_the_keys_and_shapes_of_timms_model(name):
+    import timm
+
+    config = get_config(name)
+    with torch.device("meta"):  # keys and shapes only
+        model = timm.create_model(name, pretrained=False)
+    zeros = {k: np.zeros(shape, np.float32) for k, shape in expected_shapes(config).items()}
+    held = {k: v.shape for k, v in naflex.from_canonical(zeros, config).items()}
+    assert list(held.items()) == [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+    assert list(timm_state_keys(model).items()) == list(expected_shapes(config).items())  # and back
+
+
+def test_the_naflex_layout_round_trips_timms_own_state_bitwise_and_infers_its_config():
+    config = get_config("naflexvit_base_patch16_gap").replace(embed_dim=48, num_heads=4, depth=2, num_classes=5)
+    timm_state = {k: v.numpy() for k, v in timm_naflex(config, init_state(config, seed=1)).state_dict().items()}
+    for v in timm_state.values():  # every entry drawn: a transposed patch layout would move values
+        v[...] = np.random.default_rng(v.size).normal(size=v.shape)
+    canonical = naflex.to_canonical(timm_state, config.patch_size, config.in_chans)
+    assert list(canonical) == list(expected_shapes(config))
+    back = naflex.from_canonical(canonical, config)
+    assert list(back) == list(timm_state) and all(back[k].tobytes() == timm_state[k].tobytes() for k in back)
+    assert naflex.infer_config(timm_state, num_heads=4, img_size=config.img_size) == config  # (not in the shapes)
+
+
+def test_the_naflex_layout_refuses_what_it_cannot_hold_by_name():
+    state = naflex.from_canonical(init_state(SMALL), SMALL)
+    wrong = dict(state, **{"embeds.proj.weight": state["embeds.proj.weight"][:, :-1]})
+    with pytest.raises(WeightError, match=r"embeds.proj.weight has shape \(24, 47\): expected \(embed_dim, 48\)"):
+        naflex.to_canonical(wrong, SMALL.patch_size, SMALL.in_chans)
+    with pytest.raises(WeightError, match="no_embed_class=True"):
+        naflex.from_canonical(init_state(get_config("vit_test_token")), get_config("vit_test_token"))
+
+
+@pytest.mark.parametrize("img_size", [(12, 20), (16, 24), (8, 32)], ids=["table's grid", "up", "down and up"])
+def test_the_oracle_is_timms_naflexvit_at_every_stage_in_float64(img_size):
+    state = init_state(SMALL, seed=3)
+    model = timm_naflex(SMALL, state, torch.float64)
+    x = make_images(SMALL.at_img_size(img_size), 2, "ordinary", 1)
+    ref, oracle = timm_taps(model, x), factory("numpy")(SMALL, state)(x)
+    assert set(oracle) == set(ref)
+    # timm resamples its table in float32 even in a float64 model: off the table's grid, the embedding
+    # differs by float32's rounding of the resampled table (|pos| < 1 here), and what follows with it
+    tol = 1e-12 if img_size == (12, 20) else 2e-6
+    for name in ref:
+        assert np.abs(ref[name] - oracle[name]).max() <= tol * max(np.abs(oracle[name]).max(), 1.0), name
+    # the companion: timm's model resampling without antialiasing differs from the embedding on
+    model.embeds.pos_embed_antialias = False
+    wrong = timm_taps(model, make_images(SMALL.at_img_size((8, 12)), 2, "ordinary", 1))
+    right = factory("numpy")(SMALL, state)(make_images(SMALL.at_img_size((8, 12)), 2, "ordinary", 1))
+    first = next(n for n in right if np.abs(wrong[n] - right[n]).max() > 1e-4)
+    assert first == "embed"
+
+
+@pytest.mark.parametrize("runner", ["timm", "mlx"])
+def test_naflexvit_is_conformant_with_its_table_resampled_to_every_grid(runner):
+    def timm_port(config, state, dtype="float32"):
+        model = timm_naflex(config, state, {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+        return lambda images: timm_taps(model, np.asarray(images))
+
+    timm_port.supports = VIT_FAMILY  # timm's NaFlexVit: the config says its options
+    report = verify(timm_port if runner == "timm" else factory(runner), SMALL, port=f"{runner} NaFlexVit")
+    assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
+    assert any("patch grid" in c for c in report.cases)  # images off the table's grid among the cases
