@@ -26,7 +26,7 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
 
     if config.rel_pos_bias:
         return _timm_beit(config, state, dtype, rates)
-    if config.pos_embed_grid_size is not None:
+    if config.pos_embed_grid_size is not None or config.pos_embed_interp_mode != "bicubic":
         return _timm_naflex(config, state, dtype, rates)
     if _eva_only(config):
         return _timm_eva(config, state, dtype, rates)
@@ -212,6 +212,7 @@ def _timm_beit(config: ViTConfig, state, dtype, rates: dict):
 # what of a config timm's NaFlexVit takes by its own keywords (NaFlexVitCfg's fields, the same names)
 _NAFLEX_KEYWORDS = ("mlp_ratio", "qk_norm", "proj_bias", "init_values", "class_token", "reg_tokens")
 _NAFLEX_KEYWORDS += ("pre_norm", "fc_norm", "act_layer", "pool_include_prefix", "pos_embed_grid_size")
+_NAFLEX_KEYWORDS += ("pos_embed_interp_mode",)
 _NAFLEX = {"no_embed_class": True, "pos_embed": "learn", "mlp_layer": "mlp", "distilled": False, "norm_bias": True}
 _NAFLEX.update(dict.fromkeys(("rope_type", "attn_pool_num_heads", "mlp_bias"), None))
 _NAFLEX.update(k_bias=True, qkv_fused=True, scale_mlp=False, patch_norm=False, embed_norm=False)

@@ -30,7 +30,7 @@ from impls.jax_rope import rope_tables, rotate_tokens
 from impls.numpy_rope import block_rope
 from impls.relative_position import relative_position_index
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
-from weights.resample import bicubic_aa_matrix
+from weights.resample import aa_matrix
 
 FRAMEWORK = "jax"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -50,14 +50,14 @@ def _dead_rows(mask: jax.Array) -> jax.Array:
     return ~jnp.any(keep, axis=-1, keepdims=True)
 
 
-def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
     """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
-    resized bicubically with antialiasing (one matrix per axis, weights/resample.py), in float32."""
+    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py), in float32."""
     if tuple(new_grid) == tuple(old_grid):
         return pos
     prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
     grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).astype(jnp.float32)
-    Rh, Rw = (jnp.asarray(bicubic_aa_matrix(o, n), jnp.float32) for o, n in zip(old_grid, new_grid))
+    Rh, Rw = (jnp.asarray(aa_matrix(o, n, mode), jnp.float32) for o, n in zip(old_grid, new_grid))
     grid = jnp.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw, precision=PRECISION).astype(pos.dtype)
     return jnp.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
 
@@ -586,7 +586,13 @@ class VisionTransformer(nnx.Module):
             return jnp.concatenate(prefix + [x], axis=1)
         if c.pos_embed == "sincos":  # computed at the grid in float32; the prefix tokens get none
             return jnp.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D).astype(x.dtype)], axis=1)
-        pos = resample_pos_embed(self.pos_embed[...], c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
+        pos = resample_pos_embed(
+            self.pos_embed[...],
+            c.pos_grid,
+            grid,
+            0 if c.no_embed_class else c.num_prefix_tokens,
+            c.pos_embed_interp_mode,
+        )
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return jnp.concatenate(prefix + [x + pos], axis=1)
         return jnp.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries

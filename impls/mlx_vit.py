@@ -30,7 +30,7 @@ from impls.mlx_rope import rope_tables, rotate_tokens  # noqa: E402
 from impls.numpy_rope import block_rope  # noqa: E402
 from impls.relative_position import relative_position_index  # noqa: E402
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
-from weights.resample import bicubic_aa_matrix  # noqa: E402
+from weights.resample import aa_matrix  # noqa: E402
 
 FRAMEWORK = "mlx"
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -45,14 +45,14 @@ def _dead_rows(mask: mx.array) -> mx.array:
     return mx.logical_not(mx.any(keep, axis=-1, keepdims=True))
 
 
-def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
     """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
-    resized bicubically with antialiasing (one matrix per axis, weights/resample.py), in float32."""
+    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py), in float32."""
     if tuple(new_grid) == tuple(old_grid):
         return pos
     prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
     grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).astype(mx.float32)
-    Rh, Rw = (mx.array(bicubic_aa_matrix(o, n).astype(np.float32)) for o, n in zip(old_grid, new_grid))
+    Rh, Rw = (mx.array(aa_matrix(o, n, mode).astype(np.float32)) for o, n in zip(old_grid, new_grid))
     grid = mx.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw).astype(pos.dtype)
     return mx.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
 
@@ -529,7 +529,9 @@ class VisionTransformer(nn.Module):
             return mx.concatenate(prefix + [x], axis=1)
         if c.pos_embed == "sincos":  # computed at the grid in float32; the prefix tokens get none
             return mx.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D).astype(x.dtype)], axis=1)
-        pos = resample_pos_embed(self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
+        pos = resample_pos_embed(
+            self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens, c.pos_embed_interp_mode
+        )
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return mx.concatenate(prefix + [x + pos], axis=1)
         return mx.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries

@@ -27,7 +27,7 @@ from impls.protocol import (
 from impls.numpy_rope import block_rope, rope_tables, rotate_tokens
 from impls.relative_position import relative_position_index
 from weights import check_exact_match, mha_shapes, to_native, validate_state
-from weights.resample import bicubic_aa_matrix
+from weights.resample import aa_matrix
 
 FRAMEWORK = "numpy"
 
@@ -72,14 +72,14 @@ def silu(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "quick_gelu": quick_gelu, "silu": silu}
 
 
-def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
     """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
-    resized bicubically with antialiasing (one matrix per axis, weights/resample.py)."""
+    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py)."""
     if tuple(new_grid) == tuple(old_grid):
         return pos
     prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
     grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1])
-    Rh, Rw = (bicubic_aa_matrix(o, n) for o, n in zip(old_grid, new_grid))
+    Rh, Rw = (aa_matrix(o, n, mode) for o, n in zip(old_grid, new_grid))
     grid = np.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw)
     return np.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
 
@@ -598,7 +598,9 @@ class VisionTransformer(Module):
             return np.concatenate(prefix + [x], axis=1)
         if c.pos_embed == "sincos":  # computed at the grid; the prefix tokens get none
             return np.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D)], axis=1)
-        pos = resample_pos_embed(self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
+        pos = resample_pos_embed(
+            self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens, c.pos_embed_interp_mode
+        )
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return np.concatenate(prefix + [x + pos], axis=1)
         return np.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries

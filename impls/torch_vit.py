@@ -40,14 +40,14 @@ def _dead_rows(mask: torch.Tensor) -> torch.Tensor:
     return ~keep.any(dim=-1, keepdim=True)
 
 
-def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int):
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
     """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
-    resized bicubically with antialiasing, in float32."""
+    resized with antialiasing, bicubically unless ``mode``, in float32."""
     if tuple(new_grid) == tuple(old_grid):
         return pos
     prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
     grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).permute(0, 3, 1, 2).float()
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", antialias=True, align_corners=False)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, antialias=True, align_corners=False)
     grid = grid.permute(0, 2, 3, 1).flatten(1, 2).to(pos.dtype)
     return torch.cat([prefix, grid], dim=1)
 
@@ -519,7 +519,9 @@ class VisionTransformer(nn.Module):
             return torch.cat(prefix + [x], dim=1)
         if c.pos_embed == "sincos":  # computed at the grid in float32; the prefix tokens get none
             return torch.cat(prefix + [x + sincos_2d_pos_embed(grid, D).to(x.dtype)], dim=1)
-        pos = resample_pos_embed(self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens)
+        pos = resample_pos_embed(
+            self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens, c.pos_embed_interp_mode
+        )
         if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
             return torch.cat(prefix + [x + pos], dim=1)
         return torch.cat(prefix + [x], dim=1) + pos  # prefix tokens get position entries

@@ -3,7 +3,8 @@ keys and shapes as timm.create_model(name) holds them, its layout (``embeds``: a
 patch flattened (ph, pw, C), a (1, Gh, Gw, D) table) read and written bitwise both ways, the
 oracle equal to timm's model at every stage in float64 on the table's own grid and on others, and
 timm's model, built narrow with a table of its own grid, CONFORMANT under verify as the built-in
-ports are. The shrunk presets under verify in every port and dtype are tests/test_towers.py's."""
+ports are (conformance.references.timm_vit builds timm's NaFlexVit for a config with a table of its
+own grid). The shrunk presets under verify in every port and dtype are tests/test_towers.py's."""
 
 import numpy as np
 import pytest
@@ -19,12 +20,8 @@ from weights.canonical import WeightError
 from weights.layouts import naflex
 
 PRESETS = ("naflexvit_base_patch16_gap", "naflexvit_base_patch16_map", "naflexvit_so150m2_patch16_reg1_gap")
+PRESETS += ("naflexvit_base_patch16_siglip", "naflexvit_so400m_patch16_siglip")
 SMALL = get_config("vit_test_naflex")  # a 3 x 5 table, images on a 4 x 6 grid
-
-
-def timm_naflex(config, state, dtype=torch.float32):
-    """timm's NaFlexVit for ``config``, given ``state`` strictly in its own layout (conformance.references)."""
-    return timm_vit(config, state, dtype=dtype)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -42,7 +39,7 @@ def test_a_naflex_preset_has_the_keys_and_shapes_of_timms_model(name):
 
 def test_the_naflex_layout_round_trips_timms_own_state_bitwise_and_infers_its_config():
     config = get_config("naflexvit_base_patch16_gap").replace(embed_dim=48, num_heads=4, depth=2, num_classes=5)
-    timm_state = {k: v.numpy() for k, v in timm_naflex(config, init_state(config, seed=1)).state_dict().items()}
+    timm_state = {k: v.numpy() for k, v in timm_vit(config, init_state(config, seed=1)).state_dict().items()}
     for v in timm_state.values():  # every entry drawn: a transposed patch layout would move values
         v[...] = np.random.default_rng(v.size).normal(size=v.shape)
     canonical = naflex.to_canonical(timm_state, config.patch_size, config.in_chans)
@@ -61,12 +58,15 @@ def test_the_naflex_layout_refuses_what_it_cannot_hold_by_name():
         naflex.from_canonical(init_state(get_config("vit_test_token")), get_config("vit_test_token"))
 
 
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
 @pytest.mark.parametrize("img_size", [(12, 20), (16, 24), (8, 32)], ids=["table's grid", "up", "down and up"])
-def test_the_oracle_is_timms_naflexvit_at_every_stage_in_float64(img_size):
-    state = init_state(SMALL, seed=3)
-    model = timm_naflex(SMALL, state, torch.float64)
-    x = make_images(SMALL.at_img_size(img_size), 2, "ordinary", 1)
-    ref, oracle = timm_taps(model, x), factory("numpy")(SMALL, state)(x)
+def test_the_oracle_is_timms_naflexvit_at_every_stage_in_float64(img_size, mode):
+    config = SMALL.replace(pos_embed_interp_mode=mode)
+    state = init_state(config, seed=3)
+    model = timm_vit(config, state, dtype=torch.float64)
+    assert model.embeds.pos_embed_interp_mode == mode
+    x = make_images(config.at_img_size(img_size), 2, "ordinary", 1)
+    ref, oracle = timm_taps(model, x), factory("numpy")(config, state)(x)
     assert set(oracle) == set(ref)
     # timm resamples its table in float32 even in a float64 model: off the table's grid, the embedding
     # differs by float32's rounding of the resampled table (|pos| < 1 here), and what follows with it
@@ -75,19 +75,36 @@ def test_the_oracle_is_timms_naflexvit_at_every_stage_in_float64(img_size):
         assert np.abs(ref[name] - oracle[name]).max() <= tol * max(np.abs(oracle[name]).max(), 1.0), name
     # the companion: timm's model resampling without antialiasing differs from the embedding on
     model.embeds.pos_embed_antialias = False
-    wrong = timm_taps(model, make_images(SMALL.at_img_size((8, 12)), 2, "ordinary", 1))
-    right = factory("numpy")(SMALL, state)(make_images(SMALL.at_img_size((8, 12)), 2, "ordinary", 1))
+    x = make_images(config.at_img_size((8, 12)), 2, "ordinary", 1)
+    wrong, right = timm_taps(model, x), factory("numpy")(config, state)(x)
     first = next(n for n in right if np.abs(wrong[n] - right[n]).max() > 1e-4)
     assert first == "embed"
 
 
-@pytest.mark.parametrize("runner", ["timm", "mlx"])
-def test_naflexvit_is_conformant_with_its_table_resampled_to_every_grid(runner):
+@pytest.mark.parametrize("runner, mode", [("timm", "bicubic"), ("timm", "bilinear"), ("mlx", "bicubic")])
+def test_naflexvit_is_conformant_with_its_table_resampled_to_every_grid(runner, mode):
     def timm_port(config, state, dtype="float32"):
-        model = timm_naflex(config, state, {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+        model = timm_vit(config, state, dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
         return lambda images: timm_taps(model, np.asarray(images))
 
     timm_port.supports = VIT_FAMILY  # timm's NaFlexVit: the config says its options
-    report = verify(timm_port if runner == "timm" else factory(runner), SMALL, port=f"{runner} NaFlexVit")
+    config = SMALL.replace(pos_embed_interp_mode=mode)
+    report = verify(timm_port if runner == "timm" else factory(runner), config, port=f"{runner} NaFlexVit")
     assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
     assert any("patch grid" in c for c in report.cases)  # images off the table's grid among the cases
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+def test_naflexvit_resampling_without_antialias_is_located_at_embed_and_named(mode):
+    """The companion of the test above, and NaFlex's own bug: timm's model with its table resampled
+    without antialiasing (``embeds.pos_embed_antialias = False``), in either mode."""
+
+    def timm_port(config, state, dtype="float32"):
+        model = timm_vit(config, state)
+        model.embeds.pos_embed_antialias = False
+        return lambda images: timm_taps(model, np.asarray(images))
+
+    timm_port.supports = VIT_FAMILY
+    report = verify(timm_port, SMALL.replace(pos_embed_interp_mode=mode), port="timm NaFlexVit without antialias")
+    assert not report.conformant and report.located() == "embed"
+    assert report.diagnosis.named == "pos_embed_resampled_without_antialias", report.diagnosis

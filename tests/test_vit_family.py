@@ -97,21 +97,28 @@ def test_oracle_equals_timm_in_float64_on_images_of_another_size(name, grid):
     assert_oracle_equals_timm_in_float64(oracle, ref, config, name)
 
 
+@pytest.mark.parametrize("ours", ["bicubic", "bilinear"])
 @pytest.mark.parametrize("old, new", [((4, 6), (7, 3)), ((37, 37), (16, 16)), ((5, 3), (2, 9)), ((3, 3), (3, 3))])
-def test_the_resampling_matrices_equal_torchs_antialiased_bicubic_in_float64(old, new):
-    """Torch's F.interpolate(bicubic, antialias=True), which timm's resample_abs_pos_embed calls:
-    the oracle's (and the MLX and JAX ports') matrices agree to float64 rounding; bicubic without
-    antialiasing, or bilinear, does not (companion)."""
+def test_the_resampling_matrices_equal_torchs_antialiased_interpolation_in_float64(old, new, ours):
+    """Torch's F.interpolate(bicubic or bilinear, antialias=True), which timm's resample_abs_pos_embed
+    and NaFlexVit call: the oracle's (and the MLX and JAX ports') matrices agree to float64 rounding
+    with the same mode; the other mode, or no antialiasing, does not (companion). The diagnosis's
+    matrices without antialiasing agree with torch's without it."""
     import torch.nn.functional as F
+
+    from conformance.diagnosis.position_classes import _plain_matrix
 
     pos = np.random.default_rng(0).normal(size=(1, 1 + old[0] * old[1], 5))
     grid = torch.from_numpy(pos[:, 1:].reshape(1, *old, 5)).permute(0, 3, 1, 2)
-    for mode, antialias, agrees in (("bicubic", True, True), ("bicubic", False, False), ("bilinear", True, False)):
+    for mode, antialias in (("bicubic", True), ("bicubic", False), ("bilinear", True), ("bilinear", False)):
         theirs = F.interpolate(grid, size=new, mode=mode, antialias=antialias, align_corners=False)
         theirs = theirs.permute(0, 2, 3, 1).reshape(1, -1, 5).numpy()
-        ours = resample_pos_embed(pos, old, new, 1)[:, 1:]
-        rel = error(ours, theirs)[1]
-        assert (rel < 1e-14) == (agrees or old == new), (mode, antialias, rel)
+        rel = error(resample_pos_embed(pos, old, new, 1, ours)[:, 1:], theirs)[1]
+        assert (rel < 1e-14) == ((mode == ours and antialias) or old == new), (mode, antialias, rel)
+        if not antialias:
+            Rh, Rw = (_plain_matrix(o, n, mode) for o, n in zip(old, new))
+            plain = np.einsum("ih,bhwd,jw->bijd", Rh, pos[:, 1:].reshape(1, *old, 5), Rw).reshape(1, -1, 5)
+            assert error(plain, theirs)[1] < 1e-14, (mode, "without antialias")
 
 
 @pytest.mark.parametrize("name", list(DYNAMIC) if heavy() else ["dynamic_dinov2_reg"])

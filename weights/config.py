@@ -168,6 +168,7 @@ class ViTConfig:
     attn_pool_num_heads: int | None = None
     rel_pos_bias: bool = False
     pos_embed_grid_size: int | tuple[int, int] | None = None
+    pos_embed_interp_mode: str = "bicubic"
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -275,6 +276,10 @@ class ViTConfig:
                     f"positive, with pos_embed='learn' and no rel_pos_bias, got pos_embed={self.pos_embed!r}, "
                     f"rel_pos_bias={self.rel_pos_bias!r}"
                 )
+        if self.pos_embed_interp_mode not in ("bicubic", "bilinear"):
+            raise ConfigError(
+                f"pos_embed_interp_mode must be 'bicubic' or 'bilinear' (antialiased), got {self.pos_embed_interp_mode!r}"
+            )
         if self.mlp_bias not in (None, True, False):
             raise ConfigError(f"mlp_bias must be None (as proj_bias), True or False, got {self.mlp_bias!r}")
         if self.distilled is True and (self.global_pool != "token" or self.reg_tokens):

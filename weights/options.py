@@ -360,6 +360,15 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None),
         timm_name="pos_embed_grid_size (NaFlexVit)",
     ),
+    Option(
+        "pos_embed_interp_mode",
+        "bicubic",
+        "bicubic",
+        "how a learned table is resampled to another grid, antialiased: 'bicubic' (timm) or 'bilinear' "
+        "(SigLIP 2, timm's NaFlex SigLIP)",
+        holds=_only("bicubic"),
+        timm_name="pos_embed_interp_mode (NaFlexVit)",
+    ),
     # timm's Beit (beit.py): BEiT's relative position bias in every block's attention
     Option(
         "rel_pos_bias",

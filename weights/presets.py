@@ -110,6 +110,18 @@ PRESETS: dict[str, ViTConfig] = {
             ("naflexvit_so150m2_patch16_reg1_gap", 832, 21, 13, 34 / 13, False, 1, "avg"),
         )
     },
+    # ... and as SigLIP 2 (timm's NaFlex SigLIP): tanh GELU, the attention pool, the table resampled bilinearly
+    **{
+        name: ViTConfig(
+            img_size=384, patch_size=16, embed_dim=dim, depth=depth, num_heads=heads, mlp_ratio=ratio, num_classes=0,
+            class_token=False, no_embed_class=True, global_pool="map", act_layer="gelu_tanh", dynamic_img_size=True,
+            pos_embed_grid_size=16, pos_embed_interp_mode="bilinear",
+        )
+        for name, dim, depth, heads, ratio in (
+            ("naflexvit_base_patch16_siglip", 768, 12, 12, 4.0),
+            ("naflexvit_so400m_patch16_siglip", 1152, 27, 16, 3.7362),
+        )
+    },
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3

@@ -1,7 +1,7 @@
 """Position-embedding resampling for another image size, as timm's resample_abs_pos_embed:
 the prefix (class) token kept apart, the grid resized bicubically with antialiasing, in float32.
 ``resample_state`` changes only the canonical state, so every port can use the result;
-``bicubic_aa_matrix`` is the same resampling along one axis as a matrix, which the MLX and JAX
+``aa_matrix`` is the same resampling along one axis as a matrix (bicubic or bilinear), which the MLX and JAX
 ports and the oracle apply at run time for ``dynamic_img_size``."""
 
 from __future__ import annotations
@@ -18,18 +18,27 @@ def cubic(x: np.ndarray, a: float = -0.5) -> np.ndarray:
     return np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1, np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0))
 
 
-def bicubic_aa_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """(n_out, n_in) float64: torch's interpolate(mode="bicubic", antialias=True,
-    align_corners=False) along one axis (ATen's _upsample_bicubic2d_aa weights: the kernel
-    widened by the scale when downsampling, each row normalised)."""
+def triangle(x: np.ndarray) -> np.ndarray:
+    return np.maximum(0.0, 1.0 - np.abs(x))
+
+
+# mode -> (the kernel, its half-width at the input's scale): ATen's interp_size / 2
+KERNELS = {"bicubic": (cubic, 2.0), "bilinear": (triangle, 1.0)}
+
+
+def aa_matrix(n_in: int, n_out: int, mode: str = "bicubic") -> np.ndarray:
+    """(n_out, n_in) float64: torch's interpolate(mode=mode, antialias=True, align_corners=False)
+    along one axis (ATen's _upsample_{bicubic,bilinear}2d_aa weights: the kernel widened by the
+    scale when downsampling, each row normalised)."""
+    kernel, half = KERNELS[mode]
     scale = n_in / n_out
-    support = 2.0 * scale if scale >= 1.0 else 2.0
+    support = half * scale if scale >= 1.0 else half
     invscale = 1.0 / scale if scale >= 1.0 else 1.0
     R = np.zeros((n_out, n_in))
     for i in range(n_out):
         center = scale * (i + 0.5)
         lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
-        w = cubic((np.arange(lo, hi) - center + 0.5) * invscale)
+        w = kernel((np.arange(lo, hi) - center + 0.5) * invscale)
         R[i, lo:hi] = w / w.sum()
     return R
 

@@ -58,12 +58,19 @@ def _pos_embed_scaled(factor: float):
     return state
 
 
-def _bicubic_matrix(n_in: int, n_out: int) -> np.ndarray:
-    """(n_out, n_in): torch's interpolate(mode="bicubic", align_corners=False) without antialias
-    along one axis (the cubic with a = -0.75, four taps at the input's scale, edges replicated)."""
+def _plain_matrix(n_in: int, n_out: int, mode: str) -> np.ndarray:
+    """(n_out, n_in): torch's interpolate(mode=mode, align_corners=False) without antialias along
+    one axis: bicubic's cubic with a = -0.75, four taps at the input's scale, edges replicated;
+    bilinear's two taps, the source position clamped at 0."""
     R = np.zeros((n_out, n_in))
     for i in range(n_out):
         src = (i + 0.5) * n_in / n_out - 0.5
+        if mode == "bilinear":
+            src = max(src, 0.0)
+            x0 = int(src)
+            R[i, x0] += 1.0 - (src - x0)
+            R[i, min(x0 + 1, n_in - 1)] += src - x0
+            continue
         x0 = int(np.floor(src))
         for j in range(x0 - 1, x0 + 3):
             R[i, min(max(j, 0), n_in - 1)] += cubic(np.asarray(src - j), -0.75)
@@ -78,7 +85,7 @@ def _pos_embed_without_antialias(name, t, images, s, config):
     pos = s["pos_embed"]
     (gh, gw), D = config.pos_grid, pos.shape[-1]
     table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
-    Rh, Rw = _bicubic_matrix(gh, grid[0]), _bicubic_matrix(gw, grid[1])
+    Rh, Rw = (_plain_matrix(o, g, config.pos_embed_interp_mode) for o, g in ((gh, grid[0]), (gw, grid[1])))
     new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
     pos = np.concatenate([pos[:, :n], new], 1)
     x = t[stage_inputs("embed", config)[0]]

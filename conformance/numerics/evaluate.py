@@ -10,7 +10,7 @@ from impls import numpy_vit as O
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
-from weights.resample import bicubic_aa_matrix
+from weights.resample import aa_matrix
 from conformance.numerics.kinds.activation import gated, gelu
 from conformance.numerics.kinds.attention import attend, softmax_weights
 from conformance.numerics.kinds.layer_norm import layer_norm
@@ -77,7 +77,7 @@ def _scaled(x, gamma, p: Precision):
 
 def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
     """The position embedding at the images' grid (dynamic_img_size) and its bound: two
-    separable passes of the antialiased bicubic, each a contraction over a few taps with
+    separable passes of the antialiased bicubic (or bilinear), each a contraction over a few taps with
     weights of both signs, in float32, then stored. The weights themselves are computed in
     float32 by torch (ATen's aa kernel): each is off by up to about u (n_in + 4) absolute, as
     the source position scale (i + 0.5) is rounded (measured: 15.5 u for 16 -> 37)."""
@@ -85,10 +85,10 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
     if grid == table:
         return pos, 0.0
     n = 0 if config.no_embed_class else config.num_prefix_tokens
-    new = O.resample_pos_embed(pos, table, grid, n)
+    new = O.resample_pos_embed(pos, table, grid, n, config.pos_embed_interp_mode)
     if not p.bounds:
         return new, 0.0
-    Rh, Rw = (np.abs(bicubic_aa_matrix(o, g)) for o, g in zip(table, grid))
+    Rh, Rw = (np.abs(aa_matrix(o, g, config.pos_embed_interp_mode)) for o, g in zip(table, grid))
     g = np.abs(pos[:, n:]).reshape(pos.shape[0], *table, pos.shape[-1])
     flat = (pos.shape[0], -1, pos.shape[-1])
     m = np.einsum("ih,bhwd,jw->bijd", Rh, g, Rw).reshape(flat)
