@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Mapping
 from contextlib import contextmanager
 from functools import partial
 
@@ -348,10 +349,15 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
     import torch
 
     taps: dict = {}
+    dtype = next(model.parameters()).dtype
+    if isinstance(images, Mapping):  # a packed batch (NaFlexVit's dict): its patches in the model's dtype
+        x = {k: torch.tensor(np.asarray(v)).to(dtype if k == "patches" else None) for k, v in images.items()}
+        batch = len(images["patches"])
+    else:
+        x, batch = torch.tensor(np.asarray(images)).to(dtype), len(images)  # a copy: inputs may be read-only
     with torch.no_grad(), _hooked(model, taps):
-        dtype = next(model.parameters()).dtype
-        taps["logits"] = model(torch.tensor(np.asarray(images)).to(dtype))  # a copy: inputs may be read-only
-    batch = len(images)  # a stage of the weights alone (BEiT's bias), broadcast over it as the ports emit it
+        taps["logits"] = model(x)
+    # a stage of the weights alone (BEiT's bias) is broadcast over the batch, as the ports emit it
     return {k: _numpy(v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v) for k, v in taps.items()}
 
 

@@ -57,6 +57,21 @@ def supports_of(make) -> Any:
     return dict(ORIGINAL_VIT) if supports is None else supports
 
 
+INPUTS = ("images", "naflex")
+
+
+def inputs_of(make) -> str:
+    """What a factory's forward takes, by its ``inputs`` attribute: "images" (B, C, H, W), the
+    default, or "naflex": a packed batch as timm's NaFlexVit takes it, a dict of ``patches`` (B, L,
+    ph pw C), ``patch_coord`` (B, L, 2) (row, column) and ``patch_valid`` (B, L) (docs/verify.md)."""
+    inputs = getattr(make, "inputs", "images")
+    if inputs not in INPUTS:
+        from conformance.report import UsageError
+
+        raise UsageError(f"the port's inputs attribute is {inputs!r}: expected one of {INPUTS}")
+    return inputs
+
+
 def fixed_config(supports) -> ViTConfig | None:
     if isinstance(supports, str):
         return get_config(supports)

@@ -108,3 +108,71 @@ def test_naflexvit_resampling_without_antialias_is_located_at_embed_and_named(mo
     report = verify(timm_port, SMALL.replace(pos_embed_interp_mode=mode), port="timm NaFlexVit without antialias")
     assert not report.conformant and report.located() == "embed"
     assert report.diagnosis.named == "pos_embed_resampled_without_antialias", report.diagnosis
+
+
+def test_a_packed_batch_holds_each_image_as_timm_patchifies_it_and_gives_it_back():
+    from timm.models.naflexvit import batch_patchify
+
+    from conformance.verify.packed import pack, patchify, unpatchify
+
+    rng = np.random.default_rng(0)
+    images = [rng.normal(size=(3, 4 * gh, 4 * gw)).astype(np.float32) for gh, gw in ((4, 6), (5, 5), (3, 8))]
+    patches, coord, valid = pack(images, (4, 4))
+    assert patches.shape == (3, 25 + 3, 48) and valid.sum(1).tolist() == [24, 25, 24]  # padded past the longest
+    for i, image in enumerate(images):
+        theirs, grid = batch_patchify(torch.from_numpy(image)[None], (4, 4))
+        n = grid[0] * grid[1]
+        assert np.array_equal(patches[i, :n], theirs[0].numpy()) and not patches[i, n:].any()
+        assert coord[i, n - 1].tolist() == [grid[0] - 1, grid[1] - 1]  # (row, column), row-major
+        assert np.array_equal(unpatchify(patches[i, :n], grid, (4, 4)), image)
+    # the companion: a patch flattened (C, ph, pw), channels first, is not timm's layout
+    first = images[0][:, :4, :4].reshape(-1)
+    assert not np.array_equal(patchify(images[0], (4, 4))[0][0], first)
+
+
+def test_timms_naflexvit_is_conformant_on_packed_batches_of_three_grids():
+    from tests.data.naflex_ports import port
+
+    report = verify(port, SMALL, port="timm NaFlexVit, packed")
+    assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
+    assert all("packed: grids 4x6, 5x5, 3x8" in case for case in report.cases)
+    assert any("trained-like" in case for case in report.cases)
+
+
+@pytest.mark.parametrize(
+    "mutant, stage, named",
+    [
+        ("padding_attended", "blocks.0.attn.weights", "padding_attended"),
+        ("grid_swapped", "embed", "pos_embed_grid_swapped"),
+        ("no_antialias", "embed", "pos_embed_resampled_without_antialias"),
+    ],
+)
+def test_naflexs_classic_bugs_on_packed_batches_are_located_and_named(mutant, stage, named):
+    import tests.data.naflex_ports as ports
+
+    report = verify(getattr(ports, mutant), SMALL, port=f"timm NaFlexVit, {mutant}")
+    assert not report.conformant and report.located() == stage
+    assert report.diagnosis.named == named, report.diagnosis.line()
+
+
+def test_a_packed_port_is_told_the_shape_it_must_return_and_needs_a_config_of_any_image_size():
+    from conformance.support import Unsupported
+
+    def unpadded(config, state, dtype="float32"):  # the taps of the valid patches alone
+        forward = port(config, state, dtype)
+        return lambda batch: {k: v[:, : 2 + 24] if v.ndim == 3 else v for k, v in forward(batch).items()}
+
+    from tests.data.naflex_ports import port
+
+    unpadded.supports, unpadded.inputs = VIT_FAMILY, "naflex"
+    report = verify(unpadded, SMALL, port="unpadded")
+    assert not report.conformant
+    assert "expected (3, 30, 24): a packed batch of 3 rows of 28 patches, padding included" in str(report.failures)
+    with pytest.raises(Unsupported, match="dynamic_img_size=True"):
+        verify(port, SMALL.replace(dynamic_img_size=False), port="timm NaFlexVit, packed")
+
+
+def test_the_command_line_verifies_a_port_of_packed_batches_in_its_own_process(cli):
+    code, out, err = cli("verify", "tests.data.naflex_ports:port", "--preset", "vit_test_naflex")
+    assert code == 0, out + err
+    assert "CONFORMANT" in out and "packed" in out  # (the mutants' findings: in this process, above)

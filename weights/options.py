@@ -20,7 +20,9 @@ from typing import Any
 # the Hugging Face models of the ViT family's layouts (weights/hf/family.py, dinov3.py, beit.py)
 DINOV3 = "hf:dinov3_vit"
 BEIT = "hf:beit"
+SIGLIP2 = "hf:siglip2_vision_model"
 HF_FAMILY = ("hf:dinov2", "hf:dinov2_with_registers", "hf:clip_vision_model", "hf:siglip_vision_model", DINOV3, BEIT)
+HF_FAMILY += (SIGLIP2,)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:siglip_vision_model": ("map",),
             DINOV3: ("token",),
             BEIT: ("token", "avg"),
+            SIGLIP2: ("map",),
         },
         big_vision="pool_type",
         open_clip="pool_type",
@@ -85,6 +88,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:siglip_vision_model": (False,),
             DINOV3: (True,),
             BEIT: (True,),
+            SIGLIP2: (False,),
         },
         family=False,
     ),
@@ -93,7 +97,7 @@ OPTIONS: tuple[Option, ...] = (
         1000,
         None,
         "the head's width; 0: no head, the logits are the pooled features",
-        holds=_every((0,), "hf:dinov2", "hf:dinov2_with_registers", "hf:siglip_vision_model", DINOV3),
+        holds=_every((0,), "hf:dinov2", "hf:dinov2_with_registers", "hf:siglip_vision_model", DINOV3, SIGLIP2),
         hf="num_labels",
         family=False,
     ),
@@ -102,7 +106,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         (True, False),
         "the q, k and v projections' bias",
-        holds=_every((True,), "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT),
+        holds=_every((True,), "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT, SIGLIP2),
         hf="qkv_bias",
         family=False,
     ),
@@ -119,7 +123,9 @@ OPTIONS: tuple[Option, ...] = (
         0,
         0,
         "register tokens after the class token, never pooled (DINOv2 with registers)",
-        holds=_every((0,), "npz", "open_clip", "hf:dinov2", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT),
+        holds=_every(
+            (0,), "npz", "open_clip", "hf:dinov2", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT, SIGLIP2
+        ),
         hf="num_register_tokens",
     ),
     Option(
@@ -135,6 +141,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:siglip_vision_model": (False,),
             DINOV3: (False,),
             BEIT: (False,),
+            SIGLIP2: (False, True),  # no prefix token: the same table either way
         },
     ),
     Option(
@@ -150,6 +157,7 @@ OPTIONS: tuple[Option, ...] = (
             "hf:siglip_vision_model": (False,),
             DINOV3: (False,),
             BEIT: (False,),
+            SIGLIP2: (False,),
         },
         open_clip="no_ln_pre (its negation)",
     ),
@@ -165,7 +173,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         (None,),
         "LayerScale: a per-channel gamma on each residual branch, initialised to this (DINOv2, DeiT III)",
-        holds=_every((None,), "npz", "hf:clip_vision_model", "hf:siglip_vision_model"),
+        holds=_every((None,), "npz", "hf:clip_vision_model", "hf:siglip_vision_model", SIGLIP2),
         hf="layerscale_value",
         open_clip="ls_init_value",
     ),
@@ -197,7 +205,7 @@ OPTIONS: tuple[Option, ...] = (
         "mlp",
         "the MLP: fc1, act, fc2 ('mlp'), timm's SwiGLUPacked (DINOv2 giant) or SwiGLU",
         holds={
-            **_every(("mlp",), "npz", "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model"),
+            **_every(("mlp",), "npz", "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model", SIGLIP2),
             DINOV3: ("mlp", "swiglu"),
             BEIT: ("mlp",),
         },
@@ -357,7 +365,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "the learned table's own grid where it is not the images' (NaFlex: 16 x 16 at every image size), "
         "resampled to each image's grid as timm resamples it (bicubic, antialiased)",
-        holds=_only(None),
+        holds=_only(None, {SIGLIP2: None}),
         timm_name="pos_embed_grid_size (NaFlexVit)",
     ),
     Option(
@@ -366,7 +374,7 @@ OPTIONS: tuple[Option, ...] = (
         "bicubic",
         "how a learned table is resampled to another grid, antialiased: 'bicubic' (timm) or 'bilinear' "
         "(SigLIP 2, timm's NaFlex SigLIP)",
-        holds=_only("bicubic"),
+        holds=_only("bicubic", {SIGLIP2: ("bilinear",)}),
         timm_name="pos_embed_interp_mode (NaFlexVit)",
     ),
     # timm's Beit (beit.py): BEiT's relative position bias in every block's attention

@@ -39,7 +39,15 @@ from impls.protocol import ViTConfig
 
 # Named from what verify sees, not fitted: its determinism re-run.
 ACTIVE_DROPOUT = "active_dropout"
+PADDING_ATTENDED = "padding_attended"
 OBSERVED: tuple[BugClass, ...] = (
+    BugClass(
+        PADDING_ATTENDED,
+        (),
+        "attention over a packed batch's padding: the weights over an image's own tokens sum to less than 1",
+        "keep the padding out of every attention (and pool): an additive -inf mask from timm's patch_valid or "
+        "transformers' pixel_attention_mask, for keys and for the pool's queries alike",
+    ),
     BugClass(
         ACTIVE_DROPOUT,
         (),

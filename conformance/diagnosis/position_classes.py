@@ -87,12 +87,30 @@ def _pos_embed_without_antialias(name, t, images, s, config):
     table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
     Rh, Rw = (_plain_matrix(o, g, config.pos_embed_interp_mode) for o, g in ((gh, grid[0]), (gw, grid[1])))
     new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
-    pos = np.concatenate([pos[:, :n], new], 1)
+    return _embedded(np.concatenate([pos[:, :n], new], 1), t, s, config)
+
+
+def _embedded(pos, t, s, config):
+    """``embed`` given the position entries ``pos`` (the prefix tokens' first, if any)."""
     x = t[stage_inputs("embed", config)[0]]
     prefix = prefix_tokens(s, x.shape[0])
     if config.no_embed_class:
         return np.concatenate(prefix + [x + pos], 1)
     return np.concatenate(prefix + [x], 1) + pos
+
+
+def _pos_embed_grid_swapped(name, t, images, s, config):
+    """The table resampled to the images' grid with its axes swapped, (columns, rows), and laid over
+    the patches row-major: a packed batch's patch coordinates read as (x, y), or a table reshaped
+    (gw, gh)."""
+    from impls.numpy_vit import resample_pos_embed
+
+    grid = config.grid_at(images.shape[2:])
+    if name != "embed" or grid[0] == grid[1]:
+        return None
+    n = 0 if config.no_embed_class else config.num_prefix_tokens
+    pos = resample_pos_embed(s["pos_embed"], config.pos_grid, grid[::-1], n, config.pos_embed_interp_mode)
+    return _embedded(pos, t, s, config)
 
 
 def _rope(config: ViTConfig) -> bool:
@@ -198,6 +216,10 @@ TABLE_CLASSES: tuple[BugClass, ...] = (
              "the position grid resampled bicubic without antialias",
              "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True)",
              stage=_pos_embed_without_antialias, when=lambda c: c.dynamic_img_size and _learned(c)),
+    BugClass("pos_embed_grid_swapped", ("embed",),
+             "the position table resampled to the grid with its axes swapped, (columns, rows)",
+             "a grid is (rows, columns): timm's patch_coord is (y, x), transformers' spatial_shapes (height, width)",
+             stage=_pos_embed_grid_swapped, when=lambda c: c.dynamic_img_size and _learned(c)),
 )
 POSITION_CLASSES: tuple[BugClass, ...] = (
     # rotary position embeddings (timm's Eva)

@@ -25,13 +25,17 @@ BATCHES = (3, 1)  # 1 catches a port that squeezes the batch; 1 and 3 one that a
 @dataclass
 class Case:
     """What a port is handed: the images (an attention port's query input ``x``), the canonical
-    state, and for an attention port its context and mask."""
+    state, for an attention port its context and mask, for a packed batch its patches' places."""
 
     name: str
     images: np.ndarray
     state: dict
     context: np.ndarray | None = None
     mask: np.ndarray | None = None
+    # a packed batch (NaFlex, conformance.verify.packed): ``images`` its patches (B, L, ph pw C),
+    # each patch's (row, column) and whether it is an image's or padding
+    patch_coord: np.ndarray | None = None
+    patch_valid: np.ndarray | None = None
 
 
 def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[Case]:
@@ -289,6 +293,15 @@ class Handed:
         self.state = {k: keep(v) for k, v in case.state.items()}
         self.images = keep(case.images)
         self.context = None if case.context is None else keep(case.context)
+        self.packed = None if case.patch_valid is None else (keep(case.patch_coord), keep(case.patch_valid))
+
+    @property
+    def inputs(self):
+        """What the port's forward is called with: the images, or a packed batch as timm's NaFlexVit
+        takes it (a dict of its patches, their coordinates and validity)."""
+        if self.packed is None:
+            return self.images
+        return {"patches": self.images, "patch_coord": self.packed[0], "patch_valid": self.packed[1]}
 
     # What a port's call may raise and still be a finding: in verify's own process not a
     # KeyboardInterrupt (the user's Ctrl-C); in the port's own process anything (nothing else
@@ -325,6 +338,14 @@ class Handed:
 
     def wrote_images(self) -> bool:
         """Whether the port wrote to the images (or an attention port's context)."""
-        return not np.array_equal(self.images, self.case.images) or (
-            self.context is not None and not np.array_equal(self.context, self.case.context)
+        return (
+            not np.array_equal(self.images, self.case.images)
+            or (self.context is not None and not np.array_equal(self.context, self.case.context))
+            or (
+                self.packed is not None
+                and not (
+                    np.array_equal(self.packed[0], self.case.patch_coord)
+                    and np.array_equal(self.packed[1], self.case.patch_valid)
+                )
+            )
         )

@@ -33,6 +33,8 @@ def _case(tree, reader):
         reader.decode(tree["state"]),
         reader.decode(tree.get("context")),
         reader.decode(tree.get("mask")),
+        reader.decode(tree.get("patch_coord")),
+        reader.decode(tree.get("patch_valid")),
     )
 
 
@@ -72,7 +74,8 @@ class Child:
             if op == "hello":
                 return self.hello(request["kind"], request["spec"], request.get("taps") or ())
             if op == "unsupported":
-                return {"status": "ok", "why": self.side.unsupported(ViTConfig.from_dict(request["config"]))}
+                why = self.side.unsupported(ViTConfig.from_dict(request["config"]))
+                return {"status": "ok", "why": why, "inputs": self.side.inputs}
             reader = wire.Reader(request["root"], mmap=True)
             case = _case(request["case"], reader)
             writer = wire.Writer(request["root"], request["out"])

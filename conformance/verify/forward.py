@@ -11,8 +11,10 @@ from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.mapped import let_go
 from conformance.verify.heap import return_freed_memory
 from conformance.numerics.error_model import CaseModel, parallel
+from conformance.verify.budget import ahead
 from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
+from conformance.verify.packed import PackedModel, packed_plan
 from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
 from impls import tap_names
@@ -84,6 +86,64 @@ class Forward:
         return self.names.index(result.name)
 
 
+class Packed(Forward):
+    """The forward variant on packed batches (``conformance.verify.packed``): each row of the
+    port's taps, its padding cut off, compared with the oracle on that image alone."""
+
+    def compare(self, out, model, report: Report, label: str, outcome: Outcome) -> list[StageResult]:
+        from conformance.verify.packed import packed_shape, unpack
+
+        taps = dict(out) if isinstance(out, Mapping) else {"logits": out}
+        for what in ("unseen", "sources"):  # a captured model's, told once for the batch
+            getattr(report, what).update(getattr(out, what, {}))
+        for stage, reason in getattr(out, "findings", ()):
+            finding(report, label, stage, reason)
+        batch, length = model.shape
+        for name in list(taps):
+            if name not in self.names:
+                finding(report, label, name, f"unknown tap name {name!r}; known: see impls.tap_names")
+                del taps[name]
+                continue
+            want, got = packed_shape(name, self.config, batch, length), np.shape(taps[name])
+            if tuple(got) != want:
+                finding(
+                    report,
+                    label,
+                    name,
+                    f"tap {name} has shape {tuple(got)}, expected {want}: a packed batch of "
+                    f"{batch} rows of {length} patches, padding included",
+                )
+                outcome.diverged(self.names.index(name), name, label)
+                del taps[name]
+        results = []
+        for i, ((_, (gh, gw)), reference) in enumerate(zip(model.rows, model.models)):
+            row, row_label = unpack(taps, i, gh * gw, self.config), f"{label}: image {i + 1}, {gh}x{gw}"
+            rows = super().compare(row, reference, report, row_label, outcome)
+            for stage, case in [k for k in self.diagnoses if k[1] == row_label]:  # the loop knows the batch's label
+                diagnosis = self.diagnoses.pop((stage, case))
+                if _leaks(row, stage, self.dtype):
+                    from conformance.diagnosis import Diagnosis
+                    from conformance.diagnosis.classes import PADDING_ATTENDED
+
+                    diagnosis = Diagnosis(stage, row_label, "observed", PADDING_ATTENDED)
+                self.diagnoses.setdefault((stage, label), diagnosis)
+            results += rows
+        return results
+
+
+def _leaks(row: Mapping, name: str, dtype: str) -> bool:
+    """Whether attention weights ``name`` of one image, its padding cut off, sum to less than 1 over
+    its own keys by more than a correct softmax's rounding could: every weight rounded once and
+    the normaliser's sum, (N + 2) u, taken four times over."""
+    from conformance.numerics.precision import UNIT_ROUNDOFF
+
+    if not name.endswith("weights") or name not in row:
+        return False
+    w = np.asarray(row[name], np.float64)
+    deficit = 1.0 - w.sum(-1)
+    return bool(np.all(np.isfinite(deficit)) and deficit.max() > 4 * (w.shape[-1] + 2) * UNIT_ROUNDOFF[dtype])
+
+
 def _progress(cases: int, stages: int, port: str, enabled: bool):
     """cases x stages, on standard error (tqdm), or a bar that shows nothing."""
     import sys
@@ -121,6 +181,21 @@ def first_difference(first, second) -> str | None:
     return None
 
 
+def _packed(side: PortSide, config: ViTConfig) -> bool:
+    """Whether the port takes packed batches, once it supports ``config`` (else Unsupported, why)."""
+    from conformance.support import Unsupported
+
+    why = side.unsupported(config)
+    if why:
+        raise Unsupported(f"config not supported by the port: {why}")
+    if side.inputs == "naflex" and not config.dynamic_img_size:
+        raise Unsupported(
+            "config not supported by a port of packed batches: its images are on several grids, "
+            "the config needs dynamic_img_size=True"
+        )
+    return side.inputs == "naflex"
+
+
 def verify(
     make: Callable | PortSide,
     config: ViTConfig,
@@ -135,22 +210,17 @@ def verify(
 ) -> Report:
     """``make``: a port factory (run in this process) or a ``PortSide`` (``Isolated``: the port in
     a process of its own). ``progress``: a bar of cases and stages on standard error."""
-    from conformance.support import Unsupported
-
-    from conformance.verify.budget import ahead
-
     side = port_side(make, port)
-    why = side.unsupported(config)
-    if why:
-        raise Unsupported(f"config not supported by the port: {why}")
-    small = cached(config)  # a small config's given cases are streamed too: nothing to give back after each
-    if cases is None and state is None and small:
+    packed, small = _packed(side, config), cached(config)  # a small config's given cases are streamed too
+    plan = None
+    if cases is None and state is None and small and not packed:
         pairs = seeded_cases(config, seed, dtype)
     else:  # one case in memory at a time (two where the next fits): weights, images, oracle, outputs
-        plan = verify_plan(config, state, seed) if cases is None else None
+        if cases is None:
+            plan = packed_plan(config, state, seed) if packed else verify_plan(config, state, seed)
         pairs = _one_at_a_time(iter_plan(plan, ahead(config)) if cases is None else cases)
     report = Report(port, config, cases=[], dtype=dtype)
-    variant = Forward(side, config, dtype, policy)
+    variant = (Packed if packed else Forward)(side, config, dtype, policy)
     if isinstance(pairs, tuple) and dtype != "float32":  # below the dtype's rounding, pooled over held cases
         from conformance.diagnosis.scan import Scan
 
@@ -166,7 +236,12 @@ def verify(
             report.cases.append(case.name)
             bar.set_postfix_str(case.name, refresh=False)
             # a held case's oracle was built with it; a streamed one runs as the comparison reads it
-            yield case.name, case, model or CaseModel(config, case.state, case.images, dtype, stream=True)
+            if model is not None:
+                yield case.name, case, model
+            elif packed:
+                yield case.name, case, PackedModel(config, case, dtype)
+            else:
+                yield case.name, case, CaseModel(config, case.state, case.images, dtype, stream=True)
             bar.update(len(variant.names))
             if model is None:
                 if len(report.cases) == total:

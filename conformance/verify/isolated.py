@@ -88,6 +88,7 @@ class Isolated:
     def __init__(self, kind: str, spec: str, taps=(), timeout: float = 300.0, memory: int | None = None):
         self.kind, self.name, self.taps = kind, spec, list(taps)
         self.timeout, self.memory = float(timeout), memory
+        self.inputs = "images"  # what the port's forward takes: told by its process with ``unsupported``
         try:
             self.root = Path(tempfile.mkdtemp(prefix="vit-conformance-"))
         except OSError as e:
@@ -249,6 +250,7 @@ class Isolated:
         if stopped:
             raise PortStopped(stopped)
         self._check(answer)
+        self.inputs = answer.get("inputs", "images")
         return answer.get("why")
 
     def _writer(self) -> wire.Writer:
@@ -290,6 +292,8 @@ class Isolated:
             "state": self._state[1],
             "context": writer.encode(case.context),
             "mask": writer.encode(case.mask),
+            "patch_coord": writer.encode(case.patch_coord),
+            "patch_valid": writer.encode(case.patch_valid),
         }
         return tree, writer
 

@@ -53,6 +53,8 @@ class PortSide(Protocol):
     def unsupported(self, config: ViTConfig) -> str | None:
         """Why the port refuses ``config`` (its declared ``supports``), or None."""
 
+    inputs: str  # what its forward takes (``conformance.support.inputs_of``), known once unsupported has run
+
     def forward(self, case: Case, config: ViTConfig, dtype: str) -> tuple[Any, Findings]:
         """Build the port on the case's state and run it on its images: (its output or None, findings)."""
 
@@ -91,6 +93,12 @@ class InProcess:
 
         return declared(unsupported_option, supports_of(self.make), config)
 
+    @property
+    def inputs(self) -> str:
+        from conformance.support import inputs_of
+
+        return inputs_of(self.make)
+
     def _build(self, sink: _Sink, handed: Handed, config: ViTConfig, dtype: str):
         """(True, the port's forward for the handed case), or (False, None) with the finding. The
         state's pages, where mapped from verify's file (the port's process), are given back once
@@ -116,7 +124,7 @@ class InProcess:
             if changed:
                 finding(sink, case.name, "load", f"the port changed the state it was handed: {', '.join(changed[:4])}")
                 return None, sink.findings()
-            ran, out = handed.call(sink, "forward", forward, handed.images)
+            ran, out = handed.call(sink, "forward", forward, handed.inputs)
         if not ran:
             return None, sink.findings()
         if handed.wrote_images() or handed.changed_state():
@@ -132,11 +140,11 @@ class InProcess:
             built, forward = self._build(sink, handed, config, dtype)
             if not built:
                 return None, sink.findings()
-            ran, first = handed.call(sink, "forward", forward, handed.images)
+            ran, first = handed.call(sink, "forward", forward, handed.inputs)
             if not ran:
                 return None, sink.findings()
             first = keep(first)
-            ran, second = handed.call(sink, "forward", forward, handed.images)
+            ran, second = handed.call(sink, "forward", forward, handed.inputs)
         return ((first, second) if ran else None), sink.findings()
 
     def backward(self, case: Case, config: ViTConfig, dtype: str, loss):

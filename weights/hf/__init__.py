@@ -21,6 +21,8 @@ directory.
   v projected apart, LayerScale ``lambda1``, a plain or gated MLP (weights/hf/dinov3.py).
 * ``beit`` (``BeitModel``, ``BeitForImageClassification``): timm's Beit, its relative position
   bias per layer, q's and v's biases and k none, LayerScale ``lambda_1`` (weights/hf/beit.py).
+* ``siglip2_vision_model`` (``Siglip2VisionModel``, a ``siglip2`` checkpoint's vision tower):
+  SigLIP's tower on NaFlex's patches, one square table resized bilinearly (weights/hf/siglip2.py).
 
 Every mapping is a rename, a split or a concatenation (and the class-token fold, a float32
 sum with an entry written back as zero), so canonical -> Hugging Face -> canonical is bitwise.
@@ -48,7 +50,7 @@ from weights.hf.family import (
     from_family_hf,
     to_family_hf,
 )
-from weights.hf import beit, dinov3
+from weights.hf import beit, dinov3, siglip2
 from weights.hf.vit import (
     in_memory_names,
     hf_config_to_vit,
@@ -75,6 +77,9 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (d / name).is_file():
             raw = read_timm(d / name)
+            if hf.get("model_type") in (siglip2.MODEL_TYPE, "siglip2"):
+                config = siglip2.siglip2_config_to_vit(hf)
+                return siglip2.from_siglip2(raw, config), config
             if model_type == dinov3.MODEL_TYPE:
                 config = dinov3.dinov3_config_to_vit(hf)
                 return dinov3.from_dinov3(raw, config), config
@@ -94,7 +99,9 @@ def write_hf(state, config: ViTConfig, path) -> None:
     that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower, DINOv3, BEiT)."""
     from safetensors.numpy import save_file
 
-    if config.rope_type == "dinov3":
+    if config.pos_embed_interp_mode == "bilinear":  # NaFlex's table, resized as SigLIP 2 resizes it
+        hf, tensors = siglip2.vit_config_to_siglip2(config), siglip2.to_siglip2(state, config)
+    elif config.rope_type == "dinov3":
         hf, tensors = dinov3.vit_config_to_dinov3(config), dinov3.to_dinov3(state, config)
     elif config.rel_pos_bias or (not config.k_bias and config.rope_type is None):  # BEiT's attention
         hf, tensors = beit.vit_config_to_beit(config), beit.to_beit(state, config)
