@@ -9,6 +9,7 @@ so a TPU or GPU does not quietly compute in bf16/TF32.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache, partial
 
 import jax
@@ -23,7 +24,10 @@ from impls.protocol import (
     Perturbed,
     ViTConfig,
     check_images,
+    check_packed,
     mlp_norm_eps,
+    naflex_factory,
+    packed_rows,
     tap_shapes,
 )
 from impls.jax_rope import rope_tables, rotate_tokens
@@ -166,6 +170,11 @@ class SiLU(nnx.Module):
 ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate=True), "quick_gelu": QuickGELU, "silu": SiLU}
 
 
+def _kept(keep) -> dict:
+    """A packed batch's ``keep`` as a keyword (none for images: a layer swapped in need not take it)."""
+    return {} if keep is None else {"keep": keep}
+
+
 def record_tap(taps, name, value):
     """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
     if taps is None:
@@ -213,14 +222,24 @@ class PatchEmbed(nnx.Module):
         if self.patch_norm is None:
             x = self.proj(x.transpose(0, 2, 3, 1))  # NCHW -> NHWC -> (B, gh, gw, D)
             return x.reshape(x.shape[0], -1, x.shape[-1])
-        x = self.patch_norm(to_patches(x, self.patch_size))
-        x = record_tap(taps, f"{name}.patch_norm", x)
+        return self.project_patches(to_patches(x, self.patch_size), taps, name)
+
+    def project_patches(self, x, taps=None, name="patch_embed"):
+        """Patches flattened (c p1 p2), (B, L, C * ph * pw), projected by the kernel (normalised first)."""
+        if self.patch_norm is not None:
+            x = self.patch_norm(x)
+            x = record_tap(taps, f"{name}.patch_norm", x)
         w = self.proj.kernel[...].transpose(2, 0, 1, 3)  # HWIO -> IHWO: (c p1 p2) as the patches
         y = _matmul(x, w.reshape(-1, w.shape[-1]))
         return y + self.proj.bias[...] if self.proj.bias is not None else y
 
-    def __call__(self, x, taps=None, name="patch_embed"):
-        x = self.project(x, taps, name)
+    def __call__(self, x, taps=None, name="patch_embed", packed=False):
+        """``packed``: ``x`` holds patches flattened (p1 p2 c), a packed batch's (B, L, ph * pw * C)."""
+        if packed:
+            (ph, pw), (B, L, _) = self.patch_size, x.shape
+            x = self.project_patches(x.reshape(B, L, ph, pw, -1).transpose(0, 1, 4, 2, 3).reshape(B, L, -1), taps, name)
+        else:
+            x = self.project(x, taps, name)
         x = record_tap(taps, name, x)
         if self.norm is not None:
             x = self.norm(x)
@@ -285,7 +304,8 @@ class Attention(nnx.Module):
         qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         return qkv[0], qkv[1], qkv[2]
 
-    def __call__(self, x, taps=None, name="attn", rope=None):
+    def __call__(self, x, taps=None, name="attn", rope=None, keep=None):
+        """``keep``: (B, N) the tokens that are an image's, the keys the rest attend (a packed batch's)."""
         q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
@@ -302,14 +322,16 @@ class Attention(nnx.Module):
             bias = record_tap(
                 taps, f"{name}.rel_pos_bias", jnp.broadcast_to(self._get_rel_pos_bias(), (*q.shape[:3], q.shape[2]))
             )
+        keys = None if keep is None else keep[:, None, None, :]  # the padding's keys out
         if self.fused_attn and taps is None:
             x = jax.nn.dot_product_attention(
-                q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), bias=bias, scale=self.scale
+                q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), bias=bias, mask=keys, scale=self.scale
             ).swapaxes(1, 2)
         else:
             q = q * self.scale
             attn = _matmul(q, k.swapaxes(-2, -1))
             attn = attn if bias is None else attn + bias
+            attn = attn if keys is None else jnp.where(keys, attn, -jnp.inf)
             attn = jax.nn.softmax(attn.astype(jnp.float32), axis=-1).astype(v.dtype)  # over keys, in float32
             attn = record_tap(taps, f"{name}.weights", attn)
             x = _matmul(attn, v)
@@ -370,7 +392,7 @@ class AttentionPoolLatent(MultiHeadAttention):
         self.norm = LayerNorm(dim, epsilon=norm_eps, rngs=rngs)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer, rngs=rngs)
 
-    def __call__(self, x, taps=None, name="attn_pool"):
+    def __call__(self, x, taps=None, name="attn_pool", keep=None):
         B, N, _ = x.shape
         q = split_heads(self.q(jnp.broadcast_to(self.latent[...], (B, *self.latent.shape[1:]))), self.num_heads)
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
@@ -382,6 +404,7 @@ class AttentionPoolLatent(MultiHeadAttention):
             q,
             k,
             v,
+            mask=None if keep is None else keep[:, None, None, :],
             scale=self.scale,
             fused=self.fused_attn and taps is None,
             tap=lambda w: record_tap(taps, f"{name}.weights", w),
@@ -509,10 +532,10 @@ class Block(nnx.Module):
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
-    def __call__(self, x, taps=None, name="blocks.0", rope=None):
+    def __call__(self, x, taps=None, name="blocks.0", rope=None, keep=None):
         h = self.norm1(x)
         h = record_tap(taps, f"{name}.norm1", h)
-        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}))
+        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep))
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
@@ -597,10 +620,34 @@ class VisionTransformer(nnx.Module):
             return jnp.concatenate(prefix + [x + pos], axis=1)
         return jnp.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
 
-    def forward_features(self, x, taps=None):
-        grid = self.config.grid_at(x.shape[2:])
-        x = self.patch_embed(x, taps)
-        x = self._pos_embed(x, grid)
+    def _pos_embed_packed(self, x, rows):
+        """Each row of a packed batch given its prefix tokens and positions at its own grid; its
+        padding as projected."""
+        parts = [
+            jnp.concatenate([self._pos_embed(x[i : i + 1, :n], grid), x[i : i + 1, n:]], axis=1)
+            for i, (n, grid) in enumerate(rows)
+        ]
+        return jnp.concatenate(parts, axis=0)
+
+    def forward_packed(self, batch, taps=None, rows=None):
+        """A packed batch (NaFlex: ``patches``, ``patch_coord``, ``patch_valid``; docs/verify.md):
+        each row's table at its own grid, its padding kept out of every attention and pool.
+        ``rows``: each row's patch count and grid (``packed_rows``), where the coordinates cannot be read."""
+        c = self.config
+        x, coord, valid = (batch[k] for k in ("patches", "patch_coord", "patch_valid"))
+        x = self.patch_embed(x.astype(self.patch_embed.proj.kernel[...].dtype), taps, packed=True)
+        x = self._pos_embed_packed(x, packed_rows(coord, valid) if rows is None else rows)
+        keep = jnp.concatenate([jnp.ones((x.shape[0], c.num_prefix_tokens), bool), valid.astype(bool)], axis=1)
+        return self.forward_head(self.forward_features(x, taps, keep=keep), taps, keep)
+
+    def forward_features(self, x, taps=None, keep=None):
+        """``keep``: a packed batch's tokens that are an image's, ``x`` its rows already embedded."""
+        if keep is None:
+            grid = self.config.grid_at(x.shape[2:])
+            x = self.patch_embed(x, taps)
+            x = self._pos_embed(x, grid)
+        else:
+            grid = None
         x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
@@ -610,30 +657,32 @@ class VisionTransformer(nnx.Module):
         )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
-            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}))
+            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)
         return x
 
-    def pool(self, x, taps=None):
+    def pool(self, x, taps=None, keep=None):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
         x = x[:, self.config.pool_skip :]  # the patch tokens, and the prefix with pool_include_prefix
         if pool == "map":
-            return self.attn_pool(x, taps)
-        mean = x.mean(axis=1, dtype=jnp.float32).astype(x.dtype)  # accumulated in float32
-        if pool == "avg":
-            return mean
-        if pool == "max":
-            return x.max(axis=1)
-        return 0.5 * (x.max(axis=1) + mean)  # avgmax
+            return self.attn_pool(x, taps, **_kept(None if keep is None else keep[:, self.config.pool_skip :]))
+        if keep is not None:  # a packed batch: each row's own tokens
+            w = keep[:, self.config.pool_skip :, None]
+            mean = ((x * w).sum(axis=1, dtype=jnp.float32) / w.sum(axis=1)).astype(x.dtype)  # accumulated in float32
+            top = jnp.where(w, x, -jnp.inf).max(axis=1)
+        else:
+            mean = x.mean(axis=1, dtype=jnp.float32).astype(x.dtype)  # accumulated in float32
+            top = x.max(axis=1) if pool != "avg" else None
+        return mean if pool == "avg" else top if pool == "max" else 0.5 * (top + mean)  # avgmax
 
-    def forward_head(self, x, taps=None):
+    def forward_head(self, x, taps=None, keep=None):
         if self.config.distilled:
             return self.forward_head_distilled(x, taps)
-        x = self.pool(x, taps)
+        x = self.pool(x, taps, **_kept(keep))
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
         x = record_tap(taps, "pooled", x)
@@ -652,11 +701,17 @@ class VisionTransformer(nnx.Module):
         x = record_tap(taps, "logits", x)
         return x
 
-    def __call__(self, x, return_taps: bool = False, taps=None):
-        check_images(tuple(x.shape), str(x.dtype), self.config)
-        x = x.astype(self.patch_embed.proj.kernel[...].dtype)  # float32 images in; the model runs in its weights' dtype
+    def __call__(self, x, return_taps: bool = False, taps=None, rows=None):
+        """``rows``: a packed batch's (``packed_rows``), static under jit."""
         taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
-        x = self.forward_head(self.forward_features(x, taps), taps)
+        if isinstance(x, Mapping):  # a packed batch (NaFlex)
+            x = self.forward_packed(x, taps, rows)
+        else:
+            check_images(tuple(x.shape), str(x.dtype), self.config)
+            x = x.astype(
+                self.patch_embed.proj.kernel[...].dtype
+            )  # float32 images in; the model runs in its weights' dtype
+            x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x
 
 
@@ -710,9 +765,9 @@ def _compiled_forward(config: ViTConfig, taps: bool, fused_attn: bool, layers: t
     (apply, the parameters' abstract state)."""
     graphdef, abstract = _graph(config, fused_attn, layers)
 
-    @jax.jit
-    def apply(params, images):
-        return nnx.merge(graphdef, params)(images, return_taps=taps)
+    @partial(jax.jit, static_argnames="rows")
+    def apply(params, images, rows=None):  # rows: a packed batch's, a program per their grids
+        return nnx.merge(graphdef, params)(images, return_taps=taps, rows=rows)
 
     return apply, abstract
 
@@ -745,9 +800,14 @@ def make(
     params = _params(abstract, to_native(state, FRAMEWORK), DTYPES[dtype])
 
     def forward(images: np.ndarray):
-        images = np.asarray(images)
-        check_images(images.shape, str(images.dtype), config)
-        out = apply(params, images)
+        if isinstance(images, Mapping):  # a packed batch
+            check_packed(images, config)
+            rows = packed_rows(images["patch_coord"], images["patch_valid"])
+            out = apply(params, {k: np.asarray(v) for k, v in images.items()}, rows)
+        else:
+            images = np.asarray(images)
+            check_images(images.shape, str(images.dtype), config)
+            out = apply(params, images)
         return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
     return forward
@@ -774,6 +834,7 @@ def _compiled_attention(options: tuple, model_cls):
 
 
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
+make_naflex = naflex_factory(make)  # the same port on packed batches (impls.protocol.NAFLEX_FAMILY)
 
 
 def make_attention(

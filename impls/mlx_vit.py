@@ -6,6 +6,7 @@ MLX convs take NHWC, so PatchEmbed transposes the NCHW input; its kernel is OHWI
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 
 from impls.mlx_blas import use_openblas
@@ -23,7 +24,10 @@ from impls.protocol import (  # noqa: E402
     Perturbed,
     ViTConfig,
     check_images,
+    check_packed,
     mlp_norm_eps,
+    naflex_factory,
+    packed_rows,
     tap_shapes,
 )
 from impls.mlx_rope import rope_tables, rotate_tokens  # noqa: E402
@@ -129,6 +133,11 @@ class QuickGELU(nn.Module):
 ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approx="precise"), "quick_gelu": QuickGELU, "silu": nn.SiLU}
 
 
+def _kept(keep) -> dict:
+    """A packed batch's ``keep`` as a keyword (none for images: a layer swapped in need not take it)."""
+    return {} if keep is None else {"keep": keep}
+
+
 def record_tap(taps, name, value):
     """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
     if taps is None:
@@ -172,14 +181,24 @@ class PatchEmbed(nn.Module):
         if "patch_norm" not in self:
             x = self.proj(x.transpose(0, 2, 3, 1))  # NCHW -> NHWC -> (B, gh, gw, D)
             return x.reshape(x.shape[0], -1, x.shape[-1])
-        x = self.patch_norm(to_patches(x, self.patch_size))
-        x = record_tap(taps, f"{name}.patch_norm", x)
+        return self.project_patches(to_patches(x, self.patch_size), taps, name)
+
+    def project_patches(self, x, taps=None, name="patch_embed"):
+        """Patches flattened (c p1 p2), (B, L, C * ph * pw), projected by the kernel (normalised first)."""
+        if "patch_norm" in self:
+            x = self.patch_norm(x)
+            x = record_tap(taps, f"{name}.patch_norm", x)
         w = self.proj.weight.transpose(0, 3, 1, 2)  # OHWI -> OIHW: (c p1 p2) as the patches
         y = x @ w.reshape(w.shape[0], -1).T
         return y + self.proj.bias if "bias" in self.proj else y
 
-    def __call__(self, x, taps=None, name="patch_embed"):
-        x = self.project(x, taps, name)
+    def __call__(self, x, taps=None, name="patch_embed", packed=False):
+        """``packed``: ``x`` holds patches flattened (p1 p2 c), a packed batch's (B, L, ph * pw * C)."""
+        if packed:
+            (ph, pw), (B, L, _) = self.patch_size, x.shape
+            x = self.project_patches(x.reshape(B, L, ph, pw, -1).transpose(0, 1, 4, 2, 3).reshape(B, L, -1), taps, name)
+        else:
+            x = self.project(x, taps, name)
         x = record_tap(taps, name, x)
         if "norm" in self:
             x = self.norm(x)
@@ -244,7 +263,8 @@ class Attention(nn.Module):
         qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         return qkv[0], qkv[1], qkv[2]
 
-    def __call__(self, x, taps=None, name="attn", rope=None):
+    def __call__(self, x, taps=None, name="attn", rope=None, keep=None):
+        """``keep``: (B, N) the tokens that are an image's, the keys the rest attend (a packed batch's)."""
         q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
@@ -261,12 +281,16 @@ class Attention(nn.Module):
             bias = record_tap(
                 taps, f"{name}.rel_pos_bias", mx.broadcast_to(self._get_rel_pos_bias(), (*q.shape[:3], q.shape[2]))
             )
+        if keep is not None:  # the padding's keys out: a boolean mask, or -inf added to the bias
+            keys = keep[:, None, None, :]
+            bias = keys if bias is None else mx.where(keys, bias, -mx.inf)
         if self.fused_attn and taps is None:
             x = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=bias)
         else:
             q = q * self.scale
             attn = q @ k.swapaxes(-2, -1)
-            attn = attn if bias is None else attn + bias
+            if bias is not None:
+                attn = mx.where(bias, attn, -mx.inf) if bias.dtype == mx.bool_ else attn + bias
             attn = mx.softmax(attn, axis=-1, precise=True)  # over keys, in float32
             attn = record_tap(taps, f"{name}.weights", attn)
             x = attn @ v
@@ -320,7 +344,7 @@ class AttentionPoolLatent(MultiHeadAttention):
         self.norm = LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer)
 
-    def __call__(self, x, taps=None, name="attn_pool"):
+    def __call__(self, x, taps=None, name="attn_pool", keep=None):
         B, N, _ = x.shape
         q = split_heads(self.q(mx.broadcast_to(self.latent, (B, *self.latent.shape[1:]))), self.num_heads)
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
@@ -332,6 +356,7 @@ class AttentionPoolLatent(MultiHeadAttention):
             q,
             k,
             v,
+            mask=None if keep is None else keep[:, None, None, :],
             scale=self.scale,
             fused=self.fused_attn and taps is None,
             tap=lambda w: record_tap(taps, f"{name}.weights", w),
@@ -453,10 +478,10 @@ class Block(nn.Module):
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
-    def __call__(self, x, taps=None, name="blocks.0", rope=None):
+    def __call__(self, x, taps=None, name="blocks.0", rope=None, keep=None):
         h = self.norm1(x)
         h = record_tap(taps, f"{name}.norm1", h)
-        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}))
+        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep))
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
@@ -536,10 +561,34 @@ class VisionTransformer(nn.Module):
             return mx.concatenate(prefix + [x + pos], axis=1)
         return mx.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
 
-    def forward_features(self, x, taps=None):
-        grid = self.config.grid_at(x.shape[2:])
-        x = self.patch_embed(x, taps)
-        x = self._pos_embed(x, grid)
+    def _pos_embed_packed(self, x, rows):
+        """Each row of a packed batch given its prefix tokens and positions at its own grid; its
+        padding as projected."""
+        parts = [
+            mx.concatenate([self._pos_embed(x[i : i + 1, :n], grid), x[i : i + 1, n:]], axis=1)
+            for i, (n, grid) in enumerate(rows)
+        ]
+        return mx.concatenate(parts, axis=0)
+
+    def forward_packed(self, batch, taps=None, rows=None):
+        """A packed batch (NaFlex: ``patches``, ``patch_coord``, ``patch_valid``; docs/verify.md):
+        each row's table at its own grid, its padding kept out of every attention and pool.
+        ``rows``: each row's patch count and grid (``packed_rows``), where the coordinates cannot be read."""
+        c = self.config
+        x, coord, valid = (batch[k] for k in ("patches", "patch_coord", "patch_valid"))
+        x = self.patch_embed(x.astype(self.patch_embed.proj.weight.dtype), taps, packed=True)
+        x = self._pos_embed_packed(x, packed_rows(coord, valid) if rows is None else rows)
+        keep = mx.concatenate([mx.ones((x.shape[0], c.num_prefix_tokens), mx.bool_), valid.astype(mx.bool_)], axis=1)
+        return self.forward_head(self.forward_features(x, taps, keep=keep), taps, keep)
+
+    def forward_features(self, x, taps=None, keep=None):
+        """``keep``: a packed batch's tokens that are an image's, ``x`` its rows already embedded."""
+        if keep is None:
+            grid = self.config.grid_at(x.shape[2:])
+            x = self.patch_embed(x, taps)
+            x = self._pos_embed(x, grid)
+        else:
+            grid = None
         x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
@@ -549,30 +598,32 @@ class VisionTransformer(nn.Module):
         )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
-            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}))
+            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)
         return x
 
-    def pool(self, x, taps=None):
+    def pool(self, x, taps=None, keep=None):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
         x = x[:, self.config.pool_skip :]  # the patch tokens, and the prefix with pool_include_prefix
         if pool == "map":
-            return self.attn_pool(x, taps)
-        mean = x.astype(mx.float32).mean(axis=1).astype(x.dtype)  # accumulated in float32
-        if pool == "avg":
-            return mean
-        if pool == "max":
-            return x.max(axis=1)
-        return 0.5 * (x.max(axis=1) + mean)  # avgmax
+            return self.attn_pool(x, taps, **_kept(None if keep is None else keep[:, self.config.pool_skip :]))
+        if keep is not None:  # a packed batch: each row's own tokens
+            w = keep[:, self.config.pool_skip :, None]
+            mean = ((x * w).astype(mx.float32).sum(axis=1) / w.sum(axis=1)).astype(x.dtype)  # accumulated in float32
+            top = mx.where(w, x, -mx.inf).max(axis=1)
+        else:
+            mean = x.astype(mx.float32).mean(axis=1).astype(x.dtype)  # accumulated in float32
+            top = x.max(axis=1) if pool != "avg" else None
+        return mean if pool == "avg" else top if pool == "max" else 0.5 * (top + mean)  # avgmax
 
-    def forward_head(self, x, taps=None):
+    def forward_head(self, x, taps=None, keep=None):
         if self.config.distilled:
             return self.forward_head_distilled(x, taps)
-        x = self.pool(x, taps)
+        x = self.pool(x, taps, **_kept(keep))
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
         x = record_tap(taps, "pooled", x)
@@ -592,10 +643,14 @@ class VisionTransformer(nn.Module):
         return x
 
     def __call__(self, x, return_taps: bool = False, taps=None):
-        check_images(tuple(x.shape), str(x.dtype), self.config)
-        x = x.astype(self.patch_embed.proj.weight.dtype)  # float32 images in; the model runs in its weights' dtype
         taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
-        x = self.forward_head(self.forward_features(x, taps), taps)
+        if isinstance(x, Mapping):  # a packed batch (NaFlex)
+            check_packed(x, self.config)
+            x = self.forward_packed(x, taps)
+        else:
+            check_images(tuple(x.shape), str(x.dtype), self.config)
+            x = x.astype(self.patch_embed.proj.weight.dtype)  # float32 images in; the model runs in its weights' dtype
+            x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x
 
 
@@ -647,9 +702,13 @@ def make(
     call = mx.compile(call) if compiled else call  # the weights are captured as constants
 
     def forward(images: np.ndarray):
-        images = np.asarray(images)
-        check_images(images.shape, str(images.dtype), config)  # mx.array() would cast float64 silently
-        out = call(mx.array(images))
+        if isinstance(images, Mapping):  # a packed batch: the model reads each row's grid, uncompiled
+            check_packed(images, config)
+            out = model({k: mx.array(np.asarray(v)) for k, v in images.items()}, return_taps=taps)
+        else:
+            images = np.asarray(images)
+            check_images(images.shape, str(images.dtype), config)  # mx.array() would cast float64 silently
+            out = call(mx.array(images))
         mx.eval(out)
         return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
@@ -657,6 +716,7 @@ def make(
 
 
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
+make_naflex = naflex_factory(make)  # the same port on packed batches (impls.protocol.NAFLEX_FAMILY)
 
 
 def make_attention(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,7 +22,10 @@ from impls.protocol import (
     Perturbed,
     ViTConfig,
     check_images,
+    check_packed,
     mlp_norm_eps,
+    naflex_factory,
+    packed_rows,
     tap_shapes,
 )
 from impls.numpy_rope import block_rope, rope_tables, rotate_tokens
@@ -231,6 +235,11 @@ class Conv2d(Module):
         return y.reshape(B, -1, y.shape[-1])
 
 
+def _kept(keep) -> dict:
+    """A packed batch's ``keep`` as a keyword (none for images: a layer swapped in need not take it)."""
+    return {} if keep is None else {"keep": keep}
+
+
 def record_tap(taps, name, value):
     """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
     if taps is None:
@@ -259,13 +268,23 @@ class PatchEmbed(Module):
         """The projection's output, (B, gh * gw, D), row-major over the grid."""
         if not hasattr(self, "patch_norm"):
             return self.proj(x)
-        x = self.patch_norm(to_patches(x, self.patch_size))
-        x = record_tap(taps, f"{name}.patch_norm", x)
+        return self.project_patches(to_patches(x, self.patch_size), taps, name)
+
+    def project_patches(self, x, taps=None, name="patch_embed"):
+        """Patches flattened (c p1 p2), (B, L, C * ph * pw), projected by the kernel (normalised first)."""
+        if hasattr(self, "patch_norm"):
+            x = self.patch_norm(x)
+            x = record_tap(taps, f"{name}.patch_norm", x)
         y = x @ self.proj.weight.reshape(self.proj.weight.shape[0], -1).T
         return y + self.proj.bias if hasattr(self.proj, "bias") else y
 
-    def __call__(self, x, taps=None, name="patch_embed"):
-        x = self.project(x, taps, name)
+    def __call__(self, x, taps=None, name="patch_embed", packed=False):
+        """``packed``: ``x`` holds patches flattened (p1 p2 c), a packed batch's (B, L, ph * pw * C)."""
+        if packed:
+            (ph, pw), (B, L, _) = self.patch_size, x.shape
+            x = self.project_patches(x.reshape(B, L, ph, pw, -1).transpose(0, 1, 4, 2, 3).reshape(B, L, -1), taps, name)
+        else:
+            x = self.project(x, taps, name)
         x = record_tap(taps, name, x)
         if hasattr(self, "norm"):
             x = self.norm(x)
@@ -329,7 +348,8 @@ class Attention(Module):
         qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
         return qkv[0], qkv[1], qkv[2]
 
-    def __call__(self, x, taps=None, name="attn", rope=None):
+    def __call__(self, x, taps=None, name="attn", rope=None, keep=None):
+        """``keep``: (B, N) the tokens that are an image's, the keys the rest attend (a packed batch's)."""
         q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
@@ -349,6 +369,7 @@ class Attention(Module):
         q = q * self.scale
         attn = q @ np.swapaxes(k, -2, -1)
         attn = attn if bias is None else attn + bias
+        attn = attn if keep is None else np.where(keep[:, None, None, :], attn, -np.inf)
         attn = softmax(attn, axis=-1)  # over keys
         attn = record_tap(taps, f"{name}.weights", attn)
         x = attn @ v
@@ -400,7 +421,7 @@ class AttentionPoolLatent(MultiHeadAttention):
         self.norm = LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer)
 
-    def __call__(self, x, taps=None, name="attn_pool"):
+    def __call__(self, x, taps=None, name="attn_pool", keep=None):
         B, N, _ = x.shape
         q = split_heads(self.q(np.broadcast_to(self.latent, (B, *self.latent.shape[1:]))), self.num_heads)
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).transpose((2, 0, 3, 1, 4))
@@ -409,7 +430,12 @@ class AttentionPoolLatent(MultiHeadAttention):
         k = record_tap(taps, f"{name}.k", k)
         v = record_tap(taps, f"{name}.v", v)
         x, attn = scaled_dot_product_attention(
-            q, k, v, scale=self.scale, tap=lambda w: record_tap(taps, f"{name}.weights", w)
+            q,
+            k,
+            v,
+            mask=None if keep is None else keep[:, None, None, :],
+            scale=self.scale,
+            tap=lambda w: record_tap(taps, f"{name}.weights", w),
         )
         x = self.proj(merge_heads(x))
         x = record_tap(taps, f"{name}.proj", x)
@@ -524,10 +550,10 @@ class Block(Module):
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
-    def __call__(self, x, taps=None, name="blocks.0", rope=None):
+    def __call__(self, x, taps=None, name="blocks.0", rope=None, keep=None):
         h = self.norm1(x)
         h = record_tap(taps, f"{name}.norm1", h)
-        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}))
+        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep))
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
@@ -605,10 +631,34 @@ class VisionTransformer(Module):
             return np.concatenate(prefix + [x + pos], axis=1)
         return np.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
 
-    def forward_features(self, x, taps=None):
-        grid = self.config.grid_at(x.shape[2:])
-        x = self.patch_embed(x, taps)
-        x = self._pos_embed(x, grid)
+    def _pos_embed_packed(self, x, rows):
+        """Each row of a packed batch given its prefix tokens and positions at its own grid; its
+        padding as projected."""
+        parts = [
+            np.concatenate([self._pos_embed(x[i : i + 1, :n], grid), x[i : i + 1, n:]], axis=1)
+            for i, (n, grid) in enumerate(rows)
+        ]
+        return np.concatenate(parts, axis=0)
+
+    def forward_packed(self, batch, taps=None, rows=None):
+        """A packed batch (NaFlex: ``patches``, ``patch_coord``, ``patch_valid``; docs/verify.md):
+        each row's table at its own grid, its padding kept out of every attention and pool.
+        ``rows``: each row's patch count and grid (``packed_rows``), where the coordinates cannot be read."""
+        c = self.config
+        x, coord, valid = (np.asarray(batch[k]) for k in ("patches", "patch_coord", "patch_valid"))
+        x = self.patch_embed(x.astype(np.float64), taps, packed=True)
+        x = self._pos_embed_packed(x, packed_rows(coord, valid) if rows is None else rows)
+        keep = np.concatenate([np.ones((len(x), c.num_prefix_tokens), bool), valid.astype(bool)], axis=1)
+        return self.forward_head(self.forward_features(x, taps, keep=keep), taps, keep)
+
+    def forward_features(self, x, taps=None, keep=None):
+        """``keep``: a packed batch's tokens that are an image's, ``x`` its rows already embedded."""
+        if keep is None:
+            grid = self.config.grid_at(x.shape[2:])
+            x = self.patch_embed(x, taps)
+            x = self._pos_embed(x, grid)
+        else:
+            grid = None
         x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
@@ -618,29 +668,30 @@ class VisionTransformer(Module):
         )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
-            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}))
+            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)
         return x
 
-    def pool(self, x, taps=None):
+    def pool(self, x, taps=None, keep=None):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
         x = x[:, self.config.pool_skip :]  # the patch tokens, and the prefix with pool_include_prefix
         if pool == "map":
-            return self.attn_pool(x, taps)
-        if pool == "avg":
-            return x.mean(axis=1)
-        if pool == "max":
-            return x.max(axis=1)
-        return 0.5 * (x.max(axis=1) + x.mean(axis=1))  # avgmax
+            return self.attn_pool(x, taps, **_kept(None if keep is None else keep[:, self.config.pool_skip :]))
+        if keep is not None:  # a packed batch: each row's own tokens
+            w = keep[:, self.config.pool_skip :, None]
+            mean, top = (x * w).sum(axis=1) / w.sum(axis=1), np.where(w, x, -np.inf).max(axis=1)
+        else:
+            mean, top = x.mean(axis=1), (x.max(axis=1) if pool != "avg" else None)
+        return mean if pool == "avg" else top if pool == "max" else 0.5 * (top + mean)  # avgmax
 
-    def forward_head(self, x, taps=None):
+    def forward_head(self, x, taps=None, keep=None):
         if self.config.distilled:
             return self.forward_head_distilled(x, taps)
-        x = self.pool(x, taps)
+        x = self.pool(x, taps, **_kept(keep))
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
         x = record_tap(taps, "pooled", x)
@@ -660,9 +711,13 @@ class VisionTransformer(Module):
         return x
 
     def __call__(self, x, return_taps: bool = False, taps=None):
-        check_images(x.shape, str(x.dtype), self.config)
         taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
-        x = self.forward_head(self.forward_features(x.astype(np.float64), taps), taps)
+        if isinstance(x, Mapping):  # a packed batch (NaFlex)
+            check_packed(x, self.config)
+            x = self.forward_packed(x, taps)
+        else:
+            check_images(x.shape, str(x.dtype), self.config)
+            x = self.forward_head(self.forward_features(x.astype(np.float64), taps), taps)
         return taps if return_taps else x
 
 
@@ -696,12 +751,13 @@ def make(
     load_state_dict(model, to_native(state, FRAMEWORK))
 
     def forward(images: np.ndarray):
-        return model(np.asarray(images), return_taps=taps)
+        return model(images if isinstance(images, Mapping) else np.asarray(images), return_taps=taps)
 
     return forward
 
 
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
+make_naflex = naflex_factory(make)  # the same port on packed batches (impls.protocol.NAFLEX_FAMILY)
 
 
 def make_attention(

@@ -92,6 +92,52 @@ def check_images(shape: tuple[int, ...], dtype: str, config: ViTConfig) -> None:
         raise InputError(f"images must be float32, got dtype {dtype}")
 
 
+# What a port of packed batches supports (NaFlex: docs/verify.md, "Packed batches"): the family at any
+# image size, but rotary embeddings and BEiT's bias, whose tables follow one grid for the whole batch here
+NAFLEX_FAMILY = {**VIT_FAMILY, "rope_type": None, "rel_pos_bias": False, "dynamic_img_size": True}
+
+
+def naflex_factory(make):
+    """``make`` declared as a port of packed batches: its forward takes the dict, its supports NAFLEX_FAMILY."""
+
+    def make_naflex(config, state, **options):
+        return make(config, state, **options)
+
+    make_naflex.supports, make_naflex.inputs = NAFLEX_FAMILY, "naflex"
+    return make_naflex
+
+
+def packed_rows(coord, valid) -> tuple[tuple[int, tuple[int, int]], ...]:
+    """Each row of a packed batch: its patches' count and its grid (rows, columns), read from its
+    coordinates (concrete arrays: a traced model takes them as a static argument)."""
+    coord, valid = np.asarray(coord), np.asarray(valid)
+    out = []
+    for c, v in zip(coord, valid):
+        n = int(v.sum())
+        out.append((n, (int(c[:n, 0].max()) + 1, int(c[:n, 1].max()) + 1)))
+    return tuple(out)
+
+
+def check_packed(batch, config: ViTConfig) -> None:
+    """Raise InputError unless ``batch`` is a packed batch for ``config``: ``patches`` (B, L, ph pw C),
+    ``patch_coord`` (B, L, 2) integers, ``patch_valid`` (B, L), each row's patches first."""
+    missing = {"patches", "patch_coord", "patch_valid"} - set(batch)
+    if missing:
+        raise InputError(f"a packed batch is a dict of patches, patch_coord and patch_valid: no {sorted(missing)}")
+    p, c, v = (np.asarray(batch[k]) for k in ("patches", "patch_coord", "patch_valid"))
+    width = config.patch_size[0] * config.patch_size[1] * config.in_chans
+    if p.ndim != 3 or p.shape[2] != width or c.shape != (*p.shape[:2], 2) or v.shape != p.shape[:2]:
+        raise InputError(
+            f"a packed batch needs patches (B, L, {width}), patch_coord (B, L, 2), patch_valid (B, L), got "
+            f"{p.shape}, {c.shape}, {v.shape}"
+        )
+    if not np.all(v.sum(1) > 0) or np.any(np.diff(v.astype(np.int8), axis=1) > 0):
+        raise InputError("each row of a packed batch holds at least one patch, its patches before its padding")
+    for i, (n, (gh, gw)) in enumerate(packed_rows(c, v)):
+        if n != gh * gw:
+            raise InputError(f"row {i} of a packed batch holds {n} patches on a {gh}x{gw} grid (its coordinates)")
+
+
 __all__ = [
     "GLOBAL_POOLS",
     "PRESETS",
@@ -108,6 +154,10 @@ __all__ = [
     "block_taps",
     "ORIGINAL_VIT",
     "VIT_FAMILY",
+    "NAFLEX_FAMILY",
+    "naflex_factory",
+    "check_packed",
+    "packed_rows",
     "ANY",
     "require_original_vit",
 ]

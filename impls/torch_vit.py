@@ -5,6 +5,7 @@ Parallel to numpy_vit.py (the spec), mlx_vit.py and jax_vit.py: same classes, sa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 
 import numpy as np
@@ -19,7 +20,10 @@ from impls.protocol import (
     Perturbed,
     ViTConfig,
     check_images,
+    check_packed,
     mlp_norm_eps,
+    naflex_factory,
+    packed_rows,
     tap_shapes,
 )
 from impls.torch_rope import rope_tables, rotate_tokens
@@ -123,6 +127,11 @@ class QuickGELU(nn.Module):
 ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate="tanh"), "quick_gelu": QuickGELU, "silu": nn.SiLU}
 
 
+def _kept(keep) -> dict:
+    """A packed batch's ``keep`` as a keyword (none for images: a layer swapped in need not take it)."""
+    return {} if keep is None else {"keep": keep}
+
+
 def record_tap(taps, name, value):
     """Record a stage's output; a gradient pass's taps (impls.Perturbed) continue it perturbed."""
     if taps is None:
@@ -167,12 +176,22 @@ class PatchEmbed(nn.Module):
         """The projection's output, (B, gh * gw, D), row-major over the grid."""
         if self.patch_norm is None:
             return self.proj(x).flatten(2).transpose(1, 2)  # (B, D, gh, gw) -> tokens
-        x = self.patch_norm(to_patches(x, self.patch_size))
-        x = record_tap(taps, f"{name}.patch_norm", x)
+        return self.project_patches(to_patches(x, self.patch_size), taps, name)
+
+    def project_patches(self, x, taps=None, name="patch_embed"):
+        """Patches flattened (c p1 p2), (B, L, C * ph * pw), projected by the kernel (normalised first)."""
+        if self.patch_norm is not None:
+            x = self.patch_norm(x)
+            x = record_tap(taps, f"{name}.patch_norm", x)
         return F.linear(x, self.proj.weight.flatten(1), self.proj.bias)
 
-    def forward(self, x, taps=None, name="patch_embed"):
-        x = self.project(x, taps, name)
+    def forward(self, x, taps=None, name="patch_embed", packed=False):
+        """``packed``: ``x`` holds patches flattened (p1 p2 c), a packed batch's (B, L, ph * pw * C)."""
+        if packed:
+            (ph, pw), (B, L, _) = self.patch_size, x.shape
+            x = self.project_patches(x.reshape(B, L, ph, pw, -1).permute(0, 1, 4, 2, 3).reshape(B, L, -1), taps, name)
+        else:
+            x = self.project(x, taps, name)
         x = record_tap(taps, name, x)
         if self.norm is not None:
             x = self.norm(x)
@@ -238,7 +257,8 @@ class Attention(nn.Module):
         qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return qkv.unbind(0)
 
-    def forward(self, x, taps=None, name="attn", rope=None):
+    def forward(self, x, taps=None, name="attn", rope=None, keep=None):
+        """``keep``: (B, N) the tokens that are an image's, the keys the rest attend (a packed batch's)."""
         q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
@@ -253,12 +273,16 @@ class Attention(nn.Module):
         bias = None
         if self.window_size is not None:  # added to the scaled logits
             bias = record_tap(taps, f"{name}.rel_pos_bias", self._get_rel_pos_bias().expand(*q.shape[:3], q.shape[2]))
+        if keep is not None:  # the padding's keys out: a boolean mask, or -inf added to the bias
+            keys = keep[:, None, None, :]
+            bias = keys if bias is None else bias.masked_fill(~keys, -torch.inf)
         if self.fused_attn and taps is None:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)
         else:
             q = q * self.scale
             attn = q @ k.transpose(-2, -1)
-            attn = attn if bias is None else attn + bias
+            if bias is not None:
+                attn = attn.masked_fill(~bias, -torch.inf) if bias.dtype == torch.bool else attn + bias
             attn = attn.softmax(dim=-1, dtype=torch.float32).to(v.dtype)  # over keys, in float32
             attn = record_tap(taps, f"{name}.weights", attn)
             x = attn @ v
@@ -312,7 +336,7 @@ class AttentionPoolLatent(MultiHeadAttention):
         self.norm = LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer)
 
-    def forward(self, x, taps=None, name="attn_pool"):
+    def forward(self, x, taps=None, name="attn_pool", keep=None):
         B, N, _ = x.shape
         q = split_heads(self.q(self.latent.expand(B, -1, -1)), self.num_heads)
         kv = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -324,6 +348,7 @@ class AttentionPoolLatent(MultiHeadAttention):
             q,
             k,
             v,
+            mask=None if keep is None else keep[:, None, None, :],
             scale=self.scale,
             fused=self.fused_attn and taps is None,
             tap=lambda w: record_tap(taps, f"{name}.weights", w),
@@ -442,10 +467,10 @@ class Block(nn.Module):
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
-    def forward(self, x, taps=None, name="blocks.0", rope=None):
+    def forward(self, x, taps=None, name="blocks.0", rope=None, keep=None):
         h = self.norm1(x)
         h = record_tap(taps, f"{name}.norm1", h)
-        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}))
+        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep))
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
@@ -526,10 +551,34 @@ class VisionTransformer(nn.Module):
             return torch.cat(prefix + [x + pos], dim=1)
         return torch.cat(prefix + [x], dim=1) + pos  # prefix tokens get position entries
 
-    def forward_features(self, x, taps=None):
-        grid = self.config.grid_at(x.shape[2:])
-        x = self.patch_embed(x, taps)
-        x = self._pos_embed(x, grid)
+    def _pos_embed_packed(self, x, rows):
+        """Each row of a packed batch given its prefix tokens and positions at its own grid; its
+        padding as projected."""
+        parts = [
+            torch.cat([self._pos_embed(x[i : i + 1, :n], grid), x[i : i + 1, n:]], dim=1)
+            for i, (n, grid) in enumerate(rows)
+        ]
+        return torch.cat(parts, dim=0)
+
+    def forward_packed(self, batch, taps=None, rows=None):
+        """A packed batch (NaFlex: ``patches``, ``patch_coord``, ``patch_valid``; docs/verify.md):
+        each row's table at its own grid, its padding kept out of every attention and pool.
+        ``rows``: each row's patch count and grid (``packed_rows``), where the coordinates cannot be read."""
+        c = self.config
+        x, coord, valid = (batch[k] for k in ("patches", "patch_coord", "patch_valid"))
+        x = self.patch_embed(x.to(self.patch_embed.proj.weight.dtype), taps, packed=True)
+        x = self._pos_embed_packed(x, packed_rows(coord, valid) if rows is None else rows)
+        keep = torch.cat([torch.ones(len(x), c.num_prefix_tokens, dtype=torch.bool), valid.bool()], dim=1)
+        return self.forward_head(self.forward_features(x, taps, keep=keep), taps, keep)
+
+    def forward_features(self, x, taps=None, keep=None):
+        """``keep``: a packed batch's tokens that are an image's, ``x`` its rows already embedded."""
+        if keep is None:
+            grid = self.config.grid_at(x.shape[2:])
+            x = self.patch_embed(x, taps)
+            x = self._pos_embed(x, grid)
+        else:
+            grid = None
         x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
@@ -539,30 +588,32 @@ class VisionTransformer(nn.Module):
         )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
-            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}))
+            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep))
         if not self.config.use_fc_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)
         return x
 
-    def pool(self, x, taps=None):
+    def pool(self, x, taps=None, keep=None):
         pool = self.config.global_pool
         if pool == "token":
             return x[:, 0]
         x = x[:, self.config.pool_skip :]  # the patch tokens, and the prefix with pool_include_prefix
         if pool == "map":
-            return self.attn_pool(x, taps)
-        mean = x.mean(dim=1, dtype=torch.float32).to(x.dtype)  # accumulated in float32
-        if pool == "avg":
-            return mean
-        if pool == "max":
-            return x.amax(dim=1)
-        return 0.5 * (x.amax(dim=1) + mean)  # avgmax
+            return self.attn_pool(x, taps, **_kept(None if keep is None else keep[:, self.config.pool_skip :]))
+        if keep is not None:  # a packed batch: each row's own tokens
+            w = keep[:, self.config.pool_skip :, None]
+            mean = ((x * w).sum(dim=1, dtype=torch.float32) / w.sum(dim=1)).to(x.dtype)  # accumulated in float32
+            top = x.masked_fill(~w, -torch.inf).amax(dim=1)
+        else:
+            mean = x.mean(dim=1, dtype=torch.float32).to(x.dtype)  # accumulated in float32
+            top = x.amax(dim=1) if pool != "avg" else None
+        return mean if pool == "avg" else top if pool == "max" else 0.5 * (top + mean)  # avgmax
 
-    def forward_head(self, x, taps=None):
+    def forward_head(self, x, taps=None, keep=None):
         if self.config.distilled:
             return self.forward_head_distilled(x, taps)
-        x = self.pool(x, taps)
+        x = self.pool(x, taps, **_kept(keep))
         if self.config.use_fc_norm:
             x = self.fc_norm(x)
         x = record_tap(taps, "pooled", x)
@@ -582,10 +633,14 @@ class VisionTransformer(nn.Module):
         return x
 
     def forward(self, x, return_taps: bool = False, taps=None):
-        check_images(tuple(x.shape), str(x.dtype), self.config)
-        x = x.to(self.patch_embed.proj.weight.dtype)  # float32 images in; the model runs in its weights' dtype
         taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
-        x = self.forward_head(self.forward_features(x, taps), taps)
+        if isinstance(x, Mapping):  # a packed batch (NaFlex)
+            check_packed(x, self.config)
+            x = self.forward_packed(x, taps)
+        else:
+            check_images(tuple(x.shape), str(x.dtype), self.config)
+            x = x.to(self.patch_embed.proj.weight.dtype)  # float32 images in; the model runs in its weights' dtype
+            x = self.forward_head(self.forward_features(x, taps), taps)
         return taps if return_taps else x
 
 
@@ -633,13 +688,16 @@ def make(
 
     @torch.inference_mode()
     def forward(images: np.ndarray):
-        out = model(torch.tensor(np.asarray(images)), return_taps=taps)  # a copy: the caller may hand read-only arrays
+        # a copy: the caller may hand read-only arrays
+        x = {k: torch.tensor(np.asarray(v)) for k, v in images.items()} if isinstance(images, Mapping) else None
+        out = model(torch.tensor(np.asarray(images)) if x is None else x, return_taps=taps)
         return {k: _numpy(v) for k, v in out.items()} if taps else _numpy(out)
 
     return forward
 
 
 make.supports = VIT_FAMILY  # every option of the family (conformance.support)
+make_naflex = naflex_factory(make)  # the same port on packed batches (impls.protocol.NAFLEX_FAMILY)
 
 
 def make_attention(
