@@ -306,7 +306,7 @@ class TrainedLike:
         if "pos_embed" in state:
             pos = state["pos_embed"].copy()
             first_patch = 0 if config.no_embed_class else config.num_prefix_tokens  # pos_embed's first patch entry
-            tokens = [0, first_patch + int(rng.integers(config.num_patches))]
+            tokens = [0, first_patch + int(rng.integers(config.pos_grid[0] * config.pos_grid[1]))]  # the table's
             for t in dict.fromkeys(tokens):
                 pos[0, t, channels] += self.massive * rng.choice([-1.0, 1.0], len(channels))
             state["pos_embed"] = pos.astype(np.float32)

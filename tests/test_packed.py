@@ -75,6 +75,8 @@ def test_every_port_is_conformant_on_packed_batches(runner, dtype, changes):
 
     if runner != "torch" and not heavy():
         return  # ci budget: MLX's and JAX's fused attention (a program more) in the thorough profile
+    if (runner, dtype) == ("jax", "float16"):
+        return  # XLA's CPU dot_general has no float16 x float16 -> float32, jax.nn.dot_product_attention's: on images too
 
     def fused(config, state, dtype="float32"):  # the fused attention, logits only
         return make(config, state, fused_attn=True, taps=False, **({} if dtype == "float32" else {"dtype": dtype}))
