@@ -19,6 +19,7 @@ from conformance.zoo.run import (
 )
 
 MODEL = [m for m in MUTANTS.values() if m.level == "model"]
+PACKED = [m for m in MUTANTS.values() if m.level == "packed"]
 ATTENTION = [m for m in MUTANTS.values() if m.level == "attention"]
 GRADIENT = [m for m in MUTANTS.values() if m.level == "gradient"]
 MIN_RATIO = 10.0
@@ -66,13 +67,13 @@ WITNESSED = {
 THOROUGH_ONLY |= WITNESSED
 
 
-@pytest.mark.parametrize("mutant", MODEL + ATTENTION + GRADIENT, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", MODEL + PACKED + ATTENTION + GRADIENT, ids=lambda m: m.name)
 def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
     if mutant.name in THOROUGH_ONLY and not heavy():
         pytest.skip("thorough profile: " + THOROUGH_ONLY[mutant.name])
     report = verify_mutant(mutant)
     assert not report.conformant
-    assert report.kind == {"model": "forward"}.get(mutant.level, mutant.level)
+    assert report.kind == {"model": "forward", "packed": "forward"}.get(mutant.level, mutant.level)
     assert report.located() == mutant.first_divergence, (report.located(), report.failures)
     assert report.separation() >= mutant.min_ratio, (
         f"{mutant.name}: error only {report.separation():.3g}x the tolerance"
@@ -93,7 +94,9 @@ def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_por
     backward one, which test_gradients locates). The torch gradient factory, wrapped as a user's,
     runs --grad-port in ci."""
     mutants = [
-        m for m in MUTANTS.values() if heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax")
+        m
+        for m in MUTANTS.values()
+        if m.level != "packed" and (heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax"))
     ]
     # In ci the torch port stands for the correct ports on the plugin path (the main suite runs
     # all three through every sampled test as built-ins); the thorough profile wraps all three.

@@ -14,7 +14,9 @@ class Mutant:
     source: str
     first_divergence: str  # the first stage that diverges; for attention mutants, "attn" or "attn.weights";
     # for gradient mutants the first tap (its cotangent) or parameter (its gradient) in backward order
-    level: str = "model"  # "model": a port factory; "attention": an attention factory; "gradient": a make_grad
+    # "model": a port factory; "packed": one of packed batches (NaFlex); "attention": an attention factory;
+    # "gradient": a make_grad
+    level: str = "model"
     note: str = ""  # what a case must have to expose the bug
     catchers: tuple[str, ...] = ()  # the sampled property tests that must fail on it, beside the main one
     min_ratio: float = 10.0  # the separation the meta-test demands; below 10 only with a reason in `note`
@@ -46,6 +48,7 @@ MAIN_GRADIENT_TEST = ("test_every_taps_and_parameters_gradient_and_the_images_ma
 
 
 _T, _M, _J = "conformance.zoo.torch_mutants", "conformance.zoo.mlx_mutants", "conformance.zoo.jax_mutants"
+_P = "conformance.zoo.packed_mutants"  # NaFlex's packed batches (PyTorch)
 
 # A table: one entry per row (the formatter would give each argument a line).
 # fmt: off
@@ -260,6 +263,19 @@ _ALL = [
            "Blaizzy/mlx-vlm#2266, facebookresearch/dinov2#378", "embed", config="vit_test_dynamic",
            note="only images of another size than the position grid's show it", plugin_in_ci=False,
            bug_class="pos_embed_resampled_without_antialias"),
+    # NaFlex's packed batches (issue 43): a port's packed path (verify's packed cases; the plugin draws images)
+    Mutant("torch_naflex_padding_attended", "torch", f"{_P}:naflex_padding_attended",
+           "a packed batch's padding attended: the attention without its key mask", "NaFlex and SigLIP 2 ports "
+           "that drop the patch mask (timm's patch_valid, transformers' pixel_attention_mask) in the encoder",
+           "blocks.0.attn.weights", level="packed", config="vit_test_naflex", bug_class="padding_attended"),
+    Mutant("torch_naflex_grid_swapped", "torch", f"{_P}:naflex_grid_swapped",
+           "each row's grid read from its patch coordinates as (x, y): the table resampled to (columns, rows)",
+           "NaFlex ports mixing (height, width) spatial_shapes with (x, y) coordinates", "embed", level="packed",
+           config="vit_test_naflex", bug_class="pos_embed_grid_swapped"),
+    Mutant("torch_naflex_pos_embed_no_antialias", "torch", f"{_P}:naflex_pos_embed_no_antialias",
+           "a packed batch's table resampled to each row's grid bicubic without antialias",
+           "Blaizzy/mlx-vlm#2266 (the interpolation mismatch), on NaFlex's per-image grids", "embed",
+           level="packed", config="vit_test_naflex", bug_class="pos_embed_resampled_without_antialias"),
     Mutant("torch_mha_causal_mask", "torch", f"{_T}:mha_causal_mask",
            "a causal mask always applied in a standalone attention", "decoder attention reused in an encoder",
            "attn.weights", level="attention",
