@@ -33,6 +33,8 @@ NEEDS = {
     "softmax_without_max_float16": "x64",
     "logits_scaled_after_product_float16": "x64",
     "pos_embed_resampled_without_antialias": "grid",
+    "pos_embed_resampled_align_corners": "grid",
+    "pos_embed_grid_swapped": "grid",
 }
 
 

@@ -107,6 +107,7 @@ def test_the_resampling_matrices_equal_torchs_antialiased_interpolation_in_float
     import torch.nn.functional as F
 
     from conformance.diagnosis.position_classes import _plain_matrix
+    from weights.resample import aa_matrix
 
     pos = np.random.default_rng(0).normal(size=(1, 1 + old[0] * old[1], 5))
     grid = torch.from_numpy(pos[:, 1:].reshape(1, *old, 5)).permute(0, 3, 1, 2)
@@ -119,6 +120,13 @@ def test_the_resampling_matrices_equal_torchs_antialiased_interpolation_in_float
             Rh, Rw = (_plain_matrix(o, n, mode) for o, n in zip(old, new))
             plain = np.einsum("ih,bhwd,jw->bijd", Rh, pos[:, 1:].reshape(1, *old, 5), Rw).reshape(1, -1, 5)
             assert error(plain, theirs)[1] < 1e-14, (mode, "without antialias")
+    # align_corners=True (the zoo's flipped resize): its own matrices equal torch's, and differ from ours
+    theirs = F.interpolate(grid, size=new, mode=ours, antialias=True, align_corners=True)
+    theirs = theirs.permute(0, 2, 3, 1).reshape(1, -1, 5).numpy()
+    Rh, Rw = (aa_matrix(o, n, ours, align_corners=True) for o, n in zip(old, new))
+    cornered = np.einsum("ih,bhwd,jw->bijd", Rh, pos[:, 1:].reshape(1, *old, 5), Rw).reshape(1, -1, 5)
+    assert error(cornered, theirs)[1] < 1e-14
+    assert (error(resample_pos_embed(pos, old, new, 1, ours)[:, 1:], theirs)[1] < 1e-14) == (old == new)
 
 
 @pytest.mark.parametrize("name", list(DYNAMIC) if heavy() else ["dynamic_dinov2_reg"])

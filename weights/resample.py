@@ -26,12 +26,13 @@ def triangle(x: np.ndarray) -> np.ndarray:
 KERNELS = {"bicubic": (cubic, 2.0), "bilinear": (triangle, 1.0)}
 
 
-def aa_matrix(n_in: int, n_out: int, mode: str = "bicubic") -> np.ndarray:
-    """(n_out, n_in) float64: torch's interpolate(mode=mode, antialias=True, align_corners=False)
+def aa_matrix(n_in: int, n_out: int, mode: str = "bicubic", align_corners: bool = False) -> np.ndarray:
+    """(n_out, n_in) float64: torch's interpolate(mode=mode, antialias=True, align_corners=...)
     along one axis (ATen's _upsample_{bicubic,bilinear}2d_aa weights: the kernel widened by the
-    scale when downsampling, each row normalised)."""
+    scale when downsampling, each row normalised; align_corners changes the scale alone, to
+    (n_in - 1) / (n_out - 1), 0 for one output)."""
     kernel, half = KERNELS[mode]
-    scale = n_in / n_out
+    scale = ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0) if align_corners else n_in / n_out
     support = half * scale if scale >= 1.0 else half
     invscale = 1.0 / scale if scale >= 1.0 else 1.0
     R = np.zeros((n_out, n_in))

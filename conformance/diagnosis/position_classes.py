@@ -12,7 +12,7 @@ from impls import numpy_rope as R
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
 from impls.stages import stage_inputs, stage_kind
-from weights.resample import cubic
+from weights.resample import aa_matrix, cubic
 
 _ROPE = ("attn.q_rope", "attn.k_rope")
 
@@ -77,17 +77,27 @@ def _plain_matrix(n_in: int, n_out: int, mode: str) -> np.ndarray:
     return R
 
 
-def _pos_embed_without_antialias(name, t, images, s, config):
-    grid = config.grid_at(images.shape[2:])
-    if name != "embed" or grid == config.pos_grid:
-        return None
-    n = 0 if config.no_embed_class else config.num_prefix_tokens
-    pos = s["pos_embed"]
-    (gh, gw), D = config.pos_grid, pos.shape[-1]
-    table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
-    Rh, Rw = (_plain_matrix(o, g, config.pos_embed_interp_mode) for o, g in ((gh, grid[0]), (gw, grid[1])))
-    new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
-    return _embedded(np.concatenate([pos[:, :n], new], 1), t, s, config)
+def _resampled_by(matrix):
+    """``embed`` with the table resampled to the images' grid by ``matrix(n_in, n_out, mode)`` along
+    each axis (None where the grid is the table's own: no resampling to get wrong)."""
+
+    def stage(name, t, images, s, config):
+        grid = config.grid_at(images.shape[2:])
+        if name != "embed" or grid == config.pos_grid:
+            return None
+        n = 0 if config.no_embed_class else config.num_prefix_tokens
+        pos = s["pos_embed"]
+        (gh, gw), D = config.pos_grid, pos.shape[-1]
+        table = pos[:, n:].reshape(pos.shape[0], gh, gw, D)
+        Rh, Rw = (matrix(o, g, config.pos_embed_interp_mode) for o, g in ((gh, grid[0]), (gw, grid[1])))
+        new = np.einsum("ih,bhwd,jw->bijd", Rh, table, Rw).reshape(pos.shape[0], -1, D)
+        return _embedded(np.concatenate([pos[:, :n], new], 1), t, s, config)
+
+    return stage
+
+
+_pos_embed_without_antialias = _resampled_by(_plain_matrix)
+_pos_embed_align_corners = _resampled_by(lambda n_in, n_out, mode: aa_matrix(n_in, n_out, mode, align_corners=True))
 
 
 def _embedded(pos, t, s, config):
@@ -216,6 +226,10 @@ TABLE_CLASSES: tuple[BugClass, ...] = (
              "the position grid resampled bicubic without antialias",
              "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True)",
              stage=_pos_embed_without_antialias, when=lambda c: c.dynamic_img_size and _learned(c)),
+    BugClass("pos_embed_resampled_align_corners", ("embed",),
+             "the position grid resampled with align_corners=True (the corners' centres on each other)",
+             "timm and transformers resample the table with F.interpolate(..., align_corners=False, antialias=True)",
+             stage=_pos_embed_align_corners, when=lambda c: c.dynamic_img_size and _learned(c)),
     BugClass("pos_embed_grid_swapped", ("embed",),
              "the position table resampled to the grid with its axes swapped, (columns, rows)",
              "a grid is (rows, columns): timm's patch_coord is (y, x), transformers' spatial_shapes (height, width)",

@@ -276,6 +276,11 @@ _ALL = [
            "a packed batch's table resampled to each row's grid bicubic without antialias",
            "Blaizzy/mlx-vlm#2266 (the interpolation mismatch), on NaFlex's per-image grids", "embed",
            level="packed", config="vit_test_naflex", bug_class="pos_embed_resampled_without_antialias"),
+    Mutant("torch_naflex_pos_embed_align_corners", "torch", f"{_P}:naflex_pos_embed_align_corners",
+           "a packed batch's table resampled to each row's grid with align_corners=True",
+           "a resize helper called with align_corners=True (issue 43's NaFlex bugs: the table resized with "
+           "align_corners flipped)", "embed", level="packed", config="vit_test_naflex",
+           bug_class="pos_embed_resampled_align_corners"),
     Mutant("torch_mha_causal_mask", "torch", f"{_T}:mha_causal_mask",
            "a causal mask always applied in a standalone attention", "decoder attention reused in an encoder",
            "attn.weights", level="attention",
