@@ -67,3 +67,36 @@ def test_siglip2_attending_its_padding_is_not_conformant():
     padding_attended.supports, padding_attended.inputs = port.supports, "naflex"
     report = verify(padding_attended, SIGLIP2, port="Siglip2VisionModel attending its padding")
     assert not report.conformant and report.located() == "blocks.0"
+
+
+def test_big_visions_naflex_layout_round_trips_bitwise_and_resizes_as_the_config_says(tmp_path):
+    """big_vision's NaFlex ViT (models/proj/image_text/naflex_vit.py: a Dense over (h w c) patches,
+    a (n, n, D) table resized by jax.image.scale_and_translate, bilinear, antialiased) is SigLIP 2's
+    function: its resize is the config's aa_matrix; the companion: without antialias it is not."""
+    import jax
+    import jax.numpy as jnp
+
+    from weights.convert import detect, read, write
+    from weights.resample import aa_matrix
+
+    state = init_state(SIGLIP2, seed=4)
+    path = tmp_path / "siglip2_naflex.npz"
+    write(state, SIGLIP2, str(path), "big_vision", npz_flavour="big_vision")
+    assert np.load(path)["params/pos_embedding"].shape == (4, 4, 24)
+    config, back = read(str(path), detect(str(path)), None)
+    assert config == SIGLIP2.replace(act_layer="gelu") and all(back[k].tobytes() == state[k].tobytes() for k in state)
+    with pytest.raises(WeightError, match="write flavour 'big_vision'"):
+        write(state, SIGLIP2, str(tmp_path / "vit.npz"), "big_vision", npz_flavour="vit")
+    for n_in, n_out in ((16, 7), (4, 6), (16, 1)):
+        resized = {
+            aa: np.asarray(
+                jax.image.scale_and_translate(
+                    jnp.eye(n_in, dtype=jnp.float32)[:, :, None], (n_in, n_out, 1), (1,), jnp.asarray([n_out / n_in]),
+                    jnp.asarray([0.0]), method="bilinear", antialias=aa,
+                )[:, :, 0]
+            ).T
+            for aa in (True, False)
+        }  # fmt: skip
+        assert np.abs(resized[True] - aa_matrix(n_in, n_out, "bilinear")).max() < 1e-6
+        if n_out < n_in:
+            assert np.abs(resized[False] - aa_matrix(n_in, n_out, "bilinear")).max() > 1e-2

@@ -147,6 +147,13 @@ def _check_npz_pooling(config: ViTConfig, flavour: str = "vit") -> None:
         wrong.append(
             "no_embed_class=True (the original ViT layout gives the class token a position; write big_vision's)"
         )
+    if config.pos_embed_grid_size is not None:  # big_vision's NaFlex ViT (SigLIP 2): its one square table
+        (gh, gw), naflex = config.pos_grid, ("big_vision", "bilinear", False, True)
+        if (flavour, config.pos_embed_interp_mode, config.class_token, gh == gw) != naflex:
+            wrong.append(
+                f"pos_embed_grid_size={config.pos_grid} (big_vision's NaFlex ViT holds a square table resized "
+                "bilinearly, no class token; write flavour 'big_vision')"
+            )
     if wrong:
         raise WeightError(
             f"the .npz layout holds the original ViT and SigLIP's options, not {', '.join(wrong)}: "
@@ -186,6 +193,9 @@ def to_npz(state: Mapping[str, np.ndarray], config: ViTConfig, flavour: str = "v
         f"{p}embedding/bias": state["patch_embed.proj.bias"],
         f"{p}{n['pos']}": pos,
     }
+    if config.pos_embed_grid_size is not None:  # NaFlex: a Dense over (h w c) patches, a (n, n, D) table
+        out[f"{p}embedding/kernel"] = out[f"{p}embedding/kernel"].reshape(-1, D)
+        out[f"{p}{n['pos']}"] = pos.reshape(*config.pos_grid, D)
     if config.class_token:
         out[f"{p}cls"] = state["cls_token"]
     for i in range(config.depth):
@@ -272,6 +282,8 @@ def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None, act_laye
     flavour, p = detect_npz_flavour(w)
     n = _npz_names(None, flavour, p)
     blocks = _Blocks(w, p)
+    if w[f"{p}embedding/kernel"].ndim == 2:  # big_vision's NaFlex ViT (SigLIP 2)
+        return _infer_naflex_config(w, p, blocks, norm_eps, img_size, act_layer)
     ph, pw, C, D = w[f"{p}embedding/kernel"].shape
     _, H, hd = blocks(0, f"{n['mha']}/query/kernel").shape
     class_token = f"{p}cls" in w
@@ -300,6 +312,38 @@ def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None, act_laye
     )
 
 
+def _infer_naflex_config(w: Mapping, p: str, blocks, norm_eps: float, img_size, act_layer: str) -> ViTConfig:
+    """big_vision's NaFlex ViT (models/proj/image_text/naflex_vit.py): a Dense over each patch
+    flattened (h w c), read as 3 channels of a square patch; a square (n, n, D) table resized
+    bilinearly with antialias (jax.image.scale_and_translate: torch's bilinear antialiased
+    resampling, aa_matrix)."""
+    k, D = w[f"{p}embedding/kernel"].shape
+    side = int(round((k / 3) ** 0.5))
+    if 3 * side * side != k:
+        raise WeightError(f"embedding/kernel reads {k} values a patch, not 3 channels of a square patch: pass a config")
+    n = w[f"{p}pos_embedding"].shape[0]
+    _, H, _ = blocks(0, "MultiHeadDotProductAttention_0/query/kernel").shape
+    pool = "map" if f"{p}MAPHead_0/probe" in w else "avg"
+    return ViTConfig(
+        img_size=img_size or n * side,
+        patch_size=side,
+        num_classes=w[f"{p}head/bias"].shape[0] if f"{p}head/bias" in w else 0,
+        global_pool=pool,
+        class_token=False,
+        fc_norm=False if pool == "avg" else None,
+        embed_dim=D,
+        depth=blocks.depth(),
+        num_heads=H,
+        mlp_ratio=blocks(0, "MlpBlock_0/Dense_0/kernel").shape[1] / D,
+        norm_eps=norm_eps,
+        act_layer=act_layer,
+        no_embed_class=True,
+        dynamic_img_size=True,
+        pos_embed_grid_size=n,
+        pos_embed_interp_mode="bilinear",
+    )
+
+
 def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     flavour, p = detect_npz_flavour(w)
     _check_npz_pooling(config, flavour)
@@ -308,9 +352,11 @@ def from_npz(w: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.nda
     blk = _Blocks(w, p)
     out = {}
     try:
-        out["patch_embed.proj.weight"] = w[f"{p}embedding/kernel"].transpose(3, 2, 0, 1)  # HWIO -> OIHW
+        kernel, pos = w[f"{p}embedding/kernel"], w[f"{p}{n['pos']}"]
+        if config.pos_embed_grid_size is not None:  # NaFlex: (h w c, D) and (n, n, D)
+            kernel, pos = kernel.reshape(*config.patch_size, config.in_chans, D), pos.reshape(1, -1, D)
+        out["patch_embed.proj.weight"] = kernel.transpose(3, 2, 0, 1)  # HWIO -> OIHW
         out["patch_embed.proj.bias"] = w[f"{p}embedding/bias"]
-        pos = w[f"{p}{n['pos']}"]
         if config.class_token:
             out["cls_token"] = w[f"{p}cls"]
             if flavour == "big_vision" and not config.no_embed_class:  # no position for the class token: a zero

@@ -365,7 +365,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "the learned table's own grid where it is not the images' (NaFlex: 16 x 16 at every image size), "
         "resampled to each image's grid as timm resamples it (bicubic, antialiased)",
-        holds=_only(None, {SIGLIP2: None}),
+        holds=_only(None, {SIGLIP2: None, "npz": None}),  # big_vision's NaFlex ViT: formats.py checks the rest
         timm_name="pos_embed_grid_size (NaFlexVit)",
     ),
     Option(
@@ -374,7 +374,7 @@ OPTIONS: tuple[Option, ...] = (
         "bicubic",
         "how a learned table is resampled to another grid, antialiased: 'bicubic' (timm) or 'bilinear' "
         "(SigLIP 2, timm's NaFlex SigLIP)",
-        holds=_only("bicubic", {SIGLIP2: ("bilinear",)}),
+        holds=_only("bicubic", {SIGLIP2: ("bilinear",), "npz": ("bicubic", "bilinear")}),
         timm_name="pos_embed_interp_mode (NaFlexVit)",
     ),
     # timm's Beit (beit.py): BEiT's relative position bias in every block's attention
