@@ -28,6 +28,8 @@ OPTIONS = {
     },
     "token, a sin-cos table": {"global_pool": "token", "class_token": True, "pos_embed": "sincos",
                                "pos_embed_grid_size": None},
+    "map, SigLIP 2's table resized bilinearly": {"global_pool": "map", "fc_norm": None, "reg_tokens": 0,
+                                                 "pos_embed_grid_size": 4, "pos_embed_interp_mode": "bilinear"},
 }  # fmt: skip
 
 
