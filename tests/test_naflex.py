@@ -179,6 +179,6 @@ def test_a_packed_port_is_told_the_shape_it_must_return_and_needs_a_config_of_an
 
 
 def test_the_command_line_verifies_a_port_of_packed_batches_in_its_own_process(cli):
-    code, out, err = cli("verify", "tests.data.naflex_ports:port", "--preset", "vit_test_naflex")
+    code, out, err = cli("verify", "impls.torch_vit:make_naflex", "--preset", "vit_test_naflex")
     assert code == 0, out + err
     assert "CONFORMANT" in out and "packed" in out  # (the mutants' findings: in this process, above)
