@@ -6,10 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 
 from conformance.numerics.error_model import Precision
-from impls.protocol import ViTConfig
+from impls.protocol import ConfigError, ViTConfig
+
+
+@lru_cache(maxsize=1024)
+def _expressible(config: ViTConfig, changes: tuple) -> bool:
+    try:
+        config.replace(**dict(changes))
+    except ConfigError:
+        return False
+    return True
+
 
 QUIET = Precision("float32", bounds=False)  # values only: a variant's bound is never read
 
@@ -43,4 +54,6 @@ class BugClass:
     def applies(self, config: ViTConfig) -> bool:
         if any(getattr(config, k) == v for k, v in self.config.items()):
             return False  # the config already computes it: not a bug there
+        if self.config and not _expressible(config, tuple(self.config.items())):
+            return False  # no model computes it with the rest of this config
         return self.when(config)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance.diagnosis.bugclass import BugClass
+from conformance.diagnosis.bugclass import QUIET, BugClass
 from conformance.numerics.error_model import prefix_tokens
+
 from impls import numpy_rope as R
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
@@ -123,6 +124,39 @@ def _pos_embed_grid_swapped(name, t, images, s, config):
     return _embedded(pos, t, s, config)
 
 
+def sinusoid_1d(n: int, dim: int) -> np.ndarray:
+    """The Transformer paper's table, (1, n, dim): PE(pos, 2i) = sin(pos / 10000^(2i / dim)),
+    PE(pos, 2i + 1) = cos(the same), over the sequence's positions 0 .. n - 1."""
+    angles = np.arange(n)[:, None] / 10000.0 ** (np.arange(0, dim, 2) / dim)
+    pe = np.zeros((n, dim))
+    pe[:, 0::2], pe[:, 1::2] = np.sin(angles), np.cos(angles[:, : dim // 2])
+    return pe[None]
+
+
+def _pos_embed_sinusoid_1d(name, t, images, s, config, precision=QUIET):
+    """The sequence (the prefix tokens, then the patches) plus the 1-D sinusoidal table over its
+    positions, in place of the learned table; bounded as a sum rounded once, the table's angles
+    and sines each to a few units of float32 (the dtype the ports compute tables in)."""
+    if name != "embed":
+        return None
+    x = t[stage_inputs("embed", config)[0]]
+    tokens = np.concatenate(prefix_tokens(s, x.shape[0]) + [x], 1)
+    pe = sinusoid_1d(tokens.shape[1], tokens.shape[2])
+    y = tokens + pe
+    if not precision.bounds:
+        return y, None
+    angles = np.arange(tokens.shape[1])[None, :, None] * np.ones_like(pe)
+    return y, precision.output * np.abs(y) + 4 * 2.0**-24 * (1.0 + angles)
+
+
+_pos_embed_sinusoid_1d.bounded = True
+
+
+def _sincos_able(c: ViTConfig) -> bool:
+    """A learned table at the images' grid the fixed one could stand for (a NaFlex table's own grid it cannot)."""
+    return _learned(c) and c.pos_embed_grid_size is None and c.embed_dim % 4 == 0 and c.embed_dim >= 8
+
+
 def _rope(config: ViTConfig) -> bool:
     return config.rope_type is not None
 
@@ -230,6 +264,15 @@ TABLE_CLASSES: tuple[BugClass, ...] = (
              "the position grid resampled with align_corners=True (the corners' centres on each other)",
              "timm and transformers resample the table with F.interpolate(..., align_corners=False, antialias=True)",
              stage=_pos_embed_align_corners, when=lambda c: c.dynamic_img_size and _learned(c)),
+    # a position embedding of another kind in place of the learned table (issue 45; seed post 004's)
+    BugClass("pos_embed_sinusoidal_1d", ("embed",),
+             "the Transformer paper's 1-D sinusoidal table over the sequence in place of the learned one",
+             "a ViT's table is learned (timm's pos_embed, loaded from the checkpoint); the paper's sin/cos "
+             "encoding is a text model's", stage=_pos_embed_sinusoid_1d, when=_learned),
+    BugClass("pos_embed_sincos_2d", ("embed",),
+             "SimpleViT's fixed 2-D sin-cos table in place of the learned one",
+             "load the checkpoint's pos_embed; a model meant to use the fixed table says pos_embed='sincos'",
+             config={"pos_embed": "sincos"}, when=_sincos_able),
     BugClass("pos_embed_grid_swapped", ("embed",),
              "the position table resampled to the grid with its axes swapped, (columns, rows)",
              "a grid is (rows, columns): timm's patch_coord is (y, x), transformers' spatial_shapes (height, width)",

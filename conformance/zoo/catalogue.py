@@ -48,7 +48,8 @@ MAIN_GRADIENT_TEST = ("test_every_taps_and_parameters_gradient_and_the_images_ma
 
 
 _T, _M, _J = "conformance.zoo.torch_mutants", "conformance.zoo.mlx_mutants", "conformance.zoo.jax_mutants"
-_P = "conformance.zoo.packed_mutants"  # NaFlex's packed batches (PyTorch)
+_P = "conformance.zoo.packed_mutants"
+_PE = "conformance.zoo.position_mutants"  # a position embedding of another kind (PyTorch)  # NaFlex's packed batches (PyTorch)
 
 # A table: one entry per row (the formatter would give each argument a line).
 # fmt: off
@@ -142,6 +143,14 @@ _ALL = [
     Mutant("torch_patch_embed_times_sqrt_d", "torch", f"{_T}:patch_embed_times_sqrt_d",
            "the patch embedding times √embed_dim, the Transformer paper's embedding scale (a ViT has none)",
            "seed post 004", "patch_embed", plugin_in_ci=False, bug_class="constant_factor"),
+    # a position embedding of another kind in place of the learned table (issue 45)
+    Mutant("torch_pos_embed_sinusoid_1d", "torch", f"{_PE}:pos_embed_sinusoid_1d",
+           "the Transformer paper's 1-D sinusoidal encoding over the sequence in place of the learned table",
+           "seed post 004", "embed", plugin_in_ci=False, bug_class="pos_embed_sinusoidal_1d"),
+    Mutant("torch_pos_embed_sincos_2d", "torch", f"{_PE}:pos_embed_sincos_2d",
+           "SimpleViT's fixed 2-D sin-cos table in place of the learned one (the checkpoint's left unread)",
+           "ports from lucidrains' SimpleViT loading a ViT checkpoint", "embed", plugin_in_ci=False,
+           bug_class="pos_embed_sincos_2d"),
     Mutant("torch_mean_pool_instead_of_cls", "torch", f"{_T}:mean_pool_instead_of_cls",
            "mean over all tokens where timm pools the class token", "huggingface/pytorch-image-models#2543",
            "pooled", note="token pooling only",
