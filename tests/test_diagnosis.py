@@ -35,13 +35,15 @@ NEEDS = {
     "pos_embed_resampled_without_antialias": "grid",
     "pos_embed_resampled_align_corners": "grid",
     "pos_embed_grid_swapped": "grid",
+    "pos_embed_table_cropped": "smaller grid",
 }
 
 
 def _case(config, need):
-    if need == "grid":
+    if need in ("grid", "smaller grid"):
         gh, gw = config.grid_size
-        return WeightCase(0, 1.0).make(config), make_images(config, 2, "ordinary", 0, (gh + 2, gw + 1))
+        grid = (gh + 2, gw + 1) if need == "grid" else (max(1, gh - 1), max(1, gw - 2))
+        return WeightCase(0, 1.0).make(config), make_images(config, 2, "ordinary", 0, grid)
     weights = {"offset": WeightCase(2, 4.0, 1000.0), "x64": WeightCase(3, 64.0)}.get(need, WeightCase(1, 4.0))
     return weights.make(config), make_images(config, 2, "ordinary", 0)
 

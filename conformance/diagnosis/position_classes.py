@@ -141,15 +141,55 @@ def _pos_embed_sinusoid_1d(name, t, images, s, config, precision=QUIET):
         return None
     x = t[stage_inputs("embed", config)[0]]
     tokens = np.concatenate(prefix_tokens(s, x.shape[0]) + [x], 1)
-    pe = sinusoid_1d(tokens.shape[1], tokens.shape[2])
-    y = tokens + pe
-    if not precision.bounds:
-        return y, None
-    angles = np.arange(tokens.shape[1])[None, :, None] * np.ones_like(pe)
-    return y, precision.output * np.abs(y) + 4 * 2.0**-24 * (1.0 + angles)
+    y = tokens + sinusoid_1d(tokens.shape[1], tokens.shape[2])
+    return y, _table_bound(y, np.arange(tokens.shape[1])[None, :, None], precision)
+
+
+def _table_bound(y, angle, precision):
+    """A fixed table added once: the sum rounded in the dtype, the table's angle and its sine or
+    cosine each to a few units of float32 (the dtype ports compute tables in); ``angle`` the largest
+    angle at each token."""
+    return precision.output * np.abs(y) + 4 * 2.0**-24 * (1.0 + angle) if precision.bounds else None
 
 
 _pos_embed_sinusoid_1d.bounded = True
+
+
+def sincos_2d_mae(grid, dim: int) -> np.ndarray:
+    """MAE's get_2d_sincos_pos_embed, (gh * gw, dim): [sin, cos] of the column over half the
+    channels, then of the row (its meshgrid puts w first), w_i = 10000 ** (-i / (dim / 4))."""
+
+    def one_axis(pos):
+        omega = 1.0 / 10000.0 ** (np.arange(dim // 4) / (dim / 4))
+        out = np.outer(pos.reshape(-1), omega)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    w, h = np.meshgrid(np.arange(grid[1], dtype=np.float64), np.arange(grid[0], dtype=np.float64))
+    return np.concatenate([one_axis(w), one_axis(h)], axis=1)
+
+
+def _pos_embed_sincos_mae(name, t, images, s, config, precision=QUIET):
+    """MAE's fixed 2-D table on the patches (its class token's entry zero) in place of the learned one."""
+    if name != "embed":
+        return None
+    x = t[stage_inputs("embed", config)[0]]
+    grid = config.grid_at(images.shape[2:])
+    y = np.concatenate(prefix_tokens(s, x.shape[0]) + [x + sincos_2d_mae(grid, x.shape[2])[None]], 1)
+    return y, _table_bound(y, max(grid), precision)
+
+
+_pos_embed_sincos_mae.bounded = True
+
+
+def _pos_embed_table_cropped(name, t, images, s, config):
+    """A table of a larger grid cropped to the images' grid at its top left corner, not resampled."""
+    grid = config.grid_at(images.shape[2:])
+    (gh, gw) = config.pos_grid
+    if name != "embed" or grid == (gh, gw) or grid[0] > gh or grid[1] > gw:
+        return None
+    n, pos = 0 if config.no_embed_class else config.num_prefix_tokens, s["pos_embed"]
+    table = pos[:, n:].reshape(pos.shape[0], gh, gw, -1)[:, : grid[0], : grid[1]]
+    return _embedded(np.concatenate([pos[:, :n], table.reshape(pos.shape[0], -1, pos.shape[-1])], 1), t, s, config)
 
 
 def _sincos_able(c: ViTConfig) -> bool:
@@ -273,6 +313,14 @@ TABLE_CLASSES: tuple[BugClass, ...] = (
              "SimpleViT's fixed 2-D sin-cos table in place of the learned one",
              "load the checkpoint's pos_embed; a model meant to use the fixed table says pos_embed='sincos'",
              config={"pos_embed": "sincos"}, when=_sincos_able),
+    BugClass("pos_embed_sincos_2d_mae", ("embed",),
+             "MAE's fixed 2-D sin-cos table (get_2d_sincos_pos_embed) in place of the learned one",
+             "load the checkpoint's pos_embed (MAE's own checkpoints hold that table)",
+             stage=_pos_embed_sincos_mae, when=lambda c: _sincos_able(c)),
+    BugClass("pos_embed_table_cropped", ("embed",),
+             "a table of a larger grid cropped to the images' grid at its top left, not resampled",
+             "resample the table to the images' grid (timm's resample_abs_pos_embed, bicubic with antialias)",
+             stage=_pos_embed_table_cropped, when=lambda c: c.dynamic_img_size and _learned(c)),
     BugClass("pos_embed_grid_swapped", ("embed",),
              "the position table resampled to the grid with its axes swapped, (columns, rows)",
              "a grid is (rows, columns): timm's patch_coord is (y, x), transformers' spatial_shapes (height, width)",

@@ -35,3 +35,50 @@ def pos_embed_sincos_2d(config, state, **kw):
     """SimpleViT's fixed table computed at the grid, the checkpoint's learned one left unread."""
     kept = {k: v for k, v in state.items() if k != "pos_embed"}
     return T.make(config.replace(pos_embed="sincos"), kept, **kw)
+
+
+class VisionTransformerSincosMAE(T.VisionTransformer):
+    """MAE's get_2d_sincos_pos_embed computed at the grid (its class token's entry zero)."""
+
+    def _pos_embed(self, x, grid):
+        d = x.shape[-1]
+        omega = 1.0 / 10000.0 ** (torch.arange(d // 4, dtype=torch.float64) / (d / 4.0))
+        rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+
+        def one_axis(pos):
+            out = pos.reshape(-1, 1).double() * omega
+            return torch.cat([torch.sin(out), torch.cos(out)], dim=1)
+
+        table = torch.cat([one_axis(cols), one_axis(rows)], dim=1).float()  # MAE's meshgrid: w first
+        tokens = [getattr(self, k) for k in ("cls_token", "dist_token", "reg_token") if hasattr(self, k)]
+        return torch.cat([t.expand(x.shape[0], -1, -1) for t in tokens] + [x + table.to(x.dtype)], dim=1)
+
+
+def pos_embed_sincos_mae(config, state, **kw):
+    return T.make(config, state, model_cls=VisionTransformerSincosMAE, **kw)
+
+
+class VisionTransformerTableCropped(T.VisionTransformer):
+    """A table of a larger grid cropped to the images' grid at its top left (`pos_embed[:, :, :gh, :gw]`)."""
+
+    def _pos_embed(self, x, grid):
+        c = self.config
+        (gh, gw), n = c.pos_grid, 0 if c.no_embed_class else c.num_prefix_tokens
+        if tuple(grid) == (gh, gw) or grid[0] > gh or grid[1] > gw:
+            return super()._pos_embed(x, grid)
+        table = self.pos_embed[:, n:].reshape(1, gh, gw, -1)[:, : grid[0], : grid[1]].flatten(1, 2)
+        pos = torch.cat([self.pos_embed[:, :n], table], dim=1)
+        tokens = [getattr(self, k).expand(x.shape[0], -1, -1) for k in ("cls_token", "reg_token") if hasattr(self, k)]
+        return torch.cat(tokens + [x + pos], dim=1) if c.no_embed_class else torch.cat(tokens + [x], dim=1) + pos
+
+
+def pos_embed_table_cropped(config, state, **kw):
+    return T.make(config, state, model_cls=VisionTransformerTableCropped, **kw)
+
+
+pos_embed_table_cropped.supports = {
+    "dynamic_img_size": True,
+    "reg_tokens": (0, 1),
+    "no_embed_class": (False, True),
+    "init_values": (None, 1e-5),
+}  # vit_test_dynamic's options (and the original ViT's)
