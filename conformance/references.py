@@ -269,7 +269,7 @@ def not_in_timm(config: ViTConfig) -> list[str]:
             for name, option in BY_FIELD.items()
             if option.timm is None and getattr(config, name) != option.default
         ]
-        + (["pos_embed='sincos'"] if config.pos_embed == "sincos" else [])
+        + ([f"pos_embed={config.pos_embed!r}"] if config.pos_embed in ("sincos", "sinusoid") else [])
         + (
             # timm's norm_layer is every norm's, qk-norm's and the attention pool's too
             ["norm_bias=False with qk_norm or global_pool='map'"]

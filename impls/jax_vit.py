@@ -66,6 +66,13 @@ def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: st
     return jnp.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
 
 
+def sinusoid_1d_pos_embed(n: int, dim: int):
+    """(1, n, dim) in float32, the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) =
+    cos(p w_i), w_i = 10000 ** (-2i / dim)."""
+    angles = jnp.arange(n).reshape(-1, 1) * (1.0 / 10000.0 ** (jnp.arange(0, dim, 2) / dim))
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(1, n, dim)
+
+
 def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
     """(1, gh * gw, dim) in float32, as lucidrains' SimpleViT computes it: [sin x w, cos x w,
     sin y w, cos y w], w_i = temperature ** (-i / (dim / 4 - 1))."""
@@ -607,6 +614,9 @@ class VisionTransformer(nnx.Module):
         prefix = [jnp.broadcast_to(t[...], (B, t.shape[1], D)) for t in tokens]  # class, distillation, registers
         if c.pos_embed == "none":
             return jnp.concatenate(prefix + [x], axis=1)
+        if c.pos_embed == "sinusoid":  # the Transformer paper's, over the sequence, the prefix tokens included
+            x = jnp.concatenate(prefix + [x], axis=1)
+            return x + sinusoid_1d_pos_embed(x.shape[1], D).astype(x.dtype)
         if c.pos_embed == "sincos":  # computed at the grid in float32; the prefix tokens get none
             return jnp.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D).astype(x.dtype)], axis=1)
         pos = resample_pos_embed(

@@ -88,6 +88,19 @@ def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: st
     return np.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
 
 
+def sinusoid_1d_angles(n: int, dim: int):
+    """The angles of the Transformer paper's 1-D table: position p times w_i = 10000 ** (-2i / dim),
+    each for its sin and its cos, interleaved."""
+    omega = 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim)
+    return np.repeat(np.arange(n).reshape(-1, 1) * omega, 2, axis=1)
+
+
+def sinusoid_1d_pos_embed(n: int, dim: int):
+    """(1, n, dim), the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) = cos(p w_i)."""
+    a = sinusoid_1d_angles(n, dim)
+    return np.stack([np.sin(a[:, 0::2]), np.cos(a[:, 1::2])], axis=-1).reshape(1, n, dim)
+
+
 def sincos_2d_angles(grid, dim: int, temperature: float = 10000.0):
     """The angles of the fixed 2-D sin-cos table (lucidrains' SimpleViT): for the patch at row y,
     column x and w_i = temperature ** (-i / (dim / 4 - 1)), i < dim / 4, [x w, x w, y w, y w]."""
@@ -622,6 +635,9 @@ class VisionTransformer(Module):
         prefix = [np.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class, distillation, registers
         if c.pos_embed == "none":
             return np.concatenate(prefix + [x], axis=1)
+        if c.pos_embed == "sinusoid":  # the Transformer paper's, over the sequence, the prefix tokens included
+            x = np.concatenate(prefix + [x], axis=1)
+            return x + sinusoid_1d_pos_embed(x.shape[1], D)
         if c.pos_embed == "sincos":  # computed at the grid; the prefix tokens get none
             return np.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D)], axis=1)
         pos = resample_pos_embed(

@@ -31,7 +31,8 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   grid is resampled at run time to theirs, bicubic with antialiasing (timm's
   ``resample_abs_pos_embed``; weights/resample.py).
 * ``pos_embed``: ``learn`` (a loaded table), ``sincos`` (a fixed 2-D table computed, not loaded:
-  lucidrains' SimpleViT, ``sincos_2d_pos_embed`` in impls/numpy_vit.py) or ``none``; with
+  lucidrains' SimpleViT, ``sincos_2d_pos_embed`` in impls/numpy_vit.py), ``sinusoid`` (the
+  Transformer paper's 1-D table over the whole sequence, prefix tokens included) or ``none``; with
   ``sincos`` and ``none`` the prefix tokens join after it, without a position.
 * ``patch_norm``: a LayerNorm (``patch_embed.patch_norm``) over each raw patch flattened as the
   conv kernel is, ``(c p1 p2)``, before the projection; ``embed_norm``: one
@@ -73,7 +74,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
-POS_EMBEDS = ("learn", "sincos", "none")
+POS_EMBEDS = ("learn", "sincos", "sinusoid", "none")
 ROPE_TYPES = ("cat", "dinov3", "mixed")  # timm's rope_type; 'mrope' not yet
 REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
@@ -279,6 +280,10 @@ class ViTConfig:
         if self.pos_embed_interp_mode not in ("bicubic", "bilinear"):
             raise ConfigError(
                 f"pos_embed_interp_mode must be 'bicubic' or 'bilinear' (antialiased), got {self.pos_embed_interp_mode!r}"
+            )
+        if self.pos_embed == "sinusoid" and self.embed_dim % 2:
+            raise ConfigError(
+                f"pos_embed='sinusoid' pairs sin and cos over embed_dim {self.embed_dim}: it must be even"
             )
         if self.mlp_bias not in (None, True, False):
             raise ConfigError(f"mlp_bias must be None (as proj_bias), True or False, got {self.mlp_bias!r}")

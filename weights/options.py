@@ -222,7 +222,8 @@ OPTIONS: tuple[Option, ...] = (
         "learn",
         "learn",
         "the position embedding: a learned table ('learn'), the fixed 2-D sin-cos table of SimpleViT computed "
-        "at the grid ('sincos'), or none ('none')",
+        "at the grid ('sincos'), the Transformer paper's 1-D sinusoidal table over the sequence ('sinusoid'), "
+        "or none ('none')",
         holds=_only("learn", {DINOV3: ("none",), BEIT: ("learn", "none")}),
     ),
     Option(

@@ -31,7 +31,8 @@ PARTS = (
     (
         r"pos_embed",
         "it has no learned position table",
-        "pos_embed='sincos' (SimpleViT's fixed 2-D table, computed at the grid) or pos_embed='none'",
+        "pos_embed='sincos' (SimpleViT's fixed 2-D table, computed at the grid), pos_embed='sinusoid' (the "
+        "Transformer paper's 1-D table over the sequence) or pos_embed='none'",
     ),
     (
         r"patch_embed\.proj\.bias",

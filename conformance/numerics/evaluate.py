@@ -112,6 +112,12 @@ def _unlearned_pos_embed(x, s, config: ViTConfig, images, p: Precision):
     angle a product (about 4 u |angle| together), sin and cos each rounded (u), then stored in the
     dtype."""
     prefix = prefix_tokens(s, x.shape[0])
+    if config.pos_embed == "sinusoid":  # the Transformer paper's, over the sequence, the prefix tokens included
+        tokens = np.concatenate(prefix + [x], 1)
+        pos = O.sinusoid_1d_pos_embed(tokens.shape[1], config.embed_dim)
+        y, bound = _sum(tokens, pos, p)
+        angles = O.sinusoid_1d_angles(tokens.shape[1], config.embed_dim)[None]
+        return y, bound + p.compute * (4.0 * np.abs(angles) + 1.0) + p.storage * np.abs(pos)
     if config.pos_embed == "none":
         y, bound = x, p.output * np.abs(x)
     else:
