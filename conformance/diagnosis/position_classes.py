@@ -192,6 +192,11 @@ def _pos_embed_table_cropped(name, t, images, s, config):
     return _embedded(np.concatenate([pos[:, :n], table.reshape(pos.shape[0], -1, pos.shape[-1])], 1), t, s, config)
 
 
+def _resampled(c: ViTConfig) -> bool:
+    """A learned table that meets images of other grids."""
+    return c.dynamic_img_size and _learned(c)
+
+
 def _sincos_able(c: ViTConfig) -> bool:
     """A learned table at the images' grid the fixed one could stand for (a NaFlex table's own grid it cannot)."""
     return _learned(c) and c.pos_embed_grid_size is None and c.embed_dim % 4 == 0 and c.embed_dim >= 8
@@ -297,18 +302,19 @@ TABLE_CLASSES: tuple[BugClass, ...] = (
              stage=_registers_without_pos_embed,
              when=lambda c: c.reg_tokens > 0 and c.class_token and c.prefix_pos),
     BugClass("pos_embed_resampled_without_antialias", ("embed",),
-             "the position grid resampled bicubic without antialias",
-             "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True)",
-             stage=_pos_embed_without_antialias, when=lambda c: c.dynamic_img_size and _learned(c)),
+             "the position grid resampled without antialias (bicubic, or bilinear with pos_embed_interp_mode)",
+             "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True); NaFlex's and "
+             "SigLIP 2's resizes are antialiased too",
+             stage=_pos_embed_without_antialias, when=_resampled),
     BugClass("pos_embed_resampled_align_corners", ("embed",),
              "the position grid resampled with align_corners=True (the corners' centres on each other)",
              "timm and transformers resample the table with F.interpolate(..., align_corners=False, antialias=True)",
-             stage=_pos_embed_align_corners, when=lambda c: c.dynamic_img_size and _learned(c)),
+             stage=_pos_embed_align_corners, when=_resampled),
     # a position embedding of another kind in place of the learned table (issue 45; seed post 004's)
     BugClass("pos_embed_sinusoidal_1d", ("embed",),
              "the Transformer paper's 1-D sinusoidal table over the sequence in place of the learned one",
-             "a ViT's table is learned (timm's pos_embed, loaded from the checkpoint); the paper's sin/cos "
-             "encoding is a text model's", stage=_pos_embed_sinusoid_1d, when=_learned),
+             "a ViT's table is learned (timm's pos_embed, loaded from the checkpoint); a model meant to use "
+             "the paper's encoding says pos_embed='sinusoid'", stage=_pos_embed_sinusoid_1d, when=_learned),
     BugClass("pos_embed_sincos_2d", ("embed",),
              "SimpleViT's fixed 2-D sin-cos table in place of the learned one",
              "load the checkpoint's pos_embed; a model meant to use the fixed table says pos_embed='sincos'",
@@ -316,15 +322,15 @@ TABLE_CLASSES: tuple[BugClass, ...] = (
     BugClass("pos_embed_sincos_2d_mae", ("embed",),
              "MAE's fixed 2-D sin-cos table (get_2d_sincos_pos_embed) in place of the learned one",
              "load the checkpoint's pos_embed (MAE's own checkpoints hold that table)",
-             stage=_pos_embed_sincos_mae, when=lambda c: _sincos_able(c)),
+             stage=_pos_embed_sincos_mae, when=_sincos_able),
     BugClass("pos_embed_table_cropped", ("embed",),
              "a table of a larger grid cropped to the images' grid at its top left, not resampled",
              "resample the table to the images' grid (timm's resample_abs_pos_embed, bicubic with antialias)",
-             stage=_pos_embed_table_cropped, when=lambda c: c.dynamic_img_size and _learned(c)),
+             stage=_pos_embed_table_cropped, when=_resampled),
     BugClass("pos_embed_grid_swapped", ("embed",),
              "the position table resampled to the grid with its axes swapped, (columns, rows)",
              "a grid is (rows, columns): timm's patch_coord is (y, x), transformers' spatial_shapes (height, width)",
-             stage=_pos_embed_grid_swapped, when=lambda c: c.dynamic_img_size and _learned(c)),
+             stage=_pos_embed_grid_swapped, when=_resampled),
 )
 POSITION_CLASSES: tuple[BugClass, ...] = (
     # rotary position embeddings (timm's Eva)
