@@ -45,7 +45,7 @@ def family_options(draw) -> dict:
         proj_bias=draw(st.booleans()),
         mlp_layer=draw(st.sampled_from(MLP_LAYERS)),
         dynamic_img_size=draw(st.booleans()),
-        pos_embed=draw(st.sampled_from(["learn", "learn", "sincos", "none"])),
+        pos_embed=draw(st.sampled_from(["learn", "learn", "sincos", "sinusoid", "none"])),
         patch_norm=draw(st.booleans()),
         embed_norm=draw(st.booleans()),
         pool_include_prefix=draw(st.booleans()),
@@ -68,13 +68,18 @@ def family_options(draw) -> dict:
 
 def _consistent(values: dict) -> dict:
     """Drawn options moved to a valid config: the sin-cos table needs two frequencies of each of x
-    and y; the distillation head reads the class and distillation tokens alone; a rotary embedding
-    turns pairs of head_dim over each of two axes; k's bias is dropped only beside q's and v's;
-    BEiT's relative position table has rows for one class token, at the config's grid."""
+    and y, the 1-D sinusoid pairs of channels; the distillation head reads the class and
+    distillation tokens alone; a rotary embedding turns pairs of head_dim over each of two axes;
+    k's bias is dropped only beside q's and v's; BEiT's relative position table has rows for one
+    class token, at the config's grid."""
     if values.get("pos_embed") == "sincos" and (values["embed_dim"] % 4 or values["embed_dim"] < 8):
+        values["pos_embed"] = "learn"
+    if values.get("pos_embed") == "sinusoid" and values["embed_dim"] % 2:  # sin and cos in pairs
         values["pos_embed"] = "learn"
     if values.get("distilled") and (values["global_pool"] != "token" or values.get("reg_tokens")):
         values["distilled"] = False
+    if values.get("distilled") and values.get("fc_norm") is True:  # timm's distilled head reads no fc_norm
+        values["fc_norm"] = None
     if values.get("rope_type") and (values["embed_dim"] // values["num_heads"]) % 4:  # pairs over two axes
         values["rope_type"] = None
     if values.get("rope_type") != "cat":  # EVA02's rescale is the 'cat' grid's

@@ -125,7 +125,7 @@ def to_patches(x, patch_size):
     B, C, H, W = x.shape
     ph, pw = patch_size
     x = x[:, :, : H // ph * ph, : W // pw * pw]
-    x = x.reshape(B, C, H // ph, ph, W // pw, pw).transpose(0, 2, 4, 1, 3, 5)
+    x = x.reshape(B, C, H // ph, ph, W // pw, pw).transpose((0, 2, 4, 1, 3, 5))  # one tuple: autograd traces it
     return x.reshape(B, (H // ph) * (W // pw), C * ph * pw)
 
 
@@ -295,7 +295,9 @@ class PatchEmbed(Module):
         """``packed``: ``x`` holds patches flattened (p1 p2 c), a packed batch's (B, L, ph * pw * C)."""
         if packed:
             (ph, pw), (B, L, _) = self.patch_size, x.shape
-            x = self.project_patches(x.reshape(B, L, ph, pw, -1).transpose(0, 1, 4, 2, 3).reshape(B, L, -1), taps, name)
+            x = self.project_patches(
+                x.reshape(B, L, ph, pw, -1).transpose((0, 1, 4, 2, 3)).reshape(B, L, -1), taps, name
+            )
         else:
             x = self.project(x, taps, name)
         x = record_tap(taps, name, x)
@@ -348,7 +350,7 @@ class Attention(Module):
     def _get_rel_pos_bias(self):
         """(1, H, N, N): the table's row for each (query, key) pair's relative position, per head."""
         index = relative_position_index(self.window_size)
-        return self.relative_position_bias_table[index].transpose(2, 0, 1)[None]
+        return self.relative_position_bias_table[index].transpose((2, 0, 1))[None]  # one tuple: autograd traces it
 
     def project(self, x):
         """q, k and v, each (B, H, N, hd)."""

@@ -56,6 +56,7 @@ def test_int_img_size_means_square():
         (dict(mlp_layer="glu"), ["mlp_layer", "'glu'"]),
         (dict(mlp_layer="swiglu_packed", embed_dim=6, num_heads=2, mlp_ratio=1.5), ["swiglu_packed", "9", "even"]),
         (dict(class_token=False, global_pool="token"), ["class_token=False", "avg"]),
+        (dict(distilled=True, fc_norm=True), ["distilled=True", "no fc_norm=True", "unnormalised"]),
         (dict(depth=0), ["depth", "0"]),
         (dict(in_chans=2.5), ["in_chans", "2.5"]),
         (dict(num_classes=-1), ["num_classes", "-1"]),

@@ -502,3 +502,19 @@ def test_an_optimizer_mutant_is_caught_after_one_step(name):
     config, state, images, loss, hp, reference, bounds = _step_case(decay=decay)
     results = compare_step(step(config, state, images, loss, hp), reference, bounds)
     assert max(r.error for r in results) > 10, describe(results)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [get_config("vit_test_token").replace(patch_norm=True, embed_norm=True), get_config("vit_test_beit")],
+    ids=["the norms around the patch embedding", "BEiT's relative position bias"],
+)
+def test_the_reference_gradient_takes_every_transposed_operand(config):
+    """The float64 reference traces the patch norm's patches and BEiT's bias table with autograd (a
+    transpose given its axes as one tuple: autograd's ArrayBox takes no others); the PyTorch port's
+    gradients meet it. The ci profile's drawn configs reached neither; the dev profile's did."""
+    from conformance.verify.grad import format_grad_report, verify_grad
+    from impls.torch_vit import make_grad
+
+    report = verify_grad(make_grad, config, port="torch", state=init_state(config, seed=3))
+    assert report.conformant, format_grad_report(report)

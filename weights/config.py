@@ -287,10 +287,12 @@ class ViTConfig:
             )
         if self.mlp_bias not in (None, True, False):
             raise ConfigError(f"mlp_bias must be None (as proj_bias), True or False, got {self.mlp_bias!r}")
-        if self.distilled is True and (self.global_pool != "token" or self.reg_tokens):
+        if self.distilled is True and (self.global_pool != "token" or self.reg_tokens or self.fc_norm is True):
             raise ConfigError(
                 "distilled=True (DeiT's distillation token and head_dist) reads the class and distillation "
-                f"tokens: it needs global_pool='token' and no reg_tokens, got {self.global_pool!r} and {self.reg_tokens!r}"
+                "tokens after the final norm: it needs global_pool='token', no reg_tokens and no fc_norm=True "
+                "(timm's VisionTransformerDistilled applies no fc_norm: its tokens would go unnormalised), got "
+                f"{self.global_pool!r}, {self.reg_tokens!r} and {self.fc_norm!r}"
             )
         if self.mlp_layer == "swiglu_packed" and self.mlp_hidden_dim % 2:
             raise ConfigError(
