@@ -180,6 +180,7 @@ def family_configs(max_depth: int = 2, **fixed) -> st.SearchStrategy[ViTConfig]:
         if values["global_pool"] == "token" and not values["class_token"]:
             values["class_token"] = True
         values = _consistent(values)
+        assume(all(values[k] == v for k, v in fixed.items()))  # the consistency moved a fixed option
         try:
             return ViTConfig(**values)
         except ConfigError:

@@ -254,9 +254,10 @@ def check_attention_weights_are_softmax_over_keys(port: str, make: Callable, cas
 
 
 def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, head: int) -> None:
-    """With block 0's proj set to the identity, perturbing head ``head``'s value rows of the
-    fused qkv weight changes only that head's slice [head*hd, (head+1)*hd) of the merged
-    output: heads merge head-major, as timm's proj weights expect."""
+    """With block 0's proj set to the identity, perturbing head ``head``'s value rows (of the fused
+    qkv weight, or of v_proj where q, k and v are projected apart) changes only that head's slice
+    [head*hd, (head+1)*hd) of the merged output: heads merge head-major, as timm's proj weights
+    expect."""
     cfg = case.config
     D, hd = cfg.embed_dim, cfg.head_dim
     head = head % cfg.num_heads
@@ -266,10 +267,11 @@ def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, hea
         state["blocks.0.attn.proj.bias"] = np.zeros(D, np.float32)
     base = run_model(port, make, case, state=state)
     _needs(base, "blocks.0.attn")
-    w = state["blocks.0.attn.qkv.weight"].copy()
-    rows = slice(2 * D + head * hd, 2 * D + (head + 1) * hd)  # (qkv=v, head, head_dim)
+    key, v = ("blocks.0.attn.qkv.weight", 2 * D) if cfg.qkv_fused else ("blocks.0.attn.v_proj.weight", 0)
+    w = state[key].copy()
+    rows = slice(v + head * hd, v + (head + 1) * hd)  # (qkv=v, head, head_dim)
     w[rows] += np.random.default_rng(head).normal(0.0, 0.5, w[rows].shape).astype(np.float32)
-    perturbed = run_model(port, make, case, state=dict(state, **{"blocks.0.attn.qkv.weight": w}))
+    perturbed = run_model(port, make, case, state=dict(state, **{key: w}))
     a = np.asarray(base["blocks.0.attn"], np.float64)
     b = np.asarray(perturbed["blocks.0.attn"], np.float64)
     inside = np.zeros(D, bool)
