@@ -648,16 +648,16 @@ class VisionTransformer(nnx.Module):
         x = self.patch_embed(x.astype(self.patch_embed.proj.kernel[...].dtype), taps, packed=True)
         x = self._pos_embed_packed(x, packed_rows(coord, valid) if rows is None else rows)
         keep = jnp.concatenate([jnp.ones((x.shape[0], c.num_prefix_tokens), bool), valid.astype(bool)], axis=1)
-        return self.forward_head(self.forward_features(x, taps, keep=keep), taps, keep)
+        return self.forward_head(self.forward_tokens(x, taps, keep=keep), taps, keep)
 
-    def forward_features(self, x, taps=None, keep=None):
-        """``keep``: a packed batch's tokens that are an image's, ``x`` its rows already embedded."""
-        if keep is None:
-            grid = self.config.grid_at(x.shape[2:])
-            x = self.patch_embed(x, taps)
-            x = self._pos_embed(x, grid)
-        else:
-            grid = None
+    def forward_features(self, x, taps=None):
+        grid = self.config.grid_at(x.shape[2:])
+        x = self.patch_embed(x, taps)
+        return self.forward_tokens(self._pos_embed(x, grid), taps, grid)
+
+    def forward_tokens(self, x, taps=None, grid=None, keep=None):
+        """From the embedded tokens on; ``grid`` the images' (rotary tables), ``keep`` a packed
+        batch's tokens that are an image's (its rows, embedded at their own grids)."""
         x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
@@ -811,8 +811,7 @@ def make(
 
     def forward(images: np.ndarray):
         if isinstance(images, Mapping):  # a packed batch
-            check_packed(images, config)
-            rows = packed_rows(images["patch_coord"], images["patch_valid"])
+            rows = check_packed(images, config)
             out = apply(params, {k: np.asarray(v) for k, v in images.items()}, rows)
         else:
             images = np.asarray(images)

@@ -118,9 +118,10 @@ def packed_rows(coord, valid) -> tuple[tuple[int, tuple[int, int]], ...]:
     return tuple(out)
 
 
-def check_packed(batch, config: ViTConfig) -> None:
-    """Raise InputError unless ``batch`` is a packed batch for ``config``: ``patches`` (B, L, ph pw C),
-    ``patch_coord`` (B, L, 2) integers, ``patch_valid`` (B, L), each row's patches first."""
+def check_packed(batch, config: ViTConfig) -> tuple[tuple[int, tuple[int, int]], ...]:
+    """Each row's patch count and grid (``packed_rows``), or InputError unless ``batch`` is a packed
+    batch for ``config``: ``patches`` (B, L, ph pw C), ``patch_coord`` (B, L, 2) integers,
+    ``patch_valid`` (B, L), each row's patches first, covering its grid."""
     missing = {"patches", "patch_coord", "patch_valid"} - set(batch)
     if missing:
         raise InputError(f"a packed batch is a dict of patches, patch_coord and patch_valid: no {sorted(missing)}")
@@ -133,9 +134,11 @@ def check_packed(batch, config: ViTConfig) -> None:
         )
     if not np.all(v.sum(1) > 0) or np.any(np.diff(v.astype(np.int8), axis=1) > 0):
         raise InputError("each row of a packed batch holds at least one patch, its patches before its padding")
-    for i, (n, (gh, gw)) in enumerate(packed_rows(c, v)):
+    rows = packed_rows(c, v)
+    for i, (n, (gh, gw)) in enumerate(rows):
         if n != gh * gw:
             raise InputError(f"row {i} of a packed batch holds {n} patches on a {gh}x{gw} grid (its coordinates)")
+    return rows
 
 
 __all__ = [

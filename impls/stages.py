@@ -275,17 +275,21 @@ def stage_kind(name: str) -> str:
     return stage_of(name)[0].kind
 
 
-def _symbols(config: ViTConfig, batch: int) -> dict[str, int]:
+def tap_symbols(config: ViTConfig, batch: int, patches: int | None = None) -> dict[str, int]:
+    """Each shape symbol's size for a batch of ``batch`` (``patches`` a row's patches where they are
+    not the config's grid's: a packed batch's padded rows)."""
+    patches = config.num_patches if patches is None else patches
+    tokens = patches + config.num_prefix_tokens
     return {
         "B": batch,
-        "N": config.num_tokens,
+        "N": tokens,
         "D": config.embed_dim,
         "H": config.num_heads,
         "hd": config.head_dim,
-        "P": config.num_patches,
+        "P": patches,
         "Hp": config.pool_num_heads,
         "hdp": config.embed_dim // config.pool_num_heads,
-        "Np": config.num_tokens - config.pool_skip,  # what the pool reads
+        "Np": tokens - config.pool_skip,  # what the pool reads
         "act": config.mlp_act_dim,
         "patch": config.patch_dim,
         "mlp": config.mlp_hidden_dim,
@@ -298,7 +302,7 @@ def tap_shapes(config: ViTConfig, batch: int, img_size=None) -> dict[str, tuple[
     """The shape each tap must have for a batch of ``batch`` images (of ``img_size``, which
     only a dynamic_img_size config takes other than its own)."""
     config = config if img_size is None else config.at_img_size(img_size)
-    symbols = _symbols(config, batch)
+    symbols = tap_symbols(config, batch)
     return {name: tuple(symbols[s] for s in stage_of(name)[0].shape.split()) for name in tap_names(config)}
 
 

@@ -579,16 +579,16 @@ class VisionTransformer(nn.Module):
         x = self.patch_embed(x.to(self.patch_embed.proj.weight.dtype), taps, packed=True)
         x = self._pos_embed_packed(x, packed_rows(coord, valid) if rows is None else rows)
         keep = torch.cat([torch.ones(len(x), c.num_prefix_tokens, dtype=torch.bool), valid.bool()], dim=1)
-        return self.forward_head(self.forward_features(x, taps, keep=keep), taps, keep)
+        return self.forward_head(self.forward_tokens(x, taps, keep=keep), taps, keep)
 
-    def forward_features(self, x, taps=None, keep=None):
-        """``keep``: a packed batch's tokens that are an image's, ``x`` its rows already embedded."""
-        if keep is None:
-            grid = self.config.grid_at(x.shape[2:])
-            x = self.patch_embed(x, taps)
-            x = self._pos_embed(x, grid)
-        else:
-            grid = None
+    def forward_features(self, x, taps=None):
+        grid = self.config.grid_at(x.shape[2:])
+        x = self.patch_embed(x, taps)
+        return self.forward_tokens(self._pos_embed(x, grid), taps, grid)
+
+    def forward_tokens(self, x, taps=None, grid=None, keep=None):
+        """From the embedded tokens on; ``grid`` the images' (rotary tables), ``keep`` a packed
+        batch's tokens that are an image's (its rows, embedded at their own grids)."""
         x = record_tap(taps, "embed", x)
         if self.config.pre_norm:
             x = self.norm_pre(x)
@@ -645,8 +645,7 @@ class VisionTransformer(nn.Module):
     def forward(self, x, return_taps: bool = False, taps=None):
         taps = ({} if return_taps else None) if taps is None else taps  # impls.Perturbed: a gradient pass
         if isinstance(x, Mapping):  # a packed batch (NaFlex)
-            check_packed(x, self.config)
-            x = self.forward_packed(x, taps)
+            x = self.forward_packed(x, taps, check_packed(x, self.config))
         else:
             check_images(tuple(x.shape), str(x.dtype), self.config)
             x = x.to(self.patch_embed.proj.weight.dtype)  # float32 images in; the model runs in its weights' dtype

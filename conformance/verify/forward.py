@@ -14,7 +14,7 @@ from conformance.numerics.error_model import CaseModel, parallel
 from conformance.verify.budget import ahead
 from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
-from conformance.verify.packed import PackedModel, packed_plan
+from conformance.verify.packed import PackedModel, packed_plan, packed_shape, unpack
 from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
 from impls import tap_names
@@ -91,8 +91,6 @@ class Packed(Forward):
     port's taps, its padding cut off, compared with the oracle on that image alone."""
 
     def compare(self, out, model, report: Report, label: str, outcome: Outcome) -> list[StageResult]:
-        from conformance.verify.packed import packed_shape, unpack
-
         taps = dict(out) if isinstance(out, Mapping) else {"logits": out}
         for what in ("unseen", "sources"):  # a captured model's, told once for the batch
             getattr(report, what).update(getattr(out, what, {}))

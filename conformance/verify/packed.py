@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from impls.stages import stage_of
-from impls.protocol import ViTConfig
+from impls.protocol import ViTConfig, packed_rows
+from impls.stages import stage_of, tap_symbols
 
 PADDING = 3  # padding patches after the longest row too: every row has some
 
@@ -59,33 +59,23 @@ def pack(images: list[np.ndarray], patch_size: tuple[int, int], padding: int = P
 
 def rows_of(case, patch_size: tuple[int, int]) -> list[tuple[np.ndarray, tuple[int, int]]]:
     """A packed case's images, each (1, C, H, W), and its grid, from its patches (lossless)."""
-    out = []
-    for patches, coord, valid in zip(case.images, case.patch_coord, case.patch_valid):
-        n = int(valid.sum())
-        grid = (int(coord[:n, 0].max()) + 1, int(coord[:n, 1].max()) + 1)
-        out.append((unpatchify(patches[:n], grid, patch_size)[None], grid))
-    return out
+    rows = packed_rows(case.patch_coord, case.patch_valid)
+    return [(unpatchify(p[:n], grid, patch_size)[None], grid) for p, (n, grid) in zip(case.images, rows)]
 
 
 def packed_shape(name: str, config: ViTConfig, batch: int, length: int) -> tuple[int, ...]:
     """The shape tap ``name`` has for a packed batch: every token axis as long as a padded row."""
-    tokens = length + config.num_prefix_tokens
-    symbols = {"B": batch, "N": tokens, "P": length, "Np": tokens - config.pool_skip, "D": config.embed_dim}
-    symbols.update(H=config.num_heads, hd=config.head_dim, Hp=config.pool_num_heads, patch=config.patch_dim)
-    symbols.update(hdp=config.embed_dim // config.pool_num_heads, act=config.mlp_act_dim, mlp=config.mlp_hidden_dim)
-    symbols.update({"classes": config.num_features, "1": 1})
+    symbols = tap_symbols(config, batch, patches=length)
     return tuple(symbols[s] for s in stage_of(name)[0].shape.split())
 
 
 def unpack(out: Mapping, i: int, patches: int, config: ViTConfig) -> dict[str, np.ndarray]:
     """Row ``i`` of every tap, its padding cut off: the taps of that image alone, batch 1."""
-    tokens = patches + config.num_prefix_tokens
-    keep = {"N": tokens, "P": patches, "Np": tokens - config.pool_skip}
+    sizes = tap_symbols(config, 1, patches)  # the image's own: its token axes cut to its patches
     own = {}
     for name, value in out.items():
         axes = stage_of(name)[0].shape.split()
-        index = (slice(i, i + 1),) + tuple(slice(keep.get(s)) for s in axes[1:])
-        own[name] = np.asarray(value)[index]
+        own[name] = np.asarray(value)[(slice(i, i + 1),) + tuple(slice(sizes[s]) for s in axes[1:])]
     return own
 
 
