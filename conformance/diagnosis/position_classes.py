@@ -124,35 +124,11 @@ def _pos_embed_grid_swapped(name, t, images, s, config):
     return _embedded(pos, t, s, config)
 
 
-def sinusoid_1d(n: int, dim: int) -> np.ndarray:
-    """The Transformer paper's table, (1, n, dim): PE(pos, 2i) = sin(pos / 10000^(2i / dim)),
-    PE(pos, 2i + 1) = cos(the same), over the sequence's positions 0 .. n - 1."""
-    angles = np.arange(n)[:, None] / 10000.0 ** (np.arange(0, dim, 2) / dim)
-    pe = np.zeros((n, dim))
-    pe[:, 0::2], pe[:, 1::2] = np.sin(angles), np.cos(angles[:, : dim // 2])
-    return pe[None]
-
-
-def _pos_embed_sinusoid_1d(name, t, images, s, config, precision=QUIET):
-    """The sequence (the prefix tokens, then the patches) plus the 1-D sinusoidal table over its
-    positions, in place of the learned table; bounded as a sum rounded once, the table's angles
-    and sines each to a few units of float32 (the dtype the ports compute tables in)."""
-    if name != "embed":
-        return None
-    x = t[stage_inputs("embed", config)[0]]
-    tokens = np.concatenate(prefix_tokens(s, x.shape[0]) + [x], 1)
-    y = tokens + sinusoid_1d(tokens.shape[1], tokens.shape[2])
-    return y, _table_bound(y, np.arange(tokens.shape[1])[None, :, None], precision)
-
-
 def _table_bound(y, angle, precision):
     """A fixed table added once: the sum rounded in the dtype, the table's angle and its sine or
     cosine each to a few units of float32 (the dtype ports compute tables in); ``angle`` the largest
     angle at each token."""
     return precision.output * np.abs(y) + 4 * 2.0**-24 * (1.0 + angle) if precision.bounds else None
-
-
-_pos_embed_sinusoid_1d.bounded = True
 
 
 def sincos_2d_mae(grid, dim: int) -> np.ndarray:
@@ -314,7 +290,7 @@ TABLE_CLASSES: tuple[BugClass, ...] = (
     BugClass("pos_embed_sinusoidal_1d", ("embed",),
              "the Transformer paper's 1-D sinusoidal table over the sequence in place of the learned one",
              "a ViT's table is learned (timm's pos_embed, loaded from the checkpoint); a model meant to use "
-             "the paper's encoding says pos_embed='sinusoid'", stage=_pos_embed_sinusoid_1d, when=_learned),
+             "the paper's encoding says pos_embed='sinusoid'", config={"pos_embed": "sinusoid"}, when=_learned),
     BugClass("pos_embed_sincos_2d", ("embed",),
              "SimpleViT's fixed 2-D sin-cos table in place of the learned one",
              "load the checkpoint's pos_embed; a model meant to use the fixed table says pos_embed='sincos'",
