@@ -36,6 +36,13 @@ class Mutant:
 # where its bug shows): both of timm's kinds, both grid orders, both bases, no position table.
 # BEiT's relative position bias on its block (q's and v's biases, LayerScale, no position table)
 REL_SUPPORTS = {"rel_pos_bias": True, "pos_embed": "none", "k_bias": (False, True), "init_values": (0.1, None)}
+# A learned table met by images of other grids: vit_test_dynamic's options (and the original ViT's)
+DYNAMIC_SUPPORTS = {
+    "dynamic_img_size": True,
+    "reg_tokens": (0, 1),
+    "no_embed_class": (False, True),
+    "init_values": (None, 1e-5),
+}
 ROPE_SUPPORTS = {
     "rope_type": ("cat", "dinov3"),
     "rope_grid_indexing": ("ij", "xy"),

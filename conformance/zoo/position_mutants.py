@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from conformance.zoo.catalogue import DYNAMIC_SUPPORTS
 from impls import torch_vit as T
 
 
@@ -76,9 +77,4 @@ def pos_embed_table_cropped(config, state, **kw):
     return T.make(config, state, model_cls=VisionTransformerTableCropped, **kw)
 
 
-pos_embed_table_cropped.supports = {
-    "dynamic_img_size": True,
-    "reg_tokens": (0, 1),
-    "no_embed_class": (False, True),
-    "init_values": (None, 1e-5),
-}  # vit_test_dynamic's options (and the original ViT's)
+pos_embed_table_cropped.supports = DYNAMIC_SUPPORTS

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from conformance.zoo.catalogue import REL_SUPPORTS, ROPE_SUPPORTS
+from conformance.zoo.catalogue import DYNAMIC_SUPPORTS, REL_SUPPORTS, ROPE_SUPPORTS
 from impls.relative_position import relative_position_index
 from impls import torch_vit as T
 
@@ -355,12 +355,7 @@ def pos_embed_no_antialias(config, state, **kw):
     return T.make(config, state, model_cls=VisionTransformerPosEmbedNoAntialias, **kw)
 
 
-pos_embed_no_antialias.supports = {
-    "dynamic_img_size": True,
-    "reg_tokens": (0, 1),
-    "no_embed_class": (False, True),
-    "init_values": (None, 1e-5),
-}
+pos_embed_no_antialias.supports = DYNAMIC_SUPPORTS
 
 
 class VisionTransformerRegistersInPatchMean(T.VisionTransformer):
