@@ -147,6 +147,10 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_test_token_square": ViTConfig(
         img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3
     ),
+    # vit_test_token_square wide enough for MLX's quantization groups of 32 and 64 (docs/quantization.md)
+    "vit_test_quantized": ViTConfig(
+        img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=64, depth=2, num_heads=2
+    ),
     "vit_test_avg": ViTConfig(
         img_size=(20, 12), patch_size=4, in_chans=2, num_classes=5, global_pool="avg",
         embed_dim=16, depth=2, num_heads=2,

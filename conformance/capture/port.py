@@ -68,6 +68,9 @@ class ModelPort:
     patch_order: how the model flattens a patch where it does (a Linear patch embedding, a norm
     over raw patches): "p1 p2 c" (einops' channels last) or "c p1 p2" (a conv kernel reshaped);
     rename= lays out the conv kernel and the patch norm's weights in it.
+    quantize: ``model -> model or None``, applied once the float weights are loaded (MLX's
+    ``nn.quantize``, in place): the port is judged on its own quantized weights, read back from
+    its packed tensors, and its cost against the float model is measured (docs/quantization.md).
 
     ``build`` is called as ``build(config, dtype=...)`` when it takes ``dtype`` (then the model
     chooses each parameter's precision: Flax ``dtype``/``param_dtype``, Hugging Face
@@ -86,6 +89,7 @@ class ModelPort:
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
     autocast: bool = False
     patch_order: str | None = None
+    quantize: Callable[[Any], Any] | None = None
 
     def __post_init__(self):
         if (self.rename is None) == (self.convert is None):
@@ -247,7 +251,7 @@ class ModelPort:
                 f"{framework.name} model (give build a dtype= argument instead)"
             )
         adapter = framework.bind(model, config, self.images)
-        check_not_quantized(adapter.modules())  # before its parameters are read: they are not float
+        check_not_quantized(adapter.modules(), self.quantize is not None)  # before its parameters are read
         adapter.call_kwargs = dict(self.call_kwargs)
         try:
             key_map = self.key_map(state, config)
@@ -270,6 +274,9 @@ class ModelPort:
         adapter.load(arrays, dtype, cast=not (chosen or self.autocast))
         if mixed:
             adapter.autocast = dtype
+        quantized = None
+        if self.quantize is not None:
+            adapter, quantized = self._quantized(model, adapter, state, config, arrays, dtype)
         has_head = any(key_map.get(k) for k in ("head.weight", "head.bias"))
         try:
             plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
@@ -288,9 +295,28 @@ class ModelPort:
                 )
             )
         forward = CapturedForward(self, adapter, plan, config, dtype, findings)
+        forward.quantized = quantized
         forward.k_bias = {i: state[f"blocks.{i}.attn.qkv.bias"] for i in self._k_bias_free(state, config)}
         forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
         return forward
+
+    def _quantized(self, model, adapter: BaseAdapter, state, config: ViTConfig, arrays, dtype: str):
+        """The user's quantize step on the loaded model, and its weights read back: (the quantized
+        model's adapter, ``Quantized`` in canonical keys and layouts)."""
+        from conformance.capture.quantized import canonical
+
+        where = self.entry_map(state, adapter, config)  # the float model's names and layouts
+        out = self.quantize(model)  # the port's own step: what it raises is the port's
+        model = model if out is None else out
+        quantized = ADAPTERS[framework_of(model)].bind(model, config, self.images)
+        quantized.call_kwargs = adapter.call_kwargs
+        read = quantized.quantized()
+        if not read:
+            raise LoadError(
+                "ModelPort(quantize=...) left no module quantized (no module holds packed weights beside "
+                "scales): the step must quantize the model it is given, in place or returned"
+            )
+        return quantized, canonical(read, where, state, arrays, dtype)
 
     def make_grad(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
         """A gradient factory (docs/gradients.md) from the unmodified model: grad(images, loss)
@@ -372,6 +398,7 @@ class CapturedForward:
         self._emitted: str | None = None
         self.fast_paths = adapter.fast_paths()  # the model's modules do not change between calls
         self.k_bias: dict[int, np.ndarray] = {}  # block -> qkv.bias of a model without k bias (ModelPort._k_bias_free)
+        self.quantized = None  # ModelPort(quantize=): its weights read back (conformance.capture.quantized)
         self.compiled = False  # a call met a compiled function's placeholders (then every call is read so)
 
     def __call__(self, images) -> Taps:
@@ -386,6 +413,7 @@ class CapturedForward:
             taps = self._pass(inputs, images.shape[0], functions=False)
             second = self._pass(inputs, images.shape[0], functions=True)
             merge_second(taps, second, "in a second pass under a TorchFunctionMode")
+        taps.quantized = self.quantized
         if not self.compiled and not any(why == self.adapter.TRACED for why in taps.unseen.values()):
             return taps
         # Stages inside a compiled function are placeholders of its trace (and later calls run no
@@ -396,6 +424,7 @@ class CapturedForward:
         with self.adapter.uncompiled():
             second = self._pass(inputs, images.shape[0], functions=True)
         merge_second(own, second, "in a second pass with compilation off")
+        own.quantized = self.quantized
         return own
 
     def _pass(self, inputs, batch: int, functions: bool, watch: bool = True) -> Taps:

@@ -26,6 +26,8 @@ class Taps(dict):
         # mode moves it onto another path): judged too, its stages named in ``sources``.
         self.second: Taps | None = None
         self.from_second: set[str] = set()  # stages here that only the second pass showed
+        # a quantized port's weights as its kernels compute with them (conformance.capture.quantized)
+        self.quantized = None
 
     def own_pass(self) -> "Taps":
         """The stages read on the model's own path alone (a stage's local check then never takes
@@ -39,6 +41,7 @@ class Taps(dict):
             sources=self.sources,
         )
         own.dtypes = {k: v for k, v in self.dtypes.items() if k not in self.from_second}
+        own.quantized = self.quantized
         return own
 
 

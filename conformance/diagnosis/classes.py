@@ -48,6 +48,26 @@ OBSERVED: tuple[BugClass, ...] = (
         "keep the padding out of every attention (and pool): an additive -inf mask from timm's patch_valid or "
         "transformers' pixel_attention_mask, for keys and for the pool's queries alike",
     ),
+    # a quantized port's stored weights (conformance.capture.quantized.QuantizedWeight.explain)
+    BugClass(
+        "quant_bits_order_reversed",
+        (),
+        "its packed weights with each word's codes in reverse order (most significant first)",
+        "pack codes least significant first, as mx.quantize does (GPTQ's and AWQ's orders differ: unpack "
+        "them with their own order before packing for MLX)",
+    ),
+    BugClass(
+        "quant_group_scales_shifted",
+        (),
+        "each group's weights with the scale and bias of its neighbouring group",
+        "index scales and biases by group, w[i] with scales[i // group_size]",
+    ),
+    BugClass(
+        "quant_zero_point_dropped",
+        (),
+        "each quantization group off by one constant: its zero point (bias) dropped",
+        "keep each group's bias (affine: w = scale * code + bias; a zero point z: scale * (code - z))",
+    ),
     BugClass(
         ACTIVE_DROPOUT,
         (),

@@ -18,9 +18,17 @@ class Precision:
     output_dtype: str | None = None
     input_dtype: str | None = None
     bounds: bool = True  # False: the values alone, every bound 0 (a noisy run's: it is perturbed by the clean run's)
+    # what sums are accumulated in (default float32, as every framework's float matmul; MLX's CPU
+    # quantized_matmul accumulates in its inputs' dtype: conformance.verify.quantized)
+    accumulate: str | None = None
 
     def __post_init__(self):
-        for d in (self.dtype, self.output_dtype or self.dtype, self.input_dtype or self.dtype):
+        for d in (
+            self.dtype,
+            self.output_dtype or self.dtype,
+            self.input_dtype or self.dtype,
+            self.accumulate or self.dtype,
+        ):
             if d not in UNIT_ROUNDOFF:
                 raise ValueError(f"dtype must be one of {DTYPES}, got {d!r}")
 
@@ -38,6 +46,8 @@ class Precision:
 
     @property
     def compute(self) -> float:
+        if self.accumulate:
+            return UNIT_ROUNDOFF[self.accumulate]
         return UNIT_ROUNDOFF["float64" if self.dtype == "float64" else "float32"]
 
     @property

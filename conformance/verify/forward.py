@@ -31,8 +31,10 @@ class Forward:
         self.names = tap_names(config)
         self.diagnoses: dict = {}  # (stage, case) -> Diagnosis, where a case diverged first
         self.scan = None  # conformance.diagnosis.scan.Scan: systematic errors pooled over held cases
+        self.case: Case | None = None  # the case run last (a quantized port's oracle is made from it)
 
     def run(self, case: Case, model, report: Report, label: str):
+        self.case = case
         out, findings = self.side.forward(case, self.config, self.dtype)
         for stage, reason in findings:
             finding(report, label, stage, reason)
@@ -51,6 +53,8 @@ class Forward:
                 finding(report, label, stage, reason)
             if stage in names:
                 outcome.diverged(names.index(stage), stage, label)
+        if getattr(out, "quantized", None) is not None:  # judged on its own weights, its cost measured
+            model = self._quantized(out, model, report, label, outcome)
         second = getattr(out, "second", None)  # a second pass off the model's own path: judged too
         results = compare_outputs(
             out.own_pass() if second is not None else out,
@@ -67,6 +71,27 @@ class Forward:
         if self.scan is not None and isinstance(own, Mapping):
             self.scan.add(own, model, [r for r in results if r.name in own])
         return results
+
+    def _quantized(self, out, model, report: Report, label: str, outcome: Outcome):
+        """A quantized port's case (conformance.verify.quantized): its weights against their float
+        weights, its cost against the float model, and the model its kernels are judged by."""
+        from conformance.diagnosis import Diagnosis
+        from conformance.verify import quantized as q
+
+        case, quantized = self.case, out.quantized
+        for stage, reason, named in q.beyond_half_step(quantized, case.state, self.config, self.dtype):
+            finding(report, label, stage, reason)
+            if outcome.earlier(self.names.index(stage)):
+                outcome.diverged(self.names.index(stage), stage, label)
+                if named:
+                    self.diagnoses[(stage, label)] = Diagnosis(stage, label, "observed", named)
+        rows = q.quantization_cost(out, case, self.config, self.dtype)
+        q.record_cost(report, quantized.what, rows, label)
+        beyond = next((r for r in rows if r["ratio"] is not None and r["ratio"] > q.cost_tolerance()), None)
+        if beyond is not None:
+            finding(report, label, beyond["stage"], q.costs_more(beyond))
+            outcome.diverged(self.names.index(beyond["stage"]), beyond["stage"], label)
+        return q.KernelModel(self.config, case.state, quantized, case.images, self.dtype, stream=model.stream)
 
     def _diagnose(self, results, out, model, label: str, outcome: Outcome) -> None:
         """Fit the bug classes where this case diverges, if earlier than any case before it (the

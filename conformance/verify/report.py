@@ -47,6 +47,8 @@ class Report(VerifyReport):
     unseen: dict[str, str] = field(default_factory=dict)  # stage -> why a captured model cannot show it
     sources: dict[str, str] = field(default_factory=dict)  # stage -> where a captured model's tap was read
     attention: dict | None = None  # an attention port's options (then config is unused)
+    # a quantized port's: {"what": how, "cost": {stage: row}} (conformance.verify.quantized)
+    quantization: dict | None = None
 
     @property
     def kind(self) -> str:
@@ -65,6 +67,11 @@ class Report(VerifyReport):
         """The port's error over the tolerance at ``stage`` (default: the first divergence)."""
         stage = stage or self.first_divergence
         r = next((s for s in self.stages if s.name == stage), None)
+        cost = (self.quantization or {}).get("cost", {}).get(stage, {}).get("ratio")
+        if cost is not None and (r is None or r.ok):  # a quantized port's weights moved: their cost says how far
+            from conformance.verify.quantized import cost_tolerance
+
+            return cost / cost_tolerance()
         if r is None or r.ratio is None:
             return None
         return r.separation
@@ -85,6 +92,7 @@ class Report(VerifyReport):
             "unseen": self.unseen,
             "sources": self.sources,
             "diagnosis": None if self.diagnosis is None else self.diagnosis.to_dict(),
+            "quantization": self.quantization,
         }
 
 
@@ -105,6 +113,7 @@ def format_report(report: Report) -> str:
     )
     lines = [
         f"port {report.port} in {report.dtype}: {what}",
+        *_quantization_lines(report),
         f"cases: {'; '.join(report.cases)}",
         "each row: the case where the stage is worst; error = max over elements of |port - oracle| over the "
         "error model's bound (docs/tolerances.md), local (from the port's own inputs to the stage) where the "
@@ -159,6 +168,25 @@ def format_report(report: Report) -> str:
         if report.diagnosis is not None:
             lines.append(f"  {report.diagnosis.line()}")
     return "\n".join(lines)
+
+
+def _quantization_lines(report: Report) -> list[str]:
+    """A quantized port's cost table (the stage table below is its kernels' exactness)."""
+    from conformance.report import table
+
+    q = report.quantization
+    if not q:
+        return []
+    rows = [[r["stage"], r["rel_error"], r["sqnr_db"], r["cosine"], r["ratio"] or "-"] for r in q["cost"].values()]
+    return [
+        f"quantized: {q['what']}; the stages below are judged against the oracle on the port's own "
+        "weights as its kernels compute with them (kernel exactness, docs/quantization.md)",
+        "the quantization's cost, each stage against the float model on its worst case (ratio, where the "
+        "stage reads quantized weights: its RMS distance from the float stage, from the same inputs, over "
+        "that of noise of each weight's half step):",
+        table(["stage", "rel. error", "SQNR dB", "cosine", "ratio"], rows),
+        "",
+    ]
 
 
 def summarize_stages(stages: Mapping[str, str], label: str) -> list[str]:

@@ -85,6 +85,13 @@ class Writer:
                 "dtypes": dict(obj.dtypes),
                 "from_second": sorted(obj.from_second),
                 "second": None if obj.second is None else self.encode(obj.second),
+                "quantized": None
+                if obj.quantized is None
+                else {
+                    **{part: self.encode(getattr(obj.quantized, part)) for part in obj.quantized.PARTS},
+                    "what": str(obj.quantized.what),
+                    "named": dict(obj.quantized.named),
+                },
             }
         if obj is None or isinstance(obj, (bool, str)):
             return obj
@@ -166,6 +173,14 @@ class Reader:
             taps.dtypes = _strings(tree.get("dtypes", {}))
             taps.from_second = set(map(str, tree.get("from_second", [])))
             taps.second = None if tree.get("second") is None else self.decode(tree["second"])
+            q = tree.get("quantized")
+            if q is not None:
+                from conformance.capture.quantized import Quantized
+
+                parts = [self.decode(q.get(part)) for part in Quantized.PARTS]
+                if not all(isinstance(p, dict) and set(p) == set(parts[0]) for p in parts):
+                    raise WireError(f"a quantized port's weights must be objects {Quantized.PARTS} of the same keys")
+                taps.quantized = Quantized(*parts, str(q.get("what", "")), _strings(q.get("named", {})))
             return taps
         return {str(k): self.decode(v) for k, v in tree.items()}
 

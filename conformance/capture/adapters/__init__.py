@@ -37,11 +37,11 @@ class ModuleSystemNotTaken(CannotJudge):
 
 
 class QuantizedNotTaken(CannotJudge):
-    """A model port whose modules hold quantized weights (exit 2): verify loads float weights and
-    bounds float rounding, so it would blame the port for its own cast or judge 4-bit weights by
-    float32's roundoff; the message names the modules and what can be verified instead."""
+    """A model port whose ``build`` returns a model already quantized (exit 2): verify loads the
+    canonical float weights into the model it builds, which packed tensors cannot take; the
+    message names the modules and the route (``ModelPort(quantize=...)``)."""
 
-    label = "the tool does not judge quantized weights yet"
+    label = "the tool cannot load float weights into a quantized model"
 
 
 # Modules that store their weights quantized, by class name (MLX's QuantizedLinear and QQLinear,
@@ -60,14 +60,20 @@ def quantized_modules(modules: Mapping[str, Any]) -> list[str]:
     return list(found.values())
 
 
-def check_not_quantized(modules: Mapping[str, Any]) -> None:
+def check_not_quantized(modules: Mapping[str, Any], quantize: bool = False) -> None:
+    """``build``'s model holds no quantized module (``quantize``: the port has a quantize step)."""
     found = quantized_modules(modules)
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise QuantizedNotTaken(
-            f"{len(found)} of the model's modules hold quantized weights ({shown}): verify loads the "
-            "canonical float weights and bounds float rounding, so a quantized port cannot be judged yet; "
-            "verify the model before it is quantized (the same ModelPort without the quantization step)"
+            f"{len(found)} of the model's modules hold quantized weights ({shown}) as build returns it: "
+            "verify loads the canonical float weights into the model build returns, then quantizes it; "
+            + (
+                "build the float model and leave the quantization to quantize="
+                if quantize
+                else "give build the float model and the quantization step as ModelPort(quantize=...), "
+                "e.g. quantize=lambda model: mlx.nn.quantize(model, group_size=64, bits=4) (docs/quantization.md)"
+            )
         )
 
 

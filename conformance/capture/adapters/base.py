@@ -39,6 +39,7 @@ class Adapter(Protocol):
     numpy(x), is_array(x)     the framework's arrays as NumPy, and recognising them
     copy(x)                   a recorded array kept from later in-place updates
     fast_paths()              modules whose native kernel capture's function wrappers switch off
+    quantized()               {model key: QuantizedWeight} of its quantized modules, decoded
     run(inputs, recorder, watch, functions)  one call, recording module inputs and outputs at
                               ``watch`` and, with ``functions``, the framework functions
     gradients(inputs, loss, forward)  (loss, {model key: gradient}, d loss / d inputs,
@@ -66,6 +67,7 @@ class Adapter(Protocol):
     def is_array(self, x) -> bool: ...
     def copy(self, x) -> Any: ...
     def fast_paths(self) -> list[str]: ...
+    def quantized(self) -> dict: ...
     def run(self, inputs, recorder: Recorder, watch: dict[str, tuple[bool, bool]], functions: bool = True): ...
     def gradients(self, inputs, loss, forward: CapturedForward) -> tuple: ...
 
@@ -127,6 +129,12 @@ class BaseAdapter:
 
     supports_gradients = False
     channels_first = False  # a convolution's output is (B, D, h, w), not (B, h, w, D)
+
+    def quantized(self) -> dict:
+        """The model's quantized weights: model key -> ``conformance.capture.quantized.QuantizedWeight``."""
+        from conformance.support import Unsupported
+
+        raise Unsupported(f"quantized {self.name} models are not read yet (MLX's nn.quantize is; docs/quantization.md)")
 
     def gradients(self, inputs, loss, forward: "CapturedForward"):
         """(loss value, {model key: gradient}, d loss / d inputs, {stage: cotangent} or None) of

@@ -66,6 +66,26 @@ class MLXAdapter(SwapAdapter):
         if cast and dtype != "float32":
             self.model.set_dtype(getattr(mx, dtype))
 
+    def quantized(self):
+        """Each quantized module's weight (nn.QuantizedLinear and its kin: a packed ``weight``
+        beside ``scales``), decoded from mx.quantize's format, never through the float cast."""
+        import mlx.core as mx
+
+        from conformance.capture.quantized import mlx_weight
+
+        def numpy(a):
+            return None if a is None else np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)
+
+        read = {}
+        for path, m in self._modules.items():
+            if "scales" not in m or "weight" not in m or not hasattr(m, "bits"):
+                continue
+            read[f"{path}.weight".lstrip(".")] = mlx_weight(
+                numpy(m["weight"]), numpy(m["scales"]), numpy(m.get("biases")), m.group_size, m.bits,
+                getattr(m, "mode", "affine"), numpy(m.get("global_scale")),
+            )  # fmt: skip
+        return read
+
     def to_input(self, images, dtype):
         import mlx.core as mx
 

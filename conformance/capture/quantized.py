@@ -1,0 +1,245 @@
+"""Quantized weights read back as the numbers a kernel computes with (docs/quantization.md).
+
+A quantized Linear stores each row's weights in groups: codes packed least significant bits
+first into uint32 words, and per group a scale (and, in MLX's affine mode, a bias), so that a
+weight is ``scale * grid[code] + bias``. This module decodes them in NumPy from each framework's
+documented format, not through the framework's own dequantize (tests/test_quantized.py checks
+that the two agree on every mode and width), and gives each weight its **half step**: half the
+distance between the two grid points of its group around the float weight it was quantized
+from (the distance to the grid's end beyond it). A correct quantizer leaves each weight within
+its half step (and the dtype's rounding); the cost's error model draws noise of that size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from conformance.numerics.precision import SMALLEST_NORMAL, UNIT_ROUNDOFF
+
+# the quantization bugs ``QuantizedWeight.explain`` names (conformance.diagnosis.classes.OBSERVED)
+BITS_ORDER_REVERSED = "quant_bits_order_reversed"
+GROUP_SCALES_SHIFTED = "quant_group_scales_shifted"
+ZERO_POINT_DROPPED = "quant_zero_point_dropped"
+
+# FP4 E2M1 by code (OCP MX 1.0, table 5): sign bit 3, two exponent bits, one mantissa bit
+FP4_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def _fp8_e4m3() -> np.ndarray:
+    import ml_dtypes
+
+    values = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    return values  # codes 0x7f and 0xff are NaN
+
+
+@dataclass
+class QuantizedWeight:
+    """One module's weight as stored: ``value = scale * grid[codes] + bias``, each of ``scale``
+    and ``bias`` expanded to the weight's shape (float64), ``grid`` the code values."""
+
+    value: np.ndarray
+    codes: np.ndarray
+    grid: np.ndarray
+    scale: np.ndarray
+    bias: np.ndarray
+    what: str  # "affine, 4 bits, groups of 64"
+    bits: int = 8
+    group_size: int = 1  # along the last axis (a row's channel, per tensor: 1)
+    # the unit roundoff of the format the scales are stored in where the codes were chosen before
+    # the scale was rounded to it (nvfp4's E4M3 scales: every grid point moves by up to 2^-4 of itself)
+    scale_u: float = 0.0
+    saturates: bool = False  # a float grid (MX, NV): a weight beyond its ends is clamped to them, however far
+
+    @property
+    def reach(self) -> np.ndarray:
+        """|scale · grid value| + |bias|: what a weight's dequantization rounds in (it may cancel)."""
+        return np.abs(self.scale * self.grid[self.codes]) + np.abs(self.bias)
+
+    def half_steps(self, w: np.ndarray) -> np.ndarray:
+        """Half the grid's spacing around each float weight ``w`` (in the model's layout), in
+        weight units."""
+        return _half_steps(w, self.grid, self.scale, self.bias, self.scale_u, self.saturates)
+
+    def fits(self, w: np.ndarray, dtype: str, value=None, scale=None, bias=None) -> bool:
+        """Whether every weight (``value``, read with ``scale`` and ``bias``: by default as stored)
+        lies within its half step and the dtype's ``slack`` of its float weight ``w``."""
+        value, scale, bias = (
+            (self.value if value is None else value),
+            (self.scale if scale is None else scale),
+            (self.bias if bias is None else bias),
+        )
+        reach = np.abs(value - bias) + np.abs(bias)
+        half = _half_steps(w, self.grid, scale, bias, self.scale_u, self.saturates)
+        return bool(np.all(np.abs(value - w) <= half + slack(w, reach, dtype)))
+
+    def explain(self, w: np.ndarray, dtype: str) -> str | None:
+        """The quantization bug that makes the stored weight what it is, where decoding it back
+        the bug's way puts every weight within its half step of ``w`` (and the plain decoding does
+        not): codes packed most significant first, each group read with its neighbour's scale and
+        bias, or each group off by one constant (its zero point, the bias, dropped)."""
+        w = np.asarray(w, np.float64)
+        if self.fits(w, dtype):
+            return None
+        per = 32 // self.bits if 32 % self.bits == 0 else 0
+        if per > 1:
+            codes = self.codes.reshape(*self.codes.shape[:-1], -1, per)[..., ::-1].reshape(self.codes.shape)
+            if self.fits(w, dtype, self.scale * self.grid[codes] + self.bias):
+                return BITS_ORDER_REVERSED
+        g = self.group_size
+        for shift in (g, -g):
+            scale, bias = np.roll(self.scale, shift, -1), np.roll(self.bias, shift, -1)
+            if self.fits(w, dtype, scale * self.grid[self.codes] + bias, scale, bias):
+                return GROUP_SCALES_SHIFTED
+        # a dropped bias leaves each group off by one constant (its midrange), each weight then within a
+        # step of it (a correct affine grid clamps its group's far end by up to a step, ``_half_steps``)
+        gap = (w - self.value).reshape(*w.shape[:-1], -1, g)
+        offset = np.repeat((gap.max(-1) + gap.min(-1)) / 2, g, axis=-1)
+        residual = np.abs(self.value + offset - w)
+        if np.all(residual <= np.abs(self.scale) + slack(w, np.abs(self.value) + np.abs(offset), dtype)):
+            return ZERO_POINT_DROPPED if np.any(np.abs(offset) > np.abs(self.scale)) else None
+        return None
+
+
+def _half_steps(w, grid, scale, bias, scale_u: float = 0.0, saturates: bool = False) -> np.ndarray:
+    """Half the spacing of ``scale * grid + bias`` around each ``w``; beyond the grid's ends the
+    distance to the end: a float grid saturates (MX's power-of-two scale puts a group's largest |w|
+    below 8 where E2M1 ends at 6; nvfp4's E4M3 scale, subnormal for a group of small weights, may
+    put it far beyond), and MLX's affine grid, shifted to hold 0 exactly, clamps its group's far
+    end by up to a step (measured: 0.90 of a step), so an affine grid allows a step at most."""
+    grid = np.unique(grid[np.isfinite(grid)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(scale != 0, (np.asarray(w, np.float64) - bias) / scale, 0.0)
+    i = np.clip(np.searchsorted(grid, v), 1, len(grid) - 1)
+    inside = (grid[i] - grid[i - 1]) / 2
+    beyond = np.where(v < grid[0], grid[0] - v, v - grid[-1])
+    outside = beyond if saturates else np.minimum(beyond, np.where(v < grid[0], grid[1] - grid[0], grid[-1] - grid[-2]))
+    half = np.where((v >= grid[0]) & (v <= grid[-1]), inside, outside) * np.abs(scale)
+    return half + scale_u * np.abs(np.asarray(w, np.float64) - bias)
+
+
+def slack(w: np.ndarray, reach: np.ndarray, dtype: str) -> np.ndarray:
+    """What a correct quantization in ``dtype`` may add to a weight's half step: the float weight's
+    own rounding to the dtype (half a subnormal spacing, ``u`` times the smallest normal, below it),
+    and the grid point moved by the rounding of its group's scale and bias (``reach``), twice: the
+    code was chosen from the rounded scale."""
+    u = UNIT_ROUNDOFF[dtype]
+    return u * (np.abs(w) + 2 * reach + SMALLEST_NORMAL[dtype])
+
+
+def unpack(words: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """``n`` unsigned ``bits``-wide codes per row from a row of uint32 words, read as one stream of
+    bits, least significant first (MLX's packing for every width, 3, 5 and 6 bits across words)."""
+    stream = np.unpackbits(np.ascontiguousarray(words.astype("<u4")).view(np.uint8), axis=-1, bitorder="little")
+    fields = stream[..., : n * bits].reshape(*words.shape[:-1], n, bits).astype(np.int64)
+    return (fields << np.arange(bits)).sum(-1)
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """``unpack``'s inverse: rows of ``bits``-wide codes as uint32 words, least significant first."""
+    codes = np.asarray(codes, np.int64)
+    fields = ((codes[..., None] >> np.arange(bits)) & 1).astype(np.uint8).reshape(*codes.shape[:-1], -1)
+    return np.packbits(fields, axis=-1, bitorder="little").view("<u4").astype(np.uint32)
+
+
+def _expand(per_group: np.ndarray, group_size: int) -> np.ndarray:
+    return np.repeat(np.asarray(per_group, np.float64), group_size, axis=-1)
+
+
+def mlx_weight(weight, scales, biases, group_size: int, bits: int, mode: str, global_scale=None) -> QuantizedWeight:
+    """An MLX QuantizedLinear's weight (mx.quantize's format), decoded; arrays as NumPy (scales
+    in float32 or uint8 as stored)."""
+    words = np.asarray(weight)
+    if words.dtype != np.uint32:
+        raise ValueError(f"a quantized weight is packed in uint32 words, got {words.dtype}")
+    n = words.shape[-1] * 32 // bits
+    codes = unpack(words, bits, n)
+    if mode == "affine":
+        grid = np.arange(2**bits, dtype=np.float64)
+        scale, bias = _expand(scales, group_size), _expand(biases, group_size)
+    elif mode in ("mxfp4", "mxfp8", "nvfp4"):
+        grid = FP4_E2M1 if bits == 4 else _fp8_e4m3()
+        raw = np.asarray(scales)
+        if mode.startswith("mx"):  # E8M0: a power of two, biased by 127
+            per_group = np.exp2(raw.astype(np.float64) - 127)
+        else:  # E4M3
+            import ml_dtypes
+
+            per_group = raw.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+        if global_scale is not None:
+            per_group = per_group * float(np.asarray(global_scale, np.float64).reshape(-1)[0])
+        scale, bias = _expand(per_group, group_size), np.zeros(codes.shape)
+    else:
+        raise ValueError(f"quantization mode {mode!r} is not one this tool decodes (affine, mxfp4, mxfp8, nvfp4)")
+    value = scale * grid[codes] + bias
+    what = f"{mode}, {bits} bits, groups of {group_size}"
+    return QuantizedWeight(
+        value, codes, grid, scale, bias, what, bits, group_size, 2.0**-4 if mode == "nvfp4" else 0.0, mode != "affine"
+    )
+
+
+def torch_weight(qweight) -> QuantizedWeight:
+    """A PyTorch quantized tensor (torch.ao's per-tensor or per-channel affine qint8/quint8), decoded
+    from its integer representation, scales and zero points: ``scale * (code - zero_point)``."""
+    import torch
+
+    codes = qweight.int_repr().numpy().astype(np.int64)
+    shape = codes.shape
+    if qweight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        scale = np.full(shape, float(qweight.q_scale()))
+        zero = np.full(shape, float(qweight.q_zero_point()))
+        how = "per tensor"
+    else:
+        axis = qweight.q_per_channel_axis()
+        along = [1] * len(shape)
+        along[axis] = shape[axis]
+        scale = np.broadcast_to(qweight.q_per_channel_scales().double().numpy().reshape(along), shape)
+        zero = np.broadcast_to(qweight.q_per_channel_zero_points().double().numpy().reshape(along), shape)
+        how = "per channel"
+    info = np.iinfo({torch.qint8: np.int8, torch.quint8: np.uint8}[qweight.dtype])
+    grid = np.arange(info.min, info.max + 1, dtype=np.float64)
+    value = scale * (codes - zero)
+    return QuantizedWeight(value, codes - info.min, grid, scale, -scale * zero, f"{str(qweight.dtype)[6:]}, {how}")
+
+
+@dataclass
+class Quantized:
+    """A quantized port's weights in the canonical names and layouts (``ModelPort(quantize=)``):
+    ``values`` each quantized parameter as its kernel computes with it (float64), ``steps`` each
+    entry's half step (0 where the entry is not quantized), ``reach`` each entry's
+    ``QuantizedWeight.reach`` (its |value| where not quantized), ``what`` how, in words."""
+
+    values: dict[str, np.ndarray]
+    steps: dict[str, np.ndarray]
+    reach: dict[str, np.ndarray]
+    what: str
+    named: dict[str, str] = field(default_factory=dict)  # key -> the bug its stored weight shows (explain)
+
+    PARTS = ("values", "steps", "reach")
+
+
+def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtype: str) -> Quantized:
+    """The model's quantized weights (model key -> QuantizedWeight) brought back to the canonical
+    keys through the mapping's entry map (``ModelPort.entry_map``: canonical key -> [(model key,
+    each entry's canonical flat index)]); ``arrays``: the float weights the model was loaded with,
+    in its layouts (each weight's half step is taken around its float value); ``dtype``: what it
+    was quantized in."""
+    values, steps, reach, named = {}, {}, {}, {}
+    for key, targets in where.items():
+        hit = [(mk, index) for mk, index in targets if mk in read]
+        if not hit:
+            continue
+        value = np.array(state[key], np.float64).ravel()
+        step, far = np.zeros(value.size), np.abs(value)
+        for mk, index in hit:
+            name = read[mk].explain(arrays[mk], dtype)
+            if name:
+                named[key] = name
+            taken = index >= 0
+            value[index[taken]] = read[mk].value.ravel()[taken]
+            step[index[taken]] = read[mk].half_steps(arrays[mk]).ravel()[taken]
+            far[index[taken]] = read[mk].reach.ravel()[taken]
+        shape = np.shape(state[key])
+        values[key], steps[key], reach[key] = value.reshape(shape), step.reshape(shape), far.reshape(shape)
+    kinds = sorted({q.what for q in read.values()})
+    return Quantized(values, steps, reach, f"{len(read)} weight(s) quantized: {'; '.join(kinds)}", named)

@@ -1,0 +1,203 @@
+"""A quantized port's two verdicts (docs/quantization.md).
+
+**Kernel exactness**: the oracle runs on the port's own weights as its kernels compute with them
+(``Quantized.values``, read back from its packed tensors), and every stage is judged against the
+usual rounding bounds: a wrong scale, group, bit order or zero point *in the kernel* is located
+at its stage. **Quantization cost**: each weight must lie within half a step of its group from
+the float weight it came from (else the quantizer, not the rounding, moved it), and each stage's
+distance from the float model is measured (relative error, SQNR, cosine) beside what the steps
+explain: the float oracle run on weights moved by uniform noise of each weight's half step,
+``NOISE_RUNS`` times. The ratio of the quantized model's RMS distance to the noise runs' is about
+1 for a quantizer that rounds to its grid; beyond ``COST_TOLERANCE`` (calibrated,
+``quantization_calibration.json``) the stage costs more than its quantization explains."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from conformance.capture.quantized import Quantized, slack
+from conformance.numerics.error_model import CaseModel
+from conformance.numerics.roundings import Precision
+from impls.protocol import ViTConfig
+from impls.stages import param_stage
+
+NOISE_RUNS = 3
+_CALIBRATION = Path(__file__).with_name("quantization_calibration.json")
+
+
+def cost_tolerance() -> float:
+    """The largest cost ratio calibrated on correct quantizations, times its margin."""
+    data = json.loads(_CALIBRATION.read_text())
+    return float(data["margin"]) * float(data["max_ratio"])
+
+
+def kernel_state(state, quantized: Quantized) -> dict:
+    """The canonical state with each quantized parameter as the port's kernels compute with it."""
+    return {**state, **quantized.values}
+
+
+def weight_stage(key: str, config: ViTConfig, rows: np.ndarray) -> str:
+    """The stage a parameter's rows feed (a fused qkv's rows: q, k or v)."""
+    stage = param_stage(key)
+    if key.endswith("attn.qkv.weight") and rows.size:
+        return stage[: -len("q")] + "qkv"[min(int(rows.min()) // config.embed_dim, 2)]
+    return stage
+
+
+def allowed(quantized: Quantized, key: str, w: np.ndarray, dtype: str) -> np.ndarray:
+    """How far each entry of a quantized weight may lie from its float weight ``w``: its half step,
+    and the dtype's rounding (``conformance.capture.quantized.slack``)."""
+    return quantized.steps[key] + slack(w, quantized.reach[key], dtype)
+
+
+def beyond_half_step(quantized: Quantized, state, config: ViTConfig, dtype: str) -> list[tuple]:
+    """(stage, reason, the bug named or None) for each quantized weight some of whose entries lie
+    farther from their float weight than ``allowed``: half a step of their group, and the rounding
+    of the weight and of its group's scale and bias to the dtype."""
+    found = []
+    for key, value in quantized.values.items():
+        w = np.asarray(state[key], np.float64)
+        half = quantized.steps[key]
+        err = np.abs(value - w)
+        beyond = err > allowed(quantized, key, w, dtype)
+        if not beyond.any():
+            continue
+        rows = np.nonzero(beyond.reshape(w.shape[0], -1).any(axis=1))[0] if w.ndim > 1 else np.zeros(0, int)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            steps = np.max(np.where(half > 0, err / (2 * half), np.inf)[beyond])
+        found.append(
+            (
+                weight_stage(key, config, rows),
+                f"{int(beyond.sum())} of {w.size} entries of {key} lie beyond half a step of their group from "
+                f"the float weight (up to {steps:.3g} steps away): the quantization moved them, not rounding "
+                "to its grid",
+                quantized.named.get(key),
+            )
+        )
+    return found
+
+
+def _rms(x) -> float:
+    return float(np.sqrt(np.mean(np.square(x)))) if np.size(x) else 0.0
+
+
+def reading_stages(quantized: Quantized) -> set[str]:
+    """The stages whose operation reads a quantized weight (a fused qkv's: q's, k's and v's)."""
+    stages = {param_stage(k) for k in quantized.values}
+    return stages | {s[: -len("q")] + part for s in stages if s.endswith(".attn.q") for part in "kv"}
+
+
+def cost_rows(out, reference, local: dict[str, tuple]) -> list[dict]:
+    """Per stage the port emitted: its distance from the float model ``reference`` (relative
+    error, SQNR in dB, cosine), and where its operation reads a quantized weight, ``local[stage]``
+    = (the stage on quantized weights, [the stage on noisy weights]), each from the float model's
+    inputs to it: the ``ratio`` of the first's RMS distance from the float stage to the second's."""
+    rows = []
+    for name, ref in reference.items():
+        if name not in out:
+            continue
+        ref = np.asarray(ref, np.float64)
+        port = np.asarray(out[name], np.float64).reshape(ref.shape)
+        diff = port - ref
+        power, noise = float(np.sum(ref * ref)), float(np.sum(diff * diff))
+        norms = np.linalg.norm(port) * np.linalg.norm(ref)
+        ratio = None
+        if name in local:
+            quantized, noisy = local[name]
+            expected = np.sqrt(np.mean([_rms(n - ref) ** 2 for n in noisy]))
+            ratio = _rms(quantized - ref) / expected if expected else (0.0 if _rms(quantized - ref) == 0 else np.inf)
+        rows.append(
+            {
+                "stage": name,
+                "rel_error": float(np.sqrt(noise / power)) if power else 0.0,
+                "sqnr_db": float(10 * np.log10(power / noise)) if noise and power else float("inf"),
+                "cosine": float(np.sum(port * ref) / norms) if norms else 1.0,
+                "ratio": None if ratio is None else float(ratio),
+            }
+        )
+    return rows
+
+
+def costs_more(row: dict) -> str:
+    """A stage whose quantization costs more than its steps explain, in words."""
+    return (
+        f"the quantized model's distance from the float model is {row['ratio']:.3g}x what its weights' half "
+        f"steps explain (tol {cost_tolerance():.3g}; SQNR {row['sqnr_db']:.1f} dB): the quantization, not "
+        "its rounding, moved the weights this stage reads"
+    )
+
+
+def record_cost(report, what: str, rows: list[dict], label: str) -> None:
+    """Each stage's cost on its worst case so far (the lowest SQNR) and its largest ratio over the
+    cases, in ``report.quantization``."""
+    if report.quantization is None:
+        report.quantization = {"what": what, "cost": {}}
+    cost = report.quantization["cost"]
+    for row in rows:
+        kept = cost.get(row["stage"])
+        ratios = [r for r in (row["ratio"], kept and kept["ratio"]) if r is not None]
+        if kept is None or row["sqnr_db"] < kept["sqnr_db"]:
+            kept = cost[row["stage"]] = {**row, "case": label}
+        kept["ratio"] = max(ratios) if ratios else None
+
+
+def noisy_states(state, quantized: Quantized, dtype: str, seed: int = 0) -> list[dict]:
+    """The float state with each quantized weight moved by uniform noise over what it is
+    ``allowed`` (its half step and the dtype's rounding), ``NOISE_RUNS`` times."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for _ in range(NOISE_RUNS):
+        run = dict(state)
+        for k in quantized.values:
+            w = np.asarray(state[k], np.float64)
+            run[k] = w + rng.uniform(-1, 1, w.shape) * allowed(quantized, k, w, dtype)
+        runs.append(run)
+    return runs
+
+
+def quantization_cost(out, case, config: ViTConfig, dtype: str) -> list[dict]:
+    """The cost rows of one case: the float oracle's stages, and each stage that reads a quantized
+    weight computed from the float oracle's inputs to it on the quantized and the noisy weights
+    (local: a saturated softmax downstream flips on one draw and not another, and no ratio of two
+    draws of a chaotic stage means anything; the stage that reads the weights is linear in them)."""
+    from impls import numpy_vit
+
+    quantized = out.quantized
+    reference = numpy_vit.make(config, case.state)(case.images)
+    models = [
+        CaseModel(config, s, case.images, dtype)
+        for s in (kernel_state(case.state, quantized), *noisy_states(case.state, quantized, dtype))
+    ]
+    local = {}
+    for name in reading_stages(quantized) & set(reference):
+        values = [m.local(name, reference)[0] for m in models]
+        local[name] = (values[0], values[1:])
+    return cost_rows(out, reference, local)
+
+
+class KernelModel(CaseModel):
+    """The error model of a quantized port's case: the oracle on its own weights, and in a dtype
+    coarser than float32 each contraction over a quantized weight accumulated in that dtype:
+    MLX's CPU ``quantized_matmul`` does (measured in bfloat16 at K = 256: an RMS error of 4.9
+    u·m against its dequantized weights, where its float matmul shows 1.2 u·m,
+    docs/quantization.md); the bound of an accumulation in the dtype holds whatever the order."""
+
+    def __init__(self, config: ViTConfig, state, quantized: Quantized, images, dtype: str, stream: bool = False):
+        super().__init__(config, kernel_state(state, quantized), images, dtype, stream=stream)
+        self.accumulating = reading_stages(quantized)
+
+    def _precision(self, name: str, precision: Precision | None) -> Precision:
+        precision = precision or self.precision
+        if name in self.accumulating and precision.dtype not in ("float32", "float64"):
+            return replace(precision, accumulate=precision.dtype)
+        return precision
+
+    def evaluate(self, name, t, precision=None):
+        return super().evaluate(name, t, self._precision(name, precision))
+
+    def evaluate_runs(self, name, t, runs, precision):
+        return super().evaluate_runs(name, t, runs, self._precision(name, precision))

@@ -1,0 +1,67 @@
+"""The quantization cost's calibration: ``python -m conformance.verify.quantized_calibrate``
+writes ``quantization_calibration.json``, the largest ratio (``conformance.verify.quantized``)
+over correct quantizations: MLX's nn.quantize in every mode, width and group size the preset
+takes, in float32, bfloat16 and float16, on every seeded case of ``vit_test_quantized`` and two
+seeds. The tolerance is ``MARGIN`` times that."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+MARGIN = 1.5
+SETTINGS = [("affine", bits, group) for bits in (2, 3, 4, 5, 6, 8) for group in (32, 64)] + [
+    ("mxfp4", 4, 32),
+    ("mxfp8", 8, 32),
+    ("nvfp4", 4, 16),
+]
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def mlx_image_quantized(mode: str, bits: int, group: int):
+    """mlx-image's ViT (conformance.examples) after nn.quantize, as a ModelPort."""
+    import mlx.nn as nn
+
+    from conformance.capture import ModelPort
+    from conformance.examples import mlx_image_vit as ex
+
+    return ModelPort(
+        ex.build, convert=ex.convert, images="NHWC", supports=ex.SUPPORTS,
+        quantize=lambda m: nn.quantize(m, group_size=group, bits=bits, mode=mode),
+    )  # fmt: skip
+
+
+def measure(seeds=(0, 1)) -> dict:
+    from conformance.verify.cases import default_cases
+    from conformance.verify.quantized import beyond_half_step, quantization_cost
+    from impls import get_config
+
+    config = get_config("vit_test_quantized")
+    worst: dict[str, list] = {}
+    for (mode, bits, group), dtype, seed in itertools.product(SETTINGS, DTYPES, seeds):
+        port = mlx_image_quantized(mode, bits, group)
+        for case in default_cases(config, seed=seed):
+            out = port(config, case.state, dtype)(case.images)
+            moved = beyond_half_step(out.quantized, case.state, config, dtype)
+            if moved or out.quantized.named:  # a correct quantization's weights: within half a step
+                raise AssertionError(f"{mode} {bits} {group} {dtype} {case.name}: {moved[:1]} {out.quantized.named}")
+            for row in quantization_cost(out, case, config, dtype):
+                key = f"{mode} {bits} bits, groups of {group}, {dtype}"
+                if row["ratio"] is not None and row["ratio"] > worst.get(key, [0.0])[0]:
+                    worst[key] = [row["ratio"], row["stage"], f"seed {seed}: {case.name}"]
+    return worst
+
+
+def main() -> None:
+    from pathlib import Path
+
+    worst = measure()
+    top = max(v[0] for v in worst.values())
+    data = {"margin": MARGIN, "max_ratio": top, "by_setting": worst}
+    path = Path(__file__).with_name("quantization_calibration.json")
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"max ratio {top:.3g} over {len(worst)} settings: tolerance {MARGIN * top:.3g} ({path})")
+
+
+if __name__ == "__main__":
+    main()
