@@ -19,7 +19,7 @@ from conformance.zoo.run import (
 )
 
 MODEL = [m for m in MUTANTS.values() if m.level == "model"]
-PACKED = [m for m in MUTANTS.values() if m.level == "packed"]
+PACKED = [m for m in MUTANTS.values() if m.level in ("packed", "quantized")]
 ATTENTION = [m for m in MUTANTS.values() if m.level == "attention"]
 GRADIENT = [m for m in MUTANTS.values() if m.level == "gradient"]
 MIN_RATIO = 10.0
@@ -73,7 +73,9 @@ def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
         pytest.skip("thorough profile: " + THOROUGH_ONLY[mutant.name])
     report = verify_mutant(mutant)
     assert not report.conformant
-    assert report.kind == {"model": "forward", "packed": "forward"}.get(mutant.level, mutant.level)
+    assert report.kind == {"model": "forward", "packed": "forward", "quantized": "forward"}.get(
+        mutant.level, mutant.level
+    )
     assert report.located() == mutant.first_divergence, (report.located(), report.failures)
     assert report.separation() >= mutant.min_ratio, (
         f"{mutant.name}: error only {report.separation():.3g}x the tolerance"
@@ -96,7 +98,8 @@ def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_por
     mutants = [
         m
         for m in MUTANTS.values()
-        if m.level != "packed" and (heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax"))
+        if m.level not in ("packed", "quantized")
+        and (heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax"))
     ]
     # In ci the torch port stands for the correct ports on the plugin path (the main suite runs
     # all three through every sampled test as built-ins); the thorough profile wraps all three.

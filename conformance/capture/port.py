@@ -31,6 +31,7 @@ from conformance.capture.mapping import (
     unit_axes,
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
+from conformance.capture.quantized import quantized_port
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import ToolError, describe_exception
 from impls.protocol import ViTConfig, tap_names
@@ -276,7 +277,7 @@ class ModelPort:
             adapter.autocast = dtype
         quantized = None
         if self.quantize is not None:
-            adapter, quantized = self._quantized(model, adapter, state, config, arrays, dtype)
+            adapter, quantized = quantized_port(self, model, adapter, state, config, arrays, dtype)
         has_head = any(key_map.get(k) for k in ("head.weight", "head.bias"))
         try:
             plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
@@ -299,24 +300,6 @@ class ModelPort:
         forward.k_bias = {i: state[f"blocks.{i}.attn.qkv.bias"] for i in self._k_bias_free(state, config)}
         forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
         return forward
-
-    def _quantized(self, model, adapter: BaseAdapter, state, config: ViTConfig, arrays, dtype: str):
-        """The user's quantize step on the loaded model, and its weights read back: (the quantized
-        model's adapter, ``Quantized`` in canonical keys and layouts)."""
-        from conformance.capture.quantized import canonical
-
-        where = self.entry_map(state, adapter, config)  # the float model's names and layouts
-        out = self.quantize(model)  # the port's own step: what it raises is the port's
-        model = model if out is None else out
-        quantized = ADAPTERS[framework_of(model)].bind(model, config, self.images)
-        quantized.call_kwargs = adapter.call_kwargs
-        read = quantized.quantized()
-        if not read:
-            raise LoadError(
-                "ModelPort(quantize=...) left no module quantized (no module holds packed weights beside "
-                "scales): the step must quantize the model it is given, in place or returned"
-            )
-        return quantized, canonical(read, where, state, arrays, dtype)
 
     def make_grad(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
         """A gradient factory (docs/gradients.md) from the unmodified model: grad(images, loss)

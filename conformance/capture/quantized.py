@@ -50,6 +50,7 @@ class QuantizedWeight:
     # the scale was rounded to it (nvfp4's E4M3 scales: every grid point moves by up to 2^-4 of itself)
     scale_u: float = 0.0
     saturates: bool = False  # a float grid (MX, NV): a weight beyond its ends is clamped to them, however far
+    input_levels: int | None = None  # its input quantized at run time per tensor to this many steps (torch.ao)
 
     @property
     def reach(self) -> np.ndarray:
@@ -214,6 +215,7 @@ class Quantized:
     reach: dict[str, np.ndarray]
     what: str
     named: dict[str, str] = field(default_factory=dict)  # key -> the bug its stored weight shows (explain)
+    input_levels: dict[str, int] = field(default_factory=dict)  # key -> QuantizedWeight.input_levels, where set
 
     PARTS = ("values", "steps", "reach")
 
@@ -224,7 +226,7 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
     each entry's canonical flat index)]); ``arrays``: the float weights the model was loaded with,
     in its layouts (each weight's half step is taken around its float value); ``dtype``: what it
     was quantized in."""
-    values, steps, reach, named = {}, {}, {}, {}
+    values, steps, reach, named, levels = {}, {}, {}, {}, {}
     for key, targets in where.items():
         hit = [(mk, index) for mk, index in targets if mk in read]
         if not hit:
@@ -235,6 +237,8 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
             name = read[mk].explain(arrays[mk], dtype)
             if name:
                 named[key] = name
+            if read[mk].input_levels:
+                levels[key] = read[mk].input_levels
             taken = index >= 0
             value[index[taken]] = read[mk].value.ravel()[taken]
             step[index[taken]] = read[mk].half_steps(arrays[mk]).ravel()[taken]
@@ -242,4 +246,31 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
         shape = np.shape(state[key])
         values[key], steps[key], reach[key] = value.reshape(shape), step.reshape(shape), far.reshape(shape)
     kinds = sorted({q.what for q in read.values()})
-    return Quantized(values, steps, reach, f"{len(read)} weight(s) quantized: {'; '.join(kinds)}", named)
+    return Quantized(values, steps, reach, f"{len(read)} weight(s) quantized: {'; '.join(kinds)}", named, levels)
+
+
+def quantized_port(port, model, adapter, state, config, arrays, dtype: str):
+    """``ModelPort(quantize=)``'s step on the loaded float ``model`` (``adapter`` its), and its weights
+    read back: (the quantized model's adapter, ``Quantized`` in canonical keys and layouts)."""
+    from conformance.capture.adapters import ADAPTERS, framework_of
+    from conformance.capture.mapping import LoadError
+    from conformance.report import ToolError, describe_exception
+    from conformance.support import Unsupported
+
+    where = port.entry_map(state, adapter, config)  # the float model's names and layouts
+    out = port.quantize(model)  # the port's own step: what it raises is the port's
+    model = model if out is None else out
+    quantized = ADAPTERS[framework_of(model)].bind(model, config, port.images)
+    quantized.call_kwargs = adapter.call_kwargs
+    try:
+        read = quantized.quantized()
+    except Unsupported:
+        raise
+    except Exception as e:  # noqa: BLE001 - reading the packed tensors is the tool's job
+        raise ToolError(f"capture could not read the quantized weights: {describe_exception(e)}") from e
+    if not read:
+        raise LoadError(
+            "ModelPort(quantize=...) left no module quantized (no module holds packed weights beside "
+            "scales): the step must quantize the model it is given, in place or returned"
+        )
+    return quantized, canonical(read, where, state, arrays, dtype)

@@ -13,4 +13,5 @@ seed_mlx_vit        the Korean post's MLX ViT as published, and with the shared 
 seed_einops_vit     the Chinese post's einops ViT as published (its "(h d qkv)" split)
 torchvision_vit     torchvision's VisionTransformer (nn.MultiheadAttention on its native fast path)
 open_clip_vit       open_clip's VisionTransformer, headless (a final norm on the pooled token, or on every token)
+quantized           mlx-image's ViT after mlx.nn.quantize, timm's after torch.ao's dynamic int8 (ModelPort(quantize=))
 """

@@ -21,6 +21,9 @@ class Precision:
     # what sums are accumulated in (default float32, as every framework's float matmul; MLX's CPU
     # quantized_matmul accumulates in its inputs' dtype: conformance.verify.quantized)
     accumulate: str | None = None
+    # a contraction's input quantized at run time per tensor to this many steps (torch.ao's dynamic
+    # int8 Linear: conformance.numerics.kinds.linear)
+    input_levels: int | None = None
 
     def __post_init__(self):
         for d in (

@@ -85,9 +85,9 @@ def _rms(x) -> float:
     return float(np.sqrt(np.mean(np.square(x)))) if np.size(x) else 0.0
 
 
-def reading_stages(quantized: Quantized) -> set[str]:
+def reading_stages(quantized: Quantized | list) -> set[str]:
     """The stages whose operation reads a quantized weight (a fused qkv's: q's, k's and v's)."""
-    stages = {param_stage(k) for k in quantized.values}
+    stages = {param_stage(k) for k in (quantized.values if isinstance(quantized, Quantized) else quantized)}
     return stages | {s[: -len("q")] + part for s in stages if s.endswith(".attn.q") for part in "kv"}
 
 
@@ -189,9 +189,12 @@ class KernelModel(CaseModel):
     def __init__(self, config: ViTConfig, state, quantized: Quantized, images, dtype: str, stream: bool = False):
         super().__init__(config, kernel_state(state, quantized), images, dtype, stream=stream)
         self.accumulating = reading_stages(quantized)
+        self.levels = {s: n for k, n in quantized.input_levels.items() for s in reading_stages([k])}
 
     def _precision(self, name: str, precision: Precision | None) -> Precision:
         precision = precision or self.precision
+        if name in self.levels:
+            precision = replace(precision, input_levels=self.levels[name])
         if name in self.accumulating and precision.dtype not in ("float32", "float64"):
             return replace(precision, accumulate=precision.dtype)
         return precision

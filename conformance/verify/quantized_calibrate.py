@@ -18,20 +18,8 @@ SETTINGS = [("affine", bits, group) for bits in (2, 3, 4, 5, 6, 8) for group in 
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def mlx_image_quantized(mode: str, bits: int, group: int):
-    """mlx-image's ViT (conformance.examples) after nn.quantize, as a ModelPort."""
-    import mlx.nn as nn
-
-    from conformance.capture import ModelPort
-    from conformance.examples import mlx_image_vit as ex
-
-    return ModelPort(
-        ex.build, convert=ex.convert, images="NHWC", supports=ex.SUPPORTS,
-        quantize=lambda m: nn.quantize(m, group_size=group, bits=bits, mode=mode),
-    )  # fmt: skip
-
-
 def measure(seeds=(0, 1)) -> dict:
+    from conformance.examples.quantized import mlx_image
     from conformance.verify.cases import default_cases
     from conformance.verify.quantized import beyond_half_step, quantization_cost
     from impls import get_config
@@ -39,7 +27,7 @@ def measure(seeds=(0, 1)) -> dict:
     config = get_config("vit_test_quantized")
     worst: dict[str, list] = {}
     for (mode, bits, group), dtype, seed in itertools.product(SETTINGS, DTYPES, seeds):
-        port = mlx_image_quantized(mode, bits, group)
+        port = mlx_image(bits, group, mode)
         for case in default_cases(config, seed=seed):
             out = port(config, case.state, dtype)(case.images)
             moved = beyond_half_step(out.quantized, case.state, config, dtype)

@@ -91,6 +91,7 @@ class Writer:
                     **{part: self.encode(getattr(obj.quantized, part)) for part in obj.quantized.PARTS},
                     "what": str(obj.quantized.what),
                     "named": dict(obj.quantized.named),
+                    "input_levels": {k: int(v) for k, v in obj.quantized.input_levels.items()},
                 },
             }
         if obj is None or isinstance(obj, (bool, str)):
@@ -180,7 +181,10 @@ class Reader:
                 parts = [self.decode(q.get(part)) for part in Quantized.PARTS]
                 if not all(isinstance(p, dict) and set(p) == set(parts[0]) for p in parts):
                     raise WireError(f"a quantized port's weights must be objects {Quantized.PARTS} of the same keys")
-                taps.quantized = Quantized(*parts, str(q.get("what", "")), _strings(q.get("named", {})))
+                levels = q.get("input_levels", {})
+                if not isinstance(levels, dict) or not all(isinstance(v, int) and v > 0 for v in levels.values()):
+                    raise WireError("a quantized port's input levels must be positive integers")
+                taps.quantized = Quantized(*parts, str(q.get("what", "")), _strings(q.get("named", {})), levels)
             return taps
         return {str(k): self.decode(v) for k, v in tree.items()}
 

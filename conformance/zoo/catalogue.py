@@ -14,7 +14,8 @@ class Mutant:
     source: str
     first_divergence: str  # the first stage that diverges; for attention mutants, "attn" or "attn.weights";
     # for gradient mutants the first tap (its cotangent) or parameter (its gradient) in backward order
-    # "model": a port factory; "packed": one of packed batches (NaFlex); "attention": an attention factory;
+    # "model": a port factory; "packed": one of packed batches (NaFlex); "quantized": a ModelPort(quantize=);
+    # "attention": an attention factory;
     # "gradient": a make_grad
     level: str = "model"
     note: str = ""  # what a case must have to expose the bug
@@ -56,6 +57,7 @@ MAIN_GRADIENT_TEST = ("test_every_taps_and_parameters_gradient_and_the_images_ma
 
 _T, _M, _J = "conformance.zoo.torch_mutants", "conformance.zoo.mlx_mutants", "conformance.zoo.jax_mutants"
 _P = "conformance.zoo.packed_mutants"
+_Q = "conformance.zoo.quantized_mutants"  # a quantized port's stored weights (MLX's nn.quantize)
 _PE = "conformance.zoo.position_mutants"  # a position embedding of another kind (PyTorch)  # NaFlex's packed batches (PyTorch)
 
 # A table: one entry per row (the formatter would give each argument a line).
@@ -306,6 +308,25 @@ _ALL = [
            "a resize helper called with align_corners=True (issue 43's NaFlex bugs: the table resized with "
            "align_corners flipped)", "embed", level="packed", config="vit_test_naflex",
            bug_class="pos_embed_resampled_align_corners"),
+    # quantized ports (issue 44): their quantize step's packed weights (verify's weight check; the plugin's
+    # properties draw float ports)
+    Mutant("mlx_quant_bits_order_reversed", "mlx", f"{_Q}:bits_order_reversed",
+           "4-bit codes packed most significant first in each uint32 word (MLX reads them least significant "
+           "first)", "converters from GPTQ and AWQ checkpoints, whose packing orders differ from MLX's",
+           "blocks.0.attn.q", level="quantized", config="vit_test_quantized", min_ratio=5.0,
+           note="the separation of a weight moved within its group's range is bounded by the grid: 4-bit "
+           "codes shuffled within a word move each weight about 20 half steps (the cost's ratio)",
+           bug_class="quant_bits_order_reversed"),
+    Mutant("mlx_quant_group_scales_shifted", "mlx", f"{_Q}:group_scales_shifted",
+           "each group's weights read with the next group's scale and bias (8 bits, groups of 32)",
+           "an off-by-one group index in a converter's scales (w[i] with scales[i // group_size + 1])",
+           "blocks.0.attn.q", level="quantized", config="vit_test_quantized",
+           bug_class="quant_group_scales_shifted"),
+    Mutant("mlx_quant_zero_point_dropped", "mlx", f"{_Q}:zero_point_dropped",
+           "every group's bias (its zero point) dropped (8 bits, groups of 32)",
+           "a reader of a symmetric format (w = scale * code) given MLX's affine one",
+           "blocks.0.attn.q", level="quantized", config="vit_test_quantized",
+           bug_class="quant_zero_point_dropped"),
     Mutant("torch_mha_causal_mask", "torch", f"{_T}:mha_causal_mask",
            "a causal mask always applied in a standalone attention", "decoder attention reused in an encoder",
            "attn.weights", level="attention",

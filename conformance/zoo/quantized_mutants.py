@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import replace
+
 from conformance.capture import ModelPort
 from conformance.capture.quantized import pack, unpack
-from conformance.examples import mlx_image_vit as ex
+from conformance.examples.quantized import mlx_image
 
 
 def _port(bits: int, group_size: int, change) -> ModelPort:
+    """conformance.examples.quantized's mlx-image port with ``change`` applied to each quantized Linear."""
+
     def quantize(model):
         import mlx.nn as nn
 
@@ -23,7 +27,7 @@ def _port(bits: int, group_size: int, change) -> ModelPort:
             if isinstance(m, nn.QuantizedLinear):
                 change(m, bits)
 
-    return ModelPort(ex.build, convert=ex.convert, images="NHWC", supports=ex.SUPPORTS, quantize=quantize)
+    return replace(mlx_image(bits, group_size), quantize=quantize)
 
 
 def _reversed(m, bits):

@@ -55,7 +55,7 @@ class ZooRow:
 
     @property
     def caught(self) -> bool:
-        if self.level == "packed":  # the plugin's properties draw images: verify's alone
+        if self.level in ("packed", "quantized"):  # the plugin's properties draw images, float ports: verify's alone
             return not self.missed
         return bool(self.caught_by) and not self.missed
 
@@ -183,7 +183,7 @@ def run_zoo(
             row.exposing_case = report.worst_case.get(row.found or "") or next(
                 (f["case"] for f in report.failures if f["stage"] == row.found), None
             )
-            if all_dtypes and m.level in ("model", "packed"):  # gradients: float32 only
+            if all_dtypes and m.level in ("model", "packed", "quantized"):  # gradients: float32 only
                 for dtype in DTYPES:
                     r = report if dtype == m.dtype else verify_mutant(m, dtype)
                     found = r.located()

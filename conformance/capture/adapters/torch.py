@@ -75,6 +75,28 @@ class TorchAdapter(BaseAdapter):
     def modules(self):
         return self._modules
 
+    def quantized(self):
+        """Each dynamically quantized Linear's int8 weight (torch.ao's quantize_dynamic), decoded
+        from its integer codes, scales and zero points; its input is quantized at run time to 7
+        bits (reduce_range, torch.ao's dynamic Linear since version 4) or 8."""
+        from conformance.capture.quantized import torch_weight
+        from conformance.support import Unsupported
+
+        read = {}
+        for path, m in self._modules.items():
+            packed = getattr(m, "_packed_params", None)  # a quantized Linear's LinearPackedParams module
+            if ".quantized" not in type(m).__module__ or not hasattr(packed, "dtype") or not callable(m.weight):
+                continue
+            if ".dynamic" not in type(m).__module__ or str(packed.dtype) != "torch.qint8":
+                raise Unsupported(
+                    f"{path} ({type(m).__module__}.{type(m).__name__}, {packed.dtype}) is not read yet: "
+                    "torch.ao's dynamic int8 Linear is (docs/quantization.md)"
+                )
+            weight = torch_weight(m.weight())
+            weight.input_levels = 127 if (getattr(m, "version", None) or 0) >= 4 else 255
+            read[f"{path}.weight".lstrip(".")] = weight
+        return read
+
     def params(self) -> dict[str, tuple]:
         return {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
 

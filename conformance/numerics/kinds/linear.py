@@ -21,7 +21,9 @@ def linear(x, w, b, p: Precision):
         if not p.bounds or m is not None:
             y = y0 + _difference_product(d, w)
             if np.isfinite(y).all():
-                return (y, 0.0) if not p.bounds else (y, _linear_bound(x.shape[-1], m, y, p))
+                return (
+                    (y, 0.0) if not p.bounds else (y, _linear_bound(x.shape[-1], m, y, p) + _quantized_input(x, w, p))
+                )
     # the clean step's magnitudes beside its value: the step is what the other runs wait for
     magnitudes = beside().submit(squares, x, w) if record is not None and p.bounds else None
     y = _times_t(x, w) if _large(x, w) else x @ w.T
@@ -37,7 +39,17 @@ def linear(x, w, b, p: Precision):
     m = np.sqrt(m2)
     if record is not None:
         record.append((x, y, m))
-    return y, _linear_bound(x.shape[-1], m, y, p)
+    return y, _linear_bound(x.shape[-1], m, y, p) + _quantized_input(x, w, p)
+
+
+def _quantized_input(x, w, p: Precision):
+    """A dynamically quantized input's error (torch.ao's int8 Linear): each element of x moves by
+    up to half its step Δ = range(x ∪ 0) / levels, and the grid's zero point, rounded to an
+    integer, may clip an end by another half; independent signs: Δ ‖w_j‖ for output j."""
+    if not p.input_levels:
+        return 0.0
+    delta = (max(float(np.max(x)), 0.0) - min(float(np.min(x)), 0.0)) / p.input_levels
+    return delta * np.sqrt(np.sum(np.square(w), axis=-1))
 
 
 def _linear_bound(K: int, m, y, p: Precision):

@@ -1,0 +1,155 @@
+"""Quantized ports (docs/quantization.md): their packed weights decoded as each framework's own
+dequantize does, kernel exactness on those weights, the cost against the float model, and
+quantizer bugs located and named (the zoo's quantized mutants: test_zoo)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from conformance.capture import ModelPort
+from conformance.capture.quantized import mlx_weight, pack, torch_weight, unpack
+from conformance.examples import quantized as examples
+from conformance.numerics.compare import compare_outputs
+from conformance.numerics.error_model import CaseModel
+from conformance.verify.cases import default_cases
+from conformance.verify.forward import verify
+from conformance.verify.quantized import quantization_cost
+from conformance.verify.quantized_calibrate import SETTINGS
+from impls import get_config
+
+CONFIG = get_config("vit_test_quantized")
+
+
+@pytest.mark.parametrize("mode, bits, group", SETTINGS, ids=lambda v: str(v))
+def test_the_numpy_decoding_equals_mlx_dequantize_in_every_mode_and_width(mode, bits, group):
+    import mlx.core as mx
+
+    w = np.random.default_rng(bits).standard_normal((8, 128)).astype(np.float32)
+    stored = mx.quantize(mx.array(w), group_size=group, bits=bits, mode=mode)
+    mine = mlx_weight(*(np.array(a) for a in stored[:2]), np.array(stored[2]) if mode == "affine" else None,
+                      group, bits, mode).value  # fmt: skip
+    theirs = np.array(mx.dequantize(*stored, group_size=group, bits=bits, mode=mode).astype(mx.float32))
+    # MLX dequantizes affine codes as scale * code + bias in float32: a rounding of |scale code| + |bias|
+    assert np.allclose(mine, theirs, rtol=0, atol=2**-23 * np.abs(theirs).max())
+    assert not np.array_equal(np.roll(mine, 1, -1), theirs)  # (a decoding that is off is seen)
+
+
+def test_pack_and_unpack_are_inverse_in_every_width():
+    for bits in (1, 2, 3, 4, 5, 6, 8):
+        codes = np.random.default_rng(bits).integers(0, 2**bits, (3, 64))
+        assert np.array_equal(unpack(pack(codes, bits), bits, 64), codes)
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per")
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_numpy_decoding_equals_torch_dequantize(per_channel):
+    import torch
+
+    w = torch.randn(16, 32)
+    q = (
+        torch.quantize_per_channel(w, w.abs().amax(1) / 127, torch.zeros(16, dtype=torch.long), 0, torch.qint8)
+        if per_channel
+        else torch.quantize_per_tensor(w, float(w.abs().max()) / 127, 0, torch.qint8)
+    )
+    theirs = q.dequantize().double().numpy()  # scale * (code - zero point), in float32
+    assert np.allclose(torch_weight(q).value, theirs, rtol=2**-23, atol=0)
+    assert not np.allclose(torch_weight(q).value[:, ::-1], theirs, rtol=2**-23, atol=0)
+
+
+@pytest.mark.parametrize("example", ["mlx_image_4bit", "mlx_image_8bit", "timm_int8"])
+def test_a_quantized_port_is_kernel_exact_and_its_cost_is_tabled(example):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao's quantization API
+        report = verify(getattr(examples, example), CONFIG, port=example)
+    assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
+    assert len([s for s in report.stages if s.ok]) >= 20
+    cost = report.quantization["cost"]
+    assert set(cost) == {s.name for s in report.stages}
+    reading = {"blocks.0.attn.q", "blocks.0.attn.k", "blocks.0.attn.v", "blocks.0.attn", "blocks.0.mlp.act"}
+    assert reading <= {s for s, r in cost.items() if r["ratio"] is not None} and cost["embed"]["ratio"] is None
+
+
+def test_the_cost_falls_by_about_six_decibels_a_bit():
+    """The cost is the quantization's: 8 bits in groups of 32 against 4 in groups of 64, on the same
+    case, at the first stage that reads a quantized weight (uniform rounding: 6.02 dB a bit)."""
+    case = default_cases(CONFIG)[0]
+    sqnr = {}
+    for bits, port in ((4, examples.mlx_image_4bit), (8, examples.mlx_image_8bit)):
+        out = port(CONFIG, case.state)(case.images)
+        rows = {r["stage"]: r for r in quantization_cost(out, case, CONFIG, "float32")}
+        sqnr[bits] = rows["blocks.0.attn.q"]["sqnr_db"]
+    assert 20 < sqnr[8] - sqnr[4] < 30, sqnr
+
+
+def test_the_kernel_verdict_is_not_the_float_one():
+    """The companion: a quantized port's stages are far from the float oracle's rounding bounds
+    (so that judging them on its own weights is what makes it conformant)."""
+    case = default_cases(CONFIG)[0]
+    out = examples.mlx_image_4bit(CONFIG, case.state)(case.images)
+    results = compare_outputs(out, CaseModel(CONFIG, case.state, case.images))
+    assert sum(not r.ok for r in results) >= 15
+
+
+def test_a_kernel_that_drops_the_zero_point_is_located_where_it_computes():
+    """A kernel bug, not a weight's: each QuantizedLinear computes without its biases; the weights
+    read back are right, the stage computed from them is not."""
+
+    def quantize(model):
+        import mlx.nn as nn
+
+        nn.quantize(model, group_size=64, bits=4)
+        for _, m in model.named_modules():
+            if isinstance(m, nn.QuantizedLinear):
+                m.__class__ = type("NoZeroPoint", (nn.QuantizedLinear,), {"__call__": _without_biases})
+
+    from dataclasses import replace
+
+    report = verify(replace(examples.mlx_image_4bit, quantize=quantize), CONFIG, port="no zero point")
+    assert not report.conformant and report.located() == "blocks.0.attn.q", report.located()
+    assert report.separation() > 100
+
+
+def _without_biases(self, x):
+    import mlx.core as mx
+
+    y = mx.quantized_matmul(x, self["weight"], scales=self["scales"], biases=mx.zeros_like(self["biases"]),
+                            transpose=True, group_size=self.group_size, bits=self.bits)  # fmt: skip
+    return y + self["bias"] if "bias" in self else y
+
+
+def test_a_quantized_timm_model_with_a_bug_is_located_at_it():
+    from dataclasses import replace
+
+    from conformance.examples import timm_vit
+
+    port = replace(examples.timm_int8, build=lambda c: timm_vit.build(c.replace(norm_eps=1e-5)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        report = verify(port, CONFIG, port="timm int8, eps 1e-5", cases=default_cases(CONFIG)[:1])
+    assert report.located() == "blocks.0.norm1"
+
+
+def test_a_model_quantized_by_build_is_exit_2_naming_the_quantize_route():
+    import mlx.nn as nn
+
+    from conformance.capture.adapters import QuantizedNotTaken
+    from conformance.examples import mlx_image_vit
+
+    def build(config):
+        model = mlx_image_vit.build(config)
+        nn.quantize(model)
+        return model
+
+    port = ModelPort(build, convert=mlx_image_vit.convert, images="NHWC", supports=mlx_image_vit.SUPPORTS)
+    with pytest.raises(QuantizedNotTaken, match=r"ModelPort\(quantize=\.\.\.\)"):
+        port(CONFIG, default_cases(CONFIG)[0].state)
+
+
+def test_the_command_line_names_a_quantizer_bug_and_prints_the_cost(cli):
+    code, out, err = cli(
+        "verify", "conformance.zoo.quantized_mutants:zero_point_dropped", "--preset", "vit_test_quantized"
+    )
+    assert code == 1, out + err
+    assert "its zero point (bias) dropped" in out and "SQNR dB" in out, out
+    assert "NOT CONFORMANT: first divergent stage blocks.0.attn.q" in out, out
