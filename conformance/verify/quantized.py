@@ -100,26 +100,28 @@ def cost_rows(out, reference, local: dict[str, tuple]) -> list[dict]:
     for name, ref in reference.items():
         if name not in out:
             continue
-        ref = np.asarray(ref, np.float64)
-        port = np.asarray(out[name], np.float64).reshape(ref.shape)
-        diff = port - ref
-        power, noise = float(np.sum(ref * ref)), float(np.sum(diff * diff))
-        norms = np.linalg.norm(port) * np.linalg.norm(ref)
-        ratio = None
-        if name in local:
-            quantized, noisy = local[name]
-            expected = np.sqrt(np.mean([_rms(n - ref) ** 2 for n in noisy]))
-            ratio = _rms(quantized - ref) / expected if expected else (0.0 if _rms(quantized - ref) == 0 else np.inf)
-        rows.append(
-            {
-                "stage": name,
-                "rel_error": float(np.sqrt(noise / power)) if power else 0.0,
-                "sqnr_db": float(10 * np.log10(power / noise)) if noise and power else float("inf"),
-                "cosine": float(np.sum(port * ref) / norms) if norms else 1.0,
-                "ratio": None if ratio is None else float(ratio),
-            }
-        )
+        with np.errstate(all="ignore"):  # a port's non-finite stage: its figures are inf and NaN, as they are
+            rows.append(_cost_row(name, np.asarray(ref, np.float64), out[name], local.get(name)))
     return rows
+
+
+def _cost_row(name: str, ref: np.ndarray, port, local) -> dict:
+    port = np.asarray(port, np.float64).reshape(ref.shape)
+    diff = port - ref
+    power, noise = float(np.sum(ref * ref)), float(np.sum(diff * diff))
+    norms = np.linalg.norm(port) * np.linalg.norm(ref)
+    ratio = None
+    if local is not None:
+        quantized, noisy = local
+        expected, moved = np.sqrt(np.mean([_rms(n - ref) ** 2 for n in noisy])), _rms(quantized - ref)
+        ratio = moved / expected if expected else (0.0 if moved == 0 else np.inf)
+    return {
+        "stage": name,
+        "rel_error": float(np.sqrt(noise / power)) if power else 0.0,
+        "sqnr_db": float(10 * np.log10(power / noise)) if noise and power else float("inf"),
+        "cosine": float(np.sum(port * ref) / norms) if norms else 1.0,
+        "ratio": None if ratio is None else float(ratio),
+    }
 
 
 def costs_more(row: dict) -> str:
