@@ -31,7 +31,7 @@ from conformance.capture.mapping import (
     unit_axes,
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
-from conformance.capture.quantized import quantized_port
+from conformance.capture.quantize import quantized_port
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import ToolError, describe_exception
 from impls.protocol import ViTConfig, tap_names

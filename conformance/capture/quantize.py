@@ -1,0 +1,32 @@
+"""``ModelPort(quantize=)``'s step: the user's quantization of the loaded float model, and its
+weights read back through the quantized model's adapter (``conformance.capture.quantized``)."""
+
+from __future__ import annotations
+
+from conformance.capture.adapters import ADAPTERS, framework_of
+from conformance.capture.mapping import LoadError
+from conformance.capture.quantized import canonical
+from conformance.report import ToolError, describe_exception
+from conformance.support import Unsupported
+
+
+def quantized_port(port, model, adapter, state, config, arrays, dtype: str):
+    """``ModelPort(quantize=)``'s step on the loaded float ``model`` (``adapter`` its), and its weights
+    read back: (the quantized model's adapter, ``Quantized`` in canonical keys and layouts)."""
+    where = port.entry_map(state, adapter, config)  # the float model's names and layouts
+    out = port.quantize(model)  # the port's own step: what it raises is the port's
+    model = model if out is None else out
+    quantized = ADAPTERS[framework_of(model)].bind(model, config, port.images)
+    quantized.call_kwargs = adapter.call_kwargs
+    try:
+        read = quantized.quantized()
+    except Unsupported:
+        raise
+    except Exception as e:  # noqa: BLE001 - reading the packed tensors is the tool's job
+        raise ToolError(f"capture could not read the quantized weights: {describe_exception(e)}") from e
+    if not read:
+        raise LoadError(
+            "ModelPort(quantize=...) left no module quantized (no module holds packed weights beside "
+            "scales): the step must quantize the model it is given, in place or returned"
+        )
+    return quantized, canonical(read, where, state, arrays, dtype)
