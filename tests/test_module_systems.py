@@ -1,9 +1,9 @@
-"""A model port's model of a module system no capture adapter reads (Keras 3, Equinox, Haiku) is
-what verify cannot do, not what the port did: exit 2 naming the system and the factory route, never
+"""A model port's model of a module system no capture adapter reads (Haiku, Keras 2) is what
+verify cannot do, not what the port did: exit 2 naming the system and the factory route, never
 NOT CONFORMANT at ``load``. Keras 3's layers on its torch backend are torch.nn.Modules too: they are
-told as Keras's, not read as PyTorch's. The classes here stand in for those libraries' (capture
-reads only a model's class hierarchy); the companion is that PyTorch and MLX modules still find
-their adapters."""
+read as Keras's, not as PyTorch's. The classes here stand in for those libraries' (capture reads
+only a model's class hierarchy); the companion is that PyTorch, MLX and Keras modules find their
+adapters (tests/test_keras.py verifies keras-hub's ViT on both backends)."""
 
 import pytest
 import torch
@@ -20,11 +20,10 @@ def stand_in(module: str, *bases):
 
 
 KERAS_ON_TORCH = stand_in("keras.src.backend.torch.layer", torch.nn.Module)
+HAIKU = stand_in("haiku._src.module")
 SYSTEMS = {
-    "equinox": (stand_in("equinox._module"), "an Equinox model"),
-    "keras_on_jax": (stand_in("keras.src.models.functional"), "a Keras 3 model"),
-    "keras_on_torch": (KERAS_ON_TORCH, "a Keras 3 model"),
-    "haiku": (stand_in("haiku._src.module"), "a Haiku model"),
+    "keras_2": (stand_in("tf_keras.src.engine.functional"), "a Keras 2 model"),
+    "haiku": (HAIKU, "a Haiku model"),
     "unknown": (stand_in("somelib.nets"), "a somelib object"),
 }
 
@@ -39,22 +38,25 @@ def test_a_model_of_a_module_system_no_adapter_reads_is_a_usage_error_naming_it(
 
 
 def test_verify_of_such_a_model_port_is_exit_2_not_a_finding_about_the_port():
-    port = ModelPort(lambda config: KERAS_ON_TORCH(), rename={})
-    with pytest.raises(ModuleSystemNotTaken, match="a Keras 3 model"):
-        verify(port, get_config("vit_test_token"), port="keras on torch")
+    port = ModelPort(lambda config: HAIKU(), rename={})
+    with pytest.raises(ModuleSystemNotTaken, match="a Haiku model"):
+        verify(port, get_config("vit_test_token"), port="haiku")
 
 
-def test_pytorch_and_mlx_modules_still_find_their_adapters():
+def test_pytorch_mlx_and_keras_modules_find_their_adapters():
     import mlx.nn
 
     assert framework_of(torch.nn.Linear(2, 2)) == "torch.nn"
     assert framework_of(mlx.nn.Linear(2, 2)) == "mlx.nn"
+    assert framework_of(KERAS_ON_TORCH()) == "keras"  # a torch.nn.Module too: Keras's names, Keras's layouts
+    assert framework_of(stand_in("keras.src.models.functional")()) == "keras"
 
 
-def test_a_quantized_model_is_a_usage_error_naming_its_quantized_modules_not_a_finding():
-    """timm's model after torch's dynamic int8 quantization: told as what verify cannot judge yet
-    (exit 2), its quantized modules named (not their packed parts), never the tool's crash on a
-    packed parameter nor the port blamed for the tool's float cast."""
+def test_a_model_build_returns_quantized_is_a_usage_error_naming_its_quantized_modules():
+    """timm's model after torch's dynamic int8 quantization, inside build: verify cannot load float
+    weights into it (exit 2), its quantized modules named (not their packed parts) and the route,
+    ModelPort(quantize=); never the tool's crash on a packed parameter nor the port blamed for the
+    tool's float cast (docs/quantization.md)."""
     import timm
 
     from conformance.capture.adapters import QuantizedNotTaken
@@ -68,7 +70,9 @@ def test_a_quantized_model_is_a_usage_error_naming_its_quantized_modules_not_a_f
         ).eval()  # fmt: skip
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
-    with pytest.raises(QuantizedNotTaken, match=r"9 of the model's modules hold quantized weights \(blocks.0.attn.qkv"):
+    with pytest.raises(
+        QuantizedNotTaken, match=r"9 of the model's modules hold quantized weights \(blocks.0.attn.qkv.*quantize="
+    ):
         verify(ModelPort(build, rename={}), config, port="int8")
 
 

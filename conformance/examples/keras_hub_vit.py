@@ -1,12 +1,17 @@
-"""keras-hub's ``ViTBackbone`` (Keras 3), unmodified, on the backend ``KERAS_BACKEND`` names (JAX or
-PyTorch; set before Keras is imported, as Keras requires). It takes NHWC images, keeps q, k and
+"""keras-hub's ``ViTBackbone`` (Keras 3), unmodified, on the backend ``KERAS_BACKEND`` names (JAX
+unless it says PyTorch; Keras takes it once, at import: Keras's own default, TensorFlow, is not
+installed). It takes NHWC images, keeps q, k and
 v as separate EinsumDense projections ((D, heads, head_dim) kernels) and returns the final
 norm's tokens, so the port reads the class token's row as the pooled output of a headless
 model (``num_classes=0``). The convert is keras-hub's own timm conversion, in Keras's layouts."""
 
+import os
+
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
 
 RENAME = {
     "patch_embed.proj.weight": "vit_patching_and_embedding.patch_embedding.kernel",
@@ -77,3 +82,11 @@ def class_token(tokens):
 # The class token, pooled by the final norm's row 0; no head (keras-hub's classifier adds one apart)
 SUPPORTS = {"global_pool": "token", "num_classes": 0, "in_chans": 3, "qkv_bias": True}
 port = ModelPort(build, convert=convert, images="NHWC", output=class_token, supports=SUPPORTS)
+# The same with every LayerNorm at Keras's default eps, 1e-3 (keras-hub's ViT takes 1e-6 from timm)
+eps_1e3_port = ModelPort(
+    lambda config: build(config.replace(norm_eps=1e-3)),
+    convert=convert,
+    images="NHWC",
+    output=class_token,
+    supports=SUPPORTS,
+)

@@ -11,6 +11,7 @@ from typing import Any
 
 from conformance.capture.adapters.base import Adapter, BaseAdapter, SwapAdapter
 from conformance.report import CannotJudge
+from conformance.capture.adapters.equinox import EquinoxAdapter
 from conformance.capture.adapters.keras import KerasAdapter
 from conformance.capture.adapters.linen import LinenAdapter
 from conformance.capture.adapters.mlx import MLXAdapter
@@ -19,12 +20,11 @@ from conformance.capture.adapters.torch import TorchAdapter
 
 
 # Keras first: its layers on the torch backend are torch.nn.Modules too, with Keras's own names
-ADAPTERS = {cls.name: cls for cls in (KerasAdapter, TorchAdapter, MLXAdapter, NNXAdapter, LinenAdapter)}
+ADAPTERS = {cls.name: cls for cls in (KerasAdapter, TorchAdapter, MLXAdapter, NNXAdapter, LinenAdapter, EquinoxAdapter)}
 # Module systems no adapter reads yet, by the package their classes come from, looked up before the
 # adapters
 NOT_TAKEN = {
     "tf_keras": "Keras 2",
-    "equinox": "Equinox",
     "haiku": "Haiku",
     "tensorflow": "TensorFlow",
 }
@@ -94,7 +94,7 @@ def framework_of(model) -> str:
     package = type(model).__module__.split(".")[0]
     what = f"{'an' if known[0] in 'AEIOU' else 'a'} {known} model" if known else f"a {package} object"
     raise ModuleSystemNotTaken(
-        f"{type(model).__name__} is {what}: a model port takes a PyTorch, MLX, Keras 3, "
+        f"{type(model).__name__} is {what}: a model port takes a PyTorch, MLX, Keras 3, Equinox, "
         f"Flax NNX or Flax linen module (a class from one of {', '.join(ADAPTERS)}); give verify a port factory "
         "instead, make(config, state, dtype=...) returning the forward (docs/verify.md, 'A port factory')"
     )
@@ -104,6 +104,7 @@ __all__ = [
     "ADAPTERS",
     "Adapter",
     "BaseAdapter",
+    "EquinoxAdapter",
     "KerasAdapter",
     "LinenAdapter",
     "MLXAdapter",

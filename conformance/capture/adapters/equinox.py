@@ -1,0 +1,167 @@
+"""Equinox models: immutable pytrees of modules that act on one example each. The adapter calls
+the model under ``jax.vmap`` over the batch (Equinox's convention), records modules by a class
+swap, and reads what a module computes under vmap (its own ``jax.vmap`` over tokens too) with a
+``jax.pure_callback``, whose batching hands the host the whole batched array once. Loading
+replaces the model (``eqx.tree_at``); modules are named by their attribute path."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from conformance.capture.adapters.base import SwapAdapter
+from conformance.capture.adapters.jax_arrays import JAXArrays
+from conformance.capture.recorder import first_array
+
+
+class EquinoxAdapter(JAXArrays, SwapAdapter):
+    name = "equinox"
+    channels_first = True  # eqx.nn.Conv2d maps (C, H, W) to (D, h, w), as PyTorch's does
+
+    def __init__(self, model):
+        super().__init__(model)
+        self._modules = dict(_walk(model, ""))
+
+    def modules(self):
+        return self._modules
+
+    def _leaves(self) -> dict:
+        import equinox as eqx
+        import jax
+
+        flat, _ = jax.tree_util.tree_flatten_with_path(eqx.filter(self.model, eqx.is_inexact_array))
+        return {_dotted(path): leaf for path, leaf in flat}
+
+    def params(self):
+        return {k: tuple(v.shape) for k, v in self._leaves().items()}
+
+    def by_type(self, kind, leaf, value):
+        return value  # Equinox keeps PyTorch's layouts: Linear (out, in), Conv2d (out, in, kh, kw)
+
+    def resolve(self, key, params):
+        return key
+
+    def current(self, key):
+        return np.asarray(self._leaves()[key], np.float32)
+
+    def load(self, arrays, dtype, cast=True):
+        import equinox as eqx
+        import jax.numpy as jnp
+
+        leaves = self._leaves()
+        keys = list(arrays)
+        target = {k: (getattr(jnp, dtype) if cast else leaves[k].dtype) for k in keys}
+        values = [jnp.asarray(np.asarray(arrays[k], np.float32)).astype(target[k]) for k in keys]
+        where = [_getter(k) for k in keys]
+        self.model = eqx.tree_at(lambda m: [get(m) for get in where], self.model, values)
+        self._modules = dict(_walk(self.model, ""))  # a new pytree: new module objects
+
+    def is_array(self, x):
+        import jax
+
+        return isinstance(x, (jax.Array, jax.core.Tracer))
+
+    def copy(self, x):
+        """A concrete copy of ``x``: under vmap (a tracer), the batched array a pure_callback is
+        handed (batch axes first, outermost first); inside jit, the tracer (read as traced)."""
+        import jax
+
+        if not isinstance(x, jax.core.Tracer):
+            return x
+        seen = []
+
+        def host(value):
+            seen.append(np.asarray(value))
+            return value
+
+        jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="expand_dims")
+        return jax.numpy.asarray(seen[0]) if seen else x
+
+    def numpy(self, x):
+        return np.asarray(x, np.float32) if str(x.dtype) == "bfloat16" else np.asarray(x)
+
+    def call(self, inputs):
+        import jax
+
+        return jax.vmap(lambda image: self.model(image, **self.call_kwargs))(inputs)
+
+    def _wrap_modules(self, recorder, watch):
+        """As SwapAdapter's, through object.__setattr__: an Equinox module is a frozen dataclass."""
+        swapped = []
+        for path, (want_in, want_out) in watch.items():
+            module = self._modules[path]
+            cls = type(module)
+
+            def call(obj, *args, __cls=cls, __path=path, __in=want_in, __out=want_out, **kwargs):
+                if __in:
+                    recorder.enter(__path, first_array(args, kwargs, self))
+                out = __cls.__call__(obj, *args, **kwargs)
+                if __out:
+                    recorder.leave(__path, out)
+                return out
+
+            object.__setattr__(module, "__class__", _recording(cls, call))
+            swapped.append((module, cls))
+        return swapped
+
+    def run(self, inputs, recorder, watch, functions: bool = True):
+        from conformance.capture.recorder import patched
+
+        swapped = self._wrap_modules(recorder, watch)
+        try:
+            with patched(self.patches(recorder) if functions else []):
+                return self.call(inputs)
+        finally:
+            for module, cls in reversed(swapped):
+                object.__setattr__(module, "__class__", cls)
+
+
+def _recording(cls, call):
+    """A subclass of ``cls`` whose ``__call__`` is ``call`` (Equinox's metaclass registers it as a
+    pytree type of its own)."""
+    return type(cls.__name__, (cls,), {"__call__": call, "__module__": cls.__module__})
+
+
+def _dotted(path) -> str:
+    import jax
+
+    parts = []
+    for entry in path:
+        if isinstance(entry, jax.tree_util.GetAttrKey):
+            parts.append(entry.name)
+        elif isinstance(entry, jax.tree_util.SequenceKey):
+            parts.append(str(entry.idx))
+        elif isinstance(entry, jax.tree_util.DictKey):
+            parts.append(str(entry.key))
+        else:
+            parts.append(str(entry))
+    return ".".join(parts)
+
+
+def _getter(key: str):
+    parts = [int(p) if p.isdigit() else p for p in key.split(".")]
+
+    def get(model):
+        for p in parts:
+            model = model[p] if isinstance(p, int) else getattr(model, p)
+        return model
+
+    return get
+
+
+def _walk(module, prefix: str):
+    """(path, module) for every Equinox module in the tree, by attribute path (lists by index)."""
+    import equinox as eqx
+
+    yield prefix, module
+    for f in dataclasses.fields(module):
+        value = getattr(module, f.name, None)
+        items = (
+            [(f.name, value)]
+            if not isinstance(value, (list, tuple))
+            else [(f"{f.name}.{i}", v) for i, v in enumerate(value)]
+        )
+        for name, child in items:
+            if isinstance(child, eqx.Module):
+                yield from _walk(child, f"{prefix}.{name}" if prefix else name)
