@@ -21,18 +21,13 @@ HEAVY = "thorough profile: XLA compiles the NNX example's ops anew under nnx.jit
 def compiled_timm(graphs: list, **changes):
     """timm's model for the config under torch.compile, with a backend that counts the graphs it is
     given and runs each as traced (dynamo's own eager backend, counted)."""
-    import timm
 
     def counting(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
     def build(c):
-        model = timm.create_model(
-            "vit_tiny_patch16_224", img_size=c.img_size, patch_size=c.patch_size, embed_dim=c.embed_dim,
-            depth=c.depth, num_heads=c.num_heads, num_classes=c.num_classes, **changes,
-        ).eval()  # fmt: skip
-        return torch.compile(model, backend=counting)
+        return torch.compile(timm_model(c, **changes), backend=counting)
 
     return build
 
@@ -47,6 +42,41 @@ def test_a_compiled_timm_model_is_conformant_on_its_compiled_forward_compiled_on
     assert len([s for s in report.stages if s.ok]) >= 20
     # trained-like weights, called twice (verify's determinism check): one graph
     assert len(graphs) == 1, len(graphs)
+
+
+# dynamo's own backends, as users compile: aot_eager traces through AOTAutograd (ci), inductor
+# generates and compiles C++ for the CPU (its compile is the cost: thorough)
+INDUCTOR = "thorough profile: inductor compiles C++ kernels for each graph (about 20 s here)"
+BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(not heavy(), reason=INDUCTOR))]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_timm_compiled_by_a_backend_is_conformant_and_a_bug_in_it_located(backend):
+    from functools import partial
+
+    def build(eps):
+        def make(c):
+            model = timm_model(c, norm_layer=partial(torch.nn.LayerNorm, eps=eps))
+            return torch.compile(model, backend=backend)
+
+        return make
+
+    torch.compiler.reset()
+    report = verify(ModelPort(build(1e-6), rename={}), CONFIG, port=backend, cases=quick_cases(CONFIG))
+    assert report.conformant and len([s for s in report.stages if s.ok]) >= 20, report.failures[:2]
+    report = verify(
+        ModelPort(build(1e-5), rename={}), CONFIG, port=f"{backend}, eps 1e-5", cases=quick_cases(CONFIG)[:1]
+    )
+    assert report.located() == "blocks.0.norm1", report.located()
+
+
+def timm_model(c, **changes):
+    import timm
+
+    return timm.create_model(
+        "vit_tiny_patch16_224", img_size=c.img_size, patch_size=c.patch_size, embed_dim=c.embed_dim,
+        depth=c.depth, num_heads=c.num_heads, num_classes=c.num_classes, **changes,
+    ).eval()  # fmt: skip
 
 
 def test_a_compiled_model_with_a_bug_is_located_at_it():
@@ -121,3 +151,9 @@ def test_a_model_compiled_inside_is_judged_its_output_compiled_and_its_stages_wi
     assert len([s for s in report.stages if s.ok]) >= 20
     taps = port(config, init_state(config))(make_images(config, 2, "ordinary", 0))
     assert "compiled" not in taps.sources["logits"] and "compilation off" in taps.sources["blocks.0.norm1"]
+    # the companion: the compiled model with LayerNorm's eps at 1e-5, located where it is
+    eps = ModelPort(
+        lambda c: build(c.replace(norm_eps=1e-5)), convert=example.convert, images="NHWC", supports=example.SUPPORTS
+    )
+    report = verify(eps, config, port=f"{system} compiled, eps 1e-5", cases=quick_cases(config)[:1])
+    assert report.located() == "blocks.0.norm1", report.located()
