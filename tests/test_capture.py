@@ -354,7 +354,7 @@ def test_each_adapter_is_named_by_the_import_path_of_the_module_system_it_reads(
 
     from conformance.capture import ADAPTERS, framework_of
 
-    assert sorted(ADAPTERS) == ["flax.linen", "flax.nnx", "mlx.nn", "torch.nn"]
+    assert sorted(ADAPTERS) == ["equinox", "flax.linen", "flax.nnx", "keras", "mlx.nn", "torch.nn"]
     assert all(importlib.util.find_spec(name) is not None for name in ADAPTERS)
     assert framework_of(torch.nn.Linear(2, 2)) == "torch.nn"
     from conformance.capture.adapters import ModuleSystemNotTaken

@@ -38,12 +38,11 @@ def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}", suite=("conformance.test
     return proc.returncode, proc.stdout + proc.stderr
 
 
-KERAS_LIKE = """from conformance.capture import ModelPort
+HAIKU_LIKE = """from conformance.capture import ModelPort
 
-# a stand-in for a Keras 3 model (capture reads only the class hierarchy; on the torch backend too,
-# tests/test_module_systems.py)
-Functional = type("Functional", (), {"__module__": "keras.src.models.functional"})
-port = ModelPort(lambda config: Functional(), rename={})
+# a stand-in for a Haiku model (capture reads only the class hierarchy, tests/test_module_systems.py)
+Transformed = type("Transformed", (), {"__module__": "haiku._src.transform"})
+port = ModelPort(lambda config: Transformed(), rename={})
 """
 
 
@@ -53,14 +52,14 @@ def given_only(tmp_path_factory):
     of them written for one config (and declaring it), and the timm comparison over presets."""
     d = tmp_path_factory.mktemp("elsewhere")
     shutil.copy(DATA, d / "user_ports.py")
-    (d / "keras_like.py").write_text(KERAS_LIKE)
+    (d / "haiku_like.py").write_text(HAIKU_LIKE)
     code, out = run_pytest(
         d,
         "--only-given-ports",
         "-rs",
         f"--junitxml={d / 'r.xml'}",
         *[a for p in GIVEN for a in ("--port", f"user_ports:{p}")],
-        *("--port", "keras_like:port"),  # a model the tool cannot judge, beside ports with findings
+        *("--port", "haiku_like:port"),  # a model the tool cannot judge, beside ports with findings
         # timm's comparison for the ports written for one config (what the tests below read of it)
         select=f"{MAIN} or {NORMS} or ({TIMM} and project_init and single_config and (vit_test_token or vit_test_deep))",
         # the modules that hold them: the others' imports (JAX, transformers) are not this test's
@@ -104,9 +103,9 @@ def test_a_logits_only_port_is_checked_end_to_end_and_tap_properties_are_skipped
 def test_only_given_ports_leaves_the_builtin_ones_out(given_only):
     _, _, _, outcome = given_only
     assert {name for name in outcome if not name.startswith(TIMM)} == {
-        f"{t}[{p}]" for t in (MAIN, NORMS) for p in (*(f"user_ports:{p}" for p in GIVEN), "keras_like:port")
+        f"{t}[{p}]" for t in (MAIN, NORMS) for p in (*(f"user_ports:{p}" for p in GIVEN), "haiku_like:port")
     }
-    assert all("[user_ports:" in name or "[keras_like:port" in name for name in outcome)
+    assert all("[user_ports:" in name or "[haiku_like:port" in name for name in outcome)
 
 
 def test_a_port_written_for_one_config_is_judged_on_it_and_others_are_reported_unsupported(given_only):
@@ -280,8 +279,8 @@ def test_a_model_the_tool_cannot_judge_fails_with_verify_s_line_and_a_finding_be
     of a module system no adapter reads fails with verify's one line, and the run stays exit 1 (a
     finding is never lost behind a usage error)."""
     _, code, out, outcome = given_only
-    assert code == 1 and outcome[f"{MAIN}[keras_like:port]"] == "failed", out[-2000:]
-    assert "vit-conformance: the tool does not take this model's module system: Functional is a Keras 3 model" in out
+    assert code == 1 and outcome[f"{MAIN}[haiku_like:port]"] == "failed", out[-2000:]
+    assert "vit-conformance: the tool does not take this model's module system: Transformed is a Haiku model" in out
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
@@ -292,13 +291,13 @@ def test_a_given_model_the_tool_cannot_judge_ends_the_run_as_a_usage_error(tmp_p
 
     if workers and not heavy():
         pytest.skip("thorough profile: the same reports through xdist's controller; ci runs the one-process run")
-    (tmp_path / "keras_like.py").write_text(KERAS_LIKE)
-    ports = ["--port", "keras_like:port"]
+    (tmp_path / "haiku_like.py").write_text(HAIKU_LIKE)
+    ports = ["--port", "haiku_like:port"]
     if workers:  # and a model the config cannot express (timm's ViT without a qkv bias or class token)
         shutil.copy(Path(__file__).parent / "data" / "unexpressed_ports.py", tmp_path / "unexpressed_ports.py")
         ports += ["--port", "unexpressed_ports:port"]
     suite = ("conformance.tests.test_model",)
     code, out = run_pytest(tmp_path, "--only-given-ports", *workers, *ports, select=MAIN, suite=suite)
     assert code == 4, out[-2000:]
-    assert "vit-conformance: the tool does not take this model's module system: Functional is a Keras 3 model" in out
+    assert "vit-conformance: the tool does not take this model's module system: Transformed is a Haiku model" in out
     assert not workers or "vit-conformance: the config cannot express this model: " in out, out[-2000:]
