@@ -3,6 +3,7 @@ ModelPort (conformance/examples/equimo_vit.py): an immutable pytree whose module
 called under jax.vmap, each module read through a pure_callback under its own vmaps."""
 
 from conformance.examples import equimo_vit
+from conformance.profiles import heavy
 from conformance.verify.forward import verify
 from impls import get_config
 from tests.capture_cases import quick_cases
@@ -11,7 +12,8 @@ CONFIG = get_config("vit_test_token_square")
 
 
 def test_equimo_vit_is_conformant_at_every_stage():
-    report = verify(equimo_vit.port, CONFIG, port="equimo", cases=quick_cases(CONFIG))
+    # ordinary and trained-like weights (JAX compiles each op eagerly: the offset case in thorough)
+    report = verify(equimo_vit.port, CONFIG, port="equimo", cases=quick_cases(CONFIG)[: 3 if heavy() else 2])
     assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
     assert len([s for s in report.stages if s.ok]) == 25 and not report.unseen
 
