@@ -10,6 +10,7 @@ from conformance.capture import ModelPort
 from conformance.profiles import heavy
 from conformance.strategies import make_images
 from conformance.verify.forward import verify
+from conformance.verify.report import format_report
 from impls import get_config
 from weights import init_state
 from tests.capture_cases import quick_cases
@@ -157,3 +158,27 @@ def test_a_model_compiled_inside_is_judged_its_output_compiled_and_its_stages_wi
     )
     report = verify(eps, config, port=f"{system} compiled, eps 1e-5", cases=quick_cases(config)[:1])
     assert report.located() == "blocks.0.norm1", report.located()
+
+
+class Stepping(torch.nn.Module):
+    """timm's model behind a forward that counts its calls in a Python int it reads: dynamo guards
+    on the int's value, so every call compiles again (and past the recompile limit runs eagerly)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.model(x) + 0 * self.calls
+
+
+def test_a_compiled_model_that_recompiles_at_every_call_is_told_not_silent():
+    torch.compiler.reset()
+    port = ModelPort(lambda c: torch.compile(Stepping(timm_model(c)), backend="eager"), rename=lambda k: f"model.{k}")
+    report = verify(port, CONFIG, port="stepping", cases=quick_cases(CONFIG)[:2])
+    assert report.conformant  # its values are right: the path is what is told
+    assert "compiled again for an input it had compiled for" in report.sources["logits"], report.sources["logits"]
+    assert "self.calls" in format_report(report)  # dynamo's failing guard, in the text report too
+    steady = verify(ModelPort(compiled_timm([]), rename={}), CONFIG, port="steady", cases=quick_cases(CONFIG)[:2])
+    assert "compiled again" not in steady.sources["logits"]  # the companion: a model that compiles once

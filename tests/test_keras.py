@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # JAX compiles each op of the eager forward anew in the child (6.5 s): its backend in thorough
-JAX = pytest.param("jax", marks=pytest.mark.skipif(not heavy(), reason="thorough profile: the JAX backend's eager compiles"))
+JAX = pytest.param(
+    "jax", marks=pytest.mark.skipif(not heavy(), reason="thorough profile: the JAX backend's eager compiles")
+)
 
 
 @pytest.mark.parametrize("backend", [JAX, "torch"])

@@ -305,6 +305,8 @@ def _determinism(report: Report, side, case: Case, config: ViTConfig, dtype: str
     both, findings = side.twice(case, config, dtype)
     for stage, reason in findings:  # the re-run's own failure, told as what it is
         finding(report, case.name, stage, f"{reason} (on the determinism re-run)")
+    for out in both or ():  # the same input twice: a compiled model compiling again is told there
+        report.sources.update({k: v for k, v in getattr(out, "sources", {}).items() if "compiled again" in v})
     differs = first_difference(*both) if both is not None else None
     if differs:
         finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")

@@ -150,7 +150,12 @@ def format_report(report: Report) -> str:
     lines += summarize_stages(report.unseen, "unseen")
     plain = ("output of", "input of", "the model's")  # a module boundary: the usual place, not listed
     lines += summarize_stages(
-        {k: v for k, v in report.sources.items() if not v.startswith(plain) or "sequence first" in v}, "read from"
+        {
+            k: v
+            for k, v in report.sources.items()
+            if not v.startswith(plain) or "sequence first" in v or "compiled again" in v
+        },
+        "read from",
     )
     for s in report.skipped:
         lines.append(f"not judged: {s}")

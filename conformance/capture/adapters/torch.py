@@ -34,6 +34,8 @@ class TorchAdapter(BaseAdapter):
         self._modules = dict(self.model.named_modules())
         self.retain = False  # record the graph's own tensors (a gradient pass), not copies
         self.autocast: str | None = None  # ModelPort(autocast=True): run under torch.autocast in this dtype
+        self._compiled_for: set = set()  # the inputs (shape, dtype, pass) the compiled model has compiled for
+        self.recompiled: str | None = None  # why it compiled again for one of them (dynamo's failing guard)
 
     def gradients(self, images, loss, forward: "CapturedForward"):
         """(value, {model key: gradient}, d value / d images, {stage: cotangent}) of the
@@ -224,11 +226,35 @@ class TorchAdapter(BaseAdapter):
                 autocast,
                 _intercept_mode()(intercept) if functions else contextlib.nullcontext(),
             ):
-                return (self.model if self.compiled is None else self.compiled)(inputs, **self.call_kwargs)
+                if self.compiled is None:
+                    return self.model(inputs, **self.call_kwargs)
+                return self._compiled_call(inputs, (tuple(inputs.shape), str(inputs.dtype), functions, self.retain))
         finally:
             torch._native_multi_head_attention = native
             for h in handles:
                 h.remove()
+
+    def _compiled_call(self, inputs, key):
+        """The compiled model's forward; on an input it has compiled for, under dynamo's
+        ``fail_on_recompile`` stance: a recompilation there (a guard failing at every call, which
+        dynamo ends by running eagerly past its recompile limit) is noted in ``recompiled``, and
+        the call made again as dynamo would make it."""
+        import torch
+
+        if key not in self._compiled_for:
+            self._compiled_for.add(key)
+            return self.compiled(inputs, **self.call_kwargs)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return self.compiled(inputs, **self.call_kwargs)
+        except RuntimeError as e:
+            if "recompile" not in str(e):
+                raise
+            guards = [
+                line.strip(" -") for line in str(e).splitlines() if line.strip().startswith("- ") and "==" in line
+            ]
+            self.recompiled = guards[0].split("#")[0].strip() if guards else str(e).splitlines()[0]
+            return self.compiled(inputs, **self.call_kwargs)
 
 
 @functools.lru_cache(maxsize=1)
