@@ -57,10 +57,25 @@ def test_the_numpy_decoding_equals_torch_dequantize(per_channel):
     assert not np.allclose(torch_weight(q).value[:, ::-1], theirs, rtol=2**-23, atol=0)
 
 
-@pytest.mark.parametrize("example", ["mlx_image_4bit", "mlx_image_8bit", "timm_int8"])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_numpy_decoding_equals_torchaos_dequantize():
+    import torch
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from conformance.capture.quantized import torchao_weight
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    quantize_(model, Int8WeightOnlyConfig())
+    theirs = model[0].weight.dequantize().double().numpy()  # code * scale, in float32
+    mine = torchao_weight(model[0].weight, "0").value
+    assert np.allclose(mine, theirs, rtol=2**-23, atol=0) and not np.allclose(mine[::-1], theirs, rtol=2**-23, atol=0)
+
+
+@pytest.mark.parametrize("example", ["mlx_image_4bit", "mlx_image_8bit", "timm_int8", "timm_torchao_int8"])
 def test_a_quantized_port_is_kernel_exact_and_its_cost_is_tabled(example):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao's quantization API
+        warnings.simplefilter("ignore", UserWarning)  # torchao's registrations
         report = verify(getattr(examples, example), CONFIG, port=example)
     assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
     assert len([s for s in report.stages if s.ok]) >= 20

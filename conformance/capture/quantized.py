@@ -247,3 +247,33 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
         values[key], steps[key], reach[key] = value.reshape(shape), step.reshape(shape), far.reshape(shape)
     kinds = sorted({q.what for q in read.values()})
     return Quantized(values, steps, reach, f"{len(read)} weight(s) quantized: {'; '.join(kinds)}", named, levels)
+
+
+def torchao_weight(weight, path: str) -> QuantizedWeight:
+    """torchao's int8 weight-only tensor (``quantize_(model, Int8WeightOnlyConfig())``: an
+    ``Int8Tensor`` with int8 ``qdata``, a ``scale`` per block of ``block_size``, and a zero point
+    if it has one), decoded: ``scale * (code - zero_point)``. One that also quantizes its input at
+    run time (``act_quant_kwargs``) is not read yet."""
+    from conformance.support import Unsupported
+
+    if getattr(weight, "act_quant_kwargs", None) is not None or str(weight.qdata.dtype) != "torch.int8":
+        raise Unsupported(
+            f"{path}'s weight ({type(weight).__name__}, {weight.qdata.dtype}, its input quantized too: "
+            f"{getattr(weight, 'act_quant_kwargs', None) is not None}) is not read yet: torchao's int8 weight-only is "
+            "(docs/quantization.md)"
+        )
+    codes = weight.qdata.detach().numpy().astype(np.int64)
+    block = [int(b) for b in weight.block_size]
+
+    def expanded(t):
+        t = np.asarray(t.detach().double().numpy())
+        for axis, size in enumerate(block):
+            t = np.repeat(t, size, axis=axis) if t.shape[axis] != codes.shape[axis] else t
+        return np.broadcast_to(t, codes.shape)
+
+    scale = expanded(weight.scale)
+    zero = getattr(weight, "zero_point", None)
+    zero = np.zeros(codes.shape) if zero is None else expanded(zero)
+    grid = np.arange(-128, 128, dtype=np.float64)
+    what = f"torchao int8 weight-only, blocks of {'x'.join(map(str, block))}"
+    return QuantizedWeight(scale * (codes - zero), codes + 128, grid, scale, -scale * zero, what, 8, block[-1])

@@ -7,6 +7,8 @@ mlx_image_4bit      mlx-image's ViT after mlx.nn.quantize, 4 bits in groups of 6
 mlx_image_8bit      the same, 8 bits in groups of 32
 timm_int8           timm's VisionTransformer after torch.ao's quantize_dynamic (int8 weights per tensor,
                     inputs quantized at run time to 7 bits)
+timm_torchao_int8   timm's VisionTransformer after torchao's quantize_(model, Int8WeightOnlyConfig())
+                    (int8 weights per row, float inputs)
 """
 
 from conformance.capture import ModelPort
@@ -34,6 +36,14 @@ def quantize_dynamic(model):
     return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
 
 
+def int8_weight_only(model):
+    """torchao's int8 weight-only quantization of every Linear, in place."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    quantize_(model, Int8WeightOnlyConfig())
+
+
 mlx_image_4bit = mlx_image(4, 64)
 mlx_image_8bit = mlx_image(8, 32)
 timm_int8 = ModelPort(timm_vit.build, rename={}, supports=timm_vit.VIT_FAMILY, quantize=quantize_dynamic)
+timm_torchao_int8 = ModelPort(timm_vit.build, rename={}, supports=timm_vit.VIT_FAMILY, quantize=int8_weight_only)

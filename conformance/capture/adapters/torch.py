@@ -81,11 +81,15 @@ class TorchAdapter(BaseAdapter):
         """Each dynamically quantized Linear's int8 weight (torch.ao's quantize_dynamic), decoded
         from its integer codes, scales and zero points; its input is quantized at run time to 7
         bits (reduce_range, torch.ao's dynamic Linear since version 4) or 8."""
-        from conformance.capture.quantized import torch_weight
+        from conformance.capture.quantized import torch_weight, torchao_weight
         from conformance.support import Unsupported
 
         read = {}
         for path, m in self._modules.items():
+            weight = m.__dict__.get("_parameters", {}).get("weight")
+            if hasattr(weight, "qdata") and hasattr(weight, "scale"):  # torchao's quantize_: a tensor subclass
+                read[f"{path}.weight".lstrip(".")] = torchao_weight(weight, path)
+                continue
             packed = getattr(m, "_packed_params", None)  # a quantized Linear's LinearPackedParams module
             if ".quantized" not in type(m).__module__ or not hasattr(packed, "dtype") or not callable(m.weight):
                 continue
