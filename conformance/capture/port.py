@@ -397,10 +397,9 @@ class CapturedForward:
             second = self._pass(inputs, images.shape[0], functions=True)
             merge_second(taps, second, "in a second pass under a TorchFunctionMode")
         taps.quantized = self.quantized
-        recompiled = getattr(self.adapter, "recompiled", None)
-        if recompiled and "logits" in taps.sources:  # told where the output was read, never silent
+        if getattr(self.adapter, "recompiled", None) and "logits" in taps.sources:  # told, never silent
             taps.sources["logits"] += (
-                f"; the compiled forward compiled again for an input it had compiled for ({recompiled})"
+                f"; the compiled forward compiled again for an input it had compiled for ({self.adapter.recompiled})"
             )
         if not self.compiled and not any(why == self.adapter.TRACED for why in taps.unseen.values()):
             return taps

@@ -5,11 +5,12 @@
 usual rounding bounds: a wrong scale, group, bit order or zero point *in the kernel* is located
 at its stage. **Quantization cost**: each weight must lie within half a step of its group from
 the float weight it came from (else the quantizer, not the rounding, moved it), and each stage's
-distance from the float model is measured (relative error, SQNR, cosine) beside what the steps
-explain: the float oracle run on weights moved by uniform noise of each weight's half step,
-``NOISE_RUNS`` times. The ratio of the quantized model's RMS distance to the noise runs' is about
-1 for a quantizer that rounds to its grid; beyond ``COST_TOLERANCE`` (calibrated,
-``quantization_calibration.json``) the stage costs more than its quantization explains."""
+distance from the float model is measured (relative error, SQNR, cosine); where the stage reads a
+quantized weight, beside what the steps explain: the stage computed from the float model's inputs
+to it on the quantized weights, and on weights moved by uniform noise of each weight's allowed
+distance (``NOISE_RUNS`` draws). The ratio of the first's RMS distance from the float stage to the
+draws' is about 1 for a quantizer that rounds to its grid; beyond ``cost_tolerance()``
+(calibrated, ``quantization_calibration.json``) the stage costs more than its quantization explains."""
 
 from __future__ import annotations
 
