@@ -247,14 +247,15 @@ def wrapped(fn, on_call):
     return wrapper
 
 
-def callbacks(recorder):
-    """The recorder's hooks for wrapped framework functions, each acting inside a block only."""
+def callbacks(recorder, see=None):
+    """The recorder's hooks for wrapped framework functions, each acting inside a block only;
+    ``see(args, kwargs, out)``: what the hook is handed instead (Equinox's: arrays for tracers)."""
     from types import SimpleNamespace
 
     def inside(fn):
         def hook(args, kwargs, out):
             if recorder.block is not None:
-                fn(args, kwargs, out)
+                fn(*(see(args, kwargs, out) if see is not None else (args, kwargs, out)))
 
         return hook
 

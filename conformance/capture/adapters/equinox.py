@@ -22,6 +22,7 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
     def __init__(self, model):
         super().__init__(model)
         self._modules = dict(_walk(model, ""))
+        self._whole: dict[int, tuple] = {}  # id(tracer) -> (tracer, its batched array), for one call
 
     def modules(self):
         return self._modules
@@ -69,6 +70,8 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
 
         if not isinstance(x, jax.core.Tracer):
             return x
+        if id(x) in self._whole and self._whole[id(x)][0] is x:  # the same array each time it is seen
+            return self._whole[id(x)][1]
         seen = []
 
         def host(value):
@@ -76,7 +79,20 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
             return value
 
         jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="expand_dims")
-        return jax.numpy.asarray(seen[0]) if seen else x
+        if not seen:
+            return x
+        self._whole[id(x)] = (x, jax.numpy.asarray(seen[0]))  # the tracer kept: its id stays its own
+        return self._whole[id(x)][1]
+
+    def seen(self, args, kwargs, out):
+        """What a wrapped function's hook is handed: each tracer as its batched array (a softmax
+        vmapped over heads, as eqx.nn.MultiheadAttention's is, seen whole: (B, heads, N, N))."""
+        from conformance.capture.recorder import map_arrays
+
+        def whole(x):
+            return map_arrays(x, self.copy, self.is_array)
+
+        return tuple(whole(a) for a in args), {k: whole(v) for k, v in kwargs.items()}, whole(out)
 
     def numpy(self, x):
         return np.asarray(x, np.float32) if str(x.dtype) == "bfloat16" else np.asarray(x)
@@ -113,8 +129,22 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
             with patched(self.patches(recorder) if functions else []):
                 return self.call(inputs)
         finally:
+            self._whole.clear()
             for module, cls in reversed(swapped):
                 object.__setattr__(module, "__class__", cls)
+
+    def patches(self, recorder):
+        """JAX's functions, and a tracer's scalar multiply and divide: eqx.nn.MultiheadAttention
+        scales q by 1/√head_dim under its vmap over heads, before q kᵀ (q is read unscaled)."""
+        import jax
+
+        from conformance.capture.recorder import callbacks, wrapped
+
+        on = callbacks(recorder, self.seen)
+        Tracer = jax.core.Tracer
+        return super().patches(recorder) + [
+            (Tracer, name, wrapped(getattr(Tracer, name), on.scale)) for name in ("__mul__", "__truediv__")
+        ]
 
 
 def _recording(cls, call):

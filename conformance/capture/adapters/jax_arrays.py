@@ -60,7 +60,7 @@ class JAXArrays:
         import jax.numpy as jnp
         from flax import nnx
 
-        on = callbacks(recorder)
+        on = callbacks(recorder, getattr(self, "seen", None))
         softmax = wrapped(jax.nn.softmax, on.softmax)
         return [
             (
