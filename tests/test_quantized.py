@@ -12,6 +12,7 @@ from conformance.capture.quantized import mlx_weight, pack, torch_weight, unpack
 from conformance.examples import quantized as examples
 from conformance.numerics.compare import compare_outputs
 from conformance.numerics.error_model import CaseModel
+from conformance.profiles import heavy
 from conformance.verify.cases import default_cases
 from conformance.verify.forward import verify
 from conformance.verify.quantized import quantization_cost
@@ -71,7 +72,20 @@ def test_the_numpy_decoding_equals_torchaos_dequantize():
     assert np.allclose(mine, theirs, rtol=2**-23, atol=0) and not np.allclose(mine[::-1], theirs, rtol=2**-23, atol=0)
 
 
-@pytest.mark.parametrize("example", ["mlx_image_4bit", "mlx_image_8bit", "timm_int8", "timm_torchao_int8"])
+# in ci one port of each kernel: MLX's quantized_matmul and torch.ao's dynamic Linear (the 8-bit
+# port's weights are the zoo's quantized mutants', torchao's decoding is checked above)
+THOROUGH = pytest.mark.skipif(not heavy(), reason="thorough profile: ci verifies one port of each kernel")
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        "mlx_image_4bit",
+        pytest.param("mlx_image_8bit", marks=THOROUGH),
+        "timm_int8",
+        pytest.param("timm_torchao_int8", marks=THOROUGH),
+    ],
+)
 def test_a_quantized_port_is_kernel_exact_and_its_cost_is_tabled(example):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao's quantization API
