@@ -164,9 +164,12 @@ class SwapAdapter(BaseAdapter):
                     recorder.leave(__path, out)
                 return out
 
-            module.__class__ = type(cls.__name__, (cls,), {"__call__": call, "__module__": cls.__module__})
+            self.set_class(module, type(cls.__name__, (cls,), {"__call__": call, "__module__": cls.__module__}))
             swapped.append((module, cls))
         return swapped
+
+    def set_class(self, module, cls) -> None:
+        module.__class__ = cls
 
     def run(self, inputs, recorder, watch, functions: bool = True):
         swapped = self._wrap_modules(recorder, watch)
@@ -175,7 +178,7 @@ class SwapAdapter(BaseAdapter):
                 return self.call(inputs)
         finally:
             for module, cls in reversed(swapped):  # a module shared by two paths was swapped twice
-                module.__class__ = cls
+                self.set_class(module, cls)
 
     def call(self, inputs):
         return self.model(inputs, **self.call_kwargs)

@@ -12,7 +12,6 @@ import numpy as np
 
 from conformance.capture.adapters.base import SwapAdapter
 from conformance.capture.adapters.jax_arrays import JAXArrays
-from conformance.capture.recorder import first_array
 
 
 class EquinoxAdapter(JAXArrays, SwapAdapter):
@@ -102,36 +101,14 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
 
         return jax.vmap(lambda image: self.model(image, **self.call_kwargs))(inputs)
 
-    def _wrap_modules(self, recorder, watch):
-        """As SwapAdapter's, through object.__setattr__: an Equinox module is a frozen dataclass."""
-        swapped = []
-        for path, (want_in, want_out) in watch.items():
-            module = self._modules[path]
-            cls = type(module)
-
-            def call(obj, *args, __cls=cls, __path=path, __in=want_in, __out=want_out, **kwargs):
-                if __in:
-                    recorder.enter(__path, first_array(args, kwargs, self))
-                out = __cls.__call__(obj, *args, **kwargs)
-                if __out:
-                    recorder.leave(__path, out)
-                return out
-
-            object.__setattr__(module, "__class__", _recording(cls, call))
-            swapped.append((module, cls))
-        return swapped
+    def set_class(self, module, cls) -> None:
+        object.__setattr__(module, "__class__", cls)  # an Equinox module is a frozen dataclass
 
     def run(self, inputs, recorder, watch, functions: bool = True):
-        from conformance.capture.recorder import patched
-
-        swapped = self._wrap_modules(recorder, watch)
         try:
-            with patched(self.patches(recorder) if functions else []):
-                return self.call(inputs)
+            return super().run(inputs, recorder, watch, functions)
         finally:
             self._whole.clear()
-            for module, cls in reversed(swapped):
-                object.__setattr__(module, "__class__", cls)
 
     def patches(self, recorder):
         """JAX's functions, and a tracer's scalar multiply and divide: eqx.nn.MultiheadAttention
@@ -145,12 +122,6 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
         return super().patches(recorder) + [
             (Tracer, name, wrapped(getattr(Tracer, name), on.scale)) for name in ("__mul__", "__truediv__")
         ]
-
-
-def _recording(cls, call):
-    """A subclass of ``cls`` whose ``__call__`` is ``call`` (Equinox's metaclass registers it as a
-    pytree type of its own)."""
-    return type(cls.__name__, (cls,), {"__call__": call, "__module__": cls.__module__})
 
 
 def _dotted(path) -> str:
