@@ -87,9 +87,9 @@ def test_a_stage_computed_as_a_bug_class_is_named_as_it(bug):
     assert d.named == bug.name, d.line()
 
 
-def test_a_fraction_of_a_class_is_not_named_and_the_closest_is_told():
-    """Companion: half the tanh GELU's difference (α = 0.5) is no class: verify says so and
-    names the closest two with their figures."""
+def test_a_fraction_of_a_class_is_not_named_and_not_told_as_the_closest():
+    """Companion: half the tanh GELU's difference (α = 0.5) is no class: verify says so, and says
+    how far off the nearest class is, never "closest" for a fit that far from α = 1."""
     bug = BY_NAME["gelu_tanh"]
     name, out, model = _injected(bug)
     base = model.local(name, out)[0]
@@ -97,7 +97,19 @@ def test_a_fraction_of_a_class_is_not_named_and_the_closest_is_told():
     d = diagnose(name, out, model)
     assert d.named is None, d.line()
     assert d.fits[0].bug == "gelu_tanh" and abs(d.fits[0].alpha - 0.5) < 0.05, d.fits[0]
-    assert "no known bug class matches; closest: gelu_tanh (α = 0.5" in d.line(), d.line()
+    assert "no known bug class matches; the nearest, gelu_tanh, is far from it (α = 0.5" in d.line(), d.line()
+    assert "closest" not in d.line()
+
+
+def test_a_class_a_little_off_is_told_as_the_closest():
+    """The other side: 0.97 of the class's difference (α within a few standard errors of 1, a
+    residual of a few tolerances) is not named, and is the closest."""
+    bug = BY_NAME["gelu_tanh"]
+    name, out, model = _injected(bug)
+    base = model.local(name, out)[0]
+    out[name] = (base + 0.97 * (out[name] - base)).astype(np.float32)
+    d = diagnose(name, out, model)
+    assert d.named is None and "no known bug class matches; closest: gelu_tanh (α = 0.97" in d.line(), d.line()
 
 
 def test_the_seed_posts_embedding_scaled_by_the_square_root_of_d_model_is_located_and_named():

@@ -40,6 +40,9 @@ SIGMAS = 3.0  # |α − 1| within this many standard errors, plus FLOOR
 FLOOR = 0.01  # how closely the oracle's variant reproduces a class's difference
 RESOLVED = 0.03  # σ_α at most this: the class's difference stands out of the rounding
 COVERED = 0.5  # a non-finite class: at least this share of the port's non-finite elements
+# A class not named is told as close only within NEAR_SIGMAS standard errors of α = 1 (plus
+# NEAR_FLOOR) with a residual below FAR times the tolerance; else how far off the nearest is
+NEAR_SIGMAS, NEAR_FLOOR, FAR = 5.0, 0.05, 100.0
 
 
 @dataclass
@@ -53,6 +56,15 @@ class Fit:
     distance: float = float("inf")  # max |e − d| / max(b, b_h) over the tolerance: how far the port is from the class
     detail: str = ""  # a family's member, told after what the class says (" (eps ≈ 1e-03)")
     family: bool = False  # fitted over a family (per token, a grid of eps): after one-coefficient classes
+
+    @property
+    def near(self) -> bool:
+        """Close enough to be told as the closest class: α within a few standard errors of 1 (or
+        matched where non-finite), and no residual orders of magnitude over the tolerance."""
+        if self.alpha is None or self.per_token:
+            return True
+        close = self.se is not None and abs(self.alpha - 1) <= NEAR_SIGMAS * self.se + NEAR_FLOOR
+        return close and not self.residual >= FAR
 
     def figures(self) -> str:
         if self.per_token:
@@ -94,7 +106,13 @@ class Diagnosis:
         closest = "; ".join(f"{f.bug} ({f.figures()})" for f in self.fits[:2])
         if self.mode == "pooled":  # systematic, but no class at α = 1: the error runs along these
             return f"{self.stage}: a systematic error below the dtype's rounding, along {closest}"
-        return f"{self.stage}: no known bug class matches; closest: {closest}"
+        near = [f for f in self.fits[:2] if f.near]
+        if near:
+            return f"{self.stage}: no known bug class matches; closest: " + "; ".join(
+                f"{f.bug} ({f.figures()})" for f in near
+            )
+        f = self.fits[0]  # never read as advice: how far off it is
+        return f"{self.stage}: no known bug class matches; the nearest, {f.bug}, is far from it ({f.figures()}; a match is α = 1 within the tolerance)"
 
     def to_dict(self) -> dict:
         bug = self.bug
