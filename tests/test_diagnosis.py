@@ -242,6 +242,40 @@ def test_the_scans_measurement_on_the_correct_ports_is_recorded():
     assert any("vit_test_siglip blocks.0.mlp.act gelu_exact -1.87" in a for a in record["bfloat16"]["alarms"])
 
 
+def test_the_full_size_bands_are_recorded_and_hold_on_held_out_cases():
+    """scan_calibration.json's bands_full (conformance/diagnosis/scan_full.py): the correct ports at
+    ViT-S and ViT-B, whose float16 attention weights share about 60 % of softmax_in_float16's
+    difference (their own output rounding; the small configs' band stops at 0.11): no alarm on held-out
+    cases, and the band along softmax_in_float16 is that size's, not the small configs'."""
+    from conformance.diagnosis.scan import calibration
+
+    record = calibration()
+    assert record["held_out_full"] == [], record["held_out_full"]
+    lo, hi = record["bands_full"]["float16"]["softmax_in_float16"]
+    assert 0.5 < hi < 0.7 and hi > 4 * record["bands"]["float16"]["softmax_in_float16"][1], (lo, hi)
+
+
+def test_a_full_size_scan_reads_block_0_and_the_models_own_stages():
+    """Scan({0}) (verify's at full size): block 0's stages and the model's, not block 1's; judged by
+    the full-size bands. The companion: Scan() reads every block, by the small configs' bands."""
+    from conformance.diagnosis.scan import Scan, calibration
+    from conformance.verify.cases import default_cases
+    from conformance.verify.forward import verify
+    from impls.torch_vit import make
+
+    config = get_config("vit_test_token")
+    scans = {"full": Scan({0}), "small": Scan()}
+    for scan in scans.values():
+        verify(make, config, port="torch", dtype="bfloat16", scan=scan, cases=default_cases(config)[:2])
+    assert any(s.startswith("blocks.0.") for s in scans["full"].order)
+    assert not any(s.startswith("blocks.1.") for s in scans["full"].order) and "logits" in scans["full"].order
+    assert any(s.startswith("blocks.1.") for s in scans["small"].order)
+    full, small = calibration()["bands_full"]["float16"], calibration()["bands"]["float16"]
+    assert scans["full"].bands("float16")["softmax_in_float16"][1] == full["softmax_in_float16"][1]
+    assert scans["small"].bands("float16") == small
+    assert all(scans["full"].bands("float16")[k][1] >= hi for k, (lo, hi) in small.items())  # widened, never narrowed
+
+
 @pytest.mark.skipif(
     not heavy(),
     reason="thorough profile: four bfloat16 programs for XLA to compile; in ci the scan on torch's tanh "

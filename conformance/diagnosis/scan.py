@@ -75,11 +75,12 @@ class Systematic:
         named = self.se <= RESOLVED and abs(self.alpha - 1.0) <= SIGMAS * self.se + FLOOR
         return Fit(self.bug, self.alpha, self.se, float("nan"), named)
 
-    def reason(self, dtype: str) -> str:
+    def reason(self, dtype: str, bands: dict | None = None) -> str:
         if self.fit().named:
             what = f"is {self.bug}'s difference (α = {self.alpha:.3f} ± {self.se:.2g})"
         else:
-            lo, hi = band(dtype, band_key(self.bug, self.stage))
+            key = band_key(self.bug, self.stage)
+            lo, hi = band(dtype, key) if bands is None else bands.get(key, (0.0, 0.0))
             along = (
                 "runs along the stage's own value: a relative scale error"
                 if self.bug == VALUE
@@ -93,17 +94,39 @@ class Systematic:
 
 
 class Scan:
-    """The pooled sums per (stage, class), case by case."""
+    """The pooled sums per (stage, class), case by case. ``blocks``: the blocks whose stages are
+    scanned (None: every block; the model's own stages always): a bug of one operation is in every
+    block, and at full size each class evaluated at every block's stage costs more than the
+    forward (a ViT-S verify in bfloat16: four times as long)."""
 
-    def __init__(self):
+    def __init__(self, blocks: set[int] | None = None):
         self.sums: dict[tuple[str, str], np.ndarray] = {}  # Σ e d, Σ d², Σ e², elements, cases
         self.order: list[str] = []
+        self.blocks = blocks  # (a full-size model's scan: its bands are the full-size calibration's)
+
+    def bands(self, dtype: str) -> dict:
+        """The correct ports' bands this scan is judged by: the small configs', and for a scan of a
+        full-size model (``blocks`` given) each widened to hold those measured at ViT-S and ViT-B
+        (``bands_full``): at 197 tokens a correct port's float16 attention weights share 61 % of
+        softmax_in_float16's difference (its own output rounding), where the small configs' reach
+        11 %; the small configs hold the options (CLIP, SigLIP, DINOv2, BEiT) the full sizes do not."""
+        small = calibration().get("bands", {}).get(dtype, {})
+        if self.blocks is None:
+            return small
+        full = calibration().get("bands_full", {}).get(dtype, {})
+        return {
+            key: (
+                min(small.get(key, (0.0, 0.0))[0], full.get(key, (0.0, 0.0))[0]),
+                max(small.get(key, (0.0, 0.0))[1], full.get(key, (0.0, 0.0))[1]),
+            )
+            for key in set(small) | set(full)
+        }
 
     def add(self, out, model, results) -> None:
         """One case: the stages ``results`` (StageResult) say passed locally, where the port's stage
         and its recomputation from the port's inputs have one shape (open_clip's final norm emitted
         for the class token alone, and the pooling that reads it, are judged per element only)."""
-        passed = [r.name for r in results if r.ok and r.mode == "local" and r.name in out]
+        passed = [r.name for r in results if r.ok and r.mode == "local" and r.name in out and self._scanned(r.name)]
         if not passed:
             return
         valid = well_formed(out, model)
@@ -127,6 +150,9 @@ class Scan:
                     continue
                 self._pool(stage, bug.name, e, (alt - value) / bound)
             self._pool(stage, VALUE, e, value / bound)
+
+    def _scanned(self, stage: str) -> bool:
+        return self.blocks is None or not stage.startswith("blocks.") or int(stage.split(".")[1]) in self.blocks
 
     def _pool(self, stage: str, direction: str, e, d) -> None:
         """One case's sums for the share of the error ``e`` along ``d`` (both over the bound)."""
@@ -162,12 +188,12 @@ class Scan:
         stage's own value: one rounding of ``dtype``) that lies beyond MARGIN times the correct
         ports' band along it in ``dtype`` (``bands``: the calibration's, or those given), in model
         order, the most of the error explained first."""
+        judged_by = self.bands(dtype) if bands is None else bands
 
         def outside(f: Systematic) -> bool:
             if not banded(f.bug, f.stage) or of_another_dtype(f.bug, dtype):
                 return False
-            key = band_key(f.bug, f.stage)
-            lo, hi = band(dtype, key) if bands is None else bands.get(key, (0.0, 0.0))
+            lo, hi = judged_by.get(band_key(f.bug, f.stage), (0.0, 0.0))
             floor = UNIT_ROUNDOFF[dtype] if f.bug == VALUE else ALPHA
             return f.alpha >= max(floor, MARGIN * hi) or f.alpha <= min(-floor, MARGIN * lo)
 
@@ -193,6 +219,7 @@ class Scan:
         return Diagnosis(first.stage, case, "pooled", None, found or [first.fit()])
 
 
+@lru_cache(maxsize=1)
 def calibration() -> dict:
     return json.loads(CALIBRATION.read_text())
 

@@ -230,9 +230,11 @@ def verify(
     dtype: str = "float32",
     policy: str = "mixed",
     progress: bool = False,
+    scan=None,
 ) -> Report:
     """``make``: a port factory (run in this process) or a ``PortSide`` (``Isolated``: the port in
-    a process of its own). ``progress``: a bar of cases and stages on standard error."""
+    a process of its own). ``progress``: a bar of cases and stages on standard error. ``scan``:
+    the ``conformance.diagnosis.scan.Scan`` to pool into below float32 (its calibration's)."""
     side = port_side(make, port)
     packed, small = _packed(side, config), cached(config)  # a small config's given cases are streamed too
     plan = None
@@ -244,10 +246,7 @@ def verify(
         pairs = _one_at_a_time(iter_plan(plan, ahead(config)) if cases is None else cases)
     report = Report(port, config, cases=[], dtype=dtype)
     variant = (Packed if packed else Forward)(side, config, dtype, policy)
-    if isinstance(pairs, tuple) and dtype != "float32":  # below the dtype's rounding, pooled over held cases
-        from conformance.diagnosis.scan import Scan
-
-        variant.scan = Scan()
+    variant.scan = _scan(scan, dtype, isinstance(pairs, tuple), small)
 
     total = len(pairs) if isinstance(pairs, tuple) else len(cases if cases is not None else plan)
     bar = _progress(total, len(variant.names), report.port, progress)
@@ -299,6 +298,17 @@ def verify(
     return report
 
 
+def _scan(given, dtype: str, held: bool, small: bool):
+    """The scan of errors below the dtype's rounding, pooled over the cases: a small config's held
+    ones, a full-size model's streamed ones (block 0's stages and the model's); ``given``: the
+    calibration's. None in float32, where every class the zoo has is located per element."""
+    if dtype == "float32" or not (given is not None or held or not small):
+        return None
+    from conformance.diagnosis.scan import Scan
+
+    return given if given is not None else Scan(None if small else {0})
+
+
 def _determinism(report: Report, side, case: Case, config: ViTConfig, dtype: str) -> None:
     """The port called twice on the same case: two results that differ are a finding (randomness at
     inference: dropout left active), named."""
@@ -326,7 +336,7 @@ def _systematic(report: Report, scan, names) -> None:
     for s in found:
         if s.stage not in seen:
             seen.add(s.stage)
-            finding(report, f"pooled over {s.cases} cases", s.stage, s.reason(report.dtype))
+            finding(report, f"pooled over {s.cases} cases", s.stage, s.reason(report.dtype, scan.bands(report.dtype)))
     if not found:
         return
     first, current = found[0], report.first_divergence
