@@ -23,10 +23,11 @@ def test_equimo_vit_is_conformant_at_every_stage():
     assert len([s for s in report.stages if s.ok]) == 25 and not report.unseen
 
 
+@pytest.mark.skipif(not heavy(), reason=HEAVY)
 def test_equimo_vit_with_its_default_gelu_is_located_and_named():
     """The companion, and a finding about Equimo for timm's weights: its "gelu" is jax.nn.gelu,
     the tanh approximation by default. Located at blocks.0.mlp.act, every stage before it read and
-    within its tolerance (in ci this stands for the conformant run above)."""
+    within its tolerance."""
     report = verify(equimo_vit.gelu_tanh_port, CONFIG, port="equimo, gelu", cases=quick_cases(CONFIG)[:1])
     assert report.located() == "blocks.0.mlp.act" and report.diagnosis.named == "gelu_tanh"
     before = report.stages[: [s.name for s in report.stages].index("blocks.0.mlp.act")]
