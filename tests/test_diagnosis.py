@@ -456,3 +456,20 @@ def test_the_open_rule_reads_no_share_along_another_dtypes_precision_class():
     scan.sums[("pooled", "token_sum_float16")] = np.array([-1.08e4, 1e4, 1.2e4, 7680.0, 10.0])
     assert scan.beyond("bfloat16", bands={}) == []
     assert [f.bug for f in scan.beyond("float16", bands={})] == ["token_sum_float16"]
+
+
+@pytest.mark.skipif(not heavy(), reason="thorough profile: two ViT-S/16 verifies at 224 (about 35 s each)")
+def test_at_full_size_a_bug_below_bfloat16s_rounding_is_named_and_a_correct_float16_port_passes():
+    """timm's ViT-S/16 with LayerNorm eps 1e-5 in bfloat16 (each element within its tolerance) is NOT
+    CONFORMANT and named by the full-size scan; the built-in PyTorch port in float16, whose attention
+    weights share 61 % of softmax_in_float16's difference (its output rounding), passes."""
+    from conformance.examples import timm_vit
+    from conformance.verify.forward import verify
+    from impls.torch_vit import make
+
+    config = get_config("vit_small_patch16_224")
+    bug = verify(
+        lambda c, s, dtype="float32": timm_vit.port(c.replace(norm_eps=1e-5), s, dtype), config, dtype="bfloat16"
+    )
+    assert bug.located() == "blocks.0.norm1" and bug.diagnosis.named == "layernorm_eps_1e-5", bug.diagnosis.line()
+    assert verify(make, config, dtype="float16").conformant
