@@ -266,7 +266,7 @@ def test_a_full_size_scan_reads_block_0_and_the_models_own_stages():
     config = get_config("vit_test_token")
     scans = {"full": Scan({0}), "small": Scan()}
     for scan in scans.values():
-        verify(make, config, port="torch", dtype="bfloat16", scan=scan, cases=default_cases(config)[:2])
+        verify(make, config, port="torch", dtype="bfloat16", scan=scan, cases=default_cases(config)[:1])
     assert any(s.startswith("blocks.0.") for s in scans["full"].order)
     assert not any(s.startswith("blocks.1.") for s in scans["full"].order) and "logits" in scans["full"].order
     assert any(s.startswith("blocks.1.") for s in scans["small"].order)

@@ -94,6 +94,9 @@ class KerasAdapter(SwapAdapter):
         return self.model(inputs, training=False, **self.call_kwargs)
 
     def patches(self, recorder):
+        # keras.src.ops is the module Keras's own layers call (MultiHeadAttention's ops.einsum and
+        # ops.dot_product_attention); keras.ops re-exports its functions, and wrapping a re-export
+        # would miss every call from inside Keras
         from keras.src import ops
 
         on = callbacks(recorder)
