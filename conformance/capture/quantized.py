@@ -62,25 +62,28 @@ class QuantizedWeight:
         weight units."""
         return _half_steps(w, self.grid, self.scale, self.bias, self.scale_u, self.saturates)
 
-    def fits(self, w: np.ndarray, dtype: str, value=None, scale=None, bias=None) -> bool:
+    def fits(self, w: np.ndarray, dtype: str, value=None, scale=None, bias=None, half=None) -> bool:
         """Whether every weight (``value``, read with ``scale`` and ``bias``: by default as stored)
-        lies within its half step and the dtype's ``slack`` of its float weight ``w``."""
+        lies within its half step (``half``, where known) and the dtype's ``slack`` of its float
+        weight ``w``."""
         value, scale, bias = (
             (self.value if value is None else value),
             (self.scale if scale is None else scale),
             (self.bias if bias is None else bias),
         )
         reach = np.abs(value - bias) + np.abs(bias)
-        half = _half_steps(w, self.grid, scale, bias, self.scale_u, self.saturates)
+        if half is None:
+            half = _half_steps(w, self.grid, scale, bias, self.scale_u, self.saturates)
         return bool(np.all(np.abs(value - w) <= half + slack(w, reach, dtype)))
 
-    def explain(self, w: np.ndarray, dtype: str) -> str | None:
+    def explain(self, w: np.ndarray, dtype: str, half=None) -> str | None:
         """The quantization bug that makes the stored weight what it is, where decoding it back
         the bug's way puts every weight within its half step of ``w`` (and the plain decoding does
         not): codes packed most significant first, each group read with its neighbour's scale and
-        bias, or each group off by one constant (its zero point, the bias, dropped)."""
+        bias, or each group off by one constant (its zero point, the bias, dropped). ``half``: the
+        weights' ``half_steps``, where already known."""
         w = np.asarray(w, np.float64)
-        if self.fits(w, dtype):
+        if self.fits(w, dtype, half=half):
             return None
         per = 32 // self.bits if 32 % self.bits == 0 else 0
         if per > 1:
@@ -234,14 +237,15 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
         value = np.array(state[key], np.float64).ravel()
         step, far = np.zeros(value.size), np.abs(value)
         for mk, index in hit:
-            name = read[mk].explain(arrays[mk], dtype)
+            half = read[mk].half_steps(arrays[mk])  # once: the plain decoding's fit reads it too
+            name = read[mk].explain(arrays[mk], dtype, half)
             if name:
                 named[key] = name
             if read[mk].input_levels:
                 levels[key] = read[mk].input_levels
             taken = index >= 0
             value[index[taken]] = read[mk].value.ravel()[taken]
-            step[index[taken]] = read[mk].half_steps(arrays[mk]).ravel()[taken]
+            step[index[taken]] = half.ravel()[taken]
             far[index[taken]] = read[mk].reach.ravel()[taken]
         shape = np.shape(state[key])
         values[key], steps[key], reach[key] = value.reshape(shape), step.reshape(shape), far.reshape(shape)

@@ -86,9 +86,10 @@ def _rms(x) -> float:
     return float(np.sqrt(np.mean(np.square(x)))) if np.size(x) else 0.0
 
 
-def reading_stages(quantized: Quantized | list) -> set[str]:
-    """The stages whose operation reads a quantized weight (a fused qkv's: q's, k's and v's)."""
-    stages = {param_stage(k) for k in (quantized.values if isinstance(quantized, Quantized) else quantized)}
+def reading_stages(keys) -> set[str]:
+    """The stages whose operation reads one of the quantized weights ``keys`` (a fused qkv's: q's,
+    k's and v's)."""
+    stages = {param_stage(k) for k in keys}
     return stages | {s[: -len("q")] + part for s in stages if s.endswith(".attn.q") for part in "kv"}
 
 
@@ -176,7 +177,7 @@ def quantization_cost(out, case, config: ViTConfig, dtype: str) -> list[dict]:
         for s in (kernel_state(case.state, quantized), *noisy_states(case.state, quantized, dtype))
     ]
     local = {}
-    for name in reading_stages(quantized) & set(reference):
+    for name in reading_stages(quantized.values) & set(reference):
         values = [m.local(name, reference)[0] for m in models]
         local[name] = (values[0], values[1:])
     return cost_rows(out, reference, local)
@@ -191,7 +192,7 @@ class KernelModel(CaseModel):
 
     def __init__(self, config: ViTConfig, state, quantized: Quantized, images, dtype: str, stream: bool = False):
         super().__init__(config, kernel_state(state, quantized), images, dtype, stream=stream)
-        self.accumulating = reading_stages(quantized)
+        self.accumulating = reading_stages(quantized.values)
         self.levels = {s: n for k, n in quantized.input_levels.items() for s in reading_stages([k])}
 
     def _precision(self, name: str, precision: Precision | None) -> Precision:

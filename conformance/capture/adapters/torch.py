@@ -86,7 +86,7 @@ class TorchAdapter(BaseAdapter):
 
         read = {}
         for path, m in self._modules.items():
-            weight = m.__dict__.get("_parameters", {}).get("weight")
+            weight = getattr(m, "weight", None)  # (torch.ao's dynamic Linear: a method)
             if hasattr(weight, "qdata") and hasattr(weight, "scale"):  # torchao's quantize_: a tensor subclass
                 read[f"{path}.weight".lstrip(".")] = torchao_weight(weight, path)
                 continue
