@@ -46,7 +46,7 @@ def calibrate_full() -> dict:
         for port in ports:
             scan, _ = scanned(preset, port, dtype, seed=0)
             for f in scan.fits():
-                if abs(f.alpha) >= SIGNIFICANCE * f.se:
+                if not f.replayed and abs(f.alpha) >= SIGNIFICANCE * f.se:
                     key = band_key(f.bug, f.stage)
                     lo, hi = bands[dtype].get(key, (0.0, 0.0))
                     bands[dtype][key] = (min(lo, float(f"{f.alpha:.4g}")), max(hi, float(f"{f.alpha:.4g}")))

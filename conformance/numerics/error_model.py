@@ -54,7 +54,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from conformance.numerics.evaluate import _attend_and_project, evaluate, prefix_tokens  # noqa: F401 - the API
+from conformance.numerics.evaluate import _attend_and_project, evaluate, mlp_hidden, prefix_tokens  # noqa: F401 - the API
 from conformance.numerics.kinds.activation import CURVATURE, activation  # noqa: F401 - the API
 from conformance.numerics.kinds.attention import attend, sdpa, softmax_weights  # noqa: F401 - the API
 from conformance.numerics.kinds.layer_norm import layer_norm  # noqa: F401 - the API
@@ -244,6 +244,12 @@ class CaseModel(Chain):
         if self._tiled[0] != runs:
             self._tiled = (runs, np.concatenate([self._x] * runs))
         return evaluate(name, t, self._tiled[1], self._s, self.config, precision)[0]
+
+    def hidden(self, name, taps, dtype: str = "float64"):
+        """fc1's output in float64 at a plain MLP's activation stage, from the port's inputs and fc1's
+        weights rounded to ``dtype`` (None elsewhere): the activation's input before the port rounds it."""
+        t = {k: taps[k] for k in self.inputs(name) if k in taps}
+        return mlp_hidden(name, t, self._s, self.config, dtype) if len(t) == len(self.inputs(name)) else None
 
     def sizes(self):
         shapes = tap_shapes(self.config, self.images.shape[0], self.images.shape[2:])

@@ -16,6 +16,7 @@ from conformance.numerics.kinds.attention import attend, softmax_weights
 from conformance.numerics.kinds.layer_norm import layer_norm
 from conformance.numerics.kinds.linear import linear, propagate_linear
 from conformance.numerics.kinds.rotary import rotary
+from conformance.numerics.precision import rounded
 from conformance.numerics.roundings import Precision
 from weights.canonical import qkv_parts
 
@@ -67,6 +68,17 @@ def _mlp_act(x, s, prefix: str, config: ViTConfig, p: Precision, mlp_layer: str 
             linear(x, *_rows(s, f"{prefix}.fc1", rows), p) for rows in (slice(0, half), slice(half, None))
         )
     return gated(g, dg, v, dv, p, act)
+
+
+def mlp_hidden(name: str, t: Mapping[str, np.ndarray], s, config: ViTConfig, dtype: str = "float64"):
+    """fc1's output in float64, the activation's input, at a plain MLP's ``mlp.act`` stage from its
+    inputs ``t``, fc1's weight and bias rounded to ``dtype`` as a port stores them (None at any
+    other stage)."""
+    if stage_kind(name) != "mlp.act" or (config.mlp_layer != "mlp" and not name.startswith("attn_pool.")):
+        return None
+    x = np.asarray(t[stage_inputs(name, config)[0]], np.float64)
+    w, bias = (None if v is None else rounded(v, dtype) for v in _rows(s, f"{name[: -len('.act')]}.fc1", slice(None)))
+    return linear(x, w, bias, Precision(bounds=False))[0]
 
 
 def _scaled(x, gamma, p: Precision):

@@ -28,3 +28,12 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 def coarsest(dtypes) -> str:
     """The dtype with the fewest significand bits."""
     return min(dtypes, key=SIGNIFICAND_BITS.__getitem__)
+
+
+def rounded(x, dtype: str) -> np.ndarray:
+    """``x`` rounded to ``dtype`` (to nearest, ties to even), back in float64."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float64)
+    return np.asarray(x).astype(dtype).astype(np.float64)
