@@ -342,6 +342,50 @@ def scan_table() -> str:
     )
 
 
+def scan_size_table() -> str:
+    """The scan's bands by size: per dtype and direction, the lowest and highest significant share
+    the correct ports measured on the small configs (``bands``) and at each full size
+    (``bands_by_size``, ``python -m conformance.diagnosis.scan_full``), then each activation class
+    measured with the port's roundings replayed (every share, significant or not: never banded)."""
+    from conformance.diagnosis.scan import calibration
+
+    from impls import get_config
+
+    record = calibration()
+    order = sorted(record.get("bands_by_size", {}), key=lambda preset: get_config(preset).embed_dim)
+    sizes = {preset: record["bands_by_size"][preset] for preset in order}
+    replayed = {preset: record.get("replayed_by_size", {}).get(preset, {}) for preset in order}
+
+    def span(band):
+        return "-" if band is None else f"{band[0]:.3g} to {band[1]:.3g}"
+
+    rows = []
+    for dtype in ("bfloat16", "float16"):
+        keys = sorted({k for size in sizes.values() for k in size.get(dtype, {})})
+        rows += [
+            [
+                dtype,
+                f"`{k}`",
+                span(record["bands"].get(dtype, {}).get(k)),
+                *(span(z[dtype].get(k)) for z in sizes.values()),
+            ]
+            for k in keys
+        ]
+        bugs = sorted({b for size in replayed.values() for b in size.get(dtype, {})})
+        small = record.get("replayed", {}).get(dtype, {})
+        rows += [
+            [dtype, f"`{b}`, replayed", span(small.get(b)), *(span(z.get(dtype, {}).get(b)) for z in replayed.values())]
+            for b in bugs
+        ]
+    held = record.get("held_out_sizes", {})
+    head = (
+        f"{len(rows)} directions. Held out (seed 1's cases, judged by these bands): "
+        + "; ".join(f"{len(ports)} ports at {preset}" for preset, ports in held.items())
+        + f", in bfloat16 and float16: {len(record.get('held_out_full', []))} alarms.\n\n"
+    )
+    return head + markdown_table(["dtype", "direction", "small configs", *sizes], rows)
+
+
 def form(c) -> str:
     if c.config:
         return "config: " + ", ".join(f"{k}={v!r}" for k, v in c.config.items())
@@ -355,6 +399,7 @@ def form(c) -> str:
 GENERATORS = {
     "diagnosis": diagnosis_table,
     "scan": scan_table,
+    "scan-sizes": scan_size_table,
     "zoo": zoo_table,
     "spread": spread_table,
     "bench": bench_table,

@@ -245,7 +245,8 @@ def test_the_scans_measurement_on_the_correct_ports_is_recorded():
     assert all(worst["held_out"] == [] for worst in record.values()), record  # nor the band's, on another seed
     assert record["float32"]["alarms"] == [] and 0 < record["float32"]["alpha"] <= ALPHA / 4
     assert any("layernorm_eps_outside_root 58.8" in a for a in record["bfloat16"]["alarms"])
-    assert any("vit_test_siglip blocks.0.mlp.act gelu_exact -1.87" in a for a in record["bfloat16"]["alarms"])
+    siglip = [a for a in record["bfloat16"]["alarms"] if "vit_test_siglip blocks.0.mlp.act gelu_exact" in a]
+    assert siglip and all(-2.0 < float(a.split()[-1]) < -1.5 for a in siglip), siglip  # MLX's and JAX's bias
 
 
 def test_the_full_size_bands_are_recorded_and_hold_on_held_out_cases():
@@ -259,6 +260,12 @@ def test_the_full_size_bands_are_recorded_and_hold_on_held_out_cases():
     assert record["held_out_full"] == [], record["held_out_full"]
     lo, hi = record["bands_full"]["float16"]["softmax_in_float16"]
     assert 0.5 < hi < 0.7 and hi > 4 * record["bands"]["float16"]["softmax_in_float16"][1], (lo, hi)
+    assert set(record["bands_by_size"]) == set(record["full_sizes"]) == {"vit_small_patch16_224", "vit_base_patch16_224"}
+    assert all(len(ports) == 5 for ports in record["full_sizes"].values()), record["full_sizes"]
+    # with the roundings replayed, a correct port's share along an activation class stays far from the
+    # 1 a name needs (MLX's GELU computed in bfloat16 shares about half of the tanh GELU's difference)
+    replayed = [hi for size in record["replayed_by_size"].values() for d in size.values() for _, hi in d.values()]
+    assert replayed and max(replayed) < 0.75, record["replayed_by_size"]
 
 
 def test_a_full_size_scan_reads_block_0_and_the_models_own_stages():
