@@ -260,7 +260,9 @@ def test_the_full_size_bands_are_recorded_and_hold_on_held_out_cases():
     assert record["held_out_full"] == [], record["held_out_full"]
     lo, hi = record["bands_full"]["float16"]["softmax_in_float16"]
     assert 0.5 < hi < 0.7 and hi > 4 * record["bands"]["float16"]["softmax_in_float16"][1], (lo, hi)
-    assert set(record["bands_by_size"]) == set(record["full_sizes"]) == {"vit_small_patch16_224", "vit_base_patch16_224"}
+    assert (
+        set(record["bands_by_size"]) == set(record["full_sizes"]) == {"vit_small_patch16_224", "vit_base_patch16_224"}
+    )
     assert all(len(ports) == 5 for ports in record["full_sizes"].values()), record["full_sizes"]
     # with the roundings replayed, a correct port's share along an activation class stays far from the
     # 1 a name needs (MLX's GELU computed in bfloat16 shares about half of the tanh GELU's difference)
