@@ -510,6 +510,26 @@ def test_at_full_size_a_bug_below_bfloat16s_rounding_is_named(model, bug, stage)
     assert report.located() == stage and report.diagnosis.named == bug, report.diagnosis.line()
 
 
+@pytest.mark.skipif(
+    not heavy(), reason="thorough profile: in ci the replay is held on the PyTorch port's cases (above)"
+)
+def test_the_tanh_gelu_under_autocast_is_named_with_its_roundings_replayed():
+    """timm's ViT under torch.autocast(bfloat16), float32 weights and LayerNorms, its Linear layers
+    casting their input: the tanh GELU is named by the replay (fc1's input rounded as autocast casts
+    it); the exact GELU under autocast is CONFORMANT."""
+    from conformance.capture import ModelPort
+    from conformance.examples.timm_vit import VIT_FAMILY, build
+    from conformance.verify.forward import verify
+
+    def port(act):
+        return ModelPort(lambda c: build(c.replace(act_layer=act)), rename={}, supports=VIT_FAMILY, autocast=True)
+
+    config = get_config("vit_test_token")
+    bug = verify(port("gelu_tanh"), config, dtype="bfloat16")
+    assert bug.located() == "blocks.0.mlp.act" and bug.diagnosis.named == "gelu_tanh", bug.diagnosis
+    assert verify(port("gelu"), config, dtype="bfloat16").conformant
+
+
 @pytest.mark.skipif(not heavy(), reason="thorough profile: a ViT-S/16 verify at 224 (about 35 s)")
 def test_at_full_size_a_correct_float16_port_passes_the_scan():
     """The built-in PyTorch port in float16, whose attention weights share 61 % of

@@ -72,11 +72,11 @@ def _mlp_act(x, s, prefix: str, config: ViTConfig, p: Precision, mlp_layer: str 
 
 def mlp_hidden(name: str, t: Mapping[str, np.ndarray], s, config: ViTConfig, dtype: str = "float64"):
     """fc1's output in float64, the activation's input, at a plain MLP's ``mlp.act`` stage from its
-    inputs ``t``, fc1's weight and bias rounded to ``dtype`` as a port stores them (None at any
-    other stage)."""
+    inputs ``t``, its input, weight and bias rounded to ``dtype`` as a port's Linear reads them (an
+    autocast Linear casts a float32 input) (None at any other stage)."""
     if stage_kind(name) != "mlp.act" or (config.mlp_layer != "mlp" and not name.startswith("attn_pool.")):
         return None
-    x = np.asarray(t[stage_inputs(name, config)[0]], np.float64)
+    x = rounded(t[stage_inputs(name, config)[0]], dtype)
     w, bias = (None if v is None else rounded(v, dtype) for v in _rows(s, f"{name[: -len('.act')]}.fc1", slice(None)))
     return linear(x, w, bias, Precision(bounds=False))[0]
 
