@@ -17,7 +17,7 @@ import numpy as np
 
 from conformance.numerics.error_model import CaseModel, Chain, pool, stage_kind, stage_precision  # noqa: F401 - stage_kind re-exported
 from conformance.numerics.mapped import let_go
-from conformance.numerics.precision import DTYPES
+from conformance.numerics.precision import DTYPES, rounded
 from impls.stages import RESIDUAL
 from conformance.numerics.precision import SIGNIFICAND_BITS as _BITS
 from conformance.numerics.tolerances import end_to_end_tolerance, is_chaotic, tolerance
@@ -133,10 +133,8 @@ def stored_as(actual, dtype: str, emitted: str | None = None) -> str:
     a = np.asarray(actual)
     if _dtype_name(a) == dtype:
         return dtype
-    import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy
-
     finite = a[np.isfinite(a)]
-    return dtype if np.array_equal(finite.astype(dtype).astype(finite.dtype), finite) else "float32"
+    return dtype if np.array_equal(rounded(finite, dtype), finite) else "float32"
 
 
 def token_subset(name: str, actual, shape, config: ViTConfig) -> tuple[int | None, str | None]:
