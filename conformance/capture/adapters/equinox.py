@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import itertools
+import threading
+
 import numpy as np
 
 from conformance.capture.adapters.base import SwapAdapter
@@ -71,16 +74,15 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
             return x
         if id(x) in self._whole and self._whole[id(x)][0] is x:  # the same array each time it is seen
             return self._whole[id(x)][1]
-        seen = []
-
-        def host(value):
-            seen.append(np.asarray(value))
-            return value
-
-        jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x, vmap_method="expand_dims")
-        if not seen:
+        if isinstance(jax.numpy.zeros(()), jax.core.Tracer):  # traced inside jit: read as traced
             return x
-        self._whole[id(x)] = (x, jax.numpy.asarray(seen[0]))  # the tracer kept: its id stays its own
+        # One callback for every read (JAX compiles a callback's program once per callback and
+        # shape: a new function per read compiled one each time, most of a small model's capture),
+        # told which read it serves; run from JAX's cache, the program returns before its callback
+        # has run, so the read waits for it.
+        read = next(_READS)
+        jax.pure_callback(_HOST, jax.ShapeDtypeStruct(x.shape, x.dtype), x, np.int32(read), vmap_method="expand_dims")
+        self._whole[id(x)] = (x, jax.numpy.asarray(_HOST.take(read)))  # the tracer kept: its id stays its own
         return self._whole[id(x)][1]
 
     def seen(self, args, kwargs, out):
@@ -166,3 +168,30 @@ def _walk(module, prefix: str):
         for name, child in items:
             if isinstance(child, eqx.Module):
                 yield from _walk(child, f"{prefix}.{name}" if prefix else name)
+
+
+class _Host:
+    """The host side of every read, one callable for JAX's cache: each batched array it is
+    handed, kept under its read's number until that read takes it."""
+
+    WAIT = 60.0  # seconds: a read whose callback never runs is the tool's failure, never a hang
+
+    def __init__(self):
+        self.seen: dict[int, np.ndarray] = {}
+        self.arrived = threading.Condition()
+
+    def __call__(self, value, read):
+        with self.arrived:
+            self.seen[int(np.ravel(read)[0])] = np.asarray(value)
+            self.arrived.notify_all()
+        return value
+
+    def take(self, read: int) -> np.ndarray:
+        with self.arrived:
+            if not self.arrived.wait_for(lambda: read in self.seen, timeout=self.WAIT):
+                raise RuntimeError(f"an eager read's pure_callback did not run within {self.WAIT:.0f} s")
+            return self.seen.pop(read)
+
+
+_HOST = _Host()
+_READS = itertools.count()
