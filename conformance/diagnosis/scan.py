@@ -82,7 +82,7 @@ class Systematic:
         if self.fit().named:
             what = f"is {self.bug}'s difference (α = {self.alpha:.3f} ± {self.se:.2g})"
             if self.replayed:
-                what += f", with fc1's output and the activation rounded to {dtype} as the port stores them"
+                what += f", with fc1's input, output and the activation rounded to {dtype} as the port stores them"
         else:
             key = band_key(self.bug, self.stage)
             lo, hi = band(dtype, key) if bands is None else bands.get(key, (0.0, 0.0))
@@ -143,7 +143,8 @@ class Scan:
             if stage not in self.order:
                 self.order.append(stage)
             bound = np.broadcast_to(bound, np.shape(value)) + model.precision.tiny
-            e = (np.asarray(out[stage], np.float64) - value) / bound
+            port = np.asarray(out[stage], np.float64)
+            e = (port - value) / bound
             for bug in classes_for(model.kind(stage), model.config):
                 # an overflow's class, where finite (the only cases pooled), is a rounding pattern a
                 # correct port can share bit for bit: logits rounded to float16 and scaled after the
@@ -156,12 +157,12 @@ class Scan:
                     continue
                 self._pool(stage, bug.name, e, (alt - value) / bound)
             self._pool(stage, VALUE, e, value / bound)
-            self.replay(stage, out, model, bound)
+            self.replay(stage, port, out, model, bound)
 
-    def replay(self, stage: str, out, model, bound) -> None:
+    def replay(self, stage: str, port, out, model, bound) -> None:
         """The activation classes at a plain MLP's activation, below float32, with the port's
-        roundings replayed: fc1's weights and output rounded to the dtype, each activation of it
-        rounded again.
+        roundings replayed: fc1's input, weights and output rounded to the dtype, each activation
+        of it rounded again (``port``: the stage as emitted, in float64; ``out``: every tap).
         A GELU's input and output in bfloat16 take few distinct values (2⁸ a binade), so each
         output's rounding error is a fixed function of them, the same in every block and case,
         which pooling cannot average away: at ViT-S/16 the tanh GELU measured α = 0.884 ± 0.009
@@ -183,7 +184,7 @@ class Scan:
             alts = {b.name: rounded(activation(b.config["act_layer"], h, slope=False)[0], dtype) for b in acts}
         if not all(np.isfinite(v).all() for v in (base, *alts.values())):
             return
-        e = (np.asarray(out[stage], np.float64) - base) / bound
+        e = (port - base) / bound
         for name, alt in alts.items():
             self._pool(stage, name, e, (alt - base) / bound, replayed=True)
 

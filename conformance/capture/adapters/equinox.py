@@ -7,7 +7,6 @@ replaces the model (``eqx.tree_at``); modules are named by their attribute path.
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 import threading
 
