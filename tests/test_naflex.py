@@ -182,3 +182,14 @@ def test_the_command_line_verifies_a_port_of_packed_batches_in_its_own_process(c
     code, out, err = cli("verify", "impls.torch_vit:make_naflex", "--preset", "vit_test_naflex")
     assert code == 0, out + err
     assert "CONFORMANT" in out and "packed" in out  # (the mutants' findings: in this process, above)
+
+
+def test_nan_only_in_a_packed_ports_padding_is_a_finding_that_says_where():
+    """Every image's own tokens are right; the padding tokens of each block's output are NaN."""
+    from tests.data.naflex_ports import nan_in_padding
+
+    report = verify(nan_in_padding, SMALL, port="NaN in padding", cases=None)
+    assert not report.conformant and report.located() == "blocks.0", report.located()
+    said = [f["reason"] for f in report.failures if f["stage"] == "blocks.0"]
+    assert said and "non-finite value(s)" in said[0] and "padding" in said[0], said[:1]
+    assert "row 0" in said[0] or "B 0" in said[0], said[0]

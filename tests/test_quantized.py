@@ -182,3 +182,48 @@ def test_the_command_line_names_a_quantizer_bug_and_prints_the_cost(cli):
     assert code == 1, out + err
     assert "its zero point (bias) dropped" in out and "SQNR dB" in out, out
     assert "NOT CONFORMANT: first divergent stage blocks.0.attn.q" in out, out
+
+
+def _coarse(model):
+    """nn.quantize, then each group's scale 225 times the format's, its codes chosen on that grid (all 0)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    nn.quantize(model, group_size=64, bits=4)
+    for _, m in model.named_modules():
+        if isinstance(m, nn.QuantizedLinear):
+            m.scales, m.weight = m.scales * 225, mx.zeros_like(m.weight)
+
+
+def test_a_grid_too_coarse_to_hold_the_float_weights_is_a_finding():
+    """A quantizer with wrong scales (x225: every code 0, SQNR -8.6 dB) is consistent on its own
+    coarse grid: its half steps are taken at the format's documented scale, so the weights lie
+    beyond them and the cost ratio counts against that (the correct 4-bit port: above, conformant)."""
+    from dataclasses import replace
+
+    port = replace(examples.mlx_image_4bit, quantize=_coarse)
+    report = verify(port, CONFIG, port="scales x225", cases=default_cases(CONFIG)[:1])
+    assert not report.conformant and report.located() == "blocks.0.attn.q", report.located()
+    reasons = " ".join(f["reason"] for f in report.failures)
+    assert "grid's scale is up to 22" in reasons and "what its weights' half steps explain" in reasons, reasons[:300]
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per")
+def test_a_weight_moved_by_five_percent_is_not_named_as_a_dropped_zero_point():
+    """The class 'each group off by one constant' fits any move where a group is one weight: torch's
+    groups are its rows (per channel) or the whole tensor, and 1.05 w is no constant per group."""
+    import torch
+
+    from conformance.capture.quantized import ZERO_POINT_DROPPED
+
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    moved = torch.quantize_per_channel(1.05 * w, 1.05 * w.abs().amax(1) / 127.5, torch.zeros(16, dtype=torch.long),
+                                       0, torch.qint8)  # fmt: skip
+    read = torch_weight(moved)
+    assert read.group_size == 64 and not read.fits(w.double().numpy(), "float32")
+    assert read.explain(w.double().numpy(), "float32") is None
+    # the companion: each row off by its own constant (a zero point dropped) is named
+    shift = torch.arange(16.0)[:, None] * 0.5
+    stored = torch.quantize_per_channel(w, w.abs().amax(1) / 127.5, torch.zeros(16, dtype=torch.long), 0, torch.qint8)
+    dropped = torch_weight(stored)
+    assert dropped.explain((w + shift).double().numpy(), "float32") == ZERO_POINT_DROPPED

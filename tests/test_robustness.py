@@ -347,3 +347,13 @@ def test_a_gradient_factory_and_an_attention_port_that_end_their_process_are_fin
     assert code == 1 and "the port's process exited with status 3 before returning" in out, out[-500:] + err[-500:]
     code, out, err = cli("verify", "--attention", f"{H}:attention_exits")
     assert code == 1 and "the port exited (sys.exit(0)) before returning" in out, out[-500:] + err[-500:]
+
+
+def test_a_model_that_computes_otherwise_when_unobserved_is_a_finding(cli):
+    """A captured model is called once more with nothing of capture attached: its logits must be the
+    observed call's, bitwise (the model here moves them when no hook is on it). The companion: every
+    correct captured model verified conformant (tests/test_third_party.py, test_compiled.py, ...)
+    passed the same check on its determinism re-run."""
+    code, out, err = cli("verify", f"{H}:hides_when_unobserved")
+    assert code == 1, out + err
+    assert "logits without capture's hooks differ from its logits observed" in out, out[-1500:]

@@ -414,6 +414,15 @@ class CapturedForward:
         own.quantized = self.quantized
         return own
 
+    def unobserved(self, images) -> Taps:
+        """The model's output on ``images`` with nothing of capture attached (no hook, no function
+        mode): verify compares it with an observed call's, bitwise (a model that computes otherwise
+        when observed cannot be judged by observing it; docs/verify.md, "What capture sees")."""
+        images = np.asarray(images)
+        x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
+        inputs = self.adapter.to_input(np.ascontiguousarray(x), self.input_dtype)
+        return self._pass(inputs, images.shape[0], functions=False, watch=False)
+
     def _pass(self, inputs, batch: int, functions: bool, watch: bool = True) -> Taps:
         """The stages one call shows (``watch=False``: the model's output alone, no hooks)."""
         recorder = Recorder(self.adapter, self.config, batch, self.plan.blocks)

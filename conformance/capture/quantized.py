@@ -45,22 +45,60 @@ class QuantizedWeight:
     bias: np.ndarray
     what: str  # "affine, 4 bits, groups of 64"
     bits: int = 8
-    group_size: int = 1  # along the last axis (a row's channel, per tensor: 1)
+    # the entries sharing one scale: consecutive runs of this many in the weight's C order (MLX's and
+    # torchao's groups along a row, torch.ao's per-channel rows, its per-tensor whole)
+    group_size: int = 1
     # the unit roundoff of the format the scales are stored in where the codes were chosen before
     # the scale was rounded to it (nvfp4's E4M3 scales: every grid point moves by up to 2^-4 of itself)
     scale_u: float = 0.0
     saturates: bool = False  # a float grid (MX, NV): a weight beyond its ends is clamped to them, however far
     input_levels: int | None = None  # its input quantized at run time per tensor to this many steps (torch.ao)
+    # the smallest nonzero scale the format stores (nvfp4's E4M3 subnormal spacing times its global scale,
+    # torch's observer's eps): a group of tiny weights may get it, whatever their spread
+    scale_floor: float = 0.0
+    ranged: bool = False  # MLX's affine grid: its scale from the group's range (min to max), not its largest |w|
+
+    def format_scales(self, w: np.ndarray, dtype: str) -> np.ndarray:
+        """The largest scale the format's documented quantizer gives each entry's group of float weights
+        ``w`` (so the largest step of its grid): affine (MLX), the group's range over n = 2^bits - 1, times
+        what shifting the grid to hold 0 may add: the scale becomes its end over a whole number k of
+        steps, at least n // 2 where the end's quotient n/2 rounds down in the dtype, so 1 + 1/(2k)
+        (measured: 1.2498 at 2 bits, 1.1667 at 3 in float16, 1.0714 at 4 in bfloat16); a symmetric or zero-pointed integer grid (torch.ao, torchao), twice
+        the group's largest |w| over its 2^bits - 1 steps (measured 2.0000001); a float grid (MX's
+        power-of-two scale, NV's E4M3), the group's largest |w| over the grid's largest value, at most
+        doubled by the scale's rounding up (measured 1.9999). Each times the dtype's rounding of the
+        scale and the range, plus ``scale_floor``. A grid coarser than this cannot hold the float
+        weights within the format's step: its half steps are taken at this scale."""
+        g = self.group_size
+        w = np.asarray(w, np.float64).reshape(-1, g)
+        u = UNIT_ROUNDOFF[dtype]
+        if self.saturates:
+            top = np.abs(self.grid[np.isfinite(self.grid)]).max()
+            per = 2 * np.abs(w).max(-1) / top
+        elif self.ranged:
+            levels = 2**self.bits - 1
+            per = (w.max(-1) - w.min(-1)) / levels * (1 + 1 / (2 * max(1, levels // 2)))
+        else:
+            per = 2 * np.abs(w).max(-1) / (len(self.grid) - 1)
+        per = per * (1 + 4 * u) + self.scale_floor + SMALLEST_NORMAL[dtype]
+        return np.repeat(per, g).reshape(self.codes.shape)
+
+    def coarseness(self, w: np.ndarray, dtype: str) -> float:
+        """The largest ratio of a group's scale to ``format_scales``: above 1, a grid too coarse."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.max(np.abs(self.scale) / self.format_scales(w, dtype), initial=0.0))
 
     @property
     def reach(self) -> np.ndarray:
         """|scale · grid value| + |bias|: what a weight's dequantization rounds in (it may cancel)."""
         return np.abs(self.scale * self.grid[self.codes]) + np.abs(self.bias)
 
-    def half_steps(self, w: np.ndarray) -> np.ndarray:
+    def half_steps(self, w: np.ndarray, dtype: str) -> np.ndarray:
         """Half the grid's spacing around each float weight ``w`` (in the model's layout), in
-        weight units."""
-        return _half_steps(w, self.grid, self.scale, self.bias, self.scale_u, self.saturates)
+        weight units, the grid's scale taken as at most ``format_scales``."""
+        return _half_steps(
+            w, self.grid, self.scale, self.bias, self.scale_u, self.saturates, self.format_scales(w, dtype)
+        )
 
     def fits(self, w: np.ndarray, dtype: str, value=None, scale=None, bias=None, half=None) -> bool:
         """Whether every weight (``value``, read with ``scale`` and ``bias``: by default as stored)
@@ -73,7 +111,8 @@ class QuantizedWeight:
         )
         reach = np.abs(value - bias) + np.abs(bias)
         if half is None:
-            half = _half_steps(w, self.grid, scale, bias, self.scale_u, self.saturates)
+            limit = self.format_scales(w, dtype)
+            half = _half_steps(w, self.grid, scale, bias, self.scale_u, self.saturates, limit)
         return bool(np.all(np.abs(value - w) <= half + slack(w, reach, dtype)))
 
     def explain(self, w: np.ndarray, dtype: str, half=None) -> str | None:
@@ -97,16 +136,19 @@ class QuantizedWeight:
                 return GROUP_SCALES_SHIFTED
         # a dropped bias leaves each group off by one constant (its midrange), each weight then within a
         # step of it (a correct affine grid clamps its group's far end by up to a step, ``_half_steps``)
-        gap = (w - self.value).reshape(*w.shape[:-1], -1, g)
-        offset = np.repeat((gap.max(-1) + gap.min(-1)) / 2, g, axis=-1)
+        if g < 2:  # a constant per weight fits any move: a class that fits everything names nothing
+            return None
+        gap = (w - self.value).reshape(-1, g)
+        offset = np.repeat((gap.max(-1) + gap.min(-1)) / 2, g).reshape(w.shape)
         residual = np.abs(self.value + offset - w)
         if np.all(residual <= np.abs(self.scale) + slack(w, np.abs(self.value) + np.abs(offset), dtype)):
             return ZERO_POINT_DROPPED if np.any(np.abs(offset) > np.abs(self.scale)) else None
         return None
 
 
-def _half_steps(w, grid, scale, bias, scale_u: float = 0.0, saturates: bool = False) -> np.ndarray:
-    """Half the spacing of ``scale * grid + bias`` around each ``w``; beyond the grid's ends the
+def _half_steps(w, grid, scale, bias, scale_u: float = 0.0, saturates: bool = False, limit=None) -> np.ndarray:
+    """Half the spacing of ``scale * grid + bias`` around each ``w`` (``scale`` taken as at most
+    ``limit``, the format's documented scale: a coarser grid is the quantizer's finding); beyond the grid's ends the
     distance to the end: a float grid saturates (MX's power-of-two scale puts a group's largest |w|
     below 8 where E2M1 ends at 6; nvfp4's E4M3 scale, subnormal for a group of small weights, may
     put it far beyond), and MLX's affine grid, shifted to hold 0 exactly, clamps its group's far
@@ -118,7 +160,8 @@ def _half_steps(w, grid, scale, bias, scale_u: float = 0.0, saturates: bool = Fa
     inside = (grid[i] - grid[i - 1]) / 2
     beyond = np.where(v < grid[0], grid[0] - v, v - grid[-1])
     outside = beyond if saturates else np.minimum(beyond, np.where(v < grid[0], grid[1] - grid[0], grid[-1] - grid[-2]))
-    half = np.where((v >= grid[0]) & (v <= grid[-1]), inside, outside) * np.abs(scale)
+    spacing = np.abs(scale) if limit is None else np.minimum(np.abs(scale), limit)
+    half = np.where((v >= grid[0]) & (v <= grid[-1]), inside, outside) * spacing
     return half + scale_u * np.abs(np.asarray(w, np.float64) - bias)
 
 
@@ -160,7 +203,7 @@ def mlx_weight(weight, scales, biases, group_size: int, bits: int, mode: str, gl
     codes = unpack(words, bits, n)
     if mode == "affine":
         grid = np.arange(2**bits, dtype=np.float64)
-        scale, bias = _expand(scales, group_size), _expand(biases, group_size)
+        scale, bias, floor = _expand(scales, group_size), _expand(biases, group_size), 0.0
     elif mode in ("mxfp4", "mxfp8", "nvfp4"):
         grid = FP4_E2M1 if bits == 4 else _fp8_e4m3()
         raw = np.asarray(scales)
@@ -170,16 +213,17 @@ def mlx_weight(weight, scales, biases, group_size: int, bits: int, mode: str, gl
             import ml_dtypes
 
             per_group = raw.astype(np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
-        if global_scale is not None:
-            per_group = per_group * float(np.asarray(global_scale, np.float64).reshape(-1)[0])
+        times = 1.0 if global_scale is None else float(np.asarray(global_scale, np.float64).reshape(-1)[0])
+        per_group, floor = per_group * times, (2.0**-9 * abs(times) if mode == "nvfp4" else 0.0)  # E4M3's subnormal
         scale, bias = _expand(per_group, group_size), np.zeros(codes.shape)
     else:
         raise ValueError(f"quantization mode {mode!r} is not one this tool decodes (affine, mxfp4, mxfp8, nvfp4)")
     value = scale * grid[codes] + bias
     what = f"{mode}, {bits} bits, groups of {group_size}"
     return QuantizedWeight(
-        value, codes, grid, scale, bias, what, bits, group_size, 2.0**-4 if mode == "nvfp4" else 0.0, mode != "affine"
-    )
+        value, codes, grid, scale, bias, what, bits, group_size, 2.0**-4 if mode == "nvfp4" else 0.0,
+        saturates=mode != "affine", scale_floor=floor, ranged=mode == "affine",
+    )  # fmt: skip
 
 
 def torch_weight(qweight) -> QuantizedWeight:
@@ -192,9 +236,14 @@ def torch_weight(qweight) -> QuantizedWeight:
     if qweight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
         scale = np.full(shape, float(qweight.q_scale()))
         zero = np.full(shape, float(qweight.q_zero_point()))
-        how = "per tensor"
+        how, group = "per tensor", codes.size
     else:
         axis = qweight.q_per_channel_axis()
+        if axis != 0:
+            from conformance.support import Unsupported
+
+            raise Unsupported(f"a weight quantized per channel along axis {axis} is not read yet: along axis 0 is")
+        group = codes.size // max(shape[0], 1)
         along = [1] * len(shape)
         along[axis] = shape[axis]
         scale = np.broadcast_to(qweight.q_per_channel_scales().double().numpy().reshape(along), shape)
@@ -203,7 +252,10 @@ def torch_weight(qweight) -> QuantizedWeight:
     info = np.iinfo({torch.qint8: np.int8, torch.quint8: np.uint8}[qweight.dtype])
     grid = np.arange(info.min, info.max + 1, dtype=np.float64)
     value = scale * (codes - zero)
-    return QuantizedWeight(value, codes - info.min, grid, scale, -scale * zero, f"{str(qweight.dtype)[6:]}, {how}")
+    what = f"{str(qweight.dtype)[6:]}, {how}"
+    # torch's observers clamp a scale to float32's eps (torch.ao.quantization.observer)
+    eps = float(np.finfo(np.float32).eps)
+    return QuantizedWeight(value, codes - info.min, grid, scale, -scale * zero, what, 8, group, scale_floor=eps)
 
 
 @dataclass
@@ -219,6 +271,7 @@ class Quantized:
     what: str
     named: dict[str, str] = field(default_factory=dict)  # key -> the bug its stored weight shows (explain)
     input_levels: dict[str, int] = field(default_factory=dict)  # key -> QuantizedWeight.input_levels, where set
+    coarse: dict[str, float] = field(default_factory=dict)  # key -> its grid's scale over the format's, where above 1
 
     PARTS = ("values", "steps", "reach")
 
@@ -229,7 +282,7 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
     each entry's canonical flat index)]); ``arrays``: the float weights the model was loaded with,
     in its layouts (each weight's half step is taken around its float value); ``dtype``: what it
     was quantized in."""
-    values, steps, reach, named, levels = {}, {}, {}, {}, {}
+    values, steps, reach, named, levels, coarse = {}, {}, {}, {}, {}, {}
     for key, targets in where.items():
         hit = [(mk, index) for mk, index in targets if mk in read]
         if not hit:
@@ -237,10 +290,13 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
         value = np.array(state[key], np.float64).ravel()
         step, far = np.zeros(value.size), np.abs(value)
         for mk, index in hit:
-            half = read[mk].half_steps(arrays[mk])  # once: the plain decoding's fit reads it too
+            half = read[mk].half_steps(arrays[mk], dtype)  # once: the plain decoding's fit reads it too
             name = read[mk].explain(arrays[mk], dtype, half)
             if name:
                 named[key] = name
+            ratio = read[mk].coarseness(arrays[mk], dtype)
+            if ratio > 1:
+                coarse[key] = max(ratio, coarse.get(key, 0.0))
             if read[mk].input_levels:
                 levels[key] = read[mk].input_levels
             taken = index >= 0
@@ -250,7 +306,8 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
         shape = np.shape(state[key])
         values[key], steps[key], reach[key] = value.reshape(shape), step.reshape(shape), far.reshape(shape)
     kinds = sorted({q.what for q in read.values()})
-    return Quantized(values, steps, reach, f"{len(read)} weight(s) quantized: {'; '.join(kinds)}", named, levels)
+    what = f"{len(read)} weight(s) quantized: {'; '.join(kinds)}"
+    return Quantized(values, steps, reach, what, named, levels, coarse)
 
 
 def torchao_weight(weight, path: str) -> QuantizedWeight:
@@ -268,6 +325,8 @@ def torchao_weight(weight, path: str) -> QuantizedWeight:
         )
     codes = weight.qdata.detach().numpy().astype(np.int64)
     block = [int(b) for b in weight.block_size]
+    if any(b != 1 for b in block[:-1]):
+        raise Unsupported(f"{path}'s weight is quantized in blocks of {block}: blocks along a row (1, ..., n) are read")
 
     def expanded(t):
         t = np.asarray(t.detach().double().numpy())

@@ -14,7 +14,7 @@ from conformance.numerics.error_model import CaseModel, parallel
 from conformance.verify.budget import ahead
 from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
-from conformance.verify.packed import PackedModel, packed_plan, packed_shape, unpack
+from conformance.verify.packed import PackedModel, nonfinite_outside, packed_plan, packed_shape, unpack
 from conformance.verify.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
 from impls import tap_names
@@ -138,6 +138,11 @@ class Packed(Forward):
                 )
                 outcome.diverged(self.names.index(name), name, label)
                 del taps[name]
+        for name, value in taps.items():
+            where = nonfinite_outside(name, value, model.rows, self.config)
+            if where is not None:
+                finding(report, label, name, where)
+                outcome.diverged(self.names.index(name), name, label)
         results = []
         for i, ((_, (gh, gw)), reference) in enumerate(zip(model.rows, model.models)):
             row, row_label = unpack(taps, i, gh * gw, self.config), f"{label}: image {i + 1}, {gh}x{gw}"
@@ -317,14 +322,33 @@ def _determinism(report: Report, side, case: Case, config: ViTConfig, dtype: str
         finding(report, case.name, stage, f"{reason} (on the determinism re-run)")
     for out in both or ():  # the same input twice: a compiled model compiling again is told there
         report.sources.update({k: v for k, v in getattr(out, "sources", {}).items() if "compiled again" in v})
-    differs = first_difference(*both) if both is not None else None
+    differs = first_difference(*both[:2]) if both is not None else None
     if differs:
         finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")
         from conformance.diagnosis import dropout
 
         report.diagnosis = dropout(differs, case.name)
+    elif both is not None and len(both) == 3:  # a captured model's third call: nothing of capture attached
+        unobserved = _unobserved(both[0], both[2])
+        if unobserved:
+            finding(report, case.name, "logits", unobserved)
     if report.failures and report.first_divergence is None:
         report.first_divergence = report.failures[0]["stage"]
+
+
+def _unobserved(observed, plain) -> str | None:
+    """How the logits of a call with nothing of capture attached differ from an observed call's
+    (bitwise the same when observed twice), or None where they are the same."""
+    a, b = np.asarray(observed["logits"], np.float64), np.asarray(plain.get("logits"), np.float64)
+    if a.shape == b.shape and np.array_equal(a, b, equal_nan=True):
+        return None
+    size = (
+        f"max |difference| {np.nanmax(np.abs(a - b)):.3g}" if a.shape == b.shape else f"shape {b.shape}, not {a.shape}"
+    )
+    return (
+        f"the model's logits without capture's hooks differ from its logits observed ({size}; two observed calls "
+        "are bitwise the same): a model that computes otherwise when observed cannot be verified by observing it"
+    )
 
 
 def _systematic(report: Report, scan, names) -> None:

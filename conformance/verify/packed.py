@@ -79,6 +79,29 @@ def unpack(out: Mapping, i: int, patches: int, config: ViTConfig) -> dict[str, n
     return own
 
 
+def nonfinite_outside(name: str, value, rows, config: ViTConfig) -> str | None:
+    """Where tap ``name`` of a packed batch holds NaN or Inf outside what the rows' comparison reads
+    (a row's padding, a token axis past its image's tokens), in words, or None: a non-finite value
+    anywhere the port emits is a finding (downstream, 0 * NaN is NaN: a mask does not clean it)."""
+    a = np.asarray(value)
+    if not np.issubdtype(a.dtype, np.floating) or np.isfinite(a).all():
+        return None
+    axes = stage_of(name)[0].shape.split()
+    bad = ~np.isfinite(a)
+    for i, (_, (gh, gw)) in enumerate(rows):  # what each row's comparison reads is told there
+        sizes = tap_symbols(config, 1, gh * gw)
+        bad[(slice(i, i + 1),) + tuple(slice(sizes[s]) for s in axes[1:])] = False
+    if not bad.any():
+        return None
+    at = np.argwhere(bad)
+    first = ", ".join(f"{axis} {int(j)}" for axis, j in zip(axes, at[0]))
+    return (
+        f"{int(bad.sum())} non-finite value(s) ({int(np.isnan(a[bad]).sum())} NaN) outside the images' own tokens "
+        f"(their padding), in {len(set(at[:, 0].tolist()))} row(s); the first at {first}: a non-finite value "
+        "anywhere the port emits is a finding (a mask multiplies NaN into NaN)"
+    )
+
+
 class PackedModel:
     """A packed case's reference: the oracle on each of its images alone (the loop's ``Reference``)."""
 

@@ -70,12 +70,17 @@ def beyond_half_step(quantized: Quantized, state, config: ViTConfig, dtype: str)
         rows = np.nonzero(beyond.reshape(w.shape[0], -1).any(axis=1))[0] if w.ndim > 1 else np.zeros(0, int)
         with np.errstate(divide="ignore", invalid="ignore"):
             steps = np.max(np.where(half > 0, err / (2 * half), np.inf)[beyond])
+        why = "the quantization moved them, not rounding to its grid"
+        if key in quantized.coarse:
+            why = (
+                f"its grid's scale is up to {quantized.coarse[key]:.3g}x the largest the format's quantizer gives "
+                "the group (its range over its levels): a grid that coarse cannot hold the float weights"
+            )
         found.append(
             (
                 weight_stage(key, config, rows),
                 f"{int(beyond.sum())} of {w.size} entries of {key} lie beyond half a step of their group from "
-                f"the float weight (up to {steps:.3g} steps away): the quantization moved them, not rounding "
-                "to its grid",
+                f"the float weight (up to {steps:.3g} steps away): {why}",
                 quantized.named.get(key),
             )
         )

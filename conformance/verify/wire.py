@@ -92,6 +92,7 @@ class Writer:
                     "what": str(obj.quantized.what),
                     "named": dict(obj.quantized.named),
                     "input_levels": {k: int(v) for k, v in obj.quantized.input_levels.items()},
+                    "coarse": {k: float(v) for k, v in obj.quantized.coarse.items()},
                 },
             }
         if obj is None or isinstance(obj, (bool, str)):
@@ -184,7 +185,11 @@ class Reader:
                 levels = q.get("input_levels", {})
                 if not isinstance(levels, dict) or not all(isinstance(v, int) and v > 0 for v in levels.values()):
                     raise WireError("a quantized port's input levels must be positive integers")
-                taps.quantized = Quantized(*parts, str(q.get("what", "")), _strings(q.get("named", {})), levels)
+                coarse = q.get("coarse", {})
+                if not isinstance(coarse, dict) or not all(isinstance(v, float) and v > 1 for v in coarse.values()):
+                    raise WireError("a quantized port's coarse grids must be ratios above 1")
+                what, named = str(q.get("what", "")), _strings(q.get("named", {}))
+                taps.quantized = Quantized(*parts, what, named, levels, {str(k): v for k, v in coarse.items()})
             return taps
         return {str(k): self.decode(v) for k, v in tree.items()}
 

@@ -267,3 +267,34 @@ def returns_the_drawn_output(config, state):
     with open(os.environ["VIT_TEST_RECIPE"]) as f:
         recipe = json.load(f)
     return lambda images: _built(recipe)
+
+
+def _timm_unless_observed(config):
+    """timm's ViT whose logits move when no hook is on any of its modules and no function mode is on:
+    right whenever verify looks, wrong in its user's hands."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from conformance.examples import timm_vit
+
+    model = timm_vit.build(config)
+
+    class Hiding(type(model)):
+        def forward(self, x):
+            out = super().forward(x)
+            hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.modules())
+            if hooked or _get_current_function_mode_stack():
+                return out
+            return out + 0.01 * out.abs().max()
+
+    model.__class__ = Hiding
+    return model.eval()
+
+
+def _unobserved():
+    from conformance.capture import ModelPort
+    from impls import VIT_FAMILY
+
+    return ModelPort(_timm_unless_observed, rename={}, supports=VIT_FAMILY)
+
+
+hides_when_unobserved = _unobserved()
