@@ -218,9 +218,9 @@ def _add_bench(sub) -> None:
         choices=sorted(PRESETS),
         help="default: ViT-Ti/16, ViT-S/16, ViT-B/16 at 224 (with --verify: every row of the verify benchmark, or those of these presets)",
     )
-    b.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    b.add_argument("--warmup", type=int, default=2)
-    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--batches", nargs="+", type=_number("--batches", int, 0), default=[1, 8])
+    b.add_argument("--warmup", type=_number("--warmup", int, 0, strict=False), default=2)
+    b.add_argument("--repeats", type=_number("--repeats", int, 0), default=5)
     b.add_argument(
         "--json", help="write the rows and the machine here (docs/data/bench.json feeds docs/performance.md)"
     )
@@ -233,9 +233,11 @@ def _add_bench(sub) -> None:
     )
     b.add_argument(
         "--fit",
-        action="store_true",
-        help="with --verify: print conformance/verify/budget.py's constants fitted to docs/data/bench_verify.json "
-        "instead of measuring",
+        nargs="?",
+        const=True,
+        metavar="JSON",
+        help="with --verify: print conformance/verify/budget.py's constants fitted to a verify benchmark's rows "
+        "(JSON written by bench --verify --json; default a checkout's docs/data/bench_verify.json) instead of measuring",
     )
 
 
@@ -277,6 +279,9 @@ def _calibrate(rest: list[str]) -> int:
 
 def _command(args) -> int:
     """The parsed command's own main, imported where it is run."""
+    if args.command == "bench" and args.fit is not None and not args.verify:
+        print("usage error: --fit fits the verify benchmark's rows: give it with --verify", file=sys.stderr)
+        return 2
     if args.command == "bench" and args.verify:
         from conformance.verify.bench import main
     elif args.command == "bench":

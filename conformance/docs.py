@@ -437,6 +437,13 @@ def stale_blocks(docs: Path = DOCS) -> list[str]:
 
 
 def main(args) -> int:
+    if not DOCS.is_dir():  # an installed package: the docs are the repository's
+        print(
+            f"usage error: no docs/ beside the package ({DOCS}): `python -m conformance docs` regenerates and checks "
+            "a checkout's docs (git clone the repository and run it there)",
+            file=sys.stderr,
+        )
+        return 2
     if args.check:
         stale = stale_blocks()
         for line in stale:

@@ -41,8 +41,9 @@ def test_a_compiled_timm_model_is_conformant_on_its_compiled_forward_compiled_on
     )
     assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
     assert len([s for s in report.stages if s.ok]) >= 20
-    # trained-like weights, called twice (verify's determinism check): one graph
-    assert len(graphs) == 1, len(graphs)
+    # trained-like weights, called twice (verify's determinism check): one graph, and one more for its
+    # third call with nothing of capture attached (dynamo traces a module's hooks into its graph)
+    assert len(graphs) == 2, len(graphs)
 
 
 # dynamo's own backends, as users compile: aot_eager traces through AOTAutograd (ci), inductor
@@ -182,3 +183,40 @@ def test_a_compiled_model_that_recompiles_at_every_call_is_told_not_silent():
     assert "self.calls" in format_report(report)  # dynamo's failing guard, in the text report too
     steady = verify(ModelPort(compiled_timm([]), rename={}), CONFIG, port="steady", cases=quick_cases(CONFIG)[:2])
     assert "compiled again" not in steady.sources["logits"]  # the companion: a model that compiles once
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-5])
+def test_a_compiled_model_mapped_with_its_own_state_dict_names_is_taken(eps):
+    """torch.compile's wrapper names its weights "_orig_mod." + the module's (its state_dict): a
+    mapping to those names is taken as one to the module's own, so a real bug (eps 1e-5) is located
+    at its stage, never a load error hiding it."""
+    from functools import partial
+
+    torch.compiler.reset()
+    build = compiled_timm([], norm_layer=partial(torch.nn.LayerNorm, eps=eps))
+    port = ModelPort(build, rename=lambda k: f"_orig_mod.{k}")
+    report = verify(port, CONFIG, port=f"compiled timm, _orig_mod. names, eps {eps}", cases=quick_cases(CONFIG)[:1])
+    if eps == 1e-6:
+        assert report.conformant, report.failures[:2]
+    else:
+        assert not report.conformant and report.located() == "blocks.0.norm1", report.located()
+
+
+def test_which_cases_a_compiled_model_ran_compiled_and_which_eagerly_is_reported(monkeypatch):
+    """Past dynamo's recompile limit a model runs eagerly, silently: the report says per call how its
+    forward ran (with the limit at 1, the model that compiles at every call runs its determinism
+    re-run's second call eagerly); the companion, a model that compiles once, ran compiled on all."""
+    import torch._dynamo
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch.compiler.reset()
+    port = ModelPort(lambda c: torch.compile(Stepping(timm_model(c)), backend="eager"), rename=lambda k: f"model.{k}")
+    cases = quick_cases(CONFIG)[:2]
+    report = verify(port, CONFIG, port="stepping", cases=cases)
+    eager = [case for case, path in report.paths.items() if path.startswith("eager")]
+    assert eager == [f"{cases[1].name}, the determinism re-run's call 2"], report.paths
+    assert report.paths[cases[1].name] == "compiled", report.paths
+    assert "ran eager: the model's own forward ran (dynamo's recompile limit" in format_report(report)
+    torch.compiler.reset()
+    steady = verify(ModelPort(compiled_timm([]), rename={}), CONFIG, port="steady", cases=cases)
+    assert set(steady.paths.values()) == {"compiled"} and len(steady.paths) == 4, steady.paths

@@ -63,6 +63,11 @@ def test_int_img_size_means_square():
         (dict(norm_eps=0.0), ["norm_eps"]),
         (dict(mlp_ratio=0.0), ["mlp_ratio"]),
         (dict(img_size=(1, 2, 3)), ["img_size", "(1, 2, 3)"]),
+        # beyond float32: no port can run the config (Inf, or 0), so it is exit 2, not a finding
+        (dict(rope_type="cat", rope_grid_offset=1e300), ["rope_grid_offset", "float32 rounds to Inf"]),
+        (dict(rope_type="cat", rope_temperature=1e-300), ["rope_temperature", "0 or a subnormal"]),
+        (dict(rope_type="cat", rope_grid_offset=1e20), ["rope_grid_offset", "2^24"]),
+        (dict(norm_eps=1e-300), ["norm_eps", "0 or a subnormal"]),
     ],
 )
 def test_invalid_config_raises_a_clear_error(options, words):
@@ -128,3 +133,14 @@ def test_each_option_is_defined_once_and_everything_reads_it():
     assert option_table() in docs
     config = ViTConfig(reg_tokens=4, global_pool="map", class_token=False)
     assert config.beyond_original_vit() == ["global_pool='map'", "reg_tokens=4"]
+
+
+def test_a_number_float32_holds_is_a_valid_config():
+    """The companion: the same options at values float32 holds are taken."""
+    for options in (dict(rope_grid_offset=0.5), dict(rope_temperature=1e-30), dict(norm_eps=1e-30)):
+        ViTConfig(rope_type="cat", **options)
+
+
+def test_a_value_beyond_float32_is_exit_2_naming_the_option(cli):
+    code, out, err = cli("verify", "torch", "--preset", "vit_test_rope", "--set", "rope_grid_offset=1e300")
+    assert code == 2 and "rope_grid_offset must be a number float32 holds" in out + err, out + err

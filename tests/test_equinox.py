@@ -37,7 +37,7 @@ def test_equimo_vit_with_its_default_gelu_is_located_and_named():
 def test_eqx_multihead_attention_is_read_whole_under_its_vmap_over_heads():
     """eqx.nn.MultiheadAttention vmaps its attention over heads and scales q before q kᵀ: its q
     (unscaled), k, v and weights are read as the batched arrays a pure_callback is handed."""
-    from tests.data import eqx_mha_vit
+    from conformance.examples import eqx_mha_vit
 
     report = verify(eqx_mha_vit.port, CONFIG, port="eqx MHA", cases=quick_cases(CONFIG)[:1])
     assert report.conformant and len(report.stages) == 25 and not report.unseen, report.unseen

@@ -132,7 +132,7 @@ def test_a_packed_batch_holds_each_image_as_timm_patchifies_it_and_gives_it_back
 
 
 def test_timms_naflexvit_is_conformant_on_packed_batches_of_three_grids():
-    from tests.data.naflex_ports import port
+    from conformance.examples.naflex_ports import port
 
     report = verify(port, SMALL, port="timm NaFlexVit, packed")
     assert report.conformant, report.failures[:2] or [(s.name, s.ratio) for s in report.stages if not s.ok][:3]
@@ -154,7 +154,7 @@ THOROUGH = pytest.mark.skipif(
     ],
 )
 def test_naflexs_classic_bugs_on_packed_batches_are_located_and_named(mutant, stage, named):
-    import tests.data.naflex_ports as ports
+    import conformance.examples.naflex_ports as ports
 
     report = verify(getattr(ports, mutant), SMALL, port=f"timm NaFlexVit, {mutant}")
     assert not report.conformant and report.located() == stage
@@ -168,7 +168,7 @@ def test_a_packed_port_is_told_the_shape_it_must_return_and_needs_a_config_of_an
         forward = port(config, state, dtype)
         return lambda batch: {k: v[:, : 2 + 24] if v.ndim == 3 else v for k, v in forward(batch).items()}
 
-    from tests.data.naflex_ports import port
+    from conformance.examples.naflex_ports import port
 
     unpadded.supports, unpadded.inputs = VIT_FAMILY, "naflex"
     report = verify(unpadded, SMALL, port="unpadded")

@@ -28,7 +28,7 @@ def test_vit_pytorch_models_unmodified_are_conformant_and_their_bugs_located(nam
     nn.ModuleList([Attention, FeedForward]) whose residuals the parent adds) and within its
     bound. The companions: the attention scale doubled in block 0 is located at its weights, one
     LayerNorm shared by both branches at block 0's norm1."""
-    import tests.data.vit_pytorch_port as V
+    import conformance.examples.vit_pytorch_port as V
 
     config = get_config("vit_test_token").replace(**getattr(V, VIT_PYTORCH[name]))
     report = verify(getattr(V, name), config, cases=quick_cases(config))
@@ -41,7 +41,7 @@ def test_vit_pytorch_models_unmodified_are_conformant_and_their_bugs_located(nam
 
 @pytest.mark.parametrize("name", list(VIT_PYTORCH))
 def test_vit_pytorch_models_in_bfloat16_are_conformant(name):
-    import tests.data.vit_pytorch_port as V
+    import conformance.examples.vit_pytorch_port as V
 
     config = get_config("vit_test_token").replace(**getattr(V, VIT_PYTORCH[name]))
     report = verify(getattr(V, name), config, cases=quick_cases(config), dtype="bfloat16")
@@ -69,7 +69,7 @@ def test_a_vit_pytorch_model_on_the_default_config_is_not_expressible_one_line_p
     """Without the options, exit 2 (NotExpressible), never NOT CONFORMANT at load: one line per
     option the model needs, each naming it, and no line left over about unfilled parameters."""
     from conformance.capture.expressible import NotExpressible
-    import tests.data.vit_pytorch_port as V
+    import conformance.examples.vit_pytorch_port as V
 
     build, rename = (V.vit, V.VIT_RENAME) if name == "vit_cls" else (V.simple_vit, V.SIMPLE_RENAME)
     config = get_config("vit_test_token")

@@ -356,4 +356,4 @@ def test_a_model_that_computes_otherwise_when_unobserved_is_a_finding(cli):
     passed the same check on its determinism re-run."""
     code, out, err = cli("verify", f"{H}:hides_when_unobserved")
     assert code == 1, out + err
-    assert "logits without capture's hooks differ from its logits observed" in out, out[-1500:]
+    assert "FAIL logits" in out and "without capture's hooks differs from its output observed" in out, out[-1500:]

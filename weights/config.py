@@ -118,12 +118,23 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
 
 
+# float32's largest finite and smallest normal magnitudes (numpy.finfo(numpy.float32).max, .tiny)
+FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
+
+
 def _real(value: Any, name: str, optional: bool = False) -> None:
-    """A finite real number (not a bool, a string or Infinity from a JSON config)."""
+    """A finite real number (not a bool, a string or Infinity from a JSON config) that float32
+    holds: every port computes with the config's numbers in float32 or coarser, so a value it
+    rounds to Inf or to 0 (or a subnormal) is a config no port can run, not a finding about one."""
     if optional and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{name} must be a finite number{' or None' if optional else ''}, got {value!r}")
+    if abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY:
+        raise ConfigError(
+            f"{name} must be a number float32 holds (0, or a magnitude from {FLOAT32_TINY:.3g} to {FLOAT32_MAX:.3g}): "
+            f"got {value!r}, which float32 rounds to {'Inf' if abs(value) > 1 else '0 or a subnormal'}"
+        )
 
 
 @dataclass(frozen=True)
@@ -237,6 +248,11 @@ class ViTConfig:
         _real(self.rope_grid_offset, "rope_grid_offset")
         if not self.rope_temperature > 0:
             raise ConfigError(f"rope_temperature must be > 0, got {self.rope_temperature!r}")
+        if abs(self.rope_grid_offset) > 2**24:  # float32's integers are exact to 2^24, its grid's neighbours apart
+            raise ConfigError(
+                f"rope_grid_offset must be at most 2^24 in magnitude (beyond, float32 rounds neighbouring grid "
+                f"coordinates to one value: no port can tell the positions apart), got {self.rope_grid_offset!r}"
+            )
         if self.rope_grid_indexing not in ("ij", "xy"):
             raise ConfigError(f"rope_grid_indexing must be 'ij' (row, column) or 'xy', got {self.rope_grid_indexing!r}")
         if not isinstance(self.rope_rotate_half, bool):

@@ -7,6 +7,8 @@ import re
 from collections.abc import Callable, Mapping
 from functools import cache, lru_cache
 
+import numpy as np
+
 
 class LoadError(ValueError):
     """The mapped weights do not fit the model: names the keys and shapes."""
@@ -69,7 +71,6 @@ def unit_axes(value, shape):
     """``value`` reshaped to ``shape`` where the two differ only in axes of size 1 (a
     ``pos_embed`` (1, N, D) for a (N, D) parameter, a ``cls_token`` (1, 1, D) for a (1, D) one);
     else ``value`` as it is (its shape is then a finding)."""
-    import numpy as np
 
     if (
         shape is not None
@@ -155,3 +156,24 @@ def config_argument(fn, positional: int | None, keyword: str = "config") -> str 
     if len(required) >= positional or any(p.kind == kinds.VAR_POSITIONAL for p in params):
         return "positional"
     return None
+
+
+def k_bias_free(convert: Callable, state, config) -> list[int]:
+    """The blocks whose model has no k bias: ``convert`` (the port's, canonical state -> the
+    model's) sends every entry of qkv.bias but the k third somewhere (q kᵀ + q b_kᵀ: the softmax
+    removes the second term, a per-query constant, so the attention is the same function; its k tap
+    is compared with b_k added back)."""
+    if not (config.qkv_bias and config.k_bias and config.qkv_fused):  # a qkv.bias to probe
+        return []
+    D, keys = config.embed_dim, [f"blocks.{i}.attn.qkv.bias" for i in range(config.depth)]
+    probe = {k: np.zeros(np.shape(v), np.float32) for k, v in state.items()}
+    for i, k in enumerate(keys):  # every block's entries numbered apart, in one call
+        probe[k] = np.arange(1, 3 * D + 1, dtype=np.float32) + i * 3 * D
+    sent = set(np.concatenate([np.asarray(v, np.float64).ravel() for v in convert(probe).values()]))
+    k_third = np.arange(D + 1, 2 * D + 1)
+    return [
+        i
+        for i in range(config.depth)
+        if not any(v + i * 3 * D in sent for v in k_third)
+        and all(v + i * 3 * D in sent for v in np.r_[1 : D + 1, 2 * D + 1 : 3 * D + 1])
+    ]

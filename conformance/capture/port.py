@@ -25,6 +25,7 @@ from conformance.capture.mapping import (
     LoadError,
     config_argument,
     module_of,
+    k_bias_free,
     patch_layout,
     patches_to_canonical,
     rename_function,
@@ -32,6 +33,7 @@ from conformance.capture.mapping import (
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.quantize import quantized_port
+from conformance.capture.observed import output_arrays
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import ToolError, describe_exception
 from impls.protocol import ViTConfig, tap_names
@@ -177,7 +179,8 @@ class ModelPort:
                 arrays[mk] = adapter.native(mk, patch_layout(k, np.asarray(v), shape, config, self.patch_order), shape)
         else:
             # in the model's own layouts, but for size-1 axes (a (1, 1, D) class token for a (1, D) one)
-            arrays = {k: unit_axes(np.asarray(v), params.get(k)) for k, v in self._convert(dict(state), config).items()}
+            converted = {adapter.resolve(k, params): v for k, v in self._convert(dict(state), config).items()}
+            arrays = {k: unit_axes(np.asarray(v), params.get(k)) for k, v in converted.items()}
         unknown = sorted(set(arrays) - set(params))
         homeless = [source.get(k, k) for k in unknown]
         if unknown and optional_parts(homeless):  # the model lacks parts the config names
@@ -208,23 +211,10 @@ class ModelPort:
         return arrays, [k for k in unfilled if int(np.prod(params[k])) > 0 and not MASK_TOKEN.fullmatch(k)]
 
     def _k_bias_free(self, state, config: ViTConfig) -> list[int]:
-        """The blocks whose model has no k bias: the convert sends every entry of qkv.bias but the
-        k third somewhere (q kᵀ + q b_kᵀ: the softmax removes the second term, a per-query constant,
-        so the attention is the same function; its k tap is compared with b_k added back)."""
-        if self.convert is None or not (config.qkv_bias and config.k_bias and config.qkv_fused):  # a qkv.bias to probe
+        """The blocks whose model has no k bias (``conformance.capture.mapping.k_bias_free``)."""
+        if self.convert is None:
             return []
-        D, keys = config.embed_dim, [f"blocks.{i}.attn.qkv.bias" for i in range(config.depth)]
-        probe = {k: np.zeros(np.shape(v), np.float32) for k, v in state.items()}
-        for i, k in enumerate(keys):  # every block's entries numbered apart, in one call
-            probe[k] = np.arange(1, 3 * D + 1, dtype=np.float32) + i * 3 * D
-        sent = set(np.concatenate([np.asarray(v, np.float64).ravel() for v in self._convert(probe, config).values()]))
-        k_third = np.arange(D + 1, 2 * D + 1)
-        return [
-            i
-            for i in range(config.depth)
-            if not any(v + i * 3 * D in sent for v in k_third)
-            and all(v + i * 3 * D in sent for v in np.r_[1 : D + 1, 2 * D + 1 : 3 * D + 1])
-        ]
+        return k_bias_free(lambda s: self._convert(s, config), state, config)
 
     def _unexpressed(self, dropped, key_map, adapter: BaseAdapter, config: ViTConfig, reads=None):
         """The answer for a model the config does not describe: the canonical keys it has no place
@@ -264,6 +254,7 @@ class ModelPort:
             raise self._unexpressed(dropped, key_map, adapter, config, e.reads) from None
         dropped = sorted(k for k, targets in key_map.items() if not targets and not k.startswith("head."))
         params = adapter.params()
+        key_map = {k: [adapter.resolve(m, params) for m in targets] for k, targets in key_map.items()}
         # the config names parts the model lacks, or the model computes what the config has no
         # word for (no mapping could make it fit): not a finding about the port
         if dropped or schemes(adapter.kinds(), params, config):
@@ -383,21 +374,26 @@ class CapturedForward:
         self.k_bias: dict[int, np.ndarray] = {}  # block -> qkv.bias of a model without k bias (ModelPort._k_bias_free)
         self.quantized = None  # ModelPort(quantize=): its weights read back (conformance.capture.quantized)
         self.compiled = False  # a call met a compiled function's placeholders (then every call is read so)
+        self.observed: list[np.ndarray] | None = None  # the arrays the last call's own pass returned
 
     def __call__(self, images) -> Taps:
         images = np.asarray(images)
         x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
         inputs = self.adapter.to_input(np.ascontiguousarray(x), self.input_dtype)
+        self.adapter.path = None
         if not self.fast_paths:
             taps = self._pass(inputs, images.shape[0], functions=True)
+            taps.path = self.adapter.path
         else:
             # The model's own path first (hooks only: its native kernels run as for its user), then
             # the internals those kernels hide, read in a second pass that leaves them; both are judged.
             taps = self._pass(inputs, images.shape[0], functions=False)
-            second = self._pass(inputs, images.shape[0], functions=True)
+            path = self.adapter.path
+            second = self._pass(inputs, images.shape[0], functions=True, own=False)
             merge_second(taps, second, "in a second pass under a TorchFunctionMode")
+            taps.path = path
         taps.quantized = self.quantized
-        if getattr(self.adapter, "recompiled", None) and "logits" in taps.sources:  # told, never silent
+        if self.adapter.recompiled and "logits" in taps.sources:  # told, never silent
             taps.sources["logits"] += (
                 f"; the compiled forward compiled again for an input it had compiled for ({self.adapter.recompiled})"
             )
@@ -409,25 +405,18 @@ class CapturedForward:
         self.compiled = True
         own = self._pass(inputs, images.shape[0], functions=False, watch=False)
         with self.adapter.uncompiled():
-            second = self._pass(inputs, images.shape[0], functions=True)
+            second = self._pass(inputs, images.shape[0], functions=True, own=False)
         merge_second(own, second, "in a second pass with compilation off")
         own.quantized = self.quantized
         return own
 
-    def unobserved(self, images) -> Taps:
-        """The model's output on ``images`` with nothing of capture attached (no hook, no function
-        mode): verify compares it with an observed call's, bitwise (a model that computes otherwise
-        when observed cannot be judged by observing it; docs/verify.md, "What capture sees")."""
-        images = np.asarray(images)
-        x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
-        inputs = self.adapter.to_input(np.ascontiguousarray(x), self.input_dtype)
-        return self._pass(inputs, images.shape[0], functions=False, watch=False)
-
-    def _pass(self, inputs, batch: int, functions: bool, watch: bool = True) -> Taps:
+    def _pass(self, inputs, batch: int, functions: bool, watch: bool = True, own: bool = True) -> Taps:
         """The stages one call shows (``watch=False``: the model's output alone, no hooks)."""
         recorder = Recorder(self.adapter, self.config, batch, self.plan.blocks)
         out = self.adapter.run(inputs, recorder, self.plan.watch() if watch else {}, functions=functions)
         recorder.raise_error()
+        if own:  # the model's own path (not a second pass off it): what ``unobserved`` compares with
+            self.observed = output_arrays(self.adapter, out)
         taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))
         for stage in tap_names(self.config):
             source = self.plan.sources.get(stage)

@@ -28,6 +28,7 @@ class Taps(dict):
         self.from_second: set[str] = set()  # stages here that only the second pass showed
         # a quantized port's weights as its kernels compute with them (conformance.capture.quantized)
         self.quantized = None
+        self.path: str | None = None  # how a compiled model's call ran (compiled, compiled again, eager)
 
     def own_pass(self) -> "Taps":
         """The stages read on the model's own path alone (a stage's local check then never takes
@@ -41,7 +42,7 @@ class Taps(dict):
             sources=self.sources,
         )
         own.dtypes = {k: v for k, v in self.dtypes.items() if k not in self.from_second}
-        own.quantized = self.quantized
+        own.quantized, own.path = self.quantized, self.path
         return own
 
 

@@ -14,4 +14,7 @@ seed_einops_vit     the Chinese post's einops ViT as published (its "(h d qkv)" 
 torchvision_vit     torchvision's VisionTransformer (nn.MultiheadAttention on its native fast path)
 open_clip_vit       open_clip's VisionTransformer, headless (a final norm on the pooled token, or on every token)
 quantized           mlx-image's ViT after mlx.nn.quantize, timm's after torch.ao's dynamic int8 (ModelPort(quantize=))
+vit_pytorch_port    vit-pytorch's ViT and SimpleViT (lucidrains'), as people write them
+eqx_mha_vit         an Equinox ViT on eqx.nn.MultiheadAttention (its vmap over heads read)
+naflex_ports        timm's NaFlexVit as a port of packed batches, and NaFlex's classic bugs
 """

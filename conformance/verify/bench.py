@@ -218,12 +218,17 @@ def fit(rows) -> dict[str, float]:
     }
 
 
-DATA = Path(__file__).resolve().parents[2] / "docs" / "data" / "bench_verify.json"
+DATA = Path(__file__).resolve().parents[2] / "docs" / "data" / "bench_verify.json"  # a checkout's
 
 
 def main(args) -> int:
-    if getattr(args, "fit", False):
-        for name, value in fit(json.loads(DATA.read_text())["rows"]).items():
+    if args.fit is not None:  # True: the checkout's recorded rows
+        path = DATA if args.fit is True else Path(args.fit)
+        rows = _rows(path)
+        if isinstance(rows, str):
+            print(f"usage error: --fit {path}: {rows}", file=sys.stderr)
+            return 2
+        for name, value in fit(rows).items():
             print(f"{name} = {value:.5g}")
         return 0
     configs = CONFIGS
@@ -241,3 +246,19 @@ def main(args) -> int:
     else:
         print(text)
     return 0
+
+
+def _rows(path: Path) -> list | str:
+    """The rows of a verify benchmark's JSON, or why there are none to fit."""
+    if not path.is_file():
+        return (
+            "no such file (a checkout holds docs/data/bench_verify.json; elsewhere measure first: "
+            "python -m conformance bench --verify --json FILE, then --fit FILE)"
+        )
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"not a verify benchmark's JSON (an object with its 'rows'): {e}"
+    if not isinstance(rows, list) or not rows:
+        return "its 'rows' are empty: nothing to fit"
+    return rows

@@ -91,9 +91,7 @@ class Child:
                     both, findings = self.side.twice(
                         case, config, dtype, keep=lambda out: writer.encode(limits.portable(out))
                     )
-                    tree = (
-                        None if both is None else {"__tuple__": [*both[:-1], writer.encode(limits.portable(both[-1]))]}
-                    )
+                    tree = None if both is None else {"__tuple__": [both[0], writer.encode(limits.portable(both[1]))]}
                     return {"status": "ok", "out": tree, "findings": [list(f) for f in findings]}
                 elif op == "backward":
                     loss = request["loss"]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 
+from conformance.capture.observed import unobserved
 from conformance.capture.port import CapturedForward
 from conformance.guard import process_state
 from conformance.report import UsageError, describe_exception
@@ -59,11 +60,12 @@ class PortSide(Protocol):
     def forward(self, case: Case, config: ViTConfig, dtype: str) -> tuple[Any, Findings]:
         """Build the port on the case's state and run it on its images: (its output or None, findings)."""
 
-    def twice(self, case: Case, config: ViTConfig, dtype: str) -> tuple[tuple[Any, ...] | None, Findings]:
+    def twice(self, case: Case, config: ViTConfig, dtype: str) -> tuple[tuple[Any, Any] | None, Findings]:
         """Build once, call twice on the same images: (both outputs, or None, findings); the
         first is not held in the port's memory while the second runs where it can be written
         out (a full-size model's taps, twice, would not fit). A captured model is called a third
-        time with nothing of capture attached (``CapturedForward.unobserved``): its output third."""
+        time with nothing of capture attached (``CapturedForward.unobserved``): a finding where
+        its output is not the observed call's."""
 
     def backward(self, case: Case, config: ViTConfig, dtype: str, loss) -> tuple[Any, Findings]:
         """Build the gradient factory on the case's state, take ``loss``'s gradients on its images."""
@@ -148,9 +150,11 @@ class InProcess:
             first = keep(first)
             ran, second = handed.call(sink, "forward", forward, handed.inputs)
             if ran and isinstance(forward, CapturedForward):  # and once with nothing of capture attached
-                second = keep(second)
-                ran, plain = handed.call(sink, "forward", forward.unobserved, handed.inputs)
-                return ((first, second, plain) if ran else None), sink.findings()
+                from conformance.verify.report import finding
+
+                ran, differs = handed.call(sink, "forward", lambda images: unobserved(forward, images), handed.inputs)
+                if ran and differs:
+                    finding(sink, case.name, "logits", differs)
         return ((first, second) if ran else None), sink.findings()
 
     def backward(self, case: Case, config: ViTConfig, dtype: str, loss):

@@ -49,6 +49,7 @@ class Report(VerifyReport):
     attention: dict | None = None  # an attention port's options (then config is unused)
     # a quantized port's: {"what": how, "cost": {stage: row}} (conformance.verify.quantized)
     quantization: dict | None = None
+    paths: dict[str, str] = field(default_factory=dict)  # case -> how a compiled model's forward ran on it
 
     @property
     def kind(self) -> str:
@@ -93,6 +94,7 @@ class Report(VerifyReport):
             "sources": self.sources,
             "diagnosis": None if self.diagnosis is None else self.diagnosis.to_dict(),
             "quantization": self.quantization,
+            "paths": self.paths,
         }
 
 
@@ -157,6 +159,7 @@ def format_report(report: Report) -> str:
         },
         "read from",
     )
+    lines += _path_lines(report.paths)
     for s in report.skipped:
         lines.append(f"not judged: {s}")
     judged = len(report.cases) - len(report.skipped)
@@ -245,3 +248,12 @@ def plot_report(report: Report, path: str | Path, fmt: str | None = None) -> Non
     fig.tight_layout()
     fig.savefig(path, dpi=120, format=fmt)
     plt.close(fig)
+
+
+def _path_lines(paths: dict[str, str]) -> list[str]:
+    """A compiled model's cases, grouped by how its forward ran on each (never silent: a model past
+    dynamo's recompile limit runs eagerly, and its verdict is then the eager model's)."""
+    by: dict[str, list[str]] = {}
+    for case, path in paths.items():
+        by.setdefault(path, []).append(case)
+    return [f"ran {path} on {len(cases)} case(s): {'; '.join(cases)}" for path, cases in by.items()]

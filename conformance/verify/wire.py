@@ -84,6 +84,7 @@ class Writer:
                 "sources": dict(obj.sources),
                 "dtypes": dict(obj.dtypes),
                 "from_second": sorted(obj.from_second),
+                "path": obj.path,
                 "second": None if obj.second is None else self.encode(obj.second),
                 "quantized": None
                 if obj.quantized is None
@@ -174,6 +175,7 @@ class Reader:
             )
             taps.dtypes = _strings(tree.get("dtypes", {}))
             taps.from_second = set(map(str, tree.get("from_second", [])))
+            taps.path = None if tree.get("path") is None else str(tree["path"])
             taps.second = None if tree.get("second") is None else self.decode(tree["second"])
             q = tree.get("quantized")
             if q is not None:

@@ -128,6 +128,10 @@ class BaseAdapter:
         return []
 
     supports_gradients = False
+    # a compiled model's: how its last call ran ("compiled", "compiled again", "eager: ..."), and why
+    # it compiled again for an input it had compiled for (torch's adapter sets them; None elsewhere)
+    path: str | None = None
+    recompiled: str | None = None
     channels_first = False  # a convolution's output is (B, D, h, w), not (B, h, w, D)
 
     def quantized(self) -> dict:

@@ -4,6 +4,7 @@ where it would switch off a native kernel), autocast, autograd with tap cotangen
 from __future__ import annotations
 
 import contextlib
+import sys
 import functools
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 # PyTorch modules with a native fast path that a TorchFunctionMode switches off.
 TORCH_FAST_PATHS = ("MultiheadAttention", "TransformerEncoderLayer")
+COMPILED_PREFIX = "_orig_mod."  # torch.compile's wrapper's name for the module it wraps
 
 
 class TorchAdapter(BaseAdapter):
@@ -36,6 +38,14 @@ class TorchAdapter(BaseAdapter):
         self.autocast: str | None = None  # ModelPort(autocast=True): run under torch.autocast in this dtype
         self._compiled_for: set = set()  # the inputs (shape, dtype, pass) the compiled model has compiled for
         self.recompiled: str | None = None  # why it compiled again for one of them (dynamo's failing guard)
+        self.path: str | None = None  # how the compiled model's last call ran (``_compiled_call``)
+
+    def resolve(self, key, params):
+        # a compiled model's own state_dict names its weights under "_orig_mod." (what the docs once
+        # said to map to): taken as the wrapped module's names, as the bare ones are
+        if self.compiled is not None and key not in params and key.startswith(COMPILED_PREFIX):
+            return key[len(COMPILED_PREFIX) :]
+        return key
 
     def gradients(self, images, loss, forward: "CapturedForward"):
         """(value, {model key: gradient}, d value / d images, {stage: cotangent}) of the
@@ -232,7 +242,9 @@ class TorchAdapter(BaseAdapter):
             ):
                 if self.compiled is None:
                     return self.model(inputs, **self.call_kwargs)
-                return self._compiled_call(inputs, (tuple(inputs.shape), str(inputs.dtype), functions, self.retain))
+                return self._compiled_call(
+                    inputs, (tuple(inputs.shape), str(inputs.dtype), functions, self.retain, bool(watch))
+                )
         finally:
             torch._native_multi_head_attention = native
             for h in handles:
@@ -247,10 +259,10 @@ class TorchAdapter(BaseAdapter):
 
         if key not in self._compiled_for:
             self._compiled_for.add(key)
-            return self.compiled(inputs, **self.call_kwargs)
+            return self._told(lambda: self.compiled(inputs, **self.call_kwargs), "compiled")
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
-                return self.compiled(inputs, **self.call_kwargs)
+                return self._told(lambda: self.compiled(inputs, **self.call_kwargs), "compiled")
         except RuntimeError as e:
             if "recompile" not in str(e):
                 raise
@@ -258,7 +270,30 @@ class TorchAdapter(BaseAdapter):
                 line.strip(" -") for line in str(e).splitlines() if line.strip().startswith("- ") and "==" in line
             ]
             self.recompiled = guards[0].split("#")[0].strip() if guards else str(e).splitlines()[0]
-            return self.compiled(inputs, **self.call_kwargs)
+            return self._told(lambda: self.compiled(inputs, **self.call_kwargs), "compiled again")
+
+    def _told(self, call, compiled: str):
+        """``call()``, noting in ``path`` whether the wrapped module's own Python ``forward`` ran:
+        past dynamo's recompile limit (or where it skips a frame) the model runs eagerly, silently,
+        under any stance; compiled code never enters that code object (its trace is run instead)."""
+        code, ran = type(self.model).forward.__code__, []
+        before = sys.getprofile()
+
+        def profile(frame, event, arg):
+            if event == "call" and frame.f_code is code:
+                ran.append(True)
+            if before is not None:
+                before(frame, event, arg)
+
+        sys.setprofile(profile)
+        try:
+            out = call()
+        finally:
+            sys.setprofile(before)
+        self.path = (
+            "eager: the model's own forward ran (dynamo's recompile limit, or a skipped frame)" if ran else compiled
+        )
+        return out
 
 
 @functools.lru_cache(maxsize=1)
