@@ -163,12 +163,33 @@ def _check_given_ports(config) -> None:
             try:
                 if not hasattr(config, "workerinput") and not opts.in_process_ports:
                     _remote(kind, spec).check()
-                load_port(kind, spec)
+                _drawable(flag, spec, load_port(kind, spec))
             except (PortStopped, UsageError) as e:
                 why = str(e).removeprefix(f"cannot load {WHAT[kind]} {spec!r}: ")
                 raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {why}") from None
             except Exception as e:  # noqa: BLE001 - the port's declaration is the user's to fix
                 raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {describe_exception(e)}") from None
+
+
+def _drawable(flag: str, spec: str, make) -> None:
+    """Refuse a port the property suite cannot feed or bound (a usage error naming what judges it):
+    it draws images and judges by the float model's rounding bounds, so a port of packed batches
+    (``inputs="naflex"``) and a quantized ModelPort (its weights moved by the quantization) are
+    verify's (docs/verify.md, docs/quantization.md), never a finding the port did not earn."""
+    from conformance.capture import ModelPort
+    from conformance.report import UsageError
+    from conformance.support import inputs_of
+
+    if inputs_of(make) == "naflex":
+        raise UsageError(
+            f"it takes packed batches (inputs='naflex') and the property suite draws images: "
+            f"python -m conformance verify {spec} judges it on packed batches"
+        )
+    if isinstance(make, ModelPort) and make.quantize is not None:
+        raise UsageError(
+            f"it is quantized (ModelPort(quantize=)) and the property suite bounds the float model's rounding: "
+            f"python -m conformance verify {spec} judges it on its own weights (docs/quantization.md)"
+        )
 
 
 def _remote(kind: str, spec: str):

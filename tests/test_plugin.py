@@ -301,3 +301,18 @@ def test_a_given_model_the_tool_cannot_judge_ends_the_run_as_a_usage_error(tmp_p
     assert code == 4, out[-2000:]
     assert "vit-conformance: the tool does not take this model's module system: Transformed is a Haiku model" in out
     assert not workers or "vit-conformance: the config cannot express this model: " in out, out[-2000:]
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("conformance.examples.naflex_ports:port", "takes packed batches (inputs='naflex')"),
+        ("conformance.examples.quantized:mlx_image_4bit", "is quantized (ModelPort(quantize=))"),
+    ],
+)
+def test_a_port_the_suite_cannot_feed_is_a_usage_error_naming_verify(tmp_path, spec, words):
+    """A packed port fed images, a quantized port drawn 2 wide for groups of 64: neither blamed on
+    the port; the run stops as a usage error naming verify (the companion: every given port above
+    runs)."""
+    code, out = run_pytest(tmp_path, "--port", spec, "--only-given-ports", select=MAIN)
+    assert code == 4 and words in out and f"python -m conformance verify {spec}" in out, out[-800:]

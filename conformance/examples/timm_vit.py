@@ -6,9 +6,15 @@ from impls.protocol import VIT_FAMILY
 
 
 def build(config, fused_attn=True):
-    from conformance.references import timm_vit
+    """timm's model for ``config``; a config timm has no keyword for is one the port does not
+    support (the family's options combine in ways no timm class takes: the plugin draws them)."""
+    from conformance.references import NotInTimm, timm_vit
+    from conformance.support import Unsupported
 
-    model = timm_vit(config)
+    try:
+        model = timm_vit(config)
+    except NotInTimm as e:
+        raise Unsupported(f"config not supported by timm: {e}") from None
     for block in model.blocks:
         block.attn.fused_attn = fused_attn
     return model

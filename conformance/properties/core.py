@@ -102,6 +102,7 @@ def _fail(port: str, what: str, case, **details) -> PropertyFailure:
 
 def _call(port: str, fn: Callable, *args, case=None):
     """Run a port; an exception or a malformed result is a finding, not a crash."""
+    from hypothesis import currently_in_test_context, reject
     from hypothesis.errors import UnsatisfiedAssumption
 
     from conformance.report import CannotJudge, ToolError, describe_exception
@@ -112,9 +113,15 @@ def _call(port: str, fn: Callable, *args, case=None):
     try:
         with process_state():  # numpy's functions, error handling and the working directory kept
             return fn(*args)
-    except (UnsatisfiedAssumption, Unsupported, ToolError, CannotJudge):
-        # a config the port does not support: discarded (hypothesis) or reported as such; the
-        # tool's own failure; a model the tool cannot judge (the plugin's usage error)
+    except Unsupported:
+        # a drawn config the port refuses as it builds (a combination its declaration cannot say):
+        # discarded, the property goes on with the next; a fixed one is reported as such
+        if currently_in_test_context():
+            reject()
+        raise
+    except (UnsatisfiedAssumption, ToolError, CannotJudge):
+        # discarded (hypothesis); the tool's own failure; a model the tool cannot judge (the
+        # plugin's usage error)
         raise
     except SystemExit as e:
         raise _fail(port, f"the port exited (sys.exit({e.code!r})) before returning", case) from e
