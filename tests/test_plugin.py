@@ -310,9 +310,17 @@ def test_a_given_model_the_tool_cannot_judge_ends_the_run_as_a_usage_error(tmp_p
         ("conformance.examples.quantized:mlx_image_4bit", "is quantized (ModelPort(quantize=))"),
     ],
 )
-def test_a_port_the_suite_cannot_feed_is_a_usage_error_naming_verify(tmp_path, spec, words):
+def test_a_port_the_suite_cannot_feed_is_a_usage_error_naming_verify(spec, words):
     """A packed port fed images, a quantized port drawn 2 wide for groups of 64: neither blamed on
-    the port; the run stops as a usage error naming verify (the companion: every given port above
-    runs)."""
-    code, out = run_pytest(tmp_path, "--port", spec, "--only-given-ports", select=MAIN)
-    assert code == 4 and words in out and f"python -m conformance verify {spec}" in out, out[-800:]
+    the port; the run stops as a usage error naming verify (pytest's exit 4, as for a port that
+    cannot be loaded: above). The companion: a float port of images is drawable."""
+    from conformance.plugin import _drawable
+    from conformance.report import UsageError
+    from conformance.verify.portside import load_port
+
+    with pytest.raises(UsageError) as info:
+        _drawable("--port", spec, load_port("forward", spec))
+    assert words in str(info.value) and f"python -m conformance verify {spec}" in str(info.value)
+    _drawable(
+        "--port", "conformance.examples.timm_vit:port", load_port("forward", "conformance.examples.timm_vit:port")
+    )

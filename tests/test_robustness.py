@@ -349,11 +349,17 @@ def test_a_gradient_factory_and_an_attention_port_that_end_their_process_are_fin
     assert code == 1 and "the port exited (sys.exit(0)) before returning" in out, out[-500:] + err[-500:]
 
 
-def test_a_model_that_computes_otherwise_when_unobserved_is_a_finding(cli):
+def test_a_model_that_computes_otherwise_when_unobserved_is_a_finding():
     """A captured model is called once more with nothing of capture attached: its logits must be the
     observed call's, bitwise (the model here moves them when no hook is on it). The companion: every
     correct captured model verified conformant (tests/test_third_party.py, test_compiled.py, ...)
     passed the same check on its determinism re-run."""
-    code, out, err = cli("verify", f"{H}:hides_when_unobserved")
-    assert code == 1, out + err
-    assert "FAIL logits" in out and "without capture's hooks differs from its output observed" in out, out[-1500:]
+    from conformance.verify.forward import verify
+    from tests.capture_cases import quick_cases
+    from tests.data.hostile_ports import hides_when_unobserved
+
+    config = get_config("vit_test_token")
+    report = verify(hides_when_unobserved, config, port="hides", cases=quick_cases(config)[:1])
+    said = [f["reason"] for f in report.failures if f["stage"] == "logits"]
+    assert not report.conformant and said, report.failures[:2]
+    assert "without capture's hooks differs from its output observed" in said[0], said
