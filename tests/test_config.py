@@ -144,3 +144,9 @@ def test_a_number_float32_holds_is_a_valid_config():
 def test_a_value_beyond_float32_is_exit_2_naming_the_option(cli):
     code, out, err = cli("verify", "torch", "--preset", "vit_test_rope", "--set", "rope_grid_offset=1e300")
     assert code == 2 and "rope_grid_offset must be a number float32 holds" in out + err, out + err
+
+
+def test_a_declared_depth_of_a_billion_is_refused_before_anything_is_built():
+    with pytest.raises(ConfigError, match="depth must be at most 1024"):
+        ViTConfig(depth=10**9)
+    assert ViTConfig(depth=1024).depth == 1024  # the companion: the limit itself is taken

@@ -481,3 +481,22 @@ def test_a_distilled_deit_exports_as_deit_with_teacher_and_reads_back_bitwise(tm
     settings["architectures"] = ["DeiTForImageClassification"]
     with pytest.raises(WeightError, match="not both heads"):
         hf.hf_config_to_vit(settings)
+
+
+def test_an_unknown_layout_in_a_files_metadata_is_exit_2_naming_it(tmp_path, cli):
+    """A safetensors file whose vit_conformance_layout names no layout (another tool's or an edit):
+    the command names the key and the value, exit 2; the companion: the file as written converts."""
+    from safetensors.numpy import load_file, save_file
+    from safetensors import safe_open
+
+    config = get_config("vit_test_token")
+    src = tmp_path / "src.safetensors"
+    write(init_state(config, seed=1), config, str(src), "canonical")
+    with safe_open(str(src), "np") as f:
+        meta = dict(f.metadata())
+    odd = tmp_path / "odd.safetensors"
+    save_file(load_file(str(src)), str(odd), metadata={**meta, "vit_conformance_layout": "timm_v9"})
+    code, out, err = cli("convert", odd, tmp_path / "a.safetensors", "--to", "torch")
+    assert code == 2 and "vit_conformance_layout='timm_v9'" in out + err, out + err
+    code, out, err = cli("convert", src, tmp_path / "b.safetensors", "--to", "torch")
+    assert code == 0, out + err

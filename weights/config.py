@@ -118,6 +118,7 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
 
 
+MAX_DEPTH = 1024
 # float32's largest finite and smallest normal magnitudes (numpy.finfo(numpy.float32).max, .tiny)
 FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
 
@@ -192,6 +193,11 @@ class ViTConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{key} must be a positive int, got {value!r}")
+        if self.depth > MAX_DEPTH:  # before any table is built from it (a block's keys, stages, weights)
+            raise ConfigError(
+                f"depth must be at most {MAX_DEPTH} (20 times the deepest published ViT's, ViT-e's 56), got "
+                f"{self.depth!r}"
+            )
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
             raise ConfigError(f"num_classes must be an int >= 0, got {self.num_classes!r}")
         if min(img) < 1 or min(patch) < 1:

@@ -33,7 +33,13 @@ def detect(path: str) -> str:
         raise WeightError(f"{path!r} does not exist")
     head = header(path) if p.is_file() and p.suffix == ".safetensors" else None
     if head is not None and LAYOUT_METADATA_KEY in head[0]:
-        return head[0][LAYOUT_METADATA_KEY]
+        declared = head[0][LAYOUT_METADATA_KEY]
+        if declared not in REGISTRY:
+            raise WeightError(
+                f"{path!r} declares {LAYOUT_METADATA_KEY}={declared!r} in its metadata, not a layout this tool "
+                f"knows ({', '.join(LAYOUTS)}): written by another tool or version, or edited; pass --from"
+            )
+        return declared
     for name in ORDER:
         if REGISTRY[name].detect(path, head):
             return name
