@@ -500,3 +500,31 @@ def test_an_unknown_layout_in_a_files_metadata_is_exit_2_naming_it(tmp_path, cli
     assert code == 2 and "vit_conformance_layout='timm_v9'" in out + err, out + err
     code, out, err = cli("convert", src, tmp_path / "b.safetensors", "--to", "torch")
     assert code == 0, out + err
+
+
+def test_a_truncated_npz_member_and_an_npz_that_inflates_a_thousandfold_are_refused_by_name(tmp_path):
+    """A member cut short is said to be truncated (not "pickled objects"); a 1 GiB member stored
+    in a few KiB (here 8 MiB) is refused from the zip's directory before it is inflated; the companion: an
+    ordinary .npz reads."""
+    import io
+    import zipfile
+
+    from weights.formats import read_npz
+    from weights.canonical import WeightError
+
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((16, 16), np.float32))
+    cut = tmp_path / "cut.npz"
+    with zipfile.ZipFile(cut, "w") as z:
+        z.writestr("w.npy", buf.getvalue()[:-100])
+    with pytest.raises(WeightError, match="truncated or malformed member"):
+        read_npz(cut)
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        with z.open("w.npy", "w", force_zip64=True) as f:
+            f.write(b"\0" * (8 << 20))  # 8 MiB of zeros deflate to about 8 KiB
+    with pytest.raises(WeightError, match="refused before inflating it"):
+        read_npz(bomb)
+    ok = tmp_path / "ok.npz"
+    np.savez(ok, w=np.ones(3, np.float32))
+    assert read_npz(ok)["w"].tolist() == [1, 1, 1]

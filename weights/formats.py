@@ -13,6 +13,7 @@ any exporter returns the canonical tensors bitwise.
 from __future__ import annotations
 
 import os
+import zipfile
 import re
 from collections.abc import Mapping
 
@@ -485,17 +486,41 @@ def to_open_clip(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str
     return {f"visual.{k}": np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
+# a member that inflates more than this many times its stored bytes (and past 1 MiB) is refused
+# before it is inflated: weights compress by a few times at most, a zip bomb by thousands
+MAX_INFLATION = 100
+
+
 def read_npz(path) -> dict[str, np.ndarray]:
     path = str(path)
     if not os.path.isfile(path):
         raise WeightError(f"weight file {path!r} does not exist")
+    _check_inflation(path)
     try:
         with np.load(path, allow_pickle=False) as f:  # never unpickle
             return {k: f[k] for k in f.files}
     except ValueError as e:
-        raise WeightError(f"{path!r} holds pickled objects; refusing to load them ({e})") from None
+        if "pickle" in str(e):
+            raise WeightError(f"{path!r} holds pickled objects; refusing to load them ({e})") from None
+        raise WeightError(f"{path!r} has a truncated or malformed member: {e}") from None
     except Exception as e:  # noqa: BLE001
         raise WeightError(f"{path!r} is not a readable .npz file: {e}") from None
+
+
+def _check_inflation(path: str) -> None:
+    """Each member's declared inflated size against what it stores (the zip's directory, read
+    before anything is inflated)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise WeightError(f"{path!r} is not a readable .npz file: {e}") from None
+    for m in members:
+        if m.file_size > 1 << 20 and m.file_size > MAX_INFLATION * max(m.compress_size, 1):
+            raise WeightError(
+                f"{path!r}: member {m.filename!r} declares {m.file_size} bytes inflated from {m.compress_size} "
+                f"(over {MAX_INFLATION} times): refused before inflating it (weights compress by a few times at most)"
+            )
 
 
 def write_npz(state, config: ViTConfig, path, flavour: str = "vit") -> None:
