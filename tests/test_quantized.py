@@ -227,3 +227,20 @@ def test_a_weight_moved_by_five_percent_is_not_named_as_a_dropped_zero_point():
     stored = torch.quantize_per_channel(w, w.abs().amax(1) / 127.5, torch.zeros(16, dtype=torch.long), 0, torch.qint8)
     dropped = torch_weight(stored)
     assert dropped.explain((w + shift).double().numpy(), "float32") == ZERO_POINT_DROPPED
+
+
+@pytest.mark.parametrize("returned", [("model",), "model"], ids=["tuple", "string"])
+def test_a_quantize_step_that_returns_no_model_is_exit_2_naming_quantize(returned):
+    """quantize= returning a tuple or a string is the user's input, named (not 'module system not
+    taken', not a finding); the companion: a step returning None (in place) runs, above."""
+    from dataclasses import replace
+
+    from conformance.report import UsageError
+
+    def quantize(model):
+        examples.mlx_image_4bit.quantize(model)
+        return returned
+
+    port = replace(examples.mlx_image_4bit, quantize=quantize)
+    with pytest.raises(UsageError, match=r"ModelPort\(quantize=\.\.\.\) returned a (tuple|str)"):
+        port(CONFIG, default_cases(CONFIG)[0].state)

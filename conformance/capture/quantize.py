@@ -3,10 +3,10 @@ weights read back through the quantized model's adapter (``conformance.capture.q
 
 from __future__ import annotations
 
-from conformance.capture.adapters import ADAPTERS, framework_of
+from conformance.capture.adapters import ADAPTERS, ModuleSystemNotTaken, framework_of
 from conformance.capture.mapping import LoadError
 from conformance.capture.quantized import canonical
-from conformance.report import ToolError, describe_exception
+from conformance.report import ToolError, UsageError, describe_exception
 from conformance.support import Unsupported
 
 
@@ -15,6 +15,11 @@ def quantized_port(port, model, adapter, state, config, arrays, dtype: str):
     read back: (the quantized model's adapter, ``Quantized`` in canonical keys and layouts)."""
     where = port.entry_map(state, adapter, config)  # the float model's names and layouts
     out = port.quantize(model)  # the port's own step: what it raises is the port's
+    if out is not None and framework_of_or_none(out) != framework_of(model):
+        raise UsageError(
+            f"ModelPort(quantize=...) returned a {type(out).__name__}: the step must quantize the model it is "
+            f"given in place and return None, or return the quantized model (a {framework_of(model)} module)"
+        )
     model = model if out is None else out
     quantized = ADAPTERS[framework_of(model)].bind(model, config, port.images)
     quantized.call_kwargs = adapter.call_kwargs
@@ -30,3 +35,11 @@ def quantized_port(port, model, adapter, state, config, arrays, dtype: str):
             "scales): the step must quantize the model it is given, in place or returned"
         )
     return quantized, canonical(read, where, state, arrays, dtype)
+
+
+def framework_of_or_none(obj) -> str | None:
+    """``framework_of``, or None for an object of no module system (a tuple, a string)."""
+    try:
+        return framework_of(obj)
+    except ModuleSystemNotTaken:
+        return None
