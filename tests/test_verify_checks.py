@@ -246,3 +246,22 @@ def test_ports_pass_verify_on_weight_files_with_a_large_offset_and_a_wide_spread
         load_factory(REFERENCES.get(which, which)), CONFIG, port=which, state=load_state(path, CONFIG), dtype=dtype
     )
     assert report.conformant, [(s.name, s.reason) for s in report.stages if not s.ok] + report.failures
+
+
+def test_weights_of_another_layout_name_it_and_the_convert_in_one_line(tmp_path, cli):
+    """An MLX-layout file given to --weights: exit 2 in one line naming its layout and the convert;
+    the companion: the canonical file it converts to verifies."""
+    from weights import init_state
+    from weights.convert import write
+
+    config = get_config("vit_test_token")
+    path = tmp_path / "w_mlx.safetensors"
+    write(init_state(config, seed=0), config, str(path), "mlx")
+    code, out, err = cli("verify", "torch", "--weights", path)
+    said = [line for line in (out + err).splitlines() if "usage error" in line]
+    assert code == 2 and len(said) == 1, out + err
+    assert "is a mlx checkpoint" in said[0] and f"python -m weights convert {path} canonical.safetensors" in said[0]
+    code, out, err = cli("convert", path, tmp_path / "canonical.safetensors", "--to", "canonical")
+    assert code == 0, err
+    code, out, err = cli("verify", "torch", "--weights", tmp_path / "canonical.safetensors")
+    assert code == 0, out[-500:] + err

@@ -265,7 +265,25 @@ def _config_and_state(args, default: ViTConfig | None = None, dry_run: bool = Fa
     try:
         return config, load_state(args.weights, config)
     except WeightError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(_other_layout(args.weights) or str(e)) from None
+
+
+def _other_layout(path: str) -> str | None:
+    """One line where ``path`` is a checkpoint of another layout than the canonical one verify reads:
+    which it is, and the convert that fixes it; else None."""
+    from weights import WeightError
+    from weights.convert import detect
+
+    try:
+        layout = detect(path)
+    except (WeightError, OSError, ValueError):
+        return None
+    if layout in ("canonical", "timm"):
+        return None
+    return (
+        f"{path} is a {layout} checkpoint, not the canonical (timm) layout --weights reads: "
+        f"python -m weights convert {path} canonical.safetensors --to canonical"
+    )
 
 
 def _main_grad(args, outputs: Outputs) -> int:
