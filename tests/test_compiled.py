@@ -189,17 +189,17 @@ def test_a_compiled_model_that_recompiles_at_every_call_is_told_not_silent():
     # the companion, a model that compiles once, is told no such thing: the first test above
 
 
-def test_which_cases_a_compiled_model_ran_compiled_and_which_eagerly_is_reported(monkeypatch):
+def test_which_cases_a_compiled_model_ran_compiled_and_which_eagerly_is_reported():
     """Past dynamo's recompile limit a model runs eagerly, silently: the report says per call how its
     forward ran (with the limit at 1, the model that compiles at every call runs its determinism
     re-run's second call eagerly)."""
     import torch._dynamo
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch.compiler.reset()
     port = ModelPort(lambda c: torch.compile(Stepping(timm_model(c)), backend="eager"), rename=lambda k: f"model.{k}")
     cases = quick_cases(CONFIG)[:2]
-    report = verify(port, CONFIG, port="stepping", cases=cases)
+    with torch._dynamo.config.patch(recompile_limit=1):  # (monkeypatch's undo deletes a config entry)
+        report = verify(port, CONFIG, port="stepping", cases=cases)
     eager = [case for case, path in report.paths.items() if path.startswith("eager")]
     assert eager == [f"{cases[1].name}, the determinism re-run's call 2"], report.paths
     assert report.paths[cases[1].name] == "compiled", report.paths
