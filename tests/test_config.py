@@ -147,6 +147,6 @@ def test_a_value_beyond_float32_is_exit_2_naming_the_option(cli):
 
 
 def test_a_declared_depth_of_a_billion_is_refused_before_anything_is_built():
-    with pytest.raises(ConfigError, match="depth must be at most 1024"):
+    with pytest.raises(ConfigError, match="depth must be at most 65536"):
         ViTConfig(depth=10**9)
-    assert ViTConfig(depth=1024).depth == 1024  # the companion: the limit itself is taken
+    assert ViTConfig(depth=65536).depth == 65536  # the companion: the limit itself is taken

@@ -118,7 +118,9 @@ def _pair(value: Any, name: str) -> tuple[int, int]:
     raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
 
 
-MAX_DEPTH = 1024
+# a table per block (keys, stages: about 25 each) stays under two million entries; verify's memory
+# estimate (conformance.verify.budget) refuses far less deep configs, naming the figure
+MAX_DEPTH = 65536
 # float32's largest finite and smallest normal magnitudes (numpy.finfo(numpy.float32).max, .tiny)
 FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
 
@@ -195,8 +197,8 @@ class ViTConfig:
                 raise ConfigError(f"{key} must be a positive int, got {value!r}")
         if self.depth > MAX_DEPTH:  # before any table is built from it (a block's keys, stages, weights)
             raise ConfigError(
-                f"depth must be at most {MAX_DEPTH} (20 times the deepest published ViT's, ViT-e's 56), got "
-                f"{self.depth!r}"
+                f"depth must be at most {MAX_DEPTH} (the deepest published ViT, ViT-e, has 56 blocks), got "
+                f"{self.depth!r}: refused before any table of its blocks is built"
             )
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
             raise ConfigError(f"num_classes must be an int >= 0, got {self.num_classes!r}")
