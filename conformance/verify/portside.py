@@ -64,7 +64,7 @@ class PortSide(Protocol):
         """Build once, call twice on the same images: (both outputs, or None, findings); the
         first is not held in the port's memory while the second runs where it can be written
         out (a full-size model's taps, twice, would not fit). A captured model is called a third
-        time with nothing of capture attached (``CapturedForward.unobserved``): a finding where
+        time with nothing of capture attached (``conformance.capture.observed.unobserved``): a finding where
         its output is not the observed call's."""
 
     def backward(self, case: Case, config: ViTConfig, dtype: str, loss) -> tuple[Any, Findings]:

@@ -4,8 +4,8 @@ where it would switch off a native kernel), autocast, autograd with tap cotangen
 from __future__ import annotations
 
 import contextlib
-import sys
 import functools
+import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
