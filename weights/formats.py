@@ -13,8 +13,8 @@ any exporter returns the canonical tensors bitwise.
 from __future__ import annotations
 
 import os
-import zipfile
 import re
+import zipfile
 from collections.abc import Mapping
 
 import numpy as np

@@ -16,9 +16,8 @@ if TYPE_CHECKING:
     from conformance.capture.port import CapturedForward
 
 
-def output_arrays(adapter, out) -> list[np.ndarray]:
-    """Every array a model's output holds, as float64 NumPy."""
-    return [np.asarray(adapter.numpy(a), np.float64) for a in arrays_in(out, adapter.is_array)]
+def _float64(adapter, arrays) -> list[np.ndarray]:
+    return [np.asarray(adapter.numpy(a), np.float64) for a in arrays]
 
 
 def unobserved(forward: CapturedForward, images) -> str | None:
@@ -29,8 +28,9 @@ def unobserved(forward: CapturedForward, images) -> str | None:
     x = images.transpose(0, 2, 3, 1) if forward.port.images == "NHWC" else images
     inputs = forward.adapter.to_input(np.ascontiguousarray(x), forward.input_dtype)
     recorder = Recorder(forward.adapter, forward.config, images.shape[0], forward.plan.blocks)
-    plain = output_arrays(forward.adapter, forward.adapter.run(inputs, recorder, {}, functions=False))
-    observed = forward.observed or []
+    out = forward.adapter.run(inputs, recorder, {}, functions=False)
+    plain = _float64(forward.adapter, arrays_in(out, forward.adapter.is_array))
+    observed = _float64(forward.adapter, forward.observed or [])  # held as the framework's: converted here
     if len(plain) != len(observed) or any(a.shape != b.shape for a, b in zip(plain, observed)):
         shapes = [a.shape for a in plain], [b.shape for b in observed]
         return f"the model returns arrays of shapes {shapes[0]} unobserved, {shapes[1]} observed"

@@ -33,7 +33,6 @@ from conformance.capture.mapping import (
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.quantize import quantized_port
-from conformance.capture.observed import output_arrays
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import ToolError, describe_exception
 from impls.protocol import ViTConfig, tap_names
@@ -374,7 +373,7 @@ class CapturedForward:
         self.k_bias: dict[int, np.ndarray] = {}  # block -> qkv.bias of a model without k bias (ModelPort._k_bias_free)
         self.quantized = None  # ModelPort(quantize=): its weights read back (conformance.capture.quantized)
         self.compiled = False  # a call met a compiled function's placeholders (then every call is read so)
-        self.observed: list[np.ndarray] | None = None  # the arrays the last call's own pass returned
+        self.observed: list | None = None  # the arrays the last call's own pass returned (the framework's)
 
     def __call__(self, images) -> Taps:
         images = np.asarray(images)
@@ -416,7 +415,7 @@ class CapturedForward:
         out = self.adapter.run(inputs, recorder, self.plan.watch() if watch else {}, functions=functions)
         recorder.raise_error()
         if own:  # the model's own path (not a second pass off it): what ``unobserved`` compares with
-            self.observed = output_arrays(self.adapter, out)
+            self.observed = arrays_in(out, self.adapter.is_array)
         taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))
         for stage in tap_names(self.config):
             source = self.plan.sources.get(stage)

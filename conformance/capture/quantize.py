@@ -15,10 +15,11 @@ def quantized_port(port, model, adapter, state, config, arrays, dtype: str):
     read back: (the quantized model's adapter, ``Quantized`` in canonical keys and layouts)."""
     where = port.entry_map(state, adapter, config)  # the float model's names and layouts
     out = port.quantize(model)  # the port's own step: what it raises is the port's
-    if out is not None and framework_of_or_none(out) != framework_of(model):
+    framework = framework_of(model)
+    if out is not None and framework_of_or_none(out) != framework:
         raise UsageError(
             f"ModelPort(quantize=...) returned a {type(out).__name__}: the step must quantize the model it is "
-            f"given in place and return None, or return the quantized model (a {framework_of(model)} module)"
+            f"given in place and return None, or return the quantized model (a {framework} module)"
         )
     model = model if out is None else out
     quantized = ADAPTERS[framework_of(model)].bind(model, config, port.images)

@@ -63,12 +63,14 @@ class QuantizedWeight:
         ``w`` (so the largest step of its grid): affine (MLX), the group's range over n = 2^bits - 1, times
         what shifting the grid to hold 0 may add: the scale becomes its end over a whole number k of
         steps, at least n // 2 where the end's quotient n/2 rounds down in the dtype, so 1 + 1/(2k)
-        (measured: 1.2498 at 2 bits, 1.1667 at 3 in float16, 1.0714 at 4 in bfloat16); a symmetric or zero-pointed integer grid (torch.ao, torchao), twice
-        the group's largest |w| over its 2^bits - 1 steps (measured 2.0000001); a float grid (MX's
+        (measured: 1.2498 at 2 bits, 1.1667 at 3 in float16, 1.0714 at 4 in bfloat16); a symmetric
+        or zero-pointed integer grid (torch.ao, torchao), twice the group's largest |w| over its
+        2^bits - 1 steps (measured 2.0000001); a float grid (MX's
         power-of-two scale, NV's E4M3), the group's largest |w| over the grid's largest value, at most
         doubled by the scale's rounding up (measured 1.9999). Each times the dtype's rounding of the
         scale and the range, plus ``scale_floor``. A grid coarser than this cannot hold the float
-        weights within the format's step: its half steps are taken at this scale."""
+        weights within the format's step: its half steps are taken at this scale. Computed once per
+        weight (``canonical``) and handed to the methods that read it as ``limit``."""
         g = self.group_size
         w = np.asarray(w, np.float64).reshape(-1, g)
         u = UNIT_ROUNDOFF[dtype]
@@ -83,24 +85,22 @@ class QuantizedWeight:
         per = per * (1 + 4 * u) + self.scale_floor + SMALLEST_NORMAL[dtype]
         return np.repeat(per, g).reshape(self.codes.shape)
 
-    def coarseness(self, w: np.ndarray, dtype: str) -> float:
-        """The largest ratio of a group's scale to ``format_scales``: above 1, a grid too coarse."""
+    def coarseness(self, limit: np.ndarray) -> float:
+        """The largest ratio of a group's scale to its ``format_scales`` (``limit``): above 1, a grid too coarse."""
         with np.errstate(divide="ignore", invalid="ignore"):
-            return float(np.max(np.abs(self.scale) / self.format_scales(w, dtype), initial=0.0))
+            return float(np.max(np.abs(self.scale) / limit, initial=0.0))
 
     @property
     def reach(self) -> np.ndarray:
         """|scale · grid value| + |bias|: what a weight's dequantization rounds in (it may cancel)."""
         return np.abs(self.scale * self.grid[self.codes]) + np.abs(self.bias)
 
-    def half_steps(self, w: np.ndarray, dtype: str) -> np.ndarray:
+    def half_steps(self, w: np.ndarray, limit: np.ndarray) -> np.ndarray:
         """Half the grid's spacing around each float weight ``w`` (in the model's layout), in
-        weight units, the grid's scale taken as at most ``format_scales``."""
-        return _half_steps(
-            w, self.grid, self.scale, self.bias, self.scale_u, self.saturates, self.format_scales(w, dtype)
-        )
+        weight units, the grid's scale taken as at most ``limit`` (``format_scales``)."""
+        return _half_steps(w, self.grid, self.scale, self.bias, self.scale_u, self.saturates, limit)
 
-    def fits(self, w: np.ndarray, dtype: str, value=None, scale=None, bias=None, half=None) -> bool:
+    def fits(self, w: np.ndarray, dtype: str, value=None, scale=None, bias=None, half=None, limit=None) -> bool:
         """Whether every weight (``value``, read with ``scale`` and ``bias``: by default as stored)
         lies within its half step (``half``, where known) and the dtype's ``slack`` of its float
         weight ``w``."""
@@ -111,28 +111,30 @@ class QuantizedWeight:
         )
         reach = np.abs(value - bias) + np.abs(bias)
         if half is None:
-            limit = self.format_scales(w, dtype)
+            limit = self.format_scales(w, dtype) if limit is None else limit
             half = _half_steps(w, self.grid, scale, bias, self.scale_u, self.saturates, limit)
         return bool(np.all(np.abs(value - w) <= half + slack(w, reach, dtype)))
 
-    def explain(self, w: np.ndarray, dtype: str, half=None) -> str | None:
+    def explain(self, w: np.ndarray, dtype: str, half=None, limit=None) -> str | None:
         """The quantization bug that makes the stored weight what it is, where decoding it back
         the bug's way puts every weight within its half step of ``w`` (and the plain decoding does
         not): codes packed most significant first, each group read with its neighbour's scale and
-        bias, or each group off by one constant (its zero point, the bias, dropped). ``half``: the
-        weights' ``half_steps``, where already known."""
+        bias, or each group off by one constant (its zero point, the bias, dropped). ``half`` and
+        ``limit``: the weights' ``half_steps`` and ``format_scales``, where already known."""
         w = np.asarray(w, np.float64)
+        limit = self.format_scales(w, dtype) if limit is None else limit
+        half = self.half_steps(w, limit) if half is None else half
         if self.fits(w, dtype, half=half):
             return None
         per = 32 // self.bits if 32 % self.bits == 0 else 0
-        if per > 1:
+        if per > 1:  # the same scales and biases: the same half steps
             codes = self.codes.reshape(*self.codes.shape[:-1], -1, per)[..., ::-1].reshape(self.codes.shape)
-            if self.fits(w, dtype, self.scale * self.grid[codes] + self.bias):
+            if self.fits(w, dtype, self.scale * self.grid[codes] + self.bias, half=half):
                 return BITS_ORDER_REVERSED
         g = self.group_size
         for shift in (g, -g):
             scale, bias = np.roll(self.scale, shift, -1), np.roll(self.bias, shift, -1)
-            if self.fits(w, dtype, scale * self.grid[self.codes] + bias, scale, bias):
+            if self.fits(w, dtype, scale * self.grid[self.codes] + bias, scale, bias, limit=limit):
                 return GROUP_SCALES_SHIFTED
         # a dropped bias leaves each group off by one constant (its midrange), each weight then within a
         # step of it (a correct affine grid clamps its group's far end by up to a step, ``_half_steps``)
@@ -290,11 +292,12 @@ def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtyp
         value = np.array(state[key], np.float64).ravel()
         step, far = np.zeros(value.size), np.abs(value)
         for mk, index in hit:
-            half = read[mk].half_steps(arrays[mk], dtype)  # once: the plain decoding's fit reads it too
-            name = read[mk].explain(arrays[mk], dtype, half)
+            limit = read[mk].format_scales(arrays[mk], dtype)  # once: every step below reads it
+            half = read[mk].half_steps(arrays[mk], limit)  # once: the plain decoding's fit reads it too
+            name = read[mk].explain(arrays[mk], dtype, half, limit)
             if name:
                 named[key] = name
-            ratio = read[mk].coarseness(arrays[mk], dtype)
+            ratio = read[mk].coarseness(limit)
             if ratio > 1:
                 coarse[key] = max(ratio, coarse.get(key, 0.0))
             if read[mk].input_levels:
