@@ -40,6 +40,7 @@ import numpy as np
 from weights.canonical import WeightError
 from weights.config import ViTConfig
 from weights.formats import read_timm
+from weights.hf.fields import Fields
 
 from weights.hf.family import (
     FAMILY_MODEL_TYPES,
@@ -73,6 +74,7 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
         raise WeightError(f"{str(d / 'config.json')!r} is not readable JSON: {e}") from None
     if not isinstance(hf, dict):
         raise WeightError(f"{str(d / 'config.json')!r} holds a {type(hf).__name__}, expected a JSON object")
+    Fields(hf).text("model_type")  # what selects the layout: a string, or the user's file is named
     model_type, _ = vision_config(hf)
     for name in ("model.safetensors", "pytorch_model.bin"):
         if (d / name).is_file():

@@ -23,7 +23,8 @@ import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
-from weights.hf.common import act_of, refuse, size, sizes_to_hf
+from weights.hf.fields import Fields
+from weights.hf.common import act_of, refuse, sizes_to_hf
 from weights.options import holds
 
 MODEL_TYPE = "beit"
@@ -32,32 +33,31 @@ HOLDS = holds(f"hf:{MODEL_TYPE}")  # weights/options.py
 
 def beit_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a BeitConfig's config.json; every setting taken, none assumed."""
-    if hf.get("use_shared_relative_position_bias", False):
+    f = Fields(hf)
+    if f.flag("use_shared_relative_position_bias", False):
         raise WeightError(
             "use_shared_relative_position_bias=true (one relative position table for every layer) is not "
             "expressible: rel_pos_bias gives each block its own attn.relative_position_bias_table"
         )
-    D, hidden = hf["hidden_size"], hf.get("intermediate_size", 3072)
-    if int(D * (hidden / D)) != hidden:
-        raise WeightError(f"intermediate_size {hidden} is int(hidden_size * r) for no ratio r of hidden_size {D}")
-    scale = float(hf.get("layer_scale_init_value", 0.1))
-    classify = any(a.endswith("ForImageClassification") for a in hf.get("architectures") or [])
+    D = f.integer("hidden_size")
+    scale = float(f.number("layer_scale_init_value", 0.1, positive=False))
+    classify = any(a.endswith("ForImageClassification") for a in f.strings("architectures"))
     return ViTConfig(
-        img_size=size(hf.get("image_size", 224)),
-        patch_size=size(hf.get("patch_size", 16)),
-        in_chans=hf.get("num_channels", 3),
-        num_classes=len(hf.get("id2label") or {}) if classify else 0,
-        global_pool="avg" if hf.get("use_mean_pooling", True) else "token",
+        img_size=f.size("image_size", 224),
+        patch_size=f.size("patch_size", 16),
+        in_chans=f.integer("num_channels", 3),
+        num_classes=f.num_labels(0) if classify else 0,
+        global_pool="avg" if f.flag("use_mean_pooling", True) else "token",
         embed_dim=D,
-        depth=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"],
-        mlp_ratio=hidden / D,
+        depth=f.depth(),
+        num_heads=f.integer("num_attention_heads"),
+        mlp_ratio=f.mlp_ratio("intermediate_size", D, 3072),
         k_bias=False,
-        act_layer=act_of(hf),
-        norm_eps=hf.get("layer_norm_eps", 1e-12),
+        act_layer=act_of(f),
+        norm_eps=f.number("layer_norm_eps", 1e-12),
         init_values=scale if scale > 0 else None,
-        pos_embed="learn" if hf.get("use_absolute_position_embeddings", False) else "none",
-        rel_pos_bias=bool(hf.get("use_relative_position_bias", False)),
+        pos_embed="learn" if f.flag("use_absolute_position_embeddings", False) else "none",
+        rel_pos_bias=f.flag("use_relative_position_bias", False),
     )
 
 

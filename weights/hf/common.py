@@ -1,5 +1,5 @@
 """What the Hugging Face layouts of timm's Eva and Beit (dinov3.py, beit.py) read and write alike:
-an activation's name, a size that may be a pair, the refusal of what a layout cannot hold, the
+an activation's name, the refusal of what a layout cannot hold, the
 sizes of a config.json."""
 
 from __future__ import annotations
@@ -8,22 +8,18 @@ from collections.abc import Mapping
 
 from weights.canonical import WeightError
 from weights.config import ViTConfig
+from weights.hf.fields import Fields
 
 ACT = {"gelu": "gelu", "silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
 ACT_BACK = {v: k for k, v in ACT.items()}  # ours -> transformers' hidden_act
 
 
-def act_of(hf: Mapping) -> str:
-    """The config's act_layer for a config.json's hidden_act (GELU where it has none)."""
-    act = hf.get("hidden_act", "gelu")
+def act_of(f: Fields, default: str = "gelu") -> str:
+    """The config's act_layer for a config.json's hidden_act (``default`` where it has none)."""
+    act = f.text("hidden_act", default)
     if act not in ACT:
         raise WeightError(f"hidden_act {act!r} is not supported; supported: {sorted(ACT)}")
     return ACT[act]
-
-
-def size(value):
-    """An image or patch size as config.json holds it (an int, or a list of two) as ViTConfig's."""
-    return tuple(value) if isinstance(value, list) else value
 
 
 def refuse(config: ViTConfig, model_type: str, holds: Mapping, extra: list[str]) -> None:

@@ -20,7 +20,8 @@ import numpy as np
 
 from weights.canonical import WeightError, block_shapes, expected_shapes
 from weights.config import ViTConfig
-from weights.hf.common import act_of, refuse, size, sizes_to_hf
+from weights.hf.fields import Fields
+from weights.hf.common import act_of, refuse, sizes_to_hf
 from weights.options import holds
 
 MODEL_TYPE = "dinov3_vit"
@@ -29,41 +30,38 @@ HOLDS = holds(f"hf:{MODEL_TYPE}")  # weights/options.py
 
 def dinov3_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a DINOv3ViTConfig's config.json; every setting taken, none assumed."""
-    D = hf["hidden_size"]
-    q, k, v = (hf.get(f"{p}_bias", d) for p, d in (("query", True), ("key", False), ("value", True)))
+    f = Fields(hf)
+    D = f.integer("hidden_size")
+    q, k, v = (f.flag(f"{p}_bias", d) for p, d in (("query", True), ("key", False), ("value", True)))
     if q != v or (k and not q):
         raise WeightError(
             f"query_bias={q}, key_bias={k}, value_bias={v}: the canonical form has one qkv_bias for q and v "
             "(and k_bias for k beside them); not representable"
         )
-    hidden = hf.get("intermediate_size", 4 * D)
-    ratio = hidden / D
-    if int(D * ratio) != hidden:
-        raise WeightError(f"intermediate_size {hidden} is int(hidden_size * r) for no ratio r of hidden_size {D}")
-    proj, mlp = hf.get("proj_bias", True), hf.get("mlp_bias", True)
+    proj, mlp = f.flag("proj_bias", True), f.flag("mlp_bias", True)
     return ViTConfig(
-        img_size=size(hf.get("image_size", 224)),
-        patch_size=size(hf.get("patch_size", 16)),
-        in_chans=hf.get("num_channels", 3),
+        img_size=f.size("image_size", 224),
+        patch_size=f.size("patch_size", 16),
+        in_chans=f.integer("num_channels", 3),
         num_classes=0,
         embed_dim=D,
-        depth=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"],
-        mlp_ratio=ratio,
+        depth=f.depth(),
+        num_heads=f.integer("num_attention_heads"),
+        mlp_ratio=f.mlp_ratio("intermediate_size", D, 4 * D),
         qkv_bias=q,
         k_bias=k if q else True,
         qkv_fused=False,
         proj_bias=proj,
         mlp_bias=None if mlp == proj else mlp,
-        mlp_layer="swiglu" if hf.get("use_gated_mlp", False) else "mlp",
-        act_layer=act_of(hf),
-        norm_eps=hf.get("layer_norm_eps", 1e-5),
-        init_values=float(hf.get("layerscale_value", 1.0)),
-        reg_tokens=hf.get("num_register_tokens", 0),
+        mlp_layer="swiglu" if f.flag("use_gated_mlp", False) else "mlp",
+        act_layer=act_of(f),
+        norm_eps=f.number("layer_norm_eps", 1e-5),
+        init_values=float(f.number("layerscale_value", 1.0)),
+        reg_tokens=f.integer("num_register_tokens", 0, minimum=0),
         pos_embed="none",
         dynamic_img_size=True,  # the rotation is computed at each image's grid
         rope_type="dinov3",
-        rope_temperature=float(hf.get("rope_theta", 100.0)),
+        rope_temperature=float(f.number("rope_theta", 100.0)),
         rope_rotate_half=True,
     )
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
+from weights.hf.fields import Fields
 from weights.options import holds
 
 
@@ -32,8 +33,14 @@ def vision_config(hf: Mapping) -> tuple[str, Mapping]:
     return model_type, hf
 
 
-def _act(hf: Mapping, default: str) -> str:
-    act = hf.get("hidden_act", default)
+def vision_fields(hf: Mapping) -> Fields:
+    """The vision settings of a config.json, read by type (weights/hf/fields.py)."""
+    nested = hf.get("model_type") in _TOWERS
+    return Fields(hf.get("vision_config", {}), "vision_config") if nested else Fields(hf)
+
+
+def _act(f: Fields, default: str) -> str:
+    act = f.text("hidden_act", default)
     if act not in _ACT:
         raise WeightError(f"hidden_act {act!r} is not supported; supported: {sorted(_ACT)}")
     return _ACT[act]
@@ -47,35 +54,36 @@ def _swiglu_hidden(D: int, mlp_ratio: float) -> int:
 def family_config_to_vit(hf: Mapping, state: Mapping[str, np.ndarray] | None = None) -> ViTConfig:
     """ViTConfig from the config.json of a family model (and, for CLIP's optional projection,
     the checkpoint's tensors); every setting taken, none assumed."""
-    model_type, v = vision_config(hf)
-    D = v["hidden_size"]
-    img, patch = v.get("image_size", 224), v.get("patch_size", 16)
+    model_type, _ = vision_config(hf)
+    v = vision_fields(hf)
+    D = v.integer("hidden_size")
     common = dict(
-        img_size=tuple(img) if isinstance(img, list) else img,
-        patch_size=tuple(patch) if isinstance(patch, list) else patch,
-        in_chans=v.get("num_channels", 3),
+        img_size=v.size("image_size", 224),
+        patch_size=v.size("patch_size", 16),
+        in_chans=v.integer("num_channels", 3),
         embed_dim=D,
-        depth=v["num_hidden_layers"],
-        num_heads=v["num_attention_heads"],
+        depth=v.depth(),
+        num_heads=v.integer("num_attention_heads"),
     )
     if model_type in ("dinov2", "dinov2_with_registers"):
-        if hf.get("architectures") and not any(a.endswith("Model") for a in hf["architectures"]):
+        architectures = v.strings("architectures")
+        if architectures and not any(a.endswith("Model") for a in architectures):
             raise WeightError(
-                f"{hf['architectures']}: Dinov2's classifier reads the class token and the patch "
+                f"{architectures}: Dinov2's classifier reads the class token and the patch "
                 "mean together, which timm's head does not: convert the backbone (Dinov2Model)"
             )
-        swiglu = v.get("use_swiglu_ffn", False)
-        ratio = v.get("mlp_ratio", 4)
+        swiglu = v.flag("use_swiglu_ffn", False)
+        ratio = v.number("mlp_ratio", 4)
         if swiglu:
             ratio = 2 * _swiglu_hidden(D, ratio) / D  # timm's packed fc1 holds gate and value
-        registers = v.get("num_register_tokens", 0) if model_type == "dinov2_with_registers" else 0
+        registers = v.integer("num_register_tokens", 0, minimum=0) if model_type == "dinov2_with_registers" else 0
         return ViTConfig(
             **common,
             num_classes=0,
             mlp_ratio=ratio,
-            qkv_bias=v.get("qkv_bias", True),
-            norm_eps=v.get("layer_norm_eps", 1e-6),
-            init_values=float(v.get("layerscale_value", 1.0)),
+            qkv_bias=v.flag("qkv_bias", True),
+            norm_eps=v.number("layer_norm_eps", 1e-6),
+            init_values=float(v.number("layerscale_value", 1.0)),
             reg_tokens=registers,
             no_embed_class=bool(registers),
             mlp_layer="swiglu_packed" if swiglu else "mlp",
@@ -86,21 +94,21 @@ def family_config_to_vit(hf: Mapping, state: Mapping[str, np.ndarray] | None = N
         return ViTConfig(
             **common,
             num_classes=0 if projection is None else int(projection.shape[0]),
-            mlp_ratio=v.get("intermediate_size", 4 * D) / D,
-            norm_eps=v.get("layer_norm_eps", 1e-5),
+            mlp_ratio=v.mlp_ratio("intermediate_size", D, 4 * D),
+            norm_eps=v.number("layer_norm_eps", 1e-5),
             pre_norm=True,
             act_layer=_act(v, "quick_gelu"),
         )
     if model_type == "siglip_vision_model":
-        if not v.get("vision_use_head", True):
+        if not v.flag("vision_use_head", True):
             raise WeightError(
                 "vision_use_head=False: a SigLIP tower without its MAP head has no timm pooling; not supported"
             )
         return ViTConfig(
             **common,
             num_classes=0,
-            mlp_ratio=v.get("intermediate_size", 4 * D) / D,
-            norm_eps=v.get("layer_norm_eps", 1e-6),
+            mlp_ratio=v.mlp_ratio("intermediate_size", D, 4 * D),
+            norm_eps=v.number("layer_norm_eps", 1e-6),
             class_token=False,
             global_pool="map",
             act_layer=_act(v, "gelu_pytorch_tanh"),

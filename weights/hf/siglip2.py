@@ -21,6 +21,7 @@ import numpy as np
 
 from weights.canonical import WeightError
 from weights.config import ViTConfig
+from weights.hf.fields import Fields
 from weights.hf.common import ACT_BACK, act_of, refuse
 from weights.hf.family import _to_clip_family, from_family_hf
 from weights.options import holds
@@ -32,26 +33,27 @@ _PATCH = "embeddings.patch_embedding.weight"
 
 def siglip2_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a Siglip2VisionConfig's config.json (a whole ``siglip2`` one's ``vision_config``)."""
-    v = hf.get("vision_config", {}) if hf.get("model_type") == "siglip2" else hf
-    if not v.get("vision_use_head", True):
+    nested = hf.get("model_type") == "siglip2"
+    v = Fields(hf.get("vision_config", {}), "vision_config") if nested else Fields(hf)
+    if not v.flag("vision_use_head", True):
         raise WeightError("vision_use_head=False: a SigLIP 2 tower without its MAP head has no timm pooling")
-    D, p, n = v["hidden_size"], v.get("patch_size", 16), v.get("num_patches", 256)
+    D, p, n = v.integer("hidden_size"), v.integer("patch_size", 16), v.integer("num_patches", 256)
     side = math.isqrt(n)
     if side * side != n:
         raise WeightError(f"num_patches {n} is not a square: SigLIP 2's table is side x side")
     return ViTConfig(
         img_size=side * p,
         patch_size=p,
-        in_chans=v.get("num_channels", 3),
+        in_chans=v.integer("num_channels", 3),
         num_classes=0,
         global_pool="map",
         class_token=False,
         embed_dim=D,
-        depth=v["num_hidden_layers"],
-        num_heads=v["num_attention_heads"],
-        mlp_ratio=v.get("intermediate_size", 4 * D) / D,
-        norm_eps=v.get("layer_norm_eps", 1e-6),
-        act_layer=act_of({"hidden_act": v.get("hidden_act", "gelu_pytorch_tanh")}),
+        depth=v.depth(),
+        num_heads=v.integer("num_attention_heads"),
+        mlp_ratio=v.mlp_ratio("intermediate_size", D, 4 * D),
+        norm_eps=v.number("layer_norm_eps", 1e-6),
+        act_layer=act_of(v, "gelu_pytorch_tanh"),
         no_embed_class=True,
         dynamic_img_size=True,
         pos_embed_grid_size=side,

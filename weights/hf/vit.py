@@ -11,6 +11,7 @@ import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
+from weights.hf.fields import Fields
 
 
 _HF_BLOCK = {
@@ -24,36 +25,35 @@ _HF_BLOCK = {
 
 def hf_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a Hugging Face ViT config.json: every setting taken, none assumed."""
+    f = Fields(hf)
     if hf.get("model_type") not in ("vit", "deit"):
         raise WeightError(
             f"config.json has model_type {hf.get('model_type')!r}, expected 'vit' or 'deit' (or a family model: "
             "dinov2, dinov2_with_registers, clip_vision_model, siglip_vision_model, clip, siglip)"
         )
     distilled = hf["model_type"] == "deit"
-    if distilled and hf.get("architectures", [DEIT])[0] != DEIT:
+    architectures = f.strings("architectures") or [DEIT]
+    if distilled and architectures[0] != DEIT:
         raise WeightError(
-            f"a DeiT checkpoint of {hf['architectures'][0]} has a distillation token but not both heads: only "
+            f"a DeiT checkpoint of {architectures[0]} has a distillation token but not both heads: only "
             f"{DEIT}'s (class and distillation classifiers, their mean) is a model the config expresses"
         )
-    if hf.get("hidden_act", "gelu") != "gelu":
+    if f.text("hidden_act", "gelu") != "gelu":
         raise WeightError(f"hidden_act {hf['hidden_act']!r} is not supported: the ports use exact GELU ('gelu')")
-    D = hf["hidden_size"]
-    num_labels = len(hf["id2label"]) if "id2label" in hf else hf.get("num_labels", 2)
-    img = hf.get("image_size", 224)
-    patch = hf.get("patch_size", 16)
+    D = f.integer("hidden_size")
     return ViTConfig(
-        img_size=tuple(img) if isinstance(img, list) else img,
-        patch_size=tuple(patch) if isinstance(patch, list) else patch,
-        in_chans=hf.get("num_channels", 3),
-        num_classes=num_labels,
+        img_size=f.size("image_size", 224),
+        patch_size=f.size("patch_size", 16),
+        in_chans=f.integer("num_channels", 3),
+        num_classes=f.num_labels(2),
         global_pool="token",
         class_token=True,
         embed_dim=D,
-        depth=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"],
-        mlp_ratio=hf.get("intermediate_size", 4 * D) / D,
-        qkv_bias=hf.get("qkv_bias", True),
-        norm_eps=hf.get("layer_norm_eps", 1e-12),
+        depth=f.depth(),
+        num_heads=f.integer("num_attention_heads"),
+        mlp_ratio=f.mlp_ratio("intermediate_size", D, 4 * D),
+        qkv_bias=f.flag("qkv_bias", True),
+        norm_eps=f.number("layer_norm_eps", 1e-12),
         distilled=distilled,
     )
 
