@@ -77,7 +77,11 @@ def _edited(written, tmp_path, model: str, field: str, value):
     return d
 
 
-@pytest.mark.parametrize("model, field, value, message", CASES, ids=[f"{m}-{f}={v!r}" for m, f, v, _ in CASES])
+@pytest.mark.parametrize(
+    "model, field, value, message",
+    CASES,
+    ids=[f"{m}-{f}={'missing' if v is DELETE else repr(v)}" for m, f, v, _ in CASES],
+)
 def test_an_ill_typed_or_missing_config_field_is_exit_2_naming_it(cli, written, tmp_path, model, field, value, message):
     d = _edited(written, tmp_path, model, field, value)
     code, _, err = cli("convert", str(d), str(tmp_path / "o.safetensors"), "--to", "canonical")

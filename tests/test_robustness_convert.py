@@ -4,6 +4,7 @@ limit, the umask's modes in every layout, a malformed input refused by name."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from impls import get_config
@@ -232,3 +233,63 @@ def test_a_safetensors_header_naming_a_key_twice_is_refused_naming_it(cli, tmp_p
     assert code == 2 and "its header names 'pos_embed' more than once" in err, err
     code, _, err = cli("convert", str(tmp_path / "once.safetensors"), str(tmp_path / "o.pth"), "--to", "timm")
     assert code == 0, err
+
+
+# ----------------------------------------------------------------------------- dtypes, as the file stores them
+
+
+def _stored_as(tmp_path, kind: str, dtype: str):
+    """A BEiT save_pretrained directory or an original-ViT .npz with one query kernel stored in
+    ``dtype``: q, k and v are concatenated into timm's qkv, which would promote or hide it."""
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+
+    from weights import hf
+    from weights.convert import write
+
+    as_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    if kind == "hf":
+        config = get_config("vit_test_beit")
+        hf.write_hf(init_state(config), config, tmp_path / "beit")
+        state = load_file(tmp_path / "beit" / "model.safetensors")
+        key = "beit.encoder.layer.0.attention.attention.query.weight"
+        save_file({**state, key: state[key].astype(as_dtype)}, str(tmp_path / "beit" / "model.safetensors"))
+        return tmp_path / "beit", key, []
+    config = get_config("vit_test_token")
+    write(init_state(config), config, str(tmp_path / "v.npz"), "big_vision")
+    state = dict(np.load(tmp_path / "v.npz"))
+    key = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+    np.savez(tmp_path / "v.npz", **{**state, key: state[key].astype(as_dtype)})
+    return tmp_path / "v.npz", key, ["--img-size", *map(str, config.img_size)]
+
+
+@pytest.mark.parametrize(
+    "kind, dtype, cast, message",
+    [
+        ("hf", "float16", False, "float16, where the canonical format is float32: pass --cast"),
+        ("hf", "bool", True, "dtype bool, expected float32 (or float16, bfloat16, float64 with --cast)"),
+        ("npz", "int64", True, "dtype int64, expected float32"),
+        ("npz", "bool", False, "dtype bool, expected float32"),
+    ],
+)
+def test_a_kernel_of_another_dtype_is_refused_by_its_stored_name_and_dtype(cli, tmp_path, kind, dtype, cast, message):
+    """Refused before the layout maps it (it was written silently, or named float64, when the
+    mapping's concatenation promoted it); a non-float dtype even with --cast."""
+    src, key, extra = _stored_as(tmp_path, kind, dtype)
+    code, _, err = cli(
+        "convert", str(src), str(tmp_path / "o.safetensors"), "--to", "canonical", *extra, *(["--cast"] if cast else [])
+    )
+    assert code == 2 and f"key {key!r}: {message}" in err, err
+
+
+@pytest.mark.parametrize("kind", ["hf", "npz"])
+def test_a_float16_kernel_is_taken_with_cast(cli, tmp_path, kind):
+    """The companion: the same file with --cast converts, the kernel's values as float16 held them."""
+    from weights import load_state
+
+    src, _, extra = _stored_as(tmp_path, kind, "float16")
+    code, _, err = cli("convert", str(src), str(tmp_path / "o.safetensors"), "--to", "canonical", *extra, "--cast")
+    assert code == 0, err
+    qkv = load_state(tmp_path / "o.safetensors")["blocks.0.attn.qkv.weight"]
+    q = qkv[: qkv.shape[1]]
+    assert qkv.dtype == np.float32 and np.array_equal(q, q.astype(np.float16).astype(np.float32))

@@ -26,6 +26,14 @@ from weights.options import holds
 # ----------------------------------------------------------------------------- timm
 
 
+def stored_float32(state: Mapping, cast: bool, path) -> dict[str, np.ndarray]:
+    """canonical.as_float32's rule on the tensors as the file stores them, by the file's own names,
+    once the layout has recognised them and before it maps them: a float16 query kernel
+    concatenated into a float32 qkv, or an int64 one promoted to float64 on the way, would
+    otherwise reach the final check under another dtype or none (refused unless ``cast``)."""
+    return as_float32(state, cast=cast, what=str(path))
+
+
 def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """A timm state dict from .safetensors, or from .pth/.bin with torch.load(weights_only=True)."""
     path = str(path)
@@ -492,6 +500,7 @@ MAX_INFLATION = 100
 
 
 def read_npz(path) -> dict[str, np.ndarray]:
+    """An .npz's arrays (never unpickled), each in its stored dtype."""
     path = str(path)
     if not os.path.isfile(path):
         raise WeightError(f"weight file {path!r} does not exist")

@@ -39,7 +39,7 @@ import numpy as np
 
 from weights.canonical import WeightError
 from weights.config import ViTConfig
-from weights.formats import read_timm
+from weights.formats import read_timm, stored_float32
 from weights.hf.fields import Fields
 
 from weights.hf.family import (
@@ -61,9 +61,10 @@ from weights.hf.vit import (
 )
 
 
-def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
+def read_hf(path: str | os.PathLike, cast: bool = False) -> tuple[dict[str, np.ndarray], ViTConfig]:
     """A save_pretrained directory (config.json + model.safetensors or pytorch_model.bin): ViT,
-    or a family model (the family's layouts above)."""
+    or a family model (the family's layouts above). Its tensors are float32, or cast to it with
+    ``cast`` (formats.stored_float32), by their own names before they are mapped."""
 
     d = Path(path)
     if not (d / "config.json").is_file():
@@ -75,25 +76,26 @@ def read_hf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], ViTConfig]:
     if not isinstance(hf, dict):
         raise WeightError(f"{str(d / 'config.json')!r} holds a {type(hf).__name__}, expected a JSON object")
     Fields(hf).text("model_type")  # what selects the layout: a string, or the user's file is named
+    files = [d / name for name in ("model.safetensors", "pytorch_model.bin") if (d / name).is_file()]
+    if not files:
+        raise WeightError(f"{str(d)!r} has neither model.safetensors nor pytorch_model.bin")
+    raw = read_timm(files[0])
+    config, mapped = _config_and_mapping(hf, raw)
+    return mapped(stored_float32(raw, cast, files[0]), config), config
+
+
+def _config_and_mapping(hf: dict, raw: dict[str, np.ndarray]):
+    """The config a config.json gives, and the function that maps its model's tensors to canonical."""
     model_type, _ = vision_config(hf)
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (d / name).is_file():
-            raw = read_timm(d / name)
-            if hf.get("model_type") in (siglip2.MODEL_TYPE, "siglip2"):
-                config = siglip2.siglip2_config_to_vit(hf)
-                return siglip2.from_siglip2(raw, config), config
-            if model_type == dinov3.MODEL_TYPE:
-                config = dinov3.dinov3_config_to_vit(hf)
-                return dinov3.from_dinov3(raw, config), config
-            if model_type == beit.MODEL_TYPE:
-                config = beit.beit_config_to_vit(hf)
-                return beit.from_beit(raw, config), config
-            if model_type in ("vit", "deit"):
-                config = hf_config_to_vit(hf)
-                return from_hf(raw, config), config
-            config = family_config_to_vit(hf, raw)
-            return from_family_hf(raw, config, model_type), config
-    raise WeightError(f"{str(d)!r} has neither model.safetensors nor pytorch_model.bin")
+    if hf.get("model_type") in (siglip2.MODEL_TYPE, "siglip2"):
+        return siglip2.siglip2_config_to_vit(hf), siglip2.from_siglip2
+    if model_type == dinov3.MODEL_TYPE:
+        return dinov3.dinov3_config_to_vit(hf), dinov3.from_dinov3
+    if model_type == beit.MODEL_TYPE:
+        return beit.beit_config_to_vit(hf), beit.from_beit
+    if model_type in ("vit", "deit"):
+        return hf_config_to_vit(hf), from_hf
+    return family_config_to_vit(hf, raw), lambda state, config: from_family_hf(state, config, model_type)
 
 
 def write_hf(state, config: ViTConfig, path) -> None:

@@ -10,10 +10,11 @@ def detect(path, header) -> bool:
     return header is None and str(path).endswith(".npz")
 
 
-def read(path, config=None, img_size=None, **options):
+def read(path, config=None, img_size=None, cast=False, **options):
     w = formats.read_npz(path)
     config = config or formats.infer_npz_config(w, img_size=img_size)
-    return config, formats.check(formats.from_npz(w, config), config, what=str(path), cast=options.get("cast", False))
+    state = formats.from_npz(formats.stored_float32(w, cast, path), config)
+    return config, formats.check(state, config, what=str(path))
 
 
 def write(state, config, path, npz_flavour="vit", **options) -> None:

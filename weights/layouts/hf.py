@@ -18,10 +18,10 @@ def detect(path, header) -> bool:
     return False
 
 
-def read(path, config=None, **options):
-    state, hf_config = hf.read_hf(path)
+def read(path, config=None, cast=False, **options):
+    state, hf_config = hf.read_hf(path, cast)
     config = config or hf_config
-    return config, formats.check(state, config, what=str(path), cast=options.get("cast", False))
+    return config, formats.check(state, config, what=str(path))
 
 
 def write(state, config, path, **options) -> None:

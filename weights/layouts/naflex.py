@@ -112,12 +112,11 @@ def infer_config(state: dict[str, np.ndarray], num_heads: int | None = None, img
     )
 
 
-def read(path, config=None, num_heads=None, img_size=None, **options):
+def read(path, config=None, num_heads=None, img_size=None, cast=False, **options):
     raw = formats.read_timm(path)
     config = config or stored_config(path) or infer_config(raw, num_heads, img_size)
-    return config, formats.check(
-        to_canonical(raw, config.patch_size, config.in_chans), config, what=str(path), cast=options.get("cast", False)
-    )
+    state = to_canonical(formats.stored_float32(raw, cast, path), config.patch_size, config.in_chans)
+    return config, formats.check(state, config, what=str(path))
 
 
 def write(state, config, path, **options) -> None:

@@ -20,12 +20,12 @@ def detect_flax(path, header) -> bool:
 
 
 def reader(layout: str):
-    def read(path, config=None, **options):
-        state = from_native(formats.read_timm(path), FRAMEWORK[layout])
+    def read(path, config=None, cast=False, **options):
+        state = from_native(formats.stored_float32(formats.read_timm(path), cast, path), FRAMEWORK[layout])
         config = config or stored_config(path)
         if config is None:
             raise WeightError(f"{path!r}: a native {layout} file without a stored config; pass --config")
-        return config, formats.check(state, config, what=str(path), cast=options.get("cast", False))
+        return config, formats.check(state, config, what=str(path))
 
     return read
 

@@ -15,7 +15,7 @@ def detect(path, header) -> bool:
     return header is not None and any(k.startswith("visual.") for k in header[1])
 
 
-def read(path, config=None, **options):
+def read(path, config=None, cast=False, **options):
     config = config or stored_config(path)
     if config is None:
         raise WeightError(
@@ -23,9 +23,8 @@ def read(path, config=None, **options):
             "OpenAI's weights, GELU for LAION's: mlfoundations/open_clip#771) nor its heads; "
             "pass --preset or --config"
         )
-    return config, formats.check(
-        formats.from_open_clip(formats.read_timm(path), config), config, what=str(path), cast=options.get("cast", False)
-    )
+    state = formats.from_open_clip(formats.stored_float32(formats.read_timm(path), cast, path), config)
+    return config, formats.check(state, config, what=str(path))
 
 
 def write(state, config, path, **options) -> None:
