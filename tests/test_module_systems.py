@@ -84,7 +84,7 @@ def test_mlx_quantized_linears_are_found_and_float_ones_are_not():
     from conformance.capture.adapters import quantized_modules
 
     model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8))
-    assert quantized_modules(dict(model.named_modules())) == []
+    assert quantized_modules(dict(model.named_modules())) == {}
     nn.quantize(model, group_size=64, bits=4)
-    found = sorted(quantized_modules(dict(model.named_modules())))
+    found = sorted(quantized_modules(dict(model.named_modules())).values())
     assert found == ["layers.0 (QuantizedLinear)", "layers.2 (QuantizedLinear)"]

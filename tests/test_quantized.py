@@ -244,3 +244,24 @@ def test_a_quantize_step_that_returns_no_model_is_exit_2_naming_quantize(returne
     port = replace(examples.mlx_image_4bit, quantize=quantize)
     with pytest.raises(UsageError, match=r"ModelPort\(quantize=\.\.\.\) returned a (tuple|str)"):
         port(CONFIG, default_cases(CONFIG)[0].state)
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        (
+            "quantize_step",
+            r"hold integer weights the reader does not know \(blocks.0.attn.qkv \(Int8Linear: weight int8\)",
+        ),
+        ("quantized_in_build", r"hold quantized weights \(blocks.0.attn.qkv \(Int8Linear: weight int8\).*quantize="),
+    ],
+)
+def test_a_hand_written_int8_linear_is_exit_2_naming_the_module(cli, name, message):
+    """A quantized Linear of no known class or format (int8 codes and a float scale per row, its own
+    forward): exit 2 naming the module and its integer weight, not a finding at load ('quantized
+    nothing', or float weights copied into int8 buffers). The companion: torch.ao's int8 Linear in
+    the same place is read and judged (test_a_quantized_port_is_kernel_exact_and_its_cost_is_tabled)."""
+    import re
+
+    code, out, err = cli("verify", f"tests.data.hand_quantized_ports:{name}", "--preset", "vit_test_quantized")
+    assert code == 2 and re.search(message, out + err), out + err

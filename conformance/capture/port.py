@@ -241,7 +241,7 @@ class ModelPort:
                 f"{framework.name} model (give build a dtype= argument instead)"
             )
         adapter = framework.bind(model, config, self.images)
-        check_not_quantized(adapter.modules(), self.quantize is not None)  # before its parameters are read
+        check_not_quantized(adapter, self.quantize is not None)  # before its parameters are read
         adapter.call_kwargs = dict(self.call_kwargs)
         try:
             key_map = self.key_map(state, config)

@@ -30,6 +30,14 @@ def quantized_port(port, model, adapter, state, config, arrays, dtype: str):
         raise
     except Exception as e:  # noqa: BLE001 - reading the packed tensors is the tool's job
         raise ToolError(f"capture could not read the quantized weights: {describe_exception(e)}") from e
+    unread = [d for p, d in quantized.integer_weights().items() if f"{p}.weight".lstrip(".") not in read]
+    if unread:
+        shown = ", ".join(unread[:3]) + (f" and {len(unread) - 3} more" if len(unread) > 3 else "")
+        raise Unsupported(
+            f"{len(unread)} module(s) of the quantized model hold integer weights the reader does not know "
+            f"({shown}): read are MLX's QuantizedLinear, torch.ao's dynamic int8 Linear and torchao's int8 "
+            "weight-only (docs/quantization.md); another format cannot be judged against its own grid"
+        )
     if not read:
         raise LoadError(
             "ModelPort(quantize=...) left no module quantized (no module holds packed weights beside "

@@ -51,19 +51,21 @@ class QuantizedNotTaken(CannotJudge):
 _QUANTIZED = re.compile(r"Quantized|QQLinear|Linear4bit|Linear8bitLt")
 
 
-def quantized_modules(modules: Mapping[str, Any]) -> list[str]:
-    """The modules of a model (path -> module) that hold quantized weights, as 'path (Class)'."""
+def quantized_modules(modules: Mapping[str, Any]) -> dict[str, str]:
+    """The modules of a model (path -> module) of a quantized class: path -> 'path (Class)'."""
     found: dict[str, str] = {}
     for path, m in modules.items():
         inside = any(path.startswith(p + ".") for p in found)  # (a quantized module's own parts)
         if not inside and (".quantized" in type(m).__module__ or _QUANTIZED.search(type(m).__name__)):
             found[path] = f"{path or 'the model'} ({type(m).__name__})"
-    return list(found.values())
+    return found
 
 
-def check_not_quantized(modules: Mapping[str, Any], quantize: bool = False) -> None:
-    """``build``'s model holds no quantized module (``quantize``: the port has a quantize step)."""
-    found = quantized_modules(modules)
+def check_not_quantized(adapter, quantize: bool = False) -> None:
+    """``build``'s model holds no quantized module (``quantize``: the port has a quantize step): none
+    of a quantized class, none holding an integer weight itself (a hand-written int8 Linear)."""
+    found = quantized_modules(adapter.modules())
+    found = list({**adapter.integer_weights(), **found}.values())
     if found:
         shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise QuantizedNotTaken(

@@ -40,6 +40,8 @@ class Adapter(Protocol):
     copy(x)                   a recorded array kept from later in-place updates
     fast_paths()              modules whose native kernel capture's function wrappers switch off
     quantized()               {model key: QuantizedWeight} of its quantized modules, decoded
+    integer_weights()         {module path: 'path (Class: name dtype)'} of the modules holding a
+                              weight of an integer dtype themselves (a quantized Linear, known or not)
     run(inputs, recorder, watch, functions)  one call, recording module inputs and outputs at
                               ``watch`` and, with ``functions``, the framework functions
     gradients(inputs, loss, forward)  (loss, {model key: gradient}, d loss / d inputs,
@@ -139,6 +141,12 @@ class BaseAdapter:
         from conformance.support import Unsupported
 
         raise Unsupported(f"quantized {self.name} models are not read yet (MLX's nn.quantize is; docs/quantization.md)")
+
+    def integer_weights(self) -> dict[str, str]:
+        """The modules that hold, themselves, a tensor named ``*weight*`` of an integer dtype: the
+        stored form of a quantized Linear, whatever its class is called (PyTorch's and MLX's
+        adapters look; the others' models are judged by their class names alone)."""
+        return {}
 
     def gradients(self, inputs, loss, forward: "CapturedForward"):
         """(loss value, {model key: gradient}, d loss / d inputs, {stage: cotangent} or None) of

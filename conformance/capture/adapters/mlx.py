@@ -86,6 +86,16 @@ class MLXAdapter(SwapAdapter):
             )  # fmt: skip
         return read
 
+    def integer_weights(self) -> dict[str, str]:
+        import mlx.core as mx
+
+        found = {}
+        for path, m in self._modules.items():
+            for name, a in m.items():
+                if "weight" in name and isinstance(a, mx.array) and not mx.issubdtype(a.dtype, mx.inexact):
+                    found[path] = f"{path or 'the model'} ({type(m).__name__}: {name} {str(a.dtype).split('.')[-1]})"
+        return found
+
     def to_input(self, images, dtype):
         import mlx.core as mx
 

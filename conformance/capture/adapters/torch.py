@@ -113,6 +113,15 @@ class TorchAdapter(BaseAdapter):
             read[f"{path}.weight".lstrip(".")] = weight
         return read
 
+    def integer_weights(self) -> dict[str, str]:
+        found = {}
+        for path, m in self._modules.items():
+            own = [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False)]
+            for name, t in own:
+                if "weight" in name and not (t.is_floating_point() or t.is_complex()):
+                    found[path] = f"{path or 'the model'} ({type(m).__name__}: {name} {str(t.dtype).split('.')[-1]})"
+        return found
+
     def params(self) -> dict[str, tuple]:
         return {k: tuple(v.shape) for k, v in self.model.state_dict().items()}
 
