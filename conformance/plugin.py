@@ -144,6 +144,7 @@ KINDS = {"--port": "forward", "--attention-port": "attention", "--grad-port": "g
 _GIVEN: dict[str, set[str]] = {kind: set() for kind in KINDS.values()}  # kind -> the specs given
 _REMOTES: dict = {}  # (kind, spec) -> conformance.verify.remote.Remote: one port process each
 _TIMEOUT: list = [None]  # --vit-timeout
+_PORT_KINDS: dict[str, str] = {}  # --port spec -> port_kind's answer
 
 
 def _check_given_ports(config) -> None:
@@ -163,7 +164,9 @@ def _check_given_ports(config) -> None:
             try:
                 if not hasattr(config, "workerinput") and not opts.in_process_ports:
                     _remote(kind, spec).check()
-                _drawable(flag, spec, load_port(kind, spec))
+                make = load_port(kind, spec)
+                if kind == "forward":
+                    _PORT_KINDS[spec] = port_kind(make)
             except (PortStopped, UsageError) as e:
                 why = str(e).removeprefix(f"cannot load {WHAT[kind]} {spec!r}: ")
                 raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {why}") from None
@@ -171,25 +174,32 @@ def _check_given_ports(config) -> None:
                 raise pytest.UsageError(f"{flag} {spec!r} cannot be loaded: {describe_exception(e)}") from None
 
 
-def _drawable(flag: str, spec: str, make) -> None:
-    """Refuse a port the property suite cannot feed or bound (a usage error naming what judges it):
-    it draws images and judges by the float model's rounding bounds, so a port of packed batches
-    (``inputs="naflex"``) and a quantized ModelPort (its weights moved by the quantization) are
-    verify's (docs/verify.md, docs/quantization.md), never a finding the port did not earn."""
+def port_kind(make) -> str:
+    """What the property suite draws for a --port: "images" for a float port of images (every
+    property), "packed" for a port of packed batches (``inputs="naflex"``) and "quantized" for a
+    quantized ModelPort, which the image properties cannot feed or bound: those are judged as
+    verify judges them, on drawn configs (conformance/tests/test_port_kinds.py)."""
     from conformance.capture import ModelPort
-    from conformance.report import UsageError
     from conformance.support import inputs_of
 
     if inputs_of(make) == "naflex":
-        raise UsageError(
-            f"it takes packed batches (inputs='naflex') and the property suite draws images: "
-            f"python -m conformance verify {spec} judges it on packed batches"
-        )
-    if isinstance(make, ModelPort) and make.quantize is not None:
-        raise UsageError(
-            f"it is quantized (ModelPort(quantize=)) and the property suite bounds the float model's rounding: "
-            f"python -m conformance verify {spec} judges it on its own weights (docs/quantization.md)"
-        )
+        return "packed"
+    return "quantized" if isinstance(make, ModelPort) and make.quantize is not None else "images"
+
+
+def kind_of(spec: str) -> str:
+    """``port_kind`` of a --port given to this run, or of one of the project's own ports."""
+    from conformance.verify.portside import load_port
+
+    return _PORT_KINDS.get(spec) or port_kind(load_port("forward", spec))
+
+
+def verified_side(spec: str):
+    """What verify judges a --port through in the property suite: its own process, as every given
+    port runs (``conformance.verify.isolated``); the project's own ports in this one."""
+    from conformance.verify.portside import load_port
+
+    return _remote("forward", spec).side() if spec in _GIVEN["forward"] else load_port("forward", spec)
 
 
 def _remote(kind: str, spec: str):
@@ -231,8 +241,11 @@ def pytest_generate_tests(metafunc):
     # Direct parametrisation, not fixtures: hypothesis re-runs the test body per example.
     opts = metafunc.config.option
     builtin = [] if opts.only_given_ports else list(FRAMEWORK_PORTS)
+    kinds = {spec: _PORT_KINDS.get(spec, "images") for spec in opts.port}
     if "port" in metafunc.fixturenames:
-        _parametrize(metafunc, "port", builtin + list(opts.port))
+        _parametrize(metafunc, "port", builtin + [spec for spec, kind in kinds.items() if kind == "images"])
+    if "verified_port" in metafunc.fixturenames:  # no built-in port takes packed batches or is quantized
+        _parametrize(metafunc, "verified_port", [spec for spec, kind in kinds.items() if kind != "images"])
     if "attention_port" in metafunc.fixturenames:
         _parametrize(metafunc, "attention_port", builtin + list(opts.attention_port))
     if "attention_path" in metafunc.fixturenames:
@@ -248,7 +261,7 @@ def pytest_generate_tests(metafunc):
         _parametrize(metafunc, "framework_port", builtin)
 
 
-PORT_PARAMS = ("port", "attention_port", "attention_path", "grad_port", "framework_port")
+PORT_PARAMS = ("port", "verified_port", "attention_port", "attention_path", "grad_port", "framework_port")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -317,7 +330,7 @@ def pytest_pyfunc_call(pyfuncitem):
     except Unsupported as e:
         pytest.skip(str(e))
     except Unsatisfiable:
-        supports = _supports(pyfuncitem.callspec.params.get("port")) if hasattr(pyfuncitem, "callspec") else None
+        supports = _supports(_model_port(pyfuncitem)) if hasattr(pyfuncitem, "callspec") else None
         if supports is None:
             raise
         pytest.skip(f"no config this property draws is one the port supports ({describe(supports)})")
@@ -333,6 +346,8 @@ def _supports(port):
         supports = supports_of(load_factory(port))
     except (ImportError, ValueError):
         return None  # the test itself reports a port that does not load
+    if _PORT_KINDS.get(port) == "packed" and isinstance(supports, dict):  # images on grids of their own
+        supports = {**supports, "dynamic_img_size": (True,)}
     if _SETTINGS and isinstance(supports, dict):  # --set narrows what is drawn for every port
         return {**supports, **_SETTINGS}
     if _SETTINGS:
@@ -343,12 +358,18 @@ def _supports(port):
     return supports
 
 
+def _model_port(item) -> str | None:
+    """The whole-model port a test item runs (``port`` or ``verified_port``), if any."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("port") or params.get("verified_port")
+
+
 @pytest.fixture(autouse=True)
 def _vit_port_supports(request):
     """Drawn configs stay inside what the test's port declares it supports (conformance.support)."""
     from conformance import strategies
 
-    strategies.set_supports(_supports(getattr(getattr(request.node, "callspec", None), "params", {}).get("port")))
+    strategies.set_supports(_supports(_model_port(request.node)))
     yield
     strategies.set_supports(None)
 

@@ -14,7 +14,7 @@ from functools import partial
 
 import numpy as np
 
-from impls.protocol import VIT_FAMILY, ViTConfig
+from impls.protocol import NAFLEX_FAMILY, VIT_FAMILY, ViTConfig
 
 
 def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None, **rates):
@@ -219,6 +219,17 @@ _NAFLEX.update(dict.fromkeys(("rope_type", "attn_pool_num_heads", "mlp_bias"), N
 _NAFLEX.update(k_bias=True, qkv_fused=True, scale_mlp=False, patch_norm=False, embed_norm=False)
 
 
+# What timm's NaFlexVit builds, as a port of it declares it (conformance/examples/naflex_ports.py)
+TIMM_NAFLEX = {**NAFLEX_FAMILY, **{k: (v,) for k, v in _NAFLEX.items()}}
+
+
+def timm_naflexvit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None, **rates):
+    """timm's NaFlexVit for ``config`` whatever its table's grid: where the config names none, the
+    table is at its own grid (what the canonical ``pos_embed`` holds), resized to each image's."""
+    grid = config.pos_embed_grid_size or config.pos_grid
+    return _timm_naflex(config.replace(pos_embed_grid_size=grid), state, dtype, rates)
+
+
 def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
     """timm's NaFlexVit for a table of its own grid (``pos_embed_grid_size``), in eval mode, with
     ``state`` loaded strictly in its layout (weights/layouts/naflex.py)."""
@@ -232,7 +243,11 @@ def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
         raise NotInTimm(f"timm's NaFlexVit has no keyword for {', '.join(beyond)}")
     skip = ("img_size", "in_chans", "num_classes")  # NaFlexVit's own arguments, beside its cfg
     sizes = {k: v for k, v in _sizes(config).items() if k not in skip}
-    cfg = NaFlexVitCfg(**sizes, **{k: getattr(config, k) for k in _NAFLEX_KEYWORDS}, **rates)
+    keywords = {k: getattr(config, k) for k in _NAFLEX_KEYWORDS}
+    keywords["fc_norm"] = (
+        config.use_fc_norm
+    )  # NaFlexVit's None is fc_norm with 'avg' alone, timm's ViT's every reducing pool
+    cfg = NaFlexVitCfg(**sizes, **keywords, **rates)
     model = NaFlexVit(cfg, in_chans=config.in_chans, num_classes=config.num_classes, img_size=config.img_size)
     for module in model.modules():
         if isinstance(module, torch.nn.LayerNorm):

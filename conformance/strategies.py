@@ -95,6 +95,23 @@ def _consistent(values: dict) -> dict:
     return values
 
 
+WIDTHS = (8, 16, 32, 64, 96, 128, 192, 256)  # the widths drawn for a port whose supports rule embed_dim
+
+
+def declared_widths() -> tuple[int, ...]:
+    """The two narrowest of ``WIDTHS`` the port under test's ``embed_dim`` rule allows and whose
+    half it allows too: a port quantized in groups of 64 (``embed_dim=multiple_of(64)``) is drawn
+    128 or 256 wide, two groups a row at least (one group has no neighbour to take a scale from);
+    the two narrowest allowed where none has an allowed half; () when it rules none."""
+    from conformance.support import allowed, fixed_config
+
+    if not isinstance(_SUPPORTS, dict) or "embed_dim" not in _SUPPORTS or fixed_config(_SUPPORTS) is not None:
+        return ()
+    widths = [d for d in WIDTHS if allowed(_SUPPORTS["embed_dim"], d)]
+    halved = [d for d in widths if d // 2 in widths and d % 2 == 0]
+    return tuple((halved or widths)[:2])
+
+
 @st.composite
 def configs(
     draw,
@@ -105,20 +122,26 @@ def configs(
     max_grid: int = 4,
     pools=None,
     family: bool | str = True,
+    min_grid: int = 1,
 ) -> ViTConfig:
     """Small ViT configs with non-square grids and patches, 1 to 4 channels, every pooling;
     a third of them with the ViT family's options drawn (``family``; ``"half"``: half of them,
     the calibration's share), the rest the original ViT; moved inside what the port under test
-    supports (a port written for one config gets it)."""
+    supports (a port written for one config gets it). ``min_grid``: the fewest patches a side."""
     beyond = draw(st.booleans()) if family == "half" else bool(family) and draw(st.integers(0, 2)) == 0
     if pools is None:
         pools = GLOBAL_POOLS if beyond else ("token", "avg")
     num_heads = draw(st.integers(1, max_heads))
     head_dim = draw(st.sampled_from(head_dims))
+    widths = declared_widths()
+    if widths:  # a port that declares its widths (ones its quantizer's group divides): drawn among them
+        embed = draw(st.sampled_from(widths))
+        num_heads = draw(st.sampled_from([h for h in range(1, max_heads + 1) if embed % h == 0]))
+        head_dim = embed // num_heads
     ph = draw(st.integers(1, max_patch))
     pw = draw(st.one_of(st.just(ph), st.integers(1, max_patch)))
-    gh = draw(st.integers(1, max_grid))
-    gw = draw(st.integers(1, max_grid))
+    gh = draw(st.integers(min_grid, max_grid))
+    gw = draw(st.integers(min_grid, max_grid))
     pool = draw(st.sampled_from(pools))
     class_token = True if pool == "token" else draw(st.booleans())
     values = dict(

@@ -3,7 +3,8 @@
 A port factory (or a ``ModelPort``) may carry ``supports``:
 
 * a preset name or a ``ViTConfig``: exactly that config (a port written for one checkpoint);
-* a mapping of ``ViTConfig`` fields to a value, a tuple of allowed values or a predicate, plus
+* a mapping of ``ViTConfig`` fields to a value, a tuple of allowed values or a predicate (such as
+  ``multiple_of(64)``: a quantized port's widths, which the property suite then draws), plus
   ``square_images`` / ``square_patches``: ``{"global_pool": "token", "in_chans": 3,
   "qkv_bias": (True,), "square_images": True}``. The ViT family's options (``reg_tokens``,
   ``init_values``, ``global_pool="map"``, ``mlp_layer`` ...) the mapping does not name stay at
@@ -72,6 +73,19 @@ def inputs_of(make) -> str:
     return inputs
 
 
+class multiple_of:  # noqa: N801 - read as a rule: {"embed_dim": multiple_of(64)}
+    """A supports rule: a positive multiple of ``n`` (the widths a quantizer's groups of ``n`` divide)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __call__(self, value) -> bool:
+        return isinstance(value, int) and value > 0 and value % self.n == 0
+
+    def __repr__(self) -> str:
+        return f"multiple_of({self.n})"
+
+
 def fixed_config(supports) -> ViTConfig | None:
     if isinstance(supports, str):
         return get_config(supports)
@@ -80,7 +94,8 @@ def fixed_config(supports) -> ViTConfig | None:
     return None
 
 
-def _allowed(rule, value) -> bool:
+def allowed(rule, value) -> bool:
+    """Whether ``value`` meets a supports rule (a value, a tuple of values or a predicate)."""
     if callable(rule):
         return bool(rule(value))
     if isinstance(rule, (tuple, list, set, frozenset)):
@@ -117,8 +132,8 @@ def unsupported_option(supports, config: ViTConfig) -> str | None:
         if option in SHAPE_RULES:
             continue
         value = getattr(config, option)
-        if not _allowed(rule, value):
-            what = "a predicate" if callable(rule) else repr(rule)
+        if not allowed(rule, value):
+            what = repr(rule) if not callable(rule) or isinstance(rule, multiple_of) else "a predicate"
             return f"{option}={value!r} (supported: {what})"
     return None
 
@@ -183,7 +198,10 @@ def describe(supports) -> str:
         return fixed.name or "one config"
     if supports == VIT_FAMILY:
         return "the whole ViT family"
-    return ", ".join(f"{k}={'<predicate>' if callable(v) and v is not ANY else v!r}" for k, v in supports.items())
+    return ", ".join(
+        f"{k}={'<predicate>' if callable(v) and v is not ANY and not isinstance(v, multiple_of) else v!r}"
+        for k, v in supports.items()
+    )
 
 
 def build(make: Callable, config, state, dtype: str = "float32", **options):

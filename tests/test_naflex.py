@@ -175,7 +175,7 @@ def test_a_packed_port_is_told_the_shape_it_must_return_and_needs_a_config_of_an
     assert not report.conformant
     assert "expected (3, 30, 24): a packed batch of 3 rows of 28 patches, padding included" in str(report.failures)
     with pytest.raises(Unsupported, match="dynamic_img_size=True"):
-        verify(port, SMALL.replace(dynamic_img_size=False), port="timm NaFlexVit, packed")
+        verify(unpadded, SMALL.replace(dynamic_img_size=False), port="declares the family, packed")
 
 
 def test_the_command_line_verifies_a_port_of_packed_batches_in_its_own_process(cli):
@@ -193,3 +193,36 @@ def test_nan_only_in_a_packed_ports_padding_is_a_finding_that_says_where():
     said = [f["reason"] for f in report.failures if f["stage"] == "blocks.0"]
     assert said and "non-finite value(s)" in said[0] and "padding" in said[0], said[:1]
     assert "row 0" in said[0] or "B 0" in said[0], said[0]
+
+
+def test_the_port_process_sizes_a_packed_batchs_stages_by_its_padded_rows():
+    """The port's process bounds each output by its stage's shape: a packed batch's by its padded
+    row's length (``packed_shape``), not by an image of (L, ph pw C) pixels. On vit_test_naflex at
+    16x12 a row is 18 patches long, no whole number of 4-pixel patches: the command line was exit 3
+    (ConfigError in the port's process) on NaFlexVit, which is correct. The companion: an image
+    case keeps its image's stage shapes."""
+    from conformance.verify.cases import Case
+    from conformance.verify.packed import packed_plan, packed_shape
+    from conformance.verify.portable import OutputLimits
+    from impls import tap_shapes
+
+    config = get_config("vit_test_naflex").replace(img_size=(16, 12))
+    case = packed_plan(config)[0][1]()
+    assert case.images.shape[1] == 18
+    limits = OutputLimits(case, config)
+    assert limits.expected["blocks.0.attn.weights"] == packed_shape("blocks.0.attn.weights", config, 3, 18)
+    images = Case("images", make_images(config, 3, "ordinary", 0), case.state)
+    assert OutputLimits(images, config).expected == tap_shapes(config, 3, (16, 12))
+
+
+@pytest.mark.parametrize("pool, fc_norm", [("avgmax", True), ("max", True), ("avg", True), ("token", False)])
+def test_timms_naflexvit_is_built_with_the_configs_fc_norm_for_every_pool(pool, fc_norm):
+    """fc_norm=None is timm's ViT's default: fc_norm for every reducing pool; NaFlexVit's own None
+    is 'avg' alone, so the reference passes the resolved choice (the property suite drew 'avgmax':
+    NaFlexVit held norm where the state has fc_norm, a load failure blamed on a correct port)."""
+    from conformance.references import timm_naflexvit
+
+    config = get_config("vit_test_naflex").replace(global_pool=pool, fc_norm=None, class_token=pool == "token")
+    model = timm_naflexvit(config, init_state(config))
+    assert isinstance(model.fc_norm, torch.nn.LayerNorm) == fc_norm
+    assert isinstance(model.norm, torch.nn.LayerNorm) != fc_norm

@@ -303,24 +303,21 @@ def test_a_given_model_the_tool_cannot_judge_ends_the_run_as_a_usage_error(tmp_p
     assert not workers or "vit-conformance: the config cannot express this model: " in out, out[-2000:]
 
 
-@pytest.mark.parametrize(
-    "spec, words",
-    [
-        ("conformance.examples.naflex_ports:port", "takes packed batches (inputs='naflex')"),
-        ("conformance.examples.quantized:mlx_image_4bit", "is quantized (ModelPort(quantize=))"),
-    ],
-)
-def test_a_port_the_suite_cannot_feed_is_a_usage_error_naming_verify(spec, words):
-    """A packed port fed images, a quantized port drawn 2 wide for groups of 64: neither blamed on
-    the port; the run stops as a usage error naming verify (pytest's exit 4, as for a port that
-    cannot be loaded: above). The companion: a float port of images is drawable."""
-    from conformance.plugin import _drawable
-    from conformance.report import UsageError
-    from conformance.verify.portside import load_port
+KINDS = "test_a_packed_or_quantized_port_conforms_on_drawn_configs"
 
-    with pytest.raises(UsageError) as info:
-        _drawable("--port", spec, load_port("forward", spec))
-    assert words in str(info.value) and f"python -m conformance verify {spec}" in str(info.value)
-    _drawable(
-        "--port", "conformance.examples.timm_vit:port", load_port("forward", "conformance.examples.timm_vit:port")
-    )
+
+def test_packed_and_quantized_ports_are_judged_by_verify_on_drawn_configs(tmp_path):
+    """A port of packed batches and a quantized port are given the property verify's own judgement
+    is (conformance/tests/test_port_kinds.py), on configs drawn inside what each declares (grids of
+    their own; widths the quantizer's groups of 64 divide), never images or a 2-wide model: the
+    correct NaFlexVit passes, the quantized mutant fails at its stage (exit 1), and neither is fed
+    the image properties (their test deselected for both)."""
+    ports = ["conformance.examples.naflex_ports:port", "conformance.zoo.quantized_mutants:bits_order_reversed"]
+    code, out = run_pytest(
+        tmp_path, "--only-given-ports", "-rA", *[a for p in ports for a in ("--port", p)],
+        select=f"{KINDS} or {MAIN}", suite=("conformance.tests.test_port_kinds", "conformance.tests.test_model"),
+    )  # fmt: skip
+    assert code == 1, out[-3000:]
+    assert f"PASSED ::{KINDS}[{ports[0]}]" in out, out[-3000:]
+    assert f"FAILED ::{KINDS}[{ports[1]}]" in out and "first divergent stage blocks.0.attn.q" in out, out[-3000:]
+    assert f"::{MAIN}[" not in out, out[-3000:]  # the image property selected, run on neither

@@ -92,15 +92,16 @@ def test_verify_catches_every_mutant_at_its_declared_stage(mutant):
 def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_ports_pass():
     """In ci the original ViT's float32 torch and MLX mutants (one pytest run); in the thorough
     profile also the JAX mutants (XLA compiles each one's forward anew: 9 s of this run), the
-    precision mutants in their run with --dtype float16, the family's mutants and the backward
+    precision mutants in their run with --dtype float16, the family's mutants, the packed and
+    quantized ones (test_port_kinds; in ci test_plugin runs it on a quantized mutant) and the backward
     mutants through --grad-port (verify locates them all in ci, the test above, but for the JAX
     backward one, which test_gradients locates). The torch gradient factory, wrapped as a user's,
     runs --grad-port in ci."""
     mutants = [
         m
         for m in MUTANTS.values()
-        if m.level not in ("packed", "quantized")
-        and (heavy() or (m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax"))
+        if heavy()
+        or (m.level not in ("packed", "quantized") and m.dtype == "float32" and m.plugin_in_ci and m.framework != "jax")
     ]
     # In ci the torch port stands for the correct ports on the plugin path (the main suite runs
     # all three through every sampled test as built-ins); the thorough profile wraps all three.

@@ -5,17 +5,16 @@ three ports with NaFlex's classic bugs, each one line away from the right one.""
 import numpy as np
 import torch
 
-from conformance.references import timm_taps, timm_vit
-from impls import VIT_FAMILY
+from conformance.references import TIMM_NAFLEX, timm_naflexvit, timm_taps
 
 
 def _port(change=lambda batch: batch, antialias: bool = True):
     def make(config, state, dtype="float32"):
-        model = timm_vit(config, state, dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+        model = timm_naflexvit(config, state, dtype={"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
         model.embeds.pos_embed_antialias = antialias
         return lambda batch: timm_taps(model, change(dict(batch)))
 
-    make.supports, make.inputs = VIT_FAMILY, "naflex"
+    make.supports, make.inputs = TIMM_NAFLEX, "naflex"  # what NaFlexVit builds
     return make
 
 

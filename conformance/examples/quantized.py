@@ -13,20 +13,22 @@ timm_torchao_int8   timm's VisionTransformer after torchao's quantize_(model, In
 
 from conformance.capture import ModelPort
 from conformance.examples import mlx_image_vit, timm_vit
+from conformance.support import multiple_of
 
 
 def mlx_image(bits: int, group_size: int, mode: str = "affine") -> ModelPort:
-    """mlx-image's ViT after ``nn.quantize(model, group_size, bits, mode=mode)``."""
+    """mlx-image's ViT after ``nn.quantize(model, group_size, bits, mode=mode)``: its Linears' input
+    widths (embed_dim, and the MLP's, a whole multiple of it) in whole groups."""
 
     def quantize(model):
         import mlx.nn as nn
 
         nn.quantize(model, group_size=group_size, bits=bits, mode=mode)
 
+    supports = {**mlx_image_vit.SUPPORTS, "embed_dim": multiple_of(group_size)}  # every Linear's input width
     return ModelPort(
-        mlx_image_vit.build, convert=mlx_image_vit.convert, images="NHWC", supports=mlx_image_vit.SUPPORTS,
-        quantize=quantize,
-    )  # fmt: skip
+        mlx_image_vit.build, convert=mlx_image_vit.convert, images="NHWC", supports=supports, quantize=quantize
+    )
 
 
 def quantize_dynamic(model):

@@ -6,7 +6,7 @@ import functools
 from functools import lru_cache
 from pathlib import Path
 
-from hypothesis import example, given, settings
+from hypothesis import Phase, example, given, settings
 
 from conformance.builtin import framework
 from impls import PORTS, load_factory
@@ -51,11 +51,13 @@ def jax_runs_the_first(port: str, first: bool, of: str) -> None:
         pytest.skip(f"ci budget: the built-in JAX port runs {of} (thorough: every entry)")
 
 
-def drawn(max_examples: int | None, examples=(), **strategies):
+def drawn(max_examples: int | None, examples=(), shrink: bool = True, **strategies):
     """``@settings(max_examples=...)``, ``@example(**e)`` for each of ``examples`` and
     ``@given(**strategies)`` in one decorator (``None``: the profile's count), built twice with
     Hypothesis's public decorators: once for every port, once with the built-in JAX port's share
-    of the drawn cases. Each call runs the one its port parameter asks for."""
+    of the drawn cases. Each call runs the one its port parameter asks for. ``shrink=False``: a
+    failing example is reported as drawn (a whole verify run each: its report is the finding)."""
+
     from conformance import profiles
     from conformance.plugin import PORT_PARAMS
 
@@ -66,7 +68,8 @@ def drawn(max_examples: int | None, examples=(), **strategies):
             test = given(**strategies)(body)
             for kwargs in reversed(list(examples)):  # run in the order listed
                 test = example(**kwargs)(test)
-            return settings(max_examples=n)(test)
+            phases = tuple(Phase) if shrink else (Phase.explicit, Phase.reuse, Phase.generate)
+            return settings(max_examples=n, phases=phases)(test)
 
         every, shared = build(count), build(max(1, count // JAX_SHARE))
 

@@ -89,7 +89,7 @@ class Forward:
                     self.diagnoses[(stage, label)] = Diagnosis(stage, label, "observed", named)
         rows = q.quantization_cost(out, case, self.config, self.dtype)
         q.record_cost(report, quantized.what, rows, label)
-        beyond = next((r for r in rows if r["ratio"] is not None and r["ratio"] > q.cost_tolerance()), None)
+        beyond = next((r for r in rows if q.costs_too_much(r)), None)
         if beyond is not None:
             finding(report, label, beyond["stage"], q.costs_more(beyond))
             outcome.diverged(self.names.index(beyond["stage"]), beyond["stage"], label)

@@ -35,7 +35,13 @@ class OutputLimits:
         handed = case.images.size + sum(np.size(v) for v in case.state.values())
         handed += 0 if case.context is None else case.context.size
         self.expected: dict[str, tuple[int, ...]] = {}
-        if config is not None:
+        if config is not None and case.patch_valid is not None:  # a packed batch: (B, L, ph pw C) patches
+            from conformance.verify.packed import packed_shape
+            from impls import tap_names
+
+            batch, length = case.images.shape[:2]
+            self.expected = {n: packed_shape(n, config, batch, length) for n in tap_names(config)}
+        elif config is not None:
             from impls import tap_shapes
 
             size = None if not config.dynamic_img_size else tuple(case.images.shape[-2:])

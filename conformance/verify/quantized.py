@@ -27,6 +27,13 @@ from impls.protocol import ViTConfig
 from impls.stages import param_stage
 
 NOISE_RUNS = 3
+# The fewest independent roundings a stage's cost ratio is judged on: its elements, and at most the
+# quantized weights it reads (a 2-wide projection's 18 outputs come from 4 weights' roundings). Under a
+# quantizer that rounds to its grid the ratio squared is about F(n, NOISE_RUNS n) over n of them (one
+# rounding realisation over the draws' noise): at the tolerance (2.83) its tail is 6.6 % for n = 1,
+# 9e-5 for 7 and 5e-7 for 12 (scipy.stats.f.sf). Below, the ratio is shown, not judged: too few to tell
+# a quantizer's cost from its rounding; every weight is still held to its half step (``beyond_half_step``).
+COST_MIN_ELEMENTS = 12
 _CALIBRATION = Path(__file__).with_name("quantization_calibration.json")
 
 
@@ -101,8 +108,9 @@ def reading_stages(keys) -> set[str]:
 def cost_rows(out, reference, local: dict[str, tuple]) -> list[dict]:
     """Per stage the port emitted: its distance from the float model ``reference`` (relative
     error, SQNR in dB, cosine), and where its operation reads a quantized weight, ``local[stage]``
-    = (the stage on quantized weights, [the stage on noisy weights]), each from the float model's
-    inputs to it: the ``ratio`` of the first's RMS distance from the float stage to the second's."""
+    = (the stage on quantized weights, [the stage on noisy weights], the quantized weights it reads),
+    each from the float model's inputs to it: the ``ratio`` of the first's RMS distance from the float
+    stage to the second's, and ``roundings``, the independent roundings it sees at most."""
     rows = []
     for name, ref in reference.items():
         if name not in out:
@@ -113,13 +121,14 @@ def cost_rows(out, reference, local: dict[str, tuple]) -> list[dict]:
 
 
 def _cost_row(name: str, ref: np.ndarray, port, local) -> dict:
+    """``local``: None, or (the stage on quantized weights, [on noisy weights], the weights it reads)."""
     port = np.asarray(port, np.float64).reshape(ref.shape)
     diff = port - ref
     power, noise = float(np.sum(ref * ref)), float(np.sum(diff * diff))
     norms = np.linalg.norm(port) * np.linalg.norm(ref)
-    ratio = None
+    ratio, read = None, ref.size
     if local is not None:
-        quantized, noisy = local
+        quantized, noisy, read = local
         expected, moved = np.sqrt(np.mean([_rms(n - ref) ** 2 for n in noisy])), _rms(quantized - ref)
         ratio = moved / expected if expected else (0.0 if moved == 0 else np.inf)
     return {
@@ -128,7 +137,13 @@ def _cost_row(name: str, ref: np.ndarray, port, local) -> dict:
         "sqnr_db": float(10 * np.log10(power / noise)) if noise and power else float("inf"),
         "cosine": float(np.sum(port * ref) / norms) if norms else 1.0,
         "ratio": None if ratio is None else float(ratio),
+        "roundings": int(min(ref.size, read)),  # the independent roundings it sees, at most
     }
+
+
+def costs_too_much(row: dict) -> bool:
+    """Whether a stage's cost ratio is judged (``COST_MIN_ELEMENTS`` roundings) and beyond the tolerance."""
+    return row["ratio"] is not None and row["roundings"] >= COST_MIN_ELEMENTS and row["ratio"] > cost_tolerance()
 
 
 def costs_more(row: dict) -> str:
@@ -184,8 +199,17 @@ def quantization_cost(out, case, config: ViTConfig, dtype: str) -> list[dict]:
     local = {}
     for name in reading_stages(quantized.values) & set(reference):
         values = [m.local(name, reference)[0] for m in models]
-        local[name] = (values[0], values[1:])
+        local[name] = (values[0], values[1:], weights_read(quantized.values, name))
     return cost_rows(out, reference, local)
+
+
+def weights_read(values: dict, stage: str) -> int:
+    """How many quantized weights ``stage``'s operation reads (a fused qkv's third each for q, k, v)."""
+    n = 0
+    for key, value in values.items():
+        stages = reading_stages([key])
+        n += np.size(value) // len(stages) if stage in stages else 0
+    return n
 
 
 class KernelModel(CaseModel):

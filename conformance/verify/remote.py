@@ -36,23 +36,24 @@ class Remote:
 
     def __init__(self, kind: str, spec: str, timeout: float | None = None):
         self.kind, self.spec, self.timeout = kind, spec, timeout
-        self.side = None
+        self.isolated = None
         atexit.register(self.close)
 
     def check(self) -> None:
         """Import the port in its own process once: its module's exit, hang or error raised here
         (``PortStopped``, ``UsageError``)."""
-        self._side().default_config()
+        self.side().default_config()
 
-    def _side(self):
+    def side(self):
+        """The port's process as verify takes it (an ``Isolated`` PortSide), started on first use."""
         from conformance.verify.isolated import Isolated
 
-        if self.side is None:
-            self.side = Isolated(self.kind, self.spec, timeout=self.timeout or 300.0)
-        return self.side
+        if self.isolated is None:
+            self.isolated = Isolated(self.kind, self.spec, timeout=self.timeout or 300.0)
+        return self.isolated
 
     def call(self, method: str, case: Case, *args, timeout: float | None = None):
-        side = self._side()
+        side = self.side()
         side.timeout = self.timeout or timeout or 300.0
         out, findings = getattr(side, method)(case, *args)
         if out is None:
@@ -60,9 +61,9 @@ class Remote:
         return _writable(out)
 
     def close(self) -> None:
-        if self.side is not None:
-            self.side.close()
-            self.side = None
+        if self.isolated is not None:
+            self.isolated.close()
+            self.isolated = None
 
 
 def _writable(out):

@@ -29,7 +29,8 @@ class Mutant:
     @property
     def sample(self) -> tuple[str, ...]:
         """The tests this mutant sees in the zoo's plugin run (README: "How much of the suite")."""
-        main = {"model": MAIN_MODEL_TEST, "gradient": MAIN_GRADIENT_TEST}.get(self.level, ())
+        main = {"model": MAIN_MODEL_TEST, "gradient": MAIN_GRADIENT_TEST, "packed": MAIN_VERIFIED_TEST}
+        main = {**main, "quantized": MAIN_VERIFIED_TEST}.get(self.level, ())
         return (*main, *self.catchers)
 
 
@@ -53,6 +54,7 @@ ROPE_SUPPORTS = {
 
 MAIN_MODEL_TEST = ("test_every_tap_of_every_port_matches_the_oracle",)
 MAIN_GRADIENT_TEST = ("test_every_taps_and_parameters_gradient_and_the_images_match_the_reference",)
+MAIN_VERIFIED_TEST = ("test_a_packed_or_quantized_port_conforms_on_drawn_configs",)  # packed and quantized ports
 
 
 _T, _M, _J = "conformance.zoo.torch_mutants", "conformance.zoo.mlx_mutants", "conformance.zoo.jax_mutants"
@@ -290,7 +292,7 @@ _ALL = [
            "Blaizzy/mlx-vlm#2266, facebookresearch/dinov2#378", "embed", config="vit_test_dynamic",
            note="only images of another size than the position grid's show it", plugin_in_ci=False,
            bug_class="pos_embed_resampled_without_antialias"),
-    # NaFlex's packed batches (issue 43): a port's packed path (verify's packed cases; the plugin draws images)
+    # NaFlex's packed batches (issue 43): a port's packed path (verify's packed cases, on drawn configs in the plugin)
     Mutant("torch_naflex_padding_attended", "torch", f"{_P}:naflex_padding_attended",
            "a packed batch's padding attended: the attention without its key mask", "NaFlex and SigLIP 2 ports "
            "that drop the patch mask (timm's patch_valid, transformers' pixel_attention_mask) in the encoder",
@@ -308,8 +310,8 @@ _ALL = [
            "a resize helper called with align_corners=True (issue 43's NaFlex bugs: the table resized with "
            "align_corners flipped)", "embed", level="packed", config="vit_test_naflex",
            bug_class="pos_embed_resampled_align_corners"),
-    # quantized ports (issue 44): their quantize step's packed weights (verify's weight check; the plugin's
-    # properties draw float ports)
+    # quantized ports (issue 44): their quantize step's packed weights (verify's weight check, on drawn configs
+    # in the plugin)
     Mutant("mlx_quant_bits_order_reversed", "mlx", f"{_Q}:bits_order_reversed",
            "4-bit codes packed most significant first in each uint32 word (MLX reads them least significant "
            "first)", "converters from GPTQ and AWQ checkpoints, whose packing orders differ from MLX's",

@@ -1,5 +1,5 @@
 """PyTorch mutants of NaFlex's packed batches (issue 43): the bugs of a port's packed path, which
-verify's packed cases show (the plugin's properties draw images: a packed port is verify's alone).
+verify's packed cases show (in the plugin, on drawn configs: conformance/tests/test_port_kinds.py).
 Each is the PyTorch port's ``make_naflex`` with one thing changed."""
 
 from __future__ import annotations
