@@ -271,7 +271,8 @@ def test_a_stage_of_few_roundings_is_not_judged_on_its_cost_ratio():
     """The property suite drew mlx-image's correct 4-bit ViT with one class (seed 138): its logits
     of one image are one number, whose ratio (3.97) is one rounding realisation over three noise
     draws, F(1, 3)'s tail beyond the tolerance 6.6 %; and timm's torchao int8 ViT 2 wide, whose
-    projection's 18 outputs come from 4 weights' roundings (4.3). Stages under COST_MIN_ELEMENTS
+    projection's 18 outputs come from 4 weights' roundings (4.3), and 6 wide, whose head's 12 logits
+    over three like images vary along about two directions (3.15). Stages under COST_MIN_ELEMENTS
     roundings show their ratio, unjudged; the companion: the same ratio over twelve is a finding."""
     from conformance.properties.verified import check_verified
     from conformance.verify.quantized import COST_MIN_ELEMENTS, cost_tolerance, costs_too_much
@@ -282,8 +283,11 @@ def test_a_stage_of_few_roundings_is_not_judged_on_its_cost_ratio():
         img_size=(16, 14), patch_size=(4, 7), num_classes=3, global_pool="avg", class_token=True,
         embed_dim=2, depth=2, num_heads=1, mlp_ratio=2.0, qkv_bias=True, proj_bias=True,
     )  # fmt: skip
+    six = narrow.replace(img_size=(15, 6), patch_size=(5, 3), in_chans=2, num_classes=4, global_pool="token",
+                         embed_dim=6, depth=1, num_heads=3, mlp_ratio=4.0)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check_verified("timm_torchao_int8", examples.timm_torchao_int8, narrow, seed=2, packed=False)
+        check_verified("timm_torchao_int8", examples.timm_torchao_int8, six, seed=1746, packed=False)
     row = {"ratio": 1.4 * cost_tolerance(), "roundings": 1}
     assert not costs_too_much(row) and costs_too_much({**row, "roundings": COST_MIN_ELEMENTS})

@@ -27,8 +27,10 @@ from impls.protocol import ViTConfig
 from impls.stages import param_stage
 
 NOISE_RUNS = 3
-# The fewest independent roundings a stage's cost ratio is judged on: its elements, and at most the
-# quantized weights it reads (a 2-wide projection's 18 outputs come from 4 weights' roundings). Under a
+# The fewest independent roundings a stage's cost ratio is judged on: its elements, at most the quantized
+# weights it reads (a 2-wide projection's 18 outputs come from 4 weights' roundings), and at most the
+# directions its noise draws spread over (``participation``: a 6-wide head's 12 logits over three like
+# images vary along about four). Under a
 # quantizer that rounds to its grid the ratio squared is about F(n, NOISE_RUNS n) over n of them (one
 # rounding realisation over the draws' noise): at the tolerance (2.83) its tail is 6.6 % for n = 1,
 # 9e-5 for 7 and 5e-7 for 12 (scipy.stats.f.sf). Below, the ratio is shown, not judged: too few to tell
@@ -131,14 +133,25 @@ def _cost_row(name: str, ref: np.ndarray, port, local) -> dict:
         quantized, noisy, read = local
         expected, moved = np.sqrt(np.mean([_rms(n - ref) ** 2 for n in noisy])), _rms(quantized - ref)
         ratio = moved / expected if expected else (0.0 if moved == 0 else np.inf)
+        read = min(read, participation([n - ref for n in noisy]))
     return {
         "stage": name,
         "rel_error": float(np.sqrt(noise / power)) if power else 0.0,
         "sqnr_db": float(10 * np.log10(power / noise)) if noise and power else float("inf"),
         "cosine": float(np.sum(port * ref) / norms) if norms else 1.0,
         "ratio": None if ratio is None else float(ratio),
-        "roundings": int(min(ref.size, read)),  # the independent roundings it sees, at most
+        "roundings": float(min(ref.size, read)),  # the independent roundings it sees, at most
     }
+
+
+def participation(draws: list[np.ndarray]) -> float:
+    """How many independent directions the noise draws' deviations spread over: (tr C)^2 / |C|_F^2
+    for their covariance C, from E|d|^2 = tr C and E (d_r . d_s)^2 = |C|_F^2 over pairs of draws (a
+    one-class head's logits over three images vary along one direction, not three)."""
+    flat = [np.ravel(d) for d in draws]
+    pairs = [float(np.dot(a, b)) ** 2 for i, a in enumerate(flat) for b in flat[i + 1 :]]
+    trace, frobenius = np.mean([float(np.dot(d, d)) for d in flat]), np.mean(pairs) if pairs else 0.0
+    return trace * trace / frobenius if frobenius > 0 else float(np.size(flat[0]) if flat else 0)
 
 
 def costs_too_much(row: dict) -> bool:
