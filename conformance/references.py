@@ -217,8 +217,6 @@ _NAFLEX_KEYWORDS += ("pos_embed_interp_mode",)
 _NAFLEX = {"no_embed_class": True, "pos_embed": "learn", "mlp_layer": "mlp", "distilled": False, "norm_bias": True}
 _NAFLEX.update(dict.fromkeys(("rope_type", "attn_pool_num_heads", "mlp_bias"), None))
 _NAFLEX.update(k_bias=True, qkv_fused=True, scale_mlp=False, patch_norm=False, embed_norm=False)
-
-
 # What timm's NaFlexVit builds, as a port of it declares it (conformance/examples/naflex_ports.py)
 TIMM_NAFLEX = {**NAFLEX_FAMILY, **{k: (v,) for k, v in _NAFLEX.items()}}
 
@@ -235,7 +233,6 @@ def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
     ``state`` loaded strictly in its layout (weights/layouts/naflex.py)."""
     import torch
     from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
-
     from weights.layouts.naflex import from_canonical
 
     beyond = [f"{k}={getattr(config, k)!r}" for k, ok in _NAFLEX.items() if getattr(config, k) != ok]
@@ -243,10 +240,8 @@ def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
         raise NotInTimm(f"timm's NaFlexVit has no keyword for {', '.join(beyond)}")
     skip = ("img_size", "in_chans", "num_classes")  # NaFlexVit's own arguments, beside its cfg
     sizes = {k: v for k, v in _sizes(config).items() if k not in skip}
-    keywords = {k: getattr(config, k) for k in _NAFLEX_KEYWORDS}
-    keywords["fc_norm"] = (
-        config.use_fc_norm
-    )  # NaFlexVit's None is fc_norm with 'avg' alone, timm's ViT's every reducing pool
+    # fc_norm resolved: NaFlexVit's None is 'avg' alone, timm's ViT's (the config's) every reducing pool
+    keywords = {**{k: getattr(config, k) for k in _NAFLEX_KEYWORDS}, "fc_norm": config.use_fc_norm}
     cfg = NaFlexVitCfg(**sizes, **keywords, **rates)
     model = NaFlexVit(cfg, in_chans=config.in_chans, num_classes=config.num_classes, img_size=config.img_size)
     for module in model.modules():

@@ -99,17 +99,15 @@ WIDTHS = (8, 16, 32, 64, 96, 128, 192, 256)  # the widths drawn for a port whose
 
 
 def declared_widths() -> tuple[int, ...]:
-    """The two narrowest of ``WIDTHS`` the port under test's ``embed_dim`` rule allows and whose
-    half it allows too: a port quantized in groups of 64 (``embed_dim=multiple_of(64)``) is drawn
-    128 or 256 wide, two groups a row at least (one group has no neighbour to take a scale from);
-    the two narrowest allowed where none has an allowed half; () when it rules none."""
-    from conformance.support import allowed, fixed_config
+    """For a port whose supports rule ``embed_dim=multiple_of(n)`` (a quantizer's groups of n): the
+    two narrowest of ``WIDTHS`` of two groups or more (one group has no neighbour to take a scale
+    from), 2n and 4n where WIDTHS has them; () for every other port (its widths drawn as ever)."""
+    from conformance.support import multiple_of
 
-    if not isinstance(_SUPPORTS, dict) or "embed_dim" not in _SUPPORTS or fixed_config(_SUPPORTS) is not None:
+    rule = _SUPPORTS.get("embed_dim") if isinstance(_SUPPORTS, dict) else None
+    if not isinstance(rule, multiple_of):
         return ()
-    widths = [d for d in WIDTHS if allowed(_SUPPORTS["embed_dim"], d)]
-    halved = [d for d in widths if d // 2 in widths and d % 2 == 0]
-    return tuple((halved or widths)[:2])
+    return tuple(d for d in WIDTHS if d % rule.n == 0 and d >= 2 * rule.n)[:2]
 
 
 @st.composite

@@ -16,6 +16,9 @@ MAIN = "test_every_tap_of_every_port_matches_the_oracle"
 NORMS = "test_each_layernorm_is_used_where_it_belongs"
 TIMM = "test_port_equals_timm_at_every_stage"
 GIVEN = ("correct", "shared_norm", "logits_only", "single_config", "single_config_shared_norm")
+KINDS = "test_a_packed_or_quantized_port_conforms_on_drawn_configs"
+# a correct port of packed batches and a quantized mutant: what the image properties cannot feed or bound
+VERIFIED = ("conformance.examples.naflex_ports:port", "conformance.zoo.quantized_mutants:bits_order_reversed")
 
 
 def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}", suite=("conformance.tests",)):
@@ -60,10 +63,16 @@ def given_only(tmp_path_factory):
         f"--junitxml={d / 'r.xml'}",
         *[a for p in GIVEN for a in ("--port", f"user_ports:{p}")],
         *("--port", "haiku_like:port"),  # a model the tool cannot judge, beside ports with findings
+        *[a for p in VERIFIED for a in ("--port", p)],
         # timm's comparison for the ports written for one config (what the tests below read of it)
-        select=f"{MAIN} or {NORMS} or ({TIMM} and project_init and single_config and (vit_test_token or vit_test_deep))",
+        select=f"{MAIN} or {NORMS} or {KINDS} or "
+        f"({TIMM} and project_init and single_config and (vit_test_token or vit_test_deep))",
         # the modules that hold them: the others' imports (JAX, transformers) are not this test's
-        suite=("conformance.tests.test_model", "conformance.tests.test_timm_reference"),
+        suite=(
+            "conformance.tests.test_model",
+            "conformance.tests.test_timm_reference",
+            "conformance.tests.test_port_kinds",
+        ),
     )
     outcome = {}
     for case in ET.parse(d / "r.xml").getroot().iter("testcase"):
@@ -102,10 +111,10 @@ def test_a_logits_only_port_is_checked_end_to_end_and_tap_properties_are_skipped
 
 def test_only_given_ports_leaves_the_builtin_ones_out(given_only):
     _, _, _, outcome = given_only
-    assert {name for name in outcome if not name.startswith(TIMM)} == {
+    assert {name for name in outcome if not name.startswith((TIMM, KINDS))} == {
         f"{t}[{p}]" for t in (MAIN, NORMS) for p in (*(f"user_ports:{p}" for p in GIVEN), "haiku_like:port")
     }
-    assert all("[user_ports:" in name or "[haiku_like:port" in name for name in outcome)
+    assert all(any(f"[{p}" in name for p in ("user_ports:", "haiku_like:port", *VERIFIED)) for name in outcome)
 
 
 def test_a_port_written_for_one_config_is_judged_on_it_and_others_are_reported_unsupported(given_only):
@@ -303,21 +312,14 @@ def test_a_given_model_the_tool_cannot_judge_ends_the_run_as_a_usage_error(tmp_p
     assert not workers or "vit-conformance: the config cannot express this model: " in out, out[-2000:]
 
 
-KINDS = "test_a_packed_or_quantized_port_conforms_on_drawn_configs"
-
-
-def test_packed_and_quantized_ports_are_judged_by_verify_on_drawn_configs(tmp_path):
+def test_packed_and_quantized_ports_are_judged_by_verify_on_drawn_configs(given_only):
     """A port of packed batches and a quantized port are given the property verify's own judgement
     is (conformance/tests/test_port_kinds.py), on configs drawn inside what each declares (grids of
     their own; widths the quantizer's groups of 64 divide), never images or a 2-wide model: the
-    correct NaFlexVit passes, the quantized mutant fails at its stage (exit 1), and neither is fed
-    the image properties (their test deselected for both)."""
-    ports = ["conformance.examples.naflex_ports:port", "conformance.zoo.quantized_mutants:bits_order_reversed"]
-    code, out = run_pytest(
-        tmp_path, "--only-given-ports", "-rA", *[a for p in ports for a in ("--port", p)],
-        select=f"{KINDS} or {MAIN}", suite=("conformance.tests.test_port_kinds", "conformance.tests.test_model"),
-    )  # fmt: skip
-    assert code == 1, out[-3000:]
-    assert f"PASSED ::{KINDS}[{ports[0]}]" in out, out[-3000:]
-    assert f"FAILED ::{KINDS}[{ports[1]}]" in out and "first divergent stage blocks.0.attn.q" in out, out[-3000:]
-    assert f"::{MAIN}[" not in out, out[-3000:]  # the image property selected, run on neither
+    correct NaFlexVit passes, the quantized mutant fails at its stage, and neither is given the
+    image properties; the image ports are not given theirs."""
+    _, _, out, outcome = given_only
+    assert outcome[f"{KINDS}[{VERIFIED[0]}]"] == "passed", out[-3000:]
+    assert outcome[f"{KINDS}[{VERIFIED[1]}]"] == "failed" and "first divergent stage blocks.0.attn.q" in out
+    assert not any(f"[{p}]" in name for p in VERIFIED for name in outcome if not name.startswith(KINDS))
+    assert {name for name in outcome if name.startswith(KINDS)} == {f"{KINDS}[{p}]" for p in VERIFIED}

@@ -247,24 +247,25 @@ def test_a_quantize_step_that_returns_no_model_is_exit_2_naming_quantize(returne
 
 
 @pytest.mark.parametrize(
-    "name, message",
+    "name, error, message",
     [
-        (
-            "quantize_step",
-            r"hold integer weights the reader does not know \(blocks.0.attn.qkv \(Int8Linear: weight int8\)",
-        ),
-        ("quantized_in_build", r"hold quantized weights \(blocks.0.attn.qkv \(Int8Linear: weight int8\).*quantize="),
+        ("quantize_step", "Unsupported", r"hold integer weights the reader does not know \(blocks.0.attn.qkv \(Int8Linear: weight int8\)"),
+        ("quantized_in_build", "QuantizedNotTaken", r"hold quantized weights \(blocks.0.attn.qkv \(Int8Linear: weight int8\).*quantize="),
     ],
-)
-def test_a_hand_written_int8_linear_is_exit_2_naming_the_module(cli, name, message):
+)  # fmt: skip
+def test_a_hand_written_int8_linear_is_exit_2_naming_the_module(name, error, message):
     """A quantized Linear of no known class or format (int8 codes and a float scale per row, its own
-    forward): exit 2 naming the module and its integer weight, not a finding at load ('quantized
-    nothing', or float weights copied into int8 buffers). The companion: torch.ao's int8 Linear in
-    the same place is read and judged (test_a_quantized_port_is_kernel_exact_and_its_cost_is_tabled)."""
-    import re
+    forward): the tool cannot judge it (Unsupported, QuantizedNotTaken: exit 2) and names the module
+    and its integer weight, not a finding at load ('quantized nothing', or float weights copied into
+    int8 buffers). The companion: torch.ao's int8 Linear in the same place is read and judged
+    (test_a_quantized_port_is_kernel_exact_and_its_cost_is_tabled)."""
+    from conformance.report import CannotJudge
+    from conformance.support import Unsupported
+    from tests.data import hand_quantized_ports
 
-    code, out, err = cli("verify", f"tests.data.hand_quantized_ports:{name}", "--preset", "vit_test_quantized")
-    assert code == 2 and re.search(message, out + err), out + err
+    with pytest.raises((Unsupported, CannotJudge), match=message) as info:
+        getattr(hand_quantized_ports, name)(CONFIG, default_cases(CONFIG)[0].state)
+    assert type(info.value).__name__ == error
 
 
 def test_a_stage_of_few_roundings_is_not_judged_on_its_cost_ratio():
@@ -274,7 +275,7 @@ def test_a_stage_of_few_roundings_is_not_judged_on_its_cost_ratio():
     projection's 18 outputs come from 4 weights' roundings (4.3), and 6 wide, whose head's 12 logits
     over three like images vary along about two directions (3.15). Stages under COST_MIN_ELEMENTS
     roundings show their ratio, unjudged; the companion: the same ratio over twelve is a finding."""
-    from conformance.properties.verified import check_verified
+    from conformance.verify.drawn import check_verified
     from conformance.verify.quantized import COST_MIN_ELEMENTS, cost_tolerance, costs_too_much
 
     config = CONFIG.replace(img_size=8, num_classes=1, embed_dim=128, num_heads=1, mlp_ratio=1.0)

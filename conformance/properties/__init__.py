@@ -10,8 +10,8 @@ A property that needs taps the port does not emit raises ``NotApplicable``; a po
 returns only logits is still checked end to end by ``check_matches_oracle``.
 
 The package: ``core`` (the cases, ``PropertyFailure``, running a port, comparing within the
-bounds), ``model`` (the whole model and the family's components), ``verified`` (a packed or a
-quantized port, judged by verify), ``attention`` (a standalone attention).
+bounds), ``model`` (the whole model and the family's components), ``attention`` (a standalone
+attention). A packed or a quantized port's property is verify's own verdict: conformance.verify.drawn.
 """
 
 from conformance.properties.core import (  # noqa: F401
@@ -41,7 +41,6 @@ from conformance.properties.model import (  # noqa: F401
     check_patch_shift_shifts_tokens,
     check_tokens_row_major,
 )
-from conformance.properties.verified import check_verified  # noqa: F401
 from conformance.properties.attention import (  # noqa: F401
     run_attention,
     check_cross_attention_weights_sum_to_one_over_keys,

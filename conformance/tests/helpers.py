@@ -68,7 +68,9 @@ def drawn(max_examples: int | None, examples=(), shrink: bool = True, **strategi
             test = given(**strategies)(body)
             for kwargs in reversed(list(examples)):  # run in the order listed
                 test = example(**kwargs)(test)
-            phases = tuple(Phase) if shrink else (Phase.explicit, Phase.reuse, Phase.generate)
+            if shrink:  # the profile's phases (the zoo's shrinks nothing)
+                return settings(max_examples=n)(test)
+            phases = tuple(p for p in settings.default.phases if p not in (Phase.shrink, Phase.explain))
             return settings(max_examples=n, phases=phases)(test)
 
         every, shared = build(count), build(max(1, count // JAX_SHARE))

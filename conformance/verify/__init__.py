@@ -11,7 +11,8 @@ the wrong shape or dtype, NaN or Inf, no ``logits``, or a mis-shaped tap is a fi
 one-line reason, never a traceback. Batches of 3 and 1 images are used.
 
 The package: ``cases`` (verify's fixed cases), ``forward`` (the forward check), ``grad`` (the
-gradient check), ``attention`` (an attention port), ``portside`` (the port's side of a check,
+gradient check), ``drawn`` (the plugin's property for packed and quantized ports: verify on a drawn
+config), ``attention`` (an attention port), ``portside`` (the port's side of a check,
 and the factory a spec names), ``report`` (text, JSON, plot) and ``command`` (the command line);
 none imports another's caller.
 """

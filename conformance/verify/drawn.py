@@ -1,4 +1,4 @@
-"""A port the image properties cannot feed or bound, judged as verify judges it: a port of packed
+"""The property of a port the image properties cannot feed or bound, judged as verify judges it: a port of packed
 batches (``inputs="naflex"``: each row against the oracle on its image alone) and a quantized
 ModelPort (against the oracle on its own dequantized weights, its cost tabled), on a drawn config.
 
