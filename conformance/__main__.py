@@ -9,6 +9,6 @@ if shadowing():
     print(f"usage error: {shadowing()}", file=sys.stderr)
     sys.exit(2)
 
-from conformance.cli import main  # noqa: E402
+from conformance.commands.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -194,24 +194,6 @@ def _format_row(r: dict) -> str:
     )
 
 
-def main(args) -> int:
-    models = args.models or list(MODELS)
-    result = run(models, tuple(args.batches), args.warmup, args.repeats)
-    m = result["machine"]
-    print(
-        f"\nmachine: {m['processor']}, {m['cores']} cores; float32 matmul peak (2048^2): "
-        + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in m["matmul_peak_gflops"].items())
-        + f"; MLX cblas_sgemm from {m['mlx_sgemm']}"
-    )
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    if args.markdown:
-        from conformance.docs import bench_table
-
-        print("\n" + bench_table(result))
-    return 0
-
-
 if __name__ == "__main__":  # one entry, for run(): python -m conformance.bench MODEL BATCH LABEL WARMUP REPEATS
     import sys
 

@@ -7,7 +7,7 @@ import pytest
 def cli(capfd):
     """``python -m conformance verify ...`` or ``python -m weights convert ...`` in this process
     (verify starts the port's own process as on the command line)."""
-    from conformance.cli import main as conformance_main
+    from conformance.commands.cli import main as conformance_main
     from weights.convert import main as weights_main
 
     def run(*args):

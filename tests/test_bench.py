@@ -39,7 +39,7 @@ def test_a_bench_argument_that_measures_nothing_is_exit_2_at_once(cli, args, wor
 
 def test_the_fit_reads_the_rows_it_is_given(cli, tmp_path):
     """The companion: --fit on the checkout's recorded rows prints the budget's constants."""
-    from conformance.verify.bench import DATA
+    from conformance.commands.bench import DATA
 
     code, out, err = cli("bench", "--verify", "--fit", str(DATA))
     assert code == 0 and "SECONDS_PER_CASE = " in out, out + err
@@ -48,7 +48,7 @@ def test_the_fit_reads_the_rows_it_is_given(cli, tmp_path):
 def test_docs_outside_a_checkout_is_exit_2(monkeypatch, tmp_path, capsys):
     import argparse
 
-    import conformance.docs as docs
+    import conformance.commands.docs as docs
 
     monkeypatch.setattr(docs, "DOCS", tmp_path / "docs")
     assert docs.main(argparse.Namespace(check=True)) == 2

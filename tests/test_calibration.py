@@ -3,7 +3,7 @@ a case added to the file without a new calibration would leave its tolerance uns
 
 import json
 
-from conformance.numerics.calibrate import HARD_CASES_FILE, hard_cases, hard_cases_digest
+from conformance.commands.calibrate import HARD_CASES_FILE, hard_cases, hard_cases_digest
 from conformance.numerics.tolerances import CALIBRATION
 
 

@@ -117,7 +117,7 @@ def test_each_option_is_defined_once_and_everything_reads_it():
     config's is found."""
     import dataclasses
 
-    from conformance.docs import option_table
+    from conformance.commands.docs import option_table
     from impls import ORIGINAL_VIT, VIT_FAMILY
     from weights import formats
     from weights.hf import family

@@ -250,7 +250,7 @@ def test_the_scans_measurement_on_the_correct_ports_is_recorded():
 
 
 def test_the_full_size_bands_are_recorded_and_hold_on_held_out_cases():
-    """scan_calibration.json's bands_full (conformance/diagnosis/scan_full.py): the correct ports at
+    """scan_calibration.json's bands_full (conformance/commands/calibrate_scan_full.py): the correct ports at
     ViT-S and ViT-B, whose float16 attention weights share about 60 % of softmax_in_float16's
     difference (their own output rounding; the small configs' band stops at 0.11): no alarm on held-out
     cases, and the band along softmax_in_float16 is that size's, not the small configs'."""

@@ -4,7 +4,7 @@ commands exactly."""
 import re
 import shutil
 
-from conformance.docs import ROOT, stale_blocks
+from conformance.commands.docs import ROOT, stale_blocks
 
 README = ROOT / "README.md"
 CI = ROOT / ".ci" / "run"

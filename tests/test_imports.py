@@ -1,6 +1,8 @@
 """The import graph of impls, weights and conformance: no cycle (function-local imports
-included, ``if TYPE_CHECKING:`` ones not: they never run), and no library module importing a
-test module. Read from the source with ast, so nothing is imported to check it."""
+included, ``if TYPE_CHECKING:`` ones not: they never run), no library module importing a
+test module, and the commands on their own floor: no module below conformance.commands imports
+one (``if TYPE_CHECKING:`` imports counted too: a type is a dependency). Read from the source
+with ast, so nothing is imported to check it."""
 
 import ast
 from functools import cache
@@ -19,23 +21,23 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _runtime_imports(tree: ast.AST):
-    """Every import statement outside ``if TYPE_CHECKING:`` blocks."""
+def _runtime_imports(tree: ast.AST, typing: bool = False):
+    """Every import statement outside ``if TYPE_CHECKING:`` blocks (``typing``: inside them too)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
-            node.body = []
+            node.body = node.body if typing else []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
 
 
 @cache  # read once: each test takes its own copy
-def _graph() -> dict[str, frozenset[str]]:
+def _graph(typing: bool = False) -> dict[str, frozenset[str]]:
     modules = _modules()
     graph = {m: set() for m in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _runtime_imports(ast.parse(path.read_text())):
+        for node in _runtime_imports(ast.parse(path.read_text()), typing):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -52,8 +54,8 @@ def _graph() -> dict[str, frozenset[str]]:
     return {m: frozenset(deps) for m, deps in graph.items()}
 
 
-def import_graph() -> dict[str, set[str]]:
-    return {m: set(deps) for m, deps in _graph().items()}
+def import_graph(typing: bool = False) -> dict[str, set[str]]:
+    return {m: set(deps) for m, deps in _graph(typing).items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -107,6 +109,31 @@ def test_no_library_module_imports_a_test_module():
         if not (m == tests or m.startswith(tests + "."))
     }
     assert {m: d for m, d in bad.items() if d} == {}
+
+
+COMMANDS = "conformance.commands"  # the floor of every command (python -m conformance's subcommands)
+
+
+def upward(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The modules below the commands' floor that import a command (the package's entry point,
+    conformance.__main__, is the floor's own door)."""
+
+    def command(m: str) -> bool:
+        return m == COMMANDS or m.startswith(COMMANDS + ".") or m == "conformance.__main__"
+
+    found = {m: sorted(d for d in deps if command(d)) for m, deps in graph.items() if not command(m)}
+    return {m: d for m, d in found.items() if d}
+
+
+def test_no_library_module_imports_a_command():
+    assert upward(import_graph(typing=True)) == {}
+
+
+def test_the_floor_check_finds_a_library_importing_a_command():
+    """The companion: zoo.run importing the docs command (as it did before the move) is found."""
+    graph = import_graph(typing=True)
+    graph["conformance.zoo.run"] = graph["conformance.zoo.run"] | {"conformance.commands.docs"}
+    assert upward(graph) == {"conformance.zoo.run": ["conformance.commands.docs"]}
 
 
 _PORT_PROCESS = """

@@ -15,7 +15,7 @@ class ProvenanceWarning(UserWarning):
 def test_running_versions_match_the_calibrated_ones_or_warn():
     recorded = json.loads(CALIBRATION.read_text()).get("provenance")
     assert recorded and recorded.get("versions", {}).get("torch"), (
-        "calibration.json records no provenance: rerun python -m conformance.numerics.calibrate"
+        "calibration.json records no provenance: rerun python -m conformance calibrate"
     )
     diff = differences(recorded)
     if diff:

@@ -16,7 +16,7 @@ from conformance.profiles import heavy
 from conformance.verify.cases import default_cases
 from conformance.verify.forward import verify
 from conformance.verify.quantized import quantization_cost
-from conformance.verify.quantized_calibrate import SETTINGS
+from conformance.commands.calibrate_quantized import SETTINGS
 from impls import get_config
 
 CONFIG = get_config("vit_test_quantized")

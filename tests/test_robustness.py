@@ -213,7 +213,7 @@ def test_any_json_config_is_a_config_or_one_clear_refusal(fields):
     """Fuzzed over field values: load_config gives a config that fits, or a UsageError (exit 2,
     one line); never another exception, never an allocation (the estimate runs first)."""
     from conformance.report import UsageError
-    from conformance.verify.command import load_config
+    from conformance.commands.verify import load_config
 
     base = get_config("vit_test_token").to_dict()
     text = json.dumps({**base, **fields}, allow_nan=True)

@@ -162,7 +162,7 @@ def test_mutants_of_the_precise_port_are_located_at_their_own_stage(user_ports, 
 
 def test_an_exception_inside_the_tool_is_its_own_exit_3_not_the_port_s(monkeypatch, capsys):
     from conformance import capture
-    from conformance.cli import main
+    from conformance.commands.cli import main
 
     def broken(self, *args, **kwargs):
         raise IndexError("injected")
@@ -178,7 +178,7 @@ def test_an_exception_inside_the_tool_is_its_own_exit_3_not_the_port_s(monkeypat
 def test_an_exception_inside_the_tool_in_the_port_s_process_is_its_own_exit_3(capsys):
     """Capture runs where the port does: its failure there comes back as the tool's, with the
     frames of the port's process."""
-    from conformance.cli import main
+    from conformance.commands.cli import main
 
     code = main(["verify", "tests.data.hostile_tool_failure:port"])
     err = capsys.readouterr().err

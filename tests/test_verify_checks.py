@@ -186,7 +186,7 @@ def test_the_readme_example_verifies_an_unmodified_model_and_locates_its_shared_
     written conforms (every stage but the weights inside MLX's fused attention); the same file
     with a block that reuses its first norm is located at blocks.0.norm2, the port unchanged.
     (The command runs in this process, as most test_cli_* above do.)"""
-    from conformance.cli import main
+    from conformance.commands.cli import main
 
     root = Path(__file__).parents[1]
     blocks = _python_blocks(root / "README.md") + _python_blocks(root / "docs" / "verify.md")

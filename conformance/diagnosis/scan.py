@@ -381,21 +381,3 @@ def _correct_scans(configs, dtype: str, seed: int):
                 out = make(config, case.state, dtype=dtype)(case.images)
                 scan.add(out, model, compare_outputs(out, model, dtype=dtype))
             yield f"{port} {name}", scan
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m conformance.diagnosis.scan", description="measure the scan on the correct ports"
-    )
-    parser.add_argument("--out", type=Path, default=CALIBRATION)
-    args = parser.parse_args(argv)
-    record = json.loads(args.out.read_text()) if args.out.exists() else {}
-    record.update(calibrate())  # the full-size keys (scan_full) kept
-    args.out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -25,7 +25,7 @@ the reference's forward and backward are run again, in float64, with
 A tensor's **ratio** is max|port − reference| / max|noisy − reference| over the runs (never
 below the dtype's roundoff of its module's largest gradient: a gradient zero in exact
 arithmetic is judged against its module); its tolerance is ``MARGIN`` times the largest ratio
-measured on the correct ports (``python -m conformance.numerics.gradients``, kept in
+measured on the correct ports (``python -m conformance calibrate --grad``, kept in
 conformance/numerics/grad_calibration.json), for taps, parameters and images apart. A divergence is
 located at the first tap or parameter outside its tolerance in backward order: the logits'
 cotangent first, then each stage's output cotangent followed by the parameters that stage
@@ -456,21 +456,3 @@ def calibrate(cases: int = 60, ports=("torch", "mlx", "jax"), seed: int = 0, dty
     existing = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
     CALIBRATION.write_text(json.dumps(existing | {dtype: record}, indent=1, default=str) + "\n")
     return record
-
-
-def main(argv=None) -> int:
-    """``python -m conformance calibrate --grad [--cases N] [--dtype D]``: writes grad_calibration.json."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m conformance calibrate --grad", description="calibrate the gradient bound on the correct ports"
-    )
-    parser.add_argument("--cases", type=int, default=60)
-    parser.add_argument("--dtype", default="float32", choices=GRAD_DTYPES)
-    args = parser.parse_args(argv)
-    print(json.dumps(calibrate(args.cases, dtype=args.dtype), indent=1, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

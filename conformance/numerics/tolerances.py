@@ -7,7 +7,7 @@ inputs; end to end, ``max|port − oracle| / max|noisy oracle − oracle|``. Bec
 already carries the conditioning (accumulation length, magnitudes summed, a LayerNorm's mean
 against its spread, the logits' range) and the dtype's roundoff, one constant per stage kind
 serves every checkpoint. The constants are not chosen by hand: each is ``MARGIN`` times the
-largest ratio that ``python -m conformance.numerics.calibrate`` measured on the correct torch, MLX and
+largest ratio that ``python -m conformance calibrate`` measured on the correct torch, MLX and
 JAX ports (calibration.json beside this file, with the case behind each maximum and the
 versions, BLAS and CPU it was measured on).
 """

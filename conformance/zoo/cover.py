@@ -11,9 +11,7 @@ locates, preferring the cases where the separation is largest.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
 from conformance.verify.cases import FULL_SIZE_BATCH, case_plan, default_cases
 from conformance.zoo.catalogue import MUTANTS
@@ -110,18 +108,3 @@ def lost(rows: list[dict], batch: int = FULL_SIZE_BATCH) -> list[tuple[str, str]
         if not other["located"] or other["separation"] < min(STRONG, three["separation"]):
             out.append((mutant, dtype))
     return out
-
-
-def main(args) -> int:
-    rows = matrix()
-    result = {
-        "rows": rows,
-        "cover": cover(rows),
-        "cases": [c.name for c in default_cases(get_config("vit_test_token"))],
-        "batches": batches(),
-    }
-    text = json.dumps(result, indent=1) + "\n"
-    if getattr(args, "json", None):
-        Path(args.json).write_text(text)
-    print(f"cover: {result['cover']}; lost in batches of {FULL_SIZE_BATCH}: {lost(result['batches'])}", file=sys.stderr)
-    return 0

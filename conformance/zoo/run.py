@@ -13,9 +13,8 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance.verify import verify, verify_attention
@@ -266,34 +265,3 @@ def format_zoo(rows: list[ZooRow], correct: dict) -> str:
     for spec, failures in correct.items():
         lines.append(f"correct port {spec}: " + ("passes its sample" if not failures else f"FAILS {failures}"))
     return "\n".join(lines)
-
-
-def main(args) -> int:
-    import json
-
-    names = args.mutant or list(MUTANTS)
-    unknown = [n for n in names if n not in MUTANTS]
-    if unknown:
-        print(f"usage error: unknown mutants {unknown}; known: {sorted(MUTANTS)}", file=sys.stderr)
-        return 2
-    t0 = time.perf_counter()
-    rows, correct = run_zoo(
-        [MUTANTS[n] for n in names], with_plugin=not args.no_plugin, workers=args.workers, all_dtypes=not args.no_dtypes
-    )
-    print(format_zoo(rows, correct))
-    print(f"({time.perf_counter() - t0:.0f} s)")
-    measured = {
-        "mutants": [asdict(r) | {"located": r.located, "caught": r.caught} for r in rows],
-        "correct_ports": correct,
-    }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(measured, f, indent=1)
-            f.write("\n")
-    if args.markdown:
-        from conformance.docs import zoo_table
-
-        print("\n" + zoo_table(measured))
-    ok = all(r.located and r.named == r.bug_class and (r.caught or args.no_plugin) for r in rows)
-    ok = ok and not any(correct.values())
-    return 0 if ok else 1

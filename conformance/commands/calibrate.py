@@ -1,8 +1,12 @@
-"""Measure the correct ports' error ratios under the error model and write the policy data.
+"""``python -m conformance calibrate``: every calibration the bounds read, measured on correct code.
 
     python -m conformance calibrate [--examples 300] [--low-precision-every 3] [--seed 0]
                                     [--out conformance/numerics/calibration.json]
+    python -m conformance calibrate --grad [--cases N] [--dtype D]    the gradient bound's
+    python -m conformance calibrate --quantized                       the quantization cost's
+    python -m conformance calibrate --scan | --scan-full              the scan's bands
 
+The forward bound's, here:
 Draws whole-model cases with the suite's own strategies (configs, images of every kind,
 seeded weights at every scale and offset, trained-like weights), the hard cases
 (hard_cases.json: where a correct port was once measured far out), then runs the timm presets
@@ -35,11 +39,15 @@ from hypothesis import strategies as st
 from conformance.numerics import error_model as E
 from conformance.numerics import provenance
 from conformance import strategies as S
+from conformance.commands import calibrate_quantized, calibrate_scan_full
+from conformance.diagnosis import scan
+from conformance.numerics import gradients
 from conformance.numerics.compare import ratio_over_bound, stage_ratios
 from conformance.numerics.tolerances import CHAOTIC, CHAOTIC_KIND, CHAOTIC_MODE, is_chaotic
 from impls import FRAMEWORK_PORTS, ViTConfig, get_config, load_factory
 
-DEFAULT_OUT = Path(__file__).with_name("calibration.json")
+NUMERICS = Path(__file__).resolve().parents[1] / "numerics"  # where the calibrations live, beside their readers
+DEFAULT_OUT = NUMERICS / "calibration.json"
 PRESET_NAMES = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 LOW_PRECISION = ("bfloat16", "float16")
 FAST = {"torch": dict(fused_attn=True), "mlx": dict(fused_attn=True, compiled=True), "jax": dict(fused_attn=True)}
@@ -164,7 +172,7 @@ def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info
 # Cases a correct port was once measured far out on, each with where and how far, kept whatever the
 # draws: a redrawn calibration that loses a worst case loses the tolerance it set, and verify then
 # calls a correct port NOT CONFORMANT (the calibration of b6f565c did, on timm's Perception Encoder)
-HARD_CASES_FILE = Path(__file__).with_name("hard_cases.json")
+HARD_CASES_FILE = NUMERICS / "hard_cases.json"
 WEIGHTS = {"WeightCase": S.WeightCase, "TrainedLike": S.TrainedLike}
 
 
@@ -272,6 +280,18 @@ def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, 
 
 
 def main(argv=None) -> int:
+    """``calibrate [--grad | --quantized | --scan | --scan-full] ...``: the forward bound's (here),
+    the gradient bound's, the quantization cost's, the scan's bands (small configs, full size)."""
+    argv = list(argv or [])
+    for flag, other in {"--grad": grad_main, "--quantized": calibrate_quantized.main, "--scan": scan_main}.items():
+        if flag in argv:
+            return other([a for a in argv if a != flag])
+    if "--scan-full" in argv:
+        return calibrate_scan_full.main([a for a in argv if a != "--scan-full"])
+    return forward_main(argv)
+
+
+def forward_main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conformance calibrate", description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--low-precision-every", type=int, default=3, help="bf16 and fp16 on every n-th drawn case")
@@ -307,6 +327,35 @@ def main(argv=None) -> int:
             for kind, ports in kinds.items():
                 print(f"{dtype:9} {mode:11} {kind:14} " + " ".join(f"{p} {v['max']:8.3g}" for p, v in ports.items()))
     print(f"wrote {args.out} in {payload['seconds']} s")
+    return 0
+
+
+def grad_main(argv=None) -> int:
+    """``python -m conformance calibrate --grad [--cases N] [--dtype D]``: writes grad_calibration.json."""
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance calibrate --grad", description="calibrate the gradient bound on the correct ports"
+    )
+    parser.add_argument("--cases", type=int, default=60)
+    parser.add_argument("--dtype", default="float32", choices=gradients.GRAD_DTYPES)
+    args = parser.parse_args(argv)
+    print(json.dumps(gradients.calibrate(args.cases, dtype=args.dtype), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+def scan_main(argv=None) -> int:
+    """``calibrate --scan``: the scan's bands on the correct ports (small configs), into its calibration."""
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance calibrate --scan", description="measure the scan on the correct ports"
+    )
+    parser.add_argument("--out", type=Path, default=scan.CALIBRATION)
+    args = parser.parse_args(argv)
+    record = json.loads(args.out.read_text()) if args.out.exists() else {}
+    record.update(scan.calibrate())  # the full-size keys (scan_full) kept
+    args.out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: conformance/commands/docs.py
 DOCS = ROOT / "docs"
 DATA = DOCS / "data"
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated: (?P=name) -->)", re.S)
@@ -345,7 +345,7 @@ def scan_table() -> str:
 def scan_size_table() -> str:
     """The scan's bands by size: per dtype and direction, the lowest and highest significant share
     the correct ports measured on the small configs (``bands``) and at each full size
-    (``bands_by_size``, ``python -m conformance.diagnosis.scan_full``), then each activation class
+    (``bands_by_size``, ``python -m conformance calibrate --scan-full``), then each activation class
     measured with the port's roundings replayed (every share, significant or not: never banded)."""
     from conformance.diagnosis.scan import calibration
 

@@ -266,34 +266,24 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _calibrate(rest: list[str]) -> int:
-    """``calibrate [--grad] ...``: conformance.numerics.calibrate, or the gradients' with --grad."""
-    if "--grad" in rest:
-        from conformance.numerics.gradients import main as grad_main
-
-        return grad_main([a for a in rest if a != "--grad"])
-    from conformance.numerics.calibrate import main as calibrate_main
-
-    return calibrate_main(rest)
-
-
 def _command(args) -> int:
-    """The parsed command's own main, imported where it is run."""
+    """The parsed command's own main (each in conformance.commands, imported where it is run: the
+    frameworks it loads are its own)."""
     if args.command == "bench" and args.fit is not None and not args.verify:
         print("usage error: --fit fits the verify benchmark's rows: give it with --verify", file=sys.stderr)
         return 2
-    if args.command == "bench" and args.verify:
-        from conformance.verify.bench import main
-    elif args.command == "bench":
-        from conformance.bench import main
-    elif args.command == "docs":
-        from conformance.docs import main
-    elif args.command == "zoo" and args.cover:
-        from conformance.zoo.cover import main
+    if args.command == "bench":
+        from conformance.commands import bench
+
+        return (bench.verify_main if args.verify else bench.main)(args)
+    if args.command == "docs":
+        from conformance.commands.docs import main
     elif args.command == "zoo":
-        from conformance.zoo.run import main
+        from conformance.commands import zoo
+
+        return (zoo.cover_main if args.cover else zoo.main)(args)
     elif args.command == "verify":
-        from conformance.verify.command import run as main
+        from conformance.commands.verify import run as main
     else:
         return agree(args)
     return main(args)
@@ -302,7 +292,9 @@ def _command(args) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["calibrate"]:  # its own options
-        return _calibrate(argv[1:])
+        from conformance.commands.calibrate import main as calibrate
+
+        return calibrate(argv[1:])
     return _command(parser().parse_args(argv))
 
 

@@ -1,4 +1,4 @@
-"""The scan's bands at full size (issue 45): ``python -m conformance.diagnosis.scan_full`` verifies
+"""The scan's bands at full size (issue 45): ``python -m conformance calibrate --scan-full`` verifies
 the correct ports on ViT-S/16 and ViT-B/16 at 224 (verify's streamed cases, trained-like weights
 among them) in bfloat16 and float16, the scan on block 0 and the model's own stages as verify runs
 it there, and writes into scan_calibration.json the bands of their significant shares
@@ -80,7 +80,7 @@ def held_out(bands: dict, sizes: dict) -> list[str]:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m conformance.diagnosis.scan_full", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m conformance calibrate --scan-full", description=__doc__)
     parser.add_argument(
         "--held-out",
         choices=sorted(SIZES),
@@ -99,7 +99,3 @@ def main(argv=None) -> int:
     CALIBRATION.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(record["held_out_full"])
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""The quantization cost's calibration: ``python -m conformance.verify.quantized_calibrate``
+"""The quantization cost's calibration: ``python -m conformance calibrate --quantized``
 writes ``quantization_calibration.json``, the largest ratio (``conformance.verify.quantized``)
 over correct quantizations: MLX's nn.quantize in every mode, width and group size the preset
 takes, in float32, bfloat16 and float16, and timm's ViT after torch.ao's dynamic int8 and
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 MARGIN = 1.5
 SETTINGS = [("affine", bits, group) for bits in (2, 3, 4, 5, 6, 8) for group in (32, 64)] + [
@@ -48,16 +49,12 @@ def measure(seeds=(0, 1)) -> dict:
     return worst
 
 
-def main() -> None:
-    from pathlib import Path
-
+def main(argv=None) -> int:
+    """Writes conformance/verify/quantization_calibration.json (beside the verdict that reads it)."""
     worst = measure()
     top = max(v[0] for v in worst.values())
     data = {"margin": MARGIN, "max_ratio": top, "by_setting": worst}
-    path = Path(__file__).with_name("quantization_calibration.json")
+    path = Path(__file__).resolve().parents[1] / "verify" / "quantization_calibration.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"max ratio {top:.3g} over {len(worst)} settings: tolerance {MARGIN * top:.3g} ({path})")
-
-
-if __name__ == "__main__":
-    main()
+    return 0
