@@ -142,7 +142,7 @@ def pytest_configure(config):
 
 KINDS = {"--port": "forward", "--attention-port": "attention", "--grad-port": "grad"}
 _GIVEN: dict[str, set[str]] = {kind: set() for kind in KINDS.values()}  # kind -> the specs given
-_REMOTES: dict = {}  # (kind, spec) -> conformance.verify.remote.Remote: one port process each
+_REMOTES: dict = {}  # (kind, spec) -> conformance.sandbox.remote.Remote: one port process each
 _TIMEOUT: list = [None]  # --vit-timeout
 _PORT_KINDS: dict[str, str] = {}  # --port spec -> port_kind's answer
 
@@ -153,7 +153,7 @@ def _check_given_ports(config) -> None:
     declaration; not a failing test per property. pytest-xdist's workers leave it to the
     controller."""
     from conformance.report import UsageError, describe_exception
-    from conformance.verify.portside import WHAT, PortStopped, load_port
+    from conformance.sandbox.portside import WHAT, PortStopped, load_port
 
     opts = config.option
     _TIMEOUT[0] = opts.vit_timeout
@@ -189,21 +189,21 @@ def port_kind(make) -> str:
 
 def kind_of(spec: str) -> str:
     """``port_kind`` of a --port given to this run, or of one of the project's own ports."""
-    from conformance.verify.portside import load_port
+    from conformance.sandbox.portside import load_port
 
     return _PORT_KINDS.get(spec) or port_kind(load_port("forward", spec))
 
 
 def verified_side(spec: str):
     """What verify judges a --port through in the property suite: its own process, as every given
-    port runs (``conformance.verify.isolated``); the project's own ports in this one."""
-    from conformance.verify.portside import load_port
+    port runs (``conformance.sandbox.isolated``); the project's own ports in this one."""
+    from conformance.sandbox.portside import load_port
 
     return _remote("forward", spec).side() if spec in _GIVEN["forward"] else load_port("forward", spec)
 
 
 def _remote(kind: str, spec: str):
-    from conformance.verify.remote import Remote
+    from conformance.sandbox.remote import Remote
 
     if (kind, spec) not in _REMOTES:
         _REMOTES[(kind, spec)] = Remote(kind, spec, _TIMEOUT[0])
@@ -212,14 +212,14 @@ def _remote(kind: str, spec: str):
 
 def given(spec: str, kind: str = "forward"):
     """The factory a test calls for a port: a port given to this run (``--port`` and its kin)
-    runs in a process of its own (``conformance.verify.remote``), as verify runs it; the built-in
+    runs in a process of its own (``conformance.sandbox.remote``), as verify runs it; the built-in
     ports and the project's own test ports run here."""
-    from conformance.verify.portside import load_port
+    from conformance.sandbox.portside import load_port
 
     local = load_port(kind, spec)
     if spec not in _GIVEN.get(kind, ()):
         return local
-    from conformance.verify.remote import RemoteAttention, RemoteFactory
+    from conformance.sandbox.remote import RemoteAttention, RemoteFactory
 
     return (RemoteAttention if kind == "attention" else RemoteFactory)(_remote(kind, spec), local)
 

@@ -396,7 +396,7 @@ def test_a_model_the_config_cannot_express_is_exit_2_with_a_line_per_part_and_it
         "  it has no class token: class_token=false (with global_pool='avg') expresses it (cls_token)",
     ]
     from conformance.report import UsageError
-    from conformance.verify.isolated import Isolated
+    from conformance.sandbox.isolated import Isolated
     from tests.data.unexpressed_ports import port
 
     # from the port's own process (as verify runs it) the answer keeps its label

@@ -136,12 +136,37 @@ def test_the_floor_check_finds_a_library_importing_a_command():
     assert upward(graph) == {"conformance.zoo.run": ["conformance.commands.docs"]}
 
 
+SANDBOX = "conformance.sandbox"  # the port's side: below every check
+
+
+def into_checks(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The sandbox's modules that import a check (conformance.verify), a command or the plugin."""
+    above = ("conformance.verify", COMMANDS, "conformance.plugin", "conformance.zoo")
+    found = {
+        m: sorted(d for d in deps if d in above or d.startswith(tuple(a + "." for a in above)))
+        for m, deps in graph.items()
+        if m == SANDBOX or m.startswith(SANDBOX + ".")
+    }
+    return {m: d for m, d in found.items() if d}
+
+
+def test_the_sandbox_imports_no_check():
+    assert into_checks(import_graph(typing=True)) == {}
+
+
+def test_the_sandbox_check_finds_a_sandbox_module_importing_the_report():
+    """The companion: portside reading verify's report (as it did before the split) is found."""
+    graph = import_graph(typing=True)
+    graph["conformance.sandbox.portside"] = graph["conformance.sandbox.portside"] | {"conformance.verify.report"}
+    assert into_checks(graph) == {"conformance.sandbox.portside": ["conformance.verify.report"]}
+
+
 _PORT_PROCESS = """
 import sys
 {before}
 import numpy as np
 from conformance.verify.cases import Case
-from conformance.verify.portside import InProcess, default_config, load_port
+from conformance.sandbox.portside import InProcess, default_config, load_port
 from impls import get_config
 from weights import init_state
 
@@ -165,7 +190,7 @@ def _port_process_imports(before: str = "") -> list[str]:
 
 
 def test_the_port_s_process_imports_neither_hypothesis_nor_the_error_model():
-    """What ``conformance.verify.child`` runs for a case (load the port, its default config, a
+    """What ``conformance.sandbox.child`` runs for a case (load the port, its default config, a
     forward through ``InProcess``) imports no property, error model or hypothesis: the port's own
     process starts in the time its framework takes. The companion: the properties and the drawn
     inputs, imported, are seen."""

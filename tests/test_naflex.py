@@ -203,7 +203,7 @@ def test_the_port_process_sizes_a_packed_batchs_stages_by_its_padded_rows():
     case keeps its image's stage shapes."""
     from conformance.verify.cases import Case
     from conformance.verify.packed import packed_plan, packed_shape
-    from conformance.verify.portable import OutputLimits
+    from conformance.sandbox.portable import OutputLimits
     from impls import tap_shapes
 
     config = get_config("vit_test_naflex").replace(img_size=(16, 12))

@@ -141,7 +141,7 @@ def test_a_deep_config_s_stages_cross_without_a_descriptor_each():
     import resource
     import tempfile
 
-    from conformance.verify import wire
+    from conformance.sandbox import wire
 
     with tempfile.TemporaryDirectory() as root:
         tree = wire.Writer(root, 1).encode({f"t{i}": np.full((3, 7), i, np.float32) for i in range(300)})
@@ -221,7 +221,7 @@ def test_a_cancelled_verify_leaves_no_process_and_no_temporary_behind(tmp_path, 
 def test_a_temporary_folder_that_cannot_be_made_is_exit_2_naming_tmpdir(cli, monkeypatch):
     import errno
 
-    from conformance.verify import isolated
+    from conformance.sandbox import isolated
 
     def refuse(**kwargs):
         raise OSError(errno.EACCES, "Permission denied")
@@ -258,7 +258,7 @@ def test_a_case_that_cannot_be_written_is_exit_2_not_the_tool_s_failure(cli, mon
     error itself, any other OSError, stays the tool's failure)."""
     import errno
 
-    from conformance.verify import wire
+    from conformance.sandbox import wire
 
     def full(self, a):
         raise OSError(errno.ENOSPC, "No space left on device", "x.npy")

@@ -315,7 +315,7 @@ def test_a_mapped_output_is_let_go_once_read(tmp_path, released):
     file-backed resident memory where it was, and read again they hold the same values. The
     companion (not let go) keeps the 64 MB resident."""
     from conformance.numerics.mapped import let_go
-    from conformance.verify import wire
+    from conformance.sandbox import wire
 
     values = np.arange(16 << 20, dtype=np.float32)
     tree = wire.Writer(tmp_path, 1).encode({"attn": values})
@@ -340,7 +340,7 @@ def test_a_large_drawn_state_is_given_back_to_the_os_before_the_port_runs(monkey
     is seen alive at the trim."""
     import weakref
 
-    import conformance.verify.isolated as I
+    import conformance.sandbox.isolated as I
     from conformance.verify.cases import Case
 
     monkeypatch.setattr(I, "MAP_BACK", 0)  # every state is "large"
@@ -408,7 +408,8 @@ def test_a_large_state_is_read_back_mapped_and_judged_alike(monkeypatch, limit):
     (of at least ``wire.MAP_AT_LEAST`` bytes: all of them here) is then the file's, and every
     stage judged as with the state held. The companion (below the limit) keeps verify's own
     arrays."""
-    from conformance.verify import isolated, verify, wire
+    from conformance.sandbox import isolated, wire
+    from conformance.verify import verify
     from conformance.verify.cases import default_cases
     from tests.data.hostile_ports import _correct
 
@@ -454,7 +455,7 @@ def test_the_error_model_lets_go_of_a_mapped_weight_once_read(tmp_path, monkeypa
     mapped from the file verify wrote for the port is let go once copied, so 64 MB of weights
     read leave this process's file-backed resident memory where it was. The companion (``let_go``
     a no-op) keeps them resident."""
-    from conformance.verify import wire
+    from conformance.sandbox import wire
 
     state = {f"blocks.{i}.mlp.fc1.weight": np.full((2048, 1024), i, np.float32) for i in range(8)}
     mapped = wire.Reader(tmp_path, mmap=True).decode(wire.Writer(tmp_path, 1).encode(state))

@@ -1,7 +1,7 @@
 """What a captured model computes when nothing of capture is attached (docs/verify.md, "What
 capture sees"): capture reads a model through hooks, function wrappers and a second pass, so a
 model that computes otherwise when observed would be judged on what its user never runs. The
-determinism re-run (``conformance.verify.portside``) calls it once more with no hook and no
+determinism re-run (``conformance.sandbox.portside``) calls it once more with no hook and no
 function mode and compares every array it returns, bitwise, with the observed call's."""
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ from pathlib import Path
 from conformance.report import UsageError
 from conformance.verify.attention import verify_attention
 from conformance.verify.forward import verify
-from conformance.verify.heap import keep_freed_memory
+from conformance.sandbox.heap import keep_freed_memory
 from conformance.verify.outputs import Outputs
-from conformance.verify.portside import DEFAULT_CONFIGS, TAP_ON_A_FACTORY, default_config, load_port
+from conformance.sandbox.portside import DEFAULT_CONFIGS, TAP_ON_A_FACTORY, default_config, load_port
 from conformance.verify.report import Report, format_report
 from impls.protocol import ViTConfig
 
@@ -78,8 +78,8 @@ def load_config(
 
 def _side(args, kind: str, spec: str):
     """The port's side of the check: a process of its own (the default) or this one (--in-process)."""
-    from conformance.verify.isolated import Isolated
-    from conformance.verify.portside import InProcess
+    from conformance.sandbox.isolated import Isolated
+    from conformance.sandbox.portside import InProcess
 
     from impls import PORTS
 
@@ -134,7 +134,7 @@ def dry_run(spec: str, config: ViTConfig, args) -> int:
 
 
 def _timeout(args, side, config: ViTConfig) -> None:
-    from conformance.verify.isolated import default_timeout
+    from conformance.sandbox.isolated import default_timeout
 
     if hasattr(side, "timeout"):
         side.timeout = args.timeout or default_timeout(config)
@@ -171,7 +171,7 @@ def run(args) -> int:
                 outputs.unfinished(3, str(e))
                 return 3
     except (Cancelled, KeyboardInterrupt) as e:
-        from conformance.verify.isolated import close_all
+        from conformance.sandbox.isolated import close_all
 
         close_all()  # again, where the signal interrupted a close on its way
         line, code = cancelled_line("verify", e)
@@ -186,7 +186,7 @@ def main(args, outputs: Outputs) -> int:
     import contextlib
 
     from conformance.support import Unsupported
-    from conformance.verify.isolated import PortStopped
+    from conformance.sandbox.isolated import PortStopped
 
     from conformance.verify.budget import machine_memory
 
@@ -292,7 +292,7 @@ def _main_grad(args, outputs: Outputs) -> int:
     from conformance.numerics.gradients import check_grad_dtype
     from conformance.support import Unsupported
     from conformance.verify.grad import GradReport, format_grad_report, verify_grad
-    from conformance.verify.isolated import PortStopped
+    from conformance.sandbox.isolated import PortStopped
 
     try:
         check_grad_dtype(args.dtype)

@@ -12,15 +12,15 @@ one-line reason, never a traceback. Batches of 3 and 1 images are used.
 
 The package: ``cases`` (verify's fixed cases), ``forward`` (the forward check), ``grad`` (the
 gradient check), ``drawn`` (the plugin's property for packed and quantized ports: verify on a drawn
-config), ``attention`` (an attention port), ``portside`` (the port's side of a check,
-and the factory a spec names) and ``report`` (text, JSON, plot); none imports another's caller.
-The command line is conformance.commands.verify, above this package.
+config), ``attention`` (an attention port) and ``report`` (text, JSON, plot); none imports another's
+caller. The port's side of a check (in this process or its own) is conformance.sandbox, below this
+package; the command line is conformance.commands.verify, above it.
 """
 
 import importlib
 
 # Lazily (the names' modules on first use), so the port's process, which imports
-# conformance.verify.child, pays for neither the error model nor hypothesis.
+# conformance.sandbox.child, pays for neither the error model nor hypothesis.
 _HOME = {
     "attention_cases": "attention",
     "verify_attention": "attention",
@@ -28,10 +28,8 @@ _HOME = {
     "Case": "cases",
     "default_cases": "cases",
     "state_changes": "cases",
-    "default_config": "portside",
     "verify": "forward",
     "format_grad_report": "grad",
-    "load_grad_factory": "portside",
     "verify_grad": "grad",
     "Report": "report",
     "format_report": "report",
@@ -44,6 +42,8 @@ _HOME = {
 # package below a command never imports it: this reaches up only when a user asks for one)
 _MOVED = {"UsageError": "conformance.report", "load_config": "conformance.commands.verify"}
 _MOVED |= {"main": "conformance.commands.verify", "with_settings": "conformance.commands.verify"}
+# the port's side, now the sandbox's (conformance.sandbox), re-exported for one release too
+_MOVED |= {"default_config": "conformance.sandbox.portside", "load_grad_factory": "conformance.sandbox.portside"}
 
 
 def __getattr__(name):

@@ -9,7 +9,7 @@ import numpy as np
 from conformance.numerics.compare import StageResult
 from conformance.verify.cases import Case
 from conformance.verify.loop import Outcome, run_cases
-from conformance.verify.portside import PortSide, port_side
+from conformance.sandbox.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
 
 

@@ -3,13 +3,12 @@ trained-like weights where real bugs show, in batches of 3 and 1; handed to a po
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-import numpy as np
 
+from conformance.sandbox.handed import Case, Handed, read_only, state_changes  # noqa: F401 - the plan's inputs, re-exported
 from conformance.verify.budget import FULL_SIZE_BATCH  # noqa: F401 - the plan's, re-exported
 from impls.protocol import ViTConfig
 
@@ -20,22 +19,6 @@ if TYPE_CHECKING:
 
 
 BATCHES = (3, 1)  # 1 catches a port that squeezes the batch; 1 and 3 one that assumes 2
-
-
-@dataclass
-class Case:
-    """What a port is handed: the images (an attention port's query input ``x``), the canonical
-    state, for an attention port its context and mask, for a packed batch its patches' places."""
-
-    name: str
-    images: np.ndarray
-    state: dict
-    context: np.ndarray | None = None
-    mask: np.ndarray | None = None
-    # a packed batch (NaFlex, conformance.verify.packed): ``images`` its patches (B, L, ph pw C),
-    # each patch's (row, column) and whether it is an image's or padding
-    patch_coord: np.ndarray | None = None
-    patch_valid: np.ndarray | None = None
 
 
 def default_cases(config: ViTConfig, state: dict | None = None, seed: int = 0) -> list[Case]:
@@ -234,30 +217,6 @@ def case_plan(
     return plan
 
 
-def read_only(a: np.ndarray) -> np.ndarray:
-    a = np.array(a, copy=True)
-    a.setflags(write=False)
-    return a
-
-
-def state_changes(handed: Mapping, original: Mapping) -> list[str]:
-    """What a port did to the state dict it was handed: keys removed, added or replaced."""
-    changes = [f"removed {k!r}" for k in sorted(original) if k not in handed]
-    changes += [f"added {k!r}" for k in sorted(handed) if k not in original]
-    changes += [
-        f"replaced {k!r}"
-        for k in sorted(original)
-        if k in handed
-        and handed[k] is not original[k]  # the same read-only array: unchanged, without reading it
-        and not (
-            isinstance(handed[k], np.ndarray)
-            and handed[k].shape == original[k].shape
-            and np.array_equal(handed[k], original[k])
-        )
-    ]
-    return changes
-
-
 def cached(config: ViTConfig) -> bool:
     """Whether verify keeps a config's seeded cases and their error models for the next port:
     small configs only (the zoo verifies 28 ports on vit_test_token's); a full-size model's are
@@ -278,74 +237,3 @@ def seeded_cases(config: ViTConfig, seed: int, dtype: str) -> tuple[tuple[Case, 
         case = Case(case.name, read_only(case.images), {k: read_only(v) for k, v in case.state.items()})
         out.append((case, CaseModel(config, case.state, case.images, dtype)))
     return tuple(out)
-
-
-class Handed:
-    """A case as a port is handed it: read-only copies of its state and images, and what a
-    misbehaving port does with them told as a finding (the forward, gradient and attention checks
-    share it). ``call`` runs a step of the port; ``tampered`` says how it changed its inputs."""
-
-    def __init__(self, case: Case, copy: bool = True):
-        """``copy=False``: the case's arrays are handed as they are, already read-only for good
-        (the port's process maps them read-only: no copy of a full-size model's weights)."""
-        self.case = case
-        keep = read_only if copy else (lambda a: a)
-        self.state = {k: keep(v) for k, v in case.state.items()}
-        self.images = keep(case.images)
-        self.context = None if case.context is None else keep(case.context)
-        self.packed = None if case.patch_valid is None else (keep(case.patch_coord), keep(case.patch_valid))
-
-    @property
-    def inputs(self):
-        """What the port's forward is called with: the images, or a packed batch as timm's NaFlexVit
-        takes it (a dict of its patches, their coordinates and validity)."""
-        if self.packed is None:
-            return self.images
-        return {"patches": self.images, "patch_coord": self.packed[0], "patch_valid": self.packed[1]}
-
-    # What a port's call may raise and still be a finding: in verify's own process not a
-    # KeyboardInterrupt (the user's Ctrl-C); in the port's own process anything (nothing else
-    # interrupts it there).
-    port_errors: tuple[type[BaseException], ...] = (Exception, SystemExit)
-    # Told the step before it runs (the port's process reports where it was if it dies).
-    on_step = None
-
-    def call(self, report, stage: str, fn, *args):
-        """(True, fn(*args)), or (False, None) with the port's exception a finding at ``stage``;
-        an ``Unsupported`` config and the tool's own failures pass through."""
-        from conformance.report import CannotJudge, ToolError, describe_exception
-        from conformance.support import Unsupported
-        from conformance.verify.report import finding
-
-        if Handed.on_step is not None:
-            Handed.on_step(stage)
-        try:
-            return True, fn(*args)
-        except (Unsupported, ToolError, CannotJudge):  # the config, and the tool: not the port's doing
-            raise
-        except Handed.port_errors as e:  # the port's failure is the finding
-            if isinstance(e, SystemExit):
-                reason = f"the port exited (sys.exit({e.code!r})) before returning"
-            elif isinstance(e, ValueError) and "read-only" in str(e):
-                reason = "the port wrote to its inputs, which verify hands read-only: " + describe_exception(e)
-            else:
-                reason = "the port raised " + describe_exception(e)
-            finding(report, self.case.name, stage, reason)
-            return False, None
-
-    def changed_state(self) -> list[str]:
-        return state_changes(self.state, self.case.state)
-
-    def wrote_images(self) -> bool:
-        """Whether the port wrote to the images (or an attention port's context)."""
-        return (
-            not np.array_equal(self.images, self.case.images)
-            or (self.context is not None and not np.array_equal(self.context, self.case.context))
-            or (
-                self.packed is not None
-                and not (
-                    np.array_equal(self.packed[0], self.case.patch_coord)
-                    and np.array_equal(self.packed[1], self.case.patch_valid)
-                )
-            )
-        )

@@ -9,13 +9,13 @@ import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.mapped import let_go
-from conformance.verify.heap import return_freed_memory
+from conformance.sandbox.heap import return_freed_memory
 from conformance.numerics.error_model import CaseModel, parallel
 from conformance.verify.budget import ahead
 from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.packed import PackedModel, nonfinite_outside, packed_plan, packed_shape, unpack
-from conformance.verify.portside import PortSide, port_side
+from conformance.sandbox.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
 from impls import tap_names
 from impls.protocol import ViTConfig

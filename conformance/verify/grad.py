@@ -31,7 +31,7 @@ from conformance.numerics.gradients import (
 from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.verify.cases import Case, read_only
 from conformance.verify.loop import Outcome, run_cases
-from conformance.verify.portside import PortSide, load_grad_factory, port_side  # noqa: F401 - re-exported
+from conformance.sandbox.portside import PortSide, load_grad_factory, port_side  # noqa: F401 - re-exported
 from conformance.verify.report import VerifyReport, finding
 from impls import tap_names
 from impls.protocol import ViTConfig

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from impls.protocol import ViTConfig, packed_rows
+from conformance.sandbox.portable import packed_shape  # noqa: F401 - the sandbox's, re-exported
 from impls.stages import stage_of, tap_symbols
 
 PADDING = 3  # padding patches after the longest row too: every row has some
@@ -61,12 +62,6 @@ def rows_of(case, patch_size: tuple[int, int]) -> list[tuple[np.ndarray, tuple[i
     """A packed case's images, each (1, C, H, W), and its grid, from its patches (lossless)."""
     rows = packed_rows(case.patch_coord, case.patch_valid)
     return [(unpatchify(p[:n], grid, patch_size)[None], grid) for p, (n, grid) in zip(case.images, rows)]
-
-
-def packed_shape(name: str, config: ViTConfig, batch: int, length: int) -> tuple[int, ...]:
-    """The shape tap ``name`` has for a packed batch: every token axis as long as a padded row."""
-    symbols = tap_symbols(config, batch, patches=length)
-    return tuple(symbols[s] for s in stage_of(name)[0].shape.split())
 
 
 def unpack(out: Mapping, i: int, patches: int, config: ViTConfig) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from conformance.numerics.tolerances import CHAOTIC
 from impls.protocol import ViTConfig
+from conformance.sandbox.handed import finding  # noqa: F401 - a report's findings, told by the sandbox
 
 if TYPE_CHECKING:  # the port's process tells findings and imports no comparison
     from conformance.numerics.compare import StageResult
@@ -96,12 +97,6 @@ class Report(VerifyReport):
             "quantization": self.quantization,
             "paths": self.paths,
         }
-
-
-def finding(report: VerifyReport, case: str, stage: str, reason: str) -> None:
-    finding = {"case": case, "stage": stage, "reason": reason}
-    if finding not in report.failures:  # a second pass repeats what the first found
-        report.failures.append(finding)
 
 
 def format_report(report: Report) -> str:

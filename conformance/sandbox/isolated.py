@@ -1,9 +1,9 @@
-"""The port in a process of its own (``conformance.verify.child``): verify's command line runs
+"""The port in a process of its own (``conformance.sandbox.child``): verify's command line runs
 every port this way.
 
 The oracle, the error model and the verdict stay in verify's process; the port's module,
 factory, model and capture run in the child, which gets each case as ``.npy`` files in a
-directory verify owns and answers with its outputs there (``conformance.verify.wire``: read
+directory verify owns and answers with its outputs there (``conformance.sandbox.wire``: read
 as numbers, never unpickled). Whatever the port does to its interpreter (NumPy patched,
 ``np.seterr``, threads, ``os.chdir``) stays there. A child that exits, is killed by a signal
 (a crash in native code, the out-of-memory killer), or does not answer within ``timeout``
@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from conformance.report import CannotJudge, ResourceError, ToolError, UsageError
-import conformance.verify.wire as wire
-from conformance.verify.cases import Case
-from conformance.verify.heap import return_freed_memory
-from conformance.verify.portside import PortStopped  # noqa: F401 - where verify's callers find it
-from conformance.verify.reap import TOKEN_ENV, kill_marked, new_token
+import conformance.sandbox.wire as wire
+from conformance.sandbox.handed import Case
+from conformance.sandbox.heap import return_freed_memory
+from conformance.sandbox.portside import PortStopped  # noqa: F401 - where verify's callers find it
+from conformance.sandbox.reap import TOKEN_ENV, kill_marked, new_token
 from impls.protocol import ViTConfig
 
 MEMORY_ENV = "VIT_CONFORMANCE_MEMORY_LIMIT"  # bytes of address space the child may map
@@ -148,7 +148,7 @@ class Isolated:
             env[MEMORY_ENV] = str(int(self.memory))
         env[TOKEN_ENV] = self.token
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance.verify.child", str(requests_read), str(answers_write)],
+            [sys.executable, "-m", "conformance.sandbox.child", str(requests_read), str(answers_write)],
             pass_fds=(requests_read, answers_write),
             stdin=subprocess.DEVNULL,
             stdout=2,  # the port's prints go to this process's standard error: stdout is the report's

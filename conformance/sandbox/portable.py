@@ -16,7 +16,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from conformance.verify.wire import Refused
+from conformance.sandbox.wire import Refused
+from impls.stages import stage_of, tap_symbols
 
 MIN_LIMIT = 2**24  # elements
 
@@ -36,7 +37,6 @@ class OutputLimits:
         handed += 0 if case.context is None else case.context.size
         self.expected: dict[str, tuple[int, ...]] = {}
         if config is not None and case.patch_valid is not None:  # a packed batch: (B, L, ph pw C) patches
-            from conformance.verify.packed import packed_shape
             from impls import tap_names
 
             batch, length = case.images.shape[:2]
@@ -93,3 +93,9 @@ class OutputLimits:
                 f"(it would take {size * getattr(getattr(value, 'dtype', None), 'itemsize', 4) / 1e9:.3g} GB)"
             )
         return value
+
+
+def packed_shape(name: str, config, batch: int, length: int) -> tuple[int, ...]:
+    """The shape tap ``name`` has for a packed batch: every token axis as long as a padded row."""
+    symbols = tap_symbols(config, batch, patches=length)
+    return tuple(symbols[s] for s in stage_of(name)[0].shape.split())

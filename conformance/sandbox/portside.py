@@ -2,7 +2,7 @@
 inputs, told as findings. Everything else (the oracle, the error model, the verdict) is verify's.
 
 ``PortSide`` is the contract; ``InProcess`` runs the port in verify's own process (the Python
-API, the zoo, the plugin) and ``conformance.verify.isolated.Isolated`` in a process of its own
+API, the zoo, the plugin) and ``conformance.sandbox.isolated.Isolated`` in a process of its own
 (the command line), with the same answers. A finding is ``(stage, reason)``. ``load_port``
 turns a spec (pkg.module:name, or a built-in framework) into the factory both sides call.
 """
@@ -17,7 +17,7 @@ from conformance.capture.observed import unobserved
 from conformance.capture.port import CapturedForward
 from conformance.guard import process_state
 from conformance.report import UsageError, describe_exception
-from conformance.verify.cases import Case, Handed
+from conformance.sandbox.handed import Case, Handed
 from impls import FRAMEWORK_PORTS, load_factory
 from impls.protocol import ViTConfig
 
@@ -117,7 +117,7 @@ class InProcess:
             let_go(*handed.state.values())
 
     def forward(self, case: Case, config: ViTConfig, dtype: str):
-        from conformance.verify.report import finding
+        from conformance.sandbox.handed import finding
 
         sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
@@ -150,7 +150,7 @@ class InProcess:
             first = keep(first)
             ran, second = handed.call(sink, "forward", forward, handed.inputs)
             if ran and isinstance(forward, CapturedForward):  # and once with nothing of capture attached
-                from conformance.verify.report import finding
+                from conformance.sandbox.handed import finding
 
                 ran, differs = handed.call(sink, "forward", lambda images: unobserved(forward, images), handed.inputs)
                 if ran and differs:
@@ -158,7 +158,7 @@ class InProcess:
         return ((first, second) if ran else None), sink.findings()
 
     def backward(self, case: Case, config: ViTConfig, dtype: str, loss):
-        from conformance.verify.report import finding
+        from conformance.sandbox.handed import finding
 
         sink, handed = _Sink(), Handed(case, self.copy)
 
@@ -182,7 +182,7 @@ class InProcess:
         return out, sink.findings()
 
     def attention(self, case: Case, options: dict):
-        from conformance.verify.report import finding
+        from conformance.sandbox.handed import finding
 
         sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():

@@ -1,9 +1,9 @@
-"""The process a port runs in: ``python -m conformance.verify.child REQUESTS ANSWERS``.
+"""The process a port runs in: ``python -m conformance.sandbox.child REQUESTS ANSWERS``.
 
 It reads one JSON request per line from the file descriptor REQUESTS and writes JSON lines to
 ANSWERS: ``{"step": ...}`` before each call into the port (so verify knows where a port that
 kills its process was), then the answer. Arrays come and go as ``.npy`` files in directories
-verify created (``conformance.verify.wire``). The port's own output (print, logging) goes to
+verify created (``conformance.sandbox.wire``). The port's own output (print, logging) goes to
 standard output and error, never to ANSWERS. Requests:
 
     hello      {kind: forward|grad|attention, spec, taps}: import the port; its default config
@@ -25,7 +25,7 @@ import traceback
 
 
 def _case(tree, reader):
-    from conformance.verify.cases import Case
+    from conformance.sandbox.handed import Case
 
     return Case(
         tree["name"],
@@ -44,13 +44,13 @@ class Child:
         self.side = None
 
     def send(self, message) -> None:
-        import conformance.verify.wire as wire
+        import conformance.sandbox.wire as wire
 
         self.answers.write(wire.dumps(message))
         self.answers.flush()
 
     def hello(self, kind: str, spec: str, taps=()):
-        from conformance.verify.portside import InProcess, default_config, load_port
+        from conformance.sandbox.portside import InProcess, default_config, load_port
 
         try:
             make = load_port(kind, spec, taps)  # a UsageError is an answer of its own (handle)
@@ -63,10 +63,10 @@ class Child:
 
     def handle(self, request: dict):
         from conformance.support import Unsupported
-        import conformance.verify.wire as wire
+        import conformance.sandbox.wire as wire
         from conformance.report import CannotJudge, UsageError
-        from conformance.verify.portable import OutputLimits
-        from conformance.verify.portside import PortStopped
+        from conformance.sandbox.portable import OutputLimits
+        from conformance.sandbox.portside import PortStopped
         from impls.protocol import Loss, ViTConfig
 
         op = request.get("op")
@@ -118,11 +118,11 @@ class Child:
 
 def main(argv: list[str]) -> int:
     from conformance.report import describe_exception
-    import conformance.verify.wire as wire
-    from conformance.verify.cases import Handed
+    import conformance.sandbox.wire as wire
+    from conformance.sandbox.handed import Handed
 
-    from conformance.verify.heap import return_freed_memory
-    from conformance.verify.isolated import MEMORY_ENV
+    from conformance.sandbox.heap import return_freed_memory
+    from conformance.sandbox.isolated import MEMORY_ENV
 
     if os.environ.get(MEMORY_ENV):  # verify --memory-limit: what the port's process may map
         import resource

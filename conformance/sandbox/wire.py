@@ -38,7 +38,7 @@ class WireError(Exception):
 
 
 class Refused:
-    """A value the port's process would not write (``conformance.verify.portable``), and why:
+    """A value the port's process would not write (``conformance.sandbox.portable``), and why:
     it crosses as ``{"__unreadable__": why}``."""
 
     def __init__(self, why: str):

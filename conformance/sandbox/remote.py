@@ -1,6 +1,6 @@
 """Factories whose every call runs in the port's own process: how the pytest plugin takes the
 ports it is given (``--port``, ``--attention-port``, ``--grad-port``), isolated as verify
-isolates them (``conformance.verify.isolated``).
+isolates them (``conformance.sandbox.isolated``).
 
 A remote factory is called as the port's own (``make(config, state[, dtype=])`` then
 ``forward(images)``; ``make_attention(state, **options)`` then ``forward(x, context, mask)``;
@@ -20,7 +20,7 @@ import atexit
 
 import numpy as np
 
-from conformance.verify.cases import Case
+from conformance.sandbox.handed import Case
 
 
 class PortFailure(AssertionError):
@@ -46,7 +46,7 @@ class Remote:
 
     def side(self):
         """The port's process as verify takes it (an ``Isolated`` PortSide), started on first use."""
-        from conformance.verify.isolated import Isolated
+        from conformance.sandbox.isolated import Isolated
 
         if self.isolated is None:
             self.isolated = Isolated(self.kind, self.spec, timeout=self.timeout or 300.0)
@@ -96,7 +96,7 @@ class RemoteFactory:
         self.supports = getattr(local, "supports", None)
 
     def __call__(self, config, state, dtype: str = "float32", **options):
-        from conformance.verify.isolated import default_timeout
+        from conformance.sandbox.isolated import default_timeout
 
         if options:  # the protocol's factories take config, state and dtype; built-in ports alone take more
             raise TypeError(f"a given port is called with config, state and dtype only, not {sorted(options)}")
