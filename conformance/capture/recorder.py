@@ -9,41 +9,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from conformance.report import ToolError, describe_exception
+from conformance.returned import Taps  # noqa: F401 - what a captured forward records into, re-exported
 from impls.protocol import ViTConfig
-
-
-class Taps(dict):
-    """What a captured forward returns: stage -> array, plus what it could not see and the
-    findings of the load (``unseen``: stage -> reason; ``findings``: (stage, reason))."""
-
-    def __init__(self, *args, unseen=None, findings=(), sources=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.unseen: dict[str, str] = dict(unseen or {})
-        self.findings: list[tuple[str, str]] = list(findings)
-        self.sources: dict[str, str] = dict(sources or {})
-        self.dtypes: dict[str, str] = {}  # stage -> the dtype the model emitted it in (before any cast to NumPy)
-        # A second pass off the model's own path (a fused kernel's internals read where a function
-        # mode moves it onto another path): judged too, its stages named in ``sources``.
-        self.second: Taps | None = None
-        self.from_second: set[str] = set()  # stages here that only the second pass showed
-        # a quantized port's weights as its kernels compute with them (conformance.capture.quantized)
-        self.quantized = None
-        self.path: str | None = None  # how a compiled model's call ran (compiled, compiled again, eager)
-
-    def own_pass(self) -> "Taps":
-        """The stages read on the model's own path alone (a stage's local check then never takes
-        its inputs from another pass)."""
-        if not self.from_second:
-            return self
-        own = Taps(
-            {k: v for k, v in self.items() if k not in self.from_second},
-            unseen=self.unseen,
-            findings=self.findings,
-            sources=self.sources,
-        )
-        own.dtypes = {k: v for k, v in self.dtypes.items() if k not in self.from_second}
-        own.quantized, own.path = self.quantized, self.path
-        return own
 
 
 def merge_second(taps: Taps, second: Taps, how: str) -> None:

@@ -22,6 +22,7 @@ from impls.stages import RESIDUAL
 from conformance.numerics.precision import SIGNIFICAND_BITS as _BITS
 from conformance.numerics.tolerances import end_to_end_tolerance, is_chaotic, tolerance
 from impls.protocol import ViTConfig, tap_names, tap_shapes
+from conformance.returned import as_taps
 
 
 @dataclass
@@ -333,7 +334,7 @@ class _Pass:
         config: ViTConfig = model.config
         self.out, self.model, self.shapes, self.dtype = out, model, shapes, dtype
         self.names = [n for n in tap_names(config) if n in out]
-        emitted = getattr(out, "dtypes", {})
+        emitted = as_taps(out).dtypes
         refused, tokens, valid, stored = {}, {}, set(), {}
         for n in self.names:  # a stage at a time: each read once here and let go
             a = out[n]
@@ -427,7 +428,7 @@ def compare_outputs(
                 if len(behind) > _BEHIND:
                     results.append(behind.popleft()())
     results += [later() for later in behind]
-    if "logits" not in passes[0].out and "logits" not in getattr(out, "unseen", {}):
+    if "logits" not in passes[0].out and "logits" not in as_taps(out).unseen:
         results.append(
             StageResult(
                 "logits",

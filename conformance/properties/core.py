@@ -13,6 +13,7 @@ from conformance.numerics.compare import compare_stage, ratio_over_bound, relati
 from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
 from conformance.support import build
 from impls.protocol import ViTConfig
+from conformance.returned import Taps, as_taps
 
 
 class PropertyFailure(AssertionError):
@@ -159,14 +160,14 @@ def run_model(port: str, make: Callable, case: ModelCase, images=None, state=Non
     out = _call(port, forward, case.images if images is None else images, case=case)
     if not isinstance(out, Mapping):
         out = {"logits": out}
-    if "logits" not in out and "logits" not in getattr(out, "unseen", {}):
+    if "logits" not in out and "logits" not in as_taps(out).unseen:
         raise _fail(port, "the port returned no 'logits'", case, returned=sorted(out))
-    return out if hasattr(out, "unseen") else dict(out)  # a captured model's Taps keep what was unseen
+    return out if isinstance(out, Taps) else dict(out)  # a captured model's Taps keep what was unseen
 
 
 def _needs(out: Mapping, *names: str) -> None:
     missing = [n for n in names if n not in out]
-    found = {stage: why for stage, why in getattr(out, "findings", ()) if stage in missing}
+    found = {stage: why for stage, why in as_taps(out).findings if stage in missing}
     if found:  # a model port that could not produce the stage: its module never ran
         stage, why = next(iter(found.items()))
         raise PropertyFailure(f"{stage}: {why}", stage=stage)

@@ -13,6 +13,7 @@ from conformance.support import build
 from impls.protocol import tap_names
 
 
+from conformance.returned import as_taps
 from conformance.properties.core import (
     PropertyFailure,
     NotApplicable,
@@ -53,7 +54,7 @@ def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
     # A model port's findings (a module that holds a stage's weights and never ran, parameters
     # the checkpoint leaves unfilled) are failed stages in their place.
     names = tap_names(case.config)
-    for stage, why in getattr(out, "findings", ()):
+    for stage, why in as_taps(out).findings:
         results.append(StageResult(stage, None, None, None, 0.0, False, why, "end-to-end"))
     results.sort(key=lambda r: names.index(r.name) if r.name in names else len(names))  # load last, as in verify
     if any(not r.ok for r in results):

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from conformance.returned import Taps
+
 from conformance.sandbox.wire import Refused
 from impls.stages import stage_of, tap_symbols
 
@@ -52,7 +54,6 @@ class OutputLimits:
     def portable(self, out, name: str | None = None):
         """``out`` with each value that cannot be a stage replaced by a ``Refused`` (Taps, dicts,
         tuples and lists of arrays keep their structure; a whole model's bare array is its logits)."""
-        from conformance.capture.port import Taps
 
         name = name or ("logits" if self.expected else "the output")
         if isinstance(out, Taps):

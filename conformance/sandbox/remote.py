@@ -20,6 +20,8 @@ import atexit
 
 import numpy as np
 
+from conformance.returned import Taps
+
 from conformance.sandbox.handed import Case
 
 
@@ -69,7 +71,6 @@ class Remote:
 def _writable(out):
     """The outputs as the port's own call would give them: arrays of this process's, writable
     (verify's wire hands them back mapped or read-only), in the same structure."""
-    from conformance.capture.port import Taps
 
     if isinstance(out, Taps):
         for key in list(out):

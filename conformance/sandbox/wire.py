@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from conformance.returned import Taps
+
 # dtypes an array may cross in (the numeric ones a port may emit)
 DTYPES = frozenset(
     ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
@@ -74,7 +76,6 @@ class Writer:
         return {"__array__": file, "dtype": name}
 
     def encode(self, obj):
-        from conformance.capture.port import Taps
 
         if isinstance(obj, Taps):
             return {
@@ -148,7 +149,6 @@ class Reader:
         return a
 
     def decode(self, tree):
-        from conformance.capture.port import Taps
 
         if tree is None or isinstance(tree, (bool, int, float, str)):
             return tree

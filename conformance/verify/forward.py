@@ -17,6 +17,7 @@ from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.packed import PackedModel, nonfinite_outside, packed_plan, packed_shape, unpack
 from conformance.sandbox.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
+from conformance.returned import as_taps
 from impls import tap_names
 from impls.protocol import ViTConfig
 
@@ -46,18 +47,19 @@ class Forward:
             unknown = sorted(set(out) - set(names))
             if unknown:
                 finding(report, label, unknown[0], f"unknown tap names {unknown}; known: see impls.tap_names")
-        report.unseen.update(getattr(out, "unseen", {}))
-        report.sources.update(getattr(out, "sources", {}))
-        if getattr(out, "path", None) is not None:  # a compiled model's: how this case ran
-            report.paths[label] = out.path
-        for stage, reason in getattr(out, "findings", ()):  # what capture found about the model
+        taps = as_taps(out)  # what the port returned, with what capture knows beside it
+        report.unseen.update(taps.unseen)
+        report.sources.update(taps.sources)
+        if taps.path is not None:  # a compiled model's: how this case ran
+            report.paths[label] = taps.path
+        for stage, reason in taps.findings:  # what capture found about the model
             if not any(f["stage"] == stage and f["reason"] == reason for f in report.failures):
                 finding(report, label, stage, reason)
             if stage in names:
                 outcome.diverged(names.index(stage), stage, label)
-        if getattr(out, "quantized", None) is not None:  # judged on its own weights, its cost measured
+        if taps.quantized is not None:  # judged on its own weights, its cost measured
             model = self._quantized(out, model, report, label, outcome)
-        second = getattr(out, "second", None)  # a second pass off the model's own path: judged too
+        second = taps.second  # a second pass off the model's own path: judged too
         results = compare_outputs(
             out.own_pass() if second is not None else out,
             model,
@@ -118,11 +120,12 @@ class Packed(Forward):
     port's taps, its padding cut off, compared with the oracle on that image alone."""
 
     def compare(self, out, model, report: Report, label: str, outcome: Outcome) -> list[StageResult]:
-        taps = dict(out) if isinstance(out, Mapping) else {"logits": out}
-        for what in ("unseen", "sources"):  # a captured model's, told once for the batch
-            getattr(report, what).update(getattr(out, what, {}))
-        for stage, reason in getattr(out, "findings", ()):
+        returned = as_taps(out)
+        report.unseen.update(returned.unseen)  # a captured model's, told once for the batch
+        report.sources.update(returned.sources)
+        for stage, reason in returned.findings:
             finding(report, label, stage, reason)
+        taps = dict(returned)
         batch, length = model.shape
         for name in list(taps):
             if name not in self.names:
@@ -323,9 +326,10 @@ def _determinism(report: Report, side, case: Case, config: ViTConfig, dtype: str
     for stage, reason in findings:  # the re-run's own failure, told as what it is
         finding(report, case.name, stage, f"{reason} (on the determinism re-run)")
     for i, out in enumerate(both or ()):  # the same input twice: a compiled model compiling again is told there
-        report.sources.update({k: v for k, v in getattr(out, "sources", {}).items() if "compiled again" in v})
-        if getattr(out, "path", None) is not None:
-            report.paths[f"{case.name}, the determinism re-run's call {i + 1}"] = out.path
+        taps = as_taps(out)
+        report.sources.update({k: v for k, v in taps.sources.items() if "compiled again" in v})
+        if taps.path is not None:
+            report.paths[f"{case.name}, the determinism re-run's call {i + 1}"] = taps.path
     differs = first_difference(*both) if both is not None else None
     if differs:
         finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")
