@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from conformance import strategies as S
+from conformance import generators as S
 
 
 def framework(port: str):

@@ -14,7 +14,7 @@ import time
 from conformance.numerics.compare import compare_outputs, first_divergence
 from conformance.numerics.error_model import CaseModel
 from conformance.report import table
-from conformance.strategies import make_images
+from conformance.generators import make_images
 from impls import FRAMEWORK_PORTS, PRESETS, get_config, load_factory
 from weights import init_state
 

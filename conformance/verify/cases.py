@@ -150,7 +150,7 @@ def case_plan(
     """(name, make the case) for each of ``default_cases``, in order; nothing is made until asked.
     ``full_size`` (with seeded weights): ``FULL_SIZE`` and the other-grid cases only.
     ``max_batch``: no case holds more images (its name says the batch it has)."""
-    from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
+    from conformance.generators import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
 
     memo: dict[str, dict] = {}
 

@@ -28,7 +28,7 @@ from conformance.numerics.gradients import (
     compare_gradients,
     draw_loss,
 )
-from conformance.strategies import OFFSET, TrainedLike, WeightCase, make_images
+from conformance.generators import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.verify.cases import Case, read_only
 from conformance.verify.loop import Outcome, run_cases
 from conformance.sandbox.portside import PortSide, load_grad_factory, port_side  # noqa: F401 - re-exported

@@ -120,7 +120,7 @@ def packed_plan(config: ViTConfig, state: dict | None = None, seed: int = 0):
     given (or seeded) weights, and with seeded weights its scaled, offset and trained-like ones,
     each a batch of three images on three grids of their own (the config's, one row more and a
     column less, one row less and two columns more), padded."""
-    from conformance.strategies import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images
+    from conformance.generators import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images
     from conformance.verify.cases import Case
 
     gh, gw = config.grid_size
