@@ -4,15 +4,31 @@ threads (``pool``) for a full-size one."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 from functools import lru_cache
 import numpy as np
 from conformance.numerics.precision import LARGEST
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from conformance.numerics.tape import Tape
 
-if TYPE_CHECKING:
-    from conformance.numerics.error_model import Chain
+
+class Stages(Protocol):
+    """What the runs read of the computation they run (error_model's ``Chain``): its stages in order,
+    each evaluated alone or over the noisy runs, who reads what last, the sizes, the precision,
+    how many noisy runs and their seed."""
+
+    names: tuple[str, ...]
+    precision: Any
+    noisy_runs: int
+    seed: int
+
+    def last_readers(self) -> dict: ...
+
+    def sizes(self) -> dict: ...
+
+    def evaluate(self, name, t, precision=None): ...
+
+    def evaluate_runs(self, name, t, runs, precision): ...
 
 
 class BeyondRange(Exception):
@@ -79,7 +95,7 @@ class _Runs:
 
     BEHIND = 2
 
-    def __init__(self, chain: "Chain", held: bool):
+    def __init__(self, chain: Stages, held: bool):
         self.chain, self.held = chain, held
         self.last = chain.last_readers()
         sizes = chain.sizes()

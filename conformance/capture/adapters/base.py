@@ -14,8 +14,21 @@ from conformance.capture.mapping import module_of, unit_axes
 from conformance.capture.recorder import first_array, patched
 
 if TYPE_CHECKING:
-    from conformance.capture.port import CapturedForward
     from conformance.capture.recorder import Recorder
+
+
+class Captured(Protocol):
+    """What an adapter's ``gradients`` reads of the captured forward (capture.port's
+    CapturedForward): its plan and config, the logits in a run's output, and every stage read at a
+    module boundary from a recorder of cotangents. The narrow interface: adapters never see the
+    whole captured forward."""
+
+    plan: Any
+    config: Any
+
+    def logits(self, out) -> Any: ...
+
+    def boundary_taps(self, recorder: Recorder, logits_grad) -> dict[str, np.ndarray]: ...
 
 
 class Adapter(Protocol):
@@ -71,7 +84,7 @@ class Adapter(Protocol):
     def fast_paths(self) -> list[str]: ...
     def quantized(self) -> dict: ...
     def run(self, inputs, recorder: Recorder, watch: dict[str, tuple[bool, bool]], functions: bool = True): ...
-    def gradients(self, inputs, loss, forward: CapturedForward) -> tuple: ...
+    def gradients(self, inputs, loss, forward: Captured) -> tuple: ...
 
 
 class BaseAdapter:
@@ -148,7 +161,7 @@ class BaseAdapter:
         adapters look; the others' models are judged by their class names alone)."""
         return {}
 
-    def gradients(self, inputs, loss, forward: "CapturedForward"):
+    def gradients(self, inputs, loss, forward: Captured):
         """(loss value, {model key: gradient}, d loss / d inputs, {stage: cotangent} or None) of
         the framework's own loss (impls.*_vit.loss_value) of the model's logits."""
         from conformance.support import Unsupported

@@ -6,15 +6,11 @@ from __future__ import annotations
 import contextlib
 import os
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from conformance.capture.adapters.base import SwapAdapter
+from conformance.capture.adapters.base import Captured, SwapAdapter
 from conformance.capture.recorder import Recorder, callbacks, wrapped
-
-if TYPE_CHECKING:
-    from conformance.capture.port import CapturedForward
 
 
 class MLXAdapter(SwapAdapter):
@@ -101,7 +97,7 @@ class MLXAdapter(SwapAdapter):
 
         return mx.array(images).astype(getattr(mx, dtype))
 
-    def gradients(self, images, loss, forward: "CapturedForward"):
+    def gradients(self, images, loss, forward: Captured):
         """As the PyTorch adapter's: the cotangent at every stage read at a module boundary,
         here as the gradient of a zero added to each watched module's first call's input or
         output (MLX keeps no gradients on intermediate arrays), inside mx.value_and_grad over

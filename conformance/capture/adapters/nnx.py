@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from conformance.capture.adapters.base import SwapAdapter
+from conformance.capture.adapters.base import Captured, SwapAdapter
 from conformance.capture.adapters.jax_arrays import JAXArrays
 from conformance.capture.mapping import LoadError
-
-if TYPE_CHECKING:
-    from conformance.capture.port import CapturedForward
 
 
 class NNXAdapter(JAXArrays, SwapAdapter):
@@ -41,7 +37,7 @@ class NNXAdapter(JAXArrays, SwapAdapter):
             raise LoadError(f"the model was built abstractly (nnx.eval_shape) and the mapping leaves {key!r} unfilled")
         return np.asarray(value, np.float32)
 
-    def gradients(self, inputs, loss, forward: "CapturedForward"):
+    def gradients(self, inputs, loss, forward: Captured):
         """By a jitted jax.value_and_grad over the model's nnx.Param state and the inputs, one
         program per loss kind (and batch shape): eager, every op would compile on its own. No
         tap cotangents: the model is located at its first wrong parameter gradient."""

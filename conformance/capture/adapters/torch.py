@@ -6,15 +6,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from conformance.capture.adapters.base import BaseAdapter
+from conformance.capture.adapters.base import BaseAdapter, Captured
 from conformance.capture.recorder import Recorder, callbacks, first_array, map_arrays, patched, wrapped
-
-if TYPE_CHECKING:
-    from conformance.capture.port import CapturedForward
 
 
 # PyTorch modules with a native fast path that a TorchFunctionMode switches off.
@@ -47,7 +43,7 @@ class TorchAdapter(BaseAdapter):
             return key[len(COMPILED_PREFIX) :]
         return key
 
-    def gradients(self, images, loss, forward: "CapturedForward"):
+    def gradients(self, images, loss, forward: Captured):
         """(value, {model key: gradient}, d value / d images, {stage: cotangent}) of the
         framework's loss of the model's logits by autograd, with the cotangent at every stage read at a
         module boundary (a module's input or output, the return value): the model runs once with
