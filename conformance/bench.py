@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from conformance.references import timm_state
 from impls import get_config, load_factory
+from impls.mlx_blas import sgemm_provider, use_openblas
 
 MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 ENTRIES = (
@@ -101,8 +103,6 @@ def measure_entry(name: str, batch: int, label: str, warmup: int, repeats: int) 
     import timm
     import torch
 
-    from conformance.references import timm_state
-
     torch.set_grad_enabled(False)
     config = get_config(name)
     torch.manual_seed(0)
@@ -127,8 +127,6 @@ def run(models=MODELS, batches=(1, 8), warmup: int = 2, repeats: int = 5, entrie
     """Every entry in a fresh process, one after another, so each peak-memory figure is its own."""
     import subprocess
     import sys
-
-    from impls.mlx_blas import sgemm_provider, use_openblas
 
     use_openblas()
     peak = matmul_peak()

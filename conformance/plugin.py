@@ -20,7 +20,14 @@ import os
 import pytest
 
 from conformance import profiles
-from impls import FRAMEWORK_PORTS
+from conformance.capture import ModelPort
+from conformance.home import shadowing
+from conformance.report import CannotJudge, UsageError, describe_exception
+from conformance.sandbox.portside import WHAT, PortStopped, load_port
+from conformance.sandbox.remote import Remote, RemoteAttention, RemoteFactory
+from conformance.support import Unsupported, describe, inputs_of, supports_of
+from impls import FRAMEWORK_PORTS, load_factory
+from impls.protocol import ViTConfig
 
 # At import, before hypothesis reads --hypothesis-profile: the profiles exist from any directory,
 # and the default (ci, or HYPOTHESIS_PROFILE) is active for users' runs too.
@@ -110,8 +117,6 @@ def settings_of(items: list[str]) -> dict:
     import json
     from dataclasses import fields
 
-    from impls.protocol import ViTConfig
-
     names = {f.name for f in fields(ViTConfig)} - {"name"}
     out = {}
     for item in items:
@@ -127,7 +132,6 @@ def settings_of(items: list[str]) -> dict:
 
 def pytest_configure(config):
     from conformance import strategies
-    from conformance.home import shadowing
 
     if shadowing():
         raise pytest.UsageError(shadowing())
@@ -152,8 +156,6 @@ def _check_given_ports(config) -> None:
     raises, exits or hangs while imported stops the run here, naming it), then loads here for its
     declaration; not a failing test per property. pytest-xdist's workers leave it to the
     controller."""
-    from conformance.report import UsageError, describe_exception
-    from conformance.sandbox.portside import WHAT, PortStopped, load_port
 
     opts = config.option
     _TIMEOUT[0] = opts.vit_timeout
@@ -179,8 +181,6 @@ def port_kind(make) -> str:
     property), "packed" for a port of packed batches (``inputs="naflex"``) and "quantized" for a
     quantized ModelPort, which the image properties cannot feed or bound: those are judged as
     verify judges them, on drawn configs (conformance/tests/test_port_kinds.py)."""
-    from conformance.capture import ModelPort
-    from conformance.support import inputs_of
 
     if inputs_of(make) == "naflex":
         return "packed"
@@ -189,7 +189,6 @@ def port_kind(make) -> str:
 
 def kind_of(spec: str) -> str:
     """``port_kind`` of a --port given to this run, or of one of the project's own ports."""
-    from conformance.sandbox.portside import load_port
 
     return _PORT_KINDS.get(spec) or port_kind(load_port("forward", spec))
 
@@ -197,13 +196,11 @@ def kind_of(spec: str) -> str:
 def verified_side(spec: str):
     """What verify judges a --port through in the property suite: its own process, as every given
     port runs (``conformance.sandbox.isolated``); the project's own ports in this one."""
-    from conformance.sandbox.portside import load_port
 
     return _remote("forward", spec).side() if spec in _GIVEN["forward"] else load_port("forward", spec)
 
 
 def _remote(kind: str, spec: str):
-    from conformance.sandbox.remote import Remote
 
     if (kind, spec) not in _REMOTES:
         _REMOTES[(kind, spec)] = Remote(kind, spec, _TIMEOUT[0])
@@ -214,12 +211,10 @@ def given(spec: str, kind: str = "forward"):
     """The factory a test calls for a port: a port given to this run (``--port`` and its kin)
     runs in a process of its own (``conformance.sandbox.remote``), as verify runs it; the built-in
     ports and the project's own test ports run here."""
-    from conformance.sandbox.portside import load_port
 
     local = load_port(kind, spec)
     if spec not in _GIVEN.get(kind, ()):
         return local
-    from conformance.sandbox.remote import RemoteAttention, RemoteFactory
 
     return (RemoteAttention if kind == "attention" else RemoteFactory)(_remote(kind, spec), local)
 
@@ -283,7 +278,6 @@ def pytest_runtest_makereport(item, call):
     """A model the tool cannot judge (conformance.report.CannotJudge: a module system no adapter
     reads, a part the config has no word for) fails its test with the one line verify prints, marked
     so that the run ends as pytest's usage error (``pytest_sessionfinish``), not as a finding."""
-    from conformance.report import CannotJudge
 
     report = yield
     error = call.excinfo.value if call.excinfo is not None else None
@@ -323,8 +317,6 @@ def pytest_pyfunc_call(pyfuncitem):
     square images only)."""
     from hypothesis.errors import Unsatisfiable
 
-    from conformance.support import Unsupported, describe
-
     try:
         return (yield)
     except Unsupported as e:
@@ -337,8 +329,6 @@ def pytest_pyfunc_call(pyfuncitem):
 
 
 def _supports(port):
-    from conformance.support import supports_of
-    from impls import load_factory
 
     if port is None:
         return None

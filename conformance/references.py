@@ -14,7 +14,10 @@ from functools import partial
 
 import numpy as np
 
-from impls.protocol import NAFLEX_FAMILY, VIT_FAMILY, ViTConfig
+from impls.protocol import NAFLEX_FAMILY, VIT_FAMILY, ViTConfig, check_images
+from impls.stages import STAGES
+from weights import hf
+from weights.options import BY_FIELD
 
 
 def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None, **rates):
@@ -175,7 +178,8 @@ def _timm_beit(config: ViTConfig, state, dtype, rates: dict):
     and gamma_2, in eval mode, with ``state`` loaded strictly."""
     import torch
     from timm.layers import LayerNorm
-    from timm.models.beit import Beit, gen_relative_position_index as gen_index
+    from timm.models.beit import Beit
+    from timm.models.beit import gen_relative_position_index as gen_index
 
     beyond = [
         f"{k}={getattr(config, k)!r}"
@@ -233,6 +237,7 @@ def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
     ``state`` loaded strictly in its layout (weights/layouts/naflex.py)."""
     import torch
     from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
+
     from weights.layouts.naflex import from_canonical
 
     beyond = [f"{k}={getattr(config, k)!r}" for k, ok in _NAFLEX.items() if getattr(config, k) != ok]
@@ -271,7 +276,6 @@ class NotInTimm(ValueError):
 
 def not_in_timm(config: ViTConfig) -> list[str]:
     """The options of ``config`` timm's VisionTransformer has no keyword for (weights/options.py)."""
-    from weights.options import BY_FIELD
 
     return (
         [
@@ -388,8 +392,6 @@ def _hooked(model, taps: dict):
     no stage."""
     import torch
 
-    from impls.stages import STAGES
-
     hooks, softmax, typed, values, added = [], [], [], [], []
 
     def record(name, how, attention):
@@ -462,7 +464,6 @@ def timm_make_grad(config: ViTConfig, state: dict[str, np.ndarray], *, train: bo
     the tensors its modules emit (v, a view taken beside the forward, has none)."""
     import torch
 
-    from impls.protocol import check_images
     from impls.torch_vit import loss_value
 
     model = timm_vit(config, state, **rates).requires_grad_(True).train(train)
@@ -583,8 +584,6 @@ def transformers_port(config: ViTConfig, state: dict[str, np.ndarray], dtype: st
     import torch
     from transformers import ViTForImageClassification
     from transformers.utils import logging
-
-    from weights import hf
 
     logging.disable_progress_bar()
     torch_dtype = getattr(torch, _TORCH_DTYPES[dtype])

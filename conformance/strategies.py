@@ -9,7 +9,6 @@ seed hypothesis draws, which is fast and replays exactly.
 
 from __future__ import annotations
 
-
 import numpy as np
 from hypothesis import strategies as st
 
@@ -26,9 +25,11 @@ from conformance.generators import (  # noqa: F401 - the deterministic generator
     make_images,
     with_block0_logit,
 )
+from conformance.support import build_config, multiple_of
+from impls import ConfigError, get_config
 from impls.protocol import ViTConfig
+from weights import mha_shapes
 from weights.config import ACT_LAYERS, GLOBAL_POOLS, MLP_LAYERS
-
 
 _SUPPORTS = None  # what the port under test supports (conformance.support), set per test by the plugin
 
@@ -110,7 +111,6 @@ def declared_widths() -> tuple[int, ...]:
     """For a port whose supports rule ``embed_dim=multiple_of(n)`` (a quantizer's groups of n): the
     two narrowest of ``WIDTHS`` of two groups or more (one group has no neighbour to take a scale
     from), 2n and 4n where WIDTHS has them; () for every other port (its widths drawn as ever)."""
-    from conformance.support import multiple_of
 
     rule = _SUPPORTS.get("embed_dim") if isinstance(_SUPPORTS, dict) else None
     if not isinstance(rule, multiple_of):
@@ -171,8 +171,6 @@ def configs(
         return ViTConfig(**values)
     from hypothesis import assume
 
-    from conformance.support import build_config
-
     config = build_config(_SUPPORTS, values)
     assume(config is not None)
     return config
@@ -195,8 +193,6 @@ def family_configs(max_depth: int = 2, **fixed) -> st.SearchStrategy[ViTConfig]:
     """Drawn configs with the family's options drawn and ``fixed`` set (init_values=1e-5,
     qk_norm=True, global_pool="map", ...): the configs a family property applies to."""
     from hypothesis import assume
-
-    from impls import ConfigError
 
     @st.composite
     def draw_config(draw):
@@ -315,7 +311,6 @@ def attention_property_cases(
 ):
     """A standalone attention case as a properties.AttentionCase (context None for self-attention)."""
     from conformance.properties import AttentionCase
-    from weights import mha_shapes
 
     case = draw(attention_shapes(cross=cross, min_len=min_len))
     if square_heads:
@@ -360,10 +355,8 @@ def hard_model_cases():
     float16 LayerNorm statistics), block 0's logits at 3e4 (q k^T before the scale overflows
     float16) and, in the thorough profile or a float16 run, the offset over 100 tokens (a float16
     token sum overflows; another config, so another compile of every JAX port)."""
-    from conformance.properties import ModelCase
-    from impls import get_config
-
     from conformance.profiles import heavy
+    from conformance.properties import ModelCase
 
     config, many = get_config("vit_test_token"), get_config("vit_test_avg_100_tokens")
     cases = []

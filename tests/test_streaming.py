@@ -473,7 +473,6 @@ def test_a_streamed_plan_reruns_its_last_case_for_determinism(monkeypatch):
     at hand, for the determinism check: no case is made again (at full size, a weight set drawn
     and written anew); a port random at inference is found there. The companion: a correct port
     on the same plan passes it."""
-    import conformance.generators as G
     import conformance.verify.cases as C
     from conformance.verify import verify
     from impls import load_factory
@@ -481,8 +480,8 @@ def test_a_streamed_plan_reruns_its_last_case_for_determinism(monkeypatch):
     config = get_config("vit_test_token")
     state = S.WeightCase(3, 1.0).make(config)
     made = []
-    make_images = G.make_images  # what verify's plan draws its images with
-    monkeypatch.setattr(G, "make_images", lambda *a, **k: made.append(1) or make_images(*a, **k))
+    make_images = C.make_images  # what verify's plan draws its images with
+    monkeypatch.setattr(C, "make_images", lambda *a, **k: made.append(1) or make_images(*a, **k))
     plan = [name for name, _ in C.verify_plan(config, state)]
     report = verify(load_factory("conformance.zoo.torch_mutants:fused_attention_dropout"), config, state=state)
     assert [(f["case"], f["reason"]) for f in report.failures] == [

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from weights.atomic import replace_atomically
 from weights.config import ViTConfig, config_from_json
 
 CONFIG_METADATA_KEY = "vit_config"
@@ -286,8 +287,6 @@ def save_state(state: Mapping[str, np.ndarray], path: str | os.PathLike, config:
     """Write canonical float32 tensors to safetensors, with the config in the metadata: whole or
     not at all, with the umask's mode (``weights.atomic``)."""
     from safetensors.numpy import save_file
-
-    from weights.atomic import replace_atomically
 
     if config is not None:
         validate_state(state, config)

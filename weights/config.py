@@ -69,9 +69,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from weights.options import BY_FIELD, FAMILY
 
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
 POS_EMBEDS = ("learn", "sincos", "sinusoid", "none")
@@ -443,7 +444,6 @@ class ViTConfig:
 
     def beyond_original_vit(self) -> list[str]:
         """The options set beyond the original ViT (2020), as ``name=value`` (weights/options.py)."""
-        from weights.options import BY_FIELD, FAMILY
 
         beyond = []
         for name in FAMILY:

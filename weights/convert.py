@@ -17,12 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+from weights.atomic import replace_atomically
+from weights.cancel import Cancelled, cancellable, cancelled_line
 from weights.canonical import WeightError, validate_state
 from weights.config import ConfigError, ViTConfig, config_from_json, inline_json
-from weights.presets import get_config
-
 from weights.layouts import LAYOUTS, ORDER, REGISTRY
 from weights.layouts._io import LAYOUT_METADATA_KEY, header
+from weights.presets import get_config
 
 
 def detect(path: str) -> str:
@@ -90,7 +91,6 @@ def write_atomically(state, config: ViTConfig, out: str, layout: str, npz_flavou
     """Write into a temporary file (or directory) in OUT's own directory, then rename it into
     place (``weights.atomic``): OUT is the old checkpoint or the whole new one, never half of one,
     even when the disk fills or a signal stops the write."""
-    from weights.atomic import replace_atomically
 
     replace_atomically(
         out, lambda tmp: write(state, config, str(tmp), layout, npz_flavour), directory=layout in DIRECTORY_LAYOUTS
@@ -155,7 +155,6 @@ def _positive(name: str):
 def main(argv=None) -> int:
     """The command's exit status: 0 written, 2 bad input or a write the file system refused (one
     line), 3 the tool's own failure, 128 + N a signal N that cancelled it (nothing left behind)."""
-    from weights.cancel import Cancelled, cancellable, cancelled_line
 
     try:
         with cancellable():

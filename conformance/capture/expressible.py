@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 
 from conformance.report import CannotJudge
+from weights.canonical import expected_shapes
+from weights.config import ConfigError
 
 ATTN_OUT_BIAS, MLP_BIAS = r"blocks\.\d+\.attn\.proj\.bias", r"blocks\.\d+\.mlp\.fc[12](_[gx])?\.bias"
 # (canonical key pattern, what the model lacks, the option that expresses it, or None)
@@ -76,8 +78,6 @@ ADDS = (
 
 def adding(key: str, config) -> tuple[str, tuple] | None:
     """(the option, the key's shape) for a canonical key ``config`` lacks that an option adds."""
-    from weights.canonical import expected_shapes
-    from weights.config import ConfigError
 
     for option, changes in ADDS:
         field = next(iter(changes))  # the option itself; the rest only makes it valid

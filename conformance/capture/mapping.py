@@ -9,6 +9,8 @@ from functools import cache, lru_cache
 
 import numpy as np
 
+from conformance.report import UsageError
+
 
 class LoadError(ValueError):
     """The mapped weights do not fit the model: names the keys and shapes."""
@@ -90,7 +92,6 @@ def patch_layout(key: str, value, shape, config, order: str | None):
     (D, C, ph, pw) for a Linear (D, C * ph * pw), and the patch norm's (C * ph * pw,) vectors,
     which are in (c p1 p2) canonically. Without an order where one is needed, a usage error:
     no shape tells the two apart."""
-    from conformance.report import UsageError
 
     to_linear = key == "patch_embed.proj.weight" and value.ndim == 4 and shape is not None and len(shape) == 2
     if not (to_linear or key.startswith("patch_embed.patch_norm.")):

@@ -3,11 +3,10 @@ captured forward it builds: one run of the unmodified model, every planned stage
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import re
 
 import numpy as np
 
@@ -24,8 +23,8 @@ from conformance.capture.mapping import (
     PATCH_ORDERS,
     LoadError,
     config_argument,
-    module_of,
     k_bias_free,
+    module_of,
     patch_layout,
     patches_to_canonical,
     rename_function,
@@ -35,6 +34,7 @@ from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.quantize import quantized_port
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import ToolError, describe_exception
+from conformance.support import check_supported, supports_of
 from impls.protocol import ViTConfig, tap_names
 
 
@@ -230,7 +230,6 @@ class ModelPort:
     # -- the factory
 
     def __call__(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):
-        from conformance.support import check_supported, supports_of
 
         check_supported(supports_of(self), config)
         model, chosen = self._build(config, dtype)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from conformance.numerics.precision import SMALLEST_NORMAL, UNIT_ROUNDOFF
+from conformance.support import Unsupported
 
 # the quantization bugs ``QuantizedWeight.explain`` names (conformance.diagnosis.classes.OBSERVED)
 BITS_ORDER_REVERSED = "quant_bits_order_reversed"
@@ -318,7 +319,6 @@ def torchao_weight(weight, path: str) -> QuantizedWeight:
     ``Int8Tensor`` with int8 ``qdata``, a ``scale`` per block of ``block_size``, and a zero point
     if it has one), decoded: ``scale * (code - zero_point)``. One that also quantizes its input at
     run time (``act_quant_kwargs``) is not read yet."""
-    from conformance.support import Unsupported
 
     if getattr(weight, "act_quant_kwargs", None) is not None or str(weight.qdata.dtype) != "torch.int8":
         raise Unsupported(

@@ -37,15 +37,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from conformance.numerics import error_model as E
-from conformance.numerics import provenance
 from conformance import strategies as S
+from conformance.builtin import FUSED, framework, qkv_arrays
 from conformance.commands import calibrate_quantized, calibrate_scan_full
 from conformance.diagnosis import scan
-from conformance.numerics import gradients
+from conformance.numerics import error_model as E
+from conformance.numerics import gradients, provenance
 from conformance.numerics.compare import ratio_over_bound, stage_ratios
 from conformance.numerics.tolerances import CHAOTIC, CHAOTIC_KIND, CHAOTIC_MODE, is_chaotic
-from impls import FRAMEWORK_PORTS, ViTConfig, get_config, load_factory
+from impls import FRAMEWORK_PORTS, PORTS, ViTConfig, get_config, load_factory
 
 NUMERICS = Path(__file__).resolve().parents[1] / "numerics"  # where the calibrations live, beside their readers
 DEFAULT_OUT = NUMERICS / "calibration.json"
@@ -134,7 +134,6 @@ def record_model(rec: Recorder, factories, config, state, x, info, dtypes, ports
 
 def record_attention(rec: Recorder, case, mask, info) -> None:
     """A standalone attention's (out, weights), explicit and fused, end to end."""
-    from impls import PORTS
 
     model = case.error_model(mask=mask)
     for port in FRAMEWORK_PORTS:
@@ -151,7 +150,6 @@ def record_attention(rec: Recorder, case, mask, info) -> None:
 
 def record_sdpa(rec: Recorder, shape: S.AttentionShape, scale: float, mask, info) -> None:
     """Each framework's explicit path and its fused kernel from given q, k, v, locally."""
-    from conformance.builtin import FUSED, framework, qkv_arrays
 
     q, k, v = qkv_arrays(shape, scale)
     s = shape.head_dim**-0.5

@@ -11,6 +11,10 @@ import itertools
 import json
 from pathlib import Path
 
+from conformance.examples import quantized as q
+from conformance.verify.cases import default_cases
+from impls import get_config
+
 MARGIN = 1.5
 SETTINGS = [("affine", bits, group) for bits in (2, 3, 4, 5, 6, 8) for group in (32, 64)] + [
     ("mxfp4", 4, 32),
@@ -22,7 +26,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def ports():
     """(name, port, dtype) of every correct quantization calibrated."""
-    from conformance.examples import quantized as q
 
     for (mode, bits, group), dtype in itertools.product(SETTINGS, DTYPES):
         yield f"{mode} {bits} bits, groups of {group}, {dtype}", q.mlx_image(bits, group, mode), dtype
@@ -31,9 +34,7 @@ def ports():
 
 
 def measure(seeds=(0, 1)) -> dict:
-    from conformance.verify.cases import default_cases
     from conformance.verify.quantized import beyond_half_step, quantization_cost
-    from impls import get_config
 
     config = get_config("vit_test_quantized")
     worst: dict[str, list] = {}

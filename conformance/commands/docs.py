@@ -17,6 +17,14 @@ import re
 import sys
 from pathlib import Path
 
+from conformance.numerics.tolerances import CHAOTIC_KIND, CHAOTIC_MODE, MARGIN, MODES, calibration, measured
+from conformance.verify.budget import estimate, seconds
+from conformance.verify.cases import FULL_SIZE, row_plan
+from conformance.zoo import MUTANTS
+from impls import get_config
+from impls.stages import BY_KIND, OPTIONS, STAGES
+from weights import options
+
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: conformance/commands/docs.py
 DOCS = ROOT / "docs"
 DATA = DOCS / "data"
@@ -49,7 +57,6 @@ def _recorded(name: str):
 def zoo_table(measured: dict | None = None) -> str:
     """Every mutant of the catalogue, with what `python -m conformance zoo --json` measured: where
     verify locates it and by how much, in its own dtype and (model mutants) in the other two."""
-    from conformance.zoo import MUTANTS
 
     if measured is None:
         measured = _recorded("zoo.json") or {"mutants": []}
@@ -147,7 +154,6 @@ def bench_table(result: dict | None = None) -> str:
 
 def tolerance_table() -> str:
     """Per stage kind and dtype: the largest ratio measured on correct ports and the tolerance."""
-    from conformance.numerics.tolerances import CHAOTIC_KIND, CHAOTIC_MODE, MARGIN, MODES, measured
 
     table = measured()
     rows = []
@@ -177,8 +183,6 @@ def tolerance_table() -> str:
 def stage_table() -> str:
     """The stage table (impls.stages): every stage, its shape, the option it needs, what it is
     computed from, where capture reads it in a model as written, the weights it uses."""
-    from impls.protocol import get_config
-    from impls.stages import OPTIONS, STAGES
 
     plain, qk = get_config("vit_test_token"), get_config("vit_test_token").replace(qk_norm=True)
     rows = []
@@ -206,7 +210,6 @@ def stage_table() -> str:
 def option_table() -> str:
     """The ViT family's options (weights/options.py): default, the original ViT's values, what each
     layout that restricts it can hold, and its names in the other libraries."""
-    from weights.options import OPTIONS
 
     def names(o) -> str:
         found = [
@@ -229,7 +232,7 @@ def option_table() -> str:
             or "every value",
             names(o),
         ]
-        for o in OPTIONS
+        for o in options.OPTIONS
     ]
     return markdown_table(["option", "default", "original ViT", "what it is", "layouts hold", "named elsewhere"], rows)
 
@@ -238,8 +241,6 @@ def verify_bench_table(result: dict | None = None) -> str:
     result = _recorded("bench_verify.json") if result is None else result
     if result is None:
         return "Not measured yet: `python -m conformance bench --verify --json docs/data/bench_verify.json`.\n"
-    from conformance.verify.budget import estimate, seconds
-    from conformance.verify.cases import FULL_SIZE, row_plan
 
     def estimated(r) -> str:
         config, images, batch = row_plan(r)
@@ -277,7 +278,6 @@ def verify_bench_table(result: dict | None = None) -> str:
 def spread_table() -> str:
     """Per bin of the propagated spread over the stage's largest magnitude, the correct ports'
     largest end-to-end ratio in each dtype (calibration.json): where the linear regime ends."""
-    from conformance.numerics.tolerances import calibration
 
     table = calibration()["end_to_end_by_relative_spread"]
     bins = list(dict.fromkeys(b for by_dtype in table.values() for b in by_dtype))
@@ -288,8 +288,6 @@ def spread_table() -> str:
 def diagnosis_table() -> str:
     """Every bug class (conformance.diagnosis.classes): where it is fitted, what it says, the hint."""
     from conformance.diagnosis.classes import ATTENTION_CLASSES, CLASSES, GRADIENT_CLASSES, OBSERVED
-    from conformance.zoo import MUTANTS
-    from impls.stages import BY_KIND
 
     FAMILY_FORMS = {"token_statistics": "fitted per token", "eps": "fitted over eps", "factor": "fitted constant"}
 
@@ -348,8 +346,6 @@ def scan_size_table() -> str:
     (``bands_by_size``, ``python -m conformance calibrate --scan-full``), then each activation class
     measured with the port's roundings replayed (every share, significant or not: never banded)."""
     from conformance.diagnosis.scan import calibration
-
-    from impls import get_config
 
     record = calibration()
     order = sorted(record.get("bands_by_size", {}), key=lambda preset: get_config(preset).embed_dim)

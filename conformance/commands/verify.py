@@ -5,20 +5,28 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.report import UsageError
-from conformance.verify.attention import verify_attention
-from conformance.verify.forward import verify
+from conformance.numerics.gradients import check_grad_dtype
+from conformance.report import UsageError, resource_problem, tool_failure
 from conformance.sandbox.heap import keep_freed_memory
+from conformance.sandbox.isolated import Isolated, PortStopped, default_timeout
+from conformance.sandbox.portside import DEFAULT_CONFIGS, TAP_ON_A_FACTORY, InProcess, default_config, load_port
+from conformance.support import Unsupported
+from conformance.verify.attention import verify_attention
+from conformance.verify.budget import estimate, machine_memory, seconds, too_large
+from conformance.verify.cases import images_of, verify_plan
+from conformance.verify.forward import verify
 from conformance.verify.outputs import Outputs
-from conformance.sandbox.portside import DEFAULT_CONFIGS, TAP_ON_A_FACTORY, default_config, load_port
 from conformance.verify.report import Report, format_report
+from impls import PORTS, ConfigError, get_config, tap_names
 from impls.protocol import ViTConfig
+from weights import WeightError, load_state, read_config
+from weights.cancel import Cancelled, cancellable, cancelled_line
+from weights.config import config_from_json, inline_json
 
 
 def with_settings(config: ViTConfig, settings: list[str]) -> ViTConfig:
     """``--set key=value`` applied to a config (a value is JSON, else a string): the field is named
     in any error."""
-    from impls import ConfigError
 
     changes = {}
     for item in settings:
@@ -52,9 +60,6 @@ def load_config(
 ) -> ViTConfig:
     """--preset, --config or the config stored in --weights; failing those ``default`` (the port
     chose it) or ``default_config(make)``; with --set applied."""
-    from impls import ConfigError, get_config
-    from weights import WeightError, read_config
-    from weights.config import config_from_json, inline_json
 
     try:
         config = None
@@ -78,10 +83,6 @@ def load_config(
 
 def _side(args, kind: str, spec: str):
     """The port's side of the check: a process of its own (the default) or this one (--in-process)."""
-    from conformance.sandbox.isolated import Isolated
-    from conformance.sandbox.portside import InProcess
-
-    from impls import PORTS
 
     if kind == "forward" and args.tap and spec in PORTS:  # a built-in port is a factory: said before it starts
         raise UsageError(TAP_ON_A_FACTORY)
@@ -94,7 +95,6 @@ def _side(args, kind: str, spec: str):
 
 def _stopped(outputs: Outputs, spec: str, e, config: ViTConfig | None = None, attention=None) -> int:
     """The port failed before verify could ask it anything (``PortStopped``): a finding, never a pass."""
-    from impls import get_config
 
     report = Report(spec, config or get_config(DEFAULT_CONFIGS[0]), attention=attention)
     report.failures.append({"case": "-", "stage": e.stage, "reason": str(e)})
@@ -111,10 +111,6 @@ def _show_progress(args) -> bool:
 
 def dry_run(spec: str, config: ViTConfig, args) -> int:
     """What verify would do, and what it would cost, without running anything."""
-    from conformance.verify.budget import estimate, machine_memory, seconds, too_large
-    from impls import tap_names
-
-    from conformance.verify.cases import images_of, verify_plan
 
     names = [name for name, _ in verify_plan(config, None if not args.weights else {})]
     stages = tap_names(config)
@@ -134,7 +130,6 @@ def dry_run(spec: str, config: ViTConfig, args) -> int:
 
 
 def _timeout(args, side, config: ViTConfig) -> None:
-    from conformance.sandbox.isolated import default_timeout
 
     if hasattr(side, "timeout"):
         side.timeout = args.timeout or default_timeout(config)
@@ -147,9 +142,6 @@ def run(args) -> int:
     killed and verify's temporary files removed on the way out). The JSON report is written for
     every ending once its path is checked (``Outputs``)."""
     import sys
-
-    from conformance.report import resource_problem, tool_failure
-    from weights.cancel import Cancelled, cancellable, cancelled_line
 
     outputs = Outputs(args)
     try:
@@ -184,11 +176,6 @@ def main(args, outputs: Outputs) -> int:
     """verify's run once its report paths are prepared (``Outputs.prepare``): the exit status
     of a verdict, or a ``UsageError``."""
     import contextlib
-
-    from conformance.support import Unsupported
-    from conformance.sandbox.isolated import PortStopped
-
-    from conformance.verify.budget import machine_memory
 
     try:
         machine_memory()  # $VIT_CONFORMANCE_MEMORY read before anything starts
@@ -252,9 +239,6 @@ def main(args, outputs: Outputs) -> int:
 def _config_and_state(args, default: ViTConfig | None = None, dry_run: bool = False) -> tuple[ViTConfig, dict | None]:
     """--preset / --config / the config stored in --weights (or ``default``, the one that fits the
     port), with --set applied, and --weights' state (or None; not read for a dry run)."""
-    from weights import WeightError, load_state
-
-    from conformance.verify.budget import too_large
 
     config = load_config(args.preset, args.config, args.weights, None, getattr(args, "set", None), default)
     why = None if getattr(args, "force", False) or dry_run else too_large(config)
@@ -271,7 +255,6 @@ def _config_and_state(args, default: ViTConfig | None = None, dry_run: bool = Fa
 def _other_layout(path: str) -> str | None:
     """One line where ``path`` is a checkpoint of another layout than the canonical one verify reads:
     which it is, and the convert that fixes it; else None."""
-    from weights import WeightError
     from weights.convert import detect
 
     try:
@@ -289,10 +272,7 @@ def _other_layout(path: str) -> str | None:
 def _main_grad(args, outputs: Outputs) -> int:
     import contextlib
 
-    from conformance.numerics.gradients import check_grad_dtype
-    from conformance.support import Unsupported
     from conformance.verify.grad import GradReport, format_grad_report, verify_grad
-    from conformance.sandbox.isolated import PortStopped
 
     try:
         check_grad_dtype(args.dtype)

@@ -34,6 +34,7 @@ from conformance.diagnosis.classes import ACTIVE_DROPOUT, BY_NAME, QUIET, BugCla
 from conformance.numerics.compare import malformed, relative_spread, stored_as
 from conformance.numerics.error_model import CaseModel, evaluate, stage_precision
 from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
+from conformance.report import describe_exception
 from impls.protocol import tap_shapes
 
 SIGMAS = 3.0  # |α − 1| within this many standard errors, plus FLOOR
@@ -130,7 +131,6 @@ class Diagnosis:
 
 def guarded(stage: str, case: str, fit) -> Diagnosis:
     """``fit()``, or a diagnosis that says the tool failed (the verdict, the port's, stands)."""
-    from conformance.report import describe_exception
 
     try:
         return fit()

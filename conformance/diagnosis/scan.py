@@ -49,6 +49,9 @@ from conformance.diagnosis.fit import FLOOR, RESOLVED, SIGMAS, Diagnosis, Fit, _
 from conformance.numerics.compare import stored_as
 from conformance.numerics.kinds.activation import activation
 from conformance.numerics.precision import UNIT_ROUNDOFF, rounded
+from conformance.numerics.provenance import collect
+from conformance.verify.cases import seeded_cases
+from impls import FRAMEWORK_PORTS, get_config, load_factory
 from impls.stages import stage_kind
 
 ALPHA = 0.5  # a class's share of the error: a correct float32 port's is at most 0.014 (scan_calibration.json)
@@ -325,7 +328,6 @@ def calibrate(
     the verdict's (``named``: none may exist, each would be a false alarm), the band of the
     significant shares per class (``bands``, seed 0), and the verdict with those bands on held-out
     cases (``held_out``: seed 1, none may exist)."""
-    from conformance.numerics.provenance import collect
 
     record: dict = {"configs": list(configs), "provenance": collect(), "dtypes": {}, "bands": {}, "replayed": {}}
     for dtype in ("float32", "bfloat16", "float16"):
@@ -356,7 +358,6 @@ def widen(bands: dict, key: str, alpha: float) -> None:
 
 
 def _scan_config(name: str):
-    from impls import get_config
 
     if name == SHRUNK_DINOV3:
         return get_config("vit_small_patch16_dinov3").replace(
@@ -368,8 +369,6 @@ def _scan_config(name: str):
 def _correct_scans(configs, dtype: str, seed: int):
     """(port and config, Scan) of each correct port on verify's cases of each config."""
     from conformance.numerics.compare import compare_outputs
-    from conformance.verify.cases import seeded_cases
-    from impls import FRAMEWORK_PORTS, load_factory
 
     for name in configs:
         config = _scan_config(name)

@@ -5,6 +5,7 @@ convert that renames and splits timm's fused qkv, as conversion scripts do."""
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
+from weights import hf
 from weights.hf import vit_config_to_hf
 
 RENAME = {
@@ -64,8 +65,6 @@ def _family(model_type: str, classes: tuple[str, str]):
     """transformers' CLIP or SigLIP vision tower, unmodified, headless: built from the Hugging Face
     config of the canonical one, loaded through this project's exporter (weights.hf)."""
     import importlib
-
-    from weights import hf
 
     def build(config):
         transformers = importlib.import_module("transformers")

@@ -4,6 +4,7 @@
 is this project's own exporter to that layout (``weights.formats.to_npz``), '/' read as '.'."""
 
 from conformance.capture import ModelPort
+from weights.formats import to_npz
 
 try:
     import flax.linen as nn
@@ -74,7 +75,6 @@ def build(config, fast_variance=False):
 
 
 def convert(state, config):
-    from weights.formats import to_npz
 
     out = {k.replace("/", "."): v for k, v in to_npz(state, config).items()}
     # The original layout nests the position embedding in a module of its own; here it is a

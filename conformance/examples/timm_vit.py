@@ -2,14 +2,14 @@
 its stages are read by forward hooks and its fused attention's q, k, v by a TorchFunctionMode."""
 
 from conformance.capture import ModelPort
+from conformance.references import NotInTimm, timm_vit
+from conformance.support import Unsupported
 from impls.protocol import VIT_FAMILY
 
 
 def build(config, fused_attn=True):
     """timm's model for ``config``; a config timm has no keyword for is one the port does not
     support (the family's options combine in ways no timm class takes: the plugin draws them)."""
-    from conformance.references import NotInTimm, timm_vit
-    from conformance.support import Unsupported
 
     try:
         model = timm_vit(config)

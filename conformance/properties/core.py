@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from conformance.guard import process_state
 from conformance.numerics import error_model as E
 from conformance.numerics.compare import compare_stage, ratio_over_bound, relative_spread
 from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
-from conformance.support import build
-from impls.protocol import ViTConfig
+from conformance.report import CannotJudge, ToolError, describe_exception
 from conformance.returned import Taps, as_taps
+from conformance.support import Unsupported, build
+from impls.protocol import ViTConfig
 
 
 class PropertyFailure(AssertionError):
@@ -105,11 +107,6 @@ def _call(port: str, fn: Callable, *args, case=None):
     """Run a port; an exception or a malformed result is a finding, not a crash."""
     from hypothesis import currently_in_test_context, reject
     from hypothesis.errors import UnsatisfiedAssumption
-
-    from conformance.report import CannotJudge, ToolError, describe_exception
-    from conformance.support import Unsupported
-
-    from conformance.guard import process_state
 
     try:
         with process_state():  # numpy's functions, error handling and the working directory kept

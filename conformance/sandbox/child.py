@@ -23,9 +23,18 @@ import os
 import sys
 import traceback
 
+import conformance.sandbox.wire as wire
+from conformance.report import CannotJudge, UsageError, describe_exception
+from conformance.sandbox.handed import Case, Handed
+from conformance.sandbox.heap import return_freed_memory
+from conformance.sandbox.isolated import MEMORY_ENV
+from conformance.sandbox.portable import OutputLimits
+from conformance.sandbox.portside import InProcess, PortStopped, default_config, load_port
+from conformance.support import Unsupported
+from impls.protocol import Loss, ViTConfig
+
 
 def _case(tree, reader):
-    from conformance.sandbox.handed import Case
 
     return Case(
         tree["name"],
@@ -44,13 +53,11 @@ class Child:
         self.side = None
 
     def send(self, message) -> None:
-        import conformance.sandbox.wire as wire
 
         self.answers.write(wire.dumps(message))
         self.answers.flush()
 
     def hello(self, kind: str, spec: str, taps=()):
-        from conformance.sandbox.portside import InProcess, default_config, load_port
 
         try:
             make = load_port(kind, spec, taps)  # a UsageError is an answer of its own (handle)
@@ -62,12 +69,6 @@ class Child:
         return {"status": "ok", "default_config": None if default is None else default.to_dict()}
 
     def handle(self, request: dict):
-        from conformance.support import Unsupported
-        import conformance.sandbox.wire as wire
-        from conformance.report import CannotJudge, UsageError
-        from conformance.sandbox.portable import OutputLimits
-        from conformance.sandbox.portside import PortStopped
-        from impls.protocol import Loss, ViTConfig
 
         op = request.get("op")
         try:
@@ -117,12 +118,6 @@ class Child:
 
 
 def main(argv: list[str]) -> int:
-    from conformance.report import describe_exception
-    import conformance.sandbox.wire as wire
-    from conformance.sandbox.handed import Handed
-
-    from conformance.sandbox.heap import return_freed_memory
-    from conformance.sandbox.isolated import MEMORY_ENV
 
     if os.environ.get(MEMORY_ENV):  # verify --memory-limit: what the port's process may map
         import resource

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from conformance.report import CannotJudge, ToolError, describe_exception
+from conformance.support import Unsupported
+
 
 @dataclass
 class Case:
@@ -92,8 +95,6 @@ class Handed:
     def call(self, report, stage: str, fn, *args):
         """(True, fn(*args)), or (False, None) with the port's exception a finding at ``stage``;
         an ``Unsupported`` config and the tool's own failures pass through."""
-        from conformance.report import CannotJudge, ToolError, describe_exception
-        from conformance.support import Unsupported
 
         if Handed.on_step is not None:
             Handed.on_step(stage)

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.report import CannotJudge, ResourceError, ToolError, UsageError
 import conformance.sandbox.wire as wire
+from conformance.report import CannotJudge, ResourceError, ToolError, UsageError, resource_problem
 from conformance.sandbox.handed import Case
 from conformance.sandbox.heap import return_freed_memory
 from conformance.sandbox.portside import PortStopped  # noqa: F401 - where verify's callers find it
 from conformance.sandbox.reap import TOKEN_ENV, kill_marked, new_token
+from conformance.support import Unsupported
 from impls.protocol import ViTConfig
 
 MEMORY_ENV = "VIT_CONFORMANCE_MEMORY_LIMIT"  # bytes of address space the child may map
@@ -217,7 +218,6 @@ class Isolated:
         return line
 
     def _check(self, answer: dict) -> None:
-        from conformance.support import Unsupported
 
         status = answer.get("status")
         if status == "tool":
@@ -300,7 +300,6 @@ class Isolated:
     def _short_of(self, e: OSError, case: Case) -> Exception:
         """A case verify could not write for the port: the machine's resources (exit 2, with the
         figure needed), else the error itself (the tool's)."""
-        from conformance.report import resource_problem
 
         why = resource_problem(e)
         if why is None:

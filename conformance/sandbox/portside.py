@@ -12,13 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-
+from conformance.capture import ModelPort
 from conformance.capture.observed import unobserved
 from conformance.capture.port import CapturedForward
 from conformance.guard import process_state
+from conformance.numerics.mapped import let_go
 from conformance.report import UsageError, describe_exception
-from conformance.sandbox.handed import Case, Handed
-from impls import FRAMEWORK_PORTS, load_factory
+from conformance.sandbox.handed import Case, Handed, finding
+from conformance.support import Unsupported, build, build_config, inputs_of, supports_of, unsupported_option
+from impls import FRAMEWORK_PORTS, get_config, load_factory
 from impls.protocol import ViTConfig
 
 Findings = list[tuple[str, str]]
@@ -37,7 +39,6 @@ class PortStopped(Exception):
 def declared(fn, *args):
     """``fn(*args)`` where it reads the port's ``supports`` declaration (its predicates are the
     port's code): their exception is the port's, a ``PortStopped`` at "supports"."""
-    from conformance.support import Unsupported
 
     try:
         return fn(*args)
@@ -93,13 +94,11 @@ class InProcess:
         self.make, self.name, self.copy = make, name, copy  # copy: hand read-only copies (False: as they are)
 
     def unsupported(self, config: ViTConfig) -> str | None:
-        from conformance.support import supports_of, unsupported_option
 
         return declared(unsupported_option, supports_of(self.make), config)
 
     @property
     def inputs(self) -> str:
-        from conformance.support import inputs_of
 
         return inputs_of(self.make)
 
@@ -108,8 +107,6 @@ class InProcess:
         state's pages, where mapped from verify's file (the port's process), are given back once
         the port is built: a port that copied them does not read them again, and one that did not
         reads them from the page cache."""
-        from conformance.numerics.mapped import let_go
-        from conformance.support import build
 
         try:
             return handed.call(sink, "load", build, self.make, config, handed.state, dtype)
@@ -117,7 +114,6 @@ class InProcess:
             let_go(*handed.state.values())
 
     def forward(self, case: Case, config: ViTConfig, dtype: str):
-        from conformance.sandbox.handed import finding
 
         sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
@@ -158,7 +154,6 @@ class InProcess:
         return ((first, second) if ran else None), sink.findings()
 
     def backward(self, case: Case, config: ViTConfig, dtype: str, loss):
-        from conformance.sandbox.handed import finding
 
         sink, handed = _Sink(), Handed(case, self.copy)
 
@@ -182,7 +177,6 @@ class InProcess:
         return out, sink.findings()
 
     def attention(self, case: Case, options: dict):
-        from conformance.sandbox.handed import finding
 
         sink, handed = _Sink(), Handed(case, self.copy)
         with process_state():
@@ -211,8 +205,6 @@ def default_config(make=None) -> ViTConfig:
     """vit_test_token, or the first of its twins the port supports (its square twin for a port of
     square images only), or vit_test_token moved inside what the port declares; failing all,
     vit_test_token (verify then names the option the port refuses)."""
-    from conformance.support import build_config, supports_of, unsupported_option
-    from impls import get_config
 
     supports = supports_of(make) if make is not None else None
     for name in DEFAULT_CONFIGS:
@@ -229,7 +221,6 @@ WHAT = {"forward": "port", "grad": "gradient factory", "attention": "attention f
 def load_grad_factory(spec: str) -> Callable:
     """A built-in framework's name, 'pkg.module:make_grad', or a ModelPort ('pkg.module:port':
     the unmodified model's gradients, through its mapping)."""
-    from conformance.capture import ModelPort
 
     factory = load_factory(f"impls.{spec}_vit:make_grad" if spec in FRAMEWORK_PORTS else spec)
     return factory.make_grad if isinstance(factory, ModelPort) else factory
@@ -258,7 +249,6 @@ def with_taps(make, taps: list[str]):
     """``--tap STAGE=MODULE`` overrides applied to a ``ModelPort``."""
     if not taps:
         return make
-    from conformance.capture import ModelPort
 
     if not isinstance(make, ModelPort):
         raise UsageError(TAP_ON_A_FACTORY)

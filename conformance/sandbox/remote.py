@@ -21,8 +21,8 @@ import atexit
 import numpy as np
 
 from conformance.returned import Taps
-
 from conformance.sandbox.handed import Case
+from conformance.sandbox.isolated import Isolated, default_timeout
 
 
 class PortFailure(AssertionError):
@@ -48,7 +48,6 @@ class Remote:
 
     def side(self):
         """The port's process as verify takes it (an ``Isolated`` PortSide), started on first use."""
-        from conformance.sandbox.isolated import Isolated
 
         if self.isolated is None:
             self.isolated = Isolated(self.kind, self.spec, timeout=self.timeout or 300.0)
@@ -97,7 +96,6 @@ class RemoteFactory:
         self.supports = getattr(local, "supports", None)
 
     def __call__(self, config, state, dtype: str = "float32", **options):
-        from conformance.sandbox.isolated import default_timeout
 
         if options:  # the protocol's factories take config, state and dtype; built-in ports alone take more
             raise TypeError(f"a given port is called with config, state and dtype only, not {sorted(options)}")

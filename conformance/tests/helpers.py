@@ -9,7 +9,10 @@ from pathlib import Path
 from hypothesis import Phase, example, given, settings
 
 from conformance.builtin import framework
+from conformance.support import build
+from conformance.zoo import MUTANTS
 from impls import PORTS, load_factory
+from weights import mha_shapes
 
 
 @lru_cache(maxsize=None)
@@ -87,14 +90,12 @@ def drawn(max_examples: int | None, examples=(), shrink: bool = True, **strategi
 
 def run(port: str, config, state, images, **options):
     """Build and run a port; a config it does not support raises Unsupported (a skip naming it)."""
-    from conformance.support import build
 
     return build(factory(port), config, state, **options)(images)
 
 
 def attention(port: str, case, weights, fused: bool = False):
     """A MultiHeadAttention forward for an AttentionShape with drawn canonical weights."""
-    from weights import mha_shapes
 
     shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
     options = dict(
@@ -118,7 +119,6 @@ def attention_on_path(path: str, case, weights):
 def attention_model(case, weights, x, context=None, mask=None):
     """The error model of ``attention(port, case, weights)`` on these inputs."""
     from conformance.numerics.error_model import AttentionModel
-    from weights import mha_shapes
 
     shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
     options = dict(
@@ -133,7 +133,6 @@ def attention_model(case, weights, x, context=None, mask=None):
 
 def mutant(name: str):
     """A zoo mutant's factory, loaded through the same door as a user's port."""
-    from conformance.zoo import MUTANTS
 
     return load_factory(MUTANTS[name].factory)
 

@@ -7,11 +7,12 @@ from collections.abc import Callable
 import numpy as np
 
 from conformance.numerics.compare import StageResult
+from conformance.sandbox.portside import PortSide, port_side
 from conformance.verify.cases import Case
 from conformance.verify.loop import Outcome, run_cases
-from conformance.sandbox.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
-
+from impls.protocol import get_config
+from weights import init_params, mha_shapes
 
 ATTENTION_STAGES = ("attn.weights", "attn")
 
@@ -21,7 +22,6 @@ def attention_cases(seed: int = 0):
     additive mask, a mask with a fully masked query row, and inputs large enough that the
     logits reach the hundreds."""
     from conformance.properties import AttentionCase
-    from weights import init_params, mha_shapes
 
     options = dict(dim=8, context_dim=6, num_heads=2, head_dim=4, qkv_bias=True)
     state = init_params(mha_shapes(**options), seed=seed, scale=16.0)
@@ -90,7 +90,6 @@ class AttentionCall:
 def verify_attention(make_attention: Callable | PortSide, *, port: str = "attention port", seed: int = 0) -> Report:
     """An attention factory against the oracle's MultiHeadAttention, per mask case, end to end
     (the port emits no q, k, v), on read-only inputs."""
-    from impls.protocol import get_config
 
     cases = attention_cases(seed)
     options = dict(cases[0][1].options)

@@ -21,6 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from conformance.bench import _cpu_name
+from conformance.verify.budget import MEMORY_ENV, case_batch, forward_flops, sizes
+from conformance.verify.cases import FULL_SIZE, iter_plan, row_plan, verify_plan
+from impls import get_config
+
 # (label, preset, --set overrides, memory to plan for or None): widths, depths and token counts,
 # three of each or more; three sizes planned for a machine too small for cases of two images
 # (one-image cases, as ViT-g/14 runs on 24 GB: the fit's batch term is measured, not assumed)
@@ -76,7 +81,6 @@ def _rss(pid: int) -> int:
 def run_verify(port: str, preset: str, settings: dict, memory: float | None = None) -> dict:
     """verify as a subprocess: wall seconds, the peak of its process tree's memory, its verdict
     (``memory``: the bytes it plans for, ``$VIT_CONFORMANCE_MEMORY``)."""
-    from conformance.verify.budget import MEMORY_ENV
 
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
@@ -123,7 +127,6 @@ def run_verify(port: str, preset: str, settings: dict, memory: float | None = No
 def oracle_seconds(preset: str, settings: dict, batch: int | None = None) -> float:
     """One float64 NumPy oracle forward over verify's default cases (their weights and images made
     outside the timing)."""
-    from conformance.verify.cases import iter_plan, verify_plan
     from impls import get_config, numpy_vit
 
     config = get_config(preset).replace(**settings)
@@ -138,11 +141,6 @@ def oracle_seconds(preset: str, settings: dict, batch: int | None = None) -> flo
 
 def run(configs=CONFIGS, port: str = "torch") -> dict:
     import platform
-
-    from conformance.bench import _cpu_name
-    from impls import get_config
-
-    from conformance.verify.budget import case_batch
 
     rows = []
     for label, preset, settings, memory in configs:
@@ -182,9 +180,6 @@ def fit(rows) -> dict[str, float]:
     it), time by non-negative least squares on relative error (``python -m conformance bench
     --verify --fit`` prints them; a test keeps the module's equal to them)."""
     from scipy.optimize import linprog, nnls
-
-    from conformance.verify.budget import forward_flops, sizes
-    from conformance.verify.cases import FULL_SIZE, row_plan
 
     memory, time_ = [], []
     for r in rows:

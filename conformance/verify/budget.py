@@ -23,7 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from impls import tap_names
 from impls.protocol import ViTConfig
+from impls.stages import tap_shapes
+from weights.canonical import expected_shapes
 
 # ``bench.fit`` to the twelve rows of docs/data/bench_verify.json (ViT-Ti to ViT-L/14 at 336; three depths,
 # four token counts; three sizes in one-image cases). Memory is an upper bound of every row, least over
@@ -45,8 +48,6 @@ def forward_flops(config: ViTConfig, batch: int = 1) -> float:
 
 
 def _counted(config: ViTConfig) -> tuple[float, float]:
-    from impls.stages import tap_shapes
-    from weights.canonical import expected_shapes
 
     taps = sum(float(np.prod(s, dtype=np.float64)) for s in tap_shapes(config, 1).values())
     params = sum(float(np.prod(s, dtype=np.float64)) for s in expected_shapes(config).values())
@@ -152,7 +153,6 @@ def too_large(config: ViTConfig, memory: float | None = None) -> str | None:
 
 
 def _too_many_stages(config: ViTConfig) -> str | None:
-    from impls import tap_names
 
     stages = len(tap_names(config.replace(depth=1))) + (config.depth - 1) * (
         len(tap_names(config.replace(depth=2))) - len(tap_names(config.replace(depth=1)))

@@ -7,9 +7,14 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-
+from conformance.generators import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
 from conformance.sandbox.handed import Case, Handed, read_only, state_changes  # noqa: F401 - the plan's inputs, re-exported
-from conformance.verify.budget import FULL_SIZE_BATCH  # noqa: F401 - the plan's, re-exported
+from conformance.verify.budget import (
+    FULL_SIZE_BATCH,  # noqa: F401 - the plan's, re-exported
+    case_batch,
+    sizes,
+)
+from impls import get_config
 from impls.protocol import ViTConfig
 
 # The error model and the drawn inputs (hypothesis) are imported where a plan is made: the port's
@@ -60,7 +65,6 @@ def images_verified(config: ViTConfig, batch: int | None = None) -> int:
 
 def row_plan(row: dict):
     """(config, images, batch) of a benchmark row: the batch its cases were measured in."""
-    from impls import get_config
 
     config = get_config(row["preset"]).replace(**row["settings"])
     batch = row["batch"]
@@ -74,7 +78,6 @@ def verify_plan(
     the seeded ones of ``FULL_SIZE`` on a full-size one, in batches of at most ``batch`` (by
     default what fits here, ``budget.case_batch``: one image a case where a batch of 3's taps
     would not fit)."""
-    from conformance.verify.budget import case_batch
 
     full_size = not cached(config)
     if batch is None:
@@ -150,7 +153,6 @@ def case_plan(
     """(name, make the case) for each of ``default_cases``, in order; nothing is made until asked.
     ``full_size`` (with seeded weights): ``FULL_SIZE`` and the other-grid cases only.
     ``max_batch``: no case holds more images (its name says the batch it has)."""
-    from conformance.generators import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
 
     memo: dict[str, dict] = {}
 
@@ -221,7 +223,6 @@ def cached(config: ViTConfig) -> bool:
     """Whether verify keeps a config's seeded cases and their error models for the next port:
     small configs only (the zoo verifies 28 ports on vit_test_token's); a full-size model's are
     made one at a time and let go."""
-    from conformance.verify.budget import sizes
 
     return sizes(config)[0] < 1e6
 

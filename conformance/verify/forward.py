@@ -8,16 +8,18 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from conformance.numerics.compare import StageResult, compare_outputs
-from conformance.numerics.mapped import let_go
-from conformance.sandbox.heap import return_freed_memory
 from conformance.numerics.error_model import CaseModel, parallel
+from conformance.numerics.mapped import let_go
+from conformance.numerics.precision import UNIT_ROUNDOFF
+from conformance.returned import as_taps
+from conformance.sandbox.heap import return_freed_memory
+from conformance.sandbox.portside import PortSide, port_side
+from conformance.support import Unsupported
 from conformance.verify.budget import ahead
 from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.packed import PackedModel, nonfinite_outside, packed_plan, packed_shape, unpack
-from conformance.sandbox.portside import PortSide, port_side
 from conformance.verify.report import Report, finding
-from conformance.returned import as_taps
 from impls import tap_names
 from impls.protocol import ViTConfig
 
@@ -168,7 +170,6 @@ def _leaks(row: Mapping, name: str, dtype: str) -> bool:
     """Whether attention weights ``name`` of one image, its padding cut off, sum to less than 1 over
     its own keys by more than a correct softmax's rounding could: every weight rounded once and
     the normaliser's sum, (N + 2) u, taken four times over."""
-    from conformance.numerics.precision import UNIT_ROUNDOFF
 
     if not name.endswith("weights") or name not in row:
         return False
@@ -216,7 +217,6 @@ def first_difference(first, second) -> str | None:
 
 def _packed(side: PortSide, config: ViTConfig) -> bool:
     """Whether the port takes packed batches, once it supports ``config`` (else Unsupported, why)."""
-    from conformance.support import Unsupported
 
     why = side.unsupported(config)
     if why:

@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from conformance.generators import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.numerics.gradients import (
     KINDS,
     GradModel,
@@ -28,10 +29,10 @@ from conformance.numerics.gradients import (
     compare_gradients,
     draw_loss,
 )
-from conformance.generators import OFFSET, TrainedLike, WeightCase, make_images
+from conformance.report import table
+from conformance.sandbox.portside import PortSide, load_grad_factory, port_side  # noqa: F401 - re-exported
 from conformance.verify.cases import Case, read_only
 from conformance.verify.loop import Outcome, run_cases
-from conformance.sandbox.portside import PortSide, load_grad_factory, port_side  # noqa: F401 - re-exported
 from conformance.verify.report import VerifyReport, finding
 from impls import tap_names
 from impls.protocol import ViTConfig
@@ -233,7 +234,6 @@ def verify_grad(
 
 
 def format_grad_report(report: GradReport, limit: int = 12) -> str:
-    from conformance.report import table
 
     lines = [
         f"gradients of {report.port} in {report.dtype}: {report.config.name or 'config'} {report.config.to_dict()}",

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.report import UsageError, describe_exception
+from weights.atomic import replace_atomically
 from weights.config import inline_json
 
 NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
@@ -179,7 +180,6 @@ def _regular(path: str) -> bool:
 def _write(path: str, write) -> None:
     """``write(p)`` onto ``path``: whole, through a temporary renamed into place, where the path
     is a file; straight into it where it is a device or a FIFO."""
-    from weights.atomic import replace_atomically
 
     if os.path.exists(path) and not _regular(path):
         write(path)

@@ -20,8 +20,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from impls.protocol import ViTConfig, packed_rows
+from conformance.generators import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images
 from conformance.sandbox.portable import packed_shape  # noqa: F401 - the sandbox's, re-exported
+from conformance.verify.cases import Case
+from impls.protocol import ViTConfig, packed_rows
 from impls.stages import stage_of, tap_symbols
 
 PADDING = 3  # padding patches after the longest row too: every row has some
@@ -120,8 +122,6 @@ def packed_plan(config: ViTConfig, state: dict | None = None, seed: int = 0):
     given (or seeded) weights, and with seeded weights its scaled, offset and trained-like ones,
     each a batch of three images on three grids of their own (the config's, one row more and a
     column less, one row less and two columns more), padded."""
-    from conformance.generators import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images
-    from conformance.verify.cases import Case
 
     gh, gw = config.grid_size
     grids = (config.grid_size, (gh + 1, max(1, gw - 1)), (max(1, gh - 1), gw + 2))

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from conformance.numerics.tolerances import CHAOTIC
-from impls.protocol import ViTConfig
+from conformance.report import table
 from conformance.sandbox.handed import finding  # noqa: F401 - a report's findings, told by the sandbox
+from impls.protocol import ViTConfig
 
 if TYPE_CHECKING:  # the port's process tells findings and imports no comparison
     from conformance.numerics.compare import StageResult
@@ -100,7 +101,6 @@ class Report(VerifyReport):
 
 
 def format_report(report: Report) -> str:
-    from conformance.report import table
 
     rows = [[s.name, s.mode, s.max_abs_err, s.ratio, s.tol, s.e2e_ratio, s.e2e_tol, s.ok] for s in report.stages]
     what = (
@@ -175,7 +175,6 @@ def format_report(report: Report) -> str:
 
 def _quantization_lines(report: Report) -> list[str]:
     """A quantized port's cost table (the stage table below is its kernels' exactness)."""
-    from conformance.report import table
 
     q = report.quantization
     if not q:

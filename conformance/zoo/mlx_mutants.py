@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from functools import partial
 
-from impls import mlx_vit as M  # first: it loads OpenBLAS before mlx.core
-
 import mlx.core as mx  # noqa: E402, I001
 import mlx.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
 
 from conformance.zoo.catalogue import REL_SUPPORTS, ROPE_SUPPORTS  # noqa: E402
+from impls import mlx_vit as M  # first: it loads OpenBLAS before mlx.core
+from weights import to_native, validate_state
 
 
 class BlockSharedNorm(M.Block):
@@ -91,7 +91,6 @@ def conv_kernel_hw_swapped(config, state, **kw):
     """The conv kernel converted OIHW -> OWHI (transpose(0, 3, 2, 1)) instead of OHWI: H and W
     of every patch swapped. Square patches load and compute the wrong thing; non-square ones
     do not even load."""
-    from weights import to_native, validate_state
 
     validate_state(state, config)
     model = M.VisionTransformer(config)
@@ -114,7 +113,6 @@ def _forward(model, config, taps=True, dtype="float32"):
 
 
 def dropout_left_active(config, state, **kw):
-    from weights import to_native, validate_state
 
     validate_state(state, config)
     model = M.VisionTransformer(config, mlp_layer=MlpWithDropout)

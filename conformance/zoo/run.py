@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance.report import table
 from conformance.verify import verify, verify_attention
 from conformance.zoo.catalogue import MAIN_GRADIENT_TEST, MUTANTS, Mutant
 from impls import get_config, load_factory
@@ -228,7 +229,6 @@ def run_zoo(
 
 
 def format_zoo(rows: list[ZooRow], correct: dict) -> str:
-    from conformance.report import table
 
     body = [
         [

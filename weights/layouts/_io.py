@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from weights.canonical import CONFIG_METADATA_KEY, WeightError
+from weights.canonical import CONFIG_METADATA_KEY, WeightError, check_header
 from weights.config import ViTConfig, config_from_json
 
 LAYOUT_METADATA_KEY = "vit_conformance_layout"
@@ -13,8 +13,6 @@ LAYOUT_METADATA_KEY = "vit_conformance_layout"
 def header(path: str) -> tuple[dict, set[str]]:
     """A safetensors file's metadata and keys, without reading its tensors."""
     from safetensors import safe_open
-
-    from weights.canonical import check_header
 
     check_header(path)
     try:

@@ -4,7 +4,6 @@ a call with recording, gradients), as a written Protocol, and what the adapters 
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -12,6 +11,7 @@ import numpy as np
 
 from conformance.capture.mapping import module_of, unit_axes
 from conformance.capture.recorder import first_array, patched
+from conformance.support import Unsupported
 
 if TYPE_CHECKING:
     from conformance.capture.recorder import Recorder
@@ -151,7 +151,6 @@ class BaseAdapter:
 
     def quantized(self) -> dict:
         """The model's quantized weights: model key -> ``conformance.capture.quantized.QuantizedWeight``."""
-        from conformance.support import Unsupported
 
         raise Unsupported(f"quantized {self.name} models are not read yet (MLX's nn.quantize is; docs/quantization.md)")
 
@@ -164,7 +163,6 @@ class BaseAdapter:
     def gradients(self, inputs, loss, forward: Captured):
         """(loss value, {model key: gradient}, d loss / d inputs, {stage: cotangent} or None) of
         the framework's own loss (impls.*_vit.loss_value) of the model's logits."""
-        from conformance.support import Unsupported
 
         raise Unsupported(
             f"gradients of a {self.name} model are not supported yet (only of PyTorch, MLX and Flax NNX models)"

@@ -14,6 +14,7 @@ import numpy as np
 
 from conformance.capture.adapters.base import SwapAdapter
 from conformance.capture.adapters.jax_arrays import JAXArrays
+from conformance.capture.recorder import callbacks, map_arrays, wrapped
 
 
 class EquinoxAdapter(JAXArrays, SwapAdapter):
@@ -87,7 +88,6 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
     def seen(self, args, kwargs, out):
         """What a wrapped function's hook is handed: each tracer as its batched array (a softmax
         vmapped over heads, as eqx.nn.MultiheadAttention's is, seen whole: (B, heads, N, N))."""
-        from conformance.capture.recorder import map_arrays
 
         def whole(x):
             return map_arrays(x, self.copy, self.is_array)
@@ -115,8 +115,6 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
         """JAX's functions, and a tracer's scalar multiply and divide: eqx.nn.MultiheadAttention
         scales q by 1/√head_dim under its vmap over heads, before q kᵀ (q is read unscaled)."""
         import jax
-
-        from conformance.capture.recorder import callbacks, wrapped
 
         on = callbacks(recorder, self.seen)
         Tracer = jax.core.Tracer

@@ -9,6 +9,7 @@ import numpy as np
 
 from conformance.capture.adapters.base import SwapAdapter
 from conformance.capture.recorder import callbacks, wrapped
+from conformance.support import Unsupported
 
 
 class KerasAdapter(SwapAdapter):
@@ -59,7 +60,6 @@ class KerasAdapter(SwapAdapter):
         return np.asarray(self.numpy(self._weights()[key].value), np.float32)
 
     def load(self, arrays, dtype, cast=True):
-        from conformance.support import Unsupported
 
         weights = self._weights()
         if cast and dtype != "float32":

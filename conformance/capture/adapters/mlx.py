@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 
-
 import numpy as np
 
 from conformance.capture.adapters.base import Captured, SwapAdapter
+from conformance.capture.quantized import mlx_weight
 from conformance.capture.recorder import Recorder, callbacks, wrapped
 
 
@@ -35,9 +35,8 @@ class MLXAdapter(SwapAdapter):
         return {k: tuple(v.shape) for k, v in tree_flatten(self.model.parameters())}
 
     def current(self, key):
-        from mlx.utils import tree_flatten
-
         import mlx.core as mx
+        from mlx.utils import tree_flatten
 
         return np.array(dict(tree_flatten(self.model.parameters()))[key].astype(mx.float32))
 
@@ -66,8 +65,6 @@ class MLXAdapter(SwapAdapter):
         """Each quantized module's weight (nn.QuantizedLinear and its kin: a packed ``weight``
         beside ``scales``), decoded from mx.quantize's format, never through the float cast."""
         import mlx.core as mx
-
-        from conformance.capture.quantized import mlx_weight
 
         def numpy(a):
             return None if a is None else np.array(a.astype(mx.float32) if a.dtype == mx.bfloat16 else a)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from conformance.capture.adapters.base import Captured, SwapAdapter
 from conformance.capture.adapters.jax_arrays import JAXArrays
 from conformance.capture.mapping import LoadError
+from impls.protocol import Loss
 
 
 class NNXAdapter(JAXArrays, SwapAdapter):
@@ -43,7 +43,6 @@ class NNXAdapter(JAXArrays, SwapAdapter):
         tap cotangents: the model is located at its first wrong parameter gradient."""
         from flax import nnx
 
-        from impls.protocol import Loss
         from impls.jax_vit import loss_value
 
         def objective(out, loss):

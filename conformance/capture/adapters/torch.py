@@ -10,8 +10,9 @@ import sys
 import numpy as np
 
 from conformance.capture.adapters.base import BaseAdapter, Captured
+from conformance.capture.quantized import torch_weight, torchao_weight
 from conformance.capture.recorder import Recorder, callbacks, first_array, map_arrays, patched, wrapped
-
+from conformance.support import Unsupported
 
 # PyTorch modules with a native fast path that a TorchFunctionMode switches off.
 TORCH_FAST_PATHS = ("MultiheadAttention", "TransformerEncoderLayer")
@@ -87,8 +88,6 @@ class TorchAdapter(BaseAdapter):
         """Each dynamically quantized Linear's int8 weight (torch.ao's quantize_dynamic), decoded
         from its integer codes, scales and zero points; its input is quantized at run time to 7
         bits (reduce_range, torch.ao's dynamic Linear since version 4) or 8."""
-        from conformance.capture.quantized import torch_weight, torchao_weight
-        from conformance.support import Unsupported
 
         read = {}
         for path, m in self._modules.items():

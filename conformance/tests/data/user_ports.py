@@ -6,6 +6,8 @@ directory and point `verify` and `pytest --port` at it."""
 import numpy as np
 from scipy.special import erf
 
+from impls import get_config
+
 
 def _ln(x, w, b, eps):
     mu = x.mean(-1, keepdims=True)
@@ -169,7 +171,6 @@ def clips_images(config, state):
 
 def _written_for_one_checkpoint(config, shared_norm=False):
     """A port hard-wired to one checkpoint's config (as most are): it refuses any other."""
-    from impls import get_config
 
     expected = get_config("vit_test_token")
     if config != expected:
