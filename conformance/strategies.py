@@ -248,6 +248,16 @@ def model_weights() -> st.SearchStrategy:
     return st.one_of(weight_cases(), trained_like_weights())
 
 
+def attention_shape_of(case) -> AttentionShape:
+    """The shapes of a drawn attention case (``attention_property_cases``), seed 0: what its
+    masks are drawn for."""
+    x, o = case.x, case.options
+    kv = (case.context if case.context is not None else x).shape[1]
+    return AttentionShape(
+        x.shape[0], o["num_heads"], o["head_dim"], o["dim"], x.shape[1], kv, o["context_dim"], o["qkv_bias"], 0
+    )
+
+
 @st.composite
 def attention_shapes(draw, cross: bool | None = None, min_len: int = 1, max_len: int = 7) -> AttentionShape:
     """Shapes for MultiHeadAttention; cross=True forces another context length and width."""

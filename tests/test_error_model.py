@@ -96,17 +96,7 @@ def test_trained_like_weights_have_massive_activations_and_logits_in_the_hundred
 @settings(max_examples=budget(2))
 @given(case=S.attention_property_cases(), data=st.data())
 def test_the_attention_error_models_clean_chain_is_the_oracles_attention(case, data):
-    shape = S.AttentionShape(
-        case.x.shape[0],
-        case.options["num_heads"],
-        case.options["head_dim"],
-        case.options["dim"],
-        case.x.shape[1],
-        (case.context if case.context is not None else case.x).shape[1],
-        case.options["context_dim"],
-        case.options["qkv_bias"],
-        0,
-    )
+    shape = S.attention_shape_of(case)
     mask = data.draw(st.one_of(st.none(), S.masks(shape)))
     model = case.error_model(mask=mask)
     out, weights = numpy_vit.make_attention(case.state, **case.options)(case.x, case.context, mask)

@@ -247,17 +247,7 @@ def measure(examples: int, seed: int, low_every: int = 3, presets=PRESET_NAMES, 
     @settings(max_examples=attention_examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(case=S.attention_property_cases(), data=st.data(), big=st.booleans())
     def attention(case, data, big):
-        shape = S.AttentionShape(
-            case.x.shape[0],
-            case.options["num_heads"],
-            case.options["head_dim"],
-            case.options["dim"],
-            case.x.shape[1],
-            (case.context if case.context is not None else case.x).shape[1],
-            case.options["context_dim"],
-            case.options["qkv_bias"],
-            0,
-        )
+        shape = S.attention_shape_of(case)
         mask = data.draw(st.one_of(st.none(), S.masks(shape)))
         if big:  # logits in the hundreds
             case = type(case)(
