@@ -14,7 +14,11 @@ from weights.options import holds
 
 
 FAMILY_MODEL_TYPES = ("dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model")
-_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}  # whole checkpoints: the vision tower
+_TOWERS = {
+    "clip": "clip_vision_model",
+    "siglip": "siglip_vision_model",
+    "siglip2": "siglip2_vision_model",
+}  # whole checkpoints: the vision tower
 _ACT = {
     "gelu": "gelu",
     "quick_gelu": "quick_gelu",

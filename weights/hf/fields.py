@@ -33,18 +33,6 @@ class Fields:
     def name(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
 
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def raw(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-    def sub(self, key: str) -> "Fields":
-        """A nested object (a whole checkpoint's ``vision_config``): required."""
-        if key not in self.data:
-            raise WeightError(f"config.json has no {self.name(key)}: expected the vision tower's settings")
-        return Fields(self.data[key], self.name(key))
-
     def _get(self, key: str, default: Any, expected: str) -> Any:
         if key in self.data:
             return self.data[key]

@@ -21,9 +21,8 @@ import numpy as np
 
 from weights.canonical import WeightError
 from weights.config import ViTConfig
-from weights.hf.fields import Fields
 from weights.hf.common import ACT_BACK, act_of, refuse
-from weights.hf.family import _to_clip_family, from_family_hf
+from weights.hf.family import _to_clip_family, from_family_hf, vision_fields
 from weights.options import holds
 
 MODEL_TYPE = "siglip2_vision_model"
@@ -33,8 +32,7 @@ _PATCH = "embeddings.patch_embedding.weight"
 
 def siglip2_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a Siglip2VisionConfig's config.json (a whole ``siglip2`` one's ``vision_config``)."""
-    nested = hf.get("model_type") == "siglip2"
-    v = Fields(hf.get("vision_config", {}), "vision_config") if nested else Fields(hf)
+    v = vision_fields(hf)
     if not v.flag("vision_use_head", True):
         raise WeightError("vision_use_head=False: a SigLIP 2 tower without its MAP head has no timm pooling")
     D, p, n = v.integer("hidden_size"), v.integer("patch_size", 16), v.integer("num_patches", 256)
