@@ -31,7 +31,7 @@ from impls.protocol import (  # noqa: E402
     tap_shapes,
 )
 from impls.mlx_rope import rope_tables, rotate_tokens  # noqa: E402
-from impls.numpy_rope import block_rope  # noqa: E402
+from impls.rope_settings import block_rope  # noqa: E402
 from impls.relative_position import relative_position_index  # noqa: E402
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
 from weights.resample import aa_matrix  # noqa: E402

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from impls.rope_settings import rope_settings
+
 KINDS = ("cat", "dinov3", "mixed")
 
 
@@ -101,16 +103,7 @@ def apply_rope(x: np.ndarray, sin: np.ndarray, cos: np.ndarray, rotate_half: boo
 def config_angles(config, grid, freqs=None):
     """``rope_angles`` of ``config``'s rotary embedding at ``grid`` (rows, columns); RoPE-Mixed's
     from its learned ``freqs`` (the canonical ``rope.freqs``)."""
-    return rope_angles(
-        grid,
-        config.head_dim,
-        config.rope_type,
-        config.rope_temperature,
-        config.rope_grid_offset,
-        config.rope_grid_indexing,
-        config.ref_feat_shape,
-        freqs,
-    )
+    return rope_angles(grid, **rope_settings(config), freqs=freqs)
 
 
 def rope_tables(config, grid, freqs=None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -128,11 +121,3 @@ def rotate_tokens(x: np.ndarray, rope, num_prefix_tokens: int, rotate_half: bool
     sin, cos = rope
     n = num_prefix_tokens
     return np.concatenate([x[..., :n, :], apply_rope(x[..., n:, :], sin, cos, rotate_half)], axis=-2)
-
-
-def block_rope(rope, i: int, config):
-    """Block i's tables (``rope_tables``'s): RoPE-Mixed's own, its frequencies being per block; the
-    other kinds' shared by every block."""
-    if rope is None or config.rope_type != "mixed":
-        return rope
-    return rope[0][i], rope[1][i]

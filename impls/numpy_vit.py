@@ -28,7 +28,8 @@ from impls.protocol import (
     packed_rows,
     tap_shapes,
 )
-from impls.numpy_rope import block_rope, rope_tables, rotate_tokens
+from impls.numpy_rope import rope_tables, rotate_tokens
+from impls.rope_settings import block_rope
 from impls.relative_position import relative_position_index
 from weights import check_exact_match, mha_shapes, to_native, validate_state
 from weights.resample import aa_matrix

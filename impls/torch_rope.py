@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from impls.rope_settings import rope_settings
+
 KINDS = ("cat", "dinov3", "mixed")
 
 
@@ -88,16 +90,7 @@ def apply_rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, rotate_hal
 def config_angles(config, grid, freqs=None):
     """``rope_angles`` of ``config``'s rotary embedding at ``grid`` (rows, columns); RoPE-Mixed's
     from its learned ``freqs`` (the canonical ``rope.freqs``)."""
-    return rope_angles(
-        grid,
-        config.head_dim,
-        config.rope_type,
-        config.rope_temperature,
-        config.rope_grid_offset,
-        config.rope_grid_indexing,
-        config.ref_feat_shape,
-        freqs,
-    )
+    return rope_angles(grid, **rope_settings(config), freqs=freqs)
 
 
 def rope_tables(config, grid, freqs=None) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -27,7 +27,7 @@ from impls.protocol import (
     tap_shapes,
 )
 from impls.torch_rope import rope_tables, rotate_tokens
-from impls.numpy_rope import block_rope
+from impls.rope_settings import block_rope
 from impls.relative_position import relative_position_index
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 

@@ -12,6 +12,7 @@ from conformance.numerics.error_model import prefix_tokens
 from impls import numpy_rope as R
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
+from impls.rope_settings import block_rope
 from impls.stages import stage_inputs, stage_kind
 from weights.resample import aa_matrix, cubic
 
@@ -206,7 +207,7 @@ def _rope_banded(config: ViTConfig) -> bool:
 def _rotation_inputs(name, t, images, s, config):
     """What a rotary stage reads: q or k before it, and its block's sin and cos at the images' grid."""
     grid = config.grid_at(images.shape[2:])
-    sin, cos = R.block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
+    sin, cos = block_rope(R.rope_tables(config, grid, s.get("rope.freqs")), int(name.split(".")[1]), config)
     return t[stage_inputs(name, config)[0]], sin, cos
 
 
