@@ -366,7 +366,9 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "the learned table's own grid where it is not the images' (NaFlex: 16 x 16 at every image size), "
         "resampled to each image's grid as timm resamples it (bicubic, antialiased)",
-        holds=_only(None, {SIGLIP2: None, "npz": None}),  # big_vision's NaFlex ViT: formats.py checks the rest
+        holds=_only(
+            None, {SIGLIP2: None, "npz": None}
+        ),  # big_vision's NaFlex ViT: layouts/big_vision.py checks the rest
         timm_name="pos_embed_grid_size (NaFlexVit)",
     ),
     Option(

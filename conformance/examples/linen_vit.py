@@ -1,10 +1,10 @@
 """A Flax linen ViT with the module names of the original ViT checkpoints
 (google-research/vision_transformer: ``Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1``,
 ``MlpBlock_3``, ``encoder_norm``, ``head``), unbound, as linen models are written. Its mapping
-is this project's own exporter to that layout (``weights.formats.to_npz``), '/' read as '.'."""
+is this project's own exporter to that layout (``weights.layouts.big_vision.to_npz``), '/' read as '.'."""
 
 from conformance.capture import ModelPort
-from weights.formats import to_npz
+from weights.layouts.big_vision import to_npz
 
 try:
     import flax.linen as nn

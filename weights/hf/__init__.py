@@ -39,7 +39,7 @@ import numpy as np
 
 from weights.canonical import WeightError
 from weights.config import ViTConfig
-from weights.formats import read_timm, stored_float32
+from weights.files import read_timm, stored_float32
 from weights.hf.fields import Fields
 
 from weights.hf.family import (
@@ -64,7 +64,7 @@ from weights.hf.vit import (
 def read_hf(path: str | os.PathLike, cast: bool = False) -> tuple[dict[str, np.ndarray], ViTConfig]:
     """A save_pretrained directory (config.json + model.safetensors or pytorch_model.bin): ViT,
     or a family model (the family's layouts above). Its tensors are float32, or cast to it with
-    ``cast`` (formats.stored_float32), by their own names before they are mapped."""
+    ``cast`` (files.stored_float32), by their own names before they are mapped."""
 
     d = Path(path)
     if not (d / "config.json").is_file():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from weights import formats, hf
+from weights import files, hf
 from weights.canonical import WeightError
 
 
@@ -21,7 +21,7 @@ def detect(path, header) -> bool:
 def read(path, config=None, cast=False, **options):
     state, hf_config = hf.read_hf(path, cast)
     config = config or hf_config
-    return config, formats.check(state, config, what=str(path))
+    return config, files.check(state, config, what=str(path))
 
 
 def write(state, config, path, **options) -> None:

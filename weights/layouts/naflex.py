@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from weights import formats
+from weights import files
 from weights.canonical import WeightError
 from weights.config import ViTConfig
 from weights.layouts._io import metadata, stored_config
@@ -113,10 +113,10 @@ def infer_config(state: dict[str, np.ndarray], num_heads: int | None = None, img
 
 
 def read(path, config=None, num_heads=None, img_size=None, cast=False, **options):
-    raw = formats.read_timm(path)
+    raw = files.read_timm(path)
     config = config or stored_config(path) or infer_config(raw, num_heads, img_size)
-    state = to_canonical(formats.stored_float32(raw, cast, path), config.patch_size, config.in_chans)
-    return config, formats.check(state, config, what=str(path))
+    state = to_canonical(files.stored_float32(raw, cast, path), config.patch_size, config.in_chans)
+    return config, files.check(state, config, what=str(path))
 
 
 def write(state, config, path, **options) -> None:

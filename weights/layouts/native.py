@@ -3,7 +3,7 @@ weights.native's conversions."""
 
 from __future__ import annotations
 
-from weights import formats
+from weights import files
 from weights.canonical import WeightError
 from weights.layouts._io import metadata, stored_config
 from weights.native import from_native, to_native
@@ -21,11 +21,11 @@ def detect_flax(path, header) -> bool:
 
 def reader(layout: str):
     def read(path, config=None, cast=False, **options):
-        state = from_native(formats.stored_float32(formats.read_timm(path), cast, path), FRAMEWORK[layout])
+        state = from_native(files.stored_float32(files.read_timm(path), cast, path), FRAMEWORK[layout])
         config = config or stored_config(path)
         if config is None:
             raise WeightError(f"{path!r}: a native {layout} file without a stored config; pass --config")
-        return config, formats.check(state, config, what=str(path))
+        return config, files.check(state, config, what=str(path))
 
     return read
 
