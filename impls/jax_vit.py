@@ -30,11 +30,16 @@ from impls.protocol import (
     packed_rows,
     tap_shapes,
 )
-from impls.jax_rope import rope_tables, rotate_tokens
+from impls.jax_pos_embed import (  # noqa: F401 - the position schemes, re-exported as the model's
+    resample_pos_embed,
+    sincos_2d_pos_embed,
+    sinusoid_1d_pos_embed,
+    rope_tables,
+    rotate_tokens,
+)
 from impls.rope_settings import block_rope
 from impls.relative_position import relative_position_index
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
-from weights.resample import aa_matrix
 
 FRAMEWORK = "jax"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -52,34 +57,6 @@ def _dead_rows(mask: jax.Array) -> jax.Array:
     """Query rows in which the mask leaves no key."""
     keep = mask if mask.dtype == jnp.bool_ else mask > -jnp.inf
     return ~jnp.any(keep, axis=-1, keepdims=True)
-
-
-def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
-    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
-    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py), in float32."""
-    if tuple(new_grid) == tuple(old_grid):
-        return pos
-    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
-    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).astype(jnp.float32)
-    Rh, Rw = (jnp.asarray(aa_matrix(o, n, mode), jnp.float32) for o, n in zip(old_grid, new_grid))
-    grid = jnp.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw, precision=PRECISION).astype(pos.dtype)
-    return jnp.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
-
-
-def sinusoid_1d_pos_embed(n: int, dim: int):
-    """(1, n, dim) in float32, the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) =
-    cos(p w_i), w_i = 10000 ** (-2i / dim)."""
-    angles = jnp.arange(n).reshape(-1, 1) * (1.0 / 10000.0 ** (jnp.arange(0, dim, 2) / dim))
-    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(1, n, dim)
-
-
-def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
-    """(1, gh * gw, dim) in float32, as lucidrains' SimpleViT computes it: [sin x w, cos x w,
-    sin y w, cos y w], w_i = temperature ** (-i / (dim / 4 - 1))."""
-    n = jnp.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
-    omega = 1.0 / temperature ** (jnp.arange(dim // 4) / (dim // 4 - 1))
-    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
-    return jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)[None]
 
 
 def to_patches(x, patch_size):

@@ -30,11 +30,16 @@ from impls.protocol import (  # noqa: E402
     packed_rows,
     tap_shapes,
 )
-from impls.mlx_rope import rope_tables, rotate_tokens  # noqa: E402
+from impls.mlx_pos_embed import (  # noqa: F401 - the position schemes, re-exported as the model's
+    resample_pos_embed,
+    sincos_2d_pos_embed,
+    sinusoid_1d_pos_embed,
+    rope_tables,
+    rotate_tokens,
+)  # noqa: E402
 from impls.rope_settings import block_rope  # noqa: E402
 from impls.relative_position import relative_position_index  # noqa: E402
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
-from weights.resample import aa_matrix  # noqa: E402
 
 FRAMEWORK = "mlx"
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -47,34 +52,6 @@ def _dead_rows(mask: mx.array) -> mx.array:
     """Query rows in which the mask leaves no key."""
     keep = mask if mask.dtype == mx.bool_ else mask > -mx.inf
     return mx.logical_not(mx.any(keep, axis=-1, keepdims=True))
-
-
-def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
-    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
-    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py), in float32."""
-    if tuple(new_grid) == tuple(old_grid):
-        return pos
-    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
-    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).astype(mx.float32)
-    Rh, Rw = (mx.array(aa_matrix(o, n, mode).astype(np.float32)) for o, n in zip(old_grid, new_grid))
-    grid = mx.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw).astype(pos.dtype)
-    return mx.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
-
-
-def sinusoid_1d_pos_embed(n: int, dim: int):
-    """(1, n, dim) in float32, the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) =
-    cos(p w_i), w_i = 10000 ** (-2i / dim)."""
-    angles = mx.arange(n).reshape(-1, 1) * (1.0 / 10000.0 ** (mx.arange(0, dim, 2) / dim))
-    return mx.stack([mx.sin(angles), mx.cos(angles)], axis=-1).reshape(1, n, dim)
-
-
-def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
-    """(1, gh * gw, dim) in float32, as lucidrains' SimpleViT computes it: [sin x w, cos x w,
-    sin y w, cos y w], w_i = temperature ** (-i / (dim / 4 - 1))."""
-    n = mx.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
-    omega = 1.0 / temperature ** (mx.arange(dim // 4) / (dim // 4 - 1))
-    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
-    return mx.concatenate([mx.sin(x), mx.cos(x), mx.sin(y), mx.cos(y)], axis=1)[None]
 
 
 def to_patches(x, patch_size):

@@ -28,11 +28,18 @@ from impls.protocol import (
     packed_rows,
     tap_shapes,
 )
-from impls.numpy_rope import rope_tables, rotate_tokens
+from impls.numpy_pos_embed import (  # noqa: F401 - the position schemes, re-exported as the model's
+    resample_pos_embed,
+    sincos_2d_angles,
+    sincos_2d_pos_embed,
+    sinusoid_1d_angles,
+    sinusoid_1d_pos_embed,
+    rope_tables,
+    rotate_tokens,
+)
 from impls.rope_settings import block_rope
 from impls.relative_position import relative_position_index
 from weights import check_exact_match, mha_shapes, to_native, validate_state
-from weights.resample import aa_matrix
 
 FRAMEWORK = "numpy"
 
@@ -75,49 +82,6 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "quick_gelu": quick_gelu, "silu": silu}
-
-
-def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
-    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
-    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py)."""
-    if tuple(new_grid) == tuple(old_grid):
-        return pos
-    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
-    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1])
-    Rh, Rw = (aa_matrix(o, n, mode) for o, n in zip(old_grid, new_grid))
-    grid = np.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw)
-    return np.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
-
-
-def sinusoid_1d_angles(n: int, dim: int):
-    """The angles of the Transformer paper's 1-D table: position p times w_i = 10000 ** (-2i / dim),
-    each for its sin and its cos, interleaved."""
-    omega = 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim)
-    return np.repeat(np.arange(n).reshape(-1, 1) * omega, 2, axis=1)
-
-
-def sinusoid_1d_pos_embed(n: int, dim: int):
-    """(1, n, dim), the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) = cos(p w_i)."""
-    a = sinusoid_1d_angles(n, dim)
-    return np.stack([np.sin(a[:, 0::2]), np.cos(a[:, 1::2])], axis=-1).reshape(1, n, dim)
-
-
-def sincos_2d_angles(grid, dim: int, temperature: float = 10000.0):
-    """The angles of the fixed 2-D sin-cos table (lucidrains' SimpleViT): for the patch at row y,
-    column x and w_i = temperature ** (-i / (dim / 4 - 1)), i < dim / 4, [x w, x w, y w, y w]."""
-    n = np.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
-    omega = 1.0 / temperature ** (np.arange(dim // 4) / (dim // 4 - 1))
-    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
-    return np.concatenate([x, x, y, y], axis=1)
-
-
-def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
-    """(1, gh * gw, dim): [sin x w, cos x w, sin y w, cos y w] (``sincos_2d_angles``)."""
-    a = sincos_2d_angles(grid, dim, temperature)
-    q = dim // 4
-    return np.concatenate(
-        [np.sin(a[:, :q]), np.cos(a[:, q : 2 * q]), np.sin(a[:, 2 * q : 3 * q]), np.cos(a[:, 3 * q :])], 1
-    )[None]
 
 
 def to_patches(x, patch_size):
@@ -823,12 +787,19 @@ def _traced(name: str = "impls._numpy_vit_traced"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.np, module.erf = anp, aerf
-    # and the rotary embeddings' file, so that a rope model's rotation is differentiated too
-    spec = importlib.util.spec_from_file_location(f"{name}_rope", Path(__file__).with_name("numpy_rope.py"))
-    rope = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rope)
-    rope.np = anp
-    module.rope_tables, module.rotate_tokens = rope.rope_tables, rope.rotate_tokens
+    # and the position schemes' file, so that every table's resampling and rotation is differentiated too
+    spec = importlib.util.spec_from_file_location(f"{name}_pos_embed", Path(__file__).with_name("numpy_pos_embed.py"))
+    positions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(positions)
+    positions.np = anp
+    for scheme in (
+        "rope_tables",
+        "rotate_tokens",
+        "resample_pos_embed",
+        "sinusoid_1d_pos_embed",
+        "sincos_2d_pos_embed",
+    ):
+        setattr(module, scheme, getattr(positions, scheme))
     return module
 
 

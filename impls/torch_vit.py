@@ -26,7 +26,13 @@ from impls.protocol import (
     packed_rows,
     tap_shapes,
 )
-from impls.torch_rope import rope_tables, rotate_tokens
+from impls.torch_pos_embed import (  # noqa: F401 - the position schemes, re-exported as the model's
+    resample_pos_embed,
+    sincos_2d_pos_embed,
+    sinusoid_1d_pos_embed,
+    rope_tables,
+    rotate_tokens,
+)
 from impls.rope_settings import block_rope
 from impls.relative_position import relative_position_index
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
@@ -42,34 +48,6 @@ def _dead_rows(mask: torch.Tensor) -> torch.Tensor:
     """Query rows in which the mask leaves no key."""
     keep = mask if mask.dtype == torch.bool else mask > -torch.inf
     return ~keep.any(dim=-1, keepdim=True)
-
-
-def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
-    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
-    resized with antialiasing, bicubically unless ``mode``, in float32."""
-    if tuple(new_grid) == tuple(old_grid):
-        return pos
-    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
-    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).permute(0, 3, 1, 2).float()
-    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, antialias=True, align_corners=False)
-    grid = grid.permute(0, 2, 3, 1).flatten(1, 2).to(pos.dtype)
-    return torch.cat([prefix, grid], dim=1)
-
-
-def sinusoid_1d_pos_embed(n: int, dim: int):
-    """(1, n, dim) in float32, the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) =
-    cos(p w_i), w_i = 10000 ** (-2i / dim)."""
-    angles = torch.arange(n).reshape(-1, 1) * (1.0 / 10000.0 ** (torch.arange(0, dim, 2) / dim))
-    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).reshape(1, n, dim)
-
-
-def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
-    """(1, gh * gw, dim) in float32, as lucidrains' SimpleViT computes it: [sin x w, cos x w,
-    sin y w, cos y w], w_i = temperature ** (-i / (dim / 4 - 1))."""
-    n = torch.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
-    omega = 1.0 / temperature ** (torch.arange(dim // 4) / (dim // 4 - 1))
-    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
-    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
 
 
 def to_patches(x, patch_size):

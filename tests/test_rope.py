@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from impls import jax_rope, mlx_rope, numpy_rope, torch_rope
+from impls import jax_pos_embed, mlx_pos_embed, numpy_pos_embed, torch_pos_embed
 
 U = 2.0**-24  # float32's unit roundoff
 HD = 16  # head_dim: four bands per axis
@@ -74,7 +74,7 @@ def table(port, kind, temperature, grid, ref, offset, half, indexing, freqs=None
     def embed(freqs):
         return port.rope_embed(port.rope_angles(grid, HD, kind, temperature, offset, indexing, ref, freqs), half)
 
-    if port is jax_rope:  # one program, as inside the JAX port's jitted forward (not one per op)
+    if port is jax_pos_embed:  # one program, as inside the JAX port's jitted forward (not one per op)
         import jax
 
         embed = jax.jit(embed)
@@ -91,9 +91,11 @@ def test_every_ports_rope_table_is_timms(case, indexing):
     kind, temperature, grid, ref, offset, half = case
     freqs = _freqs(kind)
     ref_table = timm_table(kind, temperature, grid, ref, offset, half, indexing, freqs)
-    assert np.array_equal(table(torch_rope, kind, temperature, grid, ref, offset, half, indexing, freqs), ref_table)
-    reach = np.abs(numpy_rope.rope_angles(grid, HD, kind, temperature, offset, indexing, ref, freqs)).max()
-    for port in (mlx_rope, jax_rope, numpy_rope):
+    assert np.array_equal(
+        table(torch_pos_embed, kind, temperature, grid, ref, offset, half, indexing, freqs), ref_table
+    )
+    reach = np.abs(numpy_pos_embed.rope_angles(grid, HD, kind, temperature, offset, indexing, ref, freqs)).max()
+    for port in (mlx_pos_embed, jax_pos_embed, numpy_pos_embed):
         mine = table(port, kind, temperature, grid, ref, offset, half, indexing, freqs)
         assert mine.shape == ref_table.shape, port.__name__
         assert np.abs(mine - ref_table).max() <= U * (8 * reach + 1), port.__name__
@@ -115,7 +117,7 @@ def test_the_table_check_fails_on_a_table_of_another_scheme(wrong):
     by far (timm's 'cat' on a 3 x 5 grid, ij, interleaved, no offset)."""
     args = dict(kind="cat", temperature=100.0, grid=(3, 5), ref=None, offset=0.0, half=False, indexing="ij")
     ref_table = timm_table(**args)
-    mine = table(numpy_rope, **(args | wrong))
+    mine = table(numpy_pos_embed, **(args | wrong))
     assert mine.shape != ref_table.shape or np.abs(mine - ref_table).max() > 1e3 * U * (8 * 5 + 1)
 
 
@@ -132,22 +134,22 @@ def test_every_ports_rotation_is_timms(half):
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(2, 3, 15, HD))
-    sin, cos = numpy_rope.rope_embed(numpy_rope.rope_angles((3, 5), HD, "cat", 100.0), half)
+    sin, cos = numpy_pos_embed.rope_embed(numpy_pos_embed.rope_angles((3, 5), HD, "cat", 100.0), half)
     ref = apply_rot_embed(*(torch.from_numpy(a) for a in (x, sin, cos)), half=half).numpy()
-    assert np.array_equal(numpy_rope.apply_rope(x, sin, cos, half), ref)
+    assert np.array_equal(numpy_pos_embed.apply_rope(x, sin, cos, half), ref)
     f32 = [a.astype(np.float32) for a in (x, sin, cos)]
     bound = 4 * U * 2 * np.abs(x).max()  # the rounding of x, sin, cos, then of the products and sum
-    for port, array in ((torch_rope, torch.from_numpy), (mlx_rope, mx.array), (jax_rope, jnp.asarray)):
+    for port, array in ((torch_pos_embed, torch.from_numpy), (mlx_pos_embed, mx.array), (jax_pos_embed, jnp.asarray)):
         out = np.asarray(port.apply_rope(*(array(a) for a in f32), half))
         assert out.dtype == np.float32 and np.abs(out - ref).max() <= bound, port.__name__
-    other = numpy_rope.apply_rope(
-        x, *numpy_rope.rope_embed(numpy_rope.rope_angles((3, 5), HD, "cat", 100.0), not half), not half
+    other = numpy_pos_embed.apply_rope(
+        x, *numpy_pos_embed.rope_embed(numpy_pos_embed.rope_angles((3, 5), HD, "cat", 100.0), not half), not half
     )
     assert np.abs(other - ref).max() > 1e3 * bound
 
 
 def test_an_unknown_kind_is_refused_naming_the_kinds():
-    for port in (numpy_rope, torch_rope):
+    for port in (numpy_pos_embed, torch_pos_embed):
         with pytest.raises(ValueError, match="rope kind 'axial'.*'cat', 'dinov3', 'mixed'"):
             port.rope_angles((2, 2), HD, "axial")
 
@@ -213,7 +215,7 @@ def test_oracle_equals_the_named_timm_rope_model_at_every_stage(name):
     inline = ["blocks.0.ls1", "blocks.0.ls2"] if config.init_values is not None else []
     assert sorted(set(tap_names(config)) - set(ref)) == inline
     freqs = state.get("rope.freqs")  # RoPE-Mixed's: |x fx| + |y fy| bounds its angle's rounding
-    reach = np.abs(numpy_rope.config_angles(config, (2, 3), None if freqs is None else np.abs(freqs))).max()
+    reach = np.abs(numpy_pos_embed.config_angles(config, (2, 3), None if freqs is None else np.abs(freqs))).max()
     rotated = False
     for stage in (s for s in tap_names(config) if s in ref):
         rotated = rotated or stage.endswith("q_rope")

@@ -47,7 +47,7 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 * ``mlp_bias``: the MLP's biases apart from ``attn.proj``'s (None: as ``proj_bias``, timm's
   coupling; SimpleViT has ``proj_bias=False, mlp_bias=True``).
 * ``rope_type``: timm's Eva's rotary position embedding of q and k in every block, after
-  qk-norm, the prefix tokens left unrotated (impls/numpy_rope.py): ``cat`` (EVA02, the axial
+  qk-norm, the prefix tokens left unrotated (impls/numpy_pos_embed.py): ``cat`` (EVA02, the axial
   rope ViTs) or ``dinov3``; ``rope_temperature`` its base, ``rope_grid_indexing`` ``ij``
   (row, column) or ``xy``, ``rope_grid_offset``, ``rope_rotate_half`` (pairs x_i, x_{i+hd/2}
   rather than neighbours) and ``ref_feat_shape`` (EVA02's rescale onto the pretraining grid) as
@@ -247,7 +247,7 @@ class ViTConfig:
         self._check_rope()
 
     def _check_rope(self) -> None:
-        """timm's Eva rotary options (impls/numpy_rope.py): q and k of the patch tokens rotated in
+        """timm's Eva rotary options (impls/numpy_pos_embed.py): q and k of the patch tokens rotated in
         every block, the prefix tokens not."""
         if self.rope_type is not None and self.rope_type not in ROPE_TYPES:
             raise ConfigError(

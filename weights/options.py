@@ -275,7 +275,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None, {DINOV3: None}),
         timm_name=None,
     ),
-    # timm's Eva (eva.py): rotary position embeddings in every block's attention (impls/numpy_rope.py)
+    # timm's Eva (eva.py): rotary position embeddings in every block's attention (impls/numpy_pos_embed.py)
     Option(
         "rope_type",
         None,

@@ -9,7 +9,7 @@ import numpy as np
 from conformance.diagnosis.bugclass import QUIET, BugClass
 from conformance.numerics.error_model import prefix_tokens
 
-from impls import numpy_rope as R
+from impls import numpy_pos_embed as R
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
 from impls.rope_settings import block_rope

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.numerics.roundings import Precision
-from impls import numpy_rope as R
+from impls import numpy_pos_embed as R
 from impls.protocol import ViTConfig
 
 # The angle is a coordinate times a band: the band's power and division, the coordinate's offset,

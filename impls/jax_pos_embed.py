@@ -1,5 +1,7 @@
-"""Rotary position embeddings as timm defines them (timm/layers/pos_embed_sincos.py), in JAX at
-float32, op for op as timm computes them: impls/numpy_rope.py says what each function is."""
+"""The position schemes as timm defines them (timm/layers/pos_embed.py, pos_embed_sincos.py), in JAX
+at float32, op for op as timm computes them: the learned table resampled to the images' grid, the
+fixed sin-cos and sinusoid tables, and the rotary embeddings; impls/numpy_pos_embed.py says what
+each function is."""
 
 from __future__ import annotations
 
@@ -7,7 +9,12 @@ import math
 
 import jax.numpy as jnp
 
+import jax
+
+from weights.resample import aa_matrix
 from impls.rope_settings import rope_settings
+
+PRECISION = jax.lax.Precision.HIGHEST  # as the model's contractions (impls/jax_vit.py)
 
 KINDS = ("cat", "dinov3", "mixed")
 
@@ -108,3 +115,31 @@ def rotate_tokens(x: jnp.ndarray, rope, num_prefix_tokens: int, rotate_half: boo
     sin, cos = rope
     n = num_prefix_tokens
     return jnp.concatenate([x[..., :n, :], apply_rope(x[..., n:, :], sin, cos, rotate_half)], axis=-2)
+
+
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
+    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
+    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py), in float32."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos
+    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
+    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).astype(jnp.float32)
+    Rh, Rw = (jnp.asarray(aa_matrix(o, n, mode), jnp.float32) for o, n in zip(old_grid, new_grid))
+    grid = jnp.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw, precision=PRECISION).astype(pos.dtype)
+    return jnp.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
+
+
+def sinusoid_1d_pos_embed(n: int, dim: int):
+    """(1, n, dim) in float32, the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) =
+    cos(p w_i), w_i = 10000 ** (-2i / dim)."""
+    angles = jnp.arange(n).reshape(-1, 1) * (1.0 / 10000.0 ** (jnp.arange(0, dim, 2) / dim))
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(1, n, dim)
+
+
+def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
+    """(1, gh * gw, dim) in float32, as lucidrains' SimpleViT computes it: [sin x w, cos x w,
+    sin y w, cos y w], w_i = temperature ** (-i / (dim / 4 - 1))."""
+    n = jnp.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
+    omega = 1.0 / temperature ** (jnp.arange(dim // 4) / (dim // 4 - 1))
+    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
+    return jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)[None]

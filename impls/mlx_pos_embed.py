@@ -1,5 +1,7 @@
-"""Rotary position embeddings as timm defines them (timm/layers/pos_embed_sincos.py), in MLX at
-float32, op for op as timm computes them: impls/numpy_rope.py says what each function is."""
+"""The position schemes as timm defines them (timm/layers/pos_embed.py, pos_embed_sincos.py), in MLX
+at float32, op for op as timm computes them: the learned table resampled to the images' grid, the
+fixed sin-cos and sinusoid tables, and the rotary embeddings; impls/numpy_pos_embed.py says what
+each function is."""
 
 from __future__ import annotations
 
@@ -7,6 +9,9 @@ import math
 
 import mlx.core as mx
 
+import numpy as np
+
+from weights.resample import aa_matrix
 from impls.rope_settings import rope_settings
 
 KINDS = ("cat", "dinov3", "mixed")
@@ -108,3 +113,31 @@ def rotate_tokens(x: mx.array, rope, num_prefix_tokens: int, rotate_half: bool =
     sin, cos = rope
     n = num_prefix_tokens
     return mx.concatenate([x[..., :n, :], apply_rope(x[..., n:, :], sin, cos, rotate_half)], axis=-2)
+
+
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
+    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
+    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py), in float32."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos
+    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
+    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).astype(mx.float32)
+    Rh, Rw = (mx.array(aa_matrix(o, n, mode).astype(np.float32)) for o, n in zip(old_grid, new_grid))
+    grid = mx.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw).astype(pos.dtype)
+    return mx.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
+
+
+def sinusoid_1d_pos_embed(n: int, dim: int):
+    """(1, n, dim) in float32, the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) =
+    cos(p w_i), w_i = 10000 ** (-2i / dim)."""
+    angles = mx.arange(n).reshape(-1, 1) * (1.0 / 10000.0 ** (mx.arange(0, dim, 2) / dim))
+    return mx.stack([mx.sin(angles), mx.cos(angles)], axis=-1).reshape(1, n, dim)
+
+
+def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
+    """(1, gh * gw, dim) in float32, as lucidrains' SimpleViT computes it: [sin x w, cos x w,
+    sin y w, cos y w], w_i = temperature ** (-i / (dim / 4 - 1))."""
+    n = mx.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
+    omega = 1.0 / temperature ** (mx.arange(dim // 4) / (dim // 4 - 1))
+    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
+    return mx.concatenate([mx.sin(x), mx.cos(x), mx.sin(y), mx.cos(y)], axis=1)[None]

@@ -1,5 +1,7 @@
-"""Rotary position embeddings as timm defines them (timm/layers/pos_embed_sincos.py), in PyTorch at
-float32, op for op as timm computes them: impls/numpy_rope.py says what each function is."""
+"""The position schemes as timm defines them (timm/layers/pos_embed.py, pos_embed_sincos.py), in PyTorch
+at float32, op for op as timm computes them: the learned table resampled to the images' grid, the
+fixed sin-cos and sinusoid tables, and the rotary embeddings; impls/numpy_pos_embed.py says what
+each function is."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import math
 
 import torch
 
+import torch.nn.functional as F
 from impls.rope_settings import rope_settings
 
 KINDS = ("cat", "dinov3", "mixed")
@@ -108,3 +111,31 @@ def rotate_tokens(x: torch.Tensor, rope, num_prefix_tokens: int, rotate_half: bo
     sin, cos = rope
     n = num_prefix_tokens
     return torch.cat([x[..., :n, :], apply_rope(x[..., n:, :], sin, cos, rotate_half)], dim=-2)
+
+
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
+    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
+    resized with antialiasing, bicubically unless ``mode``, in float32."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos
+    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
+    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1]).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, antialias=True, align_corners=False)
+    grid = grid.permute(0, 2, 3, 1).flatten(1, 2).to(pos.dtype)
+    return torch.cat([prefix, grid], dim=1)
+
+
+def sinusoid_1d_pos_embed(n: int, dim: int):
+    """(1, n, dim) in float32, the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) =
+    cos(p w_i), w_i = 10000 ** (-2i / dim)."""
+    angles = torch.arange(n).reshape(-1, 1) * (1.0 / 10000.0 ** (torch.arange(0, dim, 2) / dim))
+    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).reshape(1, n, dim)
+
+
+def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
+    """(1, gh * gw, dim) in float32, as lucidrains' SimpleViT computes it: [sin x w, cos x w,
+    sin y w, cos y w], w_i = temperature ** (-i / (dim / 4 - 1))."""
+    n = torch.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
+    omega = 1.0 / temperature ** (torch.arange(dim // 4) / (dim // 4 - 1))
+    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]

@@ -1,6 +1,9 @@
-"""Rotary position embeddings as timm defines them (timm/layers/pos_embed_sincos.py), in NumPy at
-float64: the oracle's tables. impls/torch_rope.py, mlx_rope.py and jax_rope.py compute the same in
-float32, op for op as timm does; a diff between them shows only framework differences.
+"""The position schemes as timm defines them (timm/layers/pos_embed.py, pos_embed_sincos.py), in
+NumPy at float64: the oracle's. impls/torch_pos_embed.py, mlx_pos_embed.py and jax_pos_embed.py
+compute the same in float32, op for op as timm does; a diff between them shows only framework
+differences. The learned table is resampled to the images' grid (``resample_pos_embed``: timm's
+``resample_abs_pos_embed``, antialiased); ``sinusoid_1d_pos_embed`` and ``sincos_2d_pos_embed``
+are the fixed tables; and the rotary embeddings:
 
 Three kinds (timm's ``rope_type``), each a table of angles (N, head_dim / 2) for the grid's N
 patch tokens, row-major:
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from weights.resample import aa_matrix
 from impls.rope_settings import rope_settings
 
 KINDS = ("cat", "dinov3", "mixed")
@@ -121,3 +125,46 @@ def rotate_tokens(x: np.ndarray, rope, num_prefix_tokens: int, rotate_half: bool
     sin, cos = rope
     n = num_prefix_tokens
     return np.concatenate([x[..., :n, :], apply_rope(x[..., n:, :], sin, cos, rotate_half)], axis=-2)
+
+
+def resample_pos_embed(pos, old_grid, new_grid, num_prefix_tokens: int, mode: str = "bicubic"):
+    """timm's resample_abs_pos_embed for dynamic_img_size: the prefix entries kept, the grid
+    resized with antialiasing, bicubically unless ``mode`` (one matrix per axis, weights/resample.py)."""
+    if tuple(new_grid) == tuple(old_grid):
+        return pos
+    prefix, grid = pos[:, :num_prefix_tokens], pos[:, num_prefix_tokens:]
+    grid = grid.reshape(grid.shape[0], *old_grid, grid.shape[-1])
+    Rh, Rw = (aa_matrix(o, n, mode) for o, n in zip(old_grid, new_grid))
+    grid = np.einsum("ih,bhwd,jw->bijd", Rh, grid, Rw)
+    return np.concatenate([prefix, grid.reshape(grid.shape[0], -1, grid.shape[-1])], axis=1)
+
+
+def sinusoid_1d_angles(n: int, dim: int):
+    """The angles of the Transformer paper's 1-D table: position p times w_i = 10000 ** (-2i / dim),
+    each for its sin and its cos, interleaved."""
+    omega = 1.0 / 10000.0 ** (np.arange(0, dim, 2) / dim)
+    return np.repeat(np.arange(n).reshape(-1, 1) * omega, 2, axis=1)
+
+
+def sinusoid_1d_pos_embed(n: int, dim: int):
+    """(1, n, dim), the Transformer paper's: PE(p, 2i) = sin(p w_i), PE(p, 2i + 1) = cos(p w_i)."""
+    a = sinusoid_1d_angles(n, dim)
+    return np.stack([np.sin(a[:, 0::2]), np.cos(a[:, 1::2])], axis=-1).reshape(1, n, dim)
+
+
+def sincos_2d_angles(grid, dim: int, temperature: float = 10000.0):
+    """The angles of the fixed 2-D sin-cos table (lucidrains' SimpleViT): for the patch at row y,
+    column x and w_i = temperature ** (-i / (dim / 4 - 1)), i < dim / 4, [x w, x w, y w, y w]."""
+    n = np.arange(grid[0] * grid[1]).reshape(-1, 1)  # the patches, row-major over the grid
+    omega = 1.0 / temperature ** (np.arange(dim // 4) / (dim // 4 - 1))
+    x, y = (n % grid[1]) * omega, (n // grid[1]) * omega
+    return np.concatenate([x, x, y, y], axis=1)
+
+
+def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
+    """(1, gh * gw, dim): [sin x w, cos x w, sin y w, cos y w] (``sincos_2d_angles``)."""
+    a = sincos_2d_angles(grid, dim, temperature)
+    q = dim // 4
+    return np.concatenate(
+        [np.sin(a[:, :q]), np.cos(a[:, q : 2 * q]), np.sin(a[:, 2 * q : 3 * q]), np.cos(a[:, 3 * q :])], 1
+    )[None]
