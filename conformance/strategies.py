@@ -29,7 +29,8 @@ from conformance.support import build_config, multiple_of
 from impls import ConfigError, get_config
 from impls.protocol import ViTConfig
 from weights import mha_shapes
-from weights.config import ACT_LAYERS, GLOBAL_POOLS, MLP_LAYERS
+from weights.config import GLOBAL_POOLS
+from weights.options import OPTIONS
 
 _SUPPORTS = None  # what the port under test supports (conformance.support), set per test by the plugin
 
@@ -41,38 +42,10 @@ def set_supports(supports) -> None:
 
 @st.composite
 def family_options(draw) -> dict:
-    """The ViT family's options (weights/config.py), each drawn on its own: a config that mixes
-    DINOv2's registers with CLIP's norm_pre and SigLIP's head is checked as well as each alone."""
-    return dict(
-        reg_tokens=draw(st.sampled_from([0, 0, 1, 2])),
-        no_embed_class=draw(st.booleans()),
-        pre_norm=draw(st.booleans()),
-        fc_norm=draw(st.sampled_from([None, None, True, False])),
-        init_values=draw(st.sampled_from([None, 1e-5])),
-        qk_norm=draw(st.booleans()),
-        act_layer=draw(st.sampled_from(ACT_LAYERS)),
-        proj_bias=draw(st.booleans()),
-        mlp_layer=draw(st.sampled_from(MLP_LAYERS)),
-        dynamic_img_size=draw(st.booleans()),
-        pos_embed=draw(st.sampled_from(["learn", "learn", "sincos", "sinusoid", "none"])),
-        patch_norm=draw(st.booleans()),
-        embed_norm=draw(st.booleans()),
-        pool_include_prefix=draw(st.booleans()),
-        mlp_bias=draw(st.sampled_from([None, None, True, False])),
-        distilled=draw(st.booleans()),
-        norm_bias=draw(st.sampled_from([True, True, False])),
-        rope_type=draw(st.sampled_from([None, None, "cat", "dinov3", "mixed"])),
-        rope_temperature=draw(st.sampled_from([10000.0, 100.0])),
-        rope_grid_indexing=draw(st.sampled_from(["ij", "xy"])),
-        rope_grid_offset=draw(st.sampled_from([0.0, 0.0, 1.0])),
-        rope_rotate_half=draw(st.booleans()),
-        ref_feat_shape=draw(st.sampled_from([None, None, (3, 5)])),
-        k_bias=draw(st.sampled_from([True, True, False])),
-        qkv_fused=draw(st.sampled_from([True, True, False])),
-        scale_mlp=draw(st.booleans()),
-        attn_pool_num_heads=draw(st.sampled_from([None, None, 1, 2])),
-        rel_pos_bias=draw(st.sampled_from([False, False, False, True])),
-    )
+    """The ViT family's options, each drawn on its own from the values its declaration draws
+    (``weights.options.OPTIONS``' ``draws``): a config that mixes DINOv2's registers with CLIP's
+    norm_pre and SigLIP's head is checked as well as each alone."""
+    return {o.field: draw(st.sampled_from(o.draws)) for o in OPTIONS if o.draws}
 
 
 def _consistent(values: dict) -> dict:

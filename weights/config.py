@@ -72,14 +72,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from weights.options import BY_FIELD, FAMILY
-
-GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
-POS_EMBEDS = ("learn", "sincos", "sinusoid", "none")
-ROPE_TYPES = ("cat", "dinov3", "mixed")  # timm's rope_type; 'mrope' not yet
-REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
-ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
-MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
+from weights.options import (  # noqa: F401 - the options' values, declared with them, re-exported
+    ACT_LAYERS,
+    BY_FIELD,
+    FAMILY,
+    GLOBAL_POOLS,
+    MLP_LAYERS,
+    POS_EMBEDS,
+    REDUCING_POOLS,
+    ROPE_TYPES,
+)
 
 
 class ConfigError(ValueError):

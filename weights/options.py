@@ -1,9 +1,12 @@
 """The ViT family's options, each defined once: its ``ViTConfig`` field and default, the values
 the original ViT (2020) has (what a port that declares nothing is checked as), the values each
 checkpoint layout can hold, and its names in timm, Hugging Face transformers, big_vision and
-open_clip. Everything that speaks of an option reads this table: ``ViTConfig.beyond_original_vit``,
-``impls.ORIGINAL_VIT`` and ``VIT_FAMILY``, the .npz, open_clip and Hugging Face layouts' refusals,
-and docs/model.md's option table (generated; ``python -m conformance docs``). A field's type and
+open_clip, and the values the property suite draws. Everything that speaks of an option reads this
+table: ``ViTConfig.beyond_original_vit``, ``impls.ORIGINAL_VIT`` and ``VIT_FAMILY``, the .npz,
+open_clip and Hugging Face layouts' refusals, ``conformance.strategies.family_options`` and
+docs/model.md's option table (generated; ``python -m conformance docs``). The values a few-named
+field takes (``GLOBAL_POOLS``, ``ACT_LAYERS`` ...) are declared here too; ``ViTConfig`` validates
+against them. A field's type and
 its validation are ``ViTConfig``'s (weights/config.py), which a test keeps in step with this
 table; docs/model.md's "Adding an option" says what else an option touches.
 
@@ -16,6 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+# the values an option's field takes, where they are a few names
+GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
+POS_EMBEDS = ("learn", "sincos", "sinusoid", "none")
+ROPE_TYPES = ("cat", "dinov3", "mixed")  # timm's rope_type; 'mrope' not yet
+REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
 
 # the Hugging Face models of the ViT family's layouts (weights/hf/family.py, dinov3.py, beit.py)
 DINOV3 = "hf:dinov3_vit"
@@ -37,6 +48,9 @@ class Option:
     open_clip: str | None = None
     family: bool = True  # False: an option of the original ViT itself (every layout's question, not a port's)
     timm_name: str | None = ""  # timm's keyword where it is not the field's name; None: timm has none
+    # the values the property suite draws for it (a value repeated to draw it more often); () for the
+    # sizes and the original ViT's own options, which conformance.strategies.configs draws itself
+    draws: tuple = ()
 
     @property
     def timm(self) -> str | None:
@@ -127,6 +141,7 @@ OPTIONS: tuple[Option, ...] = (
             (0,), "npz", "open_clip", "hf:dinov2", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT, SIGLIP2
         ),
         hf="num_register_tokens",
+        draws=(0, 0, 1, 2),
     ),
     Option(
         "no_embed_class",
@@ -143,6 +158,7 @@ OPTIONS: tuple[Option, ...] = (
             BEIT: (False,),
             SIGLIP2: (False, True),  # no prefix token: the same table either way
         },
+        draws=(False, True),
     ),
     Option(
         "pre_norm",
@@ -160,6 +176,7 @@ OPTIONS: tuple[Option, ...] = (
             SIGLIP2: (False,),
         },
         open_clip="no_ln_pre (its negation)",
+        draws=(False, True),
     ),
     Option(
         "fc_norm",
@@ -167,6 +184,7 @@ OPTIONS: tuple[Option, ...] = (
         (None,),
         "the final norm after the pooling (None: timm's default, after it for the reducing pools)",
         holds={**_every((None, False), "open_clip", *HF_FAMILY), BEIT: (None,)},
+        draws=(None, None, True, False),
     ),
     Option(
         "init_values",
@@ -176,6 +194,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_every((None,), "npz", "hf:clip_vision_model", "hf:siglip_vision_model", SIGLIP2),
         hf="layerscale_value",
         open_clip="ls_init_value",
+        draws=(None, 1e-5),
     ),
     Option(
         "qk_norm",
@@ -183,6 +202,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "a LayerNorm over head_dim on q and on k",
         holds=_only(False),
+        draws=(False, True),
     ),
     Option(
         "act_layer",
@@ -191,6 +211,7 @@ OPTIONS: tuple[Option, ...] = (
         "the MLP's activation: 'gelu' (erf), 'gelu_tanh' (SigLIP), 'quick_gelu' (OpenAI's CLIP), 'silu' (SwiGLU)",
         hf="hidden_act",
         open_clip="act_layer",
+        draws=ACT_LAYERS,
     ),
     Option(
         "proj_bias",
@@ -198,6 +219,7 @@ OPTIONS: tuple[Option, ...] = (
         True,
         "the biases of the attention output and the MLP's projections",
         holds=_only(True, {DINOV3: None}),
+        draws=(False, True),
     ),
     Option(
         "mlp_layer",
@@ -210,12 +232,14 @@ OPTIONS: tuple[Option, ...] = (
             BEIT: ("mlp",),
         },
         hf="use_swiglu_ffn",
+        draws=MLP_LAYERS,
     ),
     Option(
         "dynamic_img_size",
         False,
         False,
         "images of any size divisible by the patch, the position table resampled to their grid",
+        draws=(False, True),
     ),
     Option(
         "pos_embed",
@@ -225,6 +249,7 @@ OPTIONS: tuple[Option, ...] = (
         "at the grid ('sincos'), the Transformer paper's 1-D sinusoidal table over the sequence ('sinusoid'), "
         "or none ('none')",
         holds=_only("learn", {DINOV3: ("none",), BEIT: ("learn", "none")}),
+        draws=("learn", "learn", "sincos", "sinusoid", "none"),
     ),
     Option(
         "patch_norm",
@@ -233,6 +258,7 @@ OPTIONS: tuple[Option, ...] = (
         "a LayerNorm over each raw patch, flattened (c p1 p2), before the projection (vit-pytorch, x-transformers)",
         holds=_only(False),
         timm_name=None,
+        draws=(False, True),
     ),
     Option(
         "embed_norm",
@@ -241,6 +267,7 @@ OPTIONS: tuple[Option, ...] = (
         "a LayerNorm after the patch projection, patch_embed.norm (vit-pytorch, x-transformers)",
         holds=_only(False),
         timm_name="embed_norm_layer",
+        draws=(False, True),
     ),
     Option(
         "pool_include_prefix",
@@ -248,6 +275,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "the pools read the class and register tokens too (vit-pytorch's 'mean'; the attention pool of timm's Eva)",
         holds=_only(False),
+        draws=(False, True),
     ),
     Option(
         "distilled",
@@ -257,6 +285,7 @@ OPTIONS: tuple[Option, ...] = (
         "of both heads'",
         holds=_only(False),
         timm_name="VisionTransformerDistilled (a class)",
+        draws=(False, True),
     ),
     Option(
         "norm_bias",
@@ -265,6 +294,7 @@ OPTIONS: tuple[Option, ...] = (
         "the LayerNorms' bias (False: scale only, x-transformers; not qk-norm's or the attention pool's)",
         holds=_only(True),
         timm_name="norm_layer",
+        draws=(True, True, False),
     ),
     Option(
         "mlp_bias",
@@ -274,6 +304,7 @@ OPTIONS: tuple[Option, ...] = (
         "mlp_bias=True)",
         holds=_only(None, {DINOV3: None}),
         timm_name=None,
+        draws=(None, None, True, False),
     ),
     # timm's Eva (eva.py): rotary position embeddings in every block's attention (impls/numpy_pos_embed.py)
     Option(
@@ -285,6 +316,7 @@ OPTIONS: tuple[Option, ...] = (
         "learned frequencies, rope.freqs)",
         holds=_only(None, {DINOV3: ("dinov3",)}),
         timm_name="rope_type (Eva)",
+        draws=(None, None, "cat", "dinov3", "mixed"),
     ),
     Option(
         "rope_temperature",
@@ -293,6 +325,7 @@ OPTIONS: tuple[Option, ...] = (
         "the rotary bands' base",
         holds=_only(10000.0, {DINOV3: None}),
         timm_name="rope_temperature (Eva)",
+        draws=(10000.0, 100.0),
     ),
     Option(
         "rope_grid_indexing",
@@ -301,6 +334,7 @@ OPTIONS: tuple[Option, ...] = (
         "the rotary grid's coordinates as (row, column), 'ij', or (column, row), 'xy'",
         holds=_only("ij"),
         timm_name="rope_grid_indexing (Eva)",
+        draws=("ij", "xy"),
     ),
     Option(
         "rope_grid_offset",
@@ -309,6 +343,7 @@ OPTIONS: tuple[Option, ...] = (
         "added to the rotary grid's coordinates",
         holds=_only(0.0),
         timm_name="rope_grid_offset (Eva)",
+        draws=(0.0, 0.0, 1.0),
     ),
     Option(
         "rope_rotate_half",
@@ -317,6 +352,7 @@ OPTIONS: tuple[Option, ...] = (
         "the rotation's pairs: (x_i, x_{i + hd/2}) (True, DINOv3) or neighbours (x_2i, x_2i+1)",
         holds=_only(False, {DINOV3: (True,)}),
         timm_name="rope_rotate_half (Eva)",
+        draws=(False, True),
     ),
     Option(
         "ref_feat_shape",
@@ -325,6 +361,7 @@ OPTIONS: tuple[Option, ...] = (
         "EVA02's rescale of the rotary grid onto the pretraining grid",
         holds=_only(None),
         timm_name="ref_feat_shape (Eva)",
+        draws=(None, None, (3, 5)),
     ),
     # timm's Eva block (eva.py): EVA02; BEiT and transformers' DINOv3 share its attention's biases
     Option(
@@ -334,6 +371,7 @@ OPTIONS: tuple[Option, ...] = (
         "the key's bias beside q's and v's (False: attn.q_bias and attn.v_bias, k none; EVA02, BEiT)",
         holds=_only(True, {DINOV3: None, BEIT: (False,)}),
         timm_name="qkv_bias (Eva's attention: q and v only)",
+        draws=(True, True, False),
     ),
     Option(
         "qkv_fused",
@@ -342,6 +380,7 @@ OPTIONS: tuple[Option, ...] = (
         "q, k and v from one projection, attn.qkv (False: attn.q_proj, attn.k_proj and attn.v_proj; EVA02 B, L)",
         holds=_only(True, {DINOV3: (False,)}),
         timm_name="qkv_fused (Eva)",
+        draws=(True, True, False),
     ),
     Option(
         "scale_mlp",
@@ -350,6 +389,7 @@ OPTIONS: tuple[Option, ...] = (
         "a LayerNorm over the MLP's hidden features before fc2, mlp.norm (EVA02's normed SwiGLU)",
         holds=_only(False),
         timm_name="scale_mlp (Eva)",
+        draws=(False, True),
     ),
     Option(
         "attn_pool_num_heads",
@@ -358,6 +398,7 @@ OPTIONS: tuple[Option, ...] = (
         "the attention pool's heads (None: num_heads; Perception Encoder: 8)",
         holds=_only(None),
         timm_name="attn_pool_num_heads (Eva)",
+        draws=(None, None, 1, 2),
     ),
     # timm's NaFlexVit (naflexvit.py): one learned table for every image size
     Option(
@@ -390,6 +431,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(False, {BEIT: None}),
         hf="use_relative_position_bias",
         timm_name="use_rel_pos_bias (Beit)",
+        draws=(False, False, False, True),
     ),
 )
 

@@ -9,6 +9,7 @@ from conformance import properties as P
 from conformance import strategies as S
 from conformance.profiles import heavy
 from conformance.tests.helpers import budget, check_property, drawn, factory
+from weights.options import ACT_LAYERS
 
 
 def cases(**fixed):
@@ -48,7 +49,7 @@ def test_the_map_head_is_attention_of_the_learned_latent_over_the_patch_tokens(p
 
 @drawn(
     budget(5, minimum=1),
-    case=cases(act_layer=S.ACT_LAYERS[1]) | cases(act_layer=S.ACT_LAYERS[2]) | cases(mlp_layer="swiglu"),
+    case=cases(act_layer=ACT_LAYERS[1]) | cases(act_layer=ACT_LAYERS[2]) | cases(mlp_layer="swiglu"),
 )
 def test_each_activation_is_what_its_name_says(port, case):
     _budget(port)
