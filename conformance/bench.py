@@ -163,7 +163,7 @@ def run(models=MODELS, batches=(1, 8), warmup: int = 2, repeats: int = 5, entrie
     return {
         "machine": {
             "platform": platform.platform(),
-            "processor": _cpu_name(),
+            "processor": cpu_name(),
             "cores": os.cpu_count(),
             "matmul_peak_gflops": peak,
             "mlx_sgemm": sgemm_provider(),
@@ -174,7 +174,7 @@ def run(models=MODELS, batches=(1, 8), warmup: int = 2, repeats: int = 5, entrie
     }
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

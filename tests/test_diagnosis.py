@@ -424,16 +424,16 @@ def test_the_float16_token_sum_on_trained_like_weights_alone_is_systematic():
 def test_a_layernorm_with_an_eps_of_its_own_is_named_with_the_fitted_eps():
     """eps 1e-3 is no class of its own: the eps family fits it and says which; an eps 1e-5 port
     is named as that class, before the family (one coefficient first)."""
-    from conformance.diagnosis.model_classes import _layer_norm, _norm_operands
+    from conformance.diagnosis.model_classes import layer_norm_as, norm_operands
 
     config = get_config("vit_test_token")
     state, images = _case(config, "offset")
     model = CaseModel(config, state, images)
     out = dict(factory("torch")(config, state)(images))
     t = {k: np.asarray(v, np.float64) for k, v in out.items()}
-    x, prefix = _norm_operands("blocks.0.norm1", t, config)
+    x, prefix = norm_operands("blocks.0.norm1", t, config)
     for eps, named, said in ((1e-3, "layernorm_eps_fitted", "(eps ≈ 1e-03)"), (1e-5, "layernorm_eps_1e-5", "")):
-        out["blocks.0.norm1"] = _layer_norm(x, model._s[f"{prefix}.weight"], model._s[f"{prefix}.bias"], eps).astype(
+        out["blocks.0.norm1"] = layer_norm_as(x, model._s[f"{prefix}.weight"], model._s[f"{prefix}.bias"], eps).astype(
             np.float32
         )
         d = diagnose("blocks.0.norm1", out, model)

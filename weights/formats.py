@@ -3,7 +3,7 @@ layout's own module now holds its detection, reading, writing, conversion and co
 (weights/layouts/: ``big_vision`` the .npz, ``open_clip``, ``timm``), and what every layout
 shares, reading a file's tensors and holding them to the canonical rule, is weights/files.py."""
 
-from weights.files import _numpy, check, read_timm, stored_float32  # noqa: F401
+from weights.files import check, read_timm, stored_float32  # noqa: F401
 from weights.layouts.big_vision import (  # noqa: F401
     MAX_INFLATION,
     NPZ_HOLDS,

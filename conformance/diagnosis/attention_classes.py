@@ -10,7 +10,7 @@ import numpy as np
 
 from impls import numpy_vit as O
 from conformance.diagnosis.bugclass import BugClass
-from conformance.diagnosis.model_classes import _qk
+from conformance.diagnosis.model_classes import qk_logits
 
 # ----------------------------------------------------------------------------- a standalone attention
 # ``attention(q, k, mask, options)`` -> its weights (``AttentionModel``'s ``attn.weights``; ``attn``
@@ -33,7 +33,7 @@ def _mha(logits: Callable, mask: Callable = lambda m: m, axis: int = -1, after=N
 
 
 def _scaled_qk(q, k, o):
-    return (o.get("head_dim") or o["dim"] // o["num_heads"]) ** -0.5 * _qk(q, k)
+    return (o.get("head_dim") or o["dim"] // o["num_heads"]) ** -0.5 * qk_logits(q, k)
 
 
 def _inverted(m):
@@ -75,9 +75,9 @@ ATTENTION_CLASSES: tuple[BugClass, ...] = (
     BugClass("mha_causal_mask", _MHA, "a causal mask always applied", "an encoder's attention is not causal",
              attention=_mha(_mha_causal)),
     BugClass("mha_scale_by_dim", _MHA, "logits scaled by dim ** -0.5", "the scale is head_dim ** -0.5",
-             attention=_mha(lambda q, k, o: o["dim"] ** -0.5 * _qk(q, k))),
+             attention=_mha(lambda q, k, o: o["dim"] ** -0.5 * qk_logits(q, k))),
     BugClass("mha_scale_missing", _MHA, "softmax(q kᵀ) without the scale", "scale the logits by head_dim ** -0.5",
-             attention=_mha(lambda q, k, o: _qk(q, k))),
+             attention=_mha(lambda q, k, o: qk_logits(q, k))),
     BugClass("mha_softmax_over_queries", _MHA, "the softmax over queries (axis -2)", "softmax over keys: axis -1",
              attention=_mha(_scaled_qk, axis=-2)),
     BugClass("mha_softmax_without_max", _MHA, "the softmax as exp(l) / sum(exp(l)) in float32",

@@ -259,11 +259,11 @@ def token_statistics(port, base, values, stage: str, bound, tol, name) -> Fit | 
     named when what is left is within the tolerance and every token's implied δ is within
     ``CANCELLATION`` float32 roundings of μ² + σ² (what E[x^2] - E[x]^2 loses), one beyond any a
     correct port's rounding shows (its error at that token out of the tolerance)."""
-    from conformance.diagnosis.model_classes import _norm_operands
+    from conformance.diagnosis.model_classes import norm_operands
 
     if not np.isfinite(port).all():
         return None
-    x, prefix = _norm_operands(stage, values, values.model.config)
+    x, prefix = norm_operands(stage, values, values.model.config)
     s = values._s
     w, eps = s[f"{prefix}.weight"], values.model.config.norm_eps
     mu = x.mean(-1, keepdims=True)
@@ -296,15 +296,15 @@ EPS_GRID = tuple(m * 10.0**e for e in range(-12, 0) for m in (1.0, 3.0))  # 1e-1
 def fitted_eps(port, base, values, stage: str, bound, tol, name) -> Fit | None:
     """A LayerNorm with an eps of its own: the class fitted for each eps of ``EPS_GRID`` (the
     config's own aside), the closest kept, its eps told."""
-    from conformance.diagnosis.model_classes import _layer_norm, _norm_operands
+    from conformance.diagnosis.model_classes import layer_norm_as, norm_operands
 
-    x, prefix = _norm_operands(stage, values, values.model.config)
+    x, prefix = norm_operands(stage, values, values.model.config)
     w, b, own = values._s[f"{prefix}.weight"], values._s.get(f"{prefix}.bias", 0.0), values.model.config.norm_eps
     best = None
     for eps in EPS_GRID:
         if abs(eps / own - 1.0) < 0.5:
             continue
-        fit = _fit(port, base, _layer_norm(x, w, b, eps), bound, bound, tol, name)
+        fit = _fit(port, base, layer_norm_as(x, w, b, eps), bound, bound, tol, name)
         if fit is not None and (best is None or (fit.named, -fit.distance) > (best.named, -best.distance)):
             best = fit
             best.detail = f" (eps ≈ {eps:.0e})"
@@ -383,7 +383,7 @@ def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
     """A standalone attention port's divergent ``attn.weights`` or ``attn`` (end to end: the port
     emits no q, k, v; the oracle's, from the port's inputs, are the classes' too)."""
     from conformance.diagnosis.classes import ATTENTION_CLASSES
-    from conformance.numerics.error_model import _attend_and_project
+    from conformance.numerics.error_model import attend_and_project
 
     port = np.asarray(out, np.float64)
     o = model.oracle
@@ -396,7 +396,7 @@ def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
     for bug in ATTENTION_CLASSES:
         with np.errstate(over="ignore", invalid="ignore"):
             P = bug.attention(o["attn.q"], o["attn.k"], model._mask, model.options)
-            alt = P if stage == "attn.weights" else _attend_and_project(P, o["attn.v"], model._s, "proj", QUIET)[0]
+            alt = P if stage == "attn.weights" else attend_and_project(P, o["attn.v"], model._s, "proj", QUIET)[0]
         fits.append(_fit(port, base, alt, bound, _scaled(bound, alt, base), tol, bug.name))
     return _verdict(stage, case, "end-to-end", fits)
 

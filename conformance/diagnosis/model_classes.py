@@ -37,7 +37,7 @@ _NORMS = {  # a LayerNorm stage kind -> the weights' prefix in its scope
 NORM_KINDS = tuple(_NORMS)
 
 
-def _norm_operands(name: str, t, config: ViTConfig):
+def norm_operands(name: str, t, config: ViTConfig):
     """A LayerNorm stage's input and its weights' prefix."""
     kind = stage_kind(name)
     inputs = [t[k] for k in stage_inputs(name, config)]
@@ -46,7 +46,7 @@ def _norm_operands(name: str, t, config: ViTConfig):
     return x, _NORMS[kind].format(b=b)
 
 
-def _layer_norm(x, w, b, eps, *, unbiased=False, eps_outside=False, stats_dtype=None):
+def layer_norm_as(x, w, b, eps, *, unbiased=False, eps_outside=False, stats_dtype=None):
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a class may overflow: its NaN is its match
         if stats_dtype is not None:  # E[x^2] - E[x]^2 in a lower dtype, as the port rounds it
             xs = x.astype(stats_dtype)
@@ -66,8 +66,8 @@ def _norm_variant(**how):
     def stage(name, t, images, s, config):
         if stage_kind(name) not in _NORMS:
             return None
-        x, prefix = _norm_operands(name, t, config)
-        return _layer_norm(x, s[f"{prefix}.weight"], s.get(f"{prefix}.bias", 0.0), config.norm_eps, **how)
+        x, prefix = norm_operands(name, t, config)
+        return layer_norm_as(x, s[f"{prefix}.weight"], s.get(f"{prefix}.bias", 0.0), config.norm_eps, **how)
 
     return stage
 
@@ -75,8 +75,8 @@ def _norm_variant(**how):
 def _no_affine(name, t, images, s, config):
     if stage_kind(name) not in _NORMS:
         return None
-    x, _ = _norm_operands(name, t, config)
-    return _layer_norm(x, 1.0, 0.0, config.norm_eps)
+    x, _ = norm_operands(name, t, config)
+    return layer_norm_as(x, 1.0, 0.0, config.norm_eps)
 
 
 def _norm2_with_norm1(s, config):
@@ -106,7 +106,7 @@ def _weights_variant(scale: Callable, swap: bool = False, axis: int = -1, causal
         a, b = (k, q) if swap != (axis == -2) else (q, k)  # over queries: (softmax over keys of k qᵀ)ᵀ
         bias = np.swapaxes(bias, -1, -2) if axis == -2 and np.ndim(bias) else bias  # (transposed back below)
         if axis == 0:
-            P, bound = O.softmax(scale(config) * _qk(a, b) + bias, axis=0), None
+            P, bound = O.softmax(scale(config) * qk_logits(a, b) + bias, axis=0), None
         else:
             n, m = a.shape[-2], b.shape[-2]
             mask = np.tril(np.ones((n, m), bool)) if causal else None
@@ -125,7 +125,7 @@ def _weights_variant(scale: Callable, swap: bool = False, axis: int = -1, causal
     return stage
 
 
-def _qk(q, k):
+def qk_logits(q, k):
     return q @ np.swapaxes(k, -2, -1)
 
 
@@ -141,7 +141,7 @@ def _softmax_naive(dtype):
         if stage_kind(name) not in _WEIGHTS:
             return None
         q, k, hd, bias = _attention_operands(name, t, config)
-        logits = (hd**-0.5 * _qk(q, k) + bias).astype(dtype)
+        logits = (hd**-0.5 * qk_logits(q, k) + bias).astype(dtype)
         with np.errstate(over="ignore", invalid="ignore"):
             e = np.exp(logits)
             total = e.sum(-1, keepdims=True, dtype=np.float32).astype(dtype)  # a float32 accumulator, stored
@@ -162,7 +162,7 @@ def _softmax_in(dtype: str):
 
         low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
         q, k, hd, bias = _attention_operands(name, t, config)
-        logits = (hd**-0.5 * _qk(q, k) + bias).astype(low)
+        logits = (hd**-0.5 * qk_logits(q, k) + bias).astype(low)
         e = np.exp((logits - logits.max(-1, keepdims=True)).astype(np.float32)).astype(low)
         total = np.add.reduce(e, axis=-1, keepdims=True, dtype=low)  # an accumulator of the dtype
         return (e.astype(np.float32) / total.astype(np.float32)).astype(low).astype(np.float64)
@@ -178,7 +178,7 @@ def _scaled_after_product(dtype):
             return None
         q, k, hd, bias = _attention_operands(name, t, config)
         with np.errstate(over="ignore", invalid="ignore"):
-            product = _qk(q, k).astype(dtype)  # accumulated in float32, stored: inf past 65504
+            product = qk_logits(q, k).astype(dtype)  # accumulated in float32, stored: inf past 65504
             return O.softmax((product * np.asarray(hd**-0.5, dtype)).astype(np.float64) + bias)
 
     return stage
@@ -273,7 +273,7 @@ def _pooled(select: Callable, tokens: Callable | None = None):
         else:
             bound = precision.inputs * np.abs(y) if precision.bounds else None
         if config.use_fc_norm:
-            y = _layer_norm(y, s["fc_norm.weight"], s.get("fc_norm.bias", 0.0), config.norm_eps)
+            y = layer_norm_as(y, s["fc_norm.weight"], s.get("fc_norm.bias", 0.0), config.norm_eps)
             bound = None  # through the norm: as the oracle's, scaled (fit)
         return y, bound
 
@@ -307,7 +307,7 @@ def _extra_mlp_norm(name, t, images, s, config):
     if stage_kind(name) != "mlp" or not name.startswith("blocks."):
         return None
     b = _block(name)[0]
-    h = _layer_norm(t[f"{b}.mlp.act"], 1.0, 0.0, 1e-5)
+    h = layer_norm_as(t[f"{b}.mlp.act"], 1.0, 0.0, 1e-5)
     return h @ s[f"{b}.mlp.fc2.weight"].T + s.get(f"{b}.mlp.fc2.bias", 0.0)
 
 
@@ -332,7 +332,7 @@ def _norm_after_pooling(name, t, images, s, config):
     if name != "pooled":
         return None
     x = t[f"blocks.{config.depth - 1}"][:, config.pool_skip :].mean(1)
-    return _layer_norm(x, s["norm.weight"], s.get("norm.bias", 0.0), config.norm_eps)
+    return layer_norm_as(x, s["norm.weight"], s.get("norm.bias", 0.0), config.norm_eps)
 
 
 def _bias_dropped(suffix: str):

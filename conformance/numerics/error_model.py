@@ -54,7 +54,7 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from conformance.numerics.evaluate import _attend_and_project, evaluate, mlp_hidden, prefix_tokens  # noqa: F401 - the API
+from conformance.numerics.evaluate import attend_and_project, evaluate, mlp_hidden, prefix_tokens  # noqa: F401 - the API
 from conformance.numerics.kinds.activation import CURVATURE, activation  # noqa: F401 - the API
 from conformance.numerics.kinds.attention import attend, sdpa, softmax_weights  # noqa: F401 - the API
 from conformance.numerics.kinds.layer_norm import layer_norm  # noqa: F401 - the API
@@ -312,7 +312,7 @@ class AttentionModel(Chain):
         elif name == "attn.weights":
             return softmax_weights(t["attn.q"], t["attn.k"], hd**-0.5, p, self._mask)
         else:
-            return _attend_and_project(t["attn.weights"], t["attn.v"], s, "proj", p)
+            return attend_and_project(t["attn.weights"], t["attn.v"], s, "proj", p)
         return O.split_heads(y, H), O.split_heads(bound, H) if p.bounds else 0.0
 
     def sizes(self):

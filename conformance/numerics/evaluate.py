@@ -272,7 +272,7 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
     if rest == "attn.weights":  # BEiT's bias (a tap) added to the scaled logits
         return softmax_weights(inputs[0], inputs[1], hd**-0.5, p, mask=inputs[2] if len(inputs) > 2 else None)
     if rest == "attn":
-        return _attend_and_project(inputs[0], inputs[1], s, f"{b}.attn.proj", p)
+        return attend_and_project(inputs[0], inputs[1], s, f"{b}.attn.proj", p)
     if rest in ("ls1", "ls2"):
         return _scaled(inputs[0], s[f"{b}.{rest}.gamma"], p)
     # A summand may enter the residual more precisely than its tap shows (XLA fuses x + h * gamma
@@ -295,7 +295,7 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
     raise KeyError(f"no error model for stage {name!r}")
 
 
-def _attend_and_project(P, v, s, proj: str, p: Precision):
+def attend_and_project(P, v, s, proj: str, p: Precision):
     """proj(merge_heads(P v)), with the attention output's own error carried through proj."""
     o, do = attend(P, None, v, p)
     w, bias = _rows(s, proj, slice(None))
@@ -320,7 +320,7 @@ def _attn_pool(name: str, t, batch: int, s, config: ViTConfig, p: Precision):
     if stage == "weights":
         return softmax_weights(t["attn_pool.q"], t["attn_pool.k"], (D // H) ** -0.5, p)
     if stage == "proj":
-        return _attend_and_project(t["attn_pool.weights"], t["attn_pool.v"], s, "attn_pool.proj", p)
+        return attend_and_project(t["attn_pool.weights"], t["attn_pool.v"], s, "attn_pool.proj", p)
     if stage == "norm":
         return layer_norm(
             t["attn_pool.proj"], s["attn_pool.norm.weight"], s.get("attn_pool.norm.bias", 0.0), config.norm_eps, p

@@ -18,14 +18,14 @@ def _scaled_rows(x):
 
 
 _LARGE = 1 << 22  # multiply-adds from which a product is worth float32's conversions (full-size models)
-_LARGE_ACTIVATION = 1 << 16  # elements from which an activation is taped (its clean slope held)
+LARGE_ACTIVATION = 1 << 16  # elements from which an activation is taped (its clean slope held)
 
 
-def _large(x, w) -> bool:
+def is_large(x, w) -> bool:
     return x.size * w.shape[0] >= _LARGE
 
 
-def _times_t(x, w):
+def times_t(x, w):
     """x wᵀ, for w 2-D: one matrix product over all of x's leading axes (a batched product of a
     stack of small ones is slower, and differs from it in the last bits)."""
     return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
@@ -36,10 +36,10 @@ def squares(x, w):
     two per row where the product is large (no square leaves float32's range; the product's own
     rounding, a few 1e-7 relative, is that of the bound, whose constants are calibrated to a tenth
     at best), in float64 where it is small."""
-    if not _large(x, w):
+    if not is_large(x, w):
         return (x * x) @ (w * w).T
     (xs, ex), (ws, ew) = _scaled_rows(x), _scaled_rows(w)
-    m2 = _times_t(xs * xs, ws * ws)
+    m2 = times_t(xs * xs, ws * ws)
     return np.ldexp(m2.astype(np.float64), 2 * (ex + np.swapaxes(ew, -1, -2)))
 
 
@@ -55,7 +55,7 @@ class Tape:
     scaled by a power of two: what a noisy run measures is its difference from the clean run,
     which this computes to float32's rounding of the difference itself (a few 1e-6 of the
     deviation: the spread moves by as much), at half the cost of a float64 product. A bounded run
-    takes the clean magnitudes plus what the difference can add to them (``_nearby``) where that
+    takes the clean magnitudes plus what the difference can add to them (``nearby_bound``) where that
     is within ``NEARBY`` of them, and computes them afresh elsewhere; an activation, the clean one
     plus its slope times the difference where the curvature's share is below ``NEARBY`` of the
     rounding the bound allows there (``_activation_near``)."""
@@ -87,7 +87,7 @@ class Tape:
 _CURRENT = threading.local()  # the tape this thread records or follows
 
 
-def _taped(kind: str) -> tuple[list | None, tuple | None]:
+def taped_step(kind: str) -> tuple[list | None, tuple | None]:
     """(the list to record in, None) in a clean step recording its tape; (None, the next entry of
     ``kind`` or None) in a run following one; (None, None) elsewhere."""
     tape = getattr(_CURRENT, "tape", None)
@@ -107,7 +107,7 @@ def _taped(kind: str) -> tuple[list | None, tuple | None]:
 NEARBY = 2.0**-5
 
 
-def _nearby(m0, d, w):
+def nearby_bound(m0, d, w):
     """m₀ + ‖d‖ max|w|, an upper bound of the magnitudes of x₀ + d, where within ``NEARBY`` of m₀
     everywhere; otherwise None."""
     reach = np.sqrt(np.einsum("...k,...k->...", d, d))[..., None] * np.abs(w).max(axis=1)
@@ -117,7 +117,7 @@ def _nearby(m0, d, w):
     return m0 + reach
 
 
-def _difference_product(d, w):
+def difference_product(d, w):
     """d wᵀ in float32, d scaled by one power of two (its largest entry's), returned in float64."""
     e = int(np.frexp(np.abs(d).max(initial=0.0))[1])
-    return np.ldexp(_times_t((d * 2.0**-e).astype(np.float32), np.asarray(w, np.float32)).astype(np.float64), e)
+    return np.ldexp(times_t((d * 2.0**-e).astype(np.float32), np.asarray(w, np.float32)).astype(np.float64), e)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.bench import _cpu_name
+from conformance.bench import cpu_name
 from conformance.verify.budget import MEMORY_ENV, case_batch, forward_flops, sizes
 from conformance.verify.cases import FULL_SIZE, iter_plan, row_plan, verify_plan
 from impls import get_config
@@ -170,7 +170,7 @@ def run(configs=CONFIGS, port: str = "torch") -> dict:
             file=sys.stderr,
             flush=True,
         )
-    machine = {"platform": platform.platform(), "processor": _cpu_name(), "cores": os.cpu_count()}
+    machine = {"platform": platform.platform(), "processor": cpu_name(), "cores": os.cpu_count()}
     return {"machine": machine, "date": time.strftime("%Y-%m-%d"), "rows": rows}
 
 

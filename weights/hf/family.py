@@ -340,7 +340,7 @@ def to_family_hf(
 ) -> dict[str, np.ndarray]:
     model_type = model_type or model_type_for(config)
     family_config_to_hf(config, model_type)  # refuses what the layout cannot hold
-    out = _to_dinov2(state, config) if model_type.startswith("dinov2") else _to_clip_family(state, config, model_type)
+    out = _to_dinov2(state, config) if model_type.startswith("dinov2") else to_clip_family(state, config, model_type)
     return {k: np.ascontiguousarray(t) for k, t in out.items()}
 
 
@@ -376,7 +376,7 @@ def _to_dinov2(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, 
     return out
 
 
-def _to_clip_family(state: Mapping[str, np.ndarray], config: ViTConfig, model_type: str) -> dict[str, np.ndarray]:
+def to_clip_family(state: Mapping[str, np.ndarray], config: ViTConfig, model_type: str) -> dict[str, np.ndarray]:
     """transformers' CLIP and SigLIP vision towers' names (SigLIP's MAP head)."""
     D = config.embed_dim
     v = "vision_model." if model_type == "clip_vision_model" else ""

@@ -22,7 +22,7 @@ import numpy as np
 from weights.canonical import WeightError
 from weights.config import ViTConfig
 from weights.hf.common import ACT_BACK, act_of, refuse
-from weights.hf.family import _to_clip_family, from_family_hf, vision_fields
+from weights.hf.family import to_clip_family, from_family_hf, vision_fields
 from weights.options import holds
 
 MODEL_TYPE = "siglip2_vision_model"
@@ -83,7 +83,7 @@ def vit_config_to_siglip2(config: ViTConfig) -> dict:
 
 def to_siglip2(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     vit_config_to_siglip2(config)  # refuses what the layout cannot hold
-    out = {k: np.ascontiguousarray(v) for k, v in _to_clip_family(state, config, "siglip_vision_model").items()}
+    out = {k: np.ascontiguousarray(v) for k, v in to_clip_family(state, config, "siglip_vision_model").items()}
     w = out[_PATCH]  # (D, C, ph, pw) -> (D, ph pw C)
     out[_PATCH] = np.ascontiguousarray(w.transpose(0, 2, 3, 1).reshape(w.shape[0], -1))
     return out

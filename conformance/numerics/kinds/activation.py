@@ -7,7 +7,7 @@ import numpy as np
 from scipy.special import erf
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from conformance.numerics.roundings import Precision
-from conformance.numerics.tape import NEARBY, _LARGE_ACTIVATION, _taped
+from conformance.numerics.tape import NEARBY, LARGE_ACTIVATION, taped_step
 
 
 def _sigmoid(x):
@@ -61,7 +61,7 @@ def gelu(h, dh, p: Precision, name: str = "gelu"):
     remainder: nothing where dh is a rounding, but a dynamically quantized input's dh is a good
     part of a unit); the function itself is evaluated in the storage dtype by some frameworks
     (MLX's erf): absolute error u_s (|a| + |h|)."""
-    record, entry = _taped("acts") if h.size >= _LARGE_ACTIVATION else (None, None)
+    record, entry = taped_step("acts") if h.size >= LARGE_ACTIVATION else (None, None)
     if entry is not None and entry[0].shape == h.shape:  # a run following the clean step's tape
         a, slope = _activation_near(name, h, entry, p)
     else:

@@ -7,26 +7,26 @@ import numpy as np
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from conformance.numerics.roundings import Precision
 from conformance.numerics.runs import beside
-from conformance.numerics.tape import _difference_product, _large, _nearby, _taped, _times_t, squares
+from conformance.numerics.tape import difference_product, is_large, nearby_bound, taped_step, times_t, squares
 
 
 def linear(x, w, b, p: Precision):
     """y = x wᵀ + b and its unit bound; w is (out, in)."""
     # a small product is not taped: its float64 costs less than the difference
-    record, entry = _taped("calls") if _large(x, w) else (None, None)
+    record, entry = taped_step("calls") if is_large(x, w) else (None, None)
     if entry is not None and entry[0].shape == x.shape:  # a run following the clean step's tape
         x0, y0, m0 = entry
         d = x - x0
-        m = None if not p.bounds or m0 is None else _nearby(m0, d, w)
+        m = None if not p.bounds or m0 is None else nearby_bound(m0, d, w)
         if not p.bounds or m is not None:
-            y = y0 + _difference_product(d, w)
+            y = y0 + difference_product(d, w)
             if np.isfinite(y).all():
                 return (
                     (y, 0.0) if not p.bounds else (y, _linear_bound(x.shape[-1], m, y, p) + _quantized_input(x, w, p))
                 )
     # the clean step's magnitudes beside its value: the step is what the other runs wait for
     magnitudes = beside().submit(squares, x, w) if record is not None and p.bounds else None
-    y = _times_t(x, w) if _large(x, w) else x @ w.T
+    y = times_t(x, w) if is_large(x, w) else x @ w.T
     if b is not None:
         y = y + b
     if not p.bounds:
@@ -58,9 +58,9 @@ def _linear_bound(K: int, m, y, p: Precision):
 
 def propagate_linear(dx, w):
     """How an input error dx (independent signs) moves x wᵀ."""
-    record, entry = _taped("spreads") if _large(dx, w) else (None, None)
+    record, entry = taped_step("spreads") if is_large(dx, w) else (None, None)
     if entry is not None and entry[0].shape == dx.shape:  # a bounded run following the clean step's tape
-        m = _nearby(entry[1], dx - entry[0], w)
+        m = nearby_bound(entry[1], dx - entry[0], w)
         if m is not None:
             return m
     m = np.sqrt(squares(dx, w))
