@@ -117,15 +117,27 @@ def test_no_library_module_imports_a_test_module():
 COMMANDS = "conformance.commands"  # the floor of every command (python -m conformance's subcommands)
 
 
-def upward(graph: dict[str, set[str]]) -> dict[str, list[str]]:
-    """The modules below the commands' floor that import a command (the package's entry point,
-    conformance.__main__, is the floor's own door)."""
+def _in(module: str, packages) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
-    def command(m: str) -> bool:
-        return m == COMMANDS or m.startswith(COMMANDS + ".") or m == "conformance.__main__"
 
-    found = {m: sorted(d for d in deps if command(d)) for m, deps in graph.items() if not command(m)}
+def crossing(graph: dict[str, set[str]], above, below=None) -> dict[str, list[str]]:
+    """The modules of ``below`` (None: every module not in ``above``) that import one of ``above``."""
+    found = {
+        m: sorted(d for d in deps if _in(d, above))
+        for m, deps in graph.items()
+        if (not _in(m, above) if below is None else _in(m, below))
+    }
     return {m: d for m, d in found.items() if d}
+
+
+# the commands' floor, the package's entry point (conformance.__main__) its own door
+FLOOR = (COMMANDS, "conformance.__main__")
+
+
+def upward(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The modules below the commands' floor that import a command."""
+    return crossing(graph, FLOOR)
 
 
 def test_no_library_module_imports_a_command():
@@ -143,14 +155,8 @@ SANDBOX = "conformance.sandbox"  # the port's side: below every check
 
 
 def into_checks(graph: dict[str, set[str]]) -> dict[str, list[str]]:
-    """The sandbox's modules that import a check (conformance.verify), a command or the plugin."""
-    above = ("conformance.verify", COMMANDS, "conformance.plugin", "conformance.zoo")
-    found = {
-        m: sorted(d for d in deps if d in above or d.startswith(tuple(a + "." for a in above)))
-        for m, deps in graph.items()
-        if m == SANDBOX or m.startswith(SANDBOX + ".")
-    }
-    return {m: d for m, d in found.items() if d}
+    """The sandbox's modules that import a check (conformance.verify), a command, the plugin or the zoo."""
+    return crossing(graph, ("conformance.verify", COMMANDS, "conformance.plugin", "conformance.zoo"), (SANDBOX,))
 
 
 def test_the_sandbox_imports_no_check():
