@@ -7,6 +7,7 @@ are read through forward hooks on timm's own modules, not recomputed here.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ import numpy as np
 from impls.protocol import NAFLEX_FAMILY, VIT_FAMILY, ViTConfig, check_images
 from impls.stages import STAGES
 from weights import hf
-from weights.options import BY_FIELD
+from weights.options import BY_FIELD, OPTIONS
 
 
 def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None, **rates):
@@ -51,6 +52,8 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
     return model.eval()
 
 
+# the options set on the built model rather than passed (every LayerNorm's eps)
+_SET_AFTER = ("norm_eps",)
 # timm's Eva names LayerScale's gamma after its block (gamma_1), VisionTransformer after its module
 _EVA_NAMES = ((".ls1.gamma", ".gamma_1"), (".ls2.gamma", ".gamma_2"))
 # what of a config timm's Eva has no keyword for (its MLP's activation: GELU, SiLU in its SwiGLUs)
@@ -131,6 +134,7 @@ def _timm_eva(config: ViTConfig, state, dtype, rates: dict):
             rope_rotate_half=config.rope_rotate_half,
             ref_feat_shape=config.ref_feat_shape,
             use_fc_norm=config.use_fc_norm,
+            use_post_transformer_norm=config.use_final_norm,
             attn_pool_num_heads=config.attn_pool_num_heads,
             use_pre_transformer_norm=config.pre_norm,
             qk_norm=config.qk_norm,
@@ -187,6 +191,8 @@ def _timm_beit(config: ViTConfig, state, dtype, rates: dict):
         if getattr(config, k) not in (ok if isinstance(ok, tuple) else (ok,))
         and not (k == "k_bias" and not config.qkv_bias)
     ]
+    if not (config.use_final_norm or config.use_fc_norm):  # timm's Beit has one norm or the other
+        beyond.append("no final norm (neither norm nor fc_norm)")
     if beyond:
         raise NotInTimm(f"timm's Beit has no keyword for {', '.join(beyond)}")
     with torch.device("meta") if state is not None else contextlib.nullcontext():
@@ -247,6 +253,7 @@ def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
     sizes = {k: v for k, v in _sizes(config).items() if k not in skip}
     # fc_norm resolved: NaFlexVit's None is 'avg' alone, timm's ViT's (the config's) every reducing pool
     keywords = {**{k: getattr(config, k) for k in _NAFLEX_KEYWORDS}, "fc_norm": config.use_fc_norm}
+    keywords["final_norm"] = config.use_final_norm or config.use_fc_norm  # NaFlexVit's: either norm
     cfg = NaFlexVitCfg(**sizes, **keywords, **rates)
     model = NaFlexVit(cfg, in_chans=config.in_chans, num_classes=config.num_classes, img_size=config.img_size)
     for module in model.modules():
@@ -295,6 +302,7 @@ def not_in_timm(config: ViTConfig) -> list[str]:
 
 def _timm_model(VisionTransformer, config: ViTConfig, mlp_layer, skip_init: bool, rates: dict):
     import torch
+    from timm.models import vision_transformer as timm_vit
 
     beyond = not_in_timm(config)
     norm = "layernorm" if config.norm_bias else partial(torch.nn.LayerNorm, bias=False)
@@ -302,32 +310,24 @@ def _timm_model(VisionTransformer, config: ViTConfig, mlp_layer, skip_init: bool
         beyond = [b for b in beyond if not b.startswith("mlp_bias=")]  # timm's coupling, spelled out
     if beyond:
         raise NotInTimm(f"timm's VisionTransformer has no keyword for {', '.join(beyond)}")
+    # every option whose timm keyword is its own name, as it is; the rest below, translated
+    accepted = inspect.signature(timm_vit.VisionTransformer).parameters  # the distilled one's too
+    same = {o.field: getattr(config, o.field) for o in OPTIONS if o.timm == o.field and o.field in accepted}
+    same["mlp_layer"] = mlp_layer  # timm's class for the config's name
+    unread = [f for f in BY_FIELD if BY_FIELD[f].timm == f and f not in accepted and f not in _SET_AFTER]
+    if any(getattr(config, f) != BY_FIELD[f].default for f in unread):
+        raise NotInTimm(f"timm's VisionTransformer has no keyword for {', '.join(unread)}")
     return VisionTransformer(
         img_size=config.img_size,
         patch_size=config.patch_size,
         in_chans=config.in_chans,
-        num_classes=config.num_classes,
-        global_pool=config.global_pool,
-        class_token=config.class_token,
         embed_dim=config.embed_dim,
         depth=config.depth,
         num_heads=config.num_heads,
         mlp_ratio=config.mlp_ratio,
-        qkv_bias=config.qkv_bias,
-        reg_tokens=config.reg_tokens,
-        no_embed_class=config.no_embed_class,
-        pre_norm=config.pre_norm,
-        fc_norm=config.fc_norm,
-        init_values=config.init_values,
-        qk_norm=config.qk_norm,
-        act_layer=config.act_layer,
-        proj_bias=config.proj_bias,
-        mlp_layer=mlp_layer,
-        dynamic_img_size=config.dynamic_img_size,
-        pos_embed=config.pos_embed,
+        **same,
         embed_norm_layer=(norm if config.embed_norm else None),
         **({} if config.norm_bias else {"norm_layer": norm}),
-        pool_include_prefix=config.pool_include_prefix,
         **({"weight_init": "skip"} if skip_init else {}),
         **rates,
     )

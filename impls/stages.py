@@ -119,7 +119,7 @@ def _scale_mlp(c):
 
 
 def _final_norm(c):
-    return not c.use_fc_norm
+    return c.use_final_norm
 
 
 def _map(c):
@@ -316,7 +316,7 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
     else:
         prev = None
     last = f"blocks.{config.depth - 1}"
-    features = "norm" if not config.use_fc_norm else last
+    features = "norm" if config.use_final_norm else last
     qk_in = (f"{b}.attn.q_norm", f"{b}.attn.k_norm") if config.qk_norm else (f"{b}.attn.q", f"{b}.attn.k")
     qk = (f"{b}.attn.q_rope", f"{b}.attn.k_rope") if config.rope_type else qk_in
     scaled = config.init_values is not None

@@ -505,7 +505,7 @@ class VisionTransformer(nn.Module):
         self.blocks = nn.ModuleList(
             [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
         )
-        if not config.use_fc_norm:
+        if config.use_final_norm:
             self.norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
         if config.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
@@ -577,7 +577,7 @@ class VisionTransformer(nn.Module):
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
             x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep))
-        if not self.config.use_fc_norm:
+        if self.config.use_final_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)
         return x

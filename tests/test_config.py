@@ -135,6 +135,37 @@ def test_each_option_is_defined_once_and_everything_reads_it():
     assert config.beyond_original_vit() == ["global_pool='map'", "reg_tokens=4"]
 
 
+def _unchecked(options) -> list[str]:
+    """The options whose declared check takes a value of no field's type (an object), or refuses
+    their own default."""
+    found = []
+    for option in options:
+        option.check(option.default, option.field)  # the default is a valid value
+        try:
+            option.check(object(), option.field)
+        except ConfigError as e:
+            assert option.field in str(e)  # the refusal names the field
+        else:
+            found.append(option.field)
+    return found
+
+
+def test_each_options_value_is_checked_as_it_declares():
+    """Every option's field is checked by the check its entry declares (weights/checks.py), which
+    ViTConfig runs; a value of another type is refused naming the field. The companion: an entry
+    whose check takes anything is found, and a config with it takes a wrong value."""
+    import dataclasses
+
+    from weights.checks import Check
+    from weights.options import BY_FIELD, OPTIONS
+
+    assert _unchecked(OPTIONS) == []
+    lax = dataclasses.replace(BY_FIELD["qk_norm"], check=Check("bool", lambda value, name: value))
+    assert _unchecked((lax,)) == ["qk_norm"]
+    with pytest.raises(ConfigError, match="qk_norm must be a bool, got 'yes'"):
+        ViTConfig(qk_norm="yes")
+
+
 def test_a_number_float32_holds_is_a_valid_config():
     """The companion: the same options at values float32 holds are taken."""
     for options in (dict(rope_grid_offset=0.5), dict(rope_temperature=1e-30), dict(norm_eps=1e-30)):

@@ -56,7 +56,7 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     block = block_shapes(config)
     for i in range(config.depth):
         shapes.update({f"blocks.{i}.{k}": shape for k, shape in block.items()})
-    if not config.use_fc_norm:
+    if config.use_final_norm:
         shapes["norm.weight"] = (D,)
         if config.norm_bias:
             shapes["norm.bias"] = (D,)

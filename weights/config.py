@@ -67,25 +67,22 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from weights.checks import FLOAT32_MAX, FLOAT32_TINY, ConfigError, pair, real  # noqa: F401 - re-exported
 from weights.options import (  # noqa: F401 - the options' values, declared with them, re-exported
     ACT_LAYERS,
     BY_FIELD,
     FAMILY,
     GLOBAL_POOLS,
     MLP_LAYERS,
+    OPTIONS,
     POS_EMBEDS,
     REDUCING_POOLS,
     ROPE_TYPES,
 )
-
-
-class ConfigError(ValueError):
-    """A ViTConfig whose options contradict each other."""
 
 
 def inline_json(text: str) -> bool:
@@ -107,91 +104,39 @@ def config_from_json(text: str, what: str = "the config") -> "ViTConfig":
     return ViTConfig.from_dict(data)
 
 
-def _pair(value: Any, name: str) -> tuple[int, int]:
-    if isinstance(value, bool):
-        raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
-    if isinstance(value, int):
-        return (value, value)
-    if (
-        isinstance(value, (tuple, list))
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    ):
-        return (int(value[0]), int(value[1]))
-    raise ConfigError(f"{name} must be an int or a pair of ints, got {value!r}")
-
-
 # a table per block (keys, stages: about 25 each) stays under two million entries; verify's memory
 # estimate (conformance.verify.budget) refuses far less deep configs, naming the figure
 MAX_DEPTH = 65536
-# float32's largest finite and smallest normal magnitudes (numpy.finfo(numpy.float32).max, .tiny)
-FLOAT32_MAX, FLOAT32_TINY = 3.4028234663852886e38, 1.1754943508222875e-38
 
 
-def _real(value: Any, name: str, optional: bool = False) -> None:
-    """A finite real number (not a bool, a string or Infinity from a JSON config) that float32
-    holds: every port computes with the config's numbers in float32 or coarser, so a value it
-    rounds to Inf or to 0 (or a subnormal) is a config no port can run, not a finding about one."""
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be a finite number{' or None' if optional else ''}, got {value!r}")
-    if abs(value) > FLOAT32_MAX or 0 < abs(value) < FLOAT32_TINY:
-        raise ConfigError(
-            f"{name} must be a number float32 holds (0, or a magnitude from {FLOAT32_TINY:.3g} to {FLOAT32_MAX:.3g}): "
-            f"got {value!r}, which float32 rounds to {'Inf' if abs(value) > 1 else '0 or a subnormal'}"
-        )
+def _with_options(cls):
+    """``cls``'s sizes, then every option of weights/options.py as a field of its declared type
+    and default, then ``name``: the config is a frozen dataclass of them."""
+    annotations = {k: v for k, v in cls.__annotations__.items() if k != "name"}
+    for option in OPTIONS:
+        annotations[option.field] = option.check.type
+        setattr(cls, option.field, option.default)
+    cls.__annotations__ = {**annotations, "name": cls.__annotations__["name"]}
+    return dataclass(frozen=True)(cls)
 
 
-@dataclass(frozen=True)
+@_with_options
 class ViTConfig:
+    """The sizes declared here; every option (``global_pool`` ... ``rel_pos_bias``) a field
+    declared once, in weights/options.py, with its default and its check."""
+
     img_size: int | tuple[int, int] = 224
     patch_size: int | tuple[int, int] = 16
     in_chans: int = 3
-    num_classes: int = 1000
-    global_pool: str = "token"
-    class_token: bool = True
     embed_dim: int = 768
     depth: int = 12
     num_heads: int = 12
     mlp_ratio: float = 4.0
-    qkv_bias: bool = True
-    norm_eps: float = 1e-6
-    reg_tokens: int = 0
-    no_embed_class: bool = False
-    pre_norm: bool = False
-    fc_norm: bool | None = None
-    init_values: float | None = None
-    qk_norm: bool = False
-    act_layer: str = "gelu"
-    proj_bias: bool = True
-    mlp_layer: str = "mlp"
-    dynamic_img_size: bool = False
-    pos_embed: str = "learn"
-    patch_norm: bool = False
-    embed_norm: bool = False
-    pool_include_prefix: bool = False
-    mlp_bias: bool | None = None
-    distilled: bool = False
-    norm_bias: bool = True
-    rope_type: str | None = None
-    rope_temperature: float = 10000.0
-    rope_grid_indexing: str = "ij"
-    rope_grid_offset: float = 0.0
-    rope_rotate_half: bool = False
-    ref_feat_shape: int | tuple[int, int] | None = None
-    k_bias: bool = True
-    qkv_fused: bool = True
-    scale_mlp: bool = False
-    attn_pool_num_heads: int | None = None
-    rel_pos_bias: bool = False
-    pos_embed_grid_size: int | tuple[int, int] | None = None
-    pos_embed_interp_mode: str = "bicubic"
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        img = _pair(self.img_size, "img_size")
-        patch = _pair(self.patch_size, "patch_size")
+        img = pair(self.img_size, "img_size")
+        patch = pair(self.patch_size, "patch_size")
         object.__setattr__(self, "img_size", img)
         object.__setattr__(self, "patch_size", patch)
         for key in ("in_chans", "embed_dim", "depth", "num_heads"):
@@ -203,8 +148,8 @@ class ViTConfig:
                 f"depth must be at most {MAX_DEPTH} (the deepest published ViT, ViT-e, has 56 blocks), got "
                 f"{self.depth!r}: refused before any table of its blocks is built"
             )
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
-            raise ConfigError(f"num_classes must be an int >= 0, got {self.num_classes!r}")
+        for option in OPTIONS:  # each field's own value, as its option declares it
+            object.__setattr__(self, option.field, option.check(getattr(self, option.field), option.field))
         if min(img) < 1 or min(patch) < 1:
             raise ConfigError(f"img_size {img} and patch_size {patch} must be positive")
         if img[0] < patch[0] or img[1] < patch[1]:
@@ -218,63 +163,25 @@ class ViTConfig:
             )
         if self.embed_dim % self.num_heads:
             raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}")
-        if self.global_pool not in GLOBAL_POOLS:
-            raise ConfigError(f"global_pool must be one of {GLOBAL_POOLS}, got {self.global_pool!r}")
         if not self.class_token and self.global_pool == "token":
             raise ConfigError(
                 f'class_token=False needs a global_pool other than "token" ({GLOBAL_POOLS[1:]}): '
                 "there is no token to pool"
             )
-        _real(self.mlp_ratio, "mlp_ratio")
-        _real(self.norm_eps, "norm_eps")
-        _real(self.init_values, "init_values", optional=True)
-        for key in ("global_pool", "act_layer", "mlp_layer", "pos_embed"):
-            if not isinstance(getattr(self, key), str):
-                raise ConfigError(f"{key} must be a string, got {getattr(self, key)!r}")
+        real(self.mlp_ratio, "mlp_ratio")
         if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
             raise ConfigError(f"mlp_ratio must give a hidden width >= 1, got {self.mlp_ratio!r}")
-        if not 0 < self.norm_eps < 1:
-            raise ConfigError(f"norm_eps must be in (0, 1), got {self.norm_eps!r}")
-        if isinstance(self.reg_tokens, bool) or not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
-            raise ConfigError(f"reg_tokens must be an int >= 0, got {self.reg_tokens!r}")
-        if self.fc_norm not in (None, True, False):
-            raise ConfigError(f"fc_norm must be None (timm's default), True or False, got {self.fc_norm!r}")
-        if self.init_values is not None and (isinstance(self.init_values, bool) or not self.init_values > 0):
-            raise ConfigError(f"init_values must be None (no LayerScale) or > 0, got {self.init_values!r}")
-        if self.act_layer not in ACT_LAYERS:
-            raise ConfigError(f"act_layer must be one of {ACT_LAYERS}, got {self.act_layer!r}")
-        if self.mlp_layer not in MLP_LAYERS:
-            raise ConfigError(f"mlp_layer must be one of {MLP_LAYERS}, got {self.mlp_layer!r}")
         self._check_ports_options()
         self._check_rope()
 
     def _check_rope(self) -> None:
         """timm's Eva rotary options (impls/numpy_pos_embed.py): q and k of the patch tokens rotated in
         every block, the prefix tokens not."""
-        if self.rope_type is not None and self.rope_type not in ROPE_TYPES:
+        if self.ref_feat_shape is not None and self.rope_type != "cat":
             raise ConfigError(
-                f"rope_type must be None (no rotary embedding) or one of {ROPE_TYPES}, got {self.rope_type!r}"
+                f"ref_feat_shape {self.ref_feat_shape} rescales rope_type='cat''s grid (EVA02): it needs "
+                f"rope_type='cat', got {self.rope_type!r}"
             )
-        _real(self.rope_temperature, "rope_temperature")
-        _real(self.rope_grid_offset, "rope_grid_offset")
-        if not self.rope_temperature > 0:
-            raise ConfigError(f"rope_temperature must be > 0, got {self.rope_temperature!r}")
-        if abs(self.rope_grid_offset) > 2**24:  # float32's integers are exact to 2^24, its grid's neighbours apart
-            raise ConfigError(
-                f"rope_grid_offset must be at most 2^24 in magnitude (beyond, float32 rounds neighbouring grid "
-                f"coordinates to one value: no port can tell the positions apart), got {self.rope_grid_offset!r}"
-            )
-        if self.rope_grid_indexing not in ("ij", "xy"):
-            raise ConfigError(f"rope_grid_indexing must be 'ij' (row, column) or 'xy', got {self.rope_grid_indexing!r}")
-        if not isinstance(self.rope_rotate_half, bool):
-            raise ConfigError(f"rope_rotate_half must be a bool, got {self.rope_rotate_half!r}")
-        if self.ref_feat_shape is not None:
-            object.__setattr__(self, "ref_feat_shape", _pair(self.ref_feat_shape, "ref_feat_shape"))
-            if min(self.ref_feat_shape) < 1 or self.rope_type != "cat":
-                raise ConfigError(
-                    f"ref_feat_shape {self.ref_feat_shape} rescales rope_type='cat''s grid (EVA02): positive, "
-                    f"and with rope_type='cat', got {self.rope_type!r}"
-                )
         if self.rope_type == "mixed" and (self.rope_grid_offset or self.rope_rotate_half):
             raise ConfigError(
                 "rope_type='mixed' (RoPE-Mixed: learned frequencies, rope.freqs) turns neighbouring pairs at the "
@@ -288,32 +195,22 @@ class ViTConfig:
             )
 
     def _check_ports_options(self) -> None:
-        """The options of ports as people write them (weights/options.py), and every flag a bool."""
-        if self.pos_embed not in POS_EMBEDS:
-            raise ConfigError(f"pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        """The rules between the options of ports as people write them (weights/options.py)."""
         if self.pos_embed == "sincos" and (self.embed_dim % 4 or self.embed_dim < 8):
             raise ConfigError(
                 f"pos_embed='sincos' splits embed_dim {self.embed_dim} into sin and cos of x and y, each over "
                 "at least two frequencies: it must be a multiple of 4 from 8"
             )
-        if self.pos_embed_grid_size is not None:
-            object.__setattr__(self, "pos_embed_grid_size", _pair(self.pos_embed_grid_size, "pos_embed_grid_size"))
-            if min(self.pos_embed_grid_size) < 1 or self.pos_embed != "learn" or self.rel_pos_bias:
-                raise ConfigError(
-                    f"pos_embed_grid_size {self.pos_embed_grid_size} is a learned table's own grid (NaFlex): "
-                    f"positive, with pos_embed='learn' and no rel_pos_bias, got pos_embed={self.pos_embed!r}, "
-                    f"rel_pos_bias={self.rel_pos_bias!r}"
-                )
-        if self.pos_embed_interp_mode not in ("bicubic", "bilinear"):
+        if self.pos_embed_grid_size is not None and (self.pos_embed != "learn" or self.rel_pos_bias):
             raise ConfigError(
-                f"pos_embed_interp_mode must be 'bicubic' or 'bilinear' (antialiased), got {self.pos_embed_interp_mode!r}"
+                f"pos_embed_grid_size {self.pos_embed_grid_size} is a learned table's own grid (NaFlex): "
+                f"with pos_embed='learn' and no rel_pos_bias, got pos_embed={self.pos_embed!r}, "
+                f"rel_pos_bias={self.rel_pos_bias!r}"
             )
         if self.pos_embed == "sinusoid" and self.embed_dim % 2:
             raise ConfigError(
                 f"pos_embed='sinusoid' pairs sin and cos over embed_dim {self.embed_dim}: it must be even"
             )
-        if self.mlp_bias not in (None, True, False):
-            raise ConfigError(f"mlp_bias must be None (as proj_bias), True or False, got {self.mlp_bias!r}")
         if self.distilled is True and (self.global_pool != "token" or self.reg_tokens or self.fc_norm is True):
             raise ConfigError(
                 "distilled=True (DeiT's distillation token and head_dist) reads the class and distillation "
@@ -326,29 +223,7 @@ class ViTConfig:
                 f"mlp_layer='swiglu_packed' splits fc1's {self.mlp_hidden_dim} outputs (embed_dim * "
                 "mlp_ratio) into gate and value halves: it must be even"
             )
-        for key in (
-            "no_embed_class",
-            "pre_norm",
-            "qk_norm",
-            "proj_bias",
-            "qkv_bias",
-            "class_token",
-            "dynamic_img_size",
-            "patch_norm",
-            "embed_norm",
-            "pool_include_prefix",
-            "distilled",
-            "norm_bias",
-            "k_bias",
-            "qkv_fused",
-            "scale_mlp",
-            "rel_pos_bias",
-        ):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"{key} must be a bool, got {getattr(self, key)!r}")
         heads = self.attn_pool_num_heads
-        if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
-            raise ConfigError(f"attn_pool_num_heads must be None (num_heads) or a positive int, got {heads!r}")
         if heads is not None and self.embed_dim % heads:
             raise ConfigError(f"embed_dim {self.embed_dim} is not divisible by attn_pool_num_heads {heads}")
         if self.rel_pos_bias and (not self.class_token or self.num_prefix_tokens != 1 or self.dynamic_img_size):
@@ -442,7 +317,13 @@ class ViTConfig:
 
     @property
     def use_fc_norm(self) -> bool:
+        """A norm after the pooling, ``fc_norm`` (timm: by default with the reducing pools)."""
         return self.global_pool in REDUCING_POOLS if self.fc_norm is None else self.fc_norm
+
+    @property
+    def use_final_norm(self) -> bool:
+        """A norm over every token after the last block, ``norm``: where no ``fc_norm`` replaces it."""
+        return not self.use_fc_norm
 
     def beyond_original_vit(self) -> list[str]:
         """The options set beyond the original ViT (2020), as ``name=value`` (weights/options.py)."""
@@ -461,7 +342,7 @@ class ViTConfig:
     def at_img_size(self, img_size) -> "ViTConfig":
         """The config a dynamic_img_size model runs as on images of ``img_size``: every derived
         size (grid, tokens) at that size; the weights keep the shapes of ``self``."""
-        img_size = _pair(img_size, "img_size")
+        img_size = pair(img_size, "img_size")
         if img_size == self.img_size:
             return self
         if not self.dynamic_img_size:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from weights.checks import Check, count, flag, grid, number, one_of
+
 # the values an option's field takes, where they are a few names
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
 POS_EMBEDS = ("learn", "sincos", "sinusoid", "none")
@@ -34,6 +36,11 @@ BEIT = "hf:beit"
 SIGLIP2 = "hf:siglip2_vision_model"
 HF_FAMILY = ("hf:dinov2", "hf:dinov2_with_registers", "hf:clip_vision_model", "hf:siglip_vision_model", DINOV3, BEIT)
 HF_FAMILY += (SIGLIP2,)
+
+# the attention output's bias and the MLP's (timm couples them: proj_bias)
+ATTN_OUT_BIAS, MLP_BIAS = r"blocks\.\d+\.attn\.proj\.bias", r"blocks\.\d+\.mlp\.fc[12](_[gx])?\.bias"
+# float32's integers are exact to 2^24: beyond, neighbouring grid coordinates round to one value
+_EXACT_GRID = "beyond, float32 rounds neighbouring grid coordinates to one value: no port can tell the positions apart"
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,13 @@ class Option:
     # the values the property suite draws for it (a value repeated to draw it more often); () for the
     # sizes and the original ViT's own options, which conformance.strategies.configs draws itself
     draws: tuple = ()
+    check: Check = flag()  # what the field's value may be (weights/checks.py), run by ViTConfig
+    # each (a canonical key pattern, what a model without those keys lacks, the setting that
+    # expresses it): verify's line for a model the config names a part of that it does not have
+    lacks: tuple[tuple[str, str, str], ...] = ()
+    # (the setting, the config changes that add canonical keys, the option's own first): verify's
+    # line for a mapping that reads a key only this option adds
+    adds: tuple[str, dict] | None = None
 
     @property
     def timm(self) -> str | None:
@@ -88,6 +102,7 @@ OPTIONS: tuple[Option, ...] = (
         },
         big_vision="pool_type",
         open_clip="pool_type",
+        check=one_of(GLOBAL_POOLS),
     ),
     Option(
         "class_token",
@@ -105,6 +120,9 @@ OPTIONS: tuple[Option, ...] = (
             SIGLIP2: (False,),
         },
         family=False,
+        check=flag(),
+        lacks=((r"cls_token", "it has no class token", "class_token=false (with global_pool='avg')"),),
+        adds=("class_token=true", dict(class_token=True)),
     ),
     Option(
         "num_classes",
@@ -114,6 +132,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_every((0,), "hf:dinov2", "hf:dinov2_with_registers", "hf:siglip_vision_model", DINOV3, SIGLIP2),
         hf="num_labels",
         family=False,
+        check=count(0),
     ),
     Option(
         "qkv_bias",
@@ -123,6 +142,9 @@ OPTIONS: tuple[Option, ...] = (
         holds=_every((True,), "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT, SIGLIP2),
         hf="qkv_bias",
         family=False,
+        check=flag(),
+        lacks=((r"blocks\.\d+\.attn\.qkv\.bias", "its q, k and v projections have no bias", "qkv_bias=false"),),
+        adds=("qkv_bias=true", dict(qkv_bias=True)),
     ),
     Option(
         "norm_eps",
@@ -131,6 +153,7 @@ OPTIONS: tuple[Option, ...] = (
         "every LayerNorm's eps (timm's ViTs: 1e-6)",
         hf="layer_norm_eps",
         family=False,
+        check=number(0, 1),
     ),
     Option(
         "reg_tokens",
@@ -142,6 +165,9 @@ OPTIONS: tuple[Option, ...] = (
         ),
         hf="num_register_tokens",
         draws=(0, 0, 1, 2),
+        check=count(0),
+        lacks=((r"reg_token", "it has no register tokens", "reg_tokens=0"),),
+        adds=("reg_tokens > 0", dict(reg_tokens=1, distilled=False)),
     ),
     Option(
         "no_embed_class",
@@ -159,6 +185,7 @@ OPTIONS: tuple[Option, ...] = (
             SIGLIP2: (False, True),  # no prefix token: the same table either way
         },
         draws=(False, True),
+        check=flag(),
     ),
     Option(
         "pre_norm",
@@ -177,6 +204,15 @@ OPTIONS: tuple[Option, ...] = (
         },
         open_clip="no_ln_pre (its negation)",
         draws=(False, True),
+        check=flag(),
+        lacks=(
+            (
+                r"patch_embed\.proj\.bias",
+                "its patch embedding has no bias",
+                "pre_norm=true (CLIP: with a norm after the embedding)",
+            ),
+        ),
+        adds=("pre_norm=true", dict(pre_norm=True)),
     ),
     Option(
         "fc_norm",
@@ -185,6 +221,7 @@ OPTIONS: tuple[Option, ...] = (
         "the final norm after the pooling (None: timm's default, after it for the reducing pools)",
         holds={**_every((None, False), "open_clip", *HF_FAMILY), BEIT: (None,)},
         draws=(None, None, True, False),
+        check=flag(none="timm's default"),
     ),
     Option(
         "init_values",
@@ -195,6 +232,9 @@ OPTIONS: tuple[Option, ...] = (
         hf="layerscale_value",
         open_clip="ls_init_value",
         draws=(None, 1e-5),
+        check=number(0, none="no LayerScale"),
+        lacks=((r"blocks\.\d+\.ls[12]\.gamma", "its residual branches have no LayerScale", "init_values=null"),),
+        adds=("init_values", dict(init_values=1e-5)),
     ),
     Option(
         "qk_norm",
@@ -203,6 +243,9 @@ OPTIONS: tuple[Option, ...] = (
         "a LayerNorm over head_dim on q and on k",
         holds=_only(False),
         draws=(False, True),
+        check=flag(),
+        lacks=((r"blocks\.\d+\.attn\.[qk]_norm\.(weight|bias)", "it normalises neither q nor k", "qk_norm=false"),),
+        adds=("qk_norm=true", dict(qk_norm=True)),
     ),
     Option(
         "act_layer",
@@ -212,6 +255,7 @@ OPTIONS: tuple[Option, ...] = (
         hf="hidden_act",
         open_clip="act_layer",
         draws=ACT_LAYERS,
+        check=one_of(ACT_LAYERS),
     ),
     Option(
         "proj_bias",
@@ -220,6 +264,9 @@ OPTIONS: tuple[Option, ...] = (
         "the biases of the attention output and the MLP's projections",
         holds=_only(True, {DINOV3: None}),
         draws=(False, True),
+        check=flag(),
+        lacks=((ATTN_OUT_BIAS, "its attention output has no bias", "proj_bias=false"),),
+        adds=("proj_bias=true", dict(proj_bias=True, mlp_bias=False)),
     ),
     Option(
         "mlp_layer",
@@ -233,6 +280,7 @@ OPTIONS: tuple[Option, ...] = (
         },
         hf="use_swiglu_ffn",
         draws=MLP_LAYERS,
+        check=one_of(MLP_LAYERS),
     ),
     Option(
         "dynamic_img_size",
@@ -240,6 +288,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "images of any size divisible by the patch, the position table resampled to their grid",
         draws=(False, True),
+        check=flag(),
     ),
     Option(
         "pos_embed",
@@ -250,6 +299,16 @@ OPTIONS: tuple[Option, ...] = (
         "or none ('none')",
         holds=_only("learn", {DINOV3: ("none",), BEIT: ("learn", "none")}),
         draws=("learn", "learn", "sincos", "sinusoid", "none"),
+        check=one_of(POS_EMBEDS),
+        lacks=(
+            (
+                r"pos_embed",
+                "it has no learned position table",
+                "pos_embed='sincos' (SimpleViT's fixed 2-D table, computed at the grid), pos_embed='sinusoid' (the "
+                "Transformer paper's 1-D table over the sequence) or pos_embed='none'",
+            ),
+        ),
+        adds=("pos_embed='learn'", dict(pos_embed="learn")),
     ),
     Option(
         "patch_norm",
@@ -259,6 +318,8 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(False),
         timm_name=None,
         draws=(False, True),
+        check=flag(),
+        adds=("patch_norm=true", dict(patch_norm=True)),
     ),
     Option(
         "embed_norm",
@@ -268,6 +329,8 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(False),
         timm_name="embed_norm_layer",
         draws=(False, True),
+        check=flag(),
+        adds=("embed_norm=true", dict(embed_norm=True)),
     ),
     Option(
         "pool_include_prefix",
@@ -276,6 +339,7 @@ OPTIONS: tuple[Option, ...] = (
         "the pools read the class and register tokens too (vit-pytorch's 'mean'; the attention pool of timm's Eva)",
         holds=_only(False),
         draws=(False, True),
+        check=flag(),
     ),
     Option(
         "distilled",
@@ -286,6 +350,9 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(False),
         timm_name="VisionTransformerDistilled (a class)",
         draws=(False, True),
+        check=flag(),
+        lacks=((r"dist_token|head_dist\.(weight|bias)", "it has no distillation token and head", "distilled=false"),),
+        adds=("distilled=true", dict(distilled=True, global_pool="token", class_token=True, reg_tokens=0)),
     ),
     Option(
         "norm_bias",
@@ -295,6 +362,15 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(True),
         timm_name="norm_layer",
         draws=(True, True, False),
+        check=flag(),
+        lacks=(
+            (
+                r"(blocks\.\d+\.norm[12]|norm|fc_norm|norm_pre|patch_embed\.(patch_)?norm)\.bias",
+                "its LayerNorms have no bias (a bias-free norm)",
+                "norm_bias=false",
+            ),
+        ),
+        adds=("norm_bias=true", dict(norm_bias=True)),
     ),
     Option(
         "mlp_bias",
@@ -305,6 +381,9 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None, {DINOV3: None}),
         timm_name=None,
         draws=(None, None, True, False),
+        check=flag(none="as proj_bias"),
+        lacks=((MLP_BIAS, "its MLP has no biases", "mlp_bias=false"),),
+        adds=("mlp_bias=true", dict(mlp_bias=True)),
     ),
     # timm's Eva (eva.py): rotary position embeddings in every block's attention (impls/numpy_pos_embed.py)
     Option(
@@ -317,6 +396,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None, {DINOV3: ("dinov3",)}),
         timm_name="rope_type (Eva)",
         draws=(None, None, "cat", "dinov3", "mixed"),
+        check=one_of(ROPE_TYPES, none="no rotary embedding"),
     ),
     Option(
         "rope_temperature",
@@ -326,6 +406,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(10000.0, {DINOV3: None}),
         timm_name="rope_temperature (Eva)",
         draws=(10000.0, 100.0),
+        check=number(0),
     ),
     Option(
         "rope_grid_indexing",
@@ -335,6 +416,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only("ij"),
         timm_name="rope_grid_indexing (Eva)",
         draws=("ij", "xy"),
+        check=one_of(("ij", "xy")),
     ),
     Option(
         "rope_grid_offset",
@@ -344,6 +426,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(0.0),
         timm_name="rope_grid_offset (Eva)",
         draws=(0.0, 0.0, 1.0),
+        check=number(within=2**24, why=_EXACT_GRID),
     ),
     Option(
         "rope_rotate_half",
@@ -353,6 +436,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(False, {DINOV3: (True,)}),
         timm_name="rope_rotate_half (Eva)",
         draws=(False, True),
+        check=flag(),
     ),
     Option(
         "ref_feat_shape",
@@ -362,6 +446,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None),
         timm_name="ref_feat_shape (Eva)",
         draws=(None, None, (3, 5)),
+        check=grid(none="the images' grid"),
     ),
     # timm's Eva block (eva.py): EVA02; BEiT and transformers' DINOv3 share its attention's biases
     Option(
@@ -372,6 +457,16 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(True, {DINOV3: None, BEIT: (False,)}),
         timm_name="qkv_bias (Eva's attention: q and v only)",
         draws=(True, True, False),
+        check=flag(),
+        lacks=(
+            (
+                r"blocks\.\d+\.attn\.[qv]_bias",
+                "its q and v have no biases apart from a qkv's",
+                "k_bias=true (or qkv_bias=false)",
+            ),
+            (r"blocks\.\d+\.attn\.k_proj\.bias", "its key projection has no bias", "k_bias=false"),
+        ),
+        adds=("k_bias=false", dict(k_bias=False, qkv_bias=True)),
     ),
     Option(
         "qkv_fused",
@@ -381,6 +476,8 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(True, {DINOV3: (False,)}),
         timm_name="qkv_fused (Eva)",
         draws=(True, True, False),
+        check=flag(),
+        adds=("qkv_fused=false", dict(qkv_fused=False)),
     ),
     Option(
         "scale_mlp",
@@ -390,6 +487,9 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(False),
         timm_name="scale_mlp (Eva)",
         draws=(False, True),
+        check=flag(),
+        lacks=((r"blocks\.\d+\.mlp\.norm\.(weight|bias)", "its MLP has no norm before fc2", "scale_mlp=false"),),
+        adds=("scale_mlp=true", dict(scale_mlp=True)),
     ),
     Option(
         "attn_pool_num_heads",
@@ -399,6 +499,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(None),
         timm_name="attn_pool_num_heads (Eva)",
         draws=(None, None, 1, 2),
+        check=count(1, none="num_heads"),
     ),
     # timm's NaFlexVit (naflexvit.py): one learned table for every image size
     Option(
@@ -411,6 +512,7 @@ OPTIONS: tuple[Option, ...] = (
             None, {SIGLIP2: None, "npz": None}
         ),  # big_vision's NaFlex ViT: layouts/big_vision.py checks the rest
         timm_name="pos_embed_grid_size (NaFlexVit)",
+        check=grid(none="the images' grid"),
     ),
     Option(
         "pos_embed_interp_mode",
@@ -420,6 +522,7 @@ OPTIONS: tuple[Option, ...] = (
         "(SigLIP 2, timm's NaFlex SigLIP)",
         holds=_only("bicubic", {SIGLIP2: ("bilinear",), "npz": ("bicubic", "bilinear")}),
         timm_name="pos_embed_interp_mode (NaFlexVit)",
+        check=one_of(("bicubic", "bilinear")),
     ),
     # timm's Beit (beit.py): BEiT's relative position bias in every block's attention
     Option(
@@ -432,6 +535,7 @@ OPTIONS: tuple[Option, ...] = (
         hf="use_relative_position_bias",
         timm_name="use_rel_pos_bias (Beit)",
         draws=(False, False, False, True),
+        check=flag(),
     ),
 )
 

@@ -15,65 +15,16 @@ from collections.abc import Mapping
 from conformance.report import CannotJudge
 from weights.canonical import expected_shapes
 from weights.config import ConfigError
+from weights.options import ATTN_OUT_BIAS, MLP_BIAS, OPTIONS
 
-ATTN_OUT_BIAS, MLP_BIAS = r"blocks\.\d+\.attn\.proj\.bias", r"blocks\.\d+\.mlp\.fc[12](_[gx])?\.bias"
-# (canonical key pattern, what the model lacks, the option that expresses it, or None)
-PARTS = (
-    (r"blocks\.\d+\.attn\.qkv\.bias", "its q, k and v projections have no bias", "qkv_bias=false"),
-    (ATTN_OUT_BIAS, "its attention output has no bias", "proj_bias=false"),
-    (MLP_BIAS, "its MLP has no biases", "mlp_bias=false"),
-    (
-        r"(blocks\.\d+\.norm[12]|norm|fc_norm|norm_pre|patch_embed\.(patch_)?norm)\.bias",
-        "its LayerNorms have no bias (a bias-free norm)",
-        "norm_bias=false",
-    ),
-    (r"cls_token", "it has no class token", "class_token=false (with global_pool='avg')"),
-    (r"reg_token", "it has no register tokens", "reg_tokens=0"),
-    (r"dist_token|head_dist\.(weight|bias)", "it has no distillation token and head", "distilled=false"),
-    (
-        r"pos_embed",
-        "it has no learned position table",
-        "pos_embed='sincos' (SimpleViT's fixed 2-D table, computed at the grid), pos_embed='sinusoid' (the "
-        "Transformer paper's 1-D table over the sequence) or pos_embed='none'",
-    ),
-    (
-        r"patch_embed\.proj\.bias",
-        "its patch embedding has no bias",
-        "pre_norm=true (CLIP: with a norm after the embedding)",
-    ),
-    (r"blocks\.\d+\.ls[12]\.gamma", "its residual branches have no LayerScale", "init_values=null"),
-    (r"blocks\.\d+\.attn\.[qk]_norm\.(weight|bias)", "it normalises neither q nor k", "qk_norm=false"),
+# (canonical key pattern, what the model lacks, the option that expresses it, or None): each
+# option's own (weights/options.py, ``Option.lacks``), then the parts no option expresses yet
+PARTS = tuple(part for option in OPTIONS for part in option.lacks) + (
     (r"(norm|fc_norm)\.weight", "it has no final norm", None),
-    (
-        r"blocks\.\d+\.attn\.[qv]_bias",
-        "its q and v have no biases apart from a qkv's",
-        "k_bias=true (or qkv_bias=false)",
-    ),
-    (r"blocks\.\d+\.attn\.k_proj\.bias", "its key projection has no bias", "k_bias=false"),
-    (r"blocks\.\d+\.mlp\.norm\.(weight|bias)", "its MLP has no norm before fc2", "scale_mlp=false"),
 )
-
-
 # (what the option is called, the config changes that add a canonical key): a mapping that reads
-# a key only these add needs the option
-ADDS = (
-    ("distilled=true", dict(distilled=True, global_pool="token", class_token=True, reg_tokens=0)),
-    ("class_token=true", dict(class_token=True)),
-    ("reg_tokens > 0", dict(reg_tokens=1, distilled=False)),
-    ("pos_embed='learn'", dict(pos_embed="learn")),
-    ("patch_norm=true", dict(patch_norm=True)),
-    ("embed_norm=true", dict(embed_norm=True)),
-    ("pre_norm=true", dict(pre_norm=True)),
-    ("init_values", dict(init_values=1e-5)),
-    ("qk_norm=true", dict(qk_norm=True)),
-    ("norm_bias=true", dict(norm_bias=True)),
-    ("qkv_bias=true", dict(qkv_bias=True)),
-    ("proj_bias=true", dict(proj_bias=True, mlp_bias=False)),
-    ("mlp_bias=true", dict(mlp_bias=True)),
-    ("k_bias=false", dict(k_bias=False, qkv_bias=True)),
-    ("qkv_fused=false", dict(qkv_fused=False)),
-    ("scale_mlp=true", dict(scale_mlp=True)),
-)
+# a key only these add needs the option (``Option.adds``)
+ADDS = tuple(option.adds for option in OPTIONS if option.adds)
 
 
 def adding(key: str, config) -> tuple[str, tuple] | None:

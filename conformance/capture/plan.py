@@ -276,7 +276,7 @@ class _Planner:
         final norm's for the last block."""
         if i + 1 < self.config.depth:
             found = self._block_input(i + 1)
-        elif not self.config.use_fc_norm or self.config.global_pool == "map":
+        elif self.config.use_final_norm or self.config.global_pool == "map":
             m = self.one("norm", name)
             found = m and Source("in", m)
         else:

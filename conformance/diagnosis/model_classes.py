@@ -486,7 +486,7 @@ CLASSES: tuple[BugClass, ...] = (
              stage=_pooled(lambda x, c: x[:, -1]), when=lambda c: c.global_pool == "token"),
     BugClass("norm_after_pooling", ("pooled",), "the final norm applied to the mean of the tokens",
              "timm norms every token, then averages: norm(x).mean(1) (open_clip's final_ln_after_pool differs)",
-             stage=_norm_after_pooling, when=lambda c: c.global_pool == "avg" and not c.use_fc_norm),
+             stage=_norm_after_pooling, when=lambda c: c.global_pool == "avg" and c.use_final_norm),
     BugClass("token_sum_float16", ("pooled",), "the token mean as a running sum in float16",
              "accumulate the mean in float32: x.mean(1, dtype=torch.float32)", stage=_pooled(_token_sum(np.float16)),
              when=lambda c: c.global_pool == "avg"),
