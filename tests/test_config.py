@@ -92,7 +92,7 @@ def test_config_round_trips_through_dict():
 def test_avg_pool_has_no_final_norm_stage_and_every_tap_has_a_shape():
     for config in PRESETS.values():
         names = tap_names(config)
-        assert ("norm" in names) == (not config.use_fc_norm)
+        assert ("norm" in names) == config.use_final_norm
         assert set(names) == set(tap_shapes(config, 2))
         first = "patch_embed.patch_norm" if config.patch_norm else "patch_embed"
         last = ["pooled", "pooled_dist", "logits"] if config.distilled else ["pooled", "logits"]

@@ -231,7 +231,7 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
         else:
             start = 0 if config.pool_include_prefix else config.num_prefix_tokens
             y, dy = _pool(t[_features(config)][:, start:], config, p)
-        if config.use_final_norm:
+        if not config.use_fc_norm:
             return y, dy + p.output * np.abs(y)
         return layer_norm(y, s["fc_norm.weight"], s.get("fc_norm.bias", 0.0), eps, p, dx=dy)
     if name == "pooled_dist":
