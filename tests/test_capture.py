@@ -452,3 +452,17 @@ def test_a_parameter_with_no_elements_is_not_a_weight_left_unfilled():
     assert with_extra(0)(config, state).findings == []  # the load's findings, before any call
     (stage, reason), *_ = with_extra(1)(config, state).findings
     assert stage == "load" and "left at the model's initial values: cls_like" in reason
+
+
+def test_a_model_without_a_final_norm_is_exit_2_naming_final_norm_and_conformant_with_it(cli):
+    """A tower that ends at its last block (timm's final_norm=False: InternViT, Pixtral) against
+    the default config: one line, the final norm's weight and bias together, never a bias-free
+    norm's advice (issue 60). The companion: final_norm=false makes the same model conformant."""
+    code, out, err = cli("verify", "tests.data.unexpressed_ports:no_final_norm", "--in-process")
+    lines = err.strip().splitlines()
+    assert code == 2 and lines[0].startswith("the config cannot express this model:"), err
+    assert lines[1:] == ["  it has no final norm: final_norm=false expresses it (norm.bias, norm.weight)"], err
+    from tests.data.unexpressed_ports import no_final_norm
+
+    config = get_config("vit_test_token").replace(final_norm=False)
+    assert verify(no_final_norm, config, cases=quick_cases(config)).conformant

@@ -5,7 +5,8 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 
 * ``global_pool="token"`` takes the class token after the final ``norm``;
   ``global_pool="avg"`` has no final ``norm``: it averages the patch tokens (the class
-  token excluded) and applies ``fc_norm`` before the head; ``"max"`` takes their maximum,
+  token excluded) and applies ``fc_norm`` before the head; ``final_norm=False`` has neither
+  (timm's ``final_norm``: InternViT, Pixtral); ``"max"`` takes their maximum,
   ``"avgmax"`` the mean of both; ``"map"`` (SigLIP) pools the patch tokens after the final
   ``norm`` with timm's ``AttentionPoolLatent`` (``attn_pool``: a learned ``latent`` query
   attending over them, then a pre-norm MLP on its residual).
@@ -318,12 +319,12 @@ class ViTConfig:
     @property
     def use_fc_norm(self) -> bool:
         """A norm after the pooling, ``fc_norm`` (timm: by default with the reducing pools)."""
-        return self.global_pool in REDUCING_POOLS if self.fc_norm is None else self.fc_norm
+        return self.final_norm and (self.global_pool in REDUCING_POOLS if self.fc_norm is None else self.fc_norm)
 
     @property
     def use_final_norm(self) -> bool:
         """A norm over every token after the last block, ``norm``: where no ``fc_norm`` replaces it."""
-        return not self.use_fc_norm
+        return self.final_norm and not self.use_fc_norm
 
     def beyond_original_vit(self) -> list[str]:
         """The options set beyond the original ViT (2020), as ``name=value`` (weights/options.py)."""

@@ -224,6 +224,18 @@ OPTIONS: tuple[Option, ...] = (
         check=flag(none="timm's default"),
     ),
     Option(
+        "final_norm",
+        True,
+        True,
+        "a final norm, norm (or fc_norm after the pooling); False: none, the last block's tokens pooled as they "
+        "are (InternViT, Pixtral, Qwen2-VL, timm's final_norm=False)",
+        holds=_only(True),
+        draws=(True, True, True, False),
+        check=flag(),
+        lacks=((r"(norm|fc_norm)\.weight", "it has no final norm", "final_norm=false"),),
+        adds=("final_norm=true", dict(final_norm=True)),
+    ),
+    Option(
         "init_values",
         None,
         (None,),

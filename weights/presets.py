@@ -122,6 +122,11 @@ PRESETS: dict[str, ViTConfig] = {
             ("naflexvit_so400m_patch16_siglip", 1152, 27, 16, 3.7362),
         )
     },
+    # InternViT-300M (timm's distilled copy): LayerScale, and no final norm, the last block's tokens as they are
+    "vit_intern300m_patch14_448": ViTConfig(
+        img_size=448, patch_size=14, embed_dim=1024, depth=24, num_heads=16, init_values=0.1, final_norm=False,
+        dynamic_img_size=True,
+    ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3

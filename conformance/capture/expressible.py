@@ -17,11 +17,9 @@ from weights.canonical import expected_shapes
 from weights.config import ConfigError
 from weights.options import ATTN_OUT_BIAS, MLP_BIAS, OPTIONS
 
-# (canonical key pattern, what the model lacks, the option that expresses it, or None): each
-# option's own (weights/options.py, ``Option.lacks``), then the parts no option expresses yet
-PARTS = tuple(part for option in OPTIONS for part in option.lacks) + (
-    (r"(norm|fc_norm)\.weight", "it has no final norm", None),
-)
+# (canonical key pattern, what the model lacks, the option that expresses it): each option's own
+# (weights/options.py, ``Option.lacks``)
+PARTS = tuple(part for option in OPTIONS for part in option.lacks)
 # (what the option is called, the config changes that add a canonical key): a mapping that reads
 # a key only these add needs the option (``Option.adds``)
 ADDS = tuple(option.adds for option in OPTIONS if option.adds)
@@ -242,8 +240,10 @@ def not_expressible(
     lines.update(reads or {})
     dropped, extra = _paired(lines, dropped, extra)
     for key in dropped:
+        # a module whose weight is gone too is missing whole, not bias-free: the weight's line
+        part = key.removesuffix(".bias") + ".weight" if f"{key.removesuffix('.bias')}.weight" in dropped else key
         lacks, option = next(
-            ((lacks, option) for pattern, lacks, option in PARTS if re.fullmatch(pattern, key)),
+            ((lacks, option) for pattern, lacks, option in PARTS if re.fullmatch(pattern, part)),
             (f"it has no place for {key}", None),
         )
         what = f"{lacks}: " + (f"{option} expresses it" if option else "no option of the config expresses it yet")

@@ -12,3 +12,6 @@ port = ModelPort(
     rename={},
     supports=VIT_FAMILY,
 )
+
+# timm's final_norm=False (InternViT, Pixtral): the last block's tokens pooled as they are
+no_final_norm = ModelPort(lambda config: build(config.replace(final_norm=False)), rename={}, supports=VIT_FAMILY)
