@@ -31,6 +31,7 @@ from impls.protocol import (
     tap_shapes,
 )
 from impls.jax_pos_embed import (  # noqa: F401 - the position schemes, re-exported as the model's
+    pos_table,
     resample_pos_embed,
     sincos_2d_pos_embed,
     sinusoid_1d_pos_embed,
@@ -586,26 +587,17 @@ class VisionTransformer(nnx.Module):
 
     def _pos_embed(self, x, grid):
         B, _, D = x.shape
-        c = self.config
         tokens = [getattr(self, k) for k in ("cls_token", "dist_token", "reg_token") if hasattr(self, k)]
         prefix = [jnp.broadcast_to(t[...], (B, t.shape[1], D)) for t in tokens]  # class, distillation, registers
-        if c.pos_embed == "none":
+        learned = self.pos_embed[...] if self.config.pos_embed == "learn" else None
+        found = pos_table(self.config, learned, grid, x.shape[1] + sum(t.shape[1] for t in prefix))
+        if found is None:
             return jnp.concatenate(prefix + [x], axis=1)
-        if c.pos_embed == "sinusoid":  # the Transformer paper's, over the sequence, the prefix tokens included
-            x = jnp.concatenate(prefix + [x], axis=1)
-            return x + sinusoid_1d_pos_embed(x.shape[1], D).astype(x.dtype)
-        if c.pos_embed == "sincos":  # computed at the grid in float32; the prefix tokens get none
-            return jnp.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D).astype(x.dtype)], axis=1)
-        pos = resample_pos_embed(
-            self.pos_embed[...],
-            c.pos_grid,
-            grid,
-            0 if c.no_embed_class else c.num_prefix_tokens,
-            c.pos_embed_interp_mode,
-        )
-        if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
-            return jnp.concatenate(prefix + [x + pos], axis=1)
-        return jnp.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
+        pos, covers_prefix = found
+        pos = pos.astype(x.dtype)  # a fixed table is computed in float32
+        if covers_prefix:  # the learned table (unless no_embed_class), the sinusoid
+            return jnp.concatenate(prefix + [x], axis=1) + pos
+        return jnp.concatenate(prefix + [x + pos], axis=1)  # the prefix tokens join after, without a position
 
     def _pos_embed_packed(self, x, rows):
         """Each row of a packed batch given its prefix tokens and positions at its own grid; its

@@ -168,3 +168,32 @@ def sincos_2d_pos_embed(grid, dim: int, temperature: float = 10000.0):
     return np.concatenate(
         [np.sin(a[:, :q]), np.cos(a[:, q : 2 * q]), np.sin(a[:, 2 * q : 3 * q]), np.cos(a[:, 3 * q :])], 1
     )[None]
+
+
+# the fixed tables by config.pos_embed: whether each covers the prefix tokens too, and the table
+# at (the tokens it covers, the images' grid, the width): the Transformer paper's over the sequence,
+# SimpleViT's over the grid of patches
+FIXED = {
+    "sinusoid": (True, lambda n, grid, dim: sinusoid_1d_pos_embed(n, dim)),
+    "sincos": (False, lambda n, grid, dim: sincos_2d_pos_embed(grid, dim)),
+}
+
+
+def pos_table(config, table, grid, num_tokens: int):
+    """The position table the tokens get under ``config.pos_embed`` at the images' ``grid``: the
+    learned ``table`` resampled, or a fixed one computed (``FIXED``); and whether it covers the
+    prefix tokens as well as the patches (``num_tokens``, all of them). None: no table."""
+    if config.pos_embed == "learn":
+        n = config.num_prefix_tokens if config.prefix_pos else 0
+        return resample_pos_embed(table, config.pos_grid, grid, n, config.pos_embed_interp_mode), config.prefix_pos
+    if config.pos_embed == "none":
+        return None
+    covers_prefix, make = FIXED[config.pos_embed]
+    return make(num_tokens, grid, config.embed_dim), covers_prefix
+
+
+# the fixed tables' angles, each rounded once more by sin and cos (the error model's)
+FIXED_ANGLES = {
+    "sinusoid": lambda n, grid, dim: sinusoid_1d_angles(n, dim),
+    "sincos": lambda n, grid, dim: sincos_2d_angles(grid, dim),
+}

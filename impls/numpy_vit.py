@@ -29,6 +29,7 @@ from impls.protocol import (
     tap_shapes,
 )
 from impls.numpy_pos_embed import (  # noqa: F401 - the position schemes, re-exported as the model's
+    pos_table,
     resample_pos_embed,
     sincos_2d_angles,
     sincos_2d_pos_embed,
@@ -597,22 +598,16 @@ class VisionTransformer(Module):
 
     def _pos_embed(self, x, grid):
         B, _, D = x.shape
-        c = self.config
         tokens = [getattr(self, k) for k in ("cls_token", "dist_token", "reg_token") if hasattr(self, k)]
         prefix = [np.broadcast_to(t, (B, t.shape[1], D)) for t in tokens]  # class, distillation, registers
-        if c.pos_embed == "none":
+        learned = self.pos_embed if self.config.pos_embed == "learn" else None
+        found = pos_table(self.config, learned, grid, x.shape[1] + sum(t.shape[1] for t in prefix))
+        if found is None:
             return np.concatenate(prefix + [x], axis=1)
-        if c.pos_embed == "sinusoid":  # the Transformer paper's, over the sequence, the prefix tokens included
-            x = np.concatenate(prefix + [x], axis=1)
-            return x + sinusoid_1d_pos_embed(x.shape[1], D)
-        if c.pos_embed == "sincos":  # computed at the grid; the prefix tokens get none
-            return np.concatenate(prefix + [x + sincos_2d_pos_embed(grid, D)], axis=1)
-        pos = resample_pos_embed(
-            self.pos_embed, c.pos_grid, grid, 0 if c.no_embed_class else c.num_prefix_tokens, c.pos_embed_interp_mode
-        )
-        if c.no_embed_class:  # the position embedding covers the patches; prefix tokens after
-            return np.concatenate(prefix + [x + pos], axis=1)
-        return np.concatenate(prefix + [x], axis=1) + pos  # prefix tokens get position entries
+        pos, covers_prefix = found
+        if covers_prefix:  # the learned table (unless no_embed_class), the sinusoid
+            return np.concatenate(prefix + [x], axis=1) + pos
+        return np.concatenate(prefix + [x + pos], axis=1)  # the prefix tokens join after, without a position
 
     def _pos_embed_packed(self, x, rows):
         """Each row of a packed batch given its prefix tokens and positions at its own grid; its
@@ -793,6 +788,7 @@ def _traced(name: str = "impls._numpy_vit_traced"):
     spec.loader.exec_module(positions)
     positions.np = anp
     for scheme in (
+        "pos_table",
         "rope_tables",
         "rotate_tokens",
         "resample_pos_embed",

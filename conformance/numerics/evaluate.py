@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 import numpy as np
 from impls import numpy_vit as O
+from impls.numpy_pos_embed import FIXED, FIXED_ANGLES
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
@@ -119,26 +120,24 @@ def _resampled_pos_embed(pos, config: ViTConfig, images, p: Precision):
 
 
 def _unlearned_pos_embed(x, s, config: ViTConfig, images, p: Precision):
-    """The patches plus the fixed sin-cos table (or nothing), the prefix tokens before them as
-    stored. The table is computed in float32: w_i from a division, a power and a reciprocal, the
-    angle a product (about 4 u |angle| together), sin and cos each rounded (u), then stored in the
-    dtype."""
+    """The patches plus a fixed table (impls.numpy_pos_embed.FIXED), or nothing, the prefix tokens
+    before them as stored (or in the table, where it covers them). The table is computed in
+    float32: w_i from a division, a power and a reciprocal, the angle a product (about 4 u |angle|
+    together), sin and cos each rounded (u), then stored in the dtype."""
     prefix = prefix_tokens(s, x.shape[0])
-    if config.pos_embed == "sinusoid":  # the Transformer paper's, over the sequence, the prefix tokens included
-        tokens = np.concatenate(prefix + [x], 1)
-        pos = O.sinusoid_1d_pos_embed(tokens.shape[1], config.embed_dim)
-        y, bound = _sum(tokens, pos, p)
-        angles = O.sinusoid_1d_angles(tokens.shape[1], config.embed_dim)[None]
-        return y, bound + p.compute * (4.0 * np.abs(angles) + 1.0) + p.storage * np.abs(pos)
+    stored = [p.storage * np.abs(a) for a in prefix]
     if config.pos_embed == "none":
-        y, bound = x, p.output * np.abs(x)
-    else:
-        grid = config.grid_at(images.shape[2:])
-        pos = O.sincos_2d_pos_embed(grid, config.embed_dim)
-        y, bound = _sum(x, pos, p)
-        angles = O.sincos_2d_angles(grid, config.embed_dim)[None]
-        bound = bound + p.compute * (4.0 * np.abs(angles) + 1.0) + p.storage * np.abs(pos)
-    return np.concatenate(prefix + [y], 1), np.concatenate([p.storage * np.abs(a) for a in prefix] + [bound], 1)
+        return np.concatenate(prefix + [x], 1), np.concatenate(stored + [p.output * np.abs(x)], 1)
+    covers_prefix, table = FIXED[config.pos_embed]
+    tokens = np.concatenate(prefix + [x], 1) if covers_prefix else x
+    n, grid = tokens.shape[1], config.grid_at(images.shape[2:])
+    pos = table(n, grid, config.embed_dim)
+    y, bound = _sum(tokens, pos, p)
+    angles = FIXED_ANGLES[config.pos_embed](n, grid, config.embed_dim)[None]
+    bound = bound + p.compute * (4.0 * np.abs(angles) + 1.0) + p.storage * np.abs(pos)
+    if covers_prefix:
+        return y, bound
+    return np.concatenate(prefix + [y], 1), np.concatenate(stored + [bound], 1)
 
 
 def _distilled_logits(t, s, config: ViTConfig, p: Precision):
