@@ -1,5 +1,5 @@
 """What a config asks of its rotary position embedding, framework-free: the one place a port's
-rope tables read the config (impls/{numpy,torch,mlx,jax}_rope.py each compute the tables from
+rope tables read the config (impls/{numpy,torch,mlx,jax}_pos_embed.py each compute the tables from
 these in their framework), and which block's tables a block takes.
 
 ``rope_settings(config)`` is ``rope_angles``' keywords (timm's names: the kind, base, grid

@@ -1,4 +1,4 @@
-"""Rotary position embeddings' tables and rotation (impls/*_rope.py) against timm's own
+"""Rotary position embeddings' tables and rotation (impls/*_pos_embed.py) against timm's own
 (timm.layers.pos_embed_sincos), built locally: the PyTorch port's tables are timm's bitwise, MLX's
 and JAX's and the float64 oracle's within float32's rounding of timm's, for each of timm's kinds,
 both coordinate orders, an offset grid and EVA's rescale onto a reference grid."""
