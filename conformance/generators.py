@@ -211,6 +211,17 @@ class AttentionShape:
     qkv_bias: bool
     seed: int
 
+    @property
+    def options(self) -> dict:
+        """The attention protocol's keywords for this shape (impls.protocol.mha_shapes' too)."""
+        return dict(
+            dim=self.dim,
+            context_dim=self.context_dim,
+            num_heads=self.num_heads,
+            head_dim=self.head_dim,
+            qkv_bias=self.qkv_bias,
+        )
+
     def inputs(self, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(self.seed)
         x = rng.normal(0.0, scale, (self.batch, self.q_len, self.dim)).astype(np.float32)

@@ -305,13 +305,7 @@ def attention_property_cases(
             }
         )
     w = draw(weight_cases(SCALES[:4], offsets=False) if weights is None else weights)
-    options = dict(
-        dim=case.dim,
-        context_dim=case.context_dim,
-        num_heads=case.num_heads,
-        head_dim=case.head_dim,
-        qkv_bias=case.qkv_bias,
-    )
+    options = case.options
     state = w.make_params(mha_shapes(**options))
     x, ctx = case.inputs()
     self_attention = case.kv_len == case.q_len and case.context_dim == case.dim and draw(st.booleans())

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import attrgetter
 from typing import Callable
 
 from weights.config import ViTConfig
@@ -94,12 +95,15 @@ class Stage:
         return self.name
 
 
-def _pre_norm(c):
-    return c.pre_norm
-
-
-def _qk_norm(c):
-    return c.qk_norm
+# the stages' conditions that are a config field as it is
+_pre_norm = attrgetter("pre_norm")
+_qk_norm = attrgetter("qk_norm")
+_rel_pos_bias = attrgetter("rel_pos_bias")
+_scale_mlp = attrgetter("scale_mlp")
+_final_norm = attrgetter("use_final_norm")
+_distilled = attrgetter("distilled")
+_patch_norm = attrgetter("patch_norm")
+_embed_norm = attrgetter("embed_norm")
 
 
 def _layer_scale(c):
@@ -110,32 +114,8 @@ def _rope(c):
     return c.rope_type is not None
 
 
-def _rel_pos_bias(c):
-    return c.rel_pos_bias
-
-
-def _scale_mlp(c):
-    return c.scale_mlp
-
-
-def _final_norm(c):
-    return c.use_final_norm
-
-
 def _map(c):
     return c.global_pool == "map"
-
-
-def _distilled(c):
-    return c.distilled
-
-
-def _patch_norm(c):
-    return c.patch_norm
-
-
-def _embed_norm(c):
-    return c.embed_norm
 
 
 def _before_rotation(c, part: str) -> str:
@@ -406,7 +386,7 @@ OPTIONS = {
     _rope: "`rope_type`",
     _rel_pos_bias: "`rel_pos_bias`",
     _scale_mlp: "`scale_mlp`",
-    _final_norm: "no `fc_norm`",
+    _final_norm: "`final_norm`, no `fc_norm`",
     _map: '`global_pool="map"`',
     _patch_norm: "`patch_norm`",
     _embed_norm: "`embed_norm`",

@@ -97,14 +97,8 @@ def run(port: str, config, state, images, **options):
 def attention(port: str, case, weights, fused: bool = False):
     """A MultiHeadAttention forward for an AttentionShape with drawn canonical weights."""
 
-    shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
-    options = dict(
-        dim=case.dim,
-        context_dim=case.context_dim,
-        num_heads=case.num_heads,
-        head_dim=case.head_dim,
-        qkv_bias=case.qkv_bias,
-    )
+    options = case.options
+    shapes = mha_shapes(**options)
     if fused:
         options["fused_attn"] = True  # built-in ports only: not part of the attention protocol
     return attention_factory(port)(weights.make_params(shapes), **options)
@@ -120,14 +114,8 @@ def attention_model(case, weights, x, context=None, mask=None):
     """The error model of ``attention(port, case, weights)`` on these inputs."""
     from conformance.numerics.error_model import AttentionModel
 
-    shapes = mha_shapes(case.dim, case.context_dim, case.num_heads, case.head_dim, case.qkv_bias)
-    options = dict(
-        dim=case.dim,
-        context_dim=case.context_dim,
-        num_heads=case.num_heads,
-        head_dim=case.head_dim,
-        qkv_bias=case.qkv_bias,
-    )
+    options = case.options
+    shapes = mha_shapes(**options)
     return AttentionModel(options, weights.make_params(shapes), x, context, mask)
 
 

@@ -12,14 +12,17 @@ from conformance.builtin import framework
 from conformance.tests.helpers import attention_factory, budget, check_property, drawn, factory
 
 
-@drawn(
-    None,
+# batch, tokens, heads and head width of a split or merged activation
+HEAD_SHAPES = dict(
     b=st.integers(1, 3),
     n=st.integers(1, 9),
     h=st.integers(1, 4),
     hd=st.sampled_from([1, 2, 4, 8]),
     seed=st.integers(0, 2**31 - 1),
 )
+
+
+@drawn(None, **HEAD_SHAPES)
 def test_split_then_merge_is_the_identity_bitwise(framework_port, b, n, h, hd, seed):
     module, to_fw, to_np = framework(framework_port)
     x = np.random.default_rng(seed).normal(size=(b, n, h * hd)).astype(np.float32)
@@ -28,14 +31,7 @@ def test_split_then_merge_is_the_identity_bitwise(framework_port, b, n, h, hd, s
     assert to_np(module.merge_heads(split)).tobytes() == x.tobytes()
 
 
-@drawn(
-    None,
-    b=st.integers(1, 3),
-    n=st.integers(1, 9),
-    h=st.integers(1, 4),
-    hd=st.sampled_from([1, 2, 4, 8]),
-    seed=st.integers(0, 2**31 - 1),
-)
+@drawn(None, **HEAD_SHAPES)
 def test_merged_layout_is_head_major(framework_port, b, n, h, hd, seed):
     module, to_fw, to_np = framework(framework_port)
     x = np.random.default_rng(seed).normal(size=(b, h, n, hd)).astype(np.float32)

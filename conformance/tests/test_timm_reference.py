@@ -61,19 +61,7 @@ def test_port_equals_timm_at_every_stage(port, name, weights):
     out = run(port, config, state, x)
     out = out if isinstance(out, dict) else {"logits": out}
     assert "logits" in out, f"[{port}] returned no logits"
-    model = CaseModel(config, state, x)
-    for stage in [s for s in tap_names(config) if s in out]:
-        P.check_close(
-            port,
-            f"{stage} vs timm ({name}, {weights})",
-            out[stage],
-            ref[stage],
-            model.spread(stage),
-            model.kind(stage),
-            pair=True,
-            mode="end-to-end",
-            stage=stage,
-        )
+    assert disagreeing_stages(port, CaseModel(config, state, x), out, ref) == [], f"{name}, {weights}"
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ token, ``cls_classifier`` and ``distillation_classifier``): config.json to and f
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -102,20 +103,23 @@ def vit_config_to_hf(config: ViTConfig) -> dict:
 # transformers 5 holds its ViT's layers under new module names (q_proj, o_proj, mlp.fc1) and
 # converts the 4.x names its files keep on load and on save: the file names, then the names a
 # transformers-5 model's own state_dict has.
-_IN_MEMORY = (
-    (r"encoder\.layer\.(\d+)\.attention\.attention\.query\.", r"layers.\1.attention.q_proj."),
-    (r"encoder\.layer\.(\d+)\.attention\.attention\.key\.", r"layers.\1.attention.k_proj."),
-    (r"encoder\.layer\.(\d+)\.attention\.attention\.value\.", r"layers.\1.attention.v_proj."),
-    (r"encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.attention.o_proj."),
-    (r"encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.mlp.fc1."),
-    (r"encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.mlp.fc2."),
-    (r"encoder\.layer\.(\d+)\.", r"layers.\1."),
+_RENAMES = (  # (a block's module in the files, in a transformers-5 model)
+    ("attention.attention.query", "attention.q_proj"),
+    ("attention.attention.key", "attention.k_proj"),
+    ("attention.attention.value", "attention.v_proj"),
+    ("attention.output.dense", "attention.o_proj"),
+    ("intermediate.dense", "mlp.fc1"),
+    ("output.dense", "mlp.fc2"),
 )
+_IN_MEMORY = tuple((rf"encoder\.layer\.(\d+)\.{re.escape(f)}\.", rf"layers.\1.{m}.") for f, m in _RENAMES)
+_IN_MEMORY += ((r"encoder\.layer\.(\d+)\.", r"layers.\1."),)
+# ``_IN_MEMORY`` undone: a transformers-5 model's own state_dict in the file names
+_FILE = tuple((rf"layers\.(\d+)\.{re.escape(m)}\.", rf"encoder.layer.\1.{f}.") for f, m in _RENAMES)
+_FILE += ((r"(^|\.)layers\.(\d+)\.", r"\1encoder.layer.\2."),)
 
 
 def _renamed(state: Mapping[str, np.ndarray], table) -> dict[str, np.ndarray]:
     """``state`` with each key renamed by the first (pattern, replacement) of ``table`` it matches."""
-    import re
 
     def name(key: str) -> str:
         for pattern, new in table:
@@ -131,17 +135,6 @@ def in_memory_names(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A ViT state in transformers' file names (what ``to_hf`` writes) under the names a
     transformers-5 model holds in memory, for its ``load_state_dict``."""
     return _renamed(state, _IN_MEMORY)
-
-
-_FILE = (
-    (r"layers\.(\d+)\.attention\.q_proj\.", r"encoder.layer.\1.attention.attention.query."),
-    (r"layers\.(\d+)\.attention\.k_proj\.", r"encoder.layer.\1.attention.attention.key."),
-    (r"layers\.(\d+)\.attention\.v_proj\.", r"encoder.layer.\1.attention.attention.value."),
-    (r"layers\.(\d+)\.attention\.o_proj\.", r"encoder.layer.\1.attention.output.dense."),
-    (r"layers\.(\d+)\.mlp\.fc1\.", r"encoder.layer.\1.intermediate.dense."),
-    (r"layers\.(\d+)\.mlp\.fc2\.", r"encoder.layer.\1.output.dense."),
-    (r"(^|\.)layers\.(\d+)\.", r"\1encoder.layer.\2."),
-)  # ``_IN_MEMORY`` undone: a transformers-5 model's own state_dict in the file names
 
 
 def from_hf(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
