@@ -28,6 +28,7 @@ from conformance.sandbox.remote import Remote, RemoteAttention, RemoteFactory
 from conformance.support import Unsupported, describe, inputs_of, supports_of
 from impls import FRAMEWORK_PORTS, load_factory
 from impls.protocol import ViTConfig
+from conformance.support import fixed_config
 
 # At import, before hypothesis reads --hypothesis-profile: the profiles exist from any directory,
 # and the default (ci, or HYPOTHESIS_PROFILE) is active for users' runs too.
@@ -341,8 +342,6 @@ def _supports(port):
     if _SETTINGS and isinstance(supports, dict):  # --set narrows what is drawn for every port
         return {**supports, **_SETTINGS}
     if _SETTINGS:
-        from conformance.support import fixed_config
-
         fixed = fixed_config(supports)
         return fixed.replace(**_SETTINGS) if fixed is not None else supports
     return supports

@@ -28,6 +28,7 @@ from dataclasses import fields
 from typing import Any
 
 from impls.protocol import ANY, ORIGINAL_VIT, VIT_FAMILY, ConfigError, Unsupported, ViTConfig, get_config  # noqa: F401
+from conformance.report import UsageError
 
 SHAPE_RULES = ("square_images", "square_patches")
 
@@ -67,8 +68,6 @@ def inputs_of(make) -> str:
     ph pw C), ``patch_coord`` (B, L, 2) (row, column) and ``patch_valid`` (B, L) (docs/verify.md)."""
     inputs = getattr(make, "inputs", "images")
     if inputs not in INPUTS:
-        from conformance.report import UsageError
-
         raise UsageError(f"the port's inputs attribute is {inputs!r}: expected one of {INPUTS}")
     return inputs
 

@@ -24,6 +24,7 @@ from weights.config import ConfigError, ViTConfig, config_from_json, inline_json
 from weights.layouts import LAYOUTS, ORDER, REGISTRY
 from weights.layouts._io import LAYOUT_METADATA_KEY, header
 from weights.presets import get_config
+from weights.resample import resample_state
 
 
 def detect(path: str) -> str:
@@ -213,8 +214,6 @@ def _main(argv=None) -> int:
         layout = args.src_layout or detect(args.src)
         config, state = read(args.src, layout, config, args.num_heads, img_size, cast=args.cast)
         if args.resample_to:
-            from weights.resample import resample_state
-
             size = tuple(args.resample_to) if len(args.resample_to) == 2 else args.resample_to[0]
             config, state = resample_state(state, config, size)
         check_output(args.out, args.to, args.force)  # again: it may have appeared meanwhile

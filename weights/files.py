@@ -14,6 +14,7 @@ import numpy as np
 
 from weights.canonical import WeightError, as_float32, expected_shapes, validate_state
 from weights.config import ViTConfig
+from weights.canonical import check_header
 
 
 def stored_float32(state: Mapping, cast: bool, path) -> dict[str, np.ndarray]:
@@ -32,8 +33,6 @@ def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if path.endswith(".safetensors"):
         import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy (refused or cast by name later)
         from safetensors.numpy import load_file
-
-        from weights.canonical import check_header
 
         check_header(path)
         try:

@@ -243,8 +243,6 @@ def torch_weight(qweight) -> QuantizedWeight:
     else:
         axis = qweight.q_per_channel_axis()
         if axis != 0:
-            from conformance.support import Unsupported
-
             raise Unsupported(f"a weight quantized per channel along axis {axis} is not read yet: along axis 0 is")
         group = codes.size // max(shape[0], 1)
         along = [1] * len(shape)

@@ -22,6 +22,7 @@ from impls.protocol import ViTConfig
 from weights import WeightError, load_state, read_config
 from weights.cancel import Cancelled, cancellable, cancelled_line
 from weights.config import config_from_json, inline_json
+from conformance.sandbox.isolated import close_all
 
 
 def with_settings(config: ViTConfig, settings: list[str]) -> ViTConfig:
@@ -163,8 +164,6 @@ def run(args) -> int:
                 outputs.unfinished(3, str(e))
                 return 3
     except (Cancelled, KeyboardInterrupt) as e:
-        from conformance.sandbox.isolated import close_all
-
         close_all()  # again, where the signal interrupted a close on its way
         line, code = cancelled_line("verify", e)
         print(line, file=sys.stderr)

@@ -32,6 +32,8 @@ from conformance.sandbox.portable import OutputLimits
 from conformance.sandbox.portside import InProcess, PortStopped, default_config, load_port
 from conformance.support import Unsupported
 from impls.protocol import Loss, ViTConfig
+from conformance.report import resource_problem
+from conformance.report import ToolError
 
 
 def _case(tree, reader):
@@ -109,8 +111,6 @@ class Child:
         except PortStopped as e:
             return {"status": "stopped", "message": str(e), "stage": e.stage}
         except OSError as e:  # the outputs could not be written: the machine's resources, else this tool's
-            from conformance.report import resource_problem
-
             why = resource_problem(e)
             if why is None:
                 raise
@@ -132,8 +132,6 @@ def main(argv: list[str]) -> int:
         try:
             answer = child.handle(wire.loads(line))
         except BaseException as e:  # noqa: BLE001 - outside the port's calls: this tool's failure
-            from conformance.report import ToolError
-
             cause = e.__cause__ if isinstance(e, ToolError) and e.__cause__ is not None else e
             answer = {
                 "status": "tool",

@@ -20,6 +20,8 @@ from conformance.returned import Taps
 
 from conformance.sandbox.wire import Refused
 from impls.stages import stage_of, tap_symbols
+from impls import tap_names
+from impls import tap_shapes
 
 MIN_LIMIT = 2**24  # elements
 
@@ -39,13 +41,9 @@ class OutputLimits:
         handed += 0 if case.context is None else case.context.size
         self.expected: dict[str, tuple[int, ...]] = {}
         if config is not None and case.patch_valid is not None:  # a packed batch: (B, L, ph pw C) patches
-            from impls import tap_names
-
             batch, length = case.images.shape[:2]
             self.expected = {n: packed_shape(n, config, batch, length) for n in tap_names(config)}
         elif config is not None:
-            from impls import tap_shapes
-
             size = None if not config.dynamic_img_size else tuple(case.images.shape[-2:])
             self.expected = tap_shapes(config, case.images.shape[0], size)
         largest = max((int(np.prod(s)) for s in self.expected.values()), default=0)

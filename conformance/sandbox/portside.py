@@ -146,8 +146,6 @@ class InProcess:
             first = keep(first)
             ran, second = handed.call(sink, "forward", forward, handed.inputs)
             if ran and isinstance(forward, CapturedForward):  # and once with nothing of capture attached
-                from conformance.sandbox.handed import finding
-
                 ran, differs = handed.call(sink, "forward", lambda images: unobserved(forward, images), handed.inputs)
                 if ran and differs:
                     finding(sink, case.name, "logits", differs)

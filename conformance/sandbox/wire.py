@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from conformance.returned import Taps
+from conformance.capture.quantized import Quantized
 
 # dtypes an array may cross in (the numeric ones a port may emit)
 DTYPES = frozenset(
@@ -179,8 +180,6 @@ class Reader:
             taps.second = None if tree.get("second") is None else self.decode(tree["second"])
             q = tree.get("quantized")
             if q is not None:
-                from conformance.capture.quantized import Quantized
-
                 parts = [self.decode(q.get(part)) for part in Quantized.PARTS]
                 if not all(isinstance(p, dict) and set(p) == set(parts[0]) for p in parts):
                     raise WireError(f"a quantized port's weights must be objects {Quantized.PARTS} of the same keys")

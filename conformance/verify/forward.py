@@ -22,6 +22,7 @@ from conformance.verify.packed import PackedModel, nonfinite_outside, packed_pla
 from conformance.verify.report import Report, finding
 from impls import tap_names
 from impls.protocol import ViTConfig
+from conformance.verify import quantized as q
 
 
 class Forward:
@@ -82,7 +83,6 @@ class Forward:
         """A quantized port's case (conformance.verify.quantized): its weights against their float
         weights, its cost against the float model, and the model its kernels are judged by."""
         from conformance.diagnosis import Diagnosis
-        from conformance.verify import quantized as q
 
         case, quantized = self.case, out.quantized
         for stage, reason, named in q.beyond_half_step(quantized, case.state, self.config, self.dtype):

@@ -26,6 +26,7 @@ import numpy as np
 from conformance.report import UsageError, describe_exception
 from weights.atomic import replace_atomically
 from weights.config import inline_json
+from conformance.verify.report import plot_report
 
 NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
@@ -132,8 +133,6 @@ class Outputs:
                 body = dumps(report.to_dict())
                 _write(self.json, lambda path: Path(path).write_text(body))
             if self.plot:
-                from conformance.verify.report import plot_report
-
                 fmt = Path(self.plot).suffix[1:].lower() or "png"
                 _write(self.plot, lambda path: plot_report(report, path, fmt=fmt))
         except (OSError, ValueError) as e:

@@ -17,6 +17,7 @@ from conformance.verify.cases import FULL_SIZE_BATCH, case_plan, default_cases
 from conformance.zoo.catalogue import MUTANTS
 from conformance.zoo.run import DTYPES
 from impls import get_config, load_factory
+from conformance.verify import verify
 
 
 def _model_mutants():
@@ -28,7 +29,6 @@ def _model_mutants():
 
 def _row(mutant, config, make, cases, dtype: str, **key) -> dict:
     """verify on ``cases``: located at the mutant's declared stage, and the separation."""
-    from conformance.verify import verify
 
     report = verify(make, config, port=mutant.name, cases=cases, dtype=dtype)
     return {
