@@ -23,6 +23,8 @@ import numpy as np
 from conformance.references import timm_state
 from impls import get_config, load_factory
 from impls.mlx_blas import sgemm_provider, use_openblas
+import sys
+import subprocess
 
 MODELS = ("vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224")
 ENTRIES = (
@@ -125,8 +127,6 @@ def measure_entry(name: str, batch: int, label: str, warmup: int, repeats: int) 
 
 def run(models=MODELS, batches=(1, 8), warmup: int = 2, repeats: int = 5, entries=ENTRIES) -> dict:
     """Every entry in a fresh process, one after another, so each peak-memory figure is its own."""
-    import subprocess
-    import sys
 
     use_openblas()
     peak = matmul_peak()

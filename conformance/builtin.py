@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from conformance import generators as S
+import importlib
 
 
 def framework(port: str):
     """(module, to_framework, to_numpy) for a built-in port."""
-    import importlib
 
     module = importlib.import_module(f"impls.{port}_vit")
     if port == "torch":

@@ -29,6 +29,10 @@ from conformance.support import Unsupported, describe, inputs_of, supports_of
 from impls import FRAMEWORK_PORTS, load_factory
 from impls.protocol import ViTConfig
 from conformance.support import fixed_config
+from dataclasses import fields
+import json
+import math
+import argparse
 
 # At import, before hypothesis reads --hypothesis-profile: the profiles exist from any directory,
 # and the default (ci, or HYPOTHESIS_PROFILE) is active for users' runs too.
@@ -98,8 +102,6 @@ def pytest_addoption(parser):
 
 
 def _seconds(text: str) -> float:
-    import argparse
-    import math
 
     try:
         value = float(text)
@@ -115,8 +117,6 @@ _SETTINGS: dict = {}  # --set: config fields fixed for the whole-model ports' dr
 
 def settings_of(items: list[str]) -> dict:
     """--set KEY=VALUE items as {field: value} (JSON values, else strings), fields checked."""
-    import json
-    from dataclasses import fields
 
     names = {f.name for f in fields(ViTConfig)} - {"name"}
     out = {}

@@ -19,6 +19,7 @@ from impls.protocol import NAFLEX_FAMILY, VIT_FAMILY, ViTConfig, check_images
 from impls.stages import STAGES
 from weights import hf
 from weights.options import BY_FIELD, OPTIONS
+import tempfile
 
 
 def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtype=None, **rates):
@@ -579,7 +580,6 @@ def transformers_port(config: ViTConfig, state: dict[str, np.ndarray], dtype: st
     state written as a Hugging Face checkpoint by this project's exporter and read back by
     ``from_pretrained`` (which maps checkpoint names to transformers' current modules),
     computed in ``dtype``."""
-    import tempfile
 
     import torch
     from transformers import ViTForImageClassification

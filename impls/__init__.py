@@ -22,6 +22,7 @@ from impls.protocol import (
 )
 
 from weights import FRAMEWORKS
+import importlib
 
 # Port name -> "module:factory", the same form users pass to `--port`: one port per native
 # layout of weights.FRAMEWORKS, the float64 oracle ("numpy") first.
@@ -31,7 +32,6 @@ FRAMEWORK_PORTS = tuple(p for p in PORTS if p != "numpy")
 
 def load_factory(spec: str):
     """Import ``pkg.module:callable`` (or a built-in port name) and return the callable."""
-    import importlib
 
     spec = PORTS.get(spec, spec)
     module_name, sep, attr = spec.partition(":")

@@ -14,6 +14,8 @@ import numpy as np
 
 from weights.atomic import replace_atomically
 from weights.config import ViTConfig, config_from_json
+from collections import Counter
+import struct
 
 CONFIG_METADATA_KEY = "vit_config"
 
@@ -302,7 +304,6 @@ def check_header(path: str | os.PathLike) -> None:
     """A safetensors header names each tensor once: the format disallows duplicates, which the
     reader would take silently (the last one wins). A header that is not JSON is left for the
     reader to refuse in its own words."""
-    import struct
 
     try:
         with open(path, "rb") as f:
@@ -318,7 +319,6 @@ def check_header(path: str | os.PathLike) -> None:
     calls: list[list[str]] = []  # per JSON object, its repeated keys; the header itself is the last
 
     def pairs(items):
-        from collections import Counter
 
         calls.append(sorted(k for k, n in Counter(k for k, _ in items).items() if n > 1))
         return dict(items)

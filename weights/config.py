@@ -84,6 +84,7 @@ from weights.options import (  # noqa: F401 - the options' values, declared with
     REDUCING_POOLS,
     ROPE_TYPES,
 )
+import json
 
 
 def inline_json(text: str) -> bool:
@@ -94,7 +95,6 @@ def inline_json(text: str) -> bool:
 
 def config_from_json(text: str, what: str = "the config") -> "ViTConfig":
     """A ViTConfig from JSON text: an object of its fields, or a ConfigError saying what is wrong."""
-    import json
 
     try:
         data = json.loads(text)

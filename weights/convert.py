@@ -25,6 +25,9 @@ from weights.layouts import LAYOUTS, ORDER, REGISTRY
 from weights.layouts._io import LAYOUT_METADATA_KEY, header
 from weights.presets import get_config
 from weights.resample import resample_state
+import traceback
+import shutil
+import errno
 
 
 def detect(path: str) -> str:
@@ -104,8 +107,6 @@ def write_failure(e: BaseException, out: str, state: dict) -> str | None:
     None for anything else (a bug of this tool). The writers raise their own types (safetensors'
     and torch's errors wrap the OS's), so a disk that cannot take the bytes is also told by its
     free space."""
-    import errno
-    import shutil
 
     need = sum(np.asarray(v).nbytes for v in state.values())
     try:
@@ -231,8 +232,6 @@ def _main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - each writer raises its own types: the disk's doing, or this tool's
         why = write_failure(e, args.out, state)
         if why is None:
-            import traceback
-
             print(
                 f"INTERNAL ERROR of weights convert (a bug in the tool): {describe(e)}\n"
                 + "".join(traceback.format_exception(e)[-4:]),

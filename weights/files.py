@@ -15,6 +15,7 @@ import numpy as np
 from weights.canonical import WeightError, as_float32, expected_shapes, validate_state
 from weights.config import ViTConfig
 from weights.canonical import check_header
+import pickle
 
 
 def stored_float32(state: Mapping, cast: bool, path) -> dict[str, np.ndarray]:
@@ -40,8 +41,6 @@ def read_timm(path: str | os.PathLike) -> dict[str, np.ndarray]:
         except Exception as e:  # noqa: BLE001 - safetensors' own error types
             raise WeightError(f"{path!r} is not a readable safetensors file: {e}") from None
     if path.endswith((".pth", ".pt", ".bin")):
-        import pickle
-
         import torch
 
         try:

@@ -10,6 +10,7 @@ from functools import cache, lru_cache
 import numpy as np
 
 from conformance.report import UsageError
+import inspect
 
 
 class LoadError(ValueError):
@@ -138,7 +139,6 @@ def common_module(paths) -> str | None:
 def config_argument(fn, positional: int | None, keyword: str = "config") -> str | None:
     """How ``fn`` takes its second argument: "keyword" (it names ``keyword`` or takes **kwargs),
     "positional" (it requires ``positional`` arguments, or takes *args), or None."""
-    import inspect
 
     try:
         params = inspect.signature(fn).parameters.values()

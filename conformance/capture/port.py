@@ -36,6 +36,8 @@ from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import ToolError, describe_exception
 from conformance.support import check_supported, supports_of
 from impls.protocol import ViTConfig, tap_names
+import difflib
+from dataclasses import replace
 
 
 def _absent(key: str, config: ViTConfig) -> str:
@@ -102,7 +104,6 @@ class ModelPort:
             raise ValueError(f"images must be 'NCHW' or 'NHWC', got {self.images!r}")
 
     def with_taps(self, taps: Mapping[str, str]) -> "ModelPort":
-        from dataclasses import replace
 
         return replace(self, taps={**self.taps, **taps})
 
@@ -185,8 +186,6 @@ class ModelPort:
         if unknown and optional_parts(homeless):  # the model lacks parts the config names
             raise self._unexpressed(homeless, self.key_map(state, config), adapter, config)
         if unknown:
-            import difflib
-
             near = difflib.get_close_matches(unknown[0], sorted(set(params) - set(arrays)), n=3, cutoff=0.5)
             raise LoadError(
                 f"the mapping gives {len(unknown)} key(s) the model does not have: "

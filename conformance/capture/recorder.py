@@ -11,6 +11,7 @@ from typing import Any
 from conformance.report import ToolError, describe_exception
 from conformance.returned import Taps  # noqa: F401 - what a captured forward records into, re-exported
 from impls.protocol import ViTConfig
+from types import SimpleNamespace
 
 
 def merge_second(taps: Taps, second: Taps, how: str) -> None:
@@ -218,7 +219,6 @@ def wrapped(fn, on_call):
 def callbacks(recorder, see=None):
     """The recorder's hooks for wrapped framework functions, each acting inside a block only;
     ``see(args, kwargs, out)``: what the hook is handed instead (Equinox's: arrays for tracers)."""
-    from types import SimpleNamespace
 
     def inside(fn):
         def hook(args, kwargs, out):

@@ -16,6 +16,7 @@ import json
 
 from conformance.diagnosis.scan import CALIBRATION, SIGNIFICANCE, Scan, band_key, widen
 from impls import get_config, load_factory
+import argparse
 
 PORTS = (
     "impls.torch_vit:make",
@@ -78,7 +79,6 @@ def held_out(bands: dict, sizes: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m conformance calibrate --scan-full", description=__doc__)
     parser.add_argument(

@@ -17,6 +17,7 @@ from conformance.report import table
 from conformance.generators import make_images
 from impls import FRAMEWORK_PORTS, PRESETS, get_config, load_factory
 from weights import init_state
+import math
 
 
 def agree(args) -> int:
@@ -60,7 +61,6 @@ def agree(args) -> int:
 def _number(flag: str, kind=float, low: float = 0.0, strict: bool = True):
     """An argparse type: a finite ``kind`` above ``low`` (or at least it, ``strict=False``); any
     other value is refused naming the flag (exit 2)."""
-    import math
 
     def parse(text: str):
         try:

@@ -23,6 +23,8 @@ from weights import WeightError, load_state, read_config
 from weights.cancel import Cancelled, cancellable, cancelled_line
 from weights.config import config_from_json, inline_json
 from conformance.sandbox.isolated import close_all
+import contextlib
+import sys
 
 
 def with_settings(config: ViTConfig, settings: list[str]) -> ViTConfig:
@@ -105,7 +107,6 @@ def _stopped(outputs: Outputs, spec: str, e, config: ViTConfig | None = None, at
 
 def _show_progress(args) -> bool:
     """A progress bar on a terminal, and never in a run whose report goes to --json."""
-    import sys
 
     return bool(getattr(sys.stderr, "isatty", lambda: False)()) and not args.json
 
@@ -142,7 +143,6 @@ def run(args) -> int:
     (its last frames); 128 + N a signal N that cancelled the run (one line; the port's processes
     killed and verify's temporary files removed on the way out). The JSON report is written for
     every ending once its path is checked (``Outputs``)."""
-    import sys
 
     outputs = Outputs(args)
     try:
@@ -174,7 +174,6 @@ def run(args) -> int:
 def main(args, outputs: Outputs) -> int:
     """verify's run once its report paths are prepared (``Outputs.prepare``): the exit status
     of a verdict, or a ``UsageError``."""
-    import contextlib
 
     try:
         machine_memory()  # $VIT_CONFORMANCE_MEMORY read before anything starts
@@ -269,7 +268,6 @@ def _other_layout(path: str) -> str | None:
 
 
 def _main_grad(args, outputs: Outputs) -> int:
-    import contextlib
 
     from conformance.verify.grad import GradReport, format_grad_report, verify_grad
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from conformance.diagnosis.bugclass import BugClass
+from functools import lru_cache
 
 # ----------------------------------------------------------------------------- gradients
 # ``gradient(model, kind, name)`` -> the gradient the class gives at a tensor on a case (``GradModel``): fitted at the first
@@ -23,7 +24,6 @@ def _zero(model, kind, name):
 def _traced_variant(name: str, patch: Callable):
     """A copy of the oracle traced for autograd (``numpy_vit._traced``) with ``patch(module)``
     applied: a backward of another function, for a reference of the class."""
-    from functools import lru_cache
 
     @lru_cache(maxsize=1)
     def module():

@@ -11,6 +11,7 @@ import os
 import platform
 from importlib import metadata
 from pathlib import Path
+import re
 
 PACKAGES = ("numpy", "scipy", "torch", "mlx", "jax", "jaxlib", "flax", "timm", "transformers", "hypothesis")
 # The packages whose arithmetic the calibrated constants depend on.
@@ -64,8 +65,6 @@ def blas() -> dict[str, str | None]:
         out["numpy"] = None
     try:
         import torch
-
-        import re
 
         cfg = torch.__config__.show()
         found = re.search(r"BLAS_INFO=(\w+)", cfg)

@@ -10,6 +10,7 @@ import numpy as np
 from conformance.numerics.precision import LARGEST
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
 from conformance.numerics.tape import Tape
+from concurrent.futures import ThreadPoolExecutor
 
 
 class Stages(Protocol):
@@ -42,7 +43,6 @@ def pool():
     checks): NumPy runs its elementwise functions and random draws on one core. A task waits at
     most on one submitted before it (a noisy run's step before), so on one running or done; more
     threads than cores, as a few wait. Run them under ``parallel()``."""
-    from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(max_workers=6, thread_name_prefix="error-model")
 
@@ -50,7 +50,6 @@ def pool():
 @lru_cache(maxsize=1)
 def beside():
     """A thread for a part of a streamed clean step, beside the rest of it (its tasks wait on nothing)."""
-    from concurrent.futures import ThreadPoolExecutor
 
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="clean-step")
 

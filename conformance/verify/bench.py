@@ -25,6 +25,7 @@ from conformance.bench import cpu_name
 from conformance.verify.budget import MEMORY_ENV, case_batch, forward_flops, sizes
 from conformance.verify.cases import FULL_SIZE, iter_plan, row_plan, verify_plan
 from impls import get_config
+import platform
 
 # (label, preset, --set overrides, memory to plan for or None): widths, depths and token counts,
 # three of each or more; three sizes planned for a machine too small for cases of two images
@@ -140,7 +141,6 @@ def oracle_seconds(preset: str, settings: dict, batch: int | None = None) -> flo
 
 
 def run(configs=CONFIGS, port: str = "torch") -> dict:
-    import platform
 
     rows = []
     for label, preset, settings, memory in configs:

@@ -16,6 +16,8 @@ from conformance.verify.budget import (
 )
 from impls import get_config
 from impls.protocol import ViTConfig
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
 
 # The error model and the drawn inputs (hypothesis) are imported where a plan is made: the port's
 # process hands cases on and imports neither.
@@ -53,7 +55,6 @@ FULL_SIZE = (
 
 def images_of(names) -> int:
     """How many images the named cases hold (each name says its batch)."""
-    import re
 
     return sum(int(re.search(r"batch (\d+)", name).group(1)) for name in names)
 
@@ -118,7 +119,6 @@ class _Ahead:
     imported there before another thread makes one), each next one in the thread."""
 
     def __init__(self, plan):
-        from concurrent.futures import Future, ThreadPoolExecutor
 
         self.plan, self.i = plan, 0
         self.maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-case")
@@ -142,7 +142,6 @@ class _Ahead:
 
 
 def _unbatched(name: str) -> str:
-    import re
 
     return re.sub(r"\(batch \d+\)", "(batch)", name)
 

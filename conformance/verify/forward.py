@@ -23,6 +23,7 @@ from conformance.verify.report import Report, finding
 from impls import tap_names
 from impls.protocol import ViTConfig
 from conformance.verify import quantized as q
+import sys
 
 
 class Forward:
@@ -180,7 +181,6 @@ def _leaks(row: Mapping, name: str, dtype: str) -> bool:
 
 def _progress(cases: int, stages: int, port: str, enabled: bool):
     """cases x stages, on standard error (tqdm), or a bar that shows nothing."""
-    import sys
 
     from tqdm import tqdm
 

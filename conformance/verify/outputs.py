@@ -27,6 +27,7 @@ from conformance.report import UsageError, describe_exception
 from weights.atomic import replace_atomically
 from weights.config import inline_json
 from conformance.verify.report import plot_report
+import stat
 
 NON_FINITE = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
@@ -168,7 +169,6 @@ def _regular(path: str) -> bool:
     """Whether ``path`` is replaced whole: a regular file (through a symlink too: the link is then
     replaced, never written through), or nothing yet. A device such as /dev/stdout or a FIFO is
     written into as it is, and never removed."""
-    import stat
 
     try:
         return stat.S_ISREG(os.stat(path).st_mode)

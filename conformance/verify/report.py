@@ -14,6 +14,8 @@ from conformance.numerics.tolerances import CHAOTIC
 from conformance.report import table
 from conformance.sandbox.handed import finding  # noqa: F401 - a report's findings, told by the sandbox
 from impls.protocol import ViTConfig
+import textwrap
+import re
 
 if TYPE_CHECKING:  # the port's process tells findings and imports no comparison
     from conformance.numerics.compare import StageResult
@@ -193,7 +195,6 @@ def _quantization_lines(report: Report) -> list[str]:
 
 def summarize_stages(stages: Mapping[str, str], label: str) -> list[str]:
     """One line per reason, blocks folded: 'unseen: blocks.{0..11}.attn.weights: computed inside ...'."""
-    import re
 
     patterns: dict[tuple[str, str], list[str]] = {}
     for stage, reason in stages.items():
@@ -234,8 +235,6 @@ def plot_report(report: Report, path: str | Path, fmt: str | None = None) -> Non
     verdict = "conformant" if report.conformant else f"first divergence: {report.first_divergence}"
     ax.set_title(f"{report.port} ({report.dtype}) against the float64 oracle ({verdict})")
     if report.diagnosis is not None:
-        import textwrap
-
         note = textwrap.fill(report.diagnosis.line(), 110)
         ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=7, color="darkred")
     ax.legend(fontsize=8, loc="lower right")

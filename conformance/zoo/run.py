@@ -21,6 +21,7 @@ from conformance.report import table
 from conformance.verify import verify, verify_attention
 from conformance.zoo.catalogue import MAIN_GRADIENT_TEST, MUTANTS, Mutant
 from impls import get_config, load_factory
+import importlib.util
 
 CORRECT_MODEL = ("impls.torch_vit:make", "impls.mlx_vit:make", "impls.jax_vit:make")
 CORRECT_ATTENTION = ("impls.torch_vit:make_attention", "impls.mlx_vit:make_attention", "impls.jax_vit:make_attention")
@@ -79,7 +80,6 @@ def named(report) -> str | None:
 
 def _test_files() -> dict[str, Path]:
     """Test function name -> the installed file that defines it."""
-    import importlib.util
 
     # where the shipped suite is installed, found without importing it (library code imports no test module)
     suite = Path(importlib.util.find_spec("conformance").submodule_search_locations[0]) / "tests"
