@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+import numpy as np
+
 from conformance.report import CannotJudge
 from weights.canonical import expected_shapes
 from weights.config import ConfigError
@@ -44,8 +46,6 @@ def options_read(convert, state, config, first: str) -> NotExpressible | None:
     """The answer for a convert that reads canonical keys ``config`` lacks (``first`` the first
     it asked for), where options add them: each such key filled with zeros of its shape, the
     convert run again, until it asks for none; one line per option."""
-    import numpy as np
-
     state, lines, key = dict(state), {}, first
     for _ in range(64):  # every optional key at most once
         found = adding(key, config)

@@ -13,6 +13,8 @@ from importlib import metadata
 from pathlib import Path
 import re
 
+import numpy as np
+
 PACKAGES = ("numpy", "scipy", "torch", "mlx", "jax", "jaxlib", "flax", "timm", "transformers", "hypothesis")
 # The packages whose arithmetic the calibrated constants depend on.
 NUMERIC_PACKAGES = ("numpy", "scipy", "torch", "mlx", "jax", "jaxlib", "flax")
@@ -57,8 +59,6 @@ def blas() -> dict[str, str | None]:
     """The BLAS behind each framework's float32 matmul, as each reports it."""
     out: dict[str, str | None] = {}
     try:
-        import numpy as np
-
         deps = np.show_config(mode="dicts").get("Build Dependencies", {})
         out["numpy"] = " ".join(str(deps.get("blas", {}).get(k, "")) for k in ("name", "version")).strip() or None
     except Exception:  # noqa: BLE001 - older numpy: no dict mode
