@@ -214,13 +214,7 @@ class AttentionShape:
     @property
     def options(self) -> dict:
         """The attention protocol's keywords for this shape (impls.protocol.mha_shapes' too)."""
-        return dict(
-            dim=self.dim,
-            context_dim=self.context_dim,
-            num_heads=self.num_heads,
-            head_dim=self.head_dim,
-            qkv_bias=self.qkv_bias,
-        )
+        return {k: getattr(self, k) for k in ("dim", "context_dim", "num_heads", "head_dim", "qkv_bias")}
 
     def inputs(self, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         rng = np.random.default_rng(self.seed)

@@ -35,26 +35,11 @@ def timm_table(kind, temperature, grid, ref, offset, half, indexing, freqs=None)
     from timm.layers import pos_embed_sincos as P
 
     shape = list(grid)
+    axial = dict(dim=HD, temperature=temperature, feat_shape=shape, grid_offset=offset, grid_indexing=indexing)
     if kind == "cat":
-        m = P.RotaryEmbeddingCat(
-            dim=HD,
-            temperature=temperature,
-            in_pixels=False,
-            feat_shape=shape,
-            ref_feat_shape=ref,
-            grid_offset=offset,
-            grid_indexing=indexing,
-            rotate_half=half,
-        )
+        m = P.RotaryEmbeddingCat(**axial, in_pixels=False, ref_feat_shape=ref, rotate_half=half)
     elif kind == "dinov3":
-        m = P.RotaryEmbeddingDinoV3(
-            dim=HD,
-            temperature=temperature,
-            feat_shape=shape,
-            grid_offset=offset,
-            grid_indexing=indexing,
-            rotate_half=half,
-        )
+        m = P.RotaryEmbeddingDinoV3(**axial, rotate_half=half)
     else:
         heads = freqs.shape[2]
         m = P.RotaryEmbeddingMixed(

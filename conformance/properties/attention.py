@@ -11,13 +11,13 @@ from impls import numpy_vit as oracle_impl
 
 
 from conformance.properties.core import (
+    check_sums_to_one_over_keys,
     PropertyFailure,
     NotApplicable,
     ModelCase,
     AttentionCase,
     _fail,
     _call,
-    check_close,
     _within,
 )
 
@@ -49,18 +49,8 @@ def check_cross_attention_weights_sum_to_one_over_keys(
     nq, nk = case.x.shape[1], (case.context if case.context is not None else case.x).shape[1]
     if w.shape[-2:] != (nq, nk):
         raise _fail(port, "attention weights have the wrong shape", case, shape=w.shape, expected=f"(B, H, {nq}, {nk})")
-    sums = w.sum(-1)
-    check_close(
-        port,
-        "attention weights do not sum to 1 over keys",
-        sums,
-        np.ones_like(sums),
-        nk * case.error_model().spread("attn.weights"),
-        "mha.weights",
-        mode="end-to-end",
-        case=case,
-        stage="attn.weights",
-    )
+    bound = nk * case.error_model().spread("attn.weights")
+    check_sums_to_one_over_keys(port, w, bound, "mha.weights", mode="end-to-end", case=case, stage="attn.weights")
 
 
 def check_query_constant_changes_nothing(port: str, make_attention: Callable, case: AttentionCase, shift: np.ndarray):

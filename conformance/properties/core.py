@@ -247,3 +247,10 @@ def _local(port, what, case, out, name, model=None) -> None:
     r = compare_stage(name, out[name], model, out, dtype=case.dtype)
     if r.ratio is None or r.ratio > r.tol:
         raise _fail(port, what, case, stage=name, error=r.reason or f"error {r.ratio:.3g}x its bound > tol {r.tol:.3g}")
+
+
+def check_sums_to_one_over_keys(port: str, weights, bound, kind: str, **where) -> None:
+    """Attention weights (..., Nq, Nk) sum to 1 over the keys, each row within ``bound`` (softmax
+    over the key axis; over the queries they do not). ``where``: check_close's keywords."""
+    sums = np.asarray(weights, np.float64).sum(-1)
+    check_close(port, "attention weights do not sum to 1 over keys", sums, np.ones_like(sums), bound, kind, **where)

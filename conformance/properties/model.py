@@ -15,6 +15,7 @@ from impls.protocol import tap_names
 
 from conformance.returned import as_taps
 from conformance.properties.core import (
+    check_sums_to_one_over_keys,
     PropertyFailure,
     NotApplicable,
     ModelCase,
@@ -237,20 +238,9 @@ def check_attention_weights_are_softmax_over_keys(port: str, make: Callable, cas
     for i in range(case.config.depth):
         b = f"blocks.{i}.attn"
         _needs(out, f"{b}.q", f"{b}.k", f"{b}.weights")
-        w = np.asarray(out[f"{b}.weights"], np.float64)
         _, bound = model.local(f"{b}.weights", out)
-        sums = w.sum(-1)
-        check_close(
-            port,
-            "attention weights do not sum to 1 over keys",
-            sums,
-            np.ones_like(sums),
-            bound.sum(-1),
-            "attn.weights",
-            dtype=case.dtype,
-            case=case,
-            stage=f"{b}.weights",
-        )
+        where = dict(dtype=case.dtype, case=case, stage=f"{b}.weights")
+        check_sums_to_one_over_keys(port, out[f"{b}.weights"], bound.sum(-1), "attn.weights", **where)
         _local(port, "attention weights are not softmax(q k^T / sqrt(head_dim)) over keys", case, out, f"{b}.weights")
 
 

@@ -13,7 +13,6 @@ checkpoint's own images is not in the shapes, so img_size defaults to the table'
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
@@ -21,6 +20,7 @@ from weights import files
 from weights.canonical import WeightError
 from weights.config import ViTConfig
 from weights.layouts._io import metadata, stored_config
+from weights.layouts.timm import block_sizes
 
 LAYOUT = "naflex"
 # canonical name -> NaFlexVit's, for the entries that only move
@@ -81,10 +81,9 @@ def infer_config(state: dict[str, np.ndarray], num_heads: int | None = None, img
     try:
         D, width = state["embeds.proj.weight"].shape
         grid = tuple(int(g) for g in state["embeds.pos_embed"].shape[1:3])
-        depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
-        hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
     except (KeyError, ValueError) as e:
         raise WeightError(f"not a NaFlexVit state dict: missing {e}") from None
+    sizes = block_sizes(state, D, num_heads, "NaFlexVit")
     p = math.isqrt(width // 3)
     if 3 * p * p != width:
         raise WeightError(
@@ -95,14 +94,9 @@ def infer_config(state: dict[str, np.ndarray], num_heads: int | None = None, img
     return ViTConfig(
         img_size=img_size or (grid[0] * p, grid[1] * p),
         patch_size=p,
-        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
         global_pool=pool,
         class_token=class_token,
-        embed_dim=D,
-        depth=depth,
-        num_heads=num_heads or max(1, D // 64),
-        mlp_ratio=hidden / D,
-        qkv_bias="blocks.0.attn.qkv.bias" in state,
+        **sizes,
         reg_tokens=state["embeds.reg_token"].shape[1] if "embeds.reg_token" in state else 0,
         no_embed_class=True,
         fc_norm=True if "fc_norm.weight" in state else None,
