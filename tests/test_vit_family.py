@@ -213,18 +213,24 @@ def test_original_vit_layouts_refuse_family_weights_rather_than_drop_them(write)
 
 # The family's presets and the timm model each is (name, and kwargs where timm has no name).
 FAMILY_PRESETS = {
-    "vit_small_patch14_dinov2": ("vit_small_patch14_dinov2", {}),
-    "vit_small_patch14_reg4_dinov2": ("vit_small_patch14_reg4_dinov2", {}),
-    "vit_giant_patch14_dinov2": ("vit_giant_patch14_dinov2", {}),
-    "vit_base_patch16_clip_224": ("vit_base_patch16_clip_224", {}),
-    "vit_base_patch16_clip_quickgelu_224": ("vit_base_patch16_clip_quickgelu_224", {}),
-    "vit_base_patch16_siglip_224": ("vit_base_patch16_siglip_224", {}),
-    "vit_large_patch14_clip_336": ("vit_large_patch14_clip_336", {}),
-    "vit_large_patch14_clip_quickgelu_336": ("vit_large_patch14_clip_quickgelu_336", {}),
-    "vit_so400m_patch14_siglip_384": ("vit_so400m_patch14_siglip_384", {}),
-    "vit_base_patch16_siglip_gap_224": ("vit_base_patch16_siglip_gap_224", {}),
-    "deit3_small_patch16_224": ("deit3_small_patch16_224", {}),
-    "deit_small_distilled_patch16_224": ("deit_small_distilled_patch16_224", {}),
+    **{
+        name: (name, {})
+        for name in (
+            "vit_small_patch14_dinov2",
+            "vit_small_patch14_reg4_dinov2",
+            "vit_giant_patch14_dinov2",
+            "vit_base_patch16_clip_224",
+            "vit_base_patch16_clip_quickgelu_224",
+            "vit_base_patch16_siglip_224",
+            "vit_large_patch14_clip_336",
+            "vit_large_patch14_clip_quickgelu_336",
+            "vit_so400m_patch14_siglip_384",
+            "vit_base_patch16_siglip_gap_224",
+            "deit3_small_patch16_224",
+            "deit_small_distilled_patch16_224",
+            "vit_intern300m_patch14_448",
+        )
+    },
     "vit_small_patch16_qknorm_224": ("vit_small_patch16_224", {"qk_norm": True}),
 }
 
