@@ -124,7 +124,7 @@ PRESETS: dict[str, ViTConfig] = {
     },
     # InternViT-300M (timm's distilled copy): LayerScale, and no final norm, the last block's tokens as they are
     "vit_intern300m_patch14_448": ViTConfig(
-        img_size=448, patch_size=14, embed_dim=1024, depth=24, num_heads=16, init_values=0.1, final_norm=False,
+        img_size=448, patch_size=14, num_classes=0, embed_dim=1024, depth=24, num_heads=16, init_values=0.1, final_norm=False,
         dynamic_img_size=True,
     ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
