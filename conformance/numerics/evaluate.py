@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 from impls import numpy_vit as O
 from impls.numpy_pos_embed import FIXED, FIXED_ANGLES
-from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
+from impls.stages import CONTRACTIONS, stage_inputs, stage_kind, stage_of  # noqa: F401 - re-exported
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
 from weights.resample import aa_matrix
@@ -182,7 +182,13 @@ def evaluate(
     config: ViTConfig,
     p: Precision,
 ):
-    """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64)."""
+    """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64): the table's
+    operation where stages share one (``Stage.op``), else the stage's own."""
+    stage, i = stage_of(name)
+    if stage.op == "norm":
+        scope = f"blocks.{i}." if i is not None else "attn_pool." if stage.scope == "attn_pool" else ""
+        w, b = (f"{scope}{stage.params[0]}.{leaf}" for leaf in ("weight", "bias"))
+        return layer_norm(t[stage_inputs(name, config)[0]], s[w], s.get(b, 0.0), config.norm_eps, p)
     if name.startswith("blocks."):
         grid = config.grid_at(images.shape[2:])
         return _block_stage(name, t, s, config, p, grid, images.shape[0])
@@ -200,8 +206,6 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
         w = s["patch_embed.proj.weight"]
         patches = t["patch_embed.patch_norm"] if config.patch_norm else O.to_patches(images, config.patch_size)
         return linear(patches, w.reshape(w.shape[0], -1), s.get("patch_embed.proj.bias"), p)
-    if name == "patch_embed.norm":
-        return layer_norm(t["patch_embed"], s["patch_embed.norm.weight"], s.get("patch_embed.norm.bias", 0.0), eps, p)
     if name == "embed" and config.pos_embed != "learn":
         return _unlearned_pos_embed(t[stage_inputs(name, config)[0]], s, config, images, p)
     if name == "embed":
@@ -214,10 +218,6 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
             return np.concatenate(prefix + [y], 1), np.concatenate([p.storage * np.abs(a) for a in prefix] + [bound], 1)
         y, bound = _sum(np.concatenate(prefix + [x], 1), pos, p)
         return y, bound + dpos
-    if name == "norm_pre":
-        return layer_norm(t["embed"], s["norm_pre.weight"], s.get("norm_pre.bias", 0.0), eps, p)
-    if name == "norm":
-        return layer_norm(t[f"blocks.{config.depth - 1}"], s["norm.weight"], s.get("norm.bias", 0.0), eps, p)
     if name.startswith("attn_pool"):
         return _attn_pool(name, t, images.shape[0], s, config, p)
     if name == "pooled":
@@ -251,14 +251,9 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
     _, i, *rest = name.split(".", 2)
     b, rest = f"blocks.{i}", (rest[0] if rest else "")
     inputs = [t.get(k) for k in stage_inputs(name, config)]
-    if rest == "norm1":
-        return layer_norm(inputs[0], s[f"{b}.norm1.weight"], s.get(f"{b}.norm1.bias", 0.0), eps, p)
     if rest in ("attn.q", "attn.k", "attn.v"):
         y, bound = linear(inputs[0], *qkv_parts(s, f"{b}.attn", config.embed_dim)["qkv".index(rest[-1])], p)
         return _heads(y, H), _heads(bound, H)
-    if rest in ("attn.q_norm", "attn.k_norm"):
-        n = rest.split(".")[1]
-        return layer_norm(inputs[0], s[f"{b}.attn.{n}.weight"], s.get(f"{b}.attn.{n}.bias", 0.0), eps, p)
     if rest in ("attn.q_rope", "attn.k_rope"):
         freqs = s.get("rope.freqs")  # RoPE-Mixed's, per block
         return rotary(inputs[0], grid, config, p, None if freqs is None else freqs[:, int(i) : int(i) + 1])
@@ -283,8 +278,6 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
         return layer_norm(r, s[f"{b}.norm2.weight"], s.get(f"{b}.norm2.bias", 0.0), eps, p, dx=dx)
     if rest == "mlp.act":
         return _mlp_act(inputs[0], s, f"{b}.mlp", config, p, config.mlp_layer)
-    if rest == "mlp.norm":
-        return layer_norm(inputs[0], s[f"{b}.mlp.norm.weight"], s[f"{b}.mlp.norm.bias"], eps, p)
     if rest == "mlp":
         return linear(inputs[0], *_rows(s, f"{b}.mlp.fc2", slice(None)), p)
     if rest == "":
@@ -320,10 +313,6 @@ def _attn_pool(name: str, t, batch: int, s, config: ViTConfig, p: Precision):
         return softmax_weights(t["attn_pool.q"], t["attn_pool.k"], (D // H) ** -0.5, p)
     if stage == "proj":
         return attend_and_project(t["attn_pool.weights"], t["attn_pool.v"], s, "attn_pool.proj", p)
-    if stage == "norm":
-        return layer_norm(
-            t["attn_pool.proj"], s["attn_pool.norm.weight"], s.get("attn_pool.norm.bias", 0.0), config.norm_eps, p
-        )
     if stage == "mlp.act":
         return _mlp_act(t["attn_pool.norm"], s, "attn_pool.mlp", config, p)
     if stage == "mlp":
