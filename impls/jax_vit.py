@@ -112,6 +112,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False, ta
 
 Linear = partial(nnx.Linear, precision=PRECISION)
 LayerNorm = partial(nnx.LayerNorm, use_fast_variance=False)
+RmsNorm = nnx.RMSNorm  # timm's RmsNorm: x / sqrt(mean(x^2) + eps) * scale, statistics in float32
+
+
+def norm_layer(config: ViTConfig, dim: int, *, rngs):
+    """The model's norm (``config.norm_layer``): LayerNorm (with or without its bias) or RmsNorm."""
+    if config.norm_layer == "rmsnorm":
+        return RmsNorm(dim, epsilon=config.norm_eps, rngs=rngs)
+    return LayerNorm(dim, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
 
 
 class GELU(nnx.Module):
@@ -188,19 +196,11 @@ class PatchEmbed(nnx.Module):
     def __init__(self, config: ViTConfig, *, rngs: nnx.Rngs):
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.patch_norm = (
-            LayerNorm(config.patch_dim, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
-            if config.patch_norm
-            else None
-        )
+        self.patch_norm = norm_layer(config, config.patch_dim, rngs=rngs) if config.patch_norm else None
         self.proj = Conv2d(
             config.in_chans, config.embed_dim, config.patch_size, config.patch_size, not config.pre_norm, rngs
         )
-        self.norm = (
-            LayerNorm(config.embed_dim, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
-            if config.embed_norm
-            else None
-        )
+        self.norm = norm_layer(config, config.embed_dim, rngs=rngs) if config.embed_norm else None
 
     def project(self, x, taps=None, name="patch_embed"):
         """The projection's output, (B, gh * gw, D), row-major over the grid."""
@@ -494,7 +494,7 @@ class Block(nnx.Module):
 
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None, *, rngs):
         dim = config.embed_dim
-        self.norm1 = LayerNorm(dim, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
+        self.norm1 = norm_layer(config, dim, rngs=rngs)
         self.attn = (attn_layer or Attention)(
             dim,
             config.num_heads,
@@ -511,7 +511,7 @@ class Block(nnx.Module):
             rngs=rngs,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
-        self.norm2 = LayerNorm(dim, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
+        self.norm2 = norm_layer(config, dim, rngs=rngs)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
             dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias, **mlp_norm_eps(config), rngs=rngs
         )
@@ -566,18 +566,18 @@ class VisionTransformer(nnx.Module):
         if config.pos_embed == "learn":
             self.pos_embed = nnx.Param(jnp.zeros((1, config.embed_len, D)))
         if config.pre_norm:
-            self.norm_pre = LayerNorm(D, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
+            self.norm_pre = norm_layer(config, D, rngs=rngs)
         self.blocks = nnx.List(
             [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, rngs=rngs) for _ in range(config.depth)]
         )
         if config.use_final_norm:
-            self.norm = LayerNorm(D, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
+            self.norm = norm_layer(config, D, rngs=rngs)
         if config.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
                 D, config.pool_num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn, rngs=rngs
             )
         if config.use_fc_norm:
-            self.fc_norm = LayerNorm(D, epsilon=config.norm_eps, use_bias=config.norm_bias, rngs=rngs)
+            self.fc_norm = norm_layer(config, D, rngs=rngs)
         if config.num_classes:
             self.head = Linear(D, config.num_classes, rngs=rngs)
         if config.distilled:  # DeiT: a distillation token after the class token, a head of its own

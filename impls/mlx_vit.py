@@ -103,9 +103,17 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False, ta
 
 Linear = nn.Linear
 LayerNorm = nn.LayerNorm
+RmsNorm = nn.RMSNorm  # timm's RmsNorm: x / sqrt(mean(x^2) + eps) * weight, statistics in float32
 GELU = nn.GELU  # exact (erf) by default
 Conv2d = nn.Conv2d
 Identity = nn.Identity
+
+
+def norm_layer(config: ViTConfig, dim: int):
+    """The model's norm (``config.norm_layer``): LayerNorm (with or without its bias) or RmsNorm."""
+    if config.norm_layer == "rmsnorm":
+        return RmsNorm(dim, eps=config.norm_eps)
+    return LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
 
 
 class QuickGELU(nn.Module):
@@ -154,12 +162,12 @@ class PatchEmbed(nn.Module):
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
         if config.patch_norm:
-            self.patch_norm = LayerNorm(config.patch_dim, eps=config.norm_eps, bias=config.norm_bias)
+            self.patch_norm = norm_layer(config, config.patch_dim)
         self.proj = Conv2d(
             config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
         )
         if config.embed_norm:
-            self.norm = LayerNorm(config.embed_dim, eps=config.norm_eps, bias=config.norm_bias)
+            self.norm = norm_layer(config, config.embed_dim)
 
     def project(self, x, taps=None, name="patch_embed"):
         """The projection's output, (B, gh * gw, D), row-major over the grid."""
@@ -441,7 +449,7 @@ class Block(nn.Module):
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
         super().__init__()
         dim = config.embed_dim
-        self.norm1 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm1 = norm_layer(config, dim)
         self.attn = (attn_layer or Attention)(
             dim,
             config.num_heads,
@@ -457,7 +465,7 @@ class Block(nn.Module):
             window_size=config.grid_size if config.rel_pos_bias else None,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
-        self.norm2 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm2 = norm_layer(config, dim)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
             dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias, **mlp_norm_eps(config)
         )
@@ -513,16 +521,16 @@ class VisionTransformer(nn.Module):
         if config.pos_embed == "learn":
             self.pos_embed = mx.zeros((1, config.embed_len, D))
         if config.pre_norm:
-            self.norm_pre = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.norm_pre = norm_layer(config, D)
         self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
         if config.use_final_norm:
-            self.norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.norm = norm_layer(config, D)
         if config.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
                 D, config.pool_num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
             )
         if config.use_fc_norm:
-            self.fc_norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.fc_norm = norm_layer(config, D)
         if config.num_classes:
             self.head = Linear(D, config.num_classes)
         if config.distilled:  # DeiT: a distillation token after the class token, a head of its own

@@ -62,6 +62,10 @@ def layer_norm(x: np.ndarray, weight, bias, eps: float) -> np.ndarray:
     return (x - mean) / np.sqrt(var + eps) * weight + bias
 
 
+def rms_norm(x: np.ndarray, weight, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * weight
+
+
 def gelu(x: np.ndarray) -> np.ndarray:
     # The exact (erf) form, as timm, torch and MLX use by default.
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
@@ -172,6 +176,24 @@ class LayerNorm(Module):
         return layer_norm(x, self.weight, getattr(self, "bias", 0.0), self.eps)
 
 
+class RmsNorm(Module):
+    """timm's RmsNorm: x / sqrt(mean(x^2) + eps) * weight, no bias (AIMv2)."""
+
+    def __init__(self, dim: int, eps: float):
+        self.eps = eps
+        self.weight = np.zeros((dim,))
+
+    def __call__(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+def norm_layer(config: ViTConfig, dim: int):
+    """The model's norm (``config.norm_layer``): LayerNorm (with or without its bias) or RmsNorm."""
+    if config.norm_layer == "rmsnorm":
+        return RmsNorm(dim, eps=config.norm_eps)
+    return LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+
+
 class GELU(Module):
     def __init__(self, act_layer: str = "gelu"):
         self.fn = ACTIVATIONS[act_layer]
@@ -238,10 +260,10 @@ class PatchEmbed(Module):
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
         if config.patch_norm:
-            self.patch_norm = LayerNorm(config.patch_dim, eps=config.norm_eps, bias=config.norm_bias)
+            self.patch_norm = norm_layer(config, config.patch_dim)
         self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, bias=not config.pre_norm)
         if config.embed_norm:
-            self.norm = LayerNorm(config.embed_dim, eps=config.norm_eps, bias=config.norm_bias)
+            self.norm = norm_layer(config, config.embed_dim)
 
     def project(self, x, taps=None, name="patch_embed"):
         """The projection's output, (B, gh * gw, D), row-major over the grid."""
@@ -509,7 +531,7 @@ class Block(Module):
 
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
         dim = config.embed_dim
-        self.norm1 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm1 = norm_layer(config, dim)
         self.attn = (attn_layer or Attention)(
             dim,
             config.num_heads,
@@ -525,7 +547,7 @@ class Block(Module):
             window_size=config.grid_size if config.rel_pos_bias else None,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
-        self.norm2 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm2 = norm_layer(config, dim)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
             dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias, **mlp_norm_eps(config)
         )
@@ -579,16 +601,16 @@ class VisionTransformer(Module):
         if config.pos_embed == "learn":
             self.pos_embed = np.zeros((1, config.embed_len, D))
         if config.pre_norm:
-            self.norm_pre = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.norm_pre = norm_layer(config, D)
         self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
         if config.use_final_norm:
-            self.norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.norm = norm_layer(config, D)
         if config.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
                 D, config.pool_num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
             )
         if config.use_fc_norm:
-            self.fc_norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.fc_norm = norm_layer(config, D)
         if config.num_classes:
             self.head = Linear(D, config.num_classes)
         if config.distilled:  # DeiT: a distillation token after the class token, a head of its own

@@ -14,7 +14,7 @@ computes it. Its entry says what the rest of the project needs to know about it:
 | ``contraction`` | it contracts (a matmul, the patch conv, q kᵀ, P v): its operands may be in a lower dtype than its output | mixed precision |
 | ``residual`` | it is the residual stream or a LayerNorm of it: torch.autocast keeps it in float32 | ``verify --policy autocast`` |
 | ``cotangent`` | the contraction length of its consumer's backward (gradients' rounding model) | gradients |
-| ``op`` | the operation where stages share one: ``norm``, the model's norm of its one input with its ``params[0]``'s weight and bias | the error model (``conformance.numerics.evaluate``) |
+| ``op`` | the operation where stages share one, of its one input with its ``params[0]``'s weight and bias: ``norm``, the model's norm (``norm_layer``); ``layer_norm``, a LayerNorm whatever the model's | the error model (``conformance.numerics.evaluate``) |
 | ``capture`` | where a model as its author wrote it shows the stage (rules below) | ``conformance.capture.plan`` |
 | ``timm`` | where timm's ``VisionTransformer`` shows it (default ``out:`` its own name) | ``conformance.references`` |
 
@@ -78,7 +78,7 @@ class Stage:
     contraction: bool = False
     residual: bool = False
     cotangent: str = "1"  # a symbol of the config, or "1": a sum or a selection, one rounding
-    op: str = ""  # "norm": the norm of its one input, its params[0]'s weight and bias (``evaluate``)
+    op: str = ""  # "norm" (the model's norm_layer) or "layer_norm" of its one input, its params[0]'s (``evaluate``)
     capture: str | Callable[[ViTConfig], str] = ""  # where a model as written shows it (``capture_rule``)
     timm: str = ""  # where timm's VisionTransformer shows it (``timm_rule``)
     note: str = ""  # what it is, for docs/model.md
@@ -164,9 +164,9 @@ BLOCK = (
           contraction=True, cotangent="N", capture="attn:v",
           timm="values"),
     Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "B H N hd", "block", _qk_norm, ("attn.q_norm",),
-          cotangent="qk_out", capture="out:attn.q_norm@heads", op="norm"),
+          cotangent="qk_out", capture="out:attn.q_norm@heads", op="layer_norm"),
     Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "B H N hd", "block", _qk_norm, ("attn.k_norm",),
-          cotangent="qk_out", capture="out:attn.k_norm@heads", op="norm"),
+          cotangent="qk_out", capture="out:attn.k_norm@heads", op="layer_norm"),
     Stage("attn.q_rope", "attn.q_rope", ("{q_in}",), "B H N hd", "block", _rope, cotangent="N", capture="attn:q",
           timm="typed:0", note="q turned by its position (the prefix tokens as they are; timm's Eva)"),
     Stage("attn.k_rope", "attn.k_rope", ("{k_in}",), "B H N hd", "block", _rope, cotangent="N", capture="attn:k",
@@ -189,7 +189,7 @@ BLOCK = (
           capture=lambda c: "in:mlp.norm" if c.scale_mlp else "in:mlp.fc2", timm="in:mlp.norm",
           note="the activation, or SwiGLU's `act(gate) * value`: fc2's input without `scale_mlp`"),
     Stage("mlp.norm", "mlp.norm", ("{b}.mlp.act",), "B N act", "block", _scale_mlp, ("mlp.norm",), cotangent="D",
-          capture="out:mlp.norm", note="EVA02's norm over the hidden features (timm's Eva `scale_mlp`)", op="norm"),
+          capture="out:mlp.norm", note="EVA02's norm over the hidden features (timm's Eva `scale_mlp`)", op="layer_norm"),
     Stage("mlp", "mlp", ("{mlp_in}",), "B N D", "block", params=("mlp.fc2",), contraction=True,
           capture="out:mlp.fc2"),
     Stage("ls2", "ls2", ("{b}.mlp",), "B N D", "block", _layer_scale, ("ls2",), capture="out:ls2"),
@@ -210,7 +210,7 @@ MODEL_OUT = (
     Stage("proj", "attn_pool.proj", ("attn_pool.weights", "attn_pool.v"), "B 1 D", "attn_pool", _map, ("proj",),
           contraction=True, cotangent="D", capture="out:proj"),
     Stage("norm", "attn_pool.norm", ("attn_pool.proj",), "B 1 D", "attn_pool", _map, ("norm",), cotangent="mlp",
-          capture="out:norm", op="norm"),
+          capture="out:norm", op="layer_norm"),
     Stage("mlp.act", "attn_pool.mlp.act", ("attn_pool.norm",), "B 1 mlp", "attn_pool", _map, ("mlp.fc1",),
           contraction=True, cotangent="D", capture="in:mlp.fc2", timm="in:mlp.fc2"),
     Stage("mlp", "attn_pool.mlp", ("attn_pool.mlp.act",), "B 1 D", "attn_pool", _map, ("mlp.fc2",), contraction=True,

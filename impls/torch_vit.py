@@ -103,6 +103,26 @@ Conv2d = nn.Conv2d
 Identity = nn.Identity
 
 
+class RmsNorm(nn.Module):
+    """timm's RmsNorm: x / sqrt(mean(x^2) + eps) * weight, no bias (AIMv2); torch's rms_norm
+    computes the statistics in float32 whatever the dtype."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def norm_layer(config: ViTConfig, dim: int):
+    """The model's norm (``config.norm_layer``): LayerNorm (with or without its bias) or RmsNorm."""
+    if config.norm_layer == "rmsnorm":
+        return RmsNorm(dim, eps=config.norm_eps)
+    return LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+
+
 class QuickGELU(nn.Module):
     """x * sigmoid(1.702 x), OpenAI CLIP's activation (timm's QuickGELU)."""
 
@@ -148,15 +168,11 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.patch_size = config.patch_size
         self.grid_size = config.grid_size
-        self.patch_norm = (
-            LayerNorm(config.patch_dim, eps=config.norm_eps, bias=config.norm_bias) if config.patch_norm else None
-        )
+        self.patch_norm = norm_layer(config, config.patch_dim) if config.patch_norm else None
         self.proj = Conv2d(
             config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
         )
-        self.norm = (
-            LayerNorm(config.embed_dim, eps=config.norm_eps, bias=config.norm_bias) if config.embed_norm else None
-        )
+        self.norm = norm_layer(config, config.embed_dim) if config.embed_norm else None
 
     def project(self, x, taps=None, name="patch_embed"):
         """The projection's output, (B, gh * gw, D), row-major over the grid."""
@@ -431,7 +447,7 @@ class Block(nn.Module):
     def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
         super().__init__()
         dim = config.embed_dim
-        self.norm1 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm1 = norm_layer(config, dim)
         self.attn = (attn_layer or Attention)(
             dim,
             config.num_heads,
@@ -447,7 +463,7 @@ class Block(nn.Module):
             window_size=config.grid_size if config.rel_pos_bias else None,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
-        self.norm2 = LayerNorm(dim, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm2 = norm_layer(config, dim)
         self.mlp = (mlp_layer or MLP_LAYERS[config.mlp_layer])(
             dim, config.mlp_hidden_dim, config.act_layer, config.use_mlp_bias, **mlp_norm_eps(config)
         )
@@ -502,18 +518,18 @@ class VisionTransformer(nn.Module):
         if config.pos_embed == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, config.embed_len, D))
         if config.pre_norm:
-            self.norm_pre = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.norm_pre = norm_layer(config, D)
         self.blocks = nn.ModuleList(
             [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
         )
         if config.use_final_norm:
-            self.norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.norm = norm_layer(config, D)
         if config.global_pool == "map":
             self.attn_pool = AttentionPoolLatent(
                 D, config.pool_num_heads, config.mlp_ratio, config.act_layer, config.norm_eps, fused_attn
             )
         if config.use_fc_norm:
-            self.fc_norm = LayerNorm(D, eps=config.norm_eps, bias=config.norm_bias)
+            self.fc_norm = norm_layer(config, D)
         if config.num_classes:
             self.head = Linear(D, config.num_classes)
         if config.distilled:  # DeiT: a distillation token after the class token, a head of its own

@@ -466,3 +466,18 @@ def test_a_model_without_a_final_norm_is_exit_2_naming_final_norm_and_conformant
 
     config = get_config("vit_test_token").replace(final_norm=False)
     assert verify(no_final_norm, config, cases=quick_cases(config)).conformant
+
+
+def test_a_model_with_rmsnorm_is_exit_2_naming_norm_layer_and_conformant_with_it(cli):
+    """timm's model with RmsNorm for its norms (AIMv2's) against the default config: one line naming
+    norm_layer='rmsnorm' and the modules that show it, never a bias-free LayerNorm's advice (issue
+    60: it was NOT CONFORMANT at patch_embed.norm). The companion: the config that says it makes the
+    same model conformant."""
+    code, out, err = cli("verify", "tests.data.unexpressed_ports:rms_norm", "--in-process")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 2 and "norm_layer='rmsnorm'" in lines[1], err
+    assert "RmsNorm" in lines[1] and "norm_bias" not in err, err
+    from tests.data.unexpressed_ports import rms_norm
+
+    config = get_config("vit_test_token").replace(norm_layer="rmsnorm")
+    assert verify(rms_norm, config, cases=quick_cases(config)).conformant

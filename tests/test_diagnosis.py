@@ -25,6 +25,7 @@ PRESETS = (
     "vit_test_rope",
     "vit_test_eva",
     "vit_test_beit",
+    "vit_test_aimv2",
 )
 # Where a class shows only on some inputs: the images (their grid) or weights it needs.
 NEEDS = {

@@ -229,6 +229,7 @@ FAMILY_PRESETS = {
             "deit3_small_patch16_224",
             "deit_small_distilled_patch16_224",
             "vit_intern300m_patch14_448",
+            "aimv2_large_patch14_224",
         )
     },
     "vit_small_patch16_qknorm_224": ("vit_small_patch16_224", {"qk_norm": True}),

@@ -40,27 +40,27 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes["dist_token"] = (1, 1, D)
     if config.patch_norm:
         shapes["patch_embed.patch_norm.weight"] = (config.patch_dim,)
-        if config.norm_bias:
+        if config.use_norm_bias:
             shapes["patch_embed.patch_norm.bias"] = (config.patch_dim,)
     shapes["patch_embed.proj.weight"] = (D, C, ph, pw)
     if not config.pre_norm:  # timm: bias=not pre_norm
         shapes["patch_embed.proj.bias"] = (D,)
     if config.embed_norm:
         shapes["patch_embed.norm.weight"] = (D,)
-        if config.norm_bias:
+        if config.use_norm_bias:
             shapes["patch_embed.norm.bias"] = (D,)
     if config.rope_type == "mixed":  # timm's Eva: RoPE-Mixed's learned frequencies, after the patch embedding
         shapes["rope.freqs"] = (2, config.depth, config.num_heads, hd // 2)
     if config.pre_norm:
         shapes["norm_pre.weight"] = (D,)
-        if config.norm_bias:
+        if config.use_norm_bias:
             shapes["norm_pre.bias"] = (D,)
     block = block_shapes(config)
     for i in range(config.depth):
         shapes.update({f"blocks.{i}.{k}": shape for k, shape in block.items()})
     if config.use_final_norm:
         shapes["norm.weight"] = (D,)
-        if config.norm_bias:
+        if config.use_norm_bias:
             shapes["norm.bias"] = (D,)
     if config.global_pool == "map":  # timm's AttentionPoolLatent, with its defaults (qkv bias, plain Mlp)
         shapes["attn_pool.latent"] = (1, 1, D)
@@ -68,7 +68,7 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"attn_pool.{key}"] = shape
     if config.use_fc_norm:
         shapes["fc_norm.weight"] = (D,)
-        if config.norm_bias:
+        if config.use_norm_bias:
             shapes["fc_norm.bias"] = (D,)
     if config.num_classes:
         shapes["head.weight"] = (config.num_classes, D)
@@ -86,7 +86,7 @@ def block_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     if config.rel_pos_bias and config.init_values is not None:  # timm's Beit: its gammas, the block's own, first
         shapes.update({"ls1.gamma": (D,), "ls2.gamma": (D,)})
     shapes["norm1.weight"] = (D,)
-    if config.norm_bias:
+    if config.use_norm_bias:
         shapes["norm1.bias"] = (D,)
     qkv = qkv_shapes(config)
     own = {k: v for k, v in qkv.items() if k.count(".") == 1}  # the attention's own (q_bias, v_bias)
@@ -104,7 +104,7 @@ def block_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     if config.init_values is not None and not config.rel_pos_bias:
         shapes["ls1.gamma"] = (D,)
     shapes["norm2.weight"] = (D,)
-    if config.norm_bias:
+    if config.use_norm_bias:
         shapes["norm2.bias"] = (D,)
     fc1 = ("fc1_g", "fc1_x") if config.mlp_layer == "swiglu" else ("fc1",)
     for fc in fc1:

@@ -45,6 +45,8 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
 * ``norm_bias=False``: the model's LayerNorms (the patch norms, ``norm1``, ``norm2``, ``norm_pre``,
   ``norm``, ``fc_norm``; not qk-norm's or the attention pool's) scale without a bias
   (x-transformers).
+* ``norm_layer``: those norms' kind, ``layernorm`` or ``rmsnorm`` (timm's ``RmsNorm``: no bias,
+  ``x / sqrt(mean(x^2) + eps) * weight``; AIMv2).
 * ``mlp_bias``: the MLP's biases apart from ``attn.proj``'s (None: as ``proj_bias``, timm's
   coupling; SimpleViT has ``proj_bias=False, mlp_bias=True``).
 * ``rope_type``: timm's Eva's rotary position embedding of q and k in every block, after
@@ -79,6 +81,7 @@ from weights.options import (  # noqa: F401 - the options' values, declared with
     FAMILY,
     GLOBAL_POOLS,
     MLP_LAYERS,
+    NORM_LAYERS,
     OPTIONS,
     POS_EMBEDS,
     REDUCING_POOLS,
@@ -315,6 +318,11 @@ class ViTConfig:
     def mlp_act_dim(self) -> int:
         """The MLP's activation width (fc2's input): half of fc1's for the packed SwiGLU."""
         return self.mlp_hidden_dim // 2 if self.mlp_layer == "swiglu_packed" else self.mlp_hidden_dim
+
+    @property
+    def use_norm_bias(self) -> bool:
+        """Whether the model's norms have a bias: a LayerNorm's unless norm_bias=False; RmsNorm has none."""
+        return self.norm_bias and self.norm_layer == "layernorm"
 
     @property
     def use_fc_norm(self) -> bool:

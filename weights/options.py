@@ -29,6 +29,7 @@ ROPE_TYPES = ("cat", "dinov3", "mixed")  # timm's rope_type; 'mrope' not yet
 REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
+NORM_LAYERS = ("layernorm", "rmsnorm")  # timm's norm_layer by name
 
 # the Hugging Face models of the ViT family's layouts (weights/hf/family.py, dinov3.py, beit.py)
 DINOV3 = "hf:dinov3_vit"
@@ -383,6 +384,18 @@ OPTIONS: tuple[Option, ...] = (
             ),
         ),
         adds=("norm_bias=true", dict(norm_bias=True)),
+    ),
+    Option(
+        "norm_layer",
+        "layernorm",
+        "layernorm",
+        "the model's norms (the patch norms, norm1, norm2, norm_pre, norm, fc_norm; not qk-norm's, the MLP's or "
+        "the attention pool's): 'layernorm', or 'rmsnorm', timm's RmsNorm, x / sqrt(mean(x^2) + eps) * weight, "
+        "no bias (AIMv2)",
+        holds=_only("layernorm"),
+        timm_name="norm_layer (a class: RmsNorm)",
+        draws=("layernorm", "layernorm", "rmsnorm"),
+        check=one_of(NORM_LAYERS),
     ),
     Option(
         "mlp_bias",

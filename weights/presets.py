@@ -127,6 +127,13 @@ PRESETS: dict[str, ViTConfig] = {
         img_size=448, patch_size=14, num_classes=0, embed_dim=1024, depth=24, num_heads=16, init_values=0.1, final_norm=False,
         dynamic_img_size=True,
     ),
+    # Apple's AIMv2 (timm's): RMSNorm for every norm, the patch embedding's too, no class token, the
+    # patch tokens' mean after the final norm, SwiGLU, no q, k, v or output biases
+    "aimv2_large_patch14_224": ViTConfig(
+        patch_size=14, num_classes=0, embed_dim=1024, depth=24, num_heads=8, mlp_ratio=2.75, class_token=False,
+        global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False, act_layer="silu", mlp_layer="swiglu",
+        norm_layer="rmsnorm", embed_norm=True, norm_eps=1e-5,
+    ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3
@@ -147,6 +154,12 @@ PRESETS: dict[str, ViTConfig] = {
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
         class_token=False, reg_tokens=2, no_embed_class=True, init_values=1e-5, global_pool="avg", fc_norm=True,
         dynamic_img_size=True, pos_embed_grid_size=(3, 5),
+    ),
+    # vit_test_token as aimv2_large_patch14_224 is: RMSNorm everywhere, the patch tokens' mean, SwiGLU
+    "vit_test_aimv2": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        mlp_ratio=2.75, class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False,
+        act_layer="silu", mlp_layer="swiglu", norm_layer="rmsnorm", embed_norm=True, norm_eps=1e-5,
     ),
     # vit_test_token's square twin: the default for ports of square images only.
     "vit_test_token_square": ViTConfig(

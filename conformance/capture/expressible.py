@@ -17,7 +17,7 @@ import numpy as np
 from conformance.report import CannotJudge
 from weights.canonical import expected_shapes
 from weights.config import ConfigError
-from weights.options import ATTN_OUT_BIAS, MLP_BIAS, OPTIONS
+from weights.options import ATTN_OUT_BIAS, BY_FIELD, MLP_BIAS, OPTIONS
 
 # (canonical key pattern, what the model lacks, the option that expresses it): each option's own
 # (weights/options.py, ``Option.lacks``)
@@ -80,11 +80,13 @@ class NotExpressible(CannotJudge):
     label = "the config cannot express this model"
 
 
-# What a model computes beyond one position table added once, found by its modules' class names
+# What a model computes that the config must say (a position scheme beyond one table added once, a
+# norm of another kind), found by its modules' class names
 # or its parameters' names: (what it is, a class-name pattern, a parameter-name pattern, the
 # option that expresses it or None). With that option unset, or no option for it yet, such a
 # model is not a wrong port: verify cannot judge it, and says so (exit 2) before anything runs.
 LEARNED_ROTARY = "it learns its rotary frequencies, per block and head (RoPE-Mixed)"
+RMS_NORM = "it normalises by the root mean square, without a mean or a bias (RMSNorm: AIMv2)"
 SEQUENCE_ROTARY = (
     "it rotates q and k by each token's index in the sequence (a 1-D rotary embedding), not by a patch's row and column"
 )
@@ -112,6 +114,12 @@ SCHEMES = (
         "rope_type",
     ),
     (
+        RMS_NORM,
+        r".*(RMSNorm|RmsNorm).*",  # timm's RmsNorm, torch.nn.RMSNorm, transformers' Aimv2RMSNorm, mlx's, nnx's
+        r"(?!)",  # no parameter shows it: an RMSNorm's weight is a LayerNorm's
+        "norm_layer='rmsnorm'",
+    ),
+    (
         "it adds a learned relative position bias to each block's attention logits (BEiT)",
         r".*RelativePosition.*",
         r".*relative_position_bias_table",
@@ -124,6 +132,8 @@ EXPRESSED_BY = {
     "rope_grid_indexing, rope_grid_offset, rope_rotate_half, ref_feat_shape) expresses it",
     "rope_type='mixed'": "rope_type='mixed' (its frequencies the canonical rope.freqs, (2, depth, heads, "
     "head_dim / 2); with rope_grid_indexing) expresses it",
+    "norm_layer='rmsnorm'": "norm_layer='rmsnorm' (the model's norms; qk-norm's and the attention pool's stay "
+    "LayerNorms) expresses it",
     "rel_pos_bias": "rel_pos_bias=true (each block's attn.relative_position_bias_table, ((2 gh - 1)(2 gw - 1) + 3, "
     "heads); BEiT has no position table: pos_embed='none') expresses it",
 }
@@ -132,6 +142,7 @@ SAID = {
     "rope_type": lambda c: c.rope_type is not None,
     "rope_type='mixed'": lambda c: c.rope_type == "mixed",
     "rel_pos_bias": lambda c: c.rel_pos_bias,
+    "norm_layer='rmsnorm'": lambda c: c.norm_layer == "rmsnorm",
 }
 NO_WORD = "the config has no word for it yet"
 
@@ -237,6 +248,12 @@ def not_expressible(
     if lines and "pos_embed" in dropped:  # no learned table: its positions come from the scheme
         lines[next(iter(lines))].append("and no pos_embed")
         dropped = [k for k in dropped if k != "pos_embed"]
+    if any(w.startswith(RMS_NORM) for w in lines):  # an RMSNorm has no bias: not a bias-free LayerNorm
+        biases = [k for k in dropped if re.fullmatch(BY_FIELD["norm_bias"].lacks[0][0], k)]
+        lines[next(w for w in lines if w.startswith(RMS_NORM))] += (
+            ["and no " + ", ".join(map(_fold, biases))] if biases else []
+        )
+        dropped = [k for k in dropped if k not in biases]
     lines.update(reads or {})
     dropped, extra = _paired(lines, dropped, extra)
     for key in dropped:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.capture.mapping import common_module, module_of
+from conformance.report import CannotJudge
 from impls.protocol import ViTConfig, tap_names
 from impls.stages import stage_of
 
@@ -89,12 +90,21 @@ def infer_plan(
     modules: Mapping[str, Any],
     overrides: Mapping[str, str] | None = None,
     has_head: bool = True,
+    tower: str | None = None,
 ) -> Plan:
     """Which module (or record) each tap is read from, from where the mapping sends the weights:
-    each stage's capture rule in the stage table (impls.stages) applied to this model."""
+    each stage's capture rule in the stage table (impls.stages) applied to this model; the stages
+    after ``tower`` (a stage name: the tower's output) out of scope."""
     planner = _Planner(config, key_map, modules, has_head)
     plan = planner.plan
-    for name in tap_names(config):
+    names = tap_names(config)
+    if tower is not None and tower not in names:
+        raise CannotJudge(f"ModelPort(tower={tower!r}) names no stage of this config: one of {', '.join(names)}")
+    after = names[names.index(tower) + 1 :] if tower else []
+    for name in names:
+        if name in after:  # what the model adds after the tower (a merger, a projector, a head)
+            plan.unseen[name] = f"out of scope: after the tower's output, {tower} (ModelPort(tower={tower!r}))"
+            continue
         found = planner.source(name)
         if found is not None and name not in plan.unseen:
             plan.sources[name] = found

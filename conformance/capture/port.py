@@ -33,7 +33,7 @@ from conformance.capture.mapping import (
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.quantize import quantized_port
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
-from conformance.report import ToolError, describe_exception
+from conformance.report import CannotJudge, ToolError, describe_exception
 from conformance.support import check_supported, supports_of
 from impls.protocol import ViTConfig, tap_names
 import difflib
@@ -72,6 +72,8 @@ class ModelPort:
     patch_order: how the model flattens a patch where it does (a Linear patch embedding, a norm
     over raw patches): "p1 p2 c" (einops' channels last) or "c p1 p2" (a conv kernel reshaped);
     rename= lays out the conv kernel and the patch norm's weights in it.
+    tower: the stage whose output is the tower's (``"norm"``: a VLM's encoder before its merger or
+    projector); the stages after it are out of scope, unseen as such; the return is not read.
     quantize: ``model -> model or None``, applied once the float weights are loaded (MLX's
     ``nn.quantize``, in place): the port is judged on its own quantized weights, read back from
     its packed tensors, and its cost against the float model is measured (docs/quantization.md).
@@ -94,6 +96,7 @@ class ModelPort:
     autocast: bool = False
     patch_order: str | None = None
     quantize: Callable[[Any], Any] | None = None
+    tower: str | None = None
 
     def __post_init__(self):
         if (self.rename is None) == (self.convert is None):
@@ -268,8 +271,8 @@ class ModelPort:
             adapter, quantized = quantized_port(self, model, adapter, state, config, arrays, dtype)
         has_head = any(key_map.get(k) for k in ("head.weight", "head.bias"))
         try:
-            plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head)
-        except TapOverrideError:
+            plan = infer_plan(config, key_map, adapter.modules(), self.taps, has_head, self.tower)
+        except (TapOverrideError, CannotJudge):  # the port's own word (its taps, its tower), not the tool's
             raise
         except Exception as e:  # noqa: BLE001 - the plan is the tool's
             raise ToolError(f"capture could not plan the taps: {describe_exception(e)}") from e

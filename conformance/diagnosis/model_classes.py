@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from conformance.numerics.kinds.layer_norm import layer_norm, rms_norm
 from conformance.numerics.error_model import evaluate, softmax_weights
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
@@ -33,6 +34,7 @@ _NORMS = {  # a LayerNorm stage kind -> the weights' prefix in its scope
     "norm": "norm",
     "norm_pre": "norm_pre",
     "attn_pool.norm": "attn_pool.norm",
+    "patch_embed.norm": "patch_embed.norm",
 }
 NORM_KINDS = tuple(_NORMS)
 
@@ -79,10 +81,29 @@ def _no_affine(name, t, images, s, config):
     return layer_norm_as(x, 1.0, 0.0, config.norm_eps)
 
 
+_MODEL_NORMS = ("patch_embed.norm", "norm1", "norm2", "norm", "norm_pre")  # the stages config.norm_layer decides
+
+
+def _norm_of_kind(rms: bool):
+    """The model's norms computed as the other kind: RMSNorm (no mean, no bias) or LayerNorm, each
+    with its own error model's bound (a LayerNorm's grows with the mean against the spread)."""
+
+    def stage(name, t, images, s, config, precision=QUIET):
+        if stage_kind(name) not in _MODEL_NORMS:
+            return None
+        x, prefix = norm_operands(name, t, config)
+        norm = rms_norm if rms else layer_norm
+        return norm(x, s[f"{prefix}.weight"], 0.0 if rms else s.get(f"{prefix}.bias", 0.0), config.norm_eps, precision)
+
+    stage.bounded = True  # returns (value, bound) in ``precision``
+    return stage
+
+
 def _norm2_with_norm1(s, config):
-    return {
-        f"blocks.{i}.norm2.{p}": s[f"blocks.{i}.norm1.{p}"] for i in range(config.depth) for p in ("weight", "bias")
-    }
+    pairs = (
+        (f"blocks.{i}.norm2.{p}", f"blocks.{i}.norm1.{p}") for i in range(config.depth) for p in ("weight", "bias")
+    )
+    return {two: s[one] for two, one in pairs if one in s}  # a bias-free norm (RMSNorm, norm_bias=False) has none
 
 
 def _attention_operands(name: str, t, config: ViTConfig):
@@ -376,6 +397,12 @@ CLASSES: tuple[BugClass, ...] = (
              stage=_norm_variant(stats_dtype=np.float16), overflow=True),
     BugClass("layernorm_without_affine", NORM_KINDS, "LayerNorm without its weight and bias",
              "load the norm's weight and bias (a non-strict load dropped them?)", stage=_no_affine),
+    BugClass("layernorm_where_rmsnorm", _MODEL_NORMS, "a LayerNorm (the mean subtracted) where the model's is RMSNorm",
+             "AIMv2's norms are RMSNorm, x / sqrt(mean(x^2) + eps) * weight: timm's RmsNorm, torch.nn.RMSNorm, "
+             "mlx.nn.RMSNorm, flax.nnx.RMSNorm", stage=_norm_of_kind(rms=False), when=lambda c: c.norm_layer == "rmsnorm"),
+    BugClass("rmsnorm_where_layernorm", _MODEL_NORMS, "an RMSNorm (no mean, no bias) where the model's is LayerNorm",
+             "a ViT's norms are LayerNorm, (x - mean) / sqrt(var + eps) * weight + bias",
+             stage=_norm_of_kind(rms=True), when=lambda c: c.norm_layer == "layernorm"),
     BugClass("norm2_with_norm1_weights", ("norm2",), "norm2 with norm1's weights (one LayerNorm reused)",
              "each block has two LayerNorms: norm1 before attention, norm2 before the MLP",
              state=_norm2_with_norm1),

@@ -14,7 +14,7 @@ from impls.relative_position import relative_position_index
 from weights.resample import aa_matrix
 from conformance.numerics.kinds.activation import gated, gelu
 from conformance.numerics.kinds.attention import attend, softmax_weights
-from conformance.numerics.kinds.layer_norm import layer_norm
+from conformance.numerics.kinds.layer_norm import layer_norm, model_norm
 from conformance.numerics.kinds.linear import linear, propagate_linear
 from conformance.numerics.kinds.rotary import rotary
 from conformance.numerics.precision import rounded
@@ -185,10 +185,11 @@ def evaluate(
     """(oracle value, unit bound) of stage ``name`` from its inputs ``t`` (float64): the table's
     operation where stages share one (``Stage.op``), else the stage's own."""
     stage, i = stage_of(name)
-    if stage.op == "norm":
+    if stage.op in ("norm", "layer_norm"):
         scope = f"blocks.{i}." if i is not None else "attn_pool." if stage.scope == "attn_pool" else ""
         w, b = (f"{scope}{stage.params[0]}.{leaf}" for leaf in ("weight", "bias"))
-        return layer_norm(t[stage_inputs(name, config)[0]], s[w], s.get(b, 0.0), config.norm_eps, p)
+        norm = model_norm(config) if stage.op == "norm" else layer_norm
+        return norm(t[stage_inputs(name, config)[0]], s[w], s.get(b, 0.0), config.norm_eps, p)
     if name.startswith("blocks."):
         grid = config.grid_at(images.shape[2:])
         return _block_stage(name, t, s, config, p, grid, images.shape[0])
@@ -201,7 +202,7 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
     if name == "patch_embed.patch_norm":  # the images rounded to the dtype, then normalised
         patches = O.to_patches(images, config.patch_size)
         w, b = s["patch_embed.patch_norm.weight"], s.get("patch_embed.patch_norm.bias", 0.0)
-        return layer_norm(patches, w, b, eps, p, dx=p.storage * np.abs(patches))
+        return model_norm(config)(patches, w, b, eps, p, dx=p.storage * np.abs(patches))
     if name == "patch_embed":
         w = s["patch_embed.proj.weight"]
         patches = t["patch_embed.patch_norm"] if config.patch_norm else O.to_patches(images, config.patch_size)
@@ -232,7 +233,7 @@ def _model_stage(name: str, t, images: np.ndarray, s, config: ViTConfig, p: Prec
             y, dy = _pool(t[_features(config)][:, start:], config, p)
         if not config.use_fc_norm:
             return y, dy + p.output * np.abs(y)
-        return layer_norm(y, s["fc_norm.weight"], s.get("fc_norm.bias", 0.0), eps, p, dx=dy)
+        return model_norm(config)(y, s["fc_norm.weight"], s.get("fc_norm.bias", 0.0), eps, p, dx=dy)
     if name == "pooled_dist":
         y = t[_features(config)][:, 1]
         return y, p.inputs * np.abs(y)
@@ -275,7 +276,7 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
     if rest == "norm2":
         r = inputs[0] + inputs[1]
         dx = p.output * np.abs(r) + p.inputs * np.abs(inputs[1])
-        return layer_norm(r, s[f"{b}.norm2.weight"], s.get(f"{b}.norm2.bias", 0.0), eps, p, dx=dx)
+        return model_norm(config)(r, s[f"{b}.norm2.weight"], s.get(f"{b}.norm2.bias", 0.0), eps, p, dx=dx)
     if rest == "mlp.act":
         return _mlp_act(inputs[0], s, f"{b}.mlp", config, p, config.mlp_layer)
     if rest == "mlp":

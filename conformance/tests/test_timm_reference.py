@@ -13,7 +13,14 @@ from conformance.tests.helpers import jax_runs_the_first, run
 from impls import get_config, tap_names
 from weights import init_state
 
-CONFIGS = ["vit_test_token", "vit_test_avg", "vit_test_avg_nocls", "vit_test_deep", "vit_test_embed_norm"]
+CONFIGS = [
+    "vit_test_token",
+    "vit_test_avg",
+    "vit_test_avg_nocls",
+    "vit_test_deep",
+    "vit_test_embed_norm",
+    "vit_test_aimv2",
+]
 
 
 def disagreeing_stages(port, model: CaseModel, out, ref) -> list[str]:

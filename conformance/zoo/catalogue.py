@@ -76,6 +76,10 @@ _ALL = [
            note="needs a small normalised variance: near-constant or constant images",
            catchers=("test_each_layernorm_is_used_where_it_belongs",),
            bug_class="layernorm_eps_1e-5"),
+    Mutant("torch_layernorm_where_rmsnorm", "torch", f"{_T}:layernorm_where_rmsnorm",
+           "nn.LayerNorm(bias=False) where AIMv2's norms are RMSNorm (the mean subtracted)",
+           "issue 60: AIMv2's RMSNorm read as LayerNorm", "patch_embed.norm", config="vit_test_aimv2",
+           plugin_in_ci=False, bug_class="layernorm_where_rmsnorm"),
     Mutant("jax_gelu_tanh", "jax", f"{_J}:gelu_tanh", "jax.nn.gelu's default tanh approximation",
            "jax-ml/jax#4428, apple/coremltools#2863", "blocks.0.mlp.act",
            note="tanh and exact GELU differ by at most 4.7e-4 (near |x| = 2); judged per element against the "

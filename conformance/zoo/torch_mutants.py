@@ -12,6 +12,7 @@ from einops import rearrange
 
 from conformance.zoo.catalogue import DYNAMIC_SUPPORTS, REL_SUPPORTS, ROPE_SUPPORTS
 from impls.relative_position import relative_position_index
+from impls import VIT_FAMILY
 from impls import torch_vit as T
 
 
@@ -145,6 +146,14 @@ class VisionTransformerClassHeadOnly(T.VisionTransformer):
 def layernorm_eps_1e5(config, state, **kw):
     """PyTorch's nn.LayerNorm default eps=1e-5 where timm uses 1e-6."""
     return T.make(config.replace(norm_eps=1e-5), state, **kw)
+
+
+def layernorm_where_rmsnorm(config, state, **kw):
+    """nn.LayerNorm(bias=False) where the model's norms are RMSNorm (AIMv2): the mean subtracted."""
+    return T.make(config.replace(norm_layer="layernorm", norm_bias=False), state, **kw)
+
+
+layernorm_where_rmsnorm.supports = {**VIT_FAMILY, "norm_layer": ("rmsnorm",)}  # AIMv2's norms, the rest free
 
 
 attention_projects_input = partial(T.make, attn_layer=AttentionProjectsInput)

@@ -15,3 +15,6 @@ port = ModelPort(
 
 # timm's final_norm=False (InternViT, Pixtral): the last block's tokens pooled as they are
 no_final_norm = ModelPort(lambda config: build(config.replace(final_norm=False)), rename={}, supports=VIT_FAMILY)
+
+# timm's model with RMSNorm for its norms (AIMv2's): no mean subtracted, no bias
+rms_norm = ModelPort(lambda config: build(config.replace(norm_layer="rmsnorm")), rename={}, supports=VIT_FAMILY)

@@ -1,4 +1,5 @@
-"""The error model of a LayerNorm: its float64 value and unit bound (the mean against the spread)."""
+"""The error model of a LayerNorm (the mean against the spread) and of an RmsNorm: the float64 value
+and the unit bound."""
 
 from __future__ import annotations
 
@@ -29,3 +30,25 @@ def layer_norm(x, weight, bias, eps, p: Precision, dx=None):
     dx = p.inputs * np.abs(x) if dx is None else dx
     bound = bound + g / sigma * (dx + np.sqrt((dx * dx).mean(-1, keepdims=True)))
     return y, bound
+
+
+def rms_norm(x, weight, bias, eps, p: Precision, dx=None):
+    """timm's RmsNorm, x / sqrt(mean(x^2) + eps) * weight (``bias`` unused: it has none). The mean
+    of squares sums D terms of one sign: no cancellation, its rounding about sqrt(D) u relative (as
+    LayerNorm's variance), then x times the scale and the weight, two roundings; an input error
+    dx moves y_i by w_i r (dx_i - xh_i <xh, dx> / D)."""
+    D = x.shape[-1]
+    r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    xh = x * r
+    y = xh * weight
+    if not p.bounds:
+        return y, 0.0
+    g = np.abs(weight)
+    bound = p.compute * (math.sqrt(D) + 2.0) * g * np.abs(xh) + p.storage * g * np.abs(xh) + p.output * np.abs(y)
+    dx = p.inputs * np.abs(x) if dx is None else dx
+    return y, bound + g * r * (dx + np.abs(xh) * np.sqrt((dx * dx).mean(-1, keepdims=True)))
+
+
+def model_norm(config):
+    """The error model of the model's norms (``config.norm_layer``)."""
+    return rms_norm if config.norm_layer == "rmsnorm" else layer_norm

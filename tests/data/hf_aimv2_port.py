@@ -1,0 +1,79 @@
+"""transformers' Aimv2VisionModel, unmodified, as a VLM reads it: the tower's tokens after its final
+RMSNorm (``last_hidden_state``), its attention-pooling head left out (``use_head=False``). The
+config says AIMv2's parts (norm_layer='rmsnorm', embed_norm, SwiGLU, q, k and v apart, no biases
+but the patch projection's, no class token); the port says where the tower ends (``tower='norm'``)."""
+
+from conformance.capture import ModelPort
+
+
+def _settings(config) -> dict:
+    """Aimv2VisionConfig's names for the config's sizes."""
+    return dict(
+        image_size=config.img_size[0],
+        patch_size=config.patch_size[0],
+        num_channels=config.in_chans,
+        hidden_size=config.embed_dim,
+        num_hidden_layers=config.depth,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.mlp_hidden_dim,
+        rms_norm_eps=config.norm_eps,
+        use_head=False,
+    )
+
+
+def build(config):
+    from transformers import Aimv2VisionConfig, Aimv2VisionModel
+
+    return Aimv2VisionModel(Aimv2VisionConfig(**_settings(config))).eval()
+
+
+def convert(state):
+    """The canonical state under transformers' names (AIMv2's checkpoint layout)."""
+    out = {
+        "embeddings.patch_embed.weight": state["patch_embed.proj.weight"],
+        "embeddings.patch_embed.bias": state["patch_embed.proj.bias"],
+        "embeddings.rms_norm.weight": state["patch_embed.norm.weight"],
+        "embeddings.position_embedding.weight": state["pos_embed"][0],
+        "rms_norm.weight": state["norm.weight"],
+    }
+    names = {
+        "attn.q_proj": "attention.q_proj",
+        "attn.k_proj": "attention.k_proj",
+        "attn.v_proj": "attention.v_proj",
+        "attn.proj": "attention.out_proj",
+        "mlp.fc1_g": "ffn.gate_proj",
+        "mlp.fc1_x": "ffn.up_proj",
+        "mlp.fc2": "ffn.down_proj",
+        "norm1": "rms_norm1",
+        "norm2": "rms_norm2",
+    }
+    i = 0
+    while f"blocks.{i}.norm1.weight" in state:
+        for ours, theirs in names.items():
+            out[f"encoder.layers.{i}.{theirs}.weight"] = state[f"blocks.{i}.{ours}.weight"]
+        i += 1
+    return out
+
+
+# AIMv2 as its tower: the config's head and pooling are after the tower, out of scope
+SUPPORTS = {
+    "norm_layer": "rmsnorm",
+    "embed_norm": True,
+    "class_token": False,
+    "global_pool": "avg",
+    "fc_norm": False,
+    "qkv_bias": False,
+    "qkv_fused": False,
+    "proj_bias": False,
+    "mlp_layer": "swiglu",
+    "act_layer": "silu",
+    "square_images": True,
+    "square_patches": True,
+}
+port = ModelPort(build, convert=convert, tower="norm", supports=SUPPORTS)
+# the bug mlx-vlm shipped in a tower's norm: eps 1e-6 where the checkpoint's config says 1e-5
+eps_1e6 = ModelPort(
+    lambda config: build(config.replace(norm_eps=1e-6)), convert=convert, tower="norm", supports=SUPPORTS
+)
+# a tower ending at a stage the config has not: the port's own word, exit 2
+merger = ModelPort(build, convert=convert, tower="merger", supports=SUPPORTS)

@@ -1,0 +1,68 @@
+"""The vision towers of today's VLMs as their authors ship them (issue 60), built small with random
+weights: each read up to the tower's output (``ModelPort(tower=...)``), what its model adds after
+it (a merger, a projector, a head) out of scope and said so."""
+
+import json
+
+import pytest
+
+from conformance.report import UsageError
+from conformance.generators import WeightCase, make_images
+from conformance.verify import Case, verify
+from conformance.verify.report import format_report
+from impls import ViTConfig
+from tests.capture_cases import quick_cases
+
+# transformers' Aimv2VisionModel at vit_test_aimv2's sizes, headless as its VLMs read it
+AIMV2 = ViTConfig(
+    img_size=16, patch_size=4, num_classes=0, embed_dim=24, depth=2, num_heads=3, mlp_ratio=2.75,
+    class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False, qkv_fused=False, proj_bias=False,
+    act_layer="silu", mlp_layer="swiglu", norm_layer="rmsnorm", embed_norm=True, norm_eps=1e-5,
+)  # fmt: skip
+
+
+def near_constant_cases(config, seed=0):
+    """Images whose tokens have a small spread: where a norm's eps shows (verify's own case)."""
+    return [
+        Case(
+            "near_constant images (batch 3)",
+            make_images(config, 3, "near_constant", seed),
+            WeightCase(seed, 1.0).make(config),
+        )
+    ]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_transformers_aimv2_tower_is_conformant_up_to_its_final_norm(dtype):
+    """RMSNorm in every norm (the patch embedding's too), SwiGLU, q, k and v apart: every stage up
+    to the tower's final norm checked; pooled and logits out of scope, said so."""
+    from tests.data.hf_aimv2_port import port
+
+    report = verify(port, AIMV2, cases=quick_cases(AIMV2), dtype=dtype)
+    assert report.conformant, format_report(report)
+    assert {"patch_embed.norm", "blocks.1.norm2", "norm"} <= {r.name for r in report.stages}
+    for stage in ("pooled", "logits"):
+        assert report.unseen[stage].startswith("out of scope: after the tower's output, norm"), report.unseen
+
+
+def test_transformers_aimv2_tower_with_mlx_vlms_eps_is_located_and_named():
+    """The companion: the tower built with eps 1e-6 where its config says 1e-5 (the bug mlx-vlm
+    shipped in a tower's norm) is located at its first norm and named."""
+    from tests.data.hf_aimv2_port import eps_1e6
+
+    report = verify(eps_1e6, AIMV2, cases=near_constant_cases(AIMV2))
+    assert report.first_divergence == "patch_embed.norm", format_report(report)
+    assert "eps 1e-6" in format_report(report)
+
+
+def test_a_tower_naming_no_stage_is_exit_2_naming_the_stages(cli):
+    """The port's own word, not a finding about it: verify exits 2 naming the stages there are."""
+    from dataclasses import replace
+
+    from tests.data.hf_aimv2_port import port
+
+    with pytest.raises(UsageError, match=r"ModelPort\(tower='merger'\) names no stage of this config: one of"):
+        verify(replace(port, tower="merger"), AIMV2, cases=quick_cases(AIMV2))
+    config = ["--config", json.dumps({k: v for k, v in AIMV2.to_dict().items()})]
+    code, _, err = cli("verify", "tests.data.hf_aimv2_port:merger", *config, "--in-process")
+    assert code == 2 and "names no stage of this config" in err, err
