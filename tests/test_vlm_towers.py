@@ -21,6 +21,13 @@ AIMV2 = ViTConfig(
 )  # fmt: skip
 
 
+# transformers' InternVLVisionModel (InternViT-300M's layout): no final norm, LayerScale, q, k, v apart
+INTERNVIT = ViTConfig(
+    img_size=16, patch_size=4, num_classes=0, embed_dim=24, depth=2, num_heads=3, qkv_bias=False, qkv_fused=False,
+    final_norm=False, init_values=0.1,
+)  # fmt: skip
+
+
 def near_constant_cases(config, seed=0):
     """Images whose tokens have a small spread: where a norm's eps shows (verify's own case)."""
     return [
@@ -66,3 +73,28 @@ def test_a_tower_naming_no_stage_is_exit_2_naming_the_stages(cli):
     config = ["--config", json.dumps({k: v for k, v in AIMV2.to_dict().items()})]
     code, _, err = cli("verify", "tests.data.hf_aimv2_port:merger", *config, "--in-process")
     assert code == 2 and "names no stage of this config" in err, err
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_transformers_internvit_tower_is_conformant_up_to_its_last_block(dtype):
+    """No final norm: the tower ends at its last block (``tower='blocks.{last}'``); LayerScale as
+    bare parameters of each layer is unseen, said why."""
+    from tests.data.hf_internvl_port import port
+
+    report = verify(port, INTERNVIT, cases=quick_cases(INTERNVIT), dtype=dtype)
+    assert report.conformant, format_report(report)
+    assert "blocks.1" in {r.name for r in report.stages} and "norm" not in report.unseen
+    assert (
+        report.unseen["pooled"] == "out of scope: after the tower's output, blocks.1 (ModelPort(tower='blocks.{last}'))"
+    )
+    assert "bare parameters" in report.unseen["blocks.0.ls1"]
+
+
+def test_transformers_internvit_tower_with_its_layerscales_swapped_is_located_and_named():
+    """The companion: a convert sending ls1's gamma to lambda_2 and back, located where the first
+    branch joins the stream (ls1 itself is unseen) and named."""
+    from tests.data.hf_internvl_port import lambdas_swapped
+
+    report = verify(lambdas_swapped, INTERNVIT, cases=quick_cases(INTERNVIT))
+    assert report.first_divergence == "blocks.0.norm2", format_report(report)
+    assert "ls1's gamma and ls2's swapped" in format_report(report)

@@ -98,12 +98,13 @@ def infer_plan(
     planner = _Planner(config, key_map, modules, has_head)
     plan = planner.plan
     names = tap_names(config)
-    if tower is not None and tower not in names:
+    end = tower.replace("{last}", str(config.depth - 1)) if tower else tower  # the last block, whatever the depth
+    if tower is not None and end not in names:
         raise CannotJudge(f"ModelPort(tower={tower!r}) names no stage of this config: one of {', '.join(names)}")
-    after = names[names.index(tower) + 1 :] if tower else []
+    after = names[names.index(end) + 1 :] if tower else []
     for name in names:
         if name in after:  # what the model adds after the tower (a merger, a projector, a head)
-            plan.unseen[name] = f"out of scope: after the tower's output, {tower} (ModelPort(tower={tower!r}))"
+            plan.unseen[name] = f"out of scope: after the tower's output, {end} (ModelPort(tower={tower!r}))"
             continue
         found = planner.source(name)
         if found is not None and name not in plan.unseen:

@@ -72,8 +72,8 @@ class ModelPort:
     patch_order: how the model flattens a patch where it does (a Linear patch embedding, a norm
     over raw patches): "p1 p2 c" (einops' channels last) or "c p1 p2" (a conv kernel reshaped);
     rename= lays out the conv kernel and the patch norm's weights in it.
-    tower: the stage whose output is the tower's (``"norm"``: a VLM's encoder before its merger or
-    projector); the stages after it are out of scope, unseen as such; the return is not read.
+    tower: the stage whose output is the tower's (``"norm"``, ``"blocks.{last}"``: a VLM's encoder
+    before its merger or projector); the stages after it are out of scope, unseen as such.
     quantize: ``model -> model or None``, applied once the float weights are loaded (MLX's
     ``nn.quantize``, in place): the port is judged on its own quantized weights, read back from
     its packed tensors, and its cost against the float model is measured (docs/quantization.md).

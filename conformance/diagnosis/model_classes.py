@@ -363,6 +363,15 @@ def _bias_dropped(suffix: str):
     return state
 
 
+def _gammas_swapped(s, config):
+    """Each block's ls1 gamma where its ls2 is, and back."""
+    return {
+        f"blocks.{i}.ls{a}.gamma": s[f"blocks.{i}.ls{b}.gamma"]
+        for i in range(config.depth)
+        for a, b in ((1, 2), (2, 1))
+    }
+
+
 def _several_heads(config: ViTConfig) -> bool:
     return config.num_heads > 1
 
@@ -521,6 +530,9 @@ CLASSES: tuple[BugClass, ...] = (
     BugClass("layerscale_missing", ("ls1", "ls2", "block"), "the residual branches without LayerScale (gamma at 1)",
              "load ls1.gamma and ls2.gamma (DINOv2: init_values; a non-strict load drops them)",
              state=_layerscale(0.0), when=lambda c: c.init_values is not None),
+    BugClass("layerscale_gammas_swapped", ("ls1", "norm2", "ls2", "block"), "ls1's gamma and ls2's swapped",
+             "ls1 scales the attention's branch, ls2 the MLP's (transformers' lambda_1, lambda_2; timm's gamma_1, gamma_2)",
+             state=_gammas_swapped, when=lambda c: c.init_values is not None),
     BugClass("layerscale_applied_twice", ("ls1", "ls2"), "LayerScale applied twice (gamma squared)",
              "multiply by gamma once", state=_layerscale(2.0), when=lambda c: c.init_values is not None),
     BugClass("residual_dropped", ("block",), "a block without its residual (x not added back)",
