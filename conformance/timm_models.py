@@ -58,6 +58,7 @@ _NOT_IN_EVA = {
     "fc_norm": (None, True, False),
     "norm_bias": True,
     "norm_layer": "layernorm",
+    "rope_type": (None, "cat", "dinov3", "mixed"),  # timm's Eva has no Pixtral bands
     "embed_norm": False,
     "patch_norm": False,
     "mlp_bias": (None, True),

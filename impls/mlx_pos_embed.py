@@ -14,7 +14,7 @@ import numpy as np
 from weights.resample import aa_matrix
 from impls.rope_settings import rope_settings
 
-KINDS = ("cat", "dinov3", "mixed")
+KINDS = ("cat", "dinov3", "mixed", "pixtral")
 
 
 def rope_grid(feat_shape, kind: str, offset: float = 0.0, indexing: str = "ij", ref_feat_shape=None):
@@ -36,8 +36,12 @@ def rope_grid(feat_shape, kind: str, offset: float = 0.0, indexing: str = "ij", 
 
 
 def rope_bands(head_dim: int, kind: str, temperature: float) -> mx.array:
-    """(head_dim / 4,) frequencies (``cat``) or periods (``dinov3``), as timm holds them."""
+    """(head_dim / 4,) frequencies (``cat``) or periods (``dinov3``), as timm holds them; (2, head_dim / 4)
+    for ``pixtral``, each axis its own (as transformers' PixtralVisionRotaryEmbedding holds them)."""
     n = head_dim // 4
+    if kind == "pixtral":  # one set over the head's pairs: the even bands the first axis's, the odd the second's
+        bands = 1.0 / (float(temperature) ** (mx.arange(0, head_dim, 2, dtype=mx.float32) / head_dim))
+        return mx.stack([bands[0::2], bands[1::2]])
     if kind == "dinov3":
         return float(temperature) ** (2.0 * mx.arange(n, dtype=mx.float32) / (head_dim // 2))
     return 1.0 / (float(temperature) ** (mx.arange(n).astype(mx.float32) / n))

@@ -5,7 +5,7 @@ differences. The learned table is resampled to the images' grid (``resample_pos_
 ``resample_abs_pos_embed``, antialiased); ``sinusoid_1d_pos_embed`` and ``sincos_2d_pos_embed``
 are the fixed tables; and the rotary embeddings:
 
-Three kinds (timm's ``rope_type``), each a table of angles (N, head_dim / 2) for the grid's N
+Four kinds (timm's ``rope_type``, and Pixtral's), each a table of angles (N, head_dim / 2) for the grid's N
 patch tokens, row-major:
 
 - ``cat``: EVA02 and the axial rope ViTs (``RotaryEmbeddingCat``): integer coordinates (plus
@@ -15,7 +15,10 @@ patch tokens, row-major:
   size, mapped to [-1, 1], times ``2 pi / period``, periods
   ``temperature ** (2 i / (head_dim / 2))``;
 - ``mixed``: RoPE-Mixed (``RotaryEmbeddingMixed``): learned frequencies ``freqs`` (2, depth,
-  heads, head_dim / 2), ``x freqs[0] + y freqs[1]`` per block and head.
+  heads, head_dim / 2), ``x freqs[0] + y freqs[1]`` per block and head;
+- ``pixtral``: Pixtral's (transformers' ``PixtralVisionRotaryEmbedding``, mlx-vlm's): one set of
+  head_dim / 2 bands ``temperature ** -(2 j / head_dim)``, the even ones the row's, the odd ones
+  the column's, integer coordinates; laid out as halves (``rotate_half``).
 
 ``indexing`` "ij" takes the coordinates as (row, column), "xy" as (column, row). The rotation
 reads sin and cos laid out interleaved ([f0, f0, f1, f1, ...]: pairs (x0, x1), (x2, x3) rotate)
@@ -29,7 +32,7 @@ import numpy as np
 from weights.resample import aa_matrix
 from impls.rope_settings import rope_settings
 
-KINDS = ("cat", "dinov3", "mixed")
+KINDS = ("cat", "dinov3", "mixed", "pixtral")
 
 
 def rope_grid(feat_shape, kind: str, offset: float = 0.0, indexing: str = "ij", ref_feat_shape=None):
@@ -51,8 +54,12 @@ def rope_grid(feat_shape, kind: str, offset: float = 0.0, indexing: str = "ij", 
 
 
 def rope_bands(head_dim: int, kind: str, temperature: float) -> np.ndarray:
-    """(head_dim / 4,) angular frequencies per coordinate unit."""
+    """(head_dim / 4,) angular frequencies per coordinate unit; (2, head_dim / 4) for ``pixtral``,
+    each axis its own."""
     n = head_dim // 4
+    if kind == "pixtral":  # one set over the head's pairs: the even bands the first axis's, the odd the second's
+        bands = 1.0 / temperature ** (np.arange(0, head_dim, 2) / head_dim)
+        return np.stack([bands[0::2], bands[1::2]])
     if kind == "dinov3":
         return 2 * np.pi / temperature ** (2.0 * np.arange(n) / (head_dim // 2))
     return 1.0 / temperature ** (np.arange(n) / n)

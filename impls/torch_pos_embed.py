@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from impls.rope_settings import rope_settings
 
-KINDS = ("cat", "dinov3", "mixed")
+KINDS = ("cat", "dinov3", "mixed", "pixtral")
 
 
 def rope_grid(feat_shape, kind: str, offset: float = 0.0, indexing: str = "ij", ref_feat_shape=None):
@@ -34,8 +34,12 @@ def rope_grid(feat_shape, kind: str, offset: float = 0.0, indexing: str = "ij", 
 
 
 def rope_bands(head_dim: int, kind: str, temperature: float) -> torch.Tensor:
-    """(head_dim / 4,) frequencies (``cat``) or periods (``dinov3``), as timm holds them."""
+    """(head_dim / 4,) frequencies (``cat``) or periods (``dinov3``), as timm holds them; (2, head_dim / 4)
+    for ``pixtral``, each axis its own (as transformers' PixtralVisionRotaryEmbedding holds them)."""
     n = head_dim // 4
+    if kind == "pixtral":  # one set over the head's pairs: the even bands the first axis's, the odd the second's
+        bands = 1.0 / (float(temperature) ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        return torch.stack([bands[0::2], bands[1::2]])
     if kind == "dinov3":
         return float(temperature) ** (2.0 * torch.arange(n, dtype=torch.float32) / (head_dim // 2))
     return 1.0 / (float(temperature) ** (torch.arange(n).to(torch.float32) / n))

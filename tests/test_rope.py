@@ -210,3 +210,29 @@ def test_oracle_equals_the_named_timm_rope_model_at_every_stage(name):
     swapped = config.replace(rope_grid_indexing="xy" if config.rope_grid_indexing == "ij" else "ij")
     wrong = load_factory("numpy")(swapped, state)(x)["blocks.0.attn.q_rope"]
     assert np.abs(wrong - ref["blocks.0.attn.q_rope"]).max() > 1e3 * U * (8 * reach + 1)
+
+
+def test_pixtral_rotation_is_transformers_own():
+    """rope_type='pixtral' (with rope_rotate_half) against transformers' PixtralVisionRotaryEmbedding
+    at a 3 x 5 grid: the PyTorch port's tables bitwise (the same float32 ops), the oracle's within
+    float32's rounding of the angles (|angle| <= 4: 8 u). The companion: timm's 'cat' bands (the
+    column's the row's, not the odd ones) are another table."""
+    from transformers import PixtralVisionConfig
+    from transformers.models.pixtral.modeling_pixtral import PixtralVisionRotaryEmbedding
+
+    from impls import numpy_pos_embed as N
+    from impls import torch_pos_embed as T
+
+    hd, theta, grid = 16, 10000.0, (3, 5)
+    rope = {"rope_type": "axial", "rope_theta": theta}
+    embedding = PixtralVisionRotaryEmbedding(
+        PixtralVisionConfig(hidden_size=2 * hd, num_attention_heads=2, head_dim=hd, rope_parameters=rope)
+    )
+    rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
+    cos, sin = embedding(torch.zeros(1), torch.stack([rows.flatten(), cols.flatten()], -1))
+    t_sin, t_cos = T.rope_embed(T.rope_angles(grid, hd, "pixtral", theta), True)
+    assert torch.equal(cos, t_cos) and torch.equal(sin, t_sin)
+    n_sin, n_cos = N.rope_embed(N.rope_angles(grid, hd, "pixtral", theta), True)
+    assert np.abs(cos.numpy() - n_cos).max() < 8 * 2**-24 * 4 and np.abs(sin.numpy() - n_sin).max() < 8 * 2**-24 * 4
+    c_sin, c_cos = N.rope_embed(N.rope_angles(grid, hd, "cat", theta), True)
+    assert np.abs(cos.numpy() - c_cos).max() > 0.1

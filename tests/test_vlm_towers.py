@@ -98,3 +98,61 @@ def test_transformers_internvit_tower_with_its_layerscales_swapped_is_located_an
     report = verify(lambdas_swapped, INTERNVIT, cases=quick_cases(INTERNVIT))
     assert report.first_divergence == "blocks.0.norm2", format_report(report)
     assert "ls1's gamma and ls2's swapped" in format_report(report)
+
+
+# transformers' PixtralVisionModel: RMSNorm before the blocks, Pixtral's rotary bands, SwiGLU with GELU
+PIXTRAL = ViTConfig(
+    img_size=16, patch_size=4, num_classes=0, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, class_token=False,
+    global_pool="avg", pos_embed="none", rope_type="pixtral", rope_rotate_half=True, pre_norm=True,
+    norm_layer="rmsnorm", final_norm=False, qkv_bias=False, qkv_fused=False, proj_bias=False, mlp_layer="swiglu",
+    norm_eps=1e-5,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_transformers_pixtral_tower_is_conformant_on_its_one_sequence_batches(dtype):
+    """Every image's tokens in one sequence, a block-diagonal mask between them: its taps (1, B N,
+    ...) read back as the batch (``sequence='one'``), every stage to the last block checked, q and
+    k after Pixtral's rotation."""
+    from tests.data.hf_pixtral_port import port
+
+    report = verify(port, PIXTRAL, cases=quick_cases(PIXTRAL), dtype=dtype)
+    assert report.conformant, format_report(report)
+    assert {"norm_pre", "blocks.0.attn.q_rope", "blocks.1"} <= {r.name for r in report.stages}
+
+
+def test_transformers_pixtral_tower_whose_mask_leaks_is_located_and_named():
+    """The companions: the mask gone (every image attends to the others') is located at the first
+    attention and named; the port that does not say its batch is one sequence gets a finding that
+    says so at the first token stage."""
+    from tests.data.hf_pixtral_port import leaky_mask, unsaid_sequence
+
+    report = verify(leaky_mask, PIXTRAL, cases=quick_cases(PIXTRAL))
+    assert report.first_divergence == "blocks.0.attn", format_report(report)
+    assert "every image's queries attending over every image's keys" in format_report(report)
+    unsaid = verify(unsaid_sequence, PIXTRAL, cases=quick_cases(PIXTRAL))
+    assert unsaid.first_divergence == "embed" and "ModelPort(sequence='one')" in unsaid.failures[0]["reason"]
+
+
+def test_a_one_sequence_tap_is_unpacked_to_the_batch_it_packs():
+    """(1, B N, D), (B N, D), (1, H, B N, hd) and the weights' (1, H, B N, B N) to the batch's own
+    shapes (each image's block of the weights); a tap already batched is left as it is. The
+    companion: weights whose mask leaked across images come back other than the images' own."""
+    import numpy as np
+
+    from conformance.capture.sequence import unpack_sequence
+
+    rng = np.random.default_rng(0)
+    B, H, N, hd = 3, 2, 4, 5
+    tokens, heads = rng.normal(size=(B, N, 8)), rng.normal(size=(B, H, N, hd))
+    assert np.array_equal(unpack_sequence(tokens.reshape(1, B * N, 8), B, N), tokens)
+    assert np.array_equal(unpack_sequence(tokens.reshape(B * N, 8), B, N), tokens)
+    packed = heads.transpose(1, 0, 2, 3).reshape(1, H, B * N, hd)
+    assert np.array_equal(unpack_sequence(packed, B, N), heads)
+    assert unpack_sequence(heads, B, N) is heads
+    weights = rng.random(size=(B, H, N, N))
+    block = np.zeros((1, H, B * N, B * N))
+    for i in range(B):
+        block[0, :, i * N : (i + 1) * N, i * N : (i + 1) * N] = weights[i]
+    assert np.array_equal(unpack_sequence(block, B, N), weights)
+    assert not np.array_equal(unpack_sequence(block + 0.1, B, N), weights)

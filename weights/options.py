@@ -25,7 +25,7 @@ from weights.checks import Check, count, flag, grid, number, one_of
 # the values an option's field takes, where they are a few names
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
 POS_EMBEDS = ("learn", "sincos", "sinusoid", "none")
-ROPE_TYPES = ("cat", "dinov3", "mixed")  # timm's rope_type; 'mrope' not yet
+ROPE_TYPES = ("cat", "dinov3", "mixed", "pixtral")  # timm's rope_type, and Pixtral's; 'mrope' not yet
 REDUCING_POOLS = ("avg", "avgmax", "max")  # timm: these take fc_norm by default
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 MLP_LAYERS = ("mlp", "swiglu_packed", "swiglu")
@@ -416,11 +416,11 @@ OPTIONS: tuple[Option, ...] = (
         None,
         None,
         "rotary position embeddings of q and k (the prefix tokens left unrotated): None, 'cat' (EVA02, the "
-        "axial rope ViTs), 'dinov3' (DINOv3's centred coordinates and periods) or 'mixed' (RoPE-Mixed's "
-        "learned frequencies, rope.freqs)",
+        "axial rope ViTs), 'dinov3' (DINOv3's centred coordinates and periods), 'mixed' (RoPE-Mixed's "
+        "learned frequencies, rope.freqs) or 'pixtral' (Pixtral's bands, the even ones the row's)",
         holds=_only(None, {DINOV3: ("dinov3",)}),
         timm_name="rope_type (Eva)",
-        draws=(None, None, "cat", "dinov3", "mixed"),
+        draws=(None, None, "cat", "dinov3", "mixed", "pixtral"),
         check=one_of(ROPE_TYPES, none="no rotary embedding"),
     ),
     Option(

@@ -16,7 +16,7 @@ import numpy as np
 
 from conformance.report import CannotJudge
 from weights.canonical import expected_shapes
-from weights.config import ConfigError
+from weights.config import ConfigError, ViTConfig
 from weights.options import ATTN_OUT_BIAS, BY_FIELD, MLP_BIAS, OPTIONS
 
 # (canonical key pattern, what the model lacks, the option that expresses it): each option's own
@@ -299,3 +299,13 @@ def _paired(lines: dict, dropped: list[str], extra: list[str]) -> tuple[list[str
     if any(re.fullmatch(HELD_LAYERSCALE, k) for k in extra):
         dropped = [k for k in dropped if not re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", k)]
     return dropped, extra
+
+
+def why_absent(key: str, config: ViTConfig) -> str:
+    """Why the convert found no ``key`` in the canonical state of ``config``."""
+    why = "this config has no such key (weights.expected_shapes lists them)"
+    if key.startswith("norm.") and config.use_fc_norm:
+        why = f"timm moves the final norm after the pooling (fc_norm.{key.partition('.')[2]}) when global_pool={config.global_pool!r}"
+    elif key in ("cls_token", "dist_token", "reg_token", "pos_embed") or key.startswith(("head.", "head_dist.")):
+        why = f"this config has none (class_token={config.class_token}, reg_tokens={config.reg_tokens}, num_classes={config.num_classes})"
+    return f"the convert reads {key!r}, which the canonical state does not hold: {why}"

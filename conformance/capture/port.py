@@ -17,6 +17,7 @@ from conformance.capture.expressible import (
     not_expressible,
     optional_parts,
     options_read,
+    why_absent,
     schemes,
 )
 from conformance.capture.mapping import (
@@ -31,6 +32,7 @@ from conformance.capture.mapping import (
     unit_axes,
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
+from conformance.capture.sequence import SEQUENCES, unpack_sequence
 from conformance.capture.quantize import quantized_port
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import CannotJudge, ToolError, describe_exception
@@ -38,16 +40,6 @@ from conformance.support import check_supported, supports_of
 from impls.protocol import ViTConfig, tap_names
 import difflib
 from dataclasses import replace
-
-
-def _absent(key: str, config: ViTConfig) -> str:
-    """Why the convert found no ``key`` in the canonical state of ``config``."""
-    why = "this config has no such key (weights.expected_shapes lists them)"
-    if key.startswith("norm.") and config.use_fc_norm:
-        why = f"timm moves the final norm after the pooling (fc_norm.{key.partition('.')[2]}) when global_pool={config.global_pool!r}"
-    elif key in ("cls_token", "dist_token", "reg_token", "pos_embed") or key.startswith(("head.", "head_dist.")):
-        why = f"this config has none (class_token={config.class_token}, reg_tokens={config.reg_tokens}, num_classes={config.num_classes})"
-    return f"the convert reads {key!r}, which the canonical state does not hold: {why}"
 
 
 MASK_TOKEN = re.compile(r"(.*\.)?mask_token")
@@ -74,6 +66,7 @@ class ModelPort:
     rename= lays out the conv kernel and the patch norm's weights in it.
     tower: the stage whose output is the tower's (``"norm"``, ``"blocks.{last}"``: a VLM's encoder
     before its merger or projector); the stages after it are out of scope, unseen as such.
+    sequence: "one" for a tower that packs a batch into one sequence (Pixtral; capture/sequence.py).
     quantize: ``model -> model or None``, applied once the float weights are loaded (MLX's
     ``nn.quantize``, in place): the port is judged on its own quantized weights, read back from
     its packed tensors, and its cost against the float model is measured (docs/quantization.md).
@@ -97,14 +90,17 @@ class ModelPort:
     patch_order: str | None = None
     quantize: Callable[[Any], Any] | None = None
     tower: str | None = None
+    sequence: str = "batch"
 
     def __post_init__(self):
         if (self.rename is None) == (self.convert is None):
             raise TypeError("ModelPort needs exactly one of rename= (names) or convert= (a state -> state function)")
         if self.patch_order not in (None, *PATCH_ORDERS):
             raise ValueError(f"patch_order must be one of {PATCH_ORDERS} (or None), got {self.patch_order!r}")
-        if self.images not in ("NCHW", "NHWC"):
-            raise ValueError(f"images must be 'NCHW' or 'NHWC', got {self.images!r}")
+        if self.images not in ("NCHW", "NHWC") or self.sequence not in SEQUENCES:
+            raise ValueError(
+                f"images must be 'NCHW' or 'NHWC', sequence one of {SEQUENCES}: {self.images!r}, {self.sequence!r}"
+            )
 
     def with_taps(self, taps: Mapping[str, str]) -> "ModelPort":
 
@@ -129,7 +125,7 @@ class ModelPort:
                 and ("." in key or key in ("cls_token", "dist_token", "reg_token", "pos_embed"))
             ):
                 needs = options_read(lambda s: self._call_convert(s, config), state, config, key)
-                raise needs or LoadError(_absent(key, config)) from None
+                raise needs or LoadError(why_absent(key, config)) from None
             raise
 
     def _build(self, config: ViTConfig, dtype: str):
@@ -445,6 +441,8 @@ class CapturedForward:
                     f"capture failed reading stage {stage} ({source.kind} {source.path or ''}".rstrip()
                     + f"): {describe_exception(e)}"
                 ) from e
+            if self.port.sequence == "one" and source.kind != "return":
+                value = unpack_sequence(value, batch, self.config.num_tokens)
             block = int(stage.split(".")[1]) if stage.endswith(".attn.k") else None
             if block in self.k_bias:
                 value, where = self._k_bias_added(value, block), f"{where}, plus the k bias its model has not"

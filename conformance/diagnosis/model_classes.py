@@ -260,6 +260,21 @@ def _projects_input(name, t, images, s, config):
     return t[f"{b}.norm1"] @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
 
 
+def _across_images(name, t, images, s, config):
+    """Every image's queries over every image's keys: a packed batch (one sequence of all the
+    images' tokens) whose block-diagonal mask leaks, or an attention over the batch."""
+    if stage_kind(name) != "attn" or not name.startswith("blocks."):
+        return None
+    b = _block(name)[0]
+    q, k = (t[n] for n in stage_inputs(f"{b}.attn.weights", config)[:2])
+    B, H, N, hd = q.shape
+    q, k, v = (x.transpose(1, 0, 2, 3).reshape(1, H, B * N, hd) for x in (q, k, t[f"{b}.attn.v"]))
+    logits = q @ k.swapaxes(-1, -2) * hd**-0.5
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    o = ((w / w.sum(-1, keepdims=True)) @ v).reshape(H, B, N, hd).transpose(1, 2, 0, 3).reshape(B, N, H * hd)
+    return o @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
+
+
 def _kernel_hw_swapped(s, config):
     return {"patch_embed.proj.weight": np.swapaxes(s["patch_embed.proj.weight"], -1, -2)}
 
@@ -481,6 +496,9 @@ CLASSES: tuple[BugClass, ...] = (
     BugClass("heads_merged_head_dim_first", ("attn", "attn_pool.proj"), "heads merged as (head_dim, heads)",
              "merge heads head-major: (B, H, N, hd) -> transpose(1, 2) -> (B, N, H * hd)",
              stage=_merged_head_dim_first, when=_several_heads),
+    BugClass("attention_across_images", ("attn",), "every image's queries attending over every image's keys",
+             "keep a packed batch's images apart: a block-diagonal mask over the sequence (cu_seqlens), "
+             "or attend within each batch row", stage=_across_images, when=lambda c: not c.rel_pos_bias),
     BugClass("attention_projects_input", ("attn",), "proj of the block's input: the attention result dropped",
              "proj takes softmax(q kᵀ) v merged over heads", stage=_projects_input),
     BugClass("proj_bias_dropped", ("attn",), "the attention's proj without its bias", "load attn.proj.bias",

@@ -103,7 +103,9 @@ def malformed(actual, shape, dtype: str = "float32") -> str | None:
         except Exception as e:  # a port may return anything
             return f"output is not an array: {type(actual).__name__} ({e})"
     if tuple(actual.shape) != tuple(shape):
-        return f"shape {tuple(actual.shape)}, expected {tuple(shape)}"
+        packed = len(shape) > 2 and shape[0] > 1 and actual.shape[:2] == (1, shape[0] * shape[1])
+        hint = ": the batch's images in one sequence? ModelPort(sequence='one') reads such a tower" if packed else ""
+        return f"shape {tuple(actual.shape)}, expected {tuple(shape)}{hint}"
     got = _dtype_name(actual)
     if got not in _BITS:
         return f"dtype {got}, expected {dtype}"

@@ -1,0 +1,95 @@
+"""transformers' PixtralVisionModel, unmodified, as Pixtral reads it: every image's patch tokens in
+one sequence with a block-diagonal mask between them (``sequence="one"``), RMSNorm before the blocks
+(ln_pre: norm_pre, no patch bias), Pixtral's 2-D rotary bands, SwiGLU, no final norm: the tower ends
+at its last block, the adapter after it out of scope."""
+
+from conformance.capture import ModelPort
+
+
+def _settings(config) -> dict:
+    """PixtralVisionConfig's names for the config's sizes."""
+    return dict(
+        image_size=config.img_size[0],
+        patch_size=config.patch_size[0],
+        num_channels=config.in_chans,
+        hidden_size=config.embed_dim,
+        num_hidden_layers=config.depth,
+        num_attention_heads=config.num_heads,
+        head_dim=config.head_dim,
+        intermediate_size=config.mlp_hidden_dim,
+        rope_parameters={"rope_type": "axial", "rope_theta": config.rope_temperature},
+    )
+
+
+def build(config):
+    from transformers import PixtralVisionConfig, PixtralVisionModel
+
+    return PixtralVisionModel(PixtralVisionConfig(**_settings(config))).eval()
+
+
+BLOCK = {
+    "norm1": "attention_norm",
+    "attn.q_proj": "attention.q_proj",
+    "attn.k_proj": "attention.k_proj",
+    "attn.v_proj": "attention.v_proj",
+    "attn.proj": "attention.o_proj",
+    "norm2": "ffn_norm",
+    "mlp.fc1_g": "feed_forward.gate_proj",
+    "mlp.fc1_x": "feed_forward.up_proj",
+    "mlp.fc2": "feed_forward.down_proj",
+}
+
+
+def convert(state):
+    """The canonical state under transformers' names (Pixtral's checkpoint layout)."""
+    out = {"patch_conv.weight": state["patch_embed.proj.weight"], "ln_pre.weight": state["norm_pre.weight"]}
+    i = 0
+    while f"blocks.{i}.norm1.weight" in state:
+        for ours, theirs in BLOCK.items():
+            out[f"transformer.layers.{i}.{theirs}.weight"] = state[f"blocks.{i}.{ours}.weight"]
+        i += 1
+    return out
+
+
+SUPPORTS = {
+    "pos_embed": "none",
+    "rope_type": "pixtral",
+    "rope_rotate_half": True,
+    "pre_norm": True,
+    "norm_layer": "rmsnorm",
+    "final_norm": False,
+    "class_token": False,
+    "global_pool": "avg",
+    "qkv_bias": False,
+    "qkv_fused": False,
+    "proj_bias": False,
+    "mlp_layer": "swiglu",
+    "square_images": True,
+    "square_patches": True,
+}
+port = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
+
+
+def _leaky_build(config):
+    """The same tower with its block-diagonal mask gone: every image's tokens attend to the others'
+    (a packed batch whose mask leaks)."""
+    import transformers.models.pixtral.modeling_pixtral as pixtral
+
+    model = build(config)
+    forward = model.forward
+
+    def leaky(*args, **kwargs):
+        mask = pixtral.generate_block_attention_mask
+        pixtral.generate_block_attention_mask = lambda sizes, tensor: None
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            pixtral.generate_block_attention_mask = mask
+
+    model.forward = leaky
+    return model
+
+
+leaky_mask = ModelPort(_leaky_build, convert=convert, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
+# the port without its word for the packing: its taps are (1, B N, ...)
+unsaid_sequence = ModelPort(build, convert=convert, tower="blocks.{last}", supports=SUPPORTS)
