@@ -156,3 +156,28 @@ def test_a_one_sequence_tap_is_unpacked_to_the_batch_it_packs():
         block[0, :, i * N : (i + 1) * N, i * N : (i + 1) * N] = weights[i]
     assert np.array_equal(unpack_sequence(block, B, N), weights)
     assert not np.array_equal(unpack_sequence(block + 0.1, B, N), weights)
+
+
+# mlx-vlm's Pixtral tower: as PIXTRAL, with the SiLU its MLP takes
+MLX_VLM_PIXTRAL = PIXTRAL.replace(act_layer="silu")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mlx_vlm_pixtral_tower_is_conformant_on_its_one_sequence_batches(dtype):
+    """MLX, NHWC images, one sequence with an additive block mask, the rotation from a table over
+    the largest grid: every stage to the last block checked."""
+    from tests.data.mlx_vlm_pixtral_port import port
+
+    report = verify(port, MLX_VLM_PIXTRAL, cases=quick_cases(MLX_VLM_PIXTRAL), dtype=dtype)
+    assert report.conformant, format_report(report)
+    assert {"norm_pre", "blocks.0.attn.k_rope", "blocks.1"} <= {r.name for r in report.stages}
+
+
+def test_mlx_vlm_pixtral_tower_with_its_norms_eps_is_located_and_named():
+    """The companion: its blocks' norms at eps 1e-6 where the config says 1e-5, located at the first
+    block's norm (ln_pre keeps MLX's default) and named."""
+    from tests.data.mlx_vlm_pixtral_port import eps_1e6
+
+    report = verify(eps_1e6, MLX_VLM_PIXTRAL, cases=near_constant_cases(MLX_VLM_PIXTRAL))
+    assert report.first_divergence == "blocks.0.norm1", format_report(report)
+    assert "eps 1e-6" in format_report(report)
