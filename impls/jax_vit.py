@@ -198,7 +198,7 @@ class PatchEmbed(nnx.Module):
         self.grid_size = config.grid_size
         self.patch_norm = norm_layer(config, config.patch_dim, rngs=rngs) if config.patch_norm else None
         self.proj = Conv2d(
-            config.in_chans, config.embed_dim, config.patch_size, config.patch_size, not config.pre_norm, rngs
+            config.in_chans, config.embed_dim, config.patch_size, config.patch_size, config.use_patch_bias, rngs
         )
         self.norm = norm_layer(config, config.embed_dim, rngs=rngs) if config.embed_norm else None
 

@@ -164,7 +164,7 @@ class PatchEmbed(nn.Module):
         if config.patch_norm:
             self.patch_norm = norm_layer(config, config.patch_dim)
         self.proj = Conv2d(
-            config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
+            config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=config.use_patch_bias
         )
         if config.embed_norm:
             self.norm = norm_layer(config, config.embed_dim)

@@ -261,7 +261,7 @@ class PatchEmbed(Module):
         self.grid_size = config.grid_size
         if config.patch_norm:
             self.patch_norm = norm_layer(config, config.patch_dim)
-        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, bias=not config.pre_norm)
+        self.proj = Conv2d(config.in_chans, config.embed_dim, config.patch_size, bias=config.use_patch_bias)
         if config.embed_norm:
             self.norm = norm_layer(config, config.embed_dim)
 

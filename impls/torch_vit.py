@@ -170,7 +170,7 @@ class PatchEmbed(nn.Module):
         self.grid_size = config.grid_size
         self.patch_norm = norm_layer(config, config.patch_dim) if config.patch_norm else None
         self.proj = Conv2d(
-            config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=not config.pre_norm
+            config.in_chans, config.embed_dim, config.patch_size, stride=config.patch_size, bias=config.use_patch_bias
         )
         self.norm = norm_layer(config, config.embed_dim) if config.embed_norm else None
 

@@ -43,7 +43,7 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         if config.use_norm_bias:
             shapes["patch_embed.patch_norm.bias"] = (config.patch_dim,)
     shapes["patch_embed.proj.weight"] = (D, C, ph, pw)
-    if not config.pre_norm:  # timm: bias=not pre_norm
+    if config.use_patch_bias:  # timm: bias=not pre_norm
         shapes["patch_embed.proj.bias"] = (D,)
     if config.embed_norm:
         shapes["patch_embed.norm.weight"] = (D,)

@@ -320,6 +320,11 @@ class ViTConfig:
         return self.mlp_hidden_dim // 2 if self.mlp_layer == "swiglu_packed" else self.mlp_hidden_dim
 
     @property
+    def use_patch_bias(self) -> bool:
+        """Whether the patch projection has a bias: timm's ``not pre_norm`` (CLIP's has none)."""
+        return not self.pre_norm
+
+    @property
     def use_norm_bias(self) -> bool:
         """Whether the model's norms have a bias: a LayerNorm's unless norm_bias=False; RmsNorm has none."""
         return self.norm_bias and self.norm_layer == "layernorm"
