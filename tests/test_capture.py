@@ -481,3 +481,19 @@ def test_a_model_with_rmsnorm_is_exit_2_naming_norm_layer_and_conformant_with_it
 
     config = get_config("vit_test_token").replace(norm_layer="rmsnorm")
     assert verify(rms_norm, config, cases=quick_cases(config)).conformant
+
+
+def test_a_bias_free_patch_convolution_is_exit_2_naming_patch_bias_not_pre_norm(cli):
+    """A patch convolution without a bias and no norm after it (Qwen2-VL's, Pixtral's before its
+    ln_pre) against the default config: the line names patch_bias=false, never pre_norm=true, which
+    would add a norm the model has not (issue 60). The companion: patch_bias=false makes the same
+    model conformant."""
+    code, out, err = cli("verify", "tests.data.unexpressed_ports:no_patch_bias", "--in-process")
+    lines = err.strip().splitlines()
+    assert code == 2 and lines[1:] == [
+        "  its patch embedding has no bias: patch_bias=false expresses it (patch_embed.proj.bias)"
+    ], err
+    from tests.data.unexpressed_ports import no_patch_bias
+
+    config = get_config("vit_test_token").replace(patch_bias=False)
+    assert verify(no_patch_bias, config, cases=quick_cases(config)).conformant

@@ -19,7 +19,7 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   pooled; ``no_embed_class``: the position embedding covers the patches only and the prefix
   tokens are concatenated after it is added (DeiT III, DINOv2 with registers).
 * ``pre_norm``: a LayerNorm ``norm_pre`` after the position embedding, and no patch-embed
-  bias (CLIP).
+  bias (CLIP); ``patch_bias`` says that bias apart (None: ``not pre_norm``, timm's coupling).
 * ``init_values``: LayerScale, a per-channel ``gamma`` on each residual branch (``ls1``,
   ``ls2``; DINOv2, DeiT III); ``qk_norm``: a LayerNorm over head_dim on q and on k.
 * ``act_layer``: ``gelu`` (erf), ``gelu_tanh`` (SigLIP), ``quick_gelu`` (x·σ(1.702x), OpenAI's
@@ -321,8 +321,8 @@ class ViTConfig:
 
     @property
     def use_patch_bias(self) -> bool:
-        """Whether the patch projection has a bias: timm's ``not pre_norm`` (CLIP's has none)."""
-        return not self.pre_norm
+        """Whether the patch projection has a bias: ``patch_bias``, else timm's ``not pre_norm`` (CLIP's has none)."""
+        return not self.pre_norm if self.patch_bias is None else self.patch_bias
 
     @property
     def use_norm_bias(self) -> bool:

@@ -206,14 +206,20 @@ OPTIONS: tuple[Option, ...] = (
         open_clip="no_ln_pre (its negation)",
         draws=(False, True),
         check=flag(),
-        lacks=(
-            (
-                r"patch_embed\.proj\.bias",
-                "its patch embedding has no bias",
-                "pre_norm=true (CLIP: with a norm after the embedding)",
-            ),
-        ),
         adds=("pre_norm=true", dict(pre_norm=True)),
+    ),
+    Option(
+        "patch_bias",
+        None,
+        (None,),
+        "the patch projection's bias, patch_embed.proj.bias (None: timm's coupling, none with pre_norm; False: "
+        "none without a norm_pre either, as Qwen2-VL's and Pixtral's bias-free patch convolutions)",
+        holds=_only(None),
+        timm_name=None,
+        draws=(None, None, False),
+        check=flag(none="not pre_norm, timm's coupling"),
+        lacks=((r"patch_embed\.proj\.bias", "its patch embedding has no bias", "patch_bias=false"),),
+        adds=("patch_bias=true", dict(patch_bias=True)),
     ),
     Option(
         "fc_norm",

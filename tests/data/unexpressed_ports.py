@@ -18,3 +18,13 @@ no_final_norm = ModelPort(lambda config: build(config.replace(final_norm=False))
 
 # timm's model with RMSNorm for its norms (AIMv2's): no mean subtracted, no bias
 rms_norm = ModelPort(lambda config: build(config.replace(norm_layer="rmsnorm")), rename={}, supports=VIT_FAMILY)
+
+
+def _without_patch_bias(model):
+    model.patch_embed.proj.bias = None  # a bias-free patch convolution and no norm after it (Qwen2-VL)
+    return model
+
+
+no_patch_bias = ModelPort(
+    lambda config: _without_patch_bias(build(config.replace(patch_bias=None))), rename={}, supports=VIT_FAMILY
+)
