@@ -497,3 +497,18 @@ def test_a_bias_free_patch_convolution_is_exit_2_naming_patch_bias_not_pre_norm(
 
     config = get_config("vit_test_token").replace(patch_bias=False)
     assert verify(no_patch_bias, config, cases=quick_cases(config)).conformant
+
+
+def test_a_hierarchical_tower_is_exit_2_naming_its_widths_not_not_conformant_at_load(cli):
+    """A tower whose width doubles between stages (Hiera, Swin, MViT), its weights named as timm's
+    ViT's: the shapes that do not fit show the width changing across blocks, which one embed_dim
+    cannot express: exit 2 (issue 60: NOT CONFORMANT at load, 15 shape mismatches). The companion:
+    a mapping whose shapes do not fit one block alone stays a finding at load."""
+    code, out, err = cli("verify", "tests.data.hierarchical_port:port", "--in-process")
+    assert code == 2 and "its width changes across its blocks (block: width 0: 24, 1: 48" in err, out + err
+    from conformance.capture.expressible import hierarchical
+
+    config = get_config("vit_test_token")
+    canonical = {f"layers.{i}.ln.weight": f"blocks.{i}.norm1.weight" for i in range(2)}
+    assert hierarchical(canonical, {"layers.0.ln.weight": (24,), "layers.1.ln.weight": (48,)}, config) is not None
+    assert hierarchical(canonical, {"layers.0.ln.weight": (24,), "layers.1.ln.weight": (24,)}, config) is None

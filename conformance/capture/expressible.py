@@ -309,3 +309,22 @@ def why_absent(key: str, config: ViTConfig) -> str:
     elif key in ("cls_token", "dist_token", "reg_token", "pos_embed") or key.startswith(("head.", "head_dist.")):
         why = f"this config has none (class_token={config.class_token}, reg_tokens={config.reg_tokens}, num_classes={config.num_classes})"
     return f"the convert reads {key!r}, which the canonical state does not hold: {why}"
+
+
+def hierarchical(canonical: Mapping[str, str], params: Mapping[str, tuple], config) -> NotExpressible | None:
+    """For a mapping whose shapes do not fit (``canonical``: model key -> the canonical key sent
+    there; ``params``: the model's shapes): the answer where they show the model's width changing
+    across its blocks (hierarchical stages: Hiera, Swin, MViT), which one embed_dim cannot express."""
+    widths = {}
+    for key, shape in params.items():
+        m = re.fullmatch(r"blocks\.(\d+)\.norm1\.weight", canonical.get(key, ""))
+        if m and len(shape) == 1:
+            widths[int(m.group(1))] = shape[0]
+    if len(set(widths.values())) < 2:
+        return None
+    seen = ", ".join(f"{i}: {w}" for i, w in sorted(widths.items()))
+    return NotExpressible(
+        "its width changes across its blocks (block: width "
+        f"{seen}; the config's embed_dim is {config.embed_dim}): hierarchical stages (Hiera, Swin, MViT), "
+        "which no option of the config expresses yet"
+    )

@@ -14,6 +14,7 @@ from conformance.capture.adapters import ADAPTERS, BaseAdapter, check_not_quanti
 from conformance.capture.expressible import (
     NotExpressible,
     extra_parts,
+    hierarchical,
     not_expressible,
     optional_parts,
     options_read,
@@ -197,7 +198,10 @@ class ModelPort:
             if tuple(arrays[k].shape) != tuple(params[k])
         ]
         if wrong:
-            raise LoadError(f"{len(wrong)} shape mismatch(es): " + "; ".join(wrong[:6]))
+            canonical = source or {mk: k for k, mks in self.key_map(state, config).items() for mk in mks}
+            raise hierarchical(canonical, params, config) or LoadError(
+                f"{len(wrong)} shape mismatch(es): " + "; ".join(wrong[:6])
+            )
         unfilled = sorted(set(params) - set(arrays))
         for k in unfilled:
             arrays[k] = adapter.current(k)
