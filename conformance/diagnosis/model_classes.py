@@ -400,14 +400,14 @@ _GELU_HINT = "nn.GELU() / nn.gelu / jax.nn.gelu(approximate=False) for 'gelu'"
 # fmt: off
 CLASSES: tuple[BugClass, ...] = (
     # LayerNorm
-    BugClass("layernorm_eps_1e-5", NORM_KINDS, "LayerNorm with eps 1e-5",
+    BugClass("layernorm_eps_1e-5", NORM_KINDS, "norms with eps 1e-5 (LayerNorm's or RMSNorm's, as the config's)",
              "timm's ViTs use eps 1e-6: nn.LayerNorm(dim, eps=1e-6) (nn.LayerNorm's default is 1e-5)",
              config={"norm_eps": 1e-5}),
-    BugClass("layernorm_eps_1e-6", NORM_KINDS, "LayerNorm with eps 1e-6",
+    BugClass("layernorm_eps_1e-6", NORM_KINDS, "norms with eps 1e-6 (LayerNorm's or RMSNorm's, as the config's)",
              "this config's eps is another: read it from the checkpoint's config", config={"norm_eps": 1e-6}),
-    BugClass("layernorm_eps_1e-12", NORM_KINDS, "LayerNorm with eps 1e-12 (BERT's)",
+    BugClass("layernorm_eps_1e-12", NORM_KINDS, "norms with eps 1e-12 (BERT's)",
              "Hugging Face ViT configs carry layer_norm_eps=1e-12; timm's use 1e-6", config={"norm_eps": 1e-12}),
-    BugClass("layernorm_eps_fitted", NORM_KINDS, "LayerNorm with another eps",
+    BugClass("layernorm_eps_fitted", NORM_KINDS, "norms with another eps",
              "read eps from the checkpoint's config (timm's ViTs: 1e-6)", family="eps"),
     BugClass("layernorm_unbiased_variance", NORM_KINDS, "LayerNorm with the unbiased (n - 1) variance",
              "LayerNorm divides by n: x.var(unbiased=False), jnp.var", stage=_norm_variant(unbiased=True)),
