@@ -23,7 +23,13 @@ class KerasAdapter(SwapAdapter):
         return self._modules
 
     def _weights(self) -> dict:
-        return {v.path.replace("/", "."): v for v in self.model.weights}
+        """Each weight named by its layer's name chain, as ``modules`` names the layers, and its own
+        name: a tower nested in a wrapper model (whose weights' ``path`` starts at the tower) is
+        named through the wrapper, as its layers are."""
+        owner = {}
+        for path, layer in self._modules.items():  # parents first: the innermost layer holding it wins
+            owner.update(dict.fromkeys((id(v) for v in layer.weights), path))
+        return {".".join(filter(None, (owner.get(id(v)), v.path.rsplit("/", 1)[-1]))): v for v in self.model.weights}
 
     def params(self):
         return {k: tuple(v.shape) for k, v in self._weights().items()}
