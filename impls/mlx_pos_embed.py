@@ -5,6 +5,8 @@ each function is."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import math
 
 import mlx.core as mx
@@ -12,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from weights.resample import aa_matrix
+from impls import pos_embed_schemes as schemes
 from impls.rope_settings import rope_settings
 
 KINDS = ("cat", "dinov3", "mixed", "pixtral")
@@ -155,15 +158,5 @@ FIXED = {
     "sincos": (False, lambda n, grid, dim: sincos_2d_pos_embed(grid, dim)),
 }
 
-
-def pos_table(config, table, grid, num_tokens: int):
-    """The position table the tokens get under ``config.pos_embed`` at the images' ``grid``: the
-    learned ``table`` resampled, or a fixed one computed (``FIXED``); and whether it covers the
-    prefix tokens as well as the patches (``num_tokens``, all of them). None: no table."""
-    if config.pos_embed == "learn":
-        n = config.num_prefix_tokens if config.prefix_pos else 0
-        return resample_pos_embed(table, config.pos_grid, grid, n, config.pos_embed_interp_mode), config.prefix_pos
-    if config.pos_embed == "none":
-        return None
-    covers_prefix, make = FIXED[config.pos_embed]
-    return make(num_tokens, grid, config.embed_dim), covers_prefix
+# the table the tokens get (config.pos_embed): the dispatch written once, bound to this framework's
+pos_table = partial(schemes.pos_table, fixed=FIXED, resample=resample_pos_embed)

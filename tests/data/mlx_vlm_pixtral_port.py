@@ -5,6 +5,7 @@ takes SiLU whatever the config says, as Pixtral's checkpoints have it); the towe
 block."""
 
 from conformance.capture import ModelPort
+from tests.data import hf_pixtral_port
 
 
 def build(config):
@@ -42,24 +43,8 @@ RENAME = {
     "mlp.fc1_x": "feed_forward.up_proj",
     "mlp.fc2": "feed_forward.down_proj",
 }
-SUPPORTS = {
-    "pos_embed": "none",
-    "rope_type": "pixtral",
-    "rope_rotate_half": True,
-    "pre_norm": True,
-    "norm_layer": "rmsnorm",
-    "final_norm": False,
-    "class_token": False,
-    "global_pool": "avg",
-    "qkv_bias": False,
-    "qkv_fused": False,
-    "proj_bias": False,
-    "mlp_layer": "swiglu",
-    "act_layer": "silu",
-    "norm_eps": 1e-5,  # ln_pre is nn.RMSNorm(hidden_size): MLX's default eps, whatever the config's
-    "square_images": True,
-    "square_patches": True,
-}
+# transformers' Pixtral's, with the SiLU its MLP takes and MLX's default eps, which its ln_pre keeps
+SUPPORTS = {**hf_pixtral_port.SUPPORTS, "act_layer": "silu", "norm_eps": 1e-5}
 port = ModelPort(build, rename=RENAME, images="NHWC", tower="blocks.{last}", sequence="one", supports=SUPPORTS)
 # its blocks' norms built with eps 1e-6 where the checkpoint's config says 1e-5
 eps_1e6 = ModelPort(
