@@ -154,8 +154,8 @@ def test_a_one_sequence_tap_is_unpacked_to_the_batch_it_packs():
     block = np.zeros((1, H, B * N, B * N))
     for i in range(B):
         block[0, :, i * N : (i + 1) * N, i * N : (i + 1) * N] = weights[i]
-    assert np.array_equal(unpack_sequence(block, B, N), weights)
-    assert not np.array_equal(unpack_sequence(block + 0.1, B, N), weights)
+    assert np.array_equal(unpack_sequence(block, B, N, weights=True), weights)
+    assert not np.array_equal(unpack_sequence(block + 0.1, B, N, weights=True), weights)
 
 
 # mlx-vlm's Pixtral tower: as PIXTRAL, with the SiLU its MLP takes
@@ -181,3 +181,58 @@ def test_mlx_vlm_pixtral_tower_with_its_norms_eps_is_located_and_named():
     report = verify(eps_1e6, MLX_VLM_PIXTRAL, cases=near_constant_cases(MLX_VLM_PIXTRAL))
     assert report.first_divergence == "blocks.0.norm1", format_report(report)
     assert "eps 1e-6" in format_report(report)
+
+
+# transformers' Qwen2.5-VL vision tower: a bias-free patch projection over two identical frames, RMSNorm,
+# Qwen2-VL's rotation (timm's 'cat' bands as halves), SwiGLU with biases, no final norm
+QWEN2_5_VL = ViTConfig(
+    img_size=16, patch_size=4, num_classes=0, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, class_token=False,
+    global_pool="avg", pos_embed="none", rope_type="cat", rope_rotate_half=True, patch_bias=False,
+    norm_layer="rmsnorm", final_norm=False, mlp_layer="swiglu", act_layer="silu", norm_eps=1e-6,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_transformers_qwen2_5_vl_tower_is_conformant_in_its_merge_order(dtype):
+    """Its tokens in 2 x 2 merge groups, one sequence, one fused attention call per image or window
+    (cu_seqlens): read back as the batch, row-major (``sequence='merge2x2'``); every stage to the last
+    block but q and k before their rotation (no module holds them) checked. Its windows cover the
+    image here: the window attention itself is not exercised."""
+    from tests.data.hf_qwen2_5_vl_port import port
+
+    report = verify(port, QWEN2_5_VL, cases=quick_cases(QWEN2_5_VL), dtype=dtype)
+    assert report.conformant, format_report(report)
+    assert {"patch_embed", "blocks.0.attn.v", "blocks.1.attn.q_rope", "blocks.1"} <= {r.name for r in report.stages}
+
+
+def test_transformers_qwen2_5_vl_tower_read_in_row_major_order_is_located_and_named():
+    """The companion: the same tower read as if its sequence were row-major, located at the patch
+    embedding and named, with the option that reads it."""
+    from tests.data.hf_qwen2_5_vl_port import row_major
+
+    report = verify(row_major, QWEN2_5_VL, cases=quick_cases(QWEN2_5_VL))
+    assert report.first_divergence == "patch_embed", format_report(report)
+    assert "2 x 2 merge groups" in format_report(report) and "sequence='merge2x2'" in format_report(report)
+
+
+def test_a_merge_grouped_tap_is_brought_to_row_major_order():
+    """(1, B N, D) in 2 x 2 merge groups back to (B, N, D) row-major, and the weights' queries and
+    keys both; the companion: read as a row-major sequence it stays in the other order."""
+    import numpy as np
+
+    from conformance.capture.sequence import merge_order, unpack_sequence
+
+    rng = np.random.default_rng(1)
+    B, grid, D = 2, (4, 6), 3
+    N = grid[0] * grid[1]
+    tokens = rng.normal(size=(B, N, D))
+    order = merge_order(grid, 2)
+    assert sorted(order) == list(range(N)) and list(order[:4]) == [0, 1, 6, 7]
+    packed = tokens[:, order].reshape(1, B * N, D)
+    assert np.array_equal(unpack_sequence(packed, B, N, grid, 2), tokens)
+    assert not np.array_equal(unpack_sequence(packed, B, N, grid, 1), tokens)
+    weights = rng.random(size=(B, 1, N, N))
+    block = np.zeros((1, 1, B * N, B * N))
+    for i in range(B):
+        block[0, :, i * N : (i + 1) * N, i * N : (i + 1) * N] = weights[i][:, order][:, :, order]
+    assert np.array_equal(unpack_sequence(block, B, N, grid, 2, weights=True), weights)

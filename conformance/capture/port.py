@@ -33,7 +33,7 @@ from conformance.capture.mapping import (
     unit_axes,
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
-from conformance.capture.sequence import SEQUENCES, unpack_sequence
+from conformance.capture.sequence import SEQUENCES, heads_first, unpack_sequence
 from conformance.capture.quantize import quantized_port
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import CannotJudge, ToolError, describe_exception
@@ -445,8 +445,9 @@ class CapturedForward:
                     f"capture failed reading stage {stage} ({source.kind} {source.path or ''}".rstrip()
                     + f"): {describe_exception(e)}"
                 ) from e
-            if self.port.sequence == "one" and source.kind != "return":
-                value = unpack_sequence(value, batch, self.config.num_tokens)
+            if self.port.sequence != "batch" and source.kind != "return":
+                c, merge = self.config, 2 if self.port.sequence == "merge2x2" else 1
+                value = unpack_sequence(value, batch, c.num_tokens, c.grid_size, merge, stage.endswith("weights"))
             block = int(stage.split(".")[1]) if stage.endswith(".attn.k") else None
             if block in self.k_bias:
                 value, where = self._k_bias_added(value, block), f"{where}, plus the k bias its model has not"
@@ -519,7 +520,7 @@ class CapturedForward:
             if source.shape == "bias":  # the weights' alone, (1, H, N, N) or (H, N, N): over the batch
                 x = np.broadcast_to(x, (B, *x.shape[-3:]))
             if source.shape == "heads":
-                x = _heads(x, c)
+                x = heads_first(x, c)
             if source.shape == "patch_order":
                 x = patches_to_canonical(x, c, self.port.patch_order)
             if not source.shape and x.ndim == 3 and x.shape[:2] == (rec.N, B) != (B, rec.N):
@@ -550,6 +551,8 @@ class CapturedForward:
             return np.broadcast_to(x, (B, *x.shape[-3:])), f"the additive mask of {slot['fused']}"
         if part in slot:
             x = self._np(slot[part])
+            if "chunks" in slot:  # one fused call per image or window: their tokens joined in order
+                x = np.concatenate([x, *(self._np(c[part]) for c in slot["chunks"])], 2 if slot["heads_first"] else 1)
             if not slot.get("heads_first", True):
                 x = x.transpose(0, 2, 1, 3)  # (B, N, H, hd) -> (B, H, N, hd)
             return self._heads4(x, c.head_dim), slot["where"]
@@ -568,7 +571,7 @@ class CapturedForward:
             return self._heads4(self._np(slot[product]), c.head_dim), what
         kind, path = source.fallback or ("", "")
         if kind == "heads" and path in rec.outputs:
-            return _heads(self._np(self._array(rec.outputs[path], stage)), c), f"output of {path}, heads split"
+            return heads_first(self._np(self._array(rec.outputs[path], stage)), c), f"output of {path}, heads split"
         if kind == "qkv" and path in rec.outputs:
             x = self._np(self._array(rec.outputs[path], stage))
             x = x.reshape(B, c.num_tokens, 3, c.num_heads, c.head_dim)[:, :, "qkv".index(part)].transpose(0, 2, 1, 3)
@@ -582,14 +585,6 @@ class CapturedForward:
         if x.ndim == 3 and x.shape[0] % c.num_heads == 0:  # (B*H, N, last)
             x = x.reshape(-1, c.num_heads, *x.shape[1:])
         return x
-
-
-def _heads(x, c):
-    if x.ndim == 3 and x.shape[-1] == c.embed_dim:  # (B, N, D) -> (B, H, N, hd)
-        return x.reshape(x.shape[0], x.shape[1], c.num_heads, c.head_dim).transpose(0, 2, 1, 3)
-    if x.ndim == 4 and x.shape[1:] == (c.num_tokens, c.num_heads, c.head_dim):  # (B, N, H, hd)
-        return x.transpose(0, 2, 1, 3)
-    return x
 
 
 class Unseen(Exception):

@@ -110,6 +110,10 @@ class Recorder:
     @guarded
     def fused(self, q, k, v, where, heads_first, bias=None):
         slot = self._slot()
+        if "q" in slot and slot.get("fused") == where and all(self.adapter.is_array(t) for t in (q, k, v)):
+            # one call per image or window of a packed sequence (cu_seqlens): its tokens, in order
+            slot.setdefault("chunks", []).append({n: self.adapter.copy(t) for n, t in zip("qkv", (q, k, v))})
+            return
         if "q" not in slot and all(self.adapter.is_array(t) for t in (q, k, v)):
             copy = self.adapter.copy
             if self.adapter.is_array(bias) and not str(bias.dtype).endswith("bool"):  # added to the logits

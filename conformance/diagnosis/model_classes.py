@@ -14,6 +14,7 @@ from impls import numpy_vit as O
 from impls.protocol import ViTConfig
 from impls.stages import BY_KIND, stage_inputs, stage_kind
 from weights.canonical import qkv_parts
+from conformance.capture.sequence import merge_order
 from conformance.diagnosis.bugclass import BugClass, QUIET
 from conformance.diagnosis.position_classes import POSITION_CLASSES, TABLE_CLASSES
 
@@ -294,6 +295,14 @@ def _tokens_column_major(name, t, images, s, config):
     return y.reshape(B, gh, gw, D).transpose(0, 2, 1, 3).reshape(B, gh * gw, D)
 
 
+def _tokens_in_merge_order(name, t, images, s, config):
+    """The patch tokens in 2 x 2 merge groups (Qwen2-VL's order) where the grid's row-major is read."""
+    gh, gw = config.grid_at(images.shape[2:])
+    if name != "patch_embed" or gh % 2 or gw % 2:
+        return None
+    return evaluate(name, t, images, s, config, QUIET)[0][:, merge_order((gh, gw), 2)]
+
+
 def _pooled(select: Callable, tokens: Callable | None = None):
     """``pooled`` as ``select(features, config)``; ``tokens(features, config)``: the tokens it is
     a mean of (its bound is a mean's: u_c √N rms + u_s |mean|), else a selection's."""
@@ -514,6 +523,9 @@ CLASSES: tuple[BugClass, ...] = (
     BugClass("tokens_column_major", ("patch_embed",), "the patch tokens flattened column-major (w, h)",
              "flatten the grid row-major: x.flatten(2).transpose(1, 2) from (B, D, h, w)",
              stage=_tokens_column_major),
+    BugClass("tokens_in_merge_order", ("patch_embed",), "the patch tokens in 2 x 2 merge groups, not row-major",
+             "a tower that orders its tokens for a 2 x 2 merger (Qwen2-VL) says so: ModelPort(sequence='merge2x2')",
+             stage=_tokens_in_merge_order),
     BugClass("patch_bias_dropped", ("patch_embed",), "the patch embedding without its bias",
              "load patch_embed.proj.bias", state=_bias_dropped("patch_embed.proj.bias")),
     *TABLE_CLASSES,

@@ -1,0 +1,101 @@
+"""transformers' Qwen2.5-VL vision tower (Qwen2_5_VisionTransformerPretrainedModel), unmodified,
+as Qwen2.5-VL reads it, up to its last block (the merger after it out of scope). Its input is what
+Qwen2-VL's image processor makes of the images, done here by a wrapper: each image as two identical
+frames, flattened into patches of (C, T, p, p) in 2 x 2 merge groups, every image in one sequence with
+``grid_thw``; its attention one call per image or window (cu_seqlens); RMSNorm, Qwen2-VL's rotation
+(timm's 'cat' bands laid out as halves), SwiGLU with biases, no final norm; its merger, after the tower,
+replaced by an identity (as a headless open_clip tower drops its proj). Its windows here cover the whole
+image (``window_size`` the image's side): window attention is not exercised."""
+
+import numpy as np
+
+from conformance.capture import ModelPort
+
+T, MERGE = 2, 2  # Qwen2-VL's temporal patch and spatial merge
+
+
+def build(config):
+    import torch
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    p, (H, W), C = config.patch_size[0], config.img_size, config.in_chans
+    visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
+        Qwen2_5_VLVisionConfig(
+            depth=config.depth,
+            hidden_size=config.embed_dim,
+            intermediate_size=config.mlp_hidden_dim,
+            num_heads=config.num_heads,
+            in_channels=C,
+            patch_size=p,
+            spatial_merge_size=MERGE,
+            temporal_patch_size=T,
+            window_size=H,  # one window: the whole image
+            fullatt_block_indexes=[config.depth - 1],
+            out_hidden_size=config.embed_dim,
+        )
+    )
+
+    visual.merger = torch.nn.Identity()  # the merger after the tower: out of scope, its weights not ours
+
+    class Processed(torch.nn.Module):
+        """Images (B, C, H, W) as Qwen2-VL's processor gives them to the tower."""
+
+        def __init__(self):
+            super().__init__()
+            self.visual = visual
+
+        def forward(self, images):
+            B, gh, gw = images.shape[0], H // p, W // p
+            x = images[:, None].expand(B, T, C, H, W)
+            x = x.reshape(B, T, C, gh // MERGE, MERGE, p, gw // MERGE, MERGE, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
+            x = x.reshape(B * gh * gw, C * T * p * p)
+            return self.visual(x, torch.tensor([[1, gh, gw]] * B))
+
+    return Processed().eval()
+
+
+BLOCK = {
+    "norm1": "norm1",
+    "attn.qkv": "attn.qkv",
+    "attn.proj": "attn.proj",
+    "norm2": "norm2",
+    "mlp.fc1_g": "mlp.gate_proj",
+    "mlp.fc1_x": "mlp.up_proj",
+    "mlp.fc2": "mlp.down_proj",
+}
+
+
+def convert(state):
+    """The canonical state under Qwen2.5-VL's names; the patch kernel over its two identical frames
+    read from the first (the second's zero: the projection is the image's)."""
+    w = np.asarray(state["patch_embed.proj.weight"])
+    out = {"visual.patch_embed.proj.weight": np.stack([w, np.zeros_like(w)], axis=2)}
+    i = 0
+    while f"blocks.{i}.norm1.weight" in state:
+        for ours, theirs in BLOCK.items():
+            for leaf in ("weight", "bias"):
+                if f"blocks.{i}.{ours}.{leaf}" in state:
+                    out[f"visual.blocks.{i}.{theirs}.{leaf}"] = state[f"blocks.{i}.{ours}.{leaf}"]
+        i += 1
+    return out
+
+
+SUPPORTS = {
+    "pos_embed": "none",
+    "rope_type": "cat",
+    "rope_rotate_half": True,
+    "patch_bias": False,
+    "norm_layer": "rmsnorm",
+    "final_norm": False,
+    "class_token": False,
+    "global_pool": "avg",
+    "mlp_layer": "swiglu",
+    "act_layer": "silu",
+    "norm_eps": 1e-6,
+    "square_images": True,
+    "square_patches": True,
+}
+port = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="merge2x2", supports=SUPPORTS)
+# the port that reads its merge-grouped sequence as row-major: every token in another place
+row_major = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
