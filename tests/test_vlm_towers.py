@@ -236,3 +236,24 @@ def test_a_merge_grouped_tap_is_brought_to_row_major_order():
     for i in range(B):
         block[0, :, i * N : (i + 1) * N, i * N : (i + 1) * N] = weights[i][:, order][:, :, order]
     assert np.array_equal(unpack_sequence(block, B, N, grid, 2, weights=True), weights)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mlx_vlm_qwen2_5_vl_tower_is_conformant_in_its_merge_order(dtype):
+    """mlx-vlm's Qwen2.5-VL tower (MLX: its Conv3d's output channels last, one mx.fast call per image
+    or window): as transformers' is read."""
+    from tests.data.mlx_vlm_qwen2_5_vl_port import port
+
+    report = verify(port, QWEN2_5_VL, cases=quick_cases(QWEN2_5_VL), dtype=dtype)
+    assert report.conformant, format_report(report)
+    assert {"patch_embed", "blocks.0.attn.v", "blocks.1.attn.k_rope", "blocks.1"} <= {r.name for r in report.stages}
+
+
+def test_mlx_vlm_qwen2_5_vl_tower_with_its_gate_and_value_swapped_is_located_and_named():
+    """The companion: a convert sending the gate's weights to up_proj and back, located at the first
+    block's activation and named."""
+    from tests.data.mlx_vlm_qwen2_5_vl_port import gate_for_up
+
+    report = verify(gate_for_up, QWEN2_5_VL, cases=quick_cases(QWEN2_5_VL))
+    assert report.first_divergence == "blocks.0.mlp.act", format_report(report)
+    assert "SwiGLU's gate and value projections swapped" in format_report(report)

@@ -26,9 +26,9 @@ def merge_order(grid, merge: int) -> np.ndarray:
 def unpack_sequence(x: np.ndarray, batch: int, tokens: int, grid=None, merge: int = 1, weights: bool = False):
     """``unpack`` then, for a merge-grouped sequence (``merge`` > 1), each image's tokens brought to
     row-major order over its ``grid`` on every token axis (``weights``: the attention weights', both)."""
-    x = unpack(
-        x.reshape(x.shape[:2]) if x.ndim > 2 and not any(d - 1 for d in x.shape[2:]) else x, batch, tokens, weights
-    )
+    if x.ndim > 2 and sum(d != 1 for d in x.shape[1:]) == 1:  # a Conv3d's (N, D, 1, 1, 1) or MLX's (N, 1, 1, 1, D)
+        x = x.reshape(x.shape[0], -1)
+    x = unpack(x, batch, tokens, weights)
     if merge == 1 or grid is None or grid[0] * grid[1] != tokens:
         return x
     back = np.argsort(merge_order(grid, merge))  # the packed position of each row-major token

@@ -8,15 +8,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from conformance.numerics.kinds.layer_norm import layer_norm, rms_norm
 from conformance.numerics.error_model import evaluate, softmax_weights
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
 from impls.stages import BY_KIND, stage_inputs, stage_kind
 from weights.canonical import qkv_parts
-from conformance.capture.sequence import merge_order
 from conformance.diagnosis.bugclass import BugClass, QUIET
 from conformance.diagnosis.position_classes import POSITION_CLASSES, TABLE_CLASSES
+from conformance.diagnosis.tower_classes import TOWER_CLASSES
 
 # ----------------------------------------------------------------------------- operands
 
@@ -80,24 +79,6 @@ def _no_affine(name, t, images, s, config):
         return None
     x, _ = norm_operands(name, t, config)
     return layer_norm_as(x, 1.0, 0.0, config.norm_eps)
-
-
-_MODEL_NORMS = ("patch_embed.norm", "norm1", "norm2", "norm", "norm_pre")  # the stages config.norm_layer decides
-
-
-def _norm_of_kind(rms: bool):
-    """The model's norms computed as the other kind: RMSNorm (no mean, no bias) or LayerNorm, each
-    with its own error model's bound (a LayerNorm's grows with the mean against the spread)."""
-
-    def stage(name, t, images, s, config, precision=QUIET):
-        if stage_kind(name) not in _MODEL_NORMS:
-            return None
-        x, prefix = norm_operands(name, t, config)
-        norm = rms_norm if rms else layer_norm
-        return norm(x, s[f"{prefix}.weight"], 0.0 if rms else s.get(f"{prefix}.bias", 0.0), config.norm_eps, precision)
-
-    stage.bounded = True  # returns (value, bound) in ``precision``
-    return stage
 
 
 def _norm2_with_norm1(s, config):
@@ -261,21 +242,6 @@ def _projects_input(name, t, images, s, config):
     return t[f"{b}.norm1"] @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
 
 
-def _across_images(name, t, images, s, config):
-    """Every image's queries over every image's keys: a packed batch (one sequence of all the
-    images' tokens) whose block-diagonal mask leaks, or an attention over the batch."""
-    if stage_kind(name) != "attn" or not name.startswith("blocks."):
-        return None
-    b = _block(name)[0]
-    q, k = (t[n] for n in stage_inputs(f"{b}.attn.weights", config)[:2])
-    B, H, N, hd = q.shape
-    q, k, v = (x.transpose(1, 0, 2, 3).reshape(1, H, B * N, hd) for x in (q, k, t[f"{b}.attn.v"]))
-    logits = q @ k.swapaxes(-1, -2) * hd**-0.5
-    w = np.exp(logits - logits.max(-1, keepdims=True))
-    o = ((w / w.sum(-1, keepdims=True)) @ v).reshape(H, B, N, hd).transpose(1, 2, 0, 3).reshape(B, N, H * hd)
-    return o @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
-
-
 def _kernel_hw_swapped(s, config):
     return {"patch_embed.proj.weight": np.swapaxes(s["patch_embed.proj.weight"], -1, -2)}
 
@@ -293,14 +259,6 @@ def _tokens_column_major(name, t, images, s, config):
     B, _, D = y.shape
     gh, gw = config.grid_at(images.shape[2:])
     return y.reshape(B, gh, gw, D).transpose(0, 2, 1, 3).reshape(B, gh * gw, D)
-
-
-def _tokens_in_merge_order(name, t, images, s, config):
-    """The patch tokens in 2 x 2 merge groups (Qwen2-VL's order) where the grid's row-major is read."""
-    gh, gw = config.grid_at(images.shape[2:])
-    if name != "patch_embed" or gh % 2 or gw % 2:
-        return None
-    return evaluate(name, t, images, s, config, QUIET)[0][:, merge_order((gh, gw), 2)]
 
 
 def _pooled(select: Callable, tokens: Callable | None = None):
@@ -387,15 +345,6 @@ def _bias_dropped(suffix: str):
     return state
 
 
-def _gammas_swapped(s, config):
-    """Each block's ls1 gamma where its ls2 is, and back."""
-    return {
-        f"blocks.{i}.ls{a}.gamma": s[f"blocks.{i}.ls{b}.gamma"]
-        for i in range(config.depth)
-        for a, b in ((1, 2), (2, 1))
-    }
-
-
 def _several_heads(config: ViTConfig) -> bool:
     return config.num_heads > 1
 
@@ -430,12 +379,6 @@ CLASSES: tuple[BugClass, ...] = (
              stage=_norm_variant(stats_dtype=np.float16), overflow=True),
     BugClass("layernorm_without_affine", NORM_KINDS, "LayerNorm without its weight and bias",
              "load the norm's weight and bias (a non-strict load dropped them?)", stage=_no_affine),
-    BugClass("layernorm_where_rmsnorm", _MODEL_NORMS, "a LayerNorm (the mean subtracted) where the model's is RMSNorm",
-             "AIMv2's norms are RMSNorm, x / sqrt(mean(x^2) + eps) * weight: timm's RmsNorm, torch.nn.RMSNorm, "
-             "mlx.nn.RMSNorm, flax.nnx.RMSNorm", stage=_norm_of_kind(rms=False), when=lambda c: c.norm_layer == "rmsnorm"),
-    BugClass("rmsnorm_where_layernorm", _MODEL_NORMS, "an RMSNorm (no mean, no bias) where the model's is LayerNorm",
-             "a ViT's norms are LayerNorm, (x - mean) / sqrt(var + eps) * weight + bias",
-             stage=_norm_of_kind(rms=True), when=lambda c: c.norm_layer == "layernorm"),
     BugClass("norm2_with_norm1_weights", ("norm2",), "norm2 with norm1's weights (one LayerNorm reused)",
              "each block has two LayerNorms: norm1 before attention, norm2 before the MLP",
              state=_norm2_with_norm1),
@@ -505,9 +448,6 @@ CLASSES: tuple[BugClass, ...] = (
     BugClass("heads_merged_head_dim_first", ("attn", "attn_pool.proj"), "heads merged as (head_dim, heads)",
              "merge heads head-major: (B, H, N, hd) -> transpose(1, 2) -> (B, N, H * hd)",
              stage=_merged_head_dim_first, when=_several_heads),
-    BugClass("attention_across_images", ("attn",), "every image's queries attending over every image's keys",
-             "keep a packed batch's images apart: a block-diagonal mask over the sequence (cu_seqlens), "
-             "or attend within each batch row", stage=_across_images, when=lambda c: not c.rel_pos_bias),
     BugClass("attention_projects_input", ("attn",), "proj of the block's input: the attention result dropped",
              "proj takes softmax(q kᵀ) v merged over heads", stage=_projects_input),
     BugClass("proj_bias_dropped", ("attn",), "the attention's proj without its bias", "load attn.proj.bias",
@@ -523,12 +463,10 @@ CLASSES: tuple[BugClass, ...] = (
     BugClass("tokens_column_major", ("patch_embed",), "the patch tokens flattened column-major (w, h)",
              "flatten the grid row-major: x.flatten(2).transpose(1, 2) from (B, D, h, w)",
              stage=_tokens_column_major),
-    BugClass("tokens_in_merge_order", ("patch_embed",), "the patch tokens in 2 x 2 merge groups, not row-major",
-             "a tower that orders its tokens for a 2 x 2 merger (Qwen2-VL) says so: ModelPort(sequence='merge2x2')",
-             stage=_tokens_in_merge_order),
     BugClass("patch_bias_dropped", ("patch_embed",), "the patch embedding without its bias",
              "load patch_embed.proj.bias", state=_bias_dropped("patch_embed.proj.bias")),
     *TABLE_CLASSES,
+    *TOWER_CLASSES,
     # pooling
     BugClass("mean_pool_over_every_token", ("pooled",), "the mean over every token, the class token included",
              "global_pool='token' takes x[:, 0]; 'avg' the mean over the patch tokens x[:, num_prefix_tokens:] "
@@ -560,9 +498,6 @@ CLASSES: tuple[BugClass, ...] = (
     BugClass("layerscale_missing", ("ls1", "ls2", "block"), "the residual branches without LayerScale (gamma at 1)",
              "load ls1.gamma and ls2.gamma (DINOv2: init_values; a non-strict load drops them)",
              state=_layerscale(0.0), when=lambda c: c.init_values is not None),
-    BugClass("layerscale_gammas_swapped", ("ls1", "norm2", "ls2", "block"), "ls1's gamma and ls2's swapped",
-             "ls1 scales the attention's branch, ls2 the MLP's (transformers' lambda_1, lambda_2; timm's gamma_1, gamma_2)",
-             state=_gammas_swapped, when=lambda c: c.init_values is not None),
     BugClass("layerscale_applied_twice", ("ls1", "ls2"), "LayerScale applied twice (gamma squared)",
              "multiply by gamma once", state=_layerscale(2.0), when=lambda c: c.init_values is not None),
     BugClass("residual_dropped", ("block",), "a block without its residual (x not added back)",
