@@ -203,6 +203,10 @@ def test_transformers_qwen2_5_vl_tower_is_conformant_in_its_merge_order(dtype):
     report = verify(port, QWEN2_5_VL, cases=quick_cases(QWEN2_5_VL), dtype=dtype)
     assert report.conformant, format_report(report)
     assert {"patch_embed", "blocks.0.attn.v", "blocks.1.attn.q_rope", "blocks.1"} <= {r.name for r in report.stages}
+    # q before its rotation: timm reads it at a weightless q_norm, which this model has not
+    assert report.unseen["blocks.0.attn.q"].startswith(
+        "timm shows it at blocks.0.attn.q_norm, a module without weights"
+    )
 
 
 def test_transformers_qwen2_5_vl_tower_read_in_row_major_order_is_located_and_named():
