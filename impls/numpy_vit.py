@@ -809,14 +809,7 @@ def _traced(name: str = "impls._numpy_vit_traced"):
     positions = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(positions)
     positions.np = anp
-    for scheme in (
-        "pos_table",
-        "rope_tables",
-        "rotate_tokens",
-        "resample_pos_embed",
-        "sinusoid_1d_pos_embed",
-        "sincos_2d_pos_embed",
-    ):
+    for scheme in ("pos_table", "rope_tables", "rotate_tokens"):  # what the model calls
         setattr(module, scheme, getattr(positions, scheme))
     return module
 
