@@ -91,7 +91,7 @@ def test_transformers_internvit_tower_is_conformant_up_to_its_last_block(dtype):
 
 
 def test_transformers_internvit_tower_with_its_layerscales_swapped_is_located_and_named():
-    """The companion: a convert sending ls1's gamma to lambda_2 and back, located where the first
+    """The companion: a rename sending ls1's gamma to lambda_2 and back, located where the first
     branch joins the stream (ls1 itself is unseen) and named."""
     from tests.data.hf_internvl_port import lambdas_swapped
 

@@ -27,32 +27,23 @@ def build(config):
     return Aimv2VisionModel(Aimv2VisionConfig(**_settings(config))).eval()
 
 
-def convert(state):
-    """The canonical state under transformers' names (AIMv2's checkpoint layout)."""
-    out = {
-        "embeddings.patch_embed.weight": state["patch_embed.proj.weight"],
-        "embeddings.patch_embed.bias": state["patch_embed.proj.bias"],
-        "embeddings.rms_norm.weight": state["patch_embed.norm.weight"],
-        "embeddings.position_embedding.weight": state["pos_embed"][0],
-        "rms_norm.weight": state["norm.weight"],
-    }
-    names = {
-        "attn.q_proj": "attention.q_proj",
-        "attn.k_proj": "attention.k_proj",
-        "attn.v_proj": "attention.v_proj",
-        "attn.proj": "attention.out_proj",
-        "mlp.fc1_g": "ffn.gate_proj",
-        "mlp.fc1_x": "ffn.up_proj",
-        "mlp.fc2": "ffn.down_proj",
-        "norm1": "rms_norm1",
-        "norm2": "rms_norm2",
-    }
-    i = 0
-    while f"blocks.{i}.norm1.weight" in state:
-        for ours, theirs in names.items():
-            out[f"encoder.layers.{i}.{theirs}.weight"] = state[f"blocks.{i}.{ours}.weight"]
-        i += 1
-    return out
+# timm's names -> transformers' AIMv2's (segments, in order: the patch norm before the final one)
+RENAME = {
+    "patch_embed.proj": "embeddings.patch_embed",
+    "patch_embed.norm": "embeddings.rms_norm",
+    "pos_embed": "embeddings.position_embedding.weight",
+    "blocks": "encoder.layers",
+    "attn.q_proj": "attention.q_proj",
+    "attn.k_proj": "attention.k_proj",
+    "attn.v_proj": "attention.v_proj",
+    "attn.proj": "attention.out_proj",
+    "mlp.fc1_g": "ffn.gate_proj",
+    "mlp.fc1_x": "ffn.up_proj",
+    "mlp.fc2": "ffn.down_proj",
+    "norm1": "rms_norm1",
+    "norm2": "rms_norm2",
+    "norm": "rms_norm",
+}
 
 
 # AIMv2 as its tower: the config's head and pooling are after the tower, out of scope
@@ -70,10 +61,8 @@ SUPPORTS = {
     "square_images": True,
     "square_patches": True,
 }
-port = ModelPort(build, convert=convert, tower="norm", supports=SUPPORTS)
+port = ModelPort(build, rename=RENAME, tower="norm", supports=SUPPORTS)
 # the bug mlx-vlm shipped in a tower's norm: eps 1e-6 where the checkpoint's config says 1e-5
-eps_1e6 = ModelPort(
-    lambda config: build(config.replace(norm_eps=1e-6)), convert=convert, tower="norm", supports=SUPPORTS
-)
+eps_1e6 = ModelPort(lambda config: build(config.replace(norm_eps=1e-6)), rename=RENAME, tower="norm", supports=SUPPORTS)
 # a tower ending at a stage the config has not: the port's own word, exit 2
-merger = ModelPort(build, convert=convert, tower="merger", supports=SUPPORTS)
+merger = ModelPort(build, rename=RENAME, tower="merger", supports=SUPPORTS)

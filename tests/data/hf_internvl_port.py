@@ -28,36 +28,21 @@ def build(config):
     return InternVLVisionModel(InternVLVisionConfig(**_settings(config))).eval()
 
 
-BLOCK = {
+# timm's names -> transformers' InternVL's (segments, in order); LayerScale as each layer's bare lambdas
+RENAME = {
+    "cls_token": "embeddings.cls_token",
+    "pos_embed": "embeddings.position_embeddings",
+    "patch_embed.proj": "embeddings.patch_embeddings.projection",
+    "blocks": "encoder.layer",
     "norm1": "layernorm_before",
     "attn.q_proj": "attention.q_proj",
     "attn.k_proj": "attention.k_proj",
     "attn.v_proj": "attention.v_proj",
     "attn.proj": "attention.projection_layer",
     "norm2": "layernorm_after",
-    "mlp.fc1": "mlp.fc1",
-    "mlp.fc2": "mlp.fc2",
+    "ls1.gamma": "lambda_1",
+    "ls2.gamma": "lambda_2",
 }
-
-
-def convert(state):
-    """The canonical state under transformers' names (InternVL's checkpoint layout)."""
-    out = {
-        "embeddings.cls_token": state["cls_token"],
-        "embeddings.position_embeddings": state["pos_embed"],
-        "embeddings.patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
-        "embeddings.patch_embeddings.projection.bias": state["patch_embed.proj.bias"],
-    }
-    i = 0
-    while f"blocks.{i}.norm1.weight" in state:
-        b, layer = f"blocks.{i}.", f"encoder.layer.{i}."
-        for ours, theirs in BLOCK.items():
-            for leaf in ("weight", "bias"):
-                if b + f"{ours}.{leaf}" in state:
-                    out[layer + f"{theirs}.{leaf}"] = state[b + f"{ours}.{leaf}"]
-        out[layer + "lambda_1"], out[layer + "lambda_2"] = state[b + "ls1.gamma"], state[b + "ls2.gamma"]
-        i += 1
-    return out
 
 
 SUPPORTS = {
@@ -68,16 +53,13 @@ SUPPORTS = {
     "class_token": True,
     "global_pool": "token",
 }
-port = ModelPort(build, convert=convert, tower="blocks.{last}", supports=SUPPORTS)
+port = ModelPort(build, rename=RENAME, tower="blocks.{last}", supports=SUPPORTS)
 
 
-def _lambdas_swapped(state):
-    """A convert that sends ls1's gamma to lambda_2 and ls2's to lambda_1 (a copy-paste slip)."""
-    out = convert(state)
-    for key in [k for k in out if k.endswith("lambda_1")]:
-        other = key[: -len("1")] + "2"
-        out[key], out[other] = out[other], out[key]
-    return out
-
-
-lambdas_swapped = ModelPort(build, convert=_lambdas_swapped, tower="blocks.{last}", supports=SUPPORTS)
+# a rename that sends ls1's gamma to lambda_2 and ls2's to lambda_1 (a copy-paste slip)
+lambdas_swapped = ModelPort(
+    build,
+    rename={**RENAME, "ls1.gamma": "lambda_2", "ls2.gamma": "lambda_1"},
+    tower="blocks.{last}",
+    supports=SUPPORTS,
+)

@@ -27,7 +27,11 @@ def build(config):
     return PixtralVisionModel(PixtralVisionConfig(**_settings(config))).eval()
 
 
-BLOCK = {
+# timm's names -> transformers' Pixtral's (segments, in order)
+RENAME = {
+    "patch_embed.proj": "patch_conv",
+    "norm_pre": "ln_pre",
+    "blocks": "transformer.layers",
     "norm1": "attention_norm",
     "attn.q_proj": "attention.q_proj",
     "attn.k_proj": "attention.k_proj",
@@ -38,17 +42,6 @@ BLOCK = {
     "mlp.fc1_x": "feed_forward.up_proj",
     "mlp.fc2": "feed_forward.down_proj",
 }
-
-
-def convert(state):
-    """The canonical state under transformers' names (Pixtral's checkpoint layout)."""
-    out = {"patch_conv.weight": state["patch_embed.proj.weight"], "ln_pre.weight": state["norm_pre.weight"]}
-    i = 0
-    while f"blocks.{i}.norm1.weight" in state:
-        for ours, theirs in BLOCK.items():
-            out[f"transformer.layers.{i}.{theirs}.weight"] = state[f"blocks.{i}.{ours}.weight"]
-        i += 1
-    return out
 
 
 SUPPORTS = {
@@ -67,7 +60,7 @@ SUPPORTS = {
     "square_images": True,
     "square_patches": True,
 }
-port = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
+port = ModelPort(build, rename=RENAME, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
 
 
 def _leaky_build(config):
@@ -90,6 +83,6 @@ def _leaky_build(config):
     return model
 
 
-leaky_mask = ModelPort(_leaky_build, convert=convert, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
+leaky_mask = ModelPort(_leaky_build, rename=RENAME, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
 # the port without its word for the packing: its taps are (1, B N, ...)
-unsaid_sequence = ModelPort(build, convert=convert, tower="blocks.{last}", supports=SUPPORTS)
+unsaid_sequence = ModelPort(build, rename=RENAME, tower="blocks.{last}", supports=SUPPORTS)

@@ -9,7 +9,7 @@ image (``window_size`` the image's side): window attention is not exercised."""
 
 import numpy as np
 
-from conformance.capture import ModelPort
+from conformance.capture import ModelPort, rename_function
 
 T, MERGE = 2, 2  # Qwen2-VL's temporal patch and spatial merge
 
@@ -55,11 +55,9 @@ def build(config):
     return Processed().eval()
 
 
-BLOCK = {
-    "norm1": "norm1",
-    "attn.qkv": "attn.qkv",
-    "attn.proj": "attn.proj",
-    "norm2": "norm2",
+# timm's names -> Qwen2.5-VL's (segments): its blocks keep timm's names but for the MLP's
+RENAME = {
+    "blocks": "visual.blocks",
     "mlp.fc1_g": "mlp.gate_proj",
     "mlp.fc1_x": "mlp.up_proj",
     "mlp.fc2": "mlp.down_proj",
@@ -69,15 +67,10 @@ BLOCK = {
 def convert(state):
     """The canonical state under Qwen2.5-VL's names; the patch kernel over its two identical frames
     read from the first (the second's zero: the projection is the image's)."""
+    rename = rename_function(RENAME)
+    out = {rename(k): v for k, v in state.items() if k != "patch_embed.proj.weight"}
     w = np.asarray(state["patch_embed.proj.weight"])
-    out = {"visual.patch_embed.proj.weight": np.stack([w, np.zeros_like(w)], axis=2)}
-    i = 0
-    while f"blocks.{i}.norm1.weight" in state:
-        for ours, theirs in BLOCK.items():
-            for leaf in ("weight", "bias"):
-                if f"blocks.{i}.{ours}.{leaf}" in state:
-                    out[f"visual.blocks.{i}.{theirs}.{leaf}"] = state[f"blocks.{i}.{ours}.{leaf}"]
-        i += 1
+    out["visual.patch_embed.proj.weight"] = np.stack([w, np.zeros_like(w)], axis=2)
     return out
 
 

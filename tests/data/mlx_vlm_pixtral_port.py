@@ -29,20 +29,9 @@ def build(config):
     )
 
 
-RENAME = {
-    "patch_embed.proj": "vision_model.patch_conv",
-    "norm_pre": "vision_model.ln_pre",
-    "blocks": "vision_model.transformer.layers",
-    "norm1": "attention_norm",
-    "norm2": "ffn_norm",
-    "attn.q_proj": "attention.q_proj",
-    "attn.k_proj": "attention.k_proj",
-    "attn.v_proj": "attention.v_proj",
-    "attn.proj": "attention.o_proj",
-    "mlp.fc1_g": "feed_forward.gate_proj",
-    "mlp.fc1_x": "feed_forward.up_proj",
-    "mlp.fc2": "feed_forward.down_proj",
-}
+# transformers' Pixtral's names, its outer modules under vision_model
+OUTER = ("patch_embed.proj", "norm_pre", "blocks")
+RENAME = {k: f"vision_model.{v}" if k in OUTER else v for k, v in hf_pixtral_port.RENAME.items()}
 # transformers' Pixtral's, with the SiLU its MLP takes and MLX's default eps, which its ln_pre keeps
 SUPPORTS = {**hf_pixtral_port.SUPPORTS, "act_layer": "silu", "norm_eps": 1e-5}
 port = ModelPort(build, rename=RENAME, images="NHWC", tower="blocks.{last}", sequence="one", supports=SUPPORTS)
