@@ -55,9 +55,8 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
         shapes["norm_pre.weight"] = (D,)
         if config.use_norm_bias:
             shapes["norm_pre.bias"] = (D,)
-    block = block_shapes(config)
     for i in range(config.depth):
-        shapes.update({f"blocks.{i}.{k}": shape for k, shape in block.items()})
+        shapes.update({f"blocks.{i}.{k}": shape for k, shape in block_shapes(config, i).items()})
     if config.use_final_norm:
         shapes["norm.weight"] = (D,)
         if config.use_norm_bias:
@@ -79,8 +78,9 @@ def expected_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def block_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
-    """A block's canonical keys (relative to ``blocks.{i}``) with their shapes, in timm's order."""
+def block_shapes(config: ViTConfig, i: int = 0) -> dict[str, tuple[int, ...]]:
+    """Block ``i``'s canonical keys (relative to ``blocks.{i}``) with their shapes, in timm's order
+    (the blocks differ only in SAM's relative position tables: a window's, or the grid's)."""
     D, hd, hidden = config.embed_dim, config.head_dim, config.mlp_hidden_dim
     shapes: dict[str, tuple[int, ...]] = {}
     if config.rel_pos_bias and config.init_values is not None:  # timm's Beit: its gammas, the block's own, first
@@ -93,6 +93,9 @@ def block_shapes(config: ViTConfig) -> dict[str, tuple[int, ...]]:
     shapes.update(own)
     if config.rel_pos_bias:  # timm's Beit: after the attention's own biases, before its modules
         shapes["attn.relative_position_bias_table"] = (config.num_relative_distance, config.num_heads)
+    if config.use_rel_pos:  # timm's VisionTransformerSAM: the attention's own, before its modules
+        sh, sw = config.rel_pos_grid(i)
+        shapes.update({"attn.rel_pos_h": (2 * sh - 1, hd), "attn.rel_pos_w": (2 * sw - 1, hd)})
     shapes.update({k: v for k, v in qkv.items() if k not in own})
     if config.qk_norm:
         for n in ("q_norm", "k_norm"):

@@ -135,3 +135,16 @@ def grid(none: str = "") -> Check:
         return out
 
     return Check("int | tuple[int, int] | None" if none else "int | tuple[int, int]", run, none)
+
+
+def indexes() -> Check:
+    """Distinct non-negative ints in increasing order (a list or a tuple), held as a tuple."""
+
+    def run(value, name):
+        if not isinstance(value, (list, tuple)) or not all(_is_int(v) and v >= 0 for v in value):
+            raise ConfigError(f"{name} must be a list of non-negative ints (block indices), got {value!r}")
+        if list(value) != sorted(set(value)):
+            raise ConfigError(f"{name} must be distinct and increasing, got {value!r}")
+        return tuple(value)
+
+    return Check("tuple[int, ...]", run)

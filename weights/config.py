@@ -66,6 +66,12 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   ``attn.relative_position_bias_table`` ((2 gh - 1)(2 gw - 1) + 3, heads), gathered by the
   relative position of each query and key patch (three entries for the class token's rows),
   added to the scaled logits; one class token, no registers, the config's own grid.
+* timm's VisionTransformerSAM (SAM's image encoder): ``window_size`` windows every block not in
+  ``global_attn_indexes`` (the normed tokens as a (gh, gw) grid zero-padded to whole windows,
+  attended window by window, the attention's output windowed until the residual);
+  ``use_rel_pos`` adds to each block's logits q's products with ``attn.rel_pos_h`` and
+  ``attn.rel_pos_w`` ((2 S - 1, head_dim) for S the window's side, or the grid's in a global
+  block). No prefix token, no rotary embedding, the config's own grid with ``use_rel_pos``.
 """
 
 from __future__ import annotations
@@ -176,6 +182,7 @@ class ViTConfig:
         if not self.mlp_ratio > 0 or int(self.embed_dim * self.mlp_ratio) < 1:
             raise ConfigError(f"mlp_ratio must give a hidden width >= 1, got {self.mlp_ratio!r}")
         self._check_ports_options()
+        self._check_windows()
         self._check_rope()
 
     def _check_rope(self) -> None:
@@ -241,6 +248,35 @@ class ViTConfig:
                 "k_bias=False drops the key's bias beside q's and v's: it needs qkv_bias=True (with "
                 "qkv_bias=False there is no bias to drop)"
             )
+
+    def _check_windows(self) -> None:
+        """SAM's windows and decomposed relative positions (impls/windows.py): over the patch grid alone."""
+        sam = {k: v for k, v in (("window_size", self.window_size), ("use_rel_pos", self.use_rel_pos)) if v}
+        if sam and (self.num_prefix_tokens or self.rope_type is not None or self.rel_pos_bias):
+            raise ConfigError(
+                f"{', '.join(f'{k}={v!r}' for k, v in sam.items())} (SAM's windows and relative positions) act on the "
+                f"patch grid alone: no prefix token, rope_type or rel_pos_bias, got {self.num_prefix_tokens} prefix "
+                f"tokens, rope_type={self.rope_type!r}, rel_pos_bias={self.rel_pos_bias!r}"
+            )
+        if self.use_rel_pos and self.dynamic_img_size:
+            raise ConfigError(
+                "use_rel_pos=True sizes a global block's attn.rel_pos_h and rel_pos_w to the config's grid: no "
+                "dynamic_img_size (resampling them at another grid: no option yet)"
+            )
+        if self.global_attn_indexes and (not self.window_size or self.global_attn_indexes[-1] >= self.depth):
+            raise ConfigError(
+                f"global_attn_indexes {list(self.global_attn_indexes)} names blocks that attend globally among "
+                f"windowed ones: it needs window_size > 0 (got {self.window_size}) and indices below depth {self.depth}"
+            )
+
+    def block_window(self, i: int) -> int:
+        """The side of block ``i``'s attention windows; 0: it attends globally."""
+        return 0 if i in self.global_attn_indexes else self.window_size
+
+    def rel_pos_grid(self, i: int) -> tuple[int, int]:
+        """The grid block ``i``'s decomposed relative positions span: its window's, or the patch grid's."""
+        w = self.block_window(i)
+        return (w, w) if w else self.grid_size
 
     # Derived sizes, named as in timm.
     @property

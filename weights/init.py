@@ -53,6 +53,8 @@ def init_params(shapes: dict[str, tuple[int, ...]], seed: int = 0, scale: float 
             value = _trunc_normal(rng, shape, 0.02 * scale)
         elif key.endswith("relative_position_bias_table"):  # logits' offsets, of a trained BEiT's order
             value = rng.normal(0.0, 0.5, size=shape)
+        elif key.endswith(("rel_pos_h", "rel_pos_w")):  # per offset, q's products with them logits' offsets
+            value = rng.normal(0.0, 0.5, size=shape)
         elif key.endswith(".gamma"):  # LayerScale: per channel, away from its init value
             value = rng.uniform(0.2, 1.2, size=shape)
         else:  # biases

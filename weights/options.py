@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from weights.checks import Check, count, flag, grid, number, one_of
+from weights.checks import Check, count, flag, grid, indexes, number, one_of
 
 # the values an option's field takes, where they are a few names
 GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map")
@@ -567,6 +567,45 @@ OPTIONS: tuple[Option, ...] = (
         timm_name="use_rel_pos_bias (Beit)",
         draws=(False, False, False, True),
         check=flag(),
+    ),
+    # timm's VisionTransformerSAM (SAM's image encoder, ViTDet): windows and decomposed relative positions
+    Option(
+        "window_size",
+        0,
+        0,
+        "window attention: each block not in global_attn_indexes attends within non-overlapping window_size x "
+        "window_size windows of the patch grid, zero-padded to a whole number of them (SAM's image encoder); "
+        "0: every block attends globally",
+        holds=_only(0),
+        hf="window_size",
+        timm_name="window_size (VisionTransformerSAM)",
+        draws=(0, 0, 0, 2),
+        check=count(0),
+    ),
+    Option(
+        "global_attn_indexes",
+        (),
+        ((),),
+        "the blocks that attend globally where window_size windows the others (SAM ViT-B: 2, 5, 8, 11)",
+        holds=_only(()),
+        hf="global_attn_indexes",
+        timm_name="global_attn_indexes (VisionTransformerSAM)",
+        draws=((), (0,)),
+        check=indexes(),
+    ),
+    Option(
+        "use_rel_pos",
+        False,
+        False,
+        "decomposed relative positions (MViTv2, SAM): each block's attention logits add q's products with "
+        "attn.rel_pos_h and attn.rel_pos_w, learned per row and column offset within its window (or the grid)",
+        holds=_only(False),
+        hf="use_rel_pos",
+        timm_name="use_rel_pos (VisionTransformerSAM)",
+        draws=(False, False, True),
+        check=flag(),
+        lacks=((r"blocks\.\d+\.attn\.rel_pos_[hw]", "its attention adds no decomposed relative position", "use_rel_pos=false"),),
+        adds=("use_rel_pos=true", dict(use_rel_pos=True)),
     ),
 )
 
