@@ -40,6 +40,7 @@ from impls.mlx_pos_embed import (  # noqa: F401 - the position schemes, re-expor
 )  # noqa: E402
 from impls.rope_settings import block_rope  # noqa: E402
 from impls.relative_position import relative_position_index  # noqa: E402
+from impls.windows import num_windows, rel_pos_index, token_index, window_index  # noqa: E402
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
 
 FRAMEWORK = "mlx"
@@ -99,6 +100,31 @@ def scaled_dot_product_attention(q, k, v, mask=None, scale=None, fused=False, ta
     return attn @ v, attn
 
 
+def window_partition(x, grid, window_size: int):
+    """(B, gh gw, D) -> (B nW, w w, D): the grid zero-padded to whole windows, in impls/windows.py's order."""
+    B, _, D = x.shape
+    x = mx.concatenate([x, mx.zeros((B, 1, D), dtype=x.dtype)], axis=1)  # the padding's token
+    return x[:, mx.array(window_index(grid, window_size))].reshape(-1, window_size**2, D)
+
+
+def window_unpartition(x, grid, window_size: int):
+    """(B nW, w w, D) -> (B, gh gw, D): the windows back on the grid, the padding dropped."""
+    x = x.reshape(-1, num_windows(grid, window_size) * window_size**2, x.shape[-1])
+    return x[:, mx.array(token_index(grid, window_size))]
+
+
+def decomposed_rel_pos(q, rel_pos_h, rel_pos_w, size):
+    """(B, H, N, N) for q (B, H, N, hd) on an (S_h, S_w) grid: q's products with the tables' rows at
+    each key's row offset plus those at its column offset (timm's get_decomposed_rel_pos_bias)."""
+    B, H, N, hd = q.shape
+    r_q = q.reshape(B, H, *size, hd)
+    Rh = rel_pos_h[mx.array(rel_pos_index(size[0]))]  # (S_h, S_h, hd)
+    Rw = rel_pos_w[mx.array(rel_pos_index(size[1]))]
+    rel_h = mx.einsum("bnhwc,hkc->bnhwk", r_q, Rh)
+    rel_w = mx.einsum("bnhwc,wkc->bnhwk", r_q, Rw)
+    return (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, H, N, N)
+
+
 # ----------------------------------------------------------------------------- layers
 
 Linear = nn.Linear
@@ -129,6 +155,15 @@ ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approx="precise"), "quick
 def _kept(keep) -> dict:
     """A packed batch's ``keep`` as a keyword (none for images: a layer swapped in need not take it)."""
     return {} if keep is None else {"keep": keep}
+
+
+def _windowed(grid, i: int, config: ViTConfig) -> dict:
+    return {"grid": grid} if config.block_window(i) else {}
+
+
+def rel_pos(config: ViTConfig, i: int) -> dict:
+    """Block ``i``'s attention's decomposed relative positions (SAM): on and the grid they span."""
+    return {"use_rel_pos": True, "input_size": config.rel_pos_grid(i)} if config.use_rel_pos else {}
 
 
 def record_tap(taps, name, value):
@@ -216,6 +251,8 @@ class Attention(nn.Module):
         k_bias: bool = True,
         qkv_fused: bool = True,
         window_size: tuple[int, int] | None = None,
+        use_rel_pos: bool = False,
+        input_size: tuple[int, int] | None = None,
     ):
         super().__init__()
         self.num_heads = num_heads
@@ -238,6 +275,10 @@ class Attention(nn.Module):
         if window_size is not None:  # every (dy, dx) of the grid, then the class token's three
             rows = (2 * window_size[0] - 1) * (2 * window_size[1] - 1) + 3
             self.relative_position_bias_table = mx.zeros((rows, num_heads))
+        self.use_rel_pos, self.input_size = use_rel_pos, input_size  # SAM: per row and column offset
+        if use_rel_pos:
+            self.rel_pos_h = mx.zeros((2 * input_size[0] - 1, self.head_dim))
+            self.rel_pos_w = mx.zeros((2 * input_size[1] - 1, self.head_dim))
 
     def _get_rel_pos_bias(self):
         """(1, H, N, N): the table's row for each (query, key) pair's relative position, per head."""
@@ -274,6 +315,9 @@ class Attention(nn.Module):
             bias = record_tap(
                 taps, f"{name}.rel_pos_bias", mx.broadcast_to(self._get_rel_pos_bias(), (*q.shape[:3], q.shape[2]))
             )
+        if self.use_rel_pos:  # q's products with the offsets' rows, added to the scaled logits
+            bias = decomposed_rel_pos(q, self.rel_pos_h, self.rel_pos_w, self.input_size)
+            bias = record_tap(taps, f"{name}.rel_pos", bias)
         if keep is not None:  # the padding's keys out: a boolean mask, or -inf added to the bias
             keys = keep[:, None, None, :]
             bias = keys if bias is None else mx.where(keys, bias, -mx.inf)
@@ -446,9 +490,10 @@ class Block(nn.Module):
     """Pre-norm block: x + ls1(attn(norm1(x))), then x + ls2(mlp(norm2(x))); two distinct norms
     (ls1, ls2: LayerScale with init_values, else identities)."""
 
-    def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None):
+    def __init__(self, config: ViTConfig, fused_attn: bool = False, attn_layer=None, mlp_layer=None, index: int = 0):
         super().__init__()
         dim = config.embed_dim
+        self.window_size = config.block_window(index)  # SAM: 0, the block attends globally
         self.norm1 = norm_layer(config, dim)
         self.attn = (attn_layer or Attention)(
             dim,
@@ -463,6 +508,7 @@ class Block(nn.Module):
             k_bias=config.k_bias,
             qkv_fused=config.qkv_fused,
             window_size=config.grid_size if config.rel_pos_bias else None,
+            **rel_pos(config, index),
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
         self.norm2 = norm_layer(config, dim)
@@ -471,13 +517,18 @@ class Block(nn.Module):
         )
         self.ls2 = LayerScale(dim) if config.init_values is not None else Identity()
 
-    def __call__(self, x, taps=None, name="blocks.0", rope=None, keep=None):
+    def __call__(self, x, taps=None, name="blocks.0", rope=None, keep=None, grid=None):
+        """``grid``: the tokens' patch grid, where the block attends in windows."""
         h = self.norm1(x)
         h = record_tap(taps, f"{name}.norm1", h)
+        if self.window_size:
+            h = window_partition(h, grid, self.window_size)
         h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep))
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
+        if self.window_size:
+            h = window_unpartition(h, grid, self.window_size)
         x = x + h
         h = self.norm2(x)
         h = record_tap(taps, f"{name}.norm2", h)
@@ -522,7 +573,7 @@ class VisionTransformer(nn.Module):
             self.pos_embed = mx.zeros((1, config.embed_len, D))
         if config.pre_norm:
             self.norm_pre = norm_layer(config, D)
-        self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer) for _ in range(config.depth)]
+        self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, index=i) for i in range(config.depth)]
         if config.use_final_norm:
             self.norm = norm_layer(config, D)
         if config.global_pool == "map":
@@ -589,7 +640,7 @@ class VisionTransformer(nn.Module):
         )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
-            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep))
+            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep), **_windowed(grid, i, self.config))
         if self.config.use_final_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)

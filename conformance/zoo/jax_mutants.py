@@ -47,8 +47,8 @@ class BlockFastVariance(J.Block):
     """Flax's LayerNorm default use_fast_variance=True: var = E[x^2] - E[x]^2, which cancels
     catastrophically in float32 when the mean is large against the spread."""
 
-    def __init__(self, config, fused_attn=False, attn_layer=None, mlp_layer=None, *, rngs):
-        super().__init__(config, fused_attn, attn_layer, mlp_layer, rngs=rngs)
+    def __init__(self, config, fused_attn=False, attn_layer=None, mlp_layer=None, index=0, *, rngs):
+        super().__init__(config, fused_attn, attn_layer, mlp_layer, index, rngs=rngs)
         self.norm1 = nnx.LayerNorm(config.embed_dim, epsilon=config.norm_eps, rngs=rngs)
         self.norm2 = nnx.LayerNorm(config.embed_dim, epsilon=config.norm_eps, rngs=rngs)
 
