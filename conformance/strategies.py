@@ -74,6 +74,13 @@ def _consistent(values: dict) -> dict:
         values.update(class_token=True, reg_tokens=0, distilled=False, dynamic_img_size=False)
     if values.get("attn_pool_num_heads") and values["embed_dim"] % values["attn_pool_num_heads"]:
         values["attn_pool_num_heads"] = None
+    if values.get("window_size") or values.get("use_rel_pos"):  # SAM's: the patch grid alone, no prefix
+        values.update(class_token=False, reg_tokens=0, distilled=False, rope_type=None, rel_pos_bias=False)
+        values["global_pool"] = "avg" if values.get("global_pool") == "token" else values.get("global_pool", "avg")
+    if values.get("use_rel_pos"):  # a global block's tables span the config's grid
+        values["dynamic_img_size"] = False
+    if not values.get("window_size") or any(i >= values["depth"] for i in values.get("global_attn_indexes", ())):
+        values["global_attn_indexes"] = ()
     return values
 
 

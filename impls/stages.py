@@ -59,6 +59,7 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import Callable
 
+from impls.windows import num_windows
 from weights.config import ViTConfig
 
 
@@ -101,6 +102,7 @@ class Stage:
 _pre_norm = attrgetter("pre_norm")
 _qk_norm = attrgetter("qk_norm")
 _rel_pos_bias = attrgetter("rel_pos_bias")
+_use_rel_pos = attrgetter("use_rel_pos")
 _scale_mlp = attrgetter("scale_mlp")
 _final_norm = attrgetter("use_final_norm")
 _distilled = attrgetter("distilled")
@@ -152,20 +154,20 @@ MODEL_IN = (
 BLOCK = (
     Stage("norm1", "norm1", ("{prev}",), "B N D", "block", params=("norm1",), residual=True, cotangent="3D",
           capture="out:norm1", op="norm"),
-    Stage("attn.q", "attn.q", ("{b}.norm1",), "B H N hd", "block", params=("attn.qkv", "attn.q_bias", "attn.q_proj"),
+    Stage("attn.q", "attn.q", ("{b}.norm1",), "Bw H Nw hd", "block", params=("attn.qkv", "attn.q_bias", "attn.q_proj"),
           contraction=True,
           cotangent="qk", capture=lambda c: _before_rotation(c, "q"),
           timm="in:attn.q_norm",
           note='split from `qkv`, q before scaling'),
-    Stage("attn.k", "attn.k", ("{b}.norm1",), "B H N hd", "block", params=("attn.k_proj",), contraction=True,
+    Stage("attn.k", "attn.k", ("{b}.norm1",), "Bw H Nw hd", "block", params=("attn.k_proj",), contraction=True,
           cotangent="qk",
           capture=lambda c: _before_rotation(c, "k"), timm="in:attn.k_norm"),
-    Stage("attn.v", "attn.v", ("{b}.norm1",), "B H N hd", "block", params=("attn.v_bias", "attn.v_proj"),
+    Stage("attn.v", "attn.v", ("{b}.norm1",), "Bw H Nw hd", "block", params=("attn.v_bias", "attn.v_proj"),
           contraction=True, cotangent="N", capture="attn:v",
           timm="values"),
-    Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "B H N hd", "block", _qk_norm, ("attn.q_norm",),
+    Stage("attn.q_norm", "attn.q_norm", ("{b}.attn.q",), "Bw H Nw hd", "block", _qk_norm, ("attn.q_norm",),
           cotangent="qk_out", capture="out:attn.q_norm@heads", op="layer_norm"),
-    Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "B H N hd", "block", _qk_norm, ("attn.k_norm",),
+    Stage("attn.k_norm", "attn.k_norm", ("{b}.attn.k",), "Bw H Nw hd", "block", _qk_norm, ("attn.k_norm",),
           cotangent="qk_out", capture="out:attn.k_norm@heads", op="layer_norm"),
     Stage("attn.q_rope", "attn.q_rope", ("{q_in}",), "B H N hd", "block", _rope, cotangent="N", capture="attn:q",
           timm="typed:0", note="q turned by its position (the prefix tokens as they are; timm's Eva)"),
@@ -174,13 +176,17 @@ BLOCK = (
     Stage("attn.rel_pos_bias", "attn.rel_pos_bias", (), "B H N N", "block", _rel_pos_bias,
           ("attn.relative_position_bias_table",), capture="attn:bias", timm="added",
           note="BEiT's bias, the table's row at each (query, key) pair's relative position (timm's Beit)"),
-    Stage("attn.weights", "attn.weights", ("{q}", "{k}", "{bias}"), "B H N N", "block", contraction=True, cotangent="hd",
+    Stage("attn.rel_pos", "attn.rel_pos", ("{q_in}",), "Bw H Nw Nw", "block", _use_rel_pos,
+          ("attn.rel_pos_h", "attn.rel_pos_w"), contraction=True, capture="attn:bias", timm="added",
+          note="SAM's decomposed relative positions: q's products with rel_pos_h's and rel_pos_w's rows at each "
+          "key's row and column offsets, summed (timm's VisionTransformerSAM)"),
+    Stage("attn.weights", "attn.weights", ("{q}", "{k}", "{bias}"), "Bw H Nw Nw", "block", contraction=True, cotangent="hd",
           capture="attn:weights", timm="out:attn.attn_drop",
           note='softmax over the last axis'),
-    Stage("attn", "attn", ("{b}.attn.weights", "{b}.attn.v"), "B N D", "block", params=("attn.proj",),
+    Stage("attn", "attn", ("{b}.attn.weights", "{b}.attn.v"), "Bw Nw D", "block", params=("attn.proj",),
           contraction=True, capture="out:attn.proj",
           note='after `proj`'),
-    Stage("ls1", "ls1", ("{b}.attn",), "B N D", "block", _layer_scale, ("ls1",), capture="out:ls1",
+    Stage("ls1", "ls1", ("{b}.attn",), "Bw Nw D", "block", _layer_scale, ("ls1",), capture="out:ls1",
           note='`attn * gamma`'),
     Stage("norm2", "norm2", ("{prev}", "{attn_out}"), "B N D", "block", params=("norm2",), residual=True,
           cotangent="hidden", capture="out:norm2"),
@@ -257,14 +263,18 @@ def stage_kind(name: str) -> str:
     return stage_of(name)[0].kind
 
 
-def tap_symbols(config: ViTConfig, batch: int, patches: int | None = None) -> dict[str, int]:
+def tap_symbols(config: ViTConfig, batch: int, patches: int | None = None, block: int | None = None) -> dict[str, int]:
     """Each shape symbol's size for a batch of ``batch`` (``patches`` a row's patches where they are
-    not the config's grid's: a packed batch's padded rows)."""
+    not the config's grid's: a packed batch's padded rows); in ``block``, if it attends in windows,
+    ``Bw`` and ``Nw`` (otherwise ``B`` and ``N``) are its windows' count and tokens."""
     patches = config.num_patches if patches is None else patches
     tokens = patches + config.num_prefix_tokens
+    w = 0 if block is None else config.block_window(block)
     return {
         "B": batch,
         "N": tokens,
+        "Bw": batch * num_windows(config.grid_size, w) if w else batch,
+        "Nw": w * w if w else tokens,
         "D": config.embed_dim,
         "H": config.num_heads,
         "hd": config.head_dim,
@@ -284,8 +294,12 @@ def tap_shapes(config: ViTConfig, batch: int, img_size=None) -> dict[str, tuple[
     """The shape each tap must have for a batch of ``batch`` images (of ``img_size``, which
     only a dynamic_img_size config takes other than its own)."""
     config = config if img_size is None else config.at_img_size(img_size)
-    symbols = tap_symbols(config, batch)
-    return {name: tuple(symbols[s] for s in stage_of(name)[0].shape.split()) for name in tap_names(config)}
+    shapes = {}
+    for name in tap_names(config):
+        stage, i = stage_of(name)
+        symbols = tap_symbols(config, batch, block=i)
+        shapes[name] = tuple(symbols[s] for s in stage.shape.split())
+    return shapes
 
 
 @lru_cache(maxsize=4096)  # read for every stage of every noisy run
@@ -318,7 +332,7 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
         "{patch_in}": "patch_embed.patch_norm" if config.patch_norm else "",
         "{patches}": "patch_embed.norm" if config.embed_norm else "patch_embed",
         "{dist}": "pooled_dist" if config.distilled else "",
-        "{bias}": f"{b}.attn.rel_pos_bias" if config.rel_pos_bias else "",
+        "{bias}": f"{b}.attn.rel_pos_bias" if config.rel_pos_bias else f"{b}.attn.rel_pos" if config.use_rel_pos else "",
     }
 
     def resolve(pattern: str) -> str:
@@ -333,8 +347,10 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
 def cotangent_length(name: str, config: ViTConfig, tokens: int | None = None) -> int:
     """K of the backward contraction that produces the cotangent at ``name``: its consumer's
     (gradients' rounding model); 1 for a sum or a selection. ``tokens``: at the images' grid."""
-    stage, _ = stage_of(name)
+    stage, i = stage_of(name)
     tokens = config.num_tokens if tokens is None else tokens
+    w = 0 if i is None else config.block_window(i)
+    tokens = w * w if w else tokens  # the keys a query meets: its window's
     hidden = config.mlp_act_dim if config.mlp_layer == "mlp" else 2 * config.mlp_act_dim
     lengths = {
         "1": 1,
@@ -387,6 +403,7 @@ OPTIONS = {
     _layer_scale: "`init_values`",
     _rope: "`rope_type`",
     _rel_pos_bias: "`rel_pos_bias`",
+    _use_rel_pos: "`use_rel_pos`",
     _scale_mlp: "`scale_mlp`",
     _final_norm: "`final_norm`, no `fc_norm`",
     _map: '`global_pool="map"`',

@@ -579,7 +579,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(0),
         hf="window_size",
         timm_name="window_size (VisionTransformerSAM)",
-        draws=(0, 0, 0, 2),
+        draws=(0, 0, 0, 0, 0, 0, 2, 3),
         check=count(0),
     ),
     Option(
@@ -602,7 +602,7 @@ OPTIONS: tuple[Option, ...] = (
         holds=_only(False),
         hf="use_rel_pos",
         timm_name="use_rel_pos (VisionTransformerSAM)",
-        draws=(False, False, True),
+        draws=(False, False, False, False, False, False, False, True),
         check=flag(),
         lacks=((r"blocks\.\d+\.attn\.rel_pos_[hw]", "its attention adds no decomposed relative position", "use_rel_pos=false"),),
         adds=("use_rel_pos=true", dict(use_rel_pos=True)),

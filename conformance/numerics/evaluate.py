@@ -13,7 +13,7 @@ from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
 from weights.resample import aa_matrix
 from conformance.numerics.kinds.activation import gated, gelu
-from conformance.numerics.kinds.attention import attend, softmax_weights
+from conformance.numerics.kinds.attention import attend, decomposed_rel_pos, softmax_weights
 from conformance.numerics.kinds.layer_norm import layer_norm, model_norm
 from conformance.numerics.kinds.linear import linear, propagate_linear
 from conformance.numerics.kinds.rotary import rotary
@@ -252,9 +252,16 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
     _, i, *rest = name.split(".", 2)
     b, rest = f"blocks.{i}", (rest[0] if rest else "")
     inputs = [t.get(k) for k in stage_inputs(name, config)]
+    w = config.block_window(int(i))  # SAM: the attention's stages in windows, the rest on the grid
     if rest in ("attn.q", "attn.k", "attn.v"):
-        y, bound = linear(inputs[0], *qkv_parts(s, f"{b}.attn", config.embed_dim)["qkv".index(rest[-1])], p)
+        x = O.window_partition(inputs[0], grid, w) if w else inputs[0]
+        y, bound = linear(x, *qkv_parts(s, f"{b}.attn", config.embed_dim)["qkv".index(rest[-1])], p)
         return _heads(y, H), _heads(bound, H)
+    if rest == "attn.rel_pos":
+        rows, cols = s[f"{b}.attn.rel_pos_h"], s[f"{b}.attn.rel_pos_w"]
+        return decomposed_rel_pos(inputs[0], rows, cols, config.rel_pos_grid(int(i)), p)
+    if w and rest in ("norm2", ""):  # the attention's output back on the grid (a permutation: no rounding)
+        inputs[1] = O.window_unpartition(inputs[1], grid, w)
     if rest in ("attn.q_rope", "attn.k_rope"):
         freqs = s.get("rope.freqs")  # RoPE-Mixed's, per block
         return rotary(inputs[0], grid, config, p, None if freqs is None else freqs[:, int(i) : int(i) + 1])

@@ -7,6 +7,7 @@ import math
 import numpy as np
 from impls import numpy_vit as O
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind  # noqa: F401 - re-exported
+from impls.windows import rel_pos_index
 from conformance.numerics.roundings import Precision
 
 _HEADS_AT_ONCE = 1 << 23  # attention weights (elements) computed at once: a few heads of a large model
@@ -108,3 +109,22 @@ def sdpa(q, k, v, mask=None, scale=None, precision: Precision | str = "float32")
     P, dP = softmax_weights(q, k, scale, p, mask)
     out, dout = attend(P, dP, v, p)
     return out, dout, P, dP
+
+
+def decomposed_rel_pos(q, rel_pos_h, rel_pos_w, size, p: Precision):
+    """SAM's bias q · rel_pos_h[dy] + q · rel_pos_w[dx] (impls/windows.py) and its unit bound: two
+    contractions over head_dim, each rounded, then their sum rounded."""
+    y = O.decomposed_rel_pos(q, rel_pos_h, rel_pos_w, size)
+    if not p.bounds:
+        return y, 0.0
+    B, H, N, hd = q.shape
+    qq = (q * q).reshape(B, H, *size, hd)
+    (Rh, Rw) = (t[rel_pos_index(s)] for t, s in ((rel_pos_h, size[0]), (rel_pos_w, size[1])))
+    m_h = np.sqrt(np.einsum("bnhwc,hkc->bnhwk", qq, Rh * Rh))[..., :, None]  # (B, H, S_h, S_w, S_h, 1)
+    m_w = np.sqrt(np.einsum("bnhwc,wkc->bnhwk", qq, Rw * Rw))[..., None, :]
+    r_q = q.reshape(B, H, *size, hd)
+    rel = np.abs(np.einsum("bnhwc,hkc->bnhwk", r_q, Rh))[..., :, None] + np.abs(
+        np.einsum("bnhwc,wkc->bnhwk", r_q, Rw)
+    )[..., None, :]
+    bound = (p.compute * math.sqrt(hd) + p.storage) * (m_h + m_w) + p.output * rel
+    return y, bound.reshape(B, H, N, N) + p.output * np.abs(y)
