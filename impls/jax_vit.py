@@ -621,7 +621,10 @@ class VisionTransformer(nnx.Module):
         if config.pre_norm:
             self.norm_pre = norm_layer(config, D, rngs=rngs)
         self.blocks = nnx.List(
-            [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, index=i, rngs=rngs) for i in range(config.depth)]
+            [
+                (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, index=i, rngs=rngs)
+                for i in range(config.depth)
+            ]
         )
         if config.use_final_norm:
             self.norm = norm_layer(config, D, rngs=rngs)
@@ -689,7 +692,14 @@ class VisionTransformer(nnx.Module):
         )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
-            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep), **_windowed(grid, i, self.config))
+            x = blk(
+                x,
+                taps,
+                f"blocks.{i}",
+                **({} if r is None else {"rope": r}),
+                **_kept(keep),
+                **_windowed(grid, i, self.config),
+            )
         if self.config.use_final_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)

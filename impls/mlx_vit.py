@@ -573,7 +573,9 @@ class VisionTransformer(nn.Module):
             self.pos_embed = mx.zeros((1, config.embed_len, D))
         if config.pre_norm:
             self.norm_pre = norm_layer(config, D)
-        self.blocks = [(block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, index=i) for i in range(config.depth)]
+        self.blocks = [
+            (block_fn or Block)(config, fused_attn, attn_layer, mlp_layer, index=i) for i in range(config.depth)
+        ]
         if config.use_final_norm:
             self.norm = norm_layer(config, D)
         if config.global_pool == "map":
@@ -640,7 +642,14 @@ class VisionTransformer(nn.Module):
         )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
-            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep), **_windowed(grid, i, self.config))
+            x = blk(
+                x,
+                taps,
+                f"blocks.{i}",
+                **({} if r is None else {"rope": r}),
+                **_kept(keep),
+                **_windowed(grid, i, self.config),
+            )
         if self.config.use_final_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)

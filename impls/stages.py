@@ -332,7 +332,11 @@ def stage_inputs(name: str, config: ViTConfig) -> tuple[str, ...]:
         "{patch_in}": "patch_embed.patch_norm" if config.patch_norm else "",
         "{patches}": "patch_embed.norm" if config.embed_norm else "patch_embed",
         "{dist}": "pooled_dist" if config.distilled else "",
-        "{bias}": f"{b}.attn.rel_pos_bias" if config.rel_pos_bias else f"{b}.attn.rel_pos" if config.use_rel_pos else "",
+        "{bias}": f"{b}.attn.rel_pos_bias"
+        if config.rel_pos_bias
+        else f"{b}.attn.rel_pos"
+        if config.use_rel_pos
+        else "",
     }
 
     def resolve(pattern: str) -> str:

@@ -639,7 +639,14 @@ class VisionTransformer(nn.Module):
         )  # None without rotary embeddings
         for i, blk in enumerate(self.blocks):
             r = block_rope(rope, i, self.config)  # RoPE-Mixed's tables are per block
-            x = blk(x, taps, f"blocks.{i}", **({} if r is None else {"rope": r}), **_kept(keep), **_windowed(grid, i, self.config))
+            x = blk(
+                x,
+                taps,
+                f"blocks.{i}",
+                **({} if r is None else {"rope": r}),
+                **_kept(keep),
+                **_windowed(grid, i, self.config),
+            )
         if self.config.use_final_norm:
             x = self.norm(x)
             x = record_tap(taps, "norm", x)

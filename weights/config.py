@@ -263,10 +263,10 @@ class ViTConfig:
                 "use_rel_pos=True sizes a global block's attn.rel_pos_h and rel_pos_w to the config's grid: no "
                 "dynamic_img_size (resampling them at another grid: no option yet)"
             )
-        if self.global_attn_indexes and (not self.window_size or self.global_attn_indexes[-1] >= self.depth):
+        if self.global_attn_indexes and not self.window_size:  # an index past the last block names none (timm's)
             raise ConfigError(
                 f"global_attn_indexes {list(self.global_attn_indexes)} names blocks that attend globally among "
-                f"windowed ones: it needs window_size > 0 (got {self.window_size}) and indices below depth {self.depth}"
+                f"windowed ones: it needs window_size > 0, got {self.window_size}"
             )
 
     def block_window(self, i: int) -> int:

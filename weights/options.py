@@ -604,7 +604,13 @@ OPTIONS: tuple[Option, ...] = (
         timm_name="use_rel_pos (VisionTransformerSAM)",
         draws=(False, False, False, False, False, False, False, True),
         check=flag(),
-        lacks=((r"blocks\.\d+\.attn\.rel_pos_[hw]", "its attention adds no decomposed relative position", "use_rel_pos=false"),),
+        lacks=(
+            (
+                r"blocks\.\d+\.attn\.rel_pos_[hw]",
+                "its attention adds no decomposed relative position",
+                "use_rel_pos=false",
+            ),
+        ),
         adds=("use_rel_pos=true", dict(use_rel_pos=True)),
     ),
 )

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from conformance.capture.mapping import module_of
 from conformance.report import CannotJudge
 from weights.canonical import expected_shapes
 from weights.config import ConfigError, ViTConfig
@@ -184,6 +185,23 @@ def optional_parts(keys) -> bool:
     return all(any(re.fullmatch(pattern, k) for pattern, _, _ in PARTS) for k in keys)
 
 
+NECK = (
+    "it has a convolutional neck after its blocks ({module}: SAM's): no option yet; ModelPort(tower='blocks.{{last}}') "
+    "with the neck replaced by an identity in build checks the tower up to it"
+)
+
+
+def _neck(extra, shapes, width: int) -> list[str]:
+    """The model's unfilled parameters that make a convolutional neck over the blocks' tokens: a
+    convolution reading ``width`` channels (in any framework's kernel layout) and every unfilled
+    parameter beside it in its parent module (SAM's neck: two convolutions, two channel norms)."""
+    convs = [k for k in extra if len(shapes.get(k, ())) == 4 and width in tuple(shapes[k])[1:]]
+    if not convs:
+        return []
+    parent = module_of(module_of(convs[0]))
+    return [k for k in extra if k.startswith(parent + ".")] if parent else convs
+
+
 def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
     """The model's unfilled parameters that are parts an option adds: a norm's weight and bias
     over a flattened patch (``patch_norm``), or over the width beside the patch projection's
@@ -226,6 +244,10 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
         )
         found[what] = qv
         extra = [k for k in extra if k not in qv]
+    neck = _neck(extra, shapes, D)
+    if neck:
+        found[NECK.format(module=module_of(module_of(neck[0])) or neck[0])] = neck
+        extra = [k for k in extra if k not in neck]
     tokens = [k for k in extra if tuple(shapes.get(k, ())) in ((1, 1, D), (1, D))]
     heads = [k for k in extra if config.num_classes and tuple(shapes.get(k, ())) == (config.num_classes, D)]
     if tokens and (heads or not config.num_classes):  # a token and a classifier no key fills: DeiT's

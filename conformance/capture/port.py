@@ -35,10 +35,11 @@ from conformance.capture.mapping import (
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.sequence import SEQUENCES, heads_first, unpack_sequence
 from conformance.capture.quantize import quantized_port
+from conformance.capture.reading import Never, Unseen, read_attention, to_tap_shape
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import CannotJudge, ToolError, describe_exception
 from conformance.support import check_supported, supports_of
-from impls.protocol import ViTConfig, tap_names
+from impls.protocol import ViTConfig, tap_names, tap_shapes
 import difflib
 from dataclasses import replace
 
@@ -375,11 +376,14 @@ class CapturedForward:
         self.quantized = None  # ModelPort(quantize=): its weights read back (conformance.capture.quantized)
         self.compiled = False  # a call met a compiled function's placeholders (then every call is read so)
         self.observed: list | None = None  # the arrays the last call's own pass returned (the framework's)
+        self.shapes: dict = {}  # each stage's tap shape for the images of the call
 
     def __call__(self, images) -> Taps:
         images = np.asarray(images)
         x = images.transpose(0, 2, 3, 1) if self.port.images == "NHWC" else images
         inputs = self.adapter.to_input(np.ascontiguousarray(x), self.input_dtype)
+        c = self.config
+        self.shapes = tap_shapes(c, images.shape[0], images.shape[2:] if c.dynamic_img_size else None)
         self.adapter.path = None
         if not self.fast_paths:
             taps = self._pass(inputs, images.shape[0], functions=True)
@@ -418,6 +422,7 @@ class CapturedForward:
         if own:  # the model's own path (not a second pass off it): what ``unobserved`` compares with
             self.observed = arrays_in(out, self.adapter.is_array)
         taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))
+        shapes = self.shapes if self.port.sequence == "batch" else {}
         for stage in tap_names(self.config):
             source = self.plan.sources.get(stage)
             if source is None:
@@ -427,7 +432,7 @@ class CapturedForward:
                 continue
             try:
                 self._emitted = None
-                value, where = self._read(source, stage, recorder, out)
+                value, where = self._read(source, stage, recorder, out, shapes.get(stage))
             except Unseen as e:
                 why = str(e)
                 if not functions and source.kind == "attn" and "native" not in why:
@@ -448,6 +453,7 @@ class CapturedForward:
             if self.port.sequence != "batch" and source.kind != "return":
                 c, merge = self.config, 2 if self.port.sequence == "merge2x2" else 1
                 value = unpack_sequence(value, batch, c.num_tokens, c.grid_size, merge, stage.endswith("weights"))
+            value = to_tap_shape(value, shapes.get(stage))
             block = int(stage.split(".")[1]) if stage.endswith(".attn.k") else None
             if block in self.k_bias:
                 value, where = self._k_bias_added(value, block), f"{where}, plus the k bias its model has not"
@@ -491,7 +497,8 @@ class CapturedForward:
             raise Unseen(f"its module returned {type(x).__name__}, not an array")
         return arrays[0]
 
-    def _read(self, source: Source, stage: str, rec: Recorder, out):
+    def _read(self, source: Source, stage: str, rec: Recorder, out, shape=None):
+        """``shape``: the stage's tap shape (a windowed block's attention: its windows)."""
         c = self.config
         B = rec.B
         if source.kind == "return":
@@ -527,69 +534,4 @@ class CapturedForward:
                 # a sequence-first residual stream (OpenAI's CLIP, nn.MultiheadAttention(batch_first=False))
                 x, where = x.swapaxes(0, 1), f"{where}, sequence first (N, B, D)"
             return x, where
-        return self._read_attention(source, stage, rec)
-
-    def _read_attention(self, source: Source, stage: str, rec: Recorder):
-        """q, k, v, the weights or the bias of a block as its attention record shows them."""
-        c, B = self.config, rec.B
-        slot = rec.attn.get(source.block, {})
-        part = source.part
-        if part == "weights":
-            if "weights" in slot:
-                return self._heads4(self._np(slot["weights"]), c.num_tokens), "the softmax over keys"
-            raise Unseen(
-                f"computed inside {slot['fused']} (a fused kernel)"
-                if "fused" in slot
-                else f"computed inside {slot['native']}"
-                if "native" in slot
-                else "no softmax over (N, N) logits was seen in this block"
-            )
-        if part == "bias":
-            if "bias" not in slot:
-                raise Unseen("no fused attention call with a float mask was seen in this block (an explicit sum)")
-            x = self._np(slot["bias"])
-            return np.broadcast_to(x, (B, *x.shape[-3:])), f"the additive mask of {slot['fused']}"
-        if part in slot:
-            x = self._np(slot[part])
-            if "chunks" in slot:  # one fused call per image or window: their tokens joined in order
-                x = np.concatenate([x, *(self._np(c[part]) for c in slot["chunks"])], 2 if slot["heads_first"] else 1)
-            if not slot.get("heads_first", True):
-                x = x.transpose(0, 2, 1, 3)  # (B, N, H, hd) -> (B, H, N, hd)
-            return self._heads4(x, c.head_dim), slot["where"]
-        product = {"q": "logits_q", "k": "logits_k", "v": "product_v"}[part]
-        if part == "q" and "q_scaled" in slot:
-            raise Unseen(
-                f"scaled inside {slot['q_scaled']} before q kᵀ, where capture sees no multiply "
-                "(need_weights=True; with need_weights=False q is an argument of the fused attention)"
-            )
-        if product in slot:
-            what = {
-                "q": "the left operand of q kᵀ (before any scalar scale)",
-                "k": "the right operand of q kᵀ",
-                "v": "the right operand of weights · v",
-            }[part]
-            return self._heads4(self._np(slot[product]), c.head_dim), what
-        kind, path = source.fallback or ("", "")
-        if kind == "heads" and path in rec.outputs:
-            return heads_first(self._np(self._array(rec.outputs[path], stage)), c), f"output of {path}, heads split"
-        if kind == "qkv" and path in rec.outputs:
-            x = self._np(self._array(rec.outputs[path], stage))
-            x = x.reshape(B, c.num_tokens, 3, c.num_heads, c.head_dim)[:, :, "qkv".index(part)].transpose(0, 2, 1, 3)
-            return x, f"output of {path} split as timm's (3, H, hd): the port's own split is checked at attn.weights"
-        if "native" in slot:
-            raise Unseen(f"computed inside {slot['native']}")
-        raise Unseen("no fused attention call, q kᵀ product or q/k/v projection was seen in this block")
-
-    def _heads4(self, x, last):
-        c = self.config
-        if x.ndim == 3 and x.shape[0] % c.num_heads == 0:  # (B*H, N, last)
-            x = x.reshape(-1, c.num_heads, *x.shape[1:])
-        return x
-
-
-class Unseen(Exception):
-    pass
-
-
-class Never(Exception):
-    pass
+        return read_attention(source, rec, self.config, self._np, lambda x: self._array(x, stage), shape)

@@ -1,6 +1,7 @@
 """The bug classes the vision towers of VLMs brought (issue 60): a norm of the other kind (LayerNorm
 where RMSNorm, and back), a packed batch's images attending to each other, tokens in a merger's 2 x 2
-order read as row-major, SwiGLU's gate and value swapped, LayerScale's two gammas swapped. Registered
+order read as row-major, SwiGLU's gate and value swapped, LayerScale's two gammas swapped, SAM's
+relative position tables swapped or read backwards. Registered
 with the whole model's classes (model_classes.CLASSES)."""
 
 from __future__ import annotations
@@ -75,6 +76,30 @@ def _gate_and_value_swapped(s, config):
     return {one: s[two] for one, two in pairs if two in s}
 
 
+def _rel_pos_tables(change):
+    """Every block's decomposed relative position tables (SAM's rel_pos_h, rel_pos_w) as ``change``
+    makes them of the two: ``change(h, w) -> (h', w')``, or None where it does not apply."""
+
+    def state(s, config):
+        out = {}
+        for i in range(config.depth):
+            b = f"blocks.{i}.attn"
+            changed = change(s[f"{b}.rel_pos_h"], s[f"{b}.rel_pos_w"])
+            if changed is not None:
+                out[f"{b}.rel_pos_h"], out[f"{b}.rel_pos_w"] = changed
+        return out
+
+    return state
+
+
+def _swapped(h, w):
+    return (w, h) if h.shape == w.shape else None
+
+
+def _reversed(h, w):
+    return h[::-1], w[::-1]  # row i - j + S - 1 read as j - i + S - 1: the offset key minus query
+
+
 # fmt: off
 TOWER_CLASSES: tuple[BugClass, ...] = (
     BugClass("layernorm_where_rmsnorm", _MODEL_NORMS, "a LayerNorm (the mean subtracted) where the model's is RMSNorm",
@@ -95,5 +120,11 @@ TOWER_CLASSES: tuple[BugClass, ...] = (
     BugClass("layerscale_gammas_swapped", ("ls1", "norm2", "ls2", "block"), "ls1's gamma and ls2's swapped",
              "ls1 scales the attention's branch, ls2 the MLP's (transformers' lambda_1, lambda_2; timm's gamma_1, gamma_2)",
              state=_gammas_swapped, when=lambda c: c.init_values is not None),
+    BugClass("rel_pos_rows_and_columns_swapped", ("attn.rel_pos",), "rel_pos_h and rel_pos_w swapped",
+             "rel_pos_h is read at each key's row offset (y - y'), rel_pos_w at its column offset (x - x')",
+             state=_rel_pos_tables(_swapped), when=lambda c: c.use_rel_pos),
+    BugClass("rel_pos_offsets_reversed", ("attn.rel_pos",), "the relative positions read as key minus query",
+             "the table's row is the query's position minus the key's plus S - 1 (timm's get_rel_pos: q_coords - "
+             "k_coords)", state=_rel_pos_tables(_reversed), when=lambda c: c.use_rel_pos),
 )
 # fmt: on

@@ -123,8 +123,9 @@ def decomposed_rel_pos(q, rel_pos_h, rel_pos_w, size, p: Precision):
     m_h = np.sqrt(np.einsum("bnhwc,hkc->bnhwk", qq, Rh * Rh))[..., :, None]  # (B, H, S_h, S_w, S_h, 1)
     m_w = np.sqrt(np.einsum("bnhwc,wkc->bnhwk", qq, Rw * Rw))[..., None, :]
     r_q = q.reshape(B, H, *size, hd)
-    rel = np.abs(np.einsum("bnhwc,hkc->bnhwk", r_q, Rh))[..., :, None] + np.abs(
-        np.einsum("bnhwc,wkc->bnhwk", r_q, Rw)
-    )[..., None, :]
+    rel = (
+        np.abs(np.einsum("bnhwc,hkc->bnhwk", r_q, Rh))[..., :, None]
+        + np.abs(np.einsum("bnhwc,wkc->bnhwk", r_q, Rw))[..., None, :]
+    )
     bound = (p.compute * math.sqrt(hd) + p.storage) * (m_h + m_w) + p.output * rel
     return y, bound.reshape(B, H, N, N) + p.output * np.abs(y)
