@@ -15,13 +15,15 @@ from contextlib import contextmanager
 import numpy as np
 
 from impls.protocol import VIT_FAMILY, ViTConfig, check_images
-from impls.stages import STAGES
+from impls.stages import STAGES, tap_shapes
+from conformance.capture.reading import to_tap_shape
 from weights import hf
 from conformance.timm_models import (  # noqa: F401 - timm's models, re-exported where they were
     TIMM_NAFLEX,
     NotInTimm,
     eva_key,
     not_in_timm,
+    sam_state,
     timm_naflexvit,
     timm_vit,
 )
@@ -49,11 +51,19 @@ def timm_state(model, meta: bool = False) -> dict[str, np.ndarray]:
 
         proj = model.embeds.proj
         return to_canonical(state, model.embeds.patch_size, proj.in_features // math.prod(model.embeds.patch_size))
+    if _is_sam(model):  # its position table on the grid: the canonical (1, N, D)
+        return sam_state(state, None, back=True)
     return {eva_key(k, back=True): v for k, v in state.items()}
 
 
-def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
-    """Run timm's model and collect every stage of the tap protocol from its modules."""
+def _is_sam(model) -> bool:
+    return type(model).__name__ == "VisionTransformerSAM"
+
+
+def timm_taps(model, images: np.ndarray, shapes=None) -> dict[str, np.ndarray]:
+    """Run timm's model and collect every stage of the tap protocol from its modules; ``shapes``
+    (``tap_shapes``), each tap brought to its shape where timm holds it otherwise (its SAM's grids,
+    windows and heads within the batch)."""
     import torch
 
     taps: dict = {}
@@ -66,7 +76,13 @@ def timm_taps(model, images: np.ndarray) -> dict[str, np.ndarray]:
     with torch.no_grad(), _hooked(model, taps):
         taps["logits"] = model(x)
     # a stage of the weights alone (BEiT's bias) is broadcast over the batch, as the ports emit it
-    return {k: _numpy(v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v) for k, v in taps.items()}
+    taps = {k: _numpy(v.expand(batch, *v.shape[1:]) if v.shape[0] == 1 else v) for k, v in taps.items()}
+    return taps if shapes is None else {k: to_tap_shape(v, shapes.get(k)) for k, v in taps.items()}
+
+
+# timm's VisionTransformerSAM: its final norm is the neck's place (channels first), the pooled
+# features the head's fc's input, the decomposed bias the last sum (its offsets' and rel_h + rel_w before)
+_SAM_RULES = {"norm": "out:neck@nchw", "pooled": "in:head.fc", "attn.rel_pos": "added:last"}
 
 
 def _timm_scopes(model):
@@ -87,11 +103,14 @@ def _hooked(model, taps: dict):
     import torch
 
     hooks, softmax, typed, values, added = [], [], [], [], []
+    sam = _is_sam(model)
 
     def record(name, how, attention):
         def store(value):
             if how == "tokens" and value.ndim == 4:  # NHWC under dynamic_img_size: flattened as the tap
                 value = value.flatten(1, 2)
+            elif how == "nchw":  # channels first (timm's SAM's LayerNorm2d): the tokens' rows
+                value = value.permute(0, 2, 3, 1).flatten(1, 2)
             elif how == "v":  # the last of a fused projection's parts, split into its attention's heads
                 b, n, width = value.shape
                 heads, head_dim = attention.num_heads, attention.head_dim
@@ -105,7 +124,7 @@ def _hooked(model, taps: dict):
             attention.fused_attn = False  # the explicit path, whose weights pass through attn_drop
         for stage in (s for s in STAGES if s.scope == scope):
             name = f"{prefix}.{stage.name}".strip(".") if prefix else stage.name
-            rule, _, how = stage.timm_rule().partition("@")
+            rule, _, how = (_SAM_RULES.get(stage.name, stage.timm_rule()) if sam else stage.timm_rule()).partition("@")
             where, _, path = rule.partition(":")
             if where == "return":
                 continue  # timm_taps keeps the model's output
@@ -119,8 +138,10 @@ def _hooked(model, taps: dict):
                 values.append((root.get_submodule("attn"), name))
                 continue
             if where == "added":  # what Beit's attention adds to its logits, (1, H, N, N), where it has a table
-                if getattr(root.get_submodule("attn"), "relative_position_bias_table", None) is not None:
-                    added.append((root.get_submodule("attn"), name))
+                attention = root.get_submodule("attn")  # Beit's table, or SAM's decomposed one's rows
+                table = "relative_position_bias_table" if stage.name == "attn.rel_pos_bias" else "rel_pos_h"
+                if getattr(attention, table, None) is not None:
+                    added.append((attention, name, None if path == "last" else int(path or 0)))
                 continue
             if path.startswith("patch_embed") and hasattr(root, "embeds"):  # timm's NaFlexVit: its embeds
                 path = "embeds" + path.removeprefix("patch_embed")
@@ -142,9 +163,9 @@ def _hooked(model, taps: dict):
             for attention, name in values:  # the explicit path's second product, P v
                 products = (torch.matmul, torch.Tensor.__matmul__, torch.Tensor.matmul)
                 stack.enter_context(_CallRecorder(attention, taps, name, products, 1, operand=1))
-            for attention, name in added:  # the explicit path's first sum, its second operand
+            for attention, name, index in added:  # the explicit path's index-th sum (None: last), its second operand
                 sums = (torch.add, torch.Tensor.__add__, torch.Tensor.add)
-                stack.enter_context(_CallRecorder(attention, taps, name, sums, 0, operand=1))
+                stack.enter_context(_CallRecorder(attention, taps, name, sums, index, operand=1))
             yield taps
     finally:
         for h in hooks:
@@ -241,7 +262,7 @@ def timm_port(config: ViTConfig, state: dict[str, np.ndarray], dtype: str = "flo
 
     model = timm_vit(config, state, dtype=getattr(torch, _TORCH_DTYPES[dtype]))
 
-    return lambda images: timm_taps(model, np.asarray(images))
+    return lambda images: timm_taps(model, np.asarray(images), tap_shapes(config, len(images)))
 
 
 def timm_named_port(name: str):

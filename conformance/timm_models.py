@@ -25,6 +25,8 @@ def timm_vit(config: ViTConfig, state: dict[str, np.ndarray] | None = None, dtyp
 
     if config.rel_pos_bias:
         return _timm_beit(config, state, dtype, rates)
+    if config.window_size or config.use_rel_pos:
+        return _timm_sam(config, state, dtype, rates)
     if config.pos_embed_grid_size is not None or config.pos_embed_interp_mode != "bicubic":
         return _timm_naflex(config, state, dtype, rates)
     if _eva_only(config):
@@ -217,6 +219,58 @@ def _timm_beit(config: ViTConfig, state, dtype, rates: dict):
     return model.eval()
 
 
+# what of a config timm's VisionTransformerSAM takes (by these names); global_pool and fc_norm checked apart
+_SAM_KEYWORDS = ("window_size", "global_attn_indexes", "use_rel_pos", "qkv_bias", "qk_norm", "init_values", "pre_norm")
+_SAM_FREE = (*_SAM_KEYWORDS, "num_classes", "class_token", "global_pool", "fc_norm", "pos_embed", "norm_eps")
+
+
+def _timm_sam(config: ViTConfig, state, dtype, rates: dict):
+    """timm's VisionTransformerSAM without its neck (neck_chans=0: a channels-first LayerNorm in its
+    place, the config's final norm, then the pooled head), in eval mode, with ``state`` loaded strictly
+    in its layout (``sam_state``)."""
+    import torch
+    from timm.models.vision_transformer_sam import VisionTransformerSAM
+
+    beyond = [f"{o.field}={getattr(config, o.field)!r}" for o in OPTIONS if o.field not in _SAM_FREE
+              and getattr(config, o.field) != o.default]  # fmt: skip
+    if config.pos_embed not in ("learn", "none") or not config.use_final_norm or config.global_pool == "map":
+        beyond.append(f"pos_embed={config.pos_embed!r}, no final norm before the pooling or global_pool='map'")
+    if beyond:
+        raise NotInTimm(f"timm's VisionTransformerSAM has no keyword for {', '.join(beyond)}")
+    with torch.device("meta") if state is not None else contextlib.nullcontext():
+        model = VisionTransformerSAM(
+            **{k: getattr(config, k) for k in _SIZES}, mlp_ratio=config.mlp_ratio, global_pool=config.global_pool,
+            **{k: getattr(config, k) for k in _SAM_KEYWORDS}, use_abs_pos=config.pos_embed == "learn", neck_chans=0,
+            **rates,
+        )  # fmt: skip
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):  # its neck's LayerNorm2d too
+            module.eps = config.norm_eps
+    if state is not None:
+        tensors = {k: torch.from_numpy(np.array(v)) for k, v in sam_state(state, config).items()}
+        model.load_state_dict(tensors, strict=True, assign=True)
+    return (model if dtype is None else model.to(dtype)).eval()
+
+
+_SAM_NAMES = (("norm.", "neck."), ("head.", "head.fc."))  # the final norm in the neck's place, the head's fc
+
+
+def sam_state(state, config: ViTConfig | None, back: bool = False) -> dict:
+    """The canonical state in timm's VisionTransformerSAM layout (its position table on the grid,
+    (1, gh, gw, D)), or ``back`` from it."""
+    out = {}
+    for key, value in state.items():
+        for canonical, sam in _SAM_NAMES:
+            if key.startswith(sam if back else canonical):
+                key = (canonical + key[len(sam) :]) if back else (sam + key[len(canonical) :])
+                break
+        if key == "pos_embed":
+            value = np.asarray(value)
+            value = value.reshape(1, -1, value.shape[-1]) if back else value.reshape(1, *config.grid_size, -1)
+        out[key] = value
+    return out
+
+
 # what of a config timm's NaFlexVit takes by its own keywords (NaFlexVitCfg's fields, the same names)
 _NAFLEX_KEYWORDS = ("mlp_ratio", "qk_norm", "proj_bias", "init_values", "class_token", "reg_tokens")
 _NAFLEX_KEYWORDS += ("pre_norm", "fc_norm", "act_layer", "pool_include_prefix", "pos_embed_grid_size")
@@ -261,6 +315,9 @@ def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
         tensors = {k: torch.from_numpy(np.array(v)) for k, v in from_canonical(dict(state), config).items()}
         model.load_state_dict(tensors, strict=True)
     return (model if dtype is None else model.to(dtype)).eval()
+
+
+_SIZES = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads")
 
 
 def _sizes(config: ViTConfig) -> dict:

@@ -20,12 +20,14 @@ class Never(Exception):
 
 
 def to_tap_shape(x, shape):
-    """``x`` as the tap ``shape`` where it is that tap's tokens on a grid: (B, h, w, D) as
-    (B, h w, D) (SAM's blocks and windows, channels-last); otherwise as it is (a mismatch is the
-    comparison's to report)."""
-    if shape is None or x.shape == tuple(shape) or x.ndim != len(shape) + 1:
+    """``x`` as the tap ``shape`` where it is that tap's tokens on a grid, (B, h, w, D) as (B, h w, D)
+    (SAM's blocks and windows, channels-last), or its heads within the batch, (B H, N, d) as
+    (B, H, N, d); otherwise as it is (a mismatch is the comparison's to report)."""
+    if shape is None or x.shape == tuple(shape):
         return x
-    if x.shape[0] == shape[0] and x.shape[-1] == shape[-1] and math.prod(x.shape[1:-1]) == shape[1]:
+    grid = x.ndim == len(shape) + 1 and x.shape[0] == shape[0] and math.prod(x.shape[1:-1]) == shape[1]
+    heads = x.ndim == len(shape) - 1 and x.shape[0] == shape[0] * shape[1]  # (B H, N, d): heads in the batch
+    if (grid and x.shape[-1] == shape[-1]) or (heads and x.shape[1:] == tuple(shape[2:])):
         return x.reshape(shape)
     return x
 
