@@ -261,3 +261,45 @@ def test_mlx_vlm_qwen2_5_vl_tower_with_its_gate_and_value_swapped_is_located_and
     report = verify(gate_for_up, QWEN2_5_VL, cases=quick_cases(QWEN2_5_VL))
     assert report.first_divergence == "blocks.0.mlp.act", format_report(report)
     assert "SwiGLU's gate and value projections swapped" in format_report(report)
+
+
+# transformers' SamVisionModel (SAM's image encoder) at a small size: a 8 x 8 grid in 3 x 3 windows (padded
+# to 9 x 9) but in block 1, decomposed relative positions, no class token, no final norm before its neck
+SAM = ViTConfig(
+    img_size=32, patch_size=4, num_classes=0, embed_dim=24, depth=3, num_heads=3, class_token=False,
+    global_pool="avg", final_norm=False, window_size=3, global_attn_indexes=(1,), use_rel_pos=True,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_transformers_sam_image_encoder_is_conformant_up_to_its_neck(dtype):
+    """Its blocks' (B, h, w, D) tokens and its windows' (B nW, w, w, D) read as the taps; q, k, v and
+    the decomposed bias from its fused attention call's arguments, in windows and globally; the
+    neck (replaced by an identity: no option expresses it) after the tower."""
+    from tests.data.hf_sam_port import port
+
+    report = verify(port, SAM, cases=quick_cases(SAM), dtype=dtype)
+    assert report.conformant, format_report(report)
+    checked = {r.name for r in report.stages}
+    assert {"blocks.0.attn.rel_pos", "blocks.0.attn", "blocks.1.attn.rel_pos", "blocks.2"} <= checked
+    assert report.unseen["pooled"].startswith("out of scope: after the tower's output, blocks.2")
+
+
+def test_transformers_sam_with_its_rel_pos_tables_swapped_is_located_and_named():
+    """The companion: rel_pos_h sent where rel_pos_w goes and back (a square window's tables have one
+    shape, so nothing refuses the load), located at the first block's bias and named."""
+    from tests.data.hf_sam_port import rows_and_columns_swapped
+
+    report = verify(rows_and_columns_swapped, SAM, cases=quick_cases(SAM))
+    assert report.first_divergence == "blocks.0.attn.rel_pos", format_report(report)
+    assert "rel_pos_h and rel_pos_w swapped" in format_report(report)
+
+
+def test_transformers_sam_with_its_neck_is_exit_2_naming_the_neck_alone(cli):
+    """The model's neck left in: the config cannot express it, and that is the answer's one line
+    (not a finding about the port: its parameters are the neck's, filled by no canonical key)."""
+    config = ["--config", json.dumps(SAM.to_dict())]
+    code, _, err = cli("verify", "tests.data.hf_sam_port:with_neck", *config, "--in-process")
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("  ")]
+    assert len(lines) == 1 and "convolutional neck after its blocks (vision_encoder.neck" in lines[0], err

@@ -134,6 +134,13 @@ PRESETS: dict[str, ViTConfig] = {
         global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False, act_layer="silu", mlp_layer="swiglu",
         norm_layer="rmsnorm", embed_norm=True, norm_eps=1e-5,
     ),
+    # SAM ViT-B's image encoder (timm's samvit_base_patch16) up to its neck, which no option expresses:
+    # 14 x 14 windows but in blocks 2, 5, 8 and 11, decomposed relative positions, no class token, no
+    # final norm (timm's position table is (1, 64, 64, 768) on the grid: the canonical (1, 4096, 768))
+    "samvit_base_patch16": ViTConfig(
+        img_size=1024, patch_size=16, num_classes=0, embed_dim=768, depth=12, num_heads=12, class_token=False,
+        global_pool="avg", final_norm=False, window_size=14, global_attn_indexes=(2, 5, 8, 11), use_rel_pos=True,
+    ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3
@@ -160,6 +167,12 @@ PRESETS: dict[str, ViTConfig] = {
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
         mlp_ratio=2.75, class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False, proj_bias=False,
         act_layer="silu", mlp_layer="swiglu", norm_layer="rmsnorm", embed_norm=True, norm_eps=1e-5,
+    ),
+    # vit_test_token as SAM's encoder is: 3 x 3 windows over a 4 x 6 grid (padded to 6 x 6) but in block 1,
+    # decomposed relative positions, no class token; a final norm before the mean (timm's SAM without its neck)
+    "vit_test_sam": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        class_token=False, global_pool="avg", fc_norm=False, window_size=3, global_attn_indexes=(1,), use_rel_pos=True,
     ),
     # vit_test_token's square twin: the default for ports of square images only.
     "vit_test_token_square": ViTConfig(

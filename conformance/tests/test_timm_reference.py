@@ -10,7 +10,7 @@ from conformance.numerics.error_model import CaseModel
 from conformance.profiles import heavy
 from conformance.references import timm_state, timm_taps, timm_vit
 from conformance.tests.helpers import jax_runs_the_first, run
-from impls import get_config, tap_names
+from impls import get_config, tap_names, tap_shapes
 from weights import init_state
 
 CONFIGS = [
@@ -20,6 +20,7 @@ CONFIGS = [
     "vit_test_deep",
     "vit_test_embed_norm",
     "vit_test_aimv2",
+    "vit_test_sam",
 ]
 
 
@@ -64,7 +65,7 @@ def test_port_equals_timm_at_every_stage(port, name, weights):
     model = timm_vit(config, None if weights == "timm_init" else init_state(config, seed=4))
     state = timm_state(model)
     x = images_for(config, seed=1)
-    ref = timm_taps(model, x)
+    ref = timm_taps(model, x, tap_shapes(config, len(x)))  # timm's SAM holds its grids and windows NHWC
     out = run(port, config, state, x)
     out = out if isinstance(out, dict) else {"logits": out}
     assert "logits" in out, f"[{port}] returned no logits"

@@ -80,6 +80,10 @@ _ALL = [
            "nn.LayerNorm(bias=False) where AIMv2's norms are RMSNorm (the mean subtracted)",
            "issue 60: AIMv2's RMSNorm read as LayerNorm", "patch_embed.norm", config="vit_test_aimv2",
            plugin_in_ci=False, bug_class="layernorm_where_rmsnorm"),
+    Mutant("torch_rel_pos_key_minus_query", "torch", f"{_T}:rel_pos_key_minus_query",
+           "SAM's relative positions read as the key's position minus the query's (k_coords - q_coords)",
+           "issue 60: SAM's decomposed relative positions (timm's get_rel_pos)", "blocks.0.attn.rel_pos",
+           config="vit_test_sam", plugin_in_ci=False, bug_class="rel_pos_offsets_reversed"),
     Mutant("jax_gelu_tanh", "jax", f"{_J}:gelu_tanh", "jax.nn.gelu's default tanh approximation",
            "jax-ml/jax#4428, apple/coremltools#2863", "blocks.0.mlp.act",
            note="tanh and exact GELU differ by at most 4.7e-4 (near |x| = 2); judged per element against the "
