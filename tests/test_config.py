@@ -70,10 +70,22 @@ def test_int_img_size_means_square():
         (dict(norm_eps=1e-300), ["norm_eps", "0 or a subnormal"]),
         # SAM's windows and relative positions: the patch grid alone, at the config's own size
         (dict(window_size=2), ["window_size=2", "no prefix token", "1 prefix tokens"]),
-        (dict(class_token=False, global_pool="avg", use_rel_pos=True, dynamic_img_size=True), ["use_rel_pos", "no option yet"]),
-        (dict(class_token=False, global_pool="avg", global_attn_indexes=(1,)), ["global_attn_indexes [1]", "window_size > 0"]),
-        (dict(class_token=False, global_pool="avg", window_size=2, global_attn_indexes=(1, 0)), ["global_attn_indexes", "increasing"]),
-        (dict(class_token=False, global_pool="avg", window_size=2, global_attn_indexes=(True,)), ["global_attn_indexes", "non-negative ints"]),
+        (
+            dict(class_token=False, global_pool="avg", use_rel_pos=True, dynamic_img_size=True),
+            ["use_rel_pos", "no option yet"],
+        ),
+        (
+            dict(class_token=False, global_pool="avg", global_attn_indexes=(1,)),
+            ["global_attn_indexes [1]", "window_size > 0"],
+        ),
+        (
+            dict(class_token=False, global_pool="avg", window_size=2, global_attn_indexes=(1, 0)),
+            ["global_attn_indexes", "increasing"],
+        ),
+        (
+            dict(class_token=False, global_pool="avg", window_size=2, global_attn_indexes=(True,)),
+            ["global_attn_indexes", "non-negative ints"],
+        ),
     ],
 )
 def test_invalid_config_raises_a_clear_error(options, words):

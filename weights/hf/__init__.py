@@ -23,6 +23,8 @@ directory.
   bias per layer, q's and v's biases and k none, LayerScale ``lambda_1`` (weights/hf/beit.py).
 * ``siglip2_vision_model`` (``Siglip2VisionModel``, a ``siglip2`` checkpoint's vision tower):
   SigLIP's tower on NaFlex's patches, one square table resized bilinearly (weights/hf/siglip2.py).
+* ``aimv2_vision_model`` (``Aimv2VisionModel``) and ``internvl_vision`` (``InternVLVisionModel``):
+  AIMv2's RMSNorm and SwiGLU tower, InternViT's tower without a final norm (weights/hf/towers.py).
 
 Every mapping is a rename, a split or a concatenation (and the class-token fold, a float32
 sum with an entry written back as zero), so canonical -> Hugging Face -> canonical is bitwise.
@@ -51,7 +53,7 @@ from weights.hf.family import (
     from_family_hf,
     to_family_hf,
 )
-from weights.hf import beit, dinov3, siglip2
+from weights.hf import beit, dinov3, siglip2, towers
 from weights.hf.vit import (
     in_memory_names,
     hf_config_to_vit,
@@ -93,6 +95,8 @@ def _config_and_mapping(hf: dict, raw: dict[str, np.ndarray]):
         return dinov3.dinov3_config_to_vit(hf), dinov3.from_dinov3
     if model_type == beit.MODEL_TYPE:
         return beit.beit_config_to_vit(hf), beit.from_beit
+    if model_type in towers.MODEL_TYPES:
+        return towers.tower_config_to_vit(hf), lambda state, config: towers.from_tower(state, config, model_type)
     if model_type in ("vit", "deit"):
         return hf_config_to_vit(hf), from_hf
     return family_config_to_vit(hf, raw), lambda state, config: from_family_hf(state, config, model_type)
@@ -100,7 +104,8 @@ def _config_and_mapping(hf: dict, raw: dict[str, np.ndarray]):
 
 def write_hf(state, config: ViTConfig, path) -> None:
     """The original ViT as ViTForImageClassification; a family config as the Hugging Face model
-    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower, DINOv3, BEiT)."""
+    that holds it (Dinov2, Dinov2 with registers, CLIP's or SigLIP's vision tower, DINOv3, BEiT,
+    AIMv2's or InternViT's tower)."""
     from safetensors.numpy import save_file
 
     if config.pos_embed_interp_mode == "bilinear":  # NaFlex's table, resized as SigLIP 2 resizes it
@@ -109,6 +114,8 @@ def write_hf(state, config: ViTConfig, path) -> None:
         hf, tensors = dinov3.vit_config_to_dinov3(config), dinov3.to_dinov3(state, config)
     elif config.rel_pos_bias or (not config.k_bias and config.rope_type is None):  # BEiT's attention
         hf, tensors = beit.vit_config_to_beit(config), beit.to_beit(state, config)
+    elif (tower := towers.tower_for(config)) is not None:  # AIMv2's or InternViT's
+        hf, tensors = towers.vit_config_to_tower(config, tower), towers.to_tower(state, config, tower)
     elif config.beyond_original_vit() and config.beyond_original_vit() != ["distilled=True"]:
         hf, tensors = family_config_to_hf(config), to_family_hf(state, config)
     else:
