@@ -1,4 +1,4 @@
-"""transformers' AIMv2 and InternViT towers (issue 60): their layouts read and written bitwise both
+"""transformers' AIMv2, InternViT and Pixtral towers (issue 60): their layouts read and written bitwise both
 ways through weights.hf (save_pretrained's own directories read, configs inferred), timm's fused
 q, k and v on the canonical side; what no option expresses refused by name."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from impls import get_config
-from tests.test_vlm_towers import AIMV2, INTERNVIT
+from tests.test_vlm_towers import AIMV2, INTERNVIT, PIXTRAL
 from weights import hf, init_state
 from weights.canonical import WeightError
 from weights.hf import towers
@@ -16,13 +16,16 @@ def _theirs(model_type, config):
     """transformers' own model for the config.json this project writes, every parameter drawn."""
     import torch
     from transformers import Aimv2VisionConfig, Aimv2VisionModel, InternVLVisionConfig, InternVLVisionModel
+    from transformers import PixtralVisionConfig, PixtralVisionModel
 
     settings = {k: v for k, v in towers.vit_config_to_tower(config, model_type).items() if k != "architectures"}
     settings.pop("model_type")
-    if model_type == towers.AIMV2:
-        model = Aimv2VisionModel(Aimv2VisionConfig(**settings))
-    else:
-        model = InternVLVisionModel(InternVLVisionConfig(**settings))
+    classes = {
+        towers.AIMV2: (Aimv2VisionConfig, Aimv2VisionModel),
+        towers.INTERNVL: (InternVLVisionConfig, InternVLVisionModel),
+        towers.PIXTRAL: (PixtralVisionConfig, PixtralVisionModel),
+    }
+    model = classes[model_type][1](classes[model_type][0](**settings))
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
             p.copy_(torch.from_numpy(np.random.default_rng(i).normal(size=p.shape).astype(np.float32)))
@@ -35,6 +38,7 @@ def _theirs(model_type, config):
         (towers.AIMV2, AIMV2),
         (towers.INTERNVL, INTERNVIT),
         (towers.INTERNVL, INTERNVIT.replace(qkv_bias=True, norm_layer="rmsnorm")),
+        (towers.PIXTRAL, PIXTRAL),
     ],
 )
 def test_a_towers_save_pretrained_directory_is_read_and_written_back_bitwise(tmp_path, model_type, config):
@@ -77,6 +81,11 @@ def test_what_the_tower_layouts_cannot_hold_is_refused_by_name(tmp_path):
         towers.vit_config_to_tower(AIMV2.replace(class_token=True, global_pool="token"), towers.AIMV2)
     with pytest.raises(WeightError, match="no LayerScale"):
         towers.vit_config_to_tower(INTERNVIT.replace(init_values=None), towers.INTERNVL)
+    with pytest.raises(WeightError, match="pixtral layout cannot hold norm_eps=1e-06"):
+        towers.vit_config_to_tower(PIXTRAL.replace(norm_eps=1e-6), towers.PIXTRAL)
+    pixtral = towers.vit_config_to_tower(PIXTRAL, towers.PIXTRAL)
+    with pytest.raises(WeightError, match="head_dim 8 is not hidden_size / num_attention_heads"):
+        towers.tower_config_to_vit({**pixtral, "head_dim": 8})
     theirs = towers.to_tower(init_state(AIMV2), AIMV2, towers.AIMV2)
     with pytest.raises(WeightError, match="'head.k_proj.weight' has no canonical place"):
         towers.from_tower({**theirs, "head.k_proj.weight": np.zeros((24, 24), np.float32)}, AIMV2, towers.AIMV2)

@@ -1,6 +1,7 @@
 """transformers' vision towers of today's VLMs (issue 60): AIMv2's (``Aimv2VisionModel``, model_type
-``aimv2_vision_model``) and InternViT's (``InternVLVisionModel``, ``internvl_vision``): config.json
-to and from a ``ViTConfig``, the state to and from canonical.
+``aimv2_vision_model``), InternViT's (``InternVLVisionModel``, ``internvl_vision``) and Pixtral's
+(``PixtralVisionModel``, ``pixtral``): config.json to and from a ``ViTConfig``, the state to and
+from canonical.
 
 * AIMv2: RMSNorm everywhere (the patch embedding's ``embeddings.rms_norm`` is timm's
   ``patch_embed.norm``), no class token, a (N, D) position table, q, k and v projected apart,
@@ -11,6 +12,9 @@ to and from a ``ViTConfig``, the state to and from canonical.
   projected apart with or without biases (``attention_bias``), LayerNorm or RMSNorm (``norm_type``),
   no final norm with ``use_mean_pooling`` (what InternVL reads: the last block's tokens). Its
   qk-norm (``use_qk_norm``: InternViT-6B's, over the whole width, not per head) has no option yet.
+* Pixtral: ``ln_pre`` (RMSNorm) is ``norm_pre`` and the patch convolution has no bias, its 2-D rotary
+  bands (``rope_type='pixtral'``, base ``rope_parameters.rope_theta``), SwiGLU (``feed_forward``), no
+  biases, no position table, class token or final norm; its RMSNorms' eps is the model's 1e-5.
 
 Both are read as timm holds them (``vit_intern300m_patch14_448``, ``aimv2_large_patch14_224``): q, k
 and v as one ``attn.qkv`` (their rows concatenated), and written from either. Every mapping is a
@@ -31,8 +35,8 @@ from weights.config import ViTConfig
 from weights.hf.common import ACT_BACK, act_of, sizes_to_hf
 from weights.hf.fields import Fields
 
-AIMV2, INTERNVL = "aimv2_vision_model", "internvl_vision"
-MODEL_TYPES = (AIMV2, INTERNVL)
+AIMV2, INTERNVL, PIXTRAL = "aimv2_vision_model", "internvl_vision", "pixtral"
+MODEL_TYPES = (AIMV2, INTERNVL, PIXTRAL)
 
 # timm's names -> transformers' (a key's leading segments; in a block, after blocks.{i}.)
 _OUTER = {
@@ -48,8 +52,9 @@ _OUTER = {
         "patch_embed.proj": "embeddings.patch_embeddings.projection",
         "norm": "layernorm",
     },
+    PIXTRAL: {"patch_embed.proj": "patch_conv", "norm_pre": "ln_pre"},
 }
-_BLOCKS = {AIMV2: "encoder.layers", INTERNVL: "encoder.layer"}
+_BLOCKS = {AIMV2: "encoder.layers", INTERNVL: "encoder.layer", PIXTRAL: "transformer.layers"}
 _INNER = {
     AIMV2: {
         "attn.q_proj": "attention.q_proj",
@@ -74,7 +79,20 @@ _INNER = {
         "mlp.fc1": "mlp.fc1",
         "mlp.fc2": "mlp.fc2",
     },
+    PIXTRAL: {
+        "attn.q_proj": "attention.q_proj",
+        "attn.k_proj": "attention.k_proj",
+        "attn.v_proj": "attention.v_proj",
+        "attn.proj": "attention.o_proj",
+        "mlp.fc1_g": "feed_forward.gate_proj",
+        "mlp.fc1_x": "feed_forward.up_proj",
+        "mlp.fc2": "feed_forward.down_proj",
+        "norm1": "attention_norm",
+        "norm2": "ffn_norm",
+    },
 }
+# Pixtral's RMSNorms: their eps is the model's own (1e-5), not a setting of its config.json
+PIXTRAL_EPS = 1e-5
 
 
 def _sizes(f: Fields) -> dict:
@@ -105,6 +123,8 @@ def tower_config_to_vit(hf: Mapping) -> ViTConfig:
             proj_bias=False, mlp_bias=f.flag("mlp_bias", False) or None, mlp_layer="swiglu",
             act_layer=act_of(f, "silu"),
         )  # fmt: skip
+    if model_type == PIXTRAL:
+        return _pixtral_config_to_vit(f)
     if f.flag("use_qk_norm", False):
         raise WeightError(
             "use_qk_norm=true (InternViT-6B's qk-norm, over the whole width, not per head) has no option yet"
@@ -122,11 +142,31 @@ def tower_config_to_vit(hf: Mapping) -> ViTConfig:
     )  # fmt: skip
 
 
+def _pixtral_config_to_vit(f: Fields) -> ViTConfig:
+    """Pixtral's tower: RMSNorm before the blocks and in them, its 2-D rotary bands at ``rope_theta``,
+    SwiGLU, no biases, no position table, class token or final norm."""
+    sizes = _sizes(f)
+    head_dim = f.integer("head_dim", sizes["embed_dim"] // sizes["num_heads"])
+    if head_dim * sizes["num_heads"] != sizes["embed_dim"]:
+        raise WeightError(f"head_dim {head_dim} is not hidden_size / num_attention_heads: no option yet")
+    rope = Fields(f.data.get("rope_parameters") or {}, "rope_parameters")
+    if rope.text("rope_type", "axial") != "axial":
+        raise WeightError(f"rope_parameters.rope_type {rope.text('rope_type')!r}: Pixtral's bands are 'axial'")
+    return ViTConfig(
+        **sizes, class_token=False, global_pool="avg", pos_embed="none", rope_type="pixtral", rope_rotate_half=True,
+        rope_temperature=rope.number("rope_theta", f.number("rope_theta", 10000.0)), pre_norm=True,
+        norm_layer="rmsnorm", norm_eps=PIXTRAL_EPS, final_norm=False, qkv_bias=False, proj_bias=False,
+        mlp_layer="swiglu", act_layer=act_of(f),
+    )  # fmt: skip
+
+
 def tower_for(config: ViTConfig) -> str | None:
     """The tower layout a config is written as: AIMv2's (RMSNorm with a patch norm), InternViT's
     (LayerScale, the class token, no final norm), else None (another layout's)."""
     if config.norm_layer == "rmsnorm" and config.embed_norm:
         return AIMV2
+    if config.rope_type == "pixtral":
+        return PIXTRAL
     if config.init_values is not None and config.class_token and not config.use_final_norm and config.k_bias:
         return INTERNVL
     return None
@@ -136,7 +176,10 @@ def vit_config_to_tower(config: ViTConfig, model_type: str) -> dict:
     """The config.json of ``model_type``'s tower for ``config``, or a WeightError naming each
     setting the layout would read back otherwise."""
     sizes = {k: v for k, v in sizes_to_hf(config).items() if k != "layer_norm_eps"}
-    if model_type == AIMV2:
+    if model_type == PIXTRAL:
+        hf = dict(model_type=PIXTRAL, architectures=["PixtralVisionModel"], **sizes, head_dim=config.head_dim)
+        hf["rope_parameters"] = {"rope_type": "axial", "rope_theta": config.rope_temperature}
+    elif model_type == AIMV2:
         hf = dict(model_type=AIMV2, architectures=["Aimv2VisionModel"], **sizes, rms_norm_eps=config.norm_eps)
         hf.update(qkv_bias=config.qkv_bias, mlp_bias=config.use_mlp_bias, use_head=False, is_native=False)
     else:
