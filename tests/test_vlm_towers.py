@@ -156,6 +156,9 @@ def test_a_one_sequence_tap_is_unpacked_to_the_batch_it_packs():
         block[0, :, i * N : (i + 1) * N, i * N : (i + 1) * N] = weights[i]
     assert np.array_equal(unpack_sequence(block, B, N, weights=True), weights)
     assert not np.array_equal(unpack_sequence(block + 0.1, B, N, weights=True), weights)
+    # one image of one token (the plugin's smallest drawn case): (1, 1, D) and (1, D) are its tokens
+    one = tokens[:1, :1]
+    assert np.array_equal(unpack_sequence(one, 1, 1), one) and np.array_equal(unpack_sequence(one[0], 1, 1), one)
 
 
 # mlx-vlm's Pixtral tower: as PIXTRAL, with the SiLU its MLP takes

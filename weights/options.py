@@ -87,6 +87,9 @@ OPTIONS: tuple[Option, ...] = (
         hf="num_labels",
         family=False,
         check=count(0),
+        lacks=(
+            (r"head\.(weight|bias)", "it has no classifier head (a tower's features are its output)", "num_classes=0"),
+        ),
     ),
     Option(
         "qkv_bias",

@@ -422,7 +422,7 @@ class CapturedForward:
         if own:  # the model's own path (not a second pass off it): what ``unobserved`` compares with
             self.observed = arrays_in(out, self.adapter.is_array)
         taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))
-        shapes = self.shapes if self.port.sequence == "batch" else {}
+        shapes = self.shapes
         for stage in tap_names(self.config):
             source = self.plan.sources.get(stage)
             if source is None:

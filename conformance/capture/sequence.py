@@ -26,7 +26,7 @@ def merge_order(grid, merge: int) -> np.ndarray:
 def unpack_sequence(x: np.ndarray, batch: int, tokens: int, grid=None, merge: int = 1, weights: bool = False):
     """``unpack`` then, for a merge-grouped sequence (``merge`` > 1), each image's tokens brought to
     row-major order over its ``grid`` on every token axis (``weights``: the attention weights', both)."""
-    if x.ndim > 2 and sum(d != 1 for d in x.shape[1:]) == 1:  # a Conv3d's (N, D, 1, 1, 1) or MLX's (N, 1, 1, 1, D)
+    if x.ndim == 5 and sum(d != 1 for d in x.shape[1:]) == 1:  # a Conv3d's (N, D, 1, 1, 1) or MLX's (N, 1, 1, 1, D)
         x = x.reshape(x.shape[0], -1)
     x = unpack(x, batch, tokens, weights)
     if merge == 1 or grid is None or grid[0] * grid[1] != tokens:
@@ -45,7 +45,12 @@ def unpack(x: np.ndarray, batch: int, tokens: int, weights: bool = False) -> np.
     total = batch * tokens
     if x.ndim < 2 or x.shape[0] == batch != total:  # batched already
         return x
-    x = x[0] if x.shape[0] == 1 else x  # the sequence's own batch axis, where it has one
+    if x.ndim == 4 and x.shape[0] == 1 and x.shape[2] == total:  # (1, H, B N, ...): heads first, whatever H is
+        x = x[0]
+        if weights:
+            return np.stack([x[:, i * tokens : (i + 1) * tokens, i * tokens : (i + 1) * tokens] for i in range(batch)])
+        return x.reshape(x.shape[0], batch, tokens, x.shape[2]).transpose(1, 0, 2, 3)
+    x = x[0] if x.shape[0] == 1 and x.ndim > 2 else x  # the sequence's own batch axis, where it has one
     if x.shape[0] == total:  # tokens first: (B N, ...)
         return x.reshape(batch, tokens, *x.shape[1:])
     if weights and x.ndim == 3:  # (H, B N, B N): each image's block

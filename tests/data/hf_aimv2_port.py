@@ -48,6 +48,7 @@ RENAME = {
 
 # AIMv2 as its tower: the config's head and pooling are after the tower, out of scope
 SUPPORTS = {
+    "num_classes": 0,  # a tower: its features are its output
     "norm_layer": "rmsnorm",
     "embed_norm": True,
     "class_token": False,

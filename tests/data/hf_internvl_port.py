@@ -46,12 +46,15 @@ RENAME = {
 
 
 SUPPORTS = {
+    "num_classes": 0,  # a tower: its features are its output
     "final_norm": False,
     "init_values": lambda v: v is not None,
     "qkv_bias": False,
     "qkv_fused": False,
     "class_token": True,
     "global_pool": "token",
+    "square_images": True,  # its position table is resized as a square
+    "square_patches": True,
 }
 port = ModelPort(build, rename=RENAME, tower="blocks.{last}", supports=SUPPORTS)
 

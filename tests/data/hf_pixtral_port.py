@@ -45,6 +45,7 @@ RENAME = {
 
 
 SUPPORTS = {
+    "num_classes": 0,  # a tower: its features are its output
     "pos_embed": "none",
     "rope_type": "pixtral",
     "rope_rotate_half": True,
@@ -57,6 +58,7 @@ SUPPORTS = {
     "qkv_fused": False,
     "proj_bias": False,
     "mlp_layer": "swiglu",
+    "norm_eps": 1e-5,  # its RMSNorms' eps is the model's own
     "square_images": True,
     "square_patches": True,
 }

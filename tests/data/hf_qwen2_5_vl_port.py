@@ -10,12 +10,21 @@ image (``window_size`` the image's side): window attention is not exercised."""
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
+from impls.protocol import Unsupported
 
 T, MERGE = 2, 2  # Qwen2-VL's temporal patch and spatial merge
 
 
+def mergeable(config) -> None:
+    """Qwen2-VL's processor groups 2 x 2 patches: a grid of odd sides is no input of this tower."""
+    if any(g % MERGE for g in config.grid_size):
+        raise Unsupported(f"Qwen2-VL merges {MERGE} x {MERGE} patches: grid {config.grid_size} must have even sides")
+
+
 def build(config):
     import torch
+
+    mergeable(config)
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
@@ -75,6 +84,7 @@ def convert(state):
 
 
 SUPPORTS = {
+    "num_classes": 0,  # a tower: its features are its output
     "pos_embed": "none",
     "rope_type": "cat",
     "rope_rotate_half": True,
@@ -86,6 +96,8 @@ SUPPORTS = {
     "mlp_layer": "swiglu",
     "act_layer": "silu",
     "norm_eps": 1e-6,
+    "qkv_bias": True,  # its qkv and its MLP's projections have biases
+    "proj_bias": True,
     "square_images": True,
     "square_patches": True,
 }

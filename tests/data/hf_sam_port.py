@@ -65,12 +65,15 @@ def convert(state, config):
 
 
 SUPPORTS = {
+    "num_classes": 0,  # a tower: its features are its output
     "class_token": False,
     "global_pool": "avg",
     "final_norm": False,
-    "window_size": lambda v: v >= 0,
+    "window_size": (0, 2, 3),
     "use_rel_pos": (True, False),
     "global_attn_indexes": lambda v: True,
+    "square_images": True,  # SamVisionConfig's image_size is one side
+    "square_patches": True,
 }
 port = ModelPort(build, convert=convert, tower="blocks.{last}", supports=SUPPORTS)
 with_neck = ModelPort(build_with_neck, convert=convert, tower="blocks.{last}", supports=SUPPORTS)

@@ -17,6 +17,7 @@ def build(config):
     from mlx_vlm.models.qwen2_5_vl.config import VisionConfig
     from mlx_vlm.models.qwen2_5_vl.vision import VisionModel
 
+    hf.mergeable(config)
     p, (H, W), C = config.patch_size[0], config.img_size, config.in_chans
     visual = VisionModel(
         VisionConfig(
