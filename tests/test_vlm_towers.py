@@ -3,9 +3,11 @@ weights: each read up to the tower's output (``ModelPort(tower=...)``), what its
 it (a merger, a projector, a head) out of scope and said so."""
 
 import json
+import re
 
 import pytest
 
+from conformance.profiles import heavy
 from conformance.report import UsageError
 from conformance.generators import WeightCase, make_images
 from conformance.verify import Case, verify
@@ -306,3 +308,21 @@ def test_transformers_sam_with_its_neck_is_exit_2_naming_the_neck_alone(cli):
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.startswith("  ")]
     assert len(lines) == 1 and "convolutional neck after its blocks (vision_encoder.neck" in lines[0], err
+
+
+TOWER_PORTS = ("hf_aimv2_port", "hf_internvl_port", "hf_pixtral_port", "hf_qwen2_5_vl_port", "hf_sam_port")
+
+
+@pytest.mark.skipif(not heavy(), reason="thorough profile: the property suite on five tower ports (about 2 minutes)")
+def test_the_property_suite_passes_on_the_tower_ports_as_shipped():
+    """The plugin's properties on each tower as its VLM reads it (tower=, sequence=), where their
+    declared configs reach; the companion: InternViT's swapped LayerScales fail the same run."""
+    from pathlib import Path
+
+    from tests.test_plugin import run_pytest
+
+    ports = [a for p in TOWER_PORTS for a in ("--port", f"tests.data.{p}:port")]
+    broken = ("--port", "tests.data.hf_internvl_port:lambdas_swapped")
+    code, out = run_pytest(Path(__file__).parents[1], "--only-given-ports", *ports, *broken, select=None)
+    failed = {re.search(r"\[([^\]]+)\]", line)[1] for line in out.splitlines() if line.startswith("FAILED ")}
+    assert code == 1 and failed == {"tests.data.hf_internvl_port:lambdas_swapped"}, out[-3000:]
