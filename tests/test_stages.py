@@ -16,7 +16,8 @@ from weights import init_state
 
 # Every option a stage can need: pre_norm, qk_norm, LayerScale, the MAP head, the final norm, the
 # patch norms, DeiT's distillation token, a rotary embedding (timm's Eva: no LayerScale module
-# to hook) and EVA02's block (q's and v's biases apart, its MLP's norm).
+# to hook), EVA02's block (q's and v's biases apart, its MLP's norm) and SAM's windows and
+# decomposed relative positions.
 CONFIGS = [
     get_config("vit_test_clip").replace(qk_norm=True, init_values=1e-5),
     get_config("vit_test_siglip").replace(pre_norm=True, qk_norm=True),
@@ -24,6 +25,7 @@ CONFIGS = [
     get_config("vit_test_token").replace(rope_type="dinov3", rope_rotate_half=True, reg_tokens=2, pos_embed="none"),
     get_config("vit_test_eva"),
     get_config("vit_test_beit"),
+    get_config("vit_test_sam").replace(qk_norm=True, init_values=1e-5),
 ]
 RULES = ("out", "in", "attn", "block", "pool", "head", "return", "unseen")
 TIMM_RULES = ("out", "in", "softmax", "typed", "values", "added", "return")
@@ -66,7 +68,9 @@ def test_the_completeness_check_names_a_stage_without_its_parts():
 
 
 @pytest.mark.parametrize(
-    "config", CONFIGS, ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms", "dinov3 rope", "eva block", "beit"]
+    "config",
+    CONFIGS,
+    ids=["clip+qk+ls", "siglip+pre+qk", "deit+patch norms", "dinov3 rope", "eva block", "beit", "sam+qk+ls"],
 )
 def test_every_stage_has_an_error_model_and_a_tap_in_every_builtin_port(config):
     state = init_state(config, seed=0)

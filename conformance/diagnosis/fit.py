@@ -143,6 +143,11 @@ def dropout(stage: str, case: str) -> Diagnosis:
     return Diagnosis(stage, case, "determinism", ACTIVE_DROPOUT)
 
 
+def _grid(model):
+    """The patch grid of the images a case model ran on."""
+    return model.config.grid_at(model.images.shape[2:])
+
+
 class _Values(Mapping):
     """The stages a fit reads: the port's own where it emitted them well-formed (but the stage
     fitted), the rest computed from those, ``bug`` applied (None: the oracle's operation)."""
@@ -263,7 +268,7 @@ def token_statistics(port, base, values, stage: str, bound, tol, name) -> Fit | 
 
     if not np.isfinite(port).all():
         return None
-    x, prefix = norm_operands(stage, values, values.model.config)
+    x, prefix = norm_operands(stage, values, values.model.config, _grid(values.model))
     s = values._s
     w, eps = s[f"{prefix}.weight"], values.model.config.norm_eps
     mu = x.mean(-1, keepdims=True)
@@ -298,7 +303,7 @@ def fitted_eps(port, base, values, stage: str, bound, tol, name) -> Fit | None:
     config's own aside), the closest kept, its eps told."""
     from conformance.diagnosis.model_classes import layer_norm_as, norm_operands
 
-    x, prefix = norm_operands(stage, values, values.model.config)
+    x, prefix = norm_operands(stage, values, values.model.config, _grid(values.model))
     w, b, own = values._s[f"{prefix}.weight"], values._s.get(f"{prefix}.bias", 0.0), values.model.config.norm_eps
     best = None
     for eps in EPS_GRID:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from conformance.numerics.error_model import evaluate, softmax_weights
+from conformance.numerics.evaluate import on_grid
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
 from impls.stages import BY_KIND, stage_inputs, stage_kind
@@ -39,10 +40,11 @@ _NORMS = {  # a LayerNorm stage kind -> the weights' prefix in its scope
 NORM_KINDS = tuple(_NORMS)
 
 
-def norm_operands(name: str, t, config: ViTConfig):
-    """A LayerNorm stage's input and its weights' prefix."""
+def norm_operands(name: str, t, config: ViTConfig, grid=None):
+    """A LayerNorm stage's input and its weights' prefix (``grid``: the images' patch grid, where
+    a windowed block's attention comes back to it; the config's own by default)."""
     kind = stage_kind(name)
-    inputs = [t[k] for k in stage_inputs(name, config)]
+    inputs = on_grid(name, [t[k] for k in stage_inputs(name, config)], config, grid or config.grid_size)
     x = inputs[0] + inputs[1] if kind == "norm2" else inputs[0]
     b = _block(name)[0] if name.startswith("blocks.") else ""
     return x, _NORMS[kind].format(b=b)
@@ -68,7 +70,7 @@ def _norm_variant(**how):
     def stage(name, t, images, s, config):
         if stage_kind(name) not in _NORMS:
             return None
-        x, prefix = norm_operands(name, t, config)
+        x, prefix = norm_operands(name, t, config, config.grid_at(images.shape[2:]))
         return layer_norm_as(x, s[f"{prefix}.weight"], s.get(f"{prefix}.bias", 0.0), config.norm_eps, **how)
 
     return stage
@@ -77,7 +79,7 @@ def _norm_variant(**how):
 def _no_affine(name, t, images, s, config):
     if stage_kind(name) not in _NORMS:
         return None
-    x, _ = norm_operands(name, t, config)
+    x, _ = norm_operands(name, t, config, config.grid_at(images.shape[2:]))
     return layer_norm_as(x, 1.0, 0.0, config.norm_eps)
 
 
@@ -231,7 +233,9 @@ def _qv_biases_misplaced(name, t, images, s, config):
     b = _block(name)[0]
     j = "qkv".index(name[-1])
     w, _ = qkv_parts(s, f"{b}.attn", config.embed_dim)[j]
-    y = t[stage_inputs(name, config)[0]] @ w.T + (s[f"{b}.attn.v_bias"] if j == 1 else 0.0)
+    x, window = t[stage_inputs(name, config)[0]], config.block_window(int(name.split(".")[1]))
+    x = O.window_partition(x, config.grid_at(images.shape[2:]), window) if window else x
+    y = x @ w.T + (s[f"{b}.attn.v_bias"] if j == 1 else 0.0)
     return O.split_heads(y, config.num_heads)
 
 
@@ -314,10 +318,15 @@ def _extra_mlp_norm(name, t, images, s, config):
     return h @ s[f"{b}.mlp.fc2.weight"].T + s.get(f"{b}.mlp.fc2.bias", 0.0)
 
 
+def _summands(name, t, images, config) -> list:
+    """The block's residual summands, a windowed block's attention branch back on the images' grid."""
+    return on_grid(name, [t[k] for k in stage_inputs(name, config)], config, config.grid_at(images.shape[2:]))
+
+
 def _residual_dropped(name, t, images, s, config):
     if stage_kind(name) != "block":
         return None
-    _, a, m = (t[k] for k in stage_inputs(name, config))
+    _, a, m = _summands(name, t, images, config)
     return a + m
 
 
@@ -326,7 +335,7 @@ def _residual_from_norm(name, t, images, s, config):
     if stage_kind(name) != "block":
         return None
     b = _block(name)[0]
-    _, a, m = (t[k] for k in stage_inputs(name, config))
+    _, a, m = _summands(name, t, images, config)
     return t[f"{b}.norm1"] + a + m
 
 

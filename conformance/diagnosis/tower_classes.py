@@ -11,6 +11,7 @@ import numpy as np
 from conformance.capture.sequence import merge_order
 from conformance.diagnosis.bugclass import QUIET, BugClass
 from conformance.numerics.error_model import evaluate
+from conformance.numerics.evaluate import on_grid
 from conformance.numerics.kinds.layer_norm import layer_norm, rms_norm
 from impls.stages import stage_inputs, stage_kind
 
@@ -24,7 +25,8 @@ def _norm_of_kind(rms: bool):
     def stage(name, t, images, s, config, precision=QUIET):
         if stage_kind(name) not in _MODEL_NORMS:
             return None
-        inputs = [t[k] for k in stage_inputs(name, config)]  # norm2 reads the residual sum
+        grid = config.grid_at(images.shape[2:])  # norm2 reads the residual sum, a window's branch on the grid
+        inputs = on_grid(name, [t[k] for k in stage_inputs(name, config)], config, grid)
         x, prefix = inputs[0] + inputs[1] if stage_kind(name) == "norm2" else inputs[0], name
         norm = rms_norm if rms else layer_norm
         return norm(x, s[f"{prefix}.weight"], 0.0 if rms else s.get(f"{prefix}.bias", 0.0), config.norm_eps, precision)

@@ -260,8 +260,7 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
     if rest == "attn.rel_pos":
         rows, cols = s[f"{b}.attn.rel_pos_h"], s[f"{b}.attn.rel_pos_w"]
         return decomposed_rel_pos(inputs[0], rows, cols, config.rel_pos_grid(int(i)), p)
-    if w and rest in ("norm2", ""):  # the attention's output back on the grid (a permutation: no rounding)
-        inputs[1] = O.window_unpartition(inputs[1], grid, w)
+    inputs = on_grid(name, inputs, config, grid)
     if rest in ("attn.q_rope", "attn.k_rope"):
         freqs = s.get("rope.freqs")  # RoPE-Mixed's, per block
         return rotary(inputs[0], grid, config, p, None if freqs is None else freqs[:, int(i) : int(i) + 1])
@@ -293,6 +292,16 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
         y = r + inputs[2]
         return y, p.output * (np.abs(r) + np.abs(y)) + p.inputs * (np.abs(inputs[1]) + np.abs(inputs[2]))
     raise KeyError(f"no error model for stage {name!r}")
+
+
+def on_grid(name: str, inputs: list, config: ViTConfig, grid) -> list:
+    """A residual stage's summands (``stage_inputs``: the stream, the attention's branch, ...) with
+    a windowed block's attention branch back on the ``grid`` (a permutation: no rounding)."""
+    stage, i = stage_of(name)
+    w = config.block_window(i) if i is not None else 0
+    if not w or stage.kind not in ("norm2", "block"):
+        return inputs
+    return [inputs[0], O.window_unpartition(inputs[1], grid, w), *inputs[2:]]
 
 
 def attend_and_project(P, v, s, proj: str, p: Precision):
