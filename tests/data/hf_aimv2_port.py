@@ -4,6 +4,7 @@ config says AIMv2's parts (norm_layer='rmsnorm', embed_norm, SwiGLU, q, k and v 
 but the patch projection's, no class token); the port says where the tower ends (``tower='norm'``)."""
 
 from conformance.capture import ModelPort
+from weights.hf import towers
 
 
 def _settings(config) -> dict:
@@ -27,23 +28,8 @@ def build(config):
     return Aimv2VisionModel(Aimv2VisionConfig(**_settings(config))).eval()
 
 
-# timm's names -> transformers' AIMv2's (segments, in order: the patch norm before the final one)
-RENAME = {
-    "patch_embed.proj": "embeddings.patch_embed",
-    "patch_embed.norm": "embeddings.rms_norm",
-    "pos_embed": "embeddings.position_embedding.weight",
-    "blocks": "encoder.layers",
-    "attn.q_proj": "attention.q_proj",
-    "attn.k_proj": "attention.k_proj",
-    "attn.v_proj": "attention.v_proj",
-    "attn.proj": "attention.out_proj",
-    "mlp.fc1_g": "ffn.gate_proj",
-    "mlp.fc1_x": "ffn.up_proj",
-    "mlp.fc2": "ffn.down_proj",
-    "norm1": "rms_norm1",
-    "norm2": "rms_norm2",
-    "norm": "rms_norm",
-}
+# timm's names -> transformers' (segments, in order): the table its importer reads too
+RENAME = towers.RENAME[towers.AIMV2]
 
 
 # AIMv2 as its tower: the config's head and pooling are after the tower, out of scope

@@ -4,6 +4,7 @@ scope. The config says its parts (final_norm=False, LayerScale, q, k and v apart
 class token); LayerScale is held as bare parameters of each layer (``lambda_1``, ``lambda_2``)."""
 
 from conformance.capture import ModelPort
+from weights.hf import towers
 
 
 def _settings(config) -> dict:
@@ -28,21 +29,8 @@ def build(config):
     return InternVLVisionModel(InternVLVisionConfig(**_settings(config))).eval()
 
 
-# timm's names -> transformers' InternVL's (segments, in order); LayerScale as each layer's bare lambdas
-RENAME = {
-    "cls_token": "embeddings.cls_token",
-    "pos_embed": "embeddings.position_embeddings",
-    "patch_embed.proj": "embeddings.patch_embeddings.projection",
-    "blocks": "encoder.layer",
-    "norm1": "layernorm_before",
-    "attn.q_proj": "attention.q_proj",
-    "attn.k_proj": "attention.k_proj",
-    "attn.v_proj": "attention.v_proj",
-    "attn.proj": "attention.projection_layer",
-    "norm2": "layernorm_after",
-    "ls1.gamma": "lambda_1",
-    "ls2.gamma": "lambda_2",
-}
+# timm's names -> transformers' (segments, in order): the table its importer reads too
+RENAME = towers.RENAME[towers.INTERNVL]
 
 
 SUPPORTS = {

@@ -4,6 +4,7 @@ one sequence with a block-diagonal mask between them (``sequence="one"``), RMSNo
 at its last block, the adapter after it out of scope."""
 
 from conformance.capture import ModelPort
+from weights.hf import towers
 
 
 def _settings(config) -> dict:
@@ -27,21 +28,8 @@ def build(config):
     return PixtralVisionModel(PixtralVisionConfig(**_settings(config))).eval()
 
 
-# timm's names -> transformers' Pixtral's (segments, in order)
-RENAME = {
-    "patch_embed.proj": "patch_conv",
-    "norm_pre": "ln_pre",
-    "blocks": "transformer.layers",
-    "norm1": "attention_norm",
-    "attn.q_proj": "attention.q_proj",
-    "attn.k_proj": "attention.k_proj",
-    "attn.v_proj": "attention.v_proj",
-    "attn.proj": "attention.o_proj",
-    "norm2": "ffn_norm",
-    "mlp.fc1_g": "feed_forward.gate_proj",
-    "mlp.fc1_x": "feed_forward.up_proj",
-    "mlp.fc2": "feed_forward.down_proj",
-}
+# timm's names -> transformers' (segments, in order): the table its importer reads too
+RENAME = towers.RENAME[towers.PIXTRAL]
 
 
 SUPPORTS = {

@@ -29,6 +29,21 @@ def refuse(config: ViTConfig, model_type: str, holds: Mapping, extra: list[str])
         raise WeightError(f"the Hugging Face {model_type} layout cannot hold {', '.join(wrong)}")
 
 
+def sizes_from_hf(f: Fields, patch: int = 16) -> dict:
+    """A headless tower's sizes from its config.json (``patch``: the model's default patch size)."""
+    D = f.integer("hidden_size")
+    return dict(
+        img_size=f.size("image_size", 224),
+        patch_size=f.size("patch_size", patch),
+        in_chans=f.integer("num_channels", 3),
+        num_classes=0,
+        embed_dim=D,
+        depth=f.depth(),
+        num_heads=f.integer("num_attention_heads"),
+        mlp_ratio=f.mlp_ratio("intermediate_size", D, 4 * D),
+    )
+
+
 def sizes_to_hf(config: ViTConfig) -> dict:
     """A config.json's sizes, activation and eps for ``config`` (a pair only where it is not square)."""
     ph, pw = config.patch_size

@@ -21,7 +21,7 @@ import numpy as np
 from weights.canonical import WeightError, block_shapes, expected_shapes
 from weights.config import ViTConfig
 from weights.hf.fields import Fields
-from weights.hf.common import act_of, refuse, sizes_to_hf
+from weights.hf.common import act_of, refuse, sizes_from_hf, sizes_to_hf
 from weights.options import holds
 
 MODEL_TYPE = "dinov3_vit"
@@ -31,7 +31,6 @@ HOLDS = holds(f"hf:{MODEL_TYPE}")  # weights/options.py
 def dinov3_config_to_vit(hf: Mapping) -> ViTConfig:
     """ViTConfig from a DINOv3ViTConfig's config.json; every setting taken, none assumed."""
     f = Fields(hf)
-    D = f.integer("hidden_size")
     q, k, v = (f.flag(f"{p}_bias", d) for p, d in (("query", True), ("key", False), ("value", True)))
     if q != v or (k and not q):
         raise WeightError(
@@ -40,14 +39,7 @@ def dinov3_config_to_vit(hf: Mapping) -> ViTConfig:
         )
     proj, mlp = f.flag("proj_bias", True), f.flag("mlp_bias", True)
     return ViTConfig(
-        img_size=f.size("image_size", 224),
-        patch_size=f.size("patch_size", 16),
-        in_chans=f.integer("num_channels", 3),
-        num_classes=0,
-        embed_dim=D,
-        depth=f.depth(),
-        num_heads=f.integer("num_attention_heads"),
-        mlp_ratio=f.mlp_ratio("intermediate_size", D, 4 * D),
+        **sizes_from_hf(f),
         qkv_bias=q,
         k_bias=k if q else True,
         qkv_fused=False,

@@ -32,7 +32,7 @@ import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
-from weights.hf.common import ACT_BACK, act_of, sizes_to_hf
+from weights.hf.common import ACT_BACK, act_of, sizes_from_hf, sizes_to_hf
 from weights.hf.fields import Fields
 
 AIMV2, INTERNVL, PIXTRAL = "aimv2_vision_model", "internvl_vision", "pixtral"
@@ -91,22 +91,10 @@ _INNER = {
         "norm2": "ffn_norm",
     },
 }
+# each tower's table as one rename of leading segments (the outer names, the blocks, their parts), in order
+RENAME = {t: {**_OUTER[t], "blocks": _BLOCKS[t], **_INNER[t]} for t in MODEL_TYPES}
 # Pixtral's RMSNorms: their eps is the model's own (1e-5), not a setting of its config.json
 PIXTRAL_EPS = 1e-5
-
-
-def _sizes(f: Fields) -> dict:
-    D = f.integer("hidden_size")
-    return dict(
-        img_size=f.size("image_size", 224),
-        patch_size=f.size("patch_size", 14),
-        in_chans=f.integer("num_channels", 3),
-        num_classes=0,
-        embed_dim=D,
-        depth=f.depth(),
-        num_heads=f.integer("num_attention_heads"),
-        mlp_ratio=f.mlp_ratio("intermediate_size", D, 4 * D),
-    )
 
 
 def tower_config_to_vit(hf: Mapping) -> ViTConfig:
@@ -118,7 +106,7 @@ def tower_config_to_vit(hf: Mapping) -> ViTConfig:
             if f.flag(key, key == "use_head"):
                 raise WeightError(f"{key}=true ({why}) has no option yet: the tower without it is expressible")
         return ViTConfig(
-            **_sizes(f), class_token=False, global_pool="avg", fc_norm=False, norm_layer="rmsnorm",
+            **sizes_from_hf(f, 14), class_token=False, global_pool="avg", fc_norm=False, norm_layer="rmsnorm",
             norm_eps=f.number("rms_norm_eps", 1e-5), embed_norm=True, qkv_bias=f.flag("qkv_bias", False),
             proj_bias=False, mlp_bias=f.flag("mlp_bias", False) or None, mlp_layer="swiglu",
             act_layer=act_of(f, "silu"),
@@ -134,7 +122,7 @@ def tower_config_to_vit(hf: Mapping) -> ViTConfig:
         raise WeightError(f"norm_type {norm!r} is not supported; supported: ['layer_norm', 'rms_norm']")
     scale = float(f.number("layer_scale_init_value", 0.1, positive=False))
     return ViTConfig(
-        **_sizes(f), global_pool="token", final_norm=not f.flag("use_mean_pooling", True),
+        **sizes_from_hf(f, 14), global_pool="token", final_norm=not f.flag("use_mean_pooling", True),
         qkv_bias=f.flag("attention_bias", False), norm_eps=f.number("layer_norm_eps", 1e-6),
         norm_layer="rmsnorm" if norm == "rms_norm" else "layernorm", act_layer=act_of(f),
         init_values=scale if scale > 0 else None,
@@ -145,7 +133,7 @@ def tower_config_to_vit(hf: Mapping) -> ViTConfig:
 def _pixtral_config_to_vit(f: Fields) -> ViTConfig:
     """Pixtral's tower: RMSNorm before the blocks and in them, its 2-D rotary bands at ``rope_theta``,
     SwiGLU, no biases, no position table, class token or final norm."""
-    sizes = _sizes(f)
+    sizes = sizes_from_hf(f, 14)
     head_dim = f.integer("head_dim", sizes["embed_dim"] // sizes["num_heads"])
     if head_dim * sizes["num_heads"] != sizes["embed_dim"]:
         raise WeightError(f"head_dim {head_dim} is not hidden_size / num_attention_heads: no option yet")
