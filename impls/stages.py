@@ -46,7 +46,9 @@ qk-norm); ``{q_in}``, ``{k_in}`` what the rotation reads (``attn.q_norm`` with q
 final norm, or the last block with fc_norm); ``{pool_in}`` what ``pooled`` reads;
 ``{patch_in}`` what the projection reads (the patch norm, or the images); ``{patches}`` the patch
 embedding's output (``patch_embed.norm`` with ``embed_norm``); ``{dist}`` the distillation
-token's features (``distilled``); ``{bias}`` what the logits add (``attn.rel_pos_bias``).
+token's features (``distilled``); ``{bias}`` what the logits add (BEiT's ``attn.rel_pos_bias``,
+or SAM's ``attn.rel_pos``). Shape symbols ``Bw`` and ``Nw`` are a windowed block's windows and
+each window's tokens (``tap_symbols``), B and N elsewhere.
 
 Adding a stage is one entry here, its math in ``conformance.numerics.error_model.evaluate``, a tap in
 each of the four ports, and its capture rule (docs/model.md, "Adding a stage").
