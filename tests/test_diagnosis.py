@@ -26,6 +26,7 @@ PRESETS = (
     "vit_test_eva",
     "vit_test_beit",
     "vit_test_aimv2",
+    "vit_test_sam",
 )
 # Where a class shows only on some inputs: the images (their grid) or weights it needs.
 NEEDS = {
