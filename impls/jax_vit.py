@@ -40,7 +40,7 @@ from impls.jax_pos_embed import (  # noqa: F401 - the position schemes, re-expor
 )
 from impls.rope_settings import block_rope
 from impls.relative_position import relative_position_index
-from impls.windows import num_windows, rel_pos_index, token_index, window_index
+from impls.windows import block_grid, num_windows, rel_pos_args, rel_pos_index, token_index, window_index
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "jax"
@@ -192,15 +192,6 @@ ACT_LAYERS = {"gelu": GELU, "gelu_tanh": partial(GELU, approximate=True), "quick
 def _kept(keep) -> dict:
     """A packed batch's ``keep`` as a keyword (none for images: a layer swapped in need not take it)."""
     return {} if keep is None else {"keep": keep}
-
-
-def _windowed(grid, i: int, config: ViTConfig) -> dict:
-    return {"grid": grid} if config.block_window(i) else {}
-
-
-def rel_pos(config: ViTConfig, i: int) -> dict:
-    """Block ``i``'s attention's decomposed relative positions (SAM): on and the grid they span."""
-    return {"use_rel_pos": True, "input_size": config.rel_pos_grid(i)} if config.use_rel_pos else {}
 
 
 def record_tap(taps, name, value):
@@ -555,7 +546,7 @@ class Block(nnx.Module):
             k_bias=config.k_bias,
             qkv_fused=config.qkv_fused,
             window_size=config.grid_size if config.rel_pos_bias else None,
-            **rel_pos(config, index),
+            **rel_pos_args(config, index),
             rngs=rngs,
         )
         self.ls1 = LayerScale(dim) if config.init_values is not None else Identity()
@@ -698,7 +689,7 @@ class VisionTransformer(nnx.Module):
                 f"blocks.{i}",
                 **({} if r is None else {"rope": r}),
                 **_kept(keep),
-                **_windowed(grid, i, self.config),
+                **block_grid(grid, i, self.config),
             )
         if self.config.use_final_norm:
             x = self.norm(x)

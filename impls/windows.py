@@ -60,3 +60,15 @@ def rel_pos_index(size: int) -> np.ndarray:
     index = np.arange(size)[:, None] - np.arange(size)[None, :] + size - 1
     index.setflags(write=False)
     return index
+
+
+def block_grid(grid, i: int, config) -> dict:
+    """Block ``i``'s call's keywords: the tokens' ``grid`` where it attends in windows (none else:
+    a block swapped in need not take it)."""
+    return {"grid": grid} if config.block_window(i) else {}
+
+
+def rel_pos_args(config, i: int) -> dict:
+    """Block ``i``'s attention's keywords for SAM's decomposed relative positions (timm's
+    ``use_rel_pos`` and ``input_size``: its window's grid, or the patch grid's)."""
+    return {"use_rel_pos": True, "input_size": config.rel_pos_grid(i)} if config.use_rel_pos else {}
