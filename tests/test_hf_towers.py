@@ -18,8 +18,7 @@ def _theirs(model_type, config):
     from transformers import Aimv2VisionConfig, Aimv2VisionModel, InternVLVisionConfig, InternVLVisionModel
     from transformers import PixtralVisionConfig, PixtralVisionModel
 
-    settings = {k: v for k, v in towers.vit_config_to_tower(config, model_type).items() if k != "architectures"}
-    settings.pop("model_type")
+    settings = towers.hf_settings(config, model_type)
     classes = {
         towers.AIMV2: (Aimv2VisionConfig, Aimv2VisionModel),
         towers.INTERNVL: (InternVLVisionConfig, InternVLVisionModel),

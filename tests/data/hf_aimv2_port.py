@@ -7,25 +7,12 @@ from conformance.capture import ModelPort
 from weights.hf import towers
 
 
-def _settings(config) -> dict:
-    """Aimv2VisionConfig's names for the config's sizes."""
-    return dict(
-        image_size=config.img_size[0],
-        patch_size=config.patch_size[0],
-        num_channels=config.in_chans,
-        hidden_size=config.embed_dim,
-        num_hidden_layers=config.depth,
-        num_attention_heads=config.num_heads,
-        intermediate_size=config.mlp_hidden_dim,
-        rms_norm_eps=config.norm_eps,
-        use_head=False,
-    )
-
-
 def build(config):
     from transformers import Aimv2VisionConfig, Aimv2VisionModel
 
-    return Aimv2VisionModel(Aimv2VisionConfig(**_settings(config))).eval()
+    return Aimv2VisionModel(
+        Aimv2VisionConfig(**towers.hf_settings(config, towers.AIMV2))
+    ).eval()  # as its importer writes it
 
 
 # timm's names -> transformers' (segments, in order): the table its importer reads too

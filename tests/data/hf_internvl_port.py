@@ -7,26 +7,12 @@ from conformance.capture import ModelPort
 from weights.hf import towers
 
 
-def _settings(config) -> dict:
-    """InternVLVisionConfig's names for the config's sizes."""
-    return dict(
-        image_size=list(config.img_size),
-        patch_size=list(config.patch_size),
-        num_channels=config.in_chans,
-        hidden_size=config.embed_dim,
-        num_hidden_layers=config.depth,
-        num_attention_heads=config.num_heads,
-        intermediate_size=config.mlp_hidden_dim,
-        layer_norm_eps=config.norm_eps,
-        layer_scale_init_value=config.init_values,
-        use_mean_pooling=True,  # InternVL's: no final norm
-    )
-
-
 def build(config):
     from transformers import InternVLVisionConfig, InternVLVisionModel
 
-    return InternVLVisionModel(InternVLVisionConfig(**_settings(config))).eval()
+    return InternVLVisionModel(
+        InternVLVisionConfig(**towers.hf_settings(config, towers.INTERNVL))
+    ).eval()  # as its importer writes it
 
 
 # timm's names -> transformers' (segments, in order): the table its importer reads too

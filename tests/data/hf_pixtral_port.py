@@ -7,25 +7,12 @@ from conformance.capture import ModelPort
 from weights.hf import towers
 
 
-def _settings(config) -> dict:
-    """PixtralVisionConfig's names for the config's sizes."""
-    return dict(
-        image_size=config.img_size[0],
-        patch_size=config.patch_size[0],
-        num_channels=config.in_chans,
-        hidden_size=config.embed_dim,
-        num_hidden_layers=config.depth,
-        num_attention_heads=config.num_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.mlp_hidden_dim,
-        rope_parameters={"rope_type": "axial", "rope_theta": config.rope_temperature},
-    )
-
-
 def build(config):
     from transformers import PixtralVisionConfig, PixtralVisionModel
 
-    return PixtralVisionModel(PixtralVisionConfig(**_settings(config))).eval()
+    return PixtralVisionModel(
+        PixtralVisionConfig(**towers.hf_settings(config, towers.PIXTRAL))
+    ).eval()  # as its importer writes it
 
 
 # timm's names -> transformers' (segments, in order): the table its importer reads too

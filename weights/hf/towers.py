@@ -189,6 +189,13 @@ def vit_config_to_tower(config: ViTConfig, model_type: str) -> dict:
     return hf
 
 
+def hf_settings(config: ViTConfig, model_type: str) -> dict:
+    """The keywords of transformers' config class for ``model_type``'s tower (its config.json but
+    the names of the model), refused as ``vit_config_to_tower`` refuses."""
+    hf = vit_config_to_tower(config, model_type)
+    return {k: v for k, v in hf.items() if k not in ("model_type", "architectures")}
+
+
 def _rename(key: str, model_type: str, back: bool = False) -> str | None:
     """A canonical key under ``model_type``'s names (``back``: the other way); None for a key the
     layout has no place for."""
