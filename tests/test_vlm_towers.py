@@ -224,6 +224,20 @@ def test_transformers_qwen2_5_vl_tower_read_in_row_major_order_is_located_and_na
     assert "2 x 2 merge groups" in format_report(report) and "sequence='merge2x2'" in format_report(report)
 
 
+@pytest.mark.parametrize("tower", ["hf_qwen2_5_vl_port", "mlx_vlm_qwen2_5_vl_port"])
+def test_a_qwen2_5_vl_tower_with_windows_smaller_than_the_image_is_exit_2_naming_them(cli, tower):
+    """Qwen2.5-VL's window attention (windows half the image's side): the oracle attends over the
+    whole image and no option says otherwise yet, so this correct tower is not a finding (it was NOT
+    CONFORMANT at blocks.0.attn): exit 2, its one line the windows, in transformers' and mlx-vlm's.
+    The companion: the same towers with one window over the image are CONFORMANT (above)."""
+    config = ["--config", json.dumps(QWEN2_5_VL.to_dict())]
+    code, out, err = cli("verify", f"tests.data.{tower}:windowed", *config, "--in-process")
+    said = [line for line in err.splitlines() if "cannot express" in line]
+    assert code == 2 and len(said) == 1 and not out.strip(), out + err
+    assert "attends within windows of each image's 16 tokens (in block 0 " in said[0], said
+    assert "called on 4 tokens at a time" in said[0] and "no option of the config expresses it yet" in said[0]
+
+
 def test_a_merge_grouped_tap_is_brought_to_row_major_order():
     """(1, B N, D) in 2 x 2 merge groups back to (B, N, D) row-major, and the weights' queries and
     keys both; the companion: read as a row-major sequence it stays in the other order."""

@@ -333,6 +333,19 @@ def why_absent(key: str, config: ViTConfig) -> str:
     return f"the convert reads {key!r}, which the canonical state does not hold: {why}"
 
 
+def windowed(blocks: Mapping[int, list[int]], config) -> NotExpressible:
+    """A model whose fused attention runs on windows of an image's tokens (``cu_seqlens``: Qwen2.5-VL's
+    window attention, its windows of merge groups cut at the image's edge, in window order): SAM's
+    windows (``window_size``) are another scheme, a grid padded to whole windows, batched."""
+    shown = ("block " if len(blocks) == 1 else "blocks ") + ", ".join(map(str, sorted(blocks)))
+    sizes = ", ".join(map(str, sorted({n for counts in blocks.values() for n in counts})))
+    return NotExpressible(
+        f"it attends within windows of each image's {config.num_tokens} tokens (in {shown} its fused "
+        f"attention called on {sizes} tokens at a time, Qwen2.5-VL's window attention): no option of the "
+        "config expresses it yet"
+    )
+
+
 def hierarchical(canonical: Mapping[str, str], params: Mapping[str, tuple], config) -> NotExpressible | None:
     """For a mapping whose shapes do not fit (``canonical``: model key -> the canonical key sent
     there; ``params``: the model's shapes): the answer where they show the model's width changing

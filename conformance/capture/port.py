@@ -20,6 +20,7 @@ from conformance.capture.expressible import (
     options_read,
     why_absent,
     schemes,
+    windowed,
 )
 from conformance.capture.mapping import (
     PATCH_ORDERS,
@@ -35,7 +36,7 @@ from conformance.capture.mapping import (
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
 from conformance.capture.sequence import SEQUENCES, heads_first, unpack_sequence
 from conformance.capture.quantize import quantized_port
-from conformance.capture.reading import Never, Unseen, read_attention, to_tap_shape
+from conformance.capture.reading import Never, Unseen, read_attention, to_tap_shape, windowed_blocks
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import CannotJudge, ToolError, describe_exception
 from conformance.support import check_supported, supports_of
@@ -419,6 +420,11 @@ class CapturedForward:
         recorder = Recorder(self.adapter, self.config, batch, self.plan.blocks)
         out = self.adapter.run(inputs, recorder, self.plan.watch() if watch else {}, functions=functions)
         recorder.raise_error()
+        # one sequence of whole images: a fused call on fewer than an image's tokens is a window,
+        # where the oracle attends over the whole image
+        windows = windowed_blocks(recorder, self.config.num_tokens) if self.port.sequence != "batch" else None
+        if windows:
+            raise windowed(windows, self.config)
         if own:  # the model's own path (not a second pass off it): what ``unobserved`` compares with
             self.observed = arrays_in(out, self.adapter.is_array)
         taps = Taps(unseen=self.plan.unseen, findings=list(self.findings))

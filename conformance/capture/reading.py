@@ -32,6 +32,22 @@ def to_tap_shape(x, shape):
     return x
 
 
+def windowed_blocks(rec, tokens: int) -> dict[int, list[int]]:
+    """The blocks whose fused attention was called on parts of an image's ``tokens`` (cu_seqlens
+    windows, Qwen2.5-VL's), not on whole images: block -> the calls' token counts. One call per
+    image, or one on the whole sequence, is not listed; nor is a call on no tokens."""
+    found = {}
+    for block, slot in rec.attn.items():
+        if block is None or "chunks" not in slot or "q" not in slot:
+            continue
+        axis = -2 if slot.get("heads_first", True) else -3  # (..., H, L, hd) or (..., L, H, hd)
+        counts = [int(np.shape(part)[axis]) for part in (slot["q"], *(ch["q"] for ch in slot["chunks"]))]
+        counts = [n for n in counts if n]  # an empty call (a repeated cu_seqlens offset) attends nothing
+        if any(n != tokens for n in counts):
+            found[block] = counts
+    return found
+
+
 def read_attention(source, rec, config, as_numpy, first_array, shape=None):
     """q, k, v, the weights or the bias of a block as its attention record shows them
     (``as_numpy``: the captured forward's reader, which notes the dtype emitted; ``first_array``: a

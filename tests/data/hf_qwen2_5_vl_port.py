@@ -7,6 +7,8 @@ frames, flattened into patches of (C, T, p, p) in 2 x 2 merge groups, every imag
 replaced by an identity (as a headless open_clip tower drops its proj). Its windows here cover the whole
 image (``window_size`` the image's side): window attention is not exercised."""
 
+from dataclasses import replace
+
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
@@ -21,7 +23,8 @@ def mergeable(config) -> None:
         raise Unsupported(f"Qwen2-VL merges {MERGE} x {MERGE} patches: grid {config.grid_size} must have even sides")
 
 
-def build(config):
+def build(config, window=None):
+    """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window)."""
     import torch
 
     mergeable(config)
@@ -39,7 +42,7 @@ def build(config):
             patch_size=p,
             spatial_merge_size=MERGE,
             temporal_patch_size=T,
-            window_size=H,  # one window: the whole image
+            window_size=window or H,
             fullatt_block_indexes=[config.depth - 1],
             out_hidden_size=config.embed_dim,
         )
@@ -104,3 +107,6 @@ SUPPORTS = {
 port = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="merge2x2", supports=SUPPORTS)
 # the port that reads its merge-grouped sequence as row-major: every token in another place
 row_major = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
+# Qwen2.5-VL's windows smaller than the image (half its side: in blocks but the last, attention within
+# windows of merge groups, in window order), which no option of the config expresses yet
+windowed = replace(port, build=lambda config: build(config, window=config.img_size[0] // 2))

@@ -3,6 +3,8 @@ tests/data/hf_qwen2_5_vl_port.py reads transformers': MLX, Qwen2-VL's processing
 a wrapper, its tokens in 2 x 2 merge groups in one sequence (``sequence="merge2x2"``), its attention
 one mx.fast call per image or window, its merger replaced by an identity; windows covering the image."""
 
+from dataclasses import replace
+
 import numpy as np
 
 from conformance.capture import ModelPort
@@ -11,7 +13,8 @@ from tests.data import hf_qwen2_5_vl_port as hf
 T, MERGE = hf.T, hf.MERGE
 
 
-def build(config):
+def build(config, window=None):
+    """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_vlm.models.qwen2_5_vl.config import VisionConfig
@@ -30,7 +33,7 @@ def build(config):
             in_channels=C,
             spatial_merge_size=MERGE,
             temporal_patch_size=T,
-            window_size=H,  # one window: the whole image
+            window_size=window or H,
             fullatt_block_indexes=[config.depth - 1],
         )
     )
@@ -74,3 +77,5 @@ def _gate_for_up(state):
 
 
 gate_for_up = ModelPort(build, convert=_gate_for_up, tower="blocks.{last}", sequence="merge2x2", supports=hf.SUPPORTS)
+# windows half the image's side (tests/data/hf_qwen2_5_vl_port.py's windowed): no option expresses them yet
+windowed = replace(port, build=lambda config: build(config, window=config.img_size[0] // 2))
