@@ -74,8 +74,14 @@ def _consistent(values: dict) -> dict:
         values.update(class_token=True, reg_tokens=0, distilled=False, dynamic_img_size=False)
     if values.get("attn_pool_num_heads") and values["embed_dim"] % values["attn_pool_num_heads"]:
         values["attn_pool_num_heads"] = None
+    if not values.get("window_size"):  # windows cut at the edge or padded: windows to cut or pad
+        values["window_partition"] = "pad"
+    if values.get("window_partition") == "truncate":  # Qwen2.5-VL's: rotary embeddings beside them
+        values["use_rel_pos"] = False
     if values.get("window_size") or values.get("use_rel_pos"):  # SAM's: the patch grid alone, no prefix
-        values.update(class_token=False, reg_tokens=0, distilled=False, rope_type=None, rel_pos_bias=False)
+        values.update(class_token=False, reg_tokens=0, distilled=False, rel_pos_bias=False)
+        if values.get("window_partition") != "truncate":
+            values["rope_type"] = None
         values["global_pool"] = "avg" if values.get("global_pool") == "token" else values.get("global_pool", "avg")
     if values.get("use_rel_pos"):  # a global block's tables span the config's grid
         values["dynamic_img_size"] = False

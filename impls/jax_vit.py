@@ -40,7 +40,7 @@ from impls.jax_pos_embed import (  # noqa: F401 - the position schemes, re-expor
 )
 from impls.rope_settings import block_rope
 from impls.relative_position import relative_position_index
-from impls.windows import block_grid, num_windows, rel_pos_args, rel_pos_index, token_index, window_index
+from impls.windows import block_grid, num_windows, rel_pos_args, rel_pos_index, token_index, window_index, window_mask
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state
 
 FRAMEWORK = "jax"
@@ -321,8 +321,9 @@ class Attention(nnx.Module):
         qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         return qkv[0], qkv[1], qkv[2]
 
-    def __call__(self, x, taps=None, name="attn", rope=None, keep=None):
-        """``keep``: (B, N) the tokens that are an image's, the keys the rest attend (a packed batch's)."""
+    def __call__(self, x, taps=None, name="attn", rope=None, keep=None, window=None):
+        """``keep``: (B, N) the tokens that are an image's, the keys the rest attend (a packed batch's);
+        ``window``: (1, 1, N, N) the keys each query attends (Qwen2.5-VL's windows)."""
         q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
@@ -343,6 +344,7 @@ class Attention(nnx.Module):
             bias = decomposed_rel_pos(q, self.rel_pos_h[...], self.rel_pos_w[...], self.input_size)
             bias = record_tap(taps, f"{name}.rel_pos", bias)
         keys = None if keep is None else keep[:, None, None, :]  # the padding's keys out
+        keys = window if keys is None else keys if window is None else keys & window  # Qwen2.5-VL's windows
         if self.fused_attn and taps is None:
             x = jax.nn.dot_product_attention(
                 q.swapaxes(1, 2), k.swapaxes(1, 2), v.swapaxes(1, 2), bias=bias, mask=keys, scale=self.scale
@@ -532,6 +534,7 @@ class Block(nnx.Module):
     ):
         dim = config.embed_dim
         self.window_size = config.block_window(index)  # SAM: 0, the block attends globally
+        self.window_cut = config.block_window_cut(index)  # Qwen2.5-VL: 0, no windows cut at the edge
         self.norm1 = norm_layer(config, dim, rngs=rngs)
         self.attn = (attn_layer or Attention)(
             dim,
@@ -562,7 +565,9 @@ class Block(nnx.Module):
         h = record_tap(taps, f"{name}.norm1", h)
         if self.window_size:
             h = window_partition(h, grid, self.window_size)
-        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep))
+        h = self.attn(
+            h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep), **self._cut(grid)
+        )
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
@@ -578,6 +583,11 @@ class Block(nnx.Module):
         x = x + h
         x = record_tap(taps, name, x)
         return x
+
+    def _cut(self, grid) -> dict:
+        """Qwen2.5-VL's windows as the attention's keyword: the keys each query attends, (1, 1, N, N)
+        (none elsewhere: an attention swapped in need not take it)."""
+        return {"window": jnp.asarray(window_mask(grid, self.window_cut))[None, None]} if self.window_cut else {}
 
 
 class RotaryEmbeddingMixed(nnx.Module):

@@ -40,7 +40,7 @@ from impls.mlx_pos_embed import (  # noqa: F401 - the position schemes, re-expor
 )  # noqa: E402
 from impls.rope_settings import block_rope  # noqa: E402
 from impls.relative_position import relative_position_index  # noqa: E402
-from impls.windows import block_grid, num_windows, rel_pos_args, rel_pos_index, token_index, window_index  # noqa: E402
+from impls.windows import block_grid, num_windows, rel_pos_args, rel_pos_index, token_index, window_index, window_mask  # noqa: E402
 from weights import check_exact_match, from_native, mha_shapes, to_native, validate_state  # noqa: E402
 
 FRAMEWORK = "mlx"
@@ -288,8 +288,9 @@ class Attention(nn.Module):
         qkv = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
         return qkv[0], qkv[1], qkv[2]
 
-    def __call__(self, x, taps=None, name="attn", rope=None, keep=None):
-        """``keep``: (B, N) the tokens that are an image's, the keys the rest attend (a packed batch's)."""
+    def __call__(self, x, taps=None, name="attn", rope=None, keep=None, window=None):
+        """``keep``: (B, N) the tokens that are an image's, the keys the rest attend (a packed batch's);
+        ``window``: (1, 1, N, N) the keys each query attends (Qwen2.5-VL's windows)."""
         q, k, v = self.project(x)
         q = record_tap(taps, f"{name}.q", q)
         k = record_tap(taps, f"{name}.k", k)
@@ -309,9 +310,11 @@ class Attention(nn.Module):
         if self.use_rel_pos:  # q's products with the offsets' rows, added to the scaled logits
             bias = decomposed_rel_pos(q, self.rel_pos_h, self.rel_pos_w, self.input_size)
             bias = record_tap(taps, f"{name}.rel_pos", bias)
+        if window is not None:  # Qwen2.5-VL's windows: each query's own window's keys
+            bias = window if bias is None else mx.where(window, bias, -mx.inf)
         if keep is not None:  # the padding's keys out: a boolean mask, or -inf added to the bias
             keys = keep[:, None, None, :]
-            bias = keys if bias is None else mx.where(keys, bias, -mx.inf)
+            bias = keys if bias is None else keys & bias if bias.dtype == mx.bool_ else mx.where(keys, bias, -mx.inf)
         if self.fused_attn and taps is None:
             x = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=bias)
         else:
@@ -485,6 +488,7 @@ class Block(nn.Module):
         super().__init__()
         dim = config.embed_dim
         self.window_size = config.block_window(index)  # SAM: 0, the block attends globally
+        self.window_cut = config.block_window_cut(index)  # Qwen2.5-VL: 0, no windows cut at the edge
         self.norm1 = norm_layer(config, dim)
         self.attn = (attn_layer or Attention)(
             dim,
@@ -514,7 +518,9 @@ class Block(nn.Module):
         h = record_tap(taps, f"{name}.norm1", h)
         if self.window_size:
             h = window_partition(h, grid, self.window_size)
-        h = self.attn(h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep))
+        h = self.attn(
+            h, taps, f"{name}.attn", **({} if rope is None else {"rope": rope}), **_kept(keep), **self._cut(grid)
+        )
         if isinstance(self.ls1, LayerScale):
             h = self.ls1(h)
             h = record_tap(taps, f"{name}.ls1", h)
@@ -530,6 +536,11 @@ class Block(nn.Module):
         x = x + h
         x = record_tap(taps, name, x)
         return x
+
+    def _cut(self, grid) -> dict:
+        """Qwen2.5-VL's windows as the attention's keyword: the keys each query attends, (1, 1, N, N)
+        (none elsewhere: an attention swapped in need not take it)."""
+        return {"window": mx.array(window_mask(grid, self.window_cut))[None, None]} if self.window_cut else {}
 
 
 class RotaryEmbeddingMixed(nn.Module):

@@ -8,6 +8,9 @@ and attends window by window: windows row-major over the padded grid, each windo
 row-major, the windows of one image together (timm's ``window_partition``: (B nW, w w, D)).
 Its attention's output goes back to the grid, the padding dropped (``window_unpartition``).
 
+Qwen2.5-VL's windows (``window_partition='truncate'``) are cut at the image's edge instead: no
+padding, no partition; each token attends the tokens of its own window of the grid (``window_mask``).
+
 Decomposed relative positions (MViTv2, SAM): for a query at (y, x) of an (S_h, S_w) grid (a
 window, or the patch grid in a global block) and a key at (y', x'), the logits add
 q · rel_pos_h[y - y' + S_h - 1] + q · rel_pos_w[x - x' + S_w - 1] (q unscaled, after qk-norm).
@@ -62,10 +65,22 @@ def rel_pos_index(size: int) -> np.ndarray:
     return index
 
 
+@lru_cache(maxsize=32)
+def window_mask(grid: tuple[int, int], w: int) -> np.ndarray:
+    """(gh gw, gh gw) bool: whether the token at each row (row-major over the grid) attends the
+    token at each column, both in one ``w`` x ``w`` window of windows cut at the grid's edge
+    (Qwen2.5-VL's); read-only."""
+    y, x = np.divmod(np.arange(grid[0] * grid[1]), grid[1])
+    window = (y // w) * -(-grid[1] // w) + x // w
+    mask = window[:, None] == window[None, :]
+    mask.setflags(write=False)
+    return mask
+
+
 def block_grid(grid, i: int, config) -> dict:
     """Block ``i``'s call's keywords: the tokens' ``grid`` where it attends in windows (none else:
     a block swapped in need not take it)."""
-    return {"grid": grid} if config.block_window(i) else {}
+    return {"grid": grid} if config.block_window(i) or config.block_window_cut(i) else {}
 
 
 def rel_pos_args(config, i: int) -> dict:

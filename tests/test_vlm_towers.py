@@ -2,6 +2,7 @@
 weights: each read up to the tower's output (``ModelPort(tower=...)``), what its model adds after
 it (a merger, a projector, a head) out of scope and said so."""
 
+import importlib
 import json
 import re
 
@@ -224,18 +225,48 @@ def test_transformers_qwen2_5_vl_tower_read_in_row_major_order_is_located_and_na
     assert "2 x 2 merge groups" in format_report(report) and "sequence='merge2x2'" in format_report(report)
 
 
-@pytest.mark.parametrize("tower", ["hf_qwen2_5_vl_port", "mlx_vlm_qwen2_5_vl_port"])
-def test_a_qwen2_5_vl_tower_with_windows_smaller_than_the_image_is_exit_2_naming_them(cli, tower):
-    """Qwen2.5-VL's window attention (windows half the image's side): the oracle attends over the
-    whole image and no option says otherwise yet, so this correct tower is not a finding (it was NOT
-    CONFORMANT at blocks.0.attn): exit 2, its one line the windows, in transformers' and mlx-vlm's.
-    The companion: the same towers with one window over the image are CONFORMANT (above)."""
+# Qwen2.5-VL's windows smaller than the image: a 6 x 6 grid in windows of 4 x 4 patches (2 x 2 merge groups),
+# those at the edge cut short, every block but the last attending within them
+QWEN2_5_VL_WINDOWS = QWEN2_5_VL.replace(
+    img_size=24, window_size=4, window_partition="truncate", global_attn_indexes=(1,)
+)
+QWEN_TOWERS = ["hf_qwen2_5_vl_port", "mlx_vlm_qwen2_5_vl_port"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tower", QWEN_TOWERS)
+def test_a_qwen2_5_vl_tower_in_windows_is_conformant_with_them_declared(tower, dtype):
+    """transformers' and mlx-vlm's Qwen2.5-VL towers with windows smaller than the image
+    (``window_partition='truncate'``): their blocks read in window order, each fused call a window's
+    tokens joined in order; every stage the tower shows checked, in float32 and bfloat16."""
+    port = importlib.import_module(f"tests.data.{tower}").windowed
+    report = verify(port, QWEN2_5_VL_WINDOWS, cases=quick_cases(QWEN2_5_VL_WINDOWS), dtype=dtype)
+    assert report.conformant, format_report(report)
+    assert {"embed", "blocks.0.attn", "blocks.1.attn.k_rope", "blocks.1"} <= {r.name for r in report.stages if r.ok}
+
+
+@pytest.mark.parametrize("tower", QWEN_TOWERS)
+def test_a_qwen2_5_vl_tower_whose_blocks_ignore_their_windows_is_located_and_named(tower):
+    """The companion: the same tower with every block in fullatt_block_indexes (its tokens in window
+    order, its windows' cu_seqlens never used), located at the first block's attention and named."""
+    port = importlib.import_module(f"tests.data.{tower}").windows_ignored
+    report = verify(port, QWEN2_5_VL_WINDOWS, cases=quick_cases(QWEN2_5_VL_WINDOWS)[:1])
+    assert report.first_divergence == "blocks.0.attn" and report.diagnosis.named == "windows_ignored", format_report(
+        report
+    )
+
+
+@pytest.mark.parametrize("tower", QWEN_TOWERS)
+def test_a_qwen2_5_vl_tower_in_windows_under_a_config_without_them_is_exit_2_naming_the_option(cli, tower):
+    """Under a config that does not declare its windows, the oracle attends over the whole image: a
+    correct tower is not a finding (it was NOT CONFORMANT at blocks.0.attn) but exit 2, its one line
+    the windows and the options that express them."""
     config = ["--config", json.dumps(QWEN2_5_VL.to_dict())]
     code, out, err = cli("verify", f"tests.data.{tower}:windowed", *config, "--in-process")
     said = [line for line in err.splitlines() if "cannot express" in line]
     assert code == 2 and len(said) == 1 and not out.strip(), out + err
     assert "attends within windows of each image's 16 tokens (in block 0 " in said[0], said
-    assert "called on 4 tokens at a time" in said[0] and "no option of the config expresses it yet" in said[0]
+    assert "called on 4 tokens at a time" in said[0] and "window_partition='truncate' expresses it" in said[0]
 
 
 def test_a_merge_grouped_tap_is_brought_to_row_major_order():

@@ -177,6 +177,20 @@ BUILDER_OPTIONS: tuple[Option, ...] = (
         draws=(0, 0, 0, 0, 0, 0, 2, 3),
         check=count(0),
     ),
+    # Qwen2.5-VL's vision tower: its windows cut at the image's edge instead of padded
+    Option(
+        "window_partition",
+        "pad",
+        "pad",
+        "how window_size's windows meet the image's edge: 'pad', the grid zero-padded to whole windows, "
+        "attended window by window (SAM's, timm's window_partition); 'truncate', the windows at the edge cut "
+        "short and each token attending its window's tokens on the whole grid (Qwen2.5-VL's window attention: "
+        "window_size its window in patches, global_attn_indexes its fullatt_block_indexes)",
+        holds=only("pad"),
+        timm_name=None,
+        draws=("pad", "truncate"),
+        check=one_of(("pad", "truncate")),
+    ),
     Option(
         "global_attn_indexes",
         (),

@@ -72,6 +72,9 @@ The options mean exactly what they mean in timm's ``VisionTransformer``:
   ``use_rel_pos`` adds to each block's logits q's products with ``attn.rel_pos_h`` and
   ``attn.rel_pos_w`` ((2 S - 1, head_dim) for S the window's side, or the grid's in a global
   block). No prefix token, no rotary embedding, the config's own grid with ``use_rel_pos``.
+  ``window_partition='truncate'``: Qwen2.5-VL's windows instead, cut at the image's edge, each
+  token attending its own window's tokens on the whole grid (a mask: no padding, no partition,
+  rotary embeddings at each token's place in the image).
 """
 
 from __future__ import annotations
@@ -250,7 +253,18 @@ class ViTConfig:
             )
 
     def _check_windows(self) -> None:
-        """SAM's windows and decomposed relative positions (impls/windows.py): over the patch grid alone."""
+        """SAM's windows and decomposed relative positions, Qwen2.5-VL's windows (impls/windows.py):
+        over the patch grid alone."""
+        if self.window_partition == "truncate":
+            if not self.window_size or self.num_prefix_tokens or self.rel_pos_bias or self.use_rel_pos:
+                raise ConfigError(
+                    "window_partition='truncate' (Qwen2.5-VL's windows, cut at the image's edge) masks each "
+                    "token's attention to its window of the patch grid: it needs window_size > 0, no prefix "
+                    f"token, rel_pos_bias or use_rel_pos, got window_size={self.window_size!r}, "
+                    f"{self.num_prefix_tokens} prefix tokens, rel_pos_bias={self.rel_pos_bias!r}, "
+                    f"use_rel_pos={self.use_rel_pos!r}"
+                )
+            return
         sam = {k: v for k, v in (("window_size", self.window_size), ("use_rel_pos", self.use_rel_pos)) if v}
         if sam and (self.num_prefix_tokens or self.rope_type is not None or self.rel_pos_bias):
             raise ConfigError(
@@ -270,8 +284,18 @@ class ViTConfig:
             )
 
     def block_window(self, i: int) -> int:
-        """The side of block ``i``'s attention windows; 0: it attends globally."""
-        return 0 if i in self.global_attn_indexes else self.window_size
+        """The side of block ``i``'s padded attention windows (SAM's, attended window by window); 0:
+        it attends globally, or within windows cut at the edge (``block_window_cut``)."""
+        if i in self.global_attn_indexes or self.window_partition != "pad":
+            return 0
+        return self.window_size
+
+    def block_window_cut(self, i: int) -> int:
+        """The side of block ``i``'s windows cut at the image's edge (Qwen2.5-VL's: each token attends
+        its window's tokens, on the whole grid); 0: none."""
+        if i in self.global_attn_indexes or self.window_partition != "truncate":
+            return 0
+        return self.window_size
 
     def rel_pos_grid(self, i: int) -> tuple[int, int]:
         """The grid block ``i``'s decomposed relative positions span: its window's, or the patch grid's."""

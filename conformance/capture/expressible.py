@@ -335,14 +335,15 @@ def why_absent(key: str, config: ViTConfig) -> str:
 
 def windowed(blocks: Mapping[int, list[int]], config) -> NotExpressible:
     """A model whose fused attention runs on windows of an image's tokens (``cu_seqlens``: Qwen2.5-VL's
-    window attention, its windows of merge groups cut at the image's edge, in window order): SAM's
-    windows (``window_size``) are another scheme, a grid padded to whole windows, batched."""
+    window attention, its windows of merge groups cut at the image's edge, in window order), under a
+    config without ``window_partition='truncate'`` (SAM's padded windows are another scheme)."""
     shown = ("block " if len(blocks) == 1 else "blocks ") + ", ".join(map(str, sorted(blocks)))
     sizes = ", ".join(map(str, sorted({n for counts in blocks.values() for n in counts})))
     return NotExpressible(
         f"it attends within windows of each image's {config.num_tokens} tokens (in {shown} its fused "
-        f"attention called on {sizes} tokens at a time, Qwen2.5-VL's window attention): no option of the "
-        "config expresses it yet"
+        f"attention called on {sizes} tokens at a time, Qwen2.5-VL's window attention): window_size (the "
+        "windows' side in patches) with window_partition='truncate' expresses it, global_attn_indexes its "
+        "blocks that attend the whole image"
     )
 
 

@@ -423,7 +423,7 @@ class CapturedForward:
         # one sequence of whole images: a fused call on fewer than an image's tokens is a window,
         # where the oracle attends over the whole image
         windows = windowed_blocks(recorder, self.config.num_tokens) if self.port.sequence != "batch" else None
-        if windows:
+        if windows and not self.config.window_partition == "truncate":
             raise windowed(windows, self.config)
         if own:  # the model's own path (not a second pass off it): what ``unobserved`` compares with
             self.observed = arrays_in(out, self.adapter.is_array)
@@ -458,7 +458,10 @@ class CapturedForward:
                 ) from e
             if self.port.sequence != "batch" and source.kind != "return":
                 c, merge = self.config, 2 if self.port.sequence == "merge2x2" else 1
-                value = unpack_sequence(value, batch, c.num_tokens, c.grid_size, merge, stage.endswith("weights"))
+                window = c.window_size if c.window_partition == "truncate" and self._in_blocks(source) else 0
+                value = unpack_sequence(
+                    value, batch, c.num_tokens, c.grid_size, merge, stage.endswith("weights"), window
+                )
             value = to_tap_shape(value, shapes.get(stage))
             block = int(stage.split(".")[1]) if stage.endswith(".attn.k") else None
             if block in self.k_bias:
@@ -468,6 +471,12 @@ class CapturedForward:
             if self._emitted:
                 taps.dtypes[stage] = self._emitted
         return taps
+
+    def _in_blocks(self, source: Source) -> bool:
+        """Whether a stage is read in the blocks (their inputs too): where a tower with windows cut at
+        the edge (Qwen2.5-VL's) runs its sequence in window order, reordered after the patch embedding."""
+        path = source.path or ""
+        return source.kind == "attn" or any(path == b or path.startswith(f"{b}.") for b in self.plan.blocks)
 
     def _k_bias_added(self, k, block: int):
         c = self.config

@@ -13,25 +13,39 @@ import numpy as np
 SEQUENCES = ("batch", "one", "merge2x2")
 
 
-def merge_order(grid, merge: int) -> np.ndarray:
+def merge_order(grid, merge: int, window: int = 0) -> np.ndarray:
     """The row-major index of the token at each position of a merge-grouped sequence: groups of
-    merge x merge neighbours, the groups row-major, each group row-major."""
+    merge x merge neighbours, the groups row-major, each group row-major. ``window``: the groups
+    in windows of that many patches a side, cut at the grid's edge, the windows row-major and the
+    groups row-major within each (Qwen2.5-VL's window order, which its blocks run in)."""
     gh, gw = grid
     r, c, i, j = np.meshgrid(
         np.arange(gh // merge), np.arange(gw // merge), np.arange(merge), np.arange(merge), indexing="ij"
     )
-    return ((r * merge + i) * gw + c * merge + j).reshape(-1)
+    order = ((r * merge + i) * gw + c * merge + j).reshape(-1, merge * merge)
+    if window and window % merge == 0:
+        w, groups = window // merge, np.arange(order.shape[0]).reshape(gh // merge, gw // merge)
+        rows, cols = groups.shape
+        order = order[
+            np.concatenate(
+                [groups[a : a + w, b : b + w].reshape(-1) for a in range(0, rows, w) for b in range(0, cols, w)]
+            )
+        ]
+    return order.reshape(-1)
 
 
-def unpack_sequence(x: np.ndarray, batch: int, tokens: int, grid=None, merge: int = 1, weights: bool = False):
+def unpack_sequence(
+    x: np.ndarray, batch: int, tokens: int, grid=None, merge: int = 1, weights: bool = False, window: int = 0
+):
     """``unpack`` then, for a merge-grouped sequence (``merge`` > 1), each image's tokens brought to
-    row-major order over its ``grid`` on every token axis (``weights``: the attention weights', both)."""
+    row-major order over its ``grid`` on every token axis (``weights``: the attention weights', both);
+    ``window``: in Qwen2.5-VL's window order (``merge_order``)."""
     if x.ndim == 5 and sum(d != 1 for d in x.shape[1:]) == 1:  # a Conv3d's (N, D, 1, 1, 1) or MLX's (N, 1, 1, 1, D)
         x = x.reshape(x.shape[0], -1)
     x = unpack(x, batch, tokens, weights)
     if merge == 1 or grid is None or grid[0] * grid[1] != tokens:
         return x
-    back = np.argsort(merge_order(grid, merge))  # the packed position of each row-major token
+    back = np.argsort(merge_order(grid, merge, window))  # the packed position of each row-major token
     if weights:  # queries and keys
         return x[:, :, back][:, :, :, back]
     return x[:, :, back] if x.ndim == 4 else x[:, back]

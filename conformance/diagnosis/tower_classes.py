@@ -1,7 +1,7 @@
 """The bug classes the vision towers of VLMs brought (issue 60): a norm of the other kind (LayerNorm
 where RMSNorm, and back), a packed batch's images attending to each other, tokens in a merger's 2 x 2
 order read as row-major, SwiGLU's gate and value swapped, LayerScale's two gammas swapped, SAM's
-relative position tables swapped or read backwards. Registered
+relative position tables swapped or read backwards, Qwen2.5-VL's windows ignored. Registered
 with the whole model's classes (model_classes.CLASSES)."""
 
 from __future__ import annotations
@@ -47,6 +47,24 @@ def _across_images(name, t, images, s, config):
     logits = q @ k.swapaxes(-1, -2) * hd**-0.5
     w = np.exp(logits - logits.max(-1, keepdims=True))
     o = ((w / w.sum(-1, keepdims=True)) @ v).reshape(H, B, N, hd).transpose(1, 2, 0, 3).reshape(B, N, H * hd)
+    return o @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
+
+
+def _windows_ignored(name, t, images, s, config):
+    """A block that attends within windows cut at the image's edge (Qwen2.5-VL's) attending over the
+    whole image: its window mask (its cu_seqlens of windows) left out."""
+    if (
+        stage_kind(name) != "attn"
+        or not name.startswith("blocks.")
+        or not config.block_window_cut(int(name.split(".")[1]))
+    ):
+        return None
+    b = ".".join(name.split(".")[:2])
+    q, k = (t[n] for n in stage_inputs(f"{b}.attn.weights", config)[:2])
+    B, H, N, hd = q.shape
+    logits = q @ k.swapaxes(-1, -2) * hd**-0.5
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    o = ((w / w.sum(-1, keepdims=True)) @ t[f"{b}.attn.v"]).transpose(0, 2, 1, 3).reshape(B, N, H * hd)
     return o @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
 
 
@@ -113,6 +131,9 @@ TOWER_CLASSES: tuple[BugClass, ...] = (
     BugClass("attention_across_images", ("attn",), "every image's queries attending over every image's keys",
              "keep a packed batch's images apart: a block-diagonal mask over the sequence (cu_seqlens), "
              "or attend within each batch row", stage=_across_images, when=lambda c: not c.rel_pos_bias),
+    BugClass("windows_ignored", ("attn",), "a windowed block attending over the whole image",
+             "Qwen2.5-VL's blocks but its fullatt_block_indexes attend within their windows (cu_window_seqlens): "
+             "each token its own window's tokens", stage=_windows_ignored, when=lambda c: c.window_partition == "truncate"),
     BugClass("tokens_in_merge_order", ("patch_embed",), "the patch tokens in 2 x 2 merge groups, not row-major",
              "a tower that orders its tokens for a 2 x 2 merger (Qwen2-VL) says so: ModelPort(sequence='merge2x2')",
              stage=_tokens_in_merge_order),

@@ -11,6 +11,7 @@ from impls.numpy_pos_embed import FIXED, FIXED_ANGLES
 from impls.stages import CONTRACTIONS, stage_inputs, stage_kind, stage_of  # noqa: F401 - re-exported
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
+from impls.windows import window_mask
 from weights.resample import aa_matrix
 from conformance.numerics.kinds.activation import gated, gelu
 from conformance.numerics.kinds.attention import attend, decomposed_rel_pos, softmax_weights
@@ -271,7 +272,11 @@ def _block_stage(name: str, t, s, config: ViTConfig, p: Precision, grid, batch: 
         )
         return y, p.storage * np.abs(y)
     if rest == "attn.weights":  # BEiT's bias (a tap) added to the scaled logits
-        return softmax_weights(inputs[0], inputs[1], hd**-0.5, p, mask=inputs[2] if len(inputs) > 2 else None)
+        mask, cut = inputs[2] if len(inputs) > 2 else None, config.block_window_cut(int(i))
+        if cut:  # Qwen2.5-VL's windows: each query's own window's keys
+            window = window_mask(grid, cut)
+            mask = window if mask is None else np.where(window, mask, -np.inf)
+        return softmax_weights(inputs[0], inputs[1], hd**-0.5, p, mask=mask)
     if rest == "attn":
         return attend_and_project(inputs[0], inputs[1], s, f"{b}.attn.proj", p)
     if rest in ("ls1", "ls2"):

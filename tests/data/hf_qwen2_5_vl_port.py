@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
-from impls.protocol import Unsupported
+from impls.protocol import ANY, Unsupported
 
 T, MERGE = 2, 2  # Qwen2-VL's temporal patch and spatial merge
 
@@ -23,8 +23,9 @@ def mergeable(config) -> None:
         raise Unsupported(f"Qwen2-VL merges {MERGE} x {MERGE} patches: grid {config.grid_size} must have even sides")
 
 
-def build(config, window=None):
-    """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window)."""
+def build(config, window=None, full=None):
+    """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window); ``full``:
+    its fullatt_block_indexes (default the config's global_attn_indexes, or the last block)."""
     import torch
 
     mergeable(config)
@@ -43,7 +44,8 @@ def build(config, window=None):
             spatial_merge_size=MERGE,
             temporal_patch_size=T,
             window_size=window or H,
-            fullatt_block_indexes=[config.depth - 1],
+            fullatt_block_indexes=full
+            or (list(config.global_attn_indexes) if config.window_size else [config.depth - 1]),
             out_hidden_size=config.embed_dim,
         )
     )
@@ -107,6 +109,24 @@ SUPPORTS = {
 port = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="merge2x2", supports=SUPPORTS)
 # the port that reads its merge-grouped sequence as row-major: every token in another place
 row_major = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
-# Qwen2.5-VL's windows smaller than the image (half its side: in blocks but the last, attention within
-# windows of merge groups, in window order), which no option of the config expresses yet
-windowed = replace(port, build=lambda config: build(config, window=config.img_size[0] // 2))
+
+
+def _window(config) -> int:
+    """Qwen2.5-VL's window_size in pixels: the config's window_size patches, else half the image's side."""
+    return (config.window_size or config.grid_size[0] // 2) * config.patch_size[0]
+
+
+# Qwen2.5-VL's windows smaller than the image (in blocks but the last, attention within windows of merge
+# groups, in window order): window_partition='truncate' expresses them
+WINDOWED = {
+    **SUPPORTS,
+    "window_size": (0, 2, 4, 8),  # whole merge groups (Qwen2.5-VL's own: 8 patches of 14)
+    "window_partition": ("pad", "truncate"),
+    "global_attn_indexes": ANY,
+}
+windowed = replace(port, build=lambda config: build(config, window=_window(config)), supports=WINDOWED)
+# the companion: its tokens in window order but every block attending over the whole image (all of them
+# in fullatt_block_indexes, the windows' cu_seqlens never used)
+windows_ignored = replace(
+    windowed, build=lambda config: build(config, window=_window(config), full=list(range(config.depth)))
+)

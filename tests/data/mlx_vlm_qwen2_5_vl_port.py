@@ -13,8 +13,9 @@ from tests.data import hf_qwen2_5_vl_port as hf
 T, MERGE = hf.T, hf.MERGE
 
 
-def build(config, window=None):
-    """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window)."""
+def build(config, window=None, full=None):
+    """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window); ``full``:
+    its fullatt_block_indexes (default the config's global_attn_indexes, or the last block)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_vlm.models.qwen2_5_vl.config import VisionConfig
@@ -34,7 +35,8 @@ def build(config, window=None):
             spatial_merge_size=MERGE,
             temporal_patch_size=T,
             window_size=window or H,
-            fullatt_block_indexes=[config.depth - 1],
+            fullatt_block_indexes=full
+            or (list(config.global_attn_indexes) if config.window_size else [config.depth - 1]),
         )
     )
     visual.merger = nn.Identity()  # the merger after the tower: out of scope
@@ -77,5 +79,9 @@ def _gate_for_up(state):
 
 
 gate_for_up = ModelPort(build, convert=_gate_for_up, tower="blocks.{last}", sequence="merge2x2", supports=hf.SUPPORTS)
-# windows half the image's side (tests/data/hf_qwen2_5_vl_port.py's windowed): no option expresses them yet
-windowed = replace(port, build=lambda config: build(config, window=config.img_size[0] // 2))
+# windows smaller than the image (tests/data/hf_qwen2_5_vl_port.py's windowed)
+_window = hf._window
+windowed = replace(port, build=lambda config: build(config, window=_window(config)), supports=hf.WINDOWED)
+windows_ignored = replace(
+    windowed, build=lambda config: build(config, window=_window(config), full=list(range(config.depth)))
+)
