@@ -33,8 +33,13 @@ def test_timm_preset_has_timm_keys_and_shapes(name):
     assert expected_shapes(get_config(name)) == timm_shapes
 
 
-@pytest.mark.parametrize("name", sorted(n for n in PRESETS if n.startswith("vit_test")))  # timm's own: above
-def test_every_preset_matches_a_timm_model_built_from_its_options(name):
+# timm has no Qwen2.5-VL tower (its windows cut at the edge, its rotation beside RMSNorm): its preset's keys are
+# transformers' (tests/test_vlm_towers.py loads a state of its options strictly into Qwen2.5-VL's tower, no head)
+NOT_TIMM = ("vit_test_qwen2_5_vl",)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PRESETS if n.startswith("vit_test") and n not in NOT_TIMM))
+def test_every_preset_matches_a_timm_model_built_from_its_options(name):  # timm's own: above
     config = get_config(name)
     timm_shapes = timm_state_keys(timm_model(config))  # (timm's Eva and Beit: gamma_1 as ls1.gamma)
     assert list(expected_shapes(config)) == list(timm_shapes)  # same keys, same order

@@ -27,6 +27,7 @@ PRESETS = (
     "vit_test_beit",
     "vit_test_aimv2",
     "vit_test_sam",
+    "vit_test_qwen2_5_vl",
 )
 # Where a class shows only on some inputs: the images (their grid) or weights it needs.
 NEEDS = {

@@ -141,6 +141,15 @@ PRESETS: dict[str, ViTConfig] = {
         img_size=1024, patch_size=16, num_classes=0, embed_dim=768, depth=12, num_heads=12, class_token=False,
         global_pool="avg", final_norm=False, window_size=14, global_attn_indexes=(2, 5, 8, 11), use_rel_pos=True,
     ),
+    # Qwen2.5-VL-7B's vision tower up to its merger (transformers' Qwen2_5_VisionTransformerPretrainedModel,
+    # at 448 x 448): windows of 8 x 8 patches (112 pixels) cut at the image's edge but in blocks 7, 15, 23
+    # and 31, Qwen2-VL's rotation, RMSNorm, SwiGLU with biases, a bias-free patch projection, no final norm
+    "qwen2_5_vl_7b_vision": ViTConfig(
+        img_size=448, patch_size=14, num_classes=0, embed_dim=1280, depth=32, num_heads=16, mlp_ratio=3420 / 1280,
+        class_token=False, global_pool="avg", final_norm=False, pos_embed="none", rope_type="cat",
+        rope_rotate_half=True, patch_bias=False, norm_layer="rmsnorm", mlp_layer="swiglu", act_layer="silu",
+        window_size=8, window_partition="truncate", global_attn_indexes=(7, 15, 23, 31),
+    ),
     # Small ones for tests: non-square grids, other channel counts, both poolings.
     "vit_test_token": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3
@@ -173,6 +182,14 @@ PRESETS: dict[str, ViTConfig] = {
     "vit_test_sam": ViTConfig(
         img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
         class_token=False, global_pool="avg", fc_norm=False, window_size=3, global_attn_indexes=(1,), use_rel_pos=True,
+    ),
+    # vit_test_token as Qwen2.5-VL's tower is: windows of 4 x 4 patches over a 4 x 6 grid (the right one cut
+    # to 4 x 2) but in block 1, its rotation, RMSNorm, SwiGLU, no class token, no final norm
+    "vit_test_qwen2_5_vl": ViTConfig(
+        img_size=(16, 24), patch_size=4, in_chans=3, num_classes=7, embed_dim=24, depth=2, num_heads=3,
+        class_token=False, global_pool="avg", final_norm=False, pos_embed="none", rope_type="cat",
+        rope_rotate_half=True, patch_bias=False, norm_layer="rmsnorm", mlp_layer="swiglu", act_layer="silu",
+        window_size=4, window_partition="truncate", global_attn_indexes=(1,),
     ),
     # vit_test_token's square twin: the default for ports of square images only.
     "vit_test_token_square": ViTConfig(

@@ -11,7 +11,8 @@ import numpy as np
 from conformance.capture.sequence import merge_order
 from conformance.diagnosis.bugclass import QUIET, BugClass
 from conformance.numerics.error_model import evaluate
-from conformance.numerics.evaluate import on_grid
+from conformance.numerics.evaluate import attend_and_project, on_grid
+from conformance.numerics.kinds.attention import softmax_weights
 from conformance.numerics.kinds.layer_norm import layer_norm, rms_norm
 from impls.stages import stage_inputs, stage_kind
 
@@ -50,22 +51,22 @@ def _across_images(name, t, images, s, config):
     return o @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
 
 
-def _windows_ignored(name, t, images, s, config):
+def _windows_ignored(name, t, images, s, config, precision=QUIET):
     """A block that attends within windows cut at the image's edge (Qwen2.5-VL's) attending over the
-    whole image: its window mask (its cu_seqlens of windows) left out."""
-    if (
-        stage_kind(name) != "attn"
-        or not name.startswith("blocks.")
-        or not config.block_window_cut(int(name.split(".")[1]))
-    ):
+    whole image (its window mask, its cu_seqlens of windows, left out): its weights, or its output,
+    each with its error model's bound (the weights a window masks are zero, their bound none)."""
+    kind = stage_kind(name)
+    if kind not in ("attn.weights", "attn") or not config.block_window_cut(int(name.split(".")[1])):
         return None
     b = ".".join(name.split(".")[:2])
     q, k = (t[n] for n in stage_inputs(f"{b}.attn.weights", config)[:2])
-    B, H, N, hd = q.shape
-    logits = q @ k.swapaxes(-1, -2) * hd**-0.5
-    w = np.exp(logits - logits.max(-1, keepdims=True))
-    o = ((w / w.sum(-1, keepdims=True)) @ t[f"{b}.attn.v"]).transpose(0, 2, 1, 3).reshape(B, N, H * hd)
-    return o @ s[f"{b}.attn.proj.weight"].T + s.get(f"{b}.attn.proj.bias", 0.0)
+    weights = softmax_weights(q, k, q.shape[-1] ** -0.5, precision)
+    if kind == "attn.weights":
+        return weights
+    return attend_and_project(weights[0], t[f"{b}.attn.v"], s, f"{b}.attn.proj", precision)
+
+
+_windows_ignored.bounded = True
 
 
 def _tokens_in_merge_order(name, t, images, s, config):
@@ -131,7 +132,7 @@ TOWER_CLASSES: tuple[BugClass, ...] = (
     BugClass("attention_across_images", ("attn",), "every image's queries attending over every image's keys",
              "keep a packed batch's images apart: a block-diagonal mask over the sequence (cu_seqlens), "
              "or attend within each batch row", stage=_across_images, when=lambda c: not c.rel_pos_bias),
-    BugClass("windows_ignored", ("attn",), "a windowed block attending over the whole image",
+    BugClass("windows_ignored", ("attn.weights", "attn"), "a windowed block attending over the whole image",
              "Qwen2.5-VL's blocks but its fullatt_block_indexes attend within their windows (cu_window_seqlens): "
              "each token its own window's tokens", stage=_windows_ignored, when=lambda c: c.window_partition == "truncate"),
     BugClass("tokens_in_merge_order", ("patch_embed",), "the patch tokens in 2 x 2 merge groups, not row-major",

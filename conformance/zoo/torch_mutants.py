@@ -171,6 +171,24 @@ rel_pos_key_minus_query.supports = {
 }
 
 
+class AttentionWindowsIgnored(T.Attention):
+    """Qwen2.5-VL's windows never applied: every block given the whole image's cu_seqlens (its
+    cu_window_seqlens unused), each token attending over the whole image."""
+
+    def forward(self, x, taps=None, name="attn", rope=None, keep=None, window=None):
+        return super().forward(x, taps, name, rope, keep)
+
+
+windows_ignored = partial(T.make, attn_layer=AttentionWindowsIgnored)
+# Qwen2.5-VL's blocks: windows cut at the edge, no prefix token, no other relative position
+windows_ignored.supports = {
+    **VIT_FAMILY,
+    **dict(window_partition=("truncate",), window_size=(2, 3, 4)),
+    **dict(class_token=(False,), reg_tokens=(0,), distilled=(False,), rel_pos_bias=(False,), use_rel_pos=(False,)),
+    **dict(global_pool=("avg", "max", "avgmax", "map")),
+}
+
+
 attention_projects_input = partial(T.make, attn_layer=AttentionProjectsInput)
 scale_after_softmax = partial(T.make, attn_layer=AttentionScaleAfterSoftmax)
 scale_by_embed_dim = partial(T.make, attn_layer=AttentionScaleByEmbedDim)
