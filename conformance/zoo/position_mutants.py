@@ -1,15 +1,18 @@
 """PyTorch mutants with a position embedding of another kind in place of the learned table (issue
 45): a port written from the Transformer paper (its 1-D sinusoidal encoding, seed post 004) or from
-SimpleViT (its fixed 2-D sin-cos table) loading a ViT checkpoint whose table is learned. Each is the
-PyTorch port with its ``_pos_embed`` changed."""
+SimpleViT (its fixed 2-D sin-cos table) loading a ViT checkpoint whose table is learned, each the
+PyTorch port with its ``_pos_embed`` changed; and the windows' and relative positions' (issue 60):
+SAM's offsets read backwards, Qwen2.5-VL's windows never applied."""
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
 from conformance.zoo.catalogue import DYNAMIC_SUPPORTS
+from impls import VIT_FAMILY
 from impls import torch_vit as T
 
 
@@ -78,3 +81,36 @@ def pos_embed_table_cropped(config, state, **kw):
 
 
 pos_embed_table_cropped.supports = DYNAMIC_SUPPORTS
+
+
+def rel_pos_key_minus_query(config, state, **kw):
+    """SAM's decomposed relative positions read at the key's position minus the query's (timm's
+    get_rel_pos with k_coords - q_coords): row j - i + S - 1 of each table, its rows in reverse."""
+    flipped = {k: v[::-1].copy() if k.endswith(("attn.rel_pos_h", "attn.rel_pos_w")) else v for k, v in state.items()}
+    return T.make(config, flipped, **kw)
+
+
+# SAM's blocks: no prefix token, the config's own grid, no other position scheme in the attention
+rel_pos_key_minus_query.supports = {
+    **VIT_FAMILY,
+    **dict(use_rel_pos=(True,), class_token=(False,), reg_tokens=(0,), distilled=(False,), rope_type=(None,)),
+    **dict(rel_pos_bias=(False,), dynamic_img_size=(False,), global_pool=("avg", "max", "avgmax", "map")),
+}
+
+
+class AttentionWindowsIgnored(T.Attention):
+    """Qwen2.5-VL's windows never applied: every block given the whole image's cu_seqlens (its
+    cu_window_seqlens unused), each token attending over the whole image."""
+
+    def forward(self, x, taps=None, name="attn", rope=None, keep=None, window=None):
+        return super().forward(x, taps, name, rope, keep)
+
+
+windows_ignored = partial(T.make, attn_layer=AttentionWindowsIgnored)
+# Qwen2.5-VL's blocks: windows cut at the edge, no prefix token, no other relative position
+windows_ignored.supports = {
+    **VIT_FAMILY,
+    **dict(window_partition=("truncate",), window_size=(2, 3, 4)),
+    **dict(class_token=(False,), reg_tokens=(0,), distilled=(False,), rel_pos_bias=(False,), use_rel_pos=(False,)),
+    **dict(global_pool=("avg", "max", "avgmax", "map")),
+}

@@ -156,39 +156,6 @@ def layernorm_where_rmsnorm(config, state, **kw):
 layernorm_where_rmsnorm.supports = {**VIT_FAMILY, "norm_layer": ("rmsnorm",)}  # AIMv2's norms, the rest free
 
 
-def rel_pos_key_minus_query(config, state, **kw):
-    """SAM's decomposed relative positions read at the key's position minus the query's (timm's
-    get_rel_pos with k_coords - q_coords): row j - i + S - 1 of each table, its rows in reverse."""
-    flipped = {k: v[::-1].copy() if k.endswith(("attn.rel_pos_h", "attn.rel_pos_w")) else v for k, v in state.items()}
-    return T.make(config, flipped, **kw)
-
-
-# SAM's blocks: no prefix token, the config's own grid, no other position scheme in the attention
-rel_pos_key_minus_query.supports = {
-    **VIT_FAMILY,
-    **dict(use_rel_pos=(True,), class_token=(False,), reg_tokens=(0,), distilled=(False,), rope_type=(None,)),
-    **dict(rel_pos_bias=(False,), dynamic_img_size=(False,), global_pool=("avg", "max", "avgmax", "map")),
-}
-
-
-class AttentionWindowsIgnored(T.Attention):
-    """Qwen2.5-VL's windows never applied: every block given the whole image's cu_seqlens (its
-    cu_window_seqlens unused), each token attending over the whole image."""
-
-    def forward(self, x, taps=None, name="attn", rope=None, keep=None, window=None):
-        return super().forward(x, taps, name, rope, keep)
-
-
-windows_ignored = partial(T.make, attn_layer=AttentionWindowsIgnored)
-# Qwen2.5-VL's blocks: windows cut at the edge, no prefix token, no other relative position
-windows_ignored.supports = {
-    **VIT_FAMILY,
-    **dict(window_partition=("truncate",), window_size=(2, 3, 4)),
-    **dict(class_token=(False,), reg_tokens=(0,), distilled=(False,), rel_pos_bias=(False,), use_rel_pos=(False,)),
-    **dict(global_pool=("avg", "max", "avgmax", "map")),
-}
-
-
 attention_projects_input = partial(T.make, attn_layer=AttentionProjectsInput)
 scale_after_softmax = partial(T.make, attn_layer=AttentionScaleAfterSoftmax)
 scale_by_embed_dim = partial(T.make, attn_layer=AttentionScaleByEmbedDim)
