@@ -25,6 +25,8 @@ directory.
   SigLIP's tower on NaFlex's patches, one square table resized bilinearly (weights/hf/siglip2.py).
 * ``aimv2_vision_model`` (``Aimv2VisionModel``) and ``internvl_vision`` (``InternVLVisionModel``):
   AIMv2's RMSNorm and SwiGLU tower, InternViT's tower without a final norm (weights/hf/towers.py).
+* ``qwen2_5_vl_vision`` (``Qwen2_5_VisionTransformerPretrainedModel``): Qwen2.5-VL's tower up to its
+  merger, its windows cut at the image's edge, its Conv3d's frames summed (weights/hf/qwen2_5_vl.py).
 
 Every mapping is a rename, a split or a concatenation (and the class-token fold, a float32
 sum with an entry written back as zero), so canonical -> Hugging Face -> canonical is bitwise.
@@ -53,7 +55,7 @@ from weights.hf.family import (
     from_family_hf,
     to_family_hf,
 )
-from weights.hf import beit, dinov3, siglip2, towers
+from weights.hf import beit, dinov3, qwen2_5_vl, siglip2, towers
 from weights.hf.vit import (
     in_memory_names,
     hf_config_to_vit,
@@ -97,6 +99,8 @@ def _config_and_mapping(hf: dict, raw: dict[str, np.ndarray]):
         return beit.beit_config_to_vit(hf), beit.from_beit
     if model_type in towers.MODEL_TYPES:
         return towers.tower_config_to_vit(hf), lambda state, config: towers.from_tower(state, config, model_type)
+    if model_type == qwen2_5_vl.MODEL_TYPE:
+        return qwen2_5_vl.qwen2_5_vl_config_to_vit(hf), qwen2_5_vl.from_qwen2_5_vl
     if model_type in ("vit", "deit"):
         return hf_config_to_vit(hf), from_hf
     return family_config_to_vit(hf, raw), lambda state, config: from_family_hf(state, config, model_type)
@@ -114,6 +118,8 @@ def write_hf(state, config: ViTConfig, path) -> None:
         hf, tensors = dinov3.vit_config_to_dinov3(config), dinov3.to_dinov3(state, config)
     elif config.rel_pos_bias or (not config.k_bias and config.rope_type is None):  # BEiT's attention
         hf, tensors = beit.vit_config_to_beit(config), beit.to_beit(state, config)
+    elif config.window_partition == "truncate":  # Qwen2.5-VL's windows
+        hf, tensors = qwen2_5_vl.vit_config_to_qwen2_5_vl(config), qwen2_5_vl.to_qwen2_5_vl(state, config)
     elif (tower := towers.tower_for(config)) is not None:  # AIMv2's or InternViT's
         hf, tensors = towers.vit_config_to_tower(config, tower), towers.to_tower(state, config, tower)
     elif config.beyond_original_vit() and config.beyond_original_vit() != ["distilled=True"]:
