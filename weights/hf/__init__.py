@@ -27,6 +27,8 @@ directory.
   AIMv2's RMSNorm and SwiGLU tower, InternViT's tower without a final norm (weights/hf/towers.py).
 * ``qwen2_5_vl_vision`` (``Qwen2_5_VisionTransformerPretrainedModel``): Qwen2.5-VL's tower up to its
   merger, its windows cut at the image's edge, its Conv3d's frames summed (weights/hf/qwen2_5_vl.py).
+* ``sam_vision_model`` (``SamVisionModel``): SAM's image encoder up to its neck, timm's
+  ``VisionTransformerSAM`` under transformers' names, its table on the grid (weights/hf/sam.py).
 
 Every mapping is a rename, a split or a concatenation (and the class-token fold, a float32
 sum with an entry written back as zero), so canonical -> Hugging Face -> canonical is bitwise.
@@ -55,7 +57,7 @@ from weights.hf.family import (
     from_family_hf,
     to_family_hf,
 )
-from weights.hf import beit, dinov3, qwen2_5_vl, siglip2, towers
+from weights.hf import beit, dinov3, qwen2_5_vl, sam, siglip2, towers
 from weights.hf.vit import (
     in_memory_names,
     hf_config_to_vit,
@@ -101,6 +103,8 @@ def _config_and_mapping(hf: dict, raw: dict[str, np.ndarray]):
         return towers.tower_config_to_vit(hf), lambda state, config: towers.from_tower(state, config, model_type)
     if model_type == qwen2_5_vl.MODEL_TYPE:
         return qwen2_5_vl.qwen2_5_vl_config_to_vit(hf), qwen2_5_vl.from_qwen2_5_vl
+    if model_type == sam.MODEL_TYPE:
+        return sam.sam_config_to_vit(hf), sam.from_sam
     if model_type in ("vit", "deit"):
         return hf_config_to_vit(hf), from_hf
     return family_config_to_vit(hf, raw), lambda state, config: from_family_hf(state, config, model_type)
@@ -118,6 +122,8 @@ def write_hf(state, config: ViTConfig, path) -> None:
         hf, tensors = dinov3.vit_config_to_dinov3(config), dinov3.to_dinov3(state, config)
     elif config.rel_pos_bias or (not config.k_bias and config.rope_type is None):  # BEiT's attention
         hf, tensors = beit.vit_config_to_beit(config), beit.to_beit(state, config)
+    elif config.use_rel_pos or (config.window_size and config.window_partition == "pad"):  # SAM's encoder
+        hf, tensors = sam.vit_config_to_sam(config), sam.to_sam(state, config)
     elif config.window_partition == "truncate":  # Qwen2.5-VL's windows
         hf, tensors = qwen2_5_vl.vit_config_to_qwen2_5_vl(config), qwen2_5_vl.to_qwen2_5_vl(state, config)
     elif (tower := towers.tower_for(config)) is not None:  # AIMv2's or InternViT's
