@@ -99,7 +99,10 @@ def test_the_canonical_state_is_written_as_transformers_holds_it_and_read_back_b
 
 def test_its_merger_and_what_the_layout_cannot_hold_are_refused_by_name(tmp_path):
     _tower().save_pretrained(tmp_path / "with_merger", safe_serialization=True)
-    with pytest.raises(WeightError, match=r"merger\.ln_q\.weight.*merger after the tower.*torch\.nn\.Identity"):
+    with pytest.raises(
+        WeightError,
+        match=r"merger\.ln_q\.weight.*merger \(its projector.*after the tower.*model\.merger = torch\.nn\.Identity",
+    ):
         hf.read_hf(tmp_path / "with_merger")
     with pytest.raises(WeightError, match="window_size 12 is not a whole number of 2 x 2 merge groups"):
         qwen2_5_vl.qwen2_5_vl_config_to_vit({**SETTINGS, "window_size": 12})

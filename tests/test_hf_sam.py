@@ -85,7 +85,10 @@ def test_the_canonical_state_is_written_as_transformers_holds_it_and_read_back_b
 
 def test_its_neck_and_what_the_layout_cannot_hold_are_refused_by_name(tmp_path):
     _encoder().save_pretrained(tmp_path / "with_neck", safe_serialization=True)
-    with pytest.raises(WeightError, match=r"vision_encoder\.neck\.conv1\.weight.*neck after the tower.*Identity"):
+    with pytest.raises(
+        WeightError,
+        match=r"vision_encoder\.neck\.conv1\.weight.*neck \(two convolutions.*after the tower.*neck = torch\.nn\.Identity",
+    ):
         hf.read_hf(tmp_path / "with_neck")
     config = get_config("vit_test_sam").replace(num_classes=0, final_norm=False, img_size=24)
     with pytest.raises(WeightError, match="cannot hold img_size=\\(16, 24\\)"):

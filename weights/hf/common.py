@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from weights.canonical import WeightError
+from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
 from weights.hf.fields import Fields
 
@@ -58,3 +58,44 @@ def sizes_to_hf(config: ViTConfig) -> dict:
         "patch_size": [ph, pw] if ph != pw else ph,
         "num_channels": config.in_chans,
     }
+
+
+def refuse_after_tower(state: Mapping, prefix: str, what: str, model_type: str, identity: str) -> None:
+    """A WeightError naming the tensors under ``prefix``: a part after the tower (Qwen2.5-VL's merger,
+    SAM's neck), where verify's ``ModelPort(tower=...)`` stops, with no canonical place; ``identity``:
+    the module to replace by torch.nn.Identity() before saving, to import the tower."""
+    after = sorted(k for k in state if k.startswith(prefix))
+    if after:
+        raise WeightError(
+            f"{', '.join(after)}: the {what} after the tower has no canonical place in {model_type}; save it "
+            f"with {identity} = torch.nn.Identity() to import the tower"
+        )
+
+
+def strictly(out: dict, config: ViTConfig, model_type: str) -> dict:
+    """``out``, the canonical state read from ``model_type``'s checkpoint, if it has every key the
+    config's model has and no other; else a WeightError naming both."""
+    expected = expected_shapes(config)
+    missing, extra = sorted(set(expected) - set(out)), sorted(set(out) - set(expected))
+    if missing or extra:
+        raise WeightError(
+            f"the {model_type} checkpoint does not match its config.json: missing {missing}, extra {extra}"
+        )
+    return out
+
+
+def renamed(state: Mapping, model_type: str, rename, change=None, back: bool = False) -> dict:
+    """Each tensor of ``state`` under its name in the other layout (``rename(key)``: None where it
+    has no place, refused by name), ``change(name, value)``d where a layout holds it in another shape
+    (``name``: the canonical key); ``back``: from ``model_type``'s checkpoint to canonical."""
+    out = {}
+    for key, value in state.items():
+        other = rename(key)
+        if other is None:
+            raise WeightError(
+                f"{key!r} has no canonical place ({model_type}: no option expresses it)"
+                if back
+                else f"canonical key {key!r} has no place in the Hugging Face {model_type} layout"
+            )
+        out[other] = value if change is None else change(other if back else key, value)
+    return out

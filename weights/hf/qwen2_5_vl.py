@@ -26,9 +26,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from weights.canonical import WeightError, expected_shapes
+from weights.canonical import WeightError
 from weights.config import ViTConfig
-from weights.hf.common import ACT_BACK, act_of
+from weights.hf.common import ACT_BACK, act_of, refuse_after_tower, renamed, strictly
 from weights.hf.fields import Fields
 
 MODEL_TYPE = "qwen2_5_vl_vision"
@@ -101,42 +101,30 @@ def _rename(key: str, back: bool = False) -> str | None:
 
 def to_qwen2_5_vl(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     vit_config_to_qwen2_5_vl(config)  # refuses what the layout cannot hold
-    out = {}
-    for key, value in state.items():
-        theirs = _rename(key)
-        if theirs is None:
-            raise WeightError(f"canonical key {key!r} has no place in the Hugging Face {MODEL_TYPE} layout")
-        value = np.asarray(value)
-        if key == "patch_embed.proj.weight":  # the first frame's kernel, the others zero: their sum is it
-            value = np.stack([value] + [np.zeros_like(value)] * (FRAMES - 1), axis=2)
-        out[theirs] = value
-    return out
+    return renamed(state, MODEL_TYPE, _rename, _frames)
+
+
+def _frames(key: str, value):
+    """The patch kernel as the first frame's, the others zero (their sum is it)."""
+    value = np.asarray(value)
+    if key != "patch_embed.proj.weight":
+        return value
+    return np.stack([value] + [np.zeros_like(value)] * (FRAMES - 1), axis=2)
+
+
+def _summed(key: str, value):
+    """A Conv3d kernel (D, C, T, p, p) as the frames an image repeats, summed: timm's (D, C, p, p)."""
+    if key != "patch_embed.proj.weight":
+        return value
+    value = np.asarray(value)
+    if value.ndim != 5:
+        raise WeightError(f"patch_embed.proj.weight is {value.shape}: expected a Conv3d kernel (D, C, T, p, p)")
+    return value.sum(axis=2, dtype=value.dtype)
 
 
 def from_qwen2_5_vl(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     """The canonical state of the tower's tensors, strictly: its merger and any other tensor with no
     canonical place named."""
-    merger = sorted(k for k in state if k.startswith("merger."))
-    if merger:
-        raise WeightError(
-            f"{', '.join(merger)}: the merger after the tower (its projector into the language model) has no "
-            "canonical place; save the tower with model.merger = torch.nn.Identity() to import it"
-        )
-    out = {}
-    for key, value in state.items():
-        ours = _rename(key, back=True)
-        if ours is None:
-            raise WeightError(f"{key!r} has no canonical place ({MODEL_TYPE}: no option expresses it)")
-        if ours == "patch_embed.proj.weight":  # (D, C, T, p, p): the frames an image repeats, summed
-            value = np.asarray(value)
-            if value.ndim != 5:
-                raise WeightError(f"{key!r} is {value.shape}: expected a Conv3d kernel (D, C, T, p, p)")
-            value = value.sum(axis=2, dtype=value.dtype)
-        out[ours] = value
-    expected = expected_shapes(config)
-    missing, extra = sorted(set(expected) - set(out)), sorted(set(out) - set(expected))
-    if missing or extra:
-        raise WeightError(
-            f"the {MODEL_TYPE} checkpoint does not match its config.json: missing {missing}, extra {extra}"
-        )
-    return out
+    refuse_after_tower(state, "merger.", "merger (its projector into the language model)", MODEL_TYPE, "model.merger")
+    out = renamed(state, MODEL_TYPE, lambda key: _rename(key, back=True), _summed, back=True)
+    return strictly(out, config, MODEL_TYPE)

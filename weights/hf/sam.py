@@ -19,9 +19,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from weights.canonical import WeightError, expected_shapes
+from weights.canonical import WeightError
 from weights.config import ViTConfig
-from weights.hf.common import ACT_BACK, act_of
+from weights.hf.common import ACT_BACK, act_of, refuse_after_tower, renamed, strictly
 from weights.hf.fields import Fields
 
 MODEL_TYPE = "sam_vision_model"
@@ -86,35 +86,21 @@ def _rename(key: str, back: bool = False) -> str | None:
 
 def to_sam(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     vit_config_to_sam(config)  # refuses what the layout cannot hold
-    out = {}
-    for key, value in state.items():
-        theirs = _rename(key)
-        if theirs is None:
-            raise WeightError(f"canonical key {key!r} has no place in the Hugging Face {MODEL_TYPE} layout")
-        value = np.asarray(value)
-        out[theirs] = value.reshape(1, *config.grid_size, -1) if key == "pos_embed" else value
-    return out
+    grid = (1, *config.grid_size, -1)
+    return renamed(state, MODEL_TYPE, _rename, lambda k, v: np.asarray(v).reshape(grid) if k == "pos_embed" else v)
 
 
 def from_sam(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     """The canonical state of the encoder's tensors, strictly: its neck and any other tensor with no
     canonical place named."""
-    neck = sorted(k for k in state if k.startswith(f"{_PREFIX}neck."))
-    if neck:
-        raise WeightError(
-            f"{', '.join(neck)}: the neck after the tower (two convolutions and their channel norms) has no "
-            "canonical place; save the encoder with model.vision_encoder.neck = torch.nn.Identity() to import it"
-        )
-    out = {}
-    for key, value in state.items():
-        ours = _rename(key, back=True)
-        if ours is None:
-            raise WeightError(f"{key!r} has no canonical place ({MODEL_TYPE}: no option expresses it)")
-        out[ours] = np.asarray(value).reshape(1, -1, config.embed_dim) if ours == "pos_embed" else value
-    expected = expected_shapes(config)
-    missing, extra = sorted(set(expected) - set(out)), sorted(set(out) - set(expected))
-    if missing or extra:
-        raise WeightError(
-            f"the {MODEL_TYPE} checkpoint does not match its config.json: missing {missing}, extra {extra}"
-        )
-    return out
+    refuse_after_tower(
+        state,
+        f"{_PREFIX}neck.",
+        "neck (two convolutions and their channel norms)",
+        MODEL_TYPE,
+        "model.vision_encoder.neck",
+    )
+    tokens = (1, -1, config.embed_dim)  # the table on the grid as the canonical tokens
+    change = lambda k, v: np.asarray(v).reshape(tokens) if k == "pos_embed" else v  # noqa: E731
+    out = renamed(state, MODEL_TYPE, lambda key: _rename(key, back=True), change, back=True)
+    return strictly(out, config, MODEL_TYPE)

@@ -30,9 +30,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from weights.canonical import WeightError, expected_shapes
+from weights.canonical import WeightError
 from weights.config import ViTConfig
-from weights.hf.common import ACT_BACK, act_of, sizes_from_hf, sizes_to_hf
+from weights.hf.common import ACT_BACK, act_of, sizes_from_hf, sizes_to_hf, strictly
 from weights.hf.fields import Fields
 
 AIMV2, INTERNVL, PIXTRAL = "aimv2_vision_model", "internvl_vision", "pixtral"
@@ -260,11 +260,4 @@ def from_tower(state: Mapping[str, np.ndarray], config: ViTConfig, model_type: s
         if ours is None:
             raise WeightError(f"{key!r} has no canonical place ({model_type}: no option expresses it)")
         out[ours] = value[None] if (model_type == AIMV2 and ours == "pos_embed") else value
-    out = _fused(out, config)
-    expected = expected_shapes(config)
-    missing, extra = sorted(set(expected) - set(out)), sorted(set(out) - set(expected))
-    if missing or extra:
-        raise WeightError(
-            f"the {model_type} checkpoint does not match its config.json: missing {missing}, extra {extra}"
-        )
-    return out
+    return strictly(_fused(out, config), config, model_type)
