@@ -45,6 +45,11 @@ def pytest_collection_modifyitems(config, items):
         "test_ports_as_written.py",
         "test_third_party.py",
         "test_diagnosis.py",
+        # single tests of several seconds: torch.compile's recompiles, Keras's and Equinox's models, a meta-run
+        "test_compiled.py",
+        "test_keras.py",
+        "test_equinox.py",
+        "test_harness.py",
     )
     # Before them, side by side, the modules whose tests compile the same XLA program: the JAX
     # port's gradient of vit_test_token, for the reference check, the AdamW step and the optax
@@ -54,6 +59,8 @@ def pytest_collection_modifyitems(config, items):
 
     def order(item):
         name = item.path.name
+        if item.get_closest_marker("long"):  # the longest single tests, before any other
+            return (-1, 0)
         return (0, together.index(name)) if name in together else (1 if name in first else 2, 0)
 
     items.sort(key=order)

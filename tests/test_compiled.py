@@ -184,6 +184,7 @@ class Stepping(torch.nn.Module):
         return self.model(x) + 0 * self.calls
 
 
+@pytest.mark.long
 def test_a_compiled_model_that_recompiles_at_every_call_is_told_not_silent():
     torch.compiler.reset()
     port = ModelPort(lambda c: torch.compile(Stepping(timm_model(c)), backend="eager"), rename=lambda k: f"model.{k}")

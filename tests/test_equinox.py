@@ -34,6 +34,7 @@ def test_equimo_vit_with_its_default_gelu_is_located_and_named():
     assert len(before) == 9 and all(s.ok for s in before) and not report.unseen
 
 
+@pytest.mark.long
 def test_eqx_multihead_attention_is_read_whole_under_its_vmap_over_heads():
     """eqx.nn.MultiheadAttention vmaps its attention over heads and scales q before q kᵀ: its q
     (unscaled), k, v and weights are read as the batched arrays a pure_callback is handed."""

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.long
 def test_a_failing_test_under_xdist_still_fails_the_run_with_every_result_reported(tmp_path):
     (tmp_path / "test_f.py").write_text(
         "import sys\n\n\n"

@@ -23,6 +23,7 @@ JAX = pytest.param(
 )
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("backend", [JAX, "torch"])
 def test_keras_hub_vit_is_conformant_on_each_backend_and_a_bug_in_it_located(backend):
     env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=str(ROOT))

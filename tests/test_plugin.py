@@ -87,6 +87,7 @@ def given_only(tmp_path_factory):
     return d, code, out, outcome
 
 
+@pytest.mark.long
 def test_a_correct_user_port_passes_from_another_directory(given_only):
     _, _, out, outcome = given_only
     assert outcome[f"{MAIN}[user_ports:correct]"] == "passed", out
@@ -253,6 +254,7 @@ ENDS = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
 def test_a_given_port_that_exits_or_hangs_fails_its_tests_with_and_without_xdist(tmp_path, workers):
     """Each given port runs in a process of its own, as verify runs it: os._exit(0) in its forward

@@ -111,6 +111,7 @@ def verified(mutant):
     return verify(load_factory(mutant.factory), config, port=mutant.name, dtype=mutant.dtype, cases=cases)
 
 
+@pytest.mark.long
 def test_every_mutant_fails_its_sampled_tests_through_the_plugin_and_correct_ports_pass():
     """In ci the original ViT's float32 torch and MLX mutants (one pytest run); in the thorough
     profile also the JAX mutants (XLA compiles each one's forward anew: 9 s of this run), the
