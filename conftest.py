@@ -57,10 +57,14 @@ def pytest_collection_modifyitems(config, items):
     # from the back, so they run on that worker, where the program is cached.
     together = ("test_gradients.py", "test_gradients_checks.py")
 
+    # The tests reading one module-scoped run of pytest (test_plugin's ``given_only``): together at the
+    # front, on one worker, so that the run is made once, not once per worker that gets one of them.
+    shared = ("given_only",)
+
     def order(item):
         name = item.path.name
-        if item.get_closest_marker("long"):  # the longest single tests, before any other
-            return (-1, 0)
+        if item.get_closest_marker("long") or set(shared) & set(getattr(item, "fixturenames", ())):
+            return (-1, 0)  # the longest single tests, before any other
         return (0, together.index(name)) if name in together else (1 if name in first else 2, 0)
 
     items.sort(key=order)

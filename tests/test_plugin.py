@@ -87,7 +87,6 @@ def given_only(tmp_path_factory):
     return d, code, out, outcome
 
 
-@pytest.mark.long
 def test_a_correct_user_port_passes_from_another_directory(given_only):
     _, _, out, outcome = given_only
     assert outcome[f"{MAIN}[user_ports:correct]"] == "passed", out
