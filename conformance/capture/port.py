@@ -423,7 +423,7 @@ class CapturedForward:
         # one sequence of whole images: a fused call on fewer than an image's tokens is a window,
         # where the oracle attends over the whole image
         windows = windowed_blocks(recorder, self.config.num_tokens) if self.port.sequence != "batch" else None
-        if windows and not self.config.window_partition == "truncate":
+        if windows and self.config.window_partition != "truncate":
             raise windowed(windows, self.config)
         if own:  # the model's own path (not a second pass off it): what ``unobserved`` compares with
             self.observed = arrays_in(out, self.adapter.is_array)

@@ -73,7 +73,7 @@ def vit_config_to_qwen2_5_vl(config: ViTConfig) -> dict:
         num_heads=config.num_heads, in_channels=config.in_chans, patch_size=p, spatial_merge_size=MERGE,
         temporal_patch_size=FRAMES, window_size=config.window_size * p, out_hidden_size=config.embed_dim,
         fullatt_block_indexes=list(config.global_attn_indexes),
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_temperature},
+        rope_parameters={"rope_type": "axial", "rope_theta": config.rope_temperature},
     )  # fmt: skip
     back = qwen2_5_vl_config_to_vit(hf)
     shown = {"img_size", "dynamic_img_size", "qkv_fused"}  # any image size; q, k, v fused in both
