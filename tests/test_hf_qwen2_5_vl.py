@@ -14,6 +14,7 @@ from impls import get_config, numpy_vit
 from weights import hf, init_state
 from weights.canonical import WeightError
 from weights.hf import qwen2_5_vl
+from tests.hf_layouts import written_read_and_loaded
 
 # 4-pixel patches in windows of 16 pixels (4 x 4 patches: 2 x 2 merge groups), on a 6 x 6 grid those at the
 # bottom and right cut to 2 patches; the last block global
@@ -82,19 +83,13 @@ def test_a_towers_directory_is_read_and_the_oracle_gives_its_last_block(tmp_path
 
 def test_the_canonical_state_is_written_as_transformers_holds_it_and_read_back_bitwise(tmp_path):
     config = get_config("vit_test_qwen2_5_vl").replace(num_classes=0, img_size=16, dynamic_img_size=True)
-    state = init_state(config, seed=3)
-    hf.write_hf(state, config, tmp_path / "ours")
-    written = json.loads((tmp_path / "ours" / "config.json").read_text())
-    assert written["model_type"] == "qwen2_5_vl_vision" and written["window_size"] == 16
-    again, read = hf.read_hf(tmp_path / "ours")
-    assert read == config.replace(img_size=qwen2_5_vl.IMG_SIZE)
-    assert sorted(again) == sorted(state) and all(again[k].tobytes() == np.asarray(state[k]).tobytes() for k in state)
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    model = Qwen2_5_VisionTransformerPretrainedModel.from_pretrained(tmp_path / "ours")  # the merger drawn anew
-    loaded = {k: v.numpy() for k, v in model.state_dict().items() if not k.startswith("merger.")}
-    ours = qwen2_5_vl.to_qwen2_5_vl(state, config)
-    assert sorted(loaded) == sorted(ours) and all(np.array_equal(loaded[k], ours[k]) for k in ours)
+    state, model_cls = init_state(config, seed=3), Qwen2_5_VisionTransformerPretrainedModel
+    read = written_read_and_loaded(state, config, tmp_path / "ours", model_cls, qwen2_5_vl.to_qwen2_5_vl, "merger.")
+    written = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert written["model_type"] == "qwen2_5_vl_vision" and written["window_size"] == 16
+    assert read == config.replace(img_size=qwen2_5_vl.IMG_SIZE)
 
 
 def test_its_merger_and_what_the_layout_cannot_hold_are_refused_by_name(tmp_path):

@@ -12,6 +12,7 @@ from impls import get_config, numpy_vit
 from weights import hf, init_state
 from weights.canonical import WeightError
 from weights.hf import sam
+from tests.hf_layouts import written_read_and_loaded
 
 # a 10 x 10 grid of 4-pixel patches in 4 x 4 windows (padded to 12 x 12), the last block global
 SETTINGS = dict(
@@ -69,18 +70,12 @@ def test_an_encoders_directory_is_read_and_the_oracle_gives_its_last_block(tmp_p
 
 def test_the_canonical_state_is_written_as_transformers_holds_it_and_read_back_bitwise(tmp_path):
     config = get_config("vit_test_sam").replace(num_classes=0, final_norm=False, img_size=24)  # SAM's are square
-    state = init_state(config, seed=3)
-    hf.write_hf(state, config, tmp_path / "ours")
-    assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == "sam_vision_model"
-    again, read = hf.read_hf(tmp_path / "ours")
-    assert read == config.replace(fc_norm=None)  # fc_norm=False: the same, none before the mean
-    assert sorted(again) == sorted(state) and all(again[k].tobytes() == np.asarray(state[k]).tobytes() for k in state)
     from transformers import SamVisionModel
 
-    model = SamVisionModel.from_pretrained(tmp_path / "ours")  # the neck drawn anew
-    loaded = {k: v.numpy() for k, v in model.state_dict().items() if ".neck." not in k}
-    ours = sam.to_sam(state, config)
-    assert sorted(loaded) == sorted(ours) and all(np.array_equal(loaded[k], ours[k]) for k in ours)
+    state = init_state(config, seed=3)
+    read = written_read_and_loaded(state, config, tmp_path / "ours", SamVisionModel, sam.to_sam, ".neck.")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["model_type"] == "sam_vision_model"
+    assert read == config.replace(fc_norm=None)  # fc_norm=False: the same, none before the mean
 
 
 def test_its_neck_and_what_the_layout_cannot_hold_are_refused_by_name(tmp_path):
