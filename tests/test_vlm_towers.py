@@ -313,6 +313,39 @@ def test_mlx_vlm_qwen2_5_vl_tower_with_its_gate_and_value_swapped_is_located_and
     assert "SwiGLU's gate and value projections swapped" in format_report(report)
 
 
+# Qwen2.5-VL's rotation at its own reach: a 32 x 32 grid, heads of 80 as its 7B tower's, one block
+QWEN2_5_VL_REACH = QWEN2_5_VL.replace(img_size=128, embed_dim=160, depth=1)
+
+
+def test_the_tools_cast_leaves_the_buffers_no_checkpoint_holds_as_the_model_built_them():
+    """Cast to bfloat16 as from_pretrained(dtype=...) loads: the parameters, not Qwen2.5-VL's rotary
+    inv_freq (persistent=False), which .to(dtype) rounds (its 7B tower at 448 pixels was NOT
+    CONFORMANT at blocks.0.attn.k_rope, 4.5 % off, for the tool's cast). The companion: a build that
+    casts with .to(dtype) itself (NVIDIA-NeMo/Automodel#3856's) has it rounded."""
+    import torch
+
+    from tests.data.hf_qwen2_5_vl_port import freqs_in_dtype, port
+
+    state = quick_cases(QWEN2_5_VL)[0].state
+    ours = port(QWEN2_5_VL, state, "bfloat16").adapter.model.visual
+    assert ours.blocks[0].attn.qkv.weight.dtype == torch.bfloat16
+    assert ours.rotary_pos_emb.inv_freq.dtype == torch.float32
+    assert freqs_in_dtype(QWEN2_5_VL, state, "bfloat16").adapter.model.visual.rotary_pos_emb.inv_freq.dtype == (
+        torch.bfloat16
+    )
+
+
+@pytest.mark.skipif(not heavy(), reason="thorough profile: a 32 x 32 grid; ci checks the cast itself (above)")
+def test_a_qwen2_5_vl_tower_at_its_rotations_reach_is_conformant_in_bfloat16_and_its_rounded_frequencies_located():
+    from tests.data.hf_qwen2_5_vl_port import freqs_in_dtype, port
+
+    cases = quick_cases(QWEN2_5_VL_REACH)
+    report = verify(port, QWEN2_5_VL_REACH, cases=cases, dtype="bfloat16")
+    assert report.conformant, format_report(report)
+    bug = verify(freqs_in_dtype, QWEN2_5_VL_REACH, cases=cases, dtype="bfloat16")
+    assert bug.first_divergence in ("blocks.0.attn.q_rope", "blocks.0.attn.k_rope"), format_report(bug)
+
+
 # transformers' SamVisionModel (SAM's image encoder) at a small size: a 8 x 8 grid in 3 x 3 windows (padded
 # to 9 x 9) but in block 1, decomposed relative positions, no class token, no final norm before its neck
 SAM = ViTConfig(

@@ -130,3 +130,15 @@ windowed = replace(port, build=lambda config: build(config, window=_window(confi
 windows_ignored = replace(
     windowed, build=lambda config: build(config, window=_window(config), full=list(range(config.depth)))
 )
+
+
+def _cast_whole(config, dtype):
+    """The tower cast by ``model.to(dtype)`` (NVIDIA-NeMo/Automodel#3856's cast_model_to_dtype): its
+    rotary ``inv_freq``, a buffer no checkpoint holds, rounded to the dtype with the weights."""
+    import torch
+
+    return build(config).to(getattr(torch, dtype))
+
+
+# the companion of the tool's own cast (parameters only): its rotation's angles in the dtype
+freqs_in_dtype = replace(port, build=_cast_whole)
