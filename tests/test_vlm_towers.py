@@ -344,6 +344,7 @@ def test_a_qwen2_5_vl_tower_at_its_rotations_reach_is_conformant_in_bfloat16_and
     assert report.conformant, format_report(report)
     bug = verify(freqs_in_dtype, QWEN2_5_VL_REACH, cases=cases, dtype="bfloat16")
     assert bug.first_divergence in ("blocks.0.attn.q_rope", "blocks.0.attn.k_rope"), format_report(bug)
+    assert bug.diagnosis.named == "rope_frequencies_bfloat16", format_report(bug)
 
 
 # transformers' SamVisionModel (SAM's image encoder) at a small size: a 8 x 8 grid in 3 x 3 windows (padded

@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.diagnosis.bugclass import QUIET, BugClass
+from conformance.numerics.precision import rounded
 from conformance.numerics.error_model import prefix_tokens
 
 from impls import numpy_pos_embed as R
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
-from impls.rope_settings import block_rope
+from impls.rope_settings import block_rope, rope_settings
 from impls.stages import stage_inputs, stage_kind
 from weights.resample import aa_matrix, cubic
 
@@ -195,15 +196,6 @@ _PAIRS_HINT = (
 )
 
 
-def _rope(config: ViTConfig) -> bool:
-    return config.rope_type is not None
-
-
-def _rope_banded(config: ViTConfig) -> bool:
-    """A rotation of bands from a base (RoPE-Mixed's frequencies are learned, its pairs neighbours)."""
-    return config.rope_type in ("cat", "dinov3")
-
-
 def _rotation_inputs(name, t, images, s, config):
     """What a rotary stage reads: q or k before it, and its block's sin and cos at the images' grid."""
     grid = config.grid_at(images.shape[2:])
@@ -217,6 +209,36 @@ def _rope_sin_cos_swapped(name, t, images, s, config):
         return None
     x, sin, cos = _rotation_inputs(name, t, images, s, config)
     return R.rotate_tokens(x, (cos, sin), config.num_prefix_tokens, config.rope_rotate_half)
+
+
+def _rope_frequencies_in(dtype: str):
+    """q or k turned by angles from frequencies rounded to ``dtype``: a fixed ``inv_freq`` buffer cast
+    with the weights (``model.to(dtype)``), position x frequency off by |angle| u, most at the far
+    patches."""
+
+    def stage(name, t, images, s, config):
+        if stage_kind(name) not in _ROPE:
+            return None
+        settings = rope_settings(config)
+        bands = R.rope_bands(settings["head_dim"], settings["kind"], settings["temperature"])
+        # the angles' columns: the first axis's bands, then the second's (Pixtral's, its own per axis)
+        share = (
+            (rounded(bands, dtype) / bands).reshape(-1)
+            if bands.ndim == 2
+            else np.tile(rounded(bands, dtype) / bands, 2)
+        )
+        angles = R.config_angles(config, config.grid_at(images.shape[2:])) * share
+        rope = R.rope_embed(angles, config.rope_rotate_half)
+        return R.rotate_tokens(
+            t[stage_inputs(name, config)[0]], rope, config.num_prefix_tokens, config.rope_rotate_half
+        )
+
+    return stage
+
+
+def _rope_fixed(config: ViTConfig) -> bool:
+    """Frequencies the model computes, not learned weights (RoPE-Mixed's)."""
+    return config.rope_type is not None and config.rope_type != "mixed"
 
 
 def _rope_from_first_token(name, t, images, s, config):
@@ -322,6 +344,10 @@ POSITION_CLASSES: tuple[BugClass, ...] = (
              "tokens turned, the last patches not", "timm's EvaAttention turns q[:, :, npt:] only (npt: the "
              "class and register tokens); the tables cover the patches", stage=_rope_from_first_token,
              when=lambda c: c.rope_type is not None and c.num_prefix_tokens > 0),
+    BugClass("rope_frequencies_bfloat16", _ROPE, "the rotation's frequencies rounded to bfloat16: each angle, "
+             "position x frequency, off by up to |angle| 2^-9", "keep inv_freq in float32: cast what the checkpoint "
+             "holds (from_pretrained(dtype=...)), not the model's persistent=False buffers (model.to(dtype) rounds "
+             "them), or compute the angles in float32", stage=_rope_frequencies_in("bfloat16"), when=_rope_fixed),
     BugClass("rope_temperature_10000", _ROPE, "the rotary base 10000 (EVA02's, timm's default)",
              "read the base from the checkpoint's config (timm's rope_temperature: 100 for the rope ViTs and DINOv3)",
              config={"rope_temperature": 10000.0}, when=_rope_banded),
