@@ -20,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.wheel
+PACKAGES = ("conformance", "weights", "impls")
+GHOST = ROOT / "build" / "lib" / "conformance" / "verify" / "ghost_of_a_moved_module.py"
 
 
 def _run(cmd, cwd, timeout=900):
@@ -32,6 +34,9 @@ def _run(cmd, cwd, timeout=900):
 def installed(tmp_path_factory):
     """(the fresh environment's python, a directory outside the checkout, the wheel's file names)."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # what an earlier build of a module since moved leaves in the checkout (pypa/setuptools#1871)
+    GHOST.parent.mkdir(parents=True, exist_ok=True)
+    GHOST.write_text("raise AssertionError('a module deleted from the source')\n")
     code, out = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp), str(ROOT)], tmp)
     assert code == 0, out[-2000:]
     (wheel,) = tmp.glob("vit_conformance-*.whl")
@@ -49,14 +54,29 @@ def installed(tmp_path_factory):
 
 def test_every_data_file_of_the_packages_is_in_the_wheel(installed):
     _, _, names = installed
-    packages = ("conformance", "weights", "impls")
-    tracked = subprocess.run(["git", "ls-files", *packages], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files", *PACKAGES], cwd=ROOT, capture_output=True, text=True).stdout.split()
     data = [p for p in tracked if not p.endswith(".py") and "/tests/" not in p]
     assert data, "no data files found: the check would pass on anything"
     missing = [p for p in data if p not in names]
     assert not missing, missing
     for needed in ("conformance/diagnosis/scan_calibration.json", "conformance/verify/quantization_calibration.json"):
         assert needed in names
+
+
+def ghosts(names: list[str], root: Path) -> list[str]:
+    """The wheel's modules that the source tree does not hold."""
+    return sorted(n for n in names if n.endswith(".py") and n.startswith(PACKAGES) and not (root / n).is_file())
+
+
+def test_the_wheel_holds_the_sources_modules_and_no_ghost_of_an_earlier_build(installed):
+    _, _, names = installed
+    assert ghosts(names, ROOT) == [], "modules an earlier build left in build/lib (setup.py's CleanBuildPy)"
+    sources = [str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    assert not [s for s in sources if "__pycache__" not in s and s not in names]
+    # the companion: the module planted in build/lib, had it shipped, is named
+    assert ghosts([*names, str(GHOST.relative_to(GHOST.parents[2]))], ROOT) == [
+        "conformance/verify/ghost_of_a_moved_module.py"
+    ]
 
 
 def test_the_installed_package_is_the_wheels_not_the_checkouts(installed):
