@@ -31,8 +31,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from conformance.diagnosis.classes import ACTIVE_DROPOUT, BY_NAME, QUIET, BugClass, classes_for, evaluate_variant
+from conformance.diagnosis.classes import ATTENTION_CLASSES, GRADIENT_CLASSES
+from conformance.diagnosis.model_classes import layer_norm_as, norm_operands
 from conformance.numerics.compare import malformed, relative_spread, stored_as
-from conformance.numerics.error_model import CaseModel, evaluate, stage_precision
+from conformance.numerics.error_model import CaseModel, attend_and_project, evaluate, stage_precision
 from conformance.numerics.tolerances import end_to_end_tolerance, tolerance
 from conformance.report import describe_exception
 from impls.protocol import tap_shapes
@@ -264,8 +266,6 @@ def token_statistics(port, base, values, stage: str, bound, tol, name) -> Fit | 
     named when what is left is within the tolerance and every token's implied δ is within
     ``CANCELLATION`` float32 roundings of μ² + σ² (what E[x^2] - E[x]^2 loses), one beyond any a
     correct port's rounding shows (its error at that token out of the tolerance)."""
-    from conformance.diagnosis.model_classes import norm_operands
-
     if not np.isfinite(port).all():
         return None
     x, prefix = norm_operands(stage, values, values.model.config, _grid(values.model))
@@ -301,8 +301,6 @@ EPS_GRID = tuple(m * 10.0**e for e in range(-12, 0) for m in (1.0, 3.0))  # 1e-1
 def fitted_eps(port, base, values, stage: str, bound, tol, name) -> Fit | None:
     """A LayerNorm with an eps of its own: the class fitted for each eps of ``EPS_GRID`` (the
     config's own aside), the closest kept, its eps told."""
-    from conformance.diagnosis.model_classes import layer_norm_as, norm_operands
-
     x, prefix = norm_operands(stage, values, values.model.config, _grid(values.model))
     w, b, own = values._s[f"{prefix}.weight"], values._s.get(f"{prefix}.bias", 0.0), values.model.config.norm_eps
     best = None
@@ -387,9 +385,6 @@ FAMILIES = {"token_statistics": token_statistics, "eps": fitted_eps, "factor": c
 def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
     """A standalone attention port's divergent ``attn.weights`` or ``attn`` (end to end: the port
     emits no q, k, v; the oracle's, from the port's inputs, are the classes' too)."""
-    from conformance.diagnosis.classes import ATTENTION_CLASSES
-    from conformance.numerics.error_model import attend_and_project
-
     port = np.asarray(out, np.float64)
     o = model.oracle
     base = np.asarray(o[stage], np.float64)
@@ -409,8 +404,6 @@ def diagnose_attention(stage: str, out, model, case: str = "") -> Diagnosis:
 def diagnose_gradient(result, got: Mapping, model, case: str = "") -> Diagnosis:
     """The first divergent cotangent or parameter gradient (``GradResult``) against the gradient
     classes, weighted by the reference's propagated spread there (end to end)."""
-    from conformance.diagnosis.classes import GRADIENT_CLASSES
-
     kind, name = result.kind, result.name
     if kind not in ("taps", "params") or name not in got.get(kind, {}):
         return Diagnosis(name, case, "end-to-end", None)

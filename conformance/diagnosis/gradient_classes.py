@@ -12,6 +12,8 @@ import numpy as np
 from conformance.diagnosis.bugclass import BugClass
 from functools import lru_cache
 
+from impls import numpy_vit
+
 # ----------------------------------------------------------------------------- gradients
 # ``gradient(model, kind, name)`` -> the gradient the class gives at a tensor on a case (``GradModel``): fitted at the first
 # divergent cotangent or parameter gradient in backward order (``fit.diagnose_gradient``).
@@ -27,8 +29,6 @@ def _traced_variant(name: str, patch: Callable):
 
     @lru_cache(maxsize=1)
     def module():
-        from impls import numpy_vit
-
         m = numpy_vit._traced(f"conformance.diagnosis._{name}")
         patch(m)
         return m
@@ -123,8 +123,6 @@ def _reference(module: Callable):
     case (``GradModel``), at the tensor being fitted."""
 
     def gradient(model, kind, name):
-        from impls import numpy_vit
-
         cache = model.__dict__.setdefault("_class_references", {})
         if module not in cache:
             m = module()

@@ -11,6 +11,7 @@ from conformance.numerics.precision import rounded
 from conformance.numerics.error_model import prefix_tokens
 
 from impls import numpy_pos_embed as R
+from impls.numpy_vit import resample_pos_embed
 from impls.protocol import ViTConfig
 from impls.relative_position import relative_position_index
 from impls.rope_settings import block_rope, rope_settings
@@ -116,8 +117,6 @@ def _pos_embed_grid_swapped(name, t, images, s, config):
     """The table resampled to the images' grid with its axes swapped, (columns, rows), and laid over
     the patches row-major: a packed batch's patch coordinates read as (x, y), or a table reshaped
     (gw, gh)."""
-    from impls.numpy_vit import resample_pos_embed
-
     grid = config.grid_at(images.shape[2:])
     if name != "embed" or grid[0] == grid[1]:
         return None

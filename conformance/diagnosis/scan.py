@@ -46,7 +46,7 @@ import numpy as np
 
 from conformance.diagnosis.classes import BY_NAME, NORM_KINDS, classes_for
 from conformance.diagnosis.fit import FLOOR, RESOLVED, SIGMAS, Diagnosis, Fit, _Values, well_formed
-from conformance.numerics.compare import stored_as
+from conformance.numerics.compare import compare_outputs, stored_as
 from conformance.numerics.kinds.activation import activation
 from conformance.numerics.precision import UNIT_ROUNDOFF, rounded
 from conformance.numerics.provenance import collect
@@ -368,8 +368,6 @@ def _scan_config(name: str):
 
 def _correct_scans(configs, dtype: str, seed: int):
     """(port and config, Scan) of each correct port on verify's cases of each config."""
-    from conformance.numerics.compare import compare_outputs
-
     for name in configs:
         config = _scan_config(name)
         for port in FRAMEWORK_PORTS:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from conformance.numerics.compare import StageResult
+from conformance.numerics.compare import StageResult, compare_stage
 from conformance.sandbox.portside import PortSide, port_side
 from conformance.verify.cases import Case
 from conformance.verify.loop import Outcome, run_cases
@@ -60,8 +60,6 @@ class AttentionCall:
         return out
 
     def compare(self, out, model, report: Report, label: str, outcome: Outcome) -> list[StageResult]:
-        from conformance.numerics.compare import compare_stage
-
         try:
             out, weights = out
         except (TypeError, ValueError):

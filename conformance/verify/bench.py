@@ -128,7 +128,7 @@ def run_verify(port: str, preset: str, settings: dict, memory: float | None = No
 def oracle_seconds(preset: str, settings: dict, batch: int | None = None) -> float:
     """One float64 NumPy oracle forward over verify's default cases (their weights and images made
     outside the timing)."""
-    from impls import get_config, numpy_vit
+    from impls import numpy_vit
 
     config = get_config(preset).replace(**settings)
     total = 0.0

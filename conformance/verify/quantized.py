@@ -23,6 +23,7 @@ import numpy as np
 from conformance.capture.quantized import Quantized, slack
 from conformance.numerics.error_model import CaseModel
 from conformance.numerics.roundings import Precision
+from impls import numpy_vit
 from impls.protocol import ViTConfig
 from impls.stages import param_stage
 
@@ -201,8 +202,6 @@ def quantization_cost(out, case, config: ViTConfig, dtype: str) -> list[dict]:
     weight computed from the float oracle's inputs to it on the quantized and the noisy weights
     (local: a saturated softmax downstream flips on one draw and not another, and no ratio of two
     draws of a chaotic stage means anything; the stage that reads the weights is linear in them)."""
-    from impls import numpy_vit
-
     quantized = out.quantized
     reference = numpy_vit.make(config, case.state)(case.images)
     models = [

@@ -6,6 +6,7 @@ import numpy as np
 
 from weights.canonical import CONFIG_METADATA_KEY
 from weights.layouts._io import metadata
+from weights.layouts.timm import read as read_timm
 
 
 def detect(path, header) -> bool:
@@ -13,8 +14,6 @@ def detect(path, header) -> bool:
 
 
 def read(path, config=None, **options):
-    from weights.layouts.timm import read as read_timm
-
     return read_timm(path, config, **options)  # timm's state dict, its config stored (or inferred)
 
 
