@@ -25,6 +25,7 @@ from conformance.generators import (  # noqa: F401 - the deterministic generator
     make_images,
     with_block0_logit,
 )
+from conformance.profiles import heavy
 from conformance.support import build_config, multiple_of
 from impls import ConfigError, get_config
 from impls.protocol import ViTConfig
@@ -345,7 +346,6 @@ def hard_model_cases():
     float16 LayerNorm statistics), block 0's logits at 3e4 (q k^T before the scale overflows
     float16) and, in the thorough profile or a float16 run, the offset over 100 tokens (a float16
     token sum overflows; another config, so another compile of every JAX port)."""
-    from conformance.profiles import heavy
     from conformance.properties import ModelCase
 
     config, many = get_config("vit_test_token"), get_config("vit_test_avg_100_tokens")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from conformance.diagnosis.scan import CALIBRATION, SIGNIFICANCE, Scan, band_key, widen
+from conformance.verify.forward import verify
 from impls import get_config, load_factory
 import argparse
 
@@ -32,8 +33,6 @@ DTYPES = ("bfloat16", "float16")
 
 def scanned(preset: str, port: str, dtype: str, seed: int) -> tuple[Scan, object]:
     """(the scan, the report) of verify on ``preset`` for ``port`` in ``dtype``."""
-    from conformance.verify.forward import verify
-
     scan = Scan({0})
     report = verify(load_factory(port), get_config(preset), port=port, dtype=dtype, seed=seed, scan=scan)
     return scan, report

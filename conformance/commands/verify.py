@@ -15,6 +15,7 @@ from conformance.verify.attention import verify_attention
 from conformance.verify.budget import estimate, machine_memory, seconds, too_large
 from conformance.verify.cases import images_of, verify_plan
 from conformance.verify.forward import verify
+from conformance.verify.grad import GradReport, format_grad_report, verify_grad
 from conformance.verify.outputs import Outputs
 from conformance.verify.report import Report, format_report
 from impls import PORTS, ConfigError, get_config, tap_names
@@ -268,9 +269,6 @@ def _other_layout(path: str) -> str | None:
 
 
 def _main_grad(args, outputs: Outputs) -> int:
-
-    from conformance.verify.grad import GradReport, format_grad_report, verify_grad
-
     try:
         check_grad_dtype(args.dtype)
     except ValueError as e:

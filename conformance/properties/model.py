@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 from einops import rearrange
 
+from conformance.diagnosis import diagnose
 from conformance.numerics.compare import StageResult, compare_outputs, compare_stage, describe_failures
 from conformance.numerics.tolerances import tolerance
 from conformance.support import build
@@ -62,8 +63,6 @@ def check_matches_oracle(port: str, make: Callable, case: ModelCase) -> list:
         first = next(r.name for r in results if not r.ok)
         context = case.describe()
         if isinstance(out, Mapping) and first in out:
-            from conformance.diagnosis import diagnose
-
             context["diagnosis"] = diagnose(first, out, model, case.dtype).line()
         raise PropertyFailure(describe_failures(results, port, **context))
     return results

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from conformance.diagnosis import guarded
+from conformance.diagnosis.fit import diagnose_attention
 from conformance.numerics.compare import StageResult, compare_stage
 from conformance.sandbox.portside import PortSide, port_side
 from conformance.verify.cases import Case
@@ -72,9 +74,6 @@ class AttentionCall:
             results.insert(0, compare_stage("attn.weights", weights, model, {}))
         first = next((r for r in results if not r.ok), None)
         if first is not None and outcome.earlier(self.index(first)):
-            from conformance.diagnosis import guarded
-            from conformance.diagnosis.fit import diagnose_attention
-
             emitted = weights if first.name == "attn.weights" else out
             self.diagnoses[(first.name, label)] = guarded(
                 first.name, label, lambda: diagnose_attention(first.name, emitted, model, label)

@@ -7,6 +7,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from conformance.diagnosis import Diagnosis, diagnose, dropout, guarded
+from conformance.diagnosis.classes import PADDING_ATTENDED
+from conformance.diagnosis.scan import Scan
 from conformance.numerics.compare import StageResult, compare_outputs
 from conformance.numerics.error_model import CaseModel, parallel
 from conformance.numerics.mapped import let_go
@@ -83,8 +86,6 @@ class Forward:
     def _quantized(self, out, model, report: Report, label: str, outcome: Outcome):
         """A quantized port's case (conformance.verify.quantized): its weights against their float
         weights, its cost against the float model, and the model its kernels are judged by."""
-        from conformance.diagnosis import Diagnosis
-
         case, quantized = self.case, out.quantized
         for stage, reason, named in q.beyond_half_step(quantized, case.state, self.config, self.dtype):
             finding(report, label, stage, reason)
@@ -103,8 +104,6 @@ class Forward:
     def _diagnose(self, results, out, model, label: str, outcome: Outcome) -> None:
         """Fit the bug classes where this case diverges, if earlier than any case before it (the
         port's outputs are not held past the case)."""
-        from conformance.diagnosis import diagnose, guarded
-
         first = next((r for r in results if not r.ok), None)
         if first is None or not isinstance(out, Mapping) or first.name not in out:
             return
@@ -158,9 +157,6 @@ class Packed(Forward):
             for stage, case in [k for k in self.diagnoses if k[1] == row_label]:  # the loop knows the batch's label
                 diagnosis = self.diagnoses.pop((stage, case))
                 if _leaks(row, stage, self.dtype):
-                    from conformance.diagnosis import Diagnosis
-                    from conformance.diagnosis.classes import PADDING_ATTENDED
-
                     diagnosis = Diagnosis(stage, row_label, "observed", PADDING_ATTENDED)
                 self.diagnoses.setdefault((stage, label), diagnosis)
             results += rows
@@ -314,8 +310,6 @@ def _scan(given, dtype: str, held: bool, small: bool):
     calibration's. None in float32, where every class the zoo has is located per element."""
     if dtype == "float32" or not (given is not None or held or not small):
         return None
-    from conformance.diagnosis.scan import Scan
-
     return given if given is not None else Scan(None if small else {0})
 
 
@@ -333,7 +327,6 @@ def _determinism(report: Report, side, case: Case, config: ViTConfig, dtype: str
     differs = first_difference(*both) if both is not None else None
     if differs:
         finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")
-        from conformance.diagnosis import dropout
 
         report.diagnosis = dropout(differs, case.name)
     if report.failures and report.first_divergence is None:

@@ -19,6 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from conformance.diagnosis import guarded
+from conformance.diagnosis.fit import diagnose_gradient
 from conformance.generators import OFFSET, TrainedLike, WeightCase, make_images
 from conformance.numerics.gradients import (
     KINDS,
@@ -193,9 +195,6 @@ class Backward:
         failing = [r for r in results if not r.ok]
         first = min(failing, key=self.index) if failing else None
         if first is not None and outcome.earlier(self.index(first)):
-            from conformance.diagnosis import guarded
-            from conformance.diagnosis.fit import diagnose_gradient
-
             self.diagnoses[(first.name, label)] = guarded(
                 first.name, label, lambda: diagnose_gradient(first, out, model, label)
             )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from conformance.report import table
 from conformance.verify import verify, verify_attention
+from conformance.verify.grad import verify_grad
 from conformance.zoo.catalogue import MAIN_GRADIENT_TEST, MUTANTS, Mutant
 from impls import get_config, load_factory
 import importlib.util
@@ -65,8 +66,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 def verify_mutant(mutant: Mutant, dtype: str | None = None):
     make = load_factory(mutant.factory)
     if mutant.level == "gradient":
-        from conformance.verify.grad import verify_grad
-
         return verify_grad(make, get_config(mutant.config), port=mutant.name)
     if mutant.level == "attention":
         return verify_attention(make, port=mutant.name)
