@@ -13,6 +13,7 @@ from pathlib import Path
 
 from conformance.examples import quantized as q
 from conformance.verify.cases import default_cases
+from conformance.verify.quantized import beyond_half_step, quantization_cost
 from impls import get_config
 
 MARGIN = 1.5
@@ -34,8 +35,6 @@ def ports():
 
 
 def measure(seeds=(0, 1)) -> dict:
-    from conformance.verify.quantized import beyond_half_step, quantization_cost
-
     config = get_config("vit_test_quantized")
     worst: dict[str, list] = {}
     for (key, port, dtype), seed in itertools.product(list(ports()), seeds):

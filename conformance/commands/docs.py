@@ -17,6 +17,8 @@ import re
 import sys
 from pathlib import Path
 
+from conformance.diagnosis.classes import ATTENTION_CLASSES, CLASSES, GRADIENT_CLASSES, OBSERVED
+from conformance.diagnosis.scan import calibration as scan_calibration
 from conformance.numerics.tolerances import CHAOTIC_KIND, CHAOTIC_MODE, MARGIN, MODES, calibration, measured
 from conformance.verify.budget import estimate, seconds
 from conformance.verify.cases import FULL_SIZE, row_plan
@@ -287,8 +289,6 @@ def spread_table() -> str:
 
 def diagnosis_table() -> str:
     """Every bug class (conformance.diagnosis.classes): where it is fitted, what it says, the hint."""
-    from conformance.diagnosis.classes import ATTENTION_CLASSES, CLASSES, GRADIENT_CLASSES, OBSERVED
-
     FAMILY_FORMS = {"token_statistics": "fitted per token", "eps": "fitted over eps", "factor": "fitted constant"}
 
     by_class: dict[str, list[str]] = {}
@@ -313,9 +313,7 @@ def diagnosis_table() -> str:
 
 def scan_table() -> str:
     """The scan's calibration: per dtype the correct ports' largest significant share, where."""
-    from conformance.diagnosis.scan import calibration
-
-    record = calibration()
+    record = scan_calibration()
     bands = record.get("bands", {})
 
     def gelu(d):
@@ -345,9 +343,7 @@ def scan_size_table() -> str:
     the correct ports measured on the small configs (``bands``) and at each full size
     (``bands_by_size``, ``python -m conformance calibrate --scan-full``), then each activation class
     measured with the port's roundings replayed (every share, significant or not: never banded)."""
-    from conformance.diagnosis.scan import calibration
-
-    record = calibration()
+    record = scan_calibration()
     order = sorted(record.get("bands_by_size", {}), key=lambda preset: get_config(preset).embed_dim)
     sizes = {preset: record["bands_by_size"][preset] for preset in order}
     replayed = {preset: record.get("replayed_by_size", {}).get(preset, {}) for preset in order}
