@@ -366,14 +366,14 @@ def test_a_scale_error_below_the_tolerance_runs_along_the_stages_own_value(round
 
 
 def test_a_diagnosis_that_fails_is_the_tools_failure_and_the_verdict_stands(monkeypatch):
-    import conformance.diagnosis as D
+    import conformance.verify.forward as F
     from conformance.zoo import MUTANTS
     from conformance.zoo.run import verify_mutant
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the fit")
 
-    monkeypatch.setattr(D, "diagnose", broken)
+    monkeypatch.setattr(F, "diagnose", broken)  # the diagnosis as verify's forward check calls it
     report = verify_mutant(MUTANTS["mlx_attention_scale_missing"])
     assert not report.conformant and report.first_divergence == "blocks.0.attn.weights"
     assert "RuntimeError: a bug in the fit" in report.diagnosis.failed
