@@ -4,14 +4,12 @@ parameter gradient in backward order (``fit.diagnose_gradient``)."""
 
 from __future__ import annotations
 
-
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
 from conformance.diagnosis.bugclass import BugClass
-from functools import lru_cache
-
 from impls import numpy_vit
 
 # ----------------------------------------------------------------------------- gradients

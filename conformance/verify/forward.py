@@ -327,7 +327,6 @@ def _determinism(report: Report, side, case: Case, config: ViTConfig, dtype: str
     differs = first_difference(*both) if both is not None else None
     if differs:
         finding(report, case.name, differs, "two calls on the same input differ (randomness at inference)")
-
         report.diagnosis = dropout(differs, case.name)
     if report.failures and report.first_divergence is None:
         report.first_divergence = report.failures[0]["stage"]
