@@ -30,8 +30,16 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from conformance.diagnosis.classes import ACTIVE_DROPOUT, BY_NAME, QUIET, BugClass, classes_for, evaluate_variant
-from conformance.diagnosis.classes import ATTENTION_CLASSES, GRADIENT_CLASSES
+from conformance.diagnosis.classes import (
+    ACTIVE_DROPOUT,
+    ATTENTION_CLASSES,
+    BY_NAME,
+    GRADIENT_CLASSES,
+    QUIET,
+    BugClass,
+    classes_for,
+    evaluate_variant,
+)
 from conformance.diagnosis.model_classes import layer_norm_as, norm_operands
 from conformance.numerics.compare import malformed, relative_spread, stored_as
 from conformance.numerics.error_model import CaseModel, attend_and_project, evaluate, stage_precision
