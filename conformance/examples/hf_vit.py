@@ -91,6 +91,7 @@ clip_port = ModelPort(
     output=lambda out: out.pooler_output,
     supports={
         "pre_norm": True,
+        "qkv_bias": True,  # the layout holds q, k and v biases
         "num_classes": 0,
         "global_pool": "token",
         "act_layer": ("quick_gelu", "gelu"),
@@ -105,6 +106,7 @@ siglip_port = ModelPort(
     convert=_SIGLIP[1],
     output=lambda out: out.pooler_output,
     supports={
+        "qkv_bias": True,  # the layout holds q, k and v biases
         "num_classes": 0,
         "global_pool": "map",
         "class_token": False,

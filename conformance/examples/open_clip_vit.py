@@ -34,6 +34,7 @@ RENAME = {
 }
 SUPPORTS = {
     "pre_norm": True,
+    "in_chans": 3,  # conv1 is built for RGB whatever the weights
     "norm_eps": 1e-5,
     "num_classes": 0,
     "global_pool": "token",

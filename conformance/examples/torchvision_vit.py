@@ -30,6 +30,7 @@ RENAME = {
 # torchvision's ViT: class-token pooling, biases everywhere, square images and patches, GELU, eps 1e-6.
 SUPPORTS = {
     "global_pool": "token",
+    "in_chans": 3,  # conv_proj is built for RGB whatever the weights
     "qkv_bias": True,
     "norm_eps": 1e-6,
     "square_images": True,
