@@ -93,3 +93,23 @@ def test_cut_windows_are_padded_ones_where_the_grid_holds_whole_windows_and_not_
 def test_a_config_cut_windows_cannot_hold_is_refused_by_name(changes, named):
     with pytest.raises(ConfigError, match=named):
         CONFIG.replace(**changes)
+
+
+@pytest.mark.parametrize("bug", ["softmax_without_max_float32", "softmax_in_bfloat16", "attention_scale_on_q_and_k"])
+def test_a_class_of_how_the_softmax_is_computed_keeps_a_blocks_windows(bug):
+    """A diagnosis class that computes a windowed block's attention weights another way computes
+    them within each query's own window, as the oracle does: outside it they are zero. Before, these
+    classes attended the whole image and a tower that ignores its windows (tests/test_vlm_towers.py)
+    was named "the softmax as exp(l) / sum(exp(l)) in float32". The companion: windows_ignored's
+    weights are not zero there."""
+    from conformance.diagnosis.classes import BY_NAME, evaluate_variant
+
+    state, images = init_state(CONFIG, seed=1), make_images(CONFIG, 1, "ordinary", 1)
+    taps = numpy_vit.make(CONFIG, state)(images)
+    outside = ~window_mask(CONFIG.grid_at(images.shape[2:]), CONFIG.window_size)
+    name = "blocks.0.attn.weights"
+    weights, _ = evaluate_variant(BY_NAME[bug], name, taps, images, state, CONFIG)
+    assert weights.shape == taps[name].shape and np.all(weights[..., outside] == 0), bug
+    assert np.abs(weights - taps[name]).max() < 0.05  # the class's own rounding, no more
+    ignored, _ = evaluate_variant(BY_NAME["windows_ignored"], name, taps, images, state, CONFIG)
+    assert np.abs(ignored[..., outside]).min() > 0

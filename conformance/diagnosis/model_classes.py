@@ -13,6 +13,7 @@ from conformance.numerics.evaluate import on_grid
 from impls import numpy_vit as O
 from impls.protocol import ViTConfig
 from impls.stages import BY_KIND, stage_inputs, stage_kind
+from impls.windows import window_mask
 from weights.canonical import qkv_parts
 from conformance.diagnosis.bugclass import BugClass, QUIET
 from conformance.diagnosis.position_classes import POSITION_CLASSES, TABLE_CLASSES
@@ -90,10 +91,16 @@ def _norm2_with_norm1(s, config):
     return {two: s[one] for two, one in pairs if one in s}  # a bias-free norm (RMSNorm, norm_bias=False) has none
 
 
-def _attention_operands(name: str, t, config: ViTConfig):
-    """An attention-weights stage's q and k, its head_dim, and what its logits add (BEiT's bias, else 0)."""
+def _attention_operands(name: str, t, config: ViTConfig, images):
+    """An attention-weights stage's q and k, its head_dim, and what its logits add: BEiT's bias, and
+    -inf outside each query's own window where the block attends in windows (Qwen2.5-VL's, as the
+    oracle masks them: a class of how the softmax is computed keeps the windows), else 0."""
     q, k, *bias = (t[n] for n in stage_inputs(name, config))
-    return q, k, config.head_dim, (bias[0] if bias else 0.0)
+    bias = bias[0] if bias else 0.0
+    cut = config.block_window_cut(int(name.split(".")[1])) if name.startswith("blocks.") else 0
+    if cut:
+        bias = np.where(window_mask(config.grid_at(images.shape[2:]), cut), bias, -np.inf)
+    return q, k, config.head_dim, bias
 
 
 _WEIGHTS = ("attn.weights", "attn_pool.weights")
@@ -107,7 +114,7 @@ def _weights_variant(scale: Callable, swap: bool = False, axis: int = -1, causal
     def stage(name, t, images, s, config, precision=QUIET):
         if stage_kind(name) not in _WEIGHTS:
             return None
-        q, k, hd, bias = _attention_operands(name, t, config)
+        q, k, hd, bias = _attention_operands(name, t, config, images)
         a, b = (k, q) if swap != (axis == -2) else (q, k)  # over queries: (softmax over keys of k qᵀ)ᵀ
         bias = np.swapaxes(bias, -1, -2) if axis == -2 and np.ndim(bias) else bias  # (transposed back below)
         if axis == 0:
@@ -145,7 +152,7 @@ def _softmax_naive(dtype):
     def stage(name, t, images, s, config):
         if stage_kind(name) not in _WEIGHTS:
             return None
-        q, k, hd, bias = _attention_operands(name, t, config)
+        q, k, hd, bias = _attention_operands(name, t, config, images)
         logits = (hd**-0.5 * qk_logits(q, k) + bias).astype(dtype)
         with np.errstate(over="ignore", invalid="ignore"):
             e = np.exp(logits)
@@ -166,7 +173,7 @@ def _softmax_in(dtype: str):
         import ml_dtypes
 
         low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
-        q, k, hd, bias = _attention_operands(name, t, config)
+        q, k, hd, bias = _attention_operands(name, t, config, images)
         logits = (hd**-0.5 * qk_logits(q, k) + bias).astype(low)
         e = np.exp((logits - logits.max(-1, keepdims=True)).astype(np.float32)).astype(low)
         total = np.add.reduce(e, axis=-1, keepdims=True, dtype=low)  # an accumulator of the dtype
@@ -181,7 +188,7 @@ def _scaled_after_product(dtype):
     def stage(name, t, images, s, config):
         if stage_kind(name) not in _WEIGHTS:
             return None
-        q, k, hd, bias = _attention_operands(name, t, config)
+        q, k, hd, bias = _attention_operands(name, t, config, images)
         with np.errstate(over="ignore", invalid="ignore"):
             product = qk_logits(q, k).astype(dtype)  # accumulated in float32, stored: inf past 65504
             return O.softmax((product * np.asarray(hd**-0.5, dtype)).astype(np.float64) + bias)

@@ -3,9 +3,13 @@ trained-like weights where real bugs show, in batches of 3 and 1; handed to a po
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from conformance.generators import IMAGE_KINDS, OFFSET, TrainedLike, WeightCase, make_images, with_block0_logit
 from conformance.sandbox.handed import Case, Handed, read_only, state_changes  # noqa: F401 - the plan's inputs, re-exported
@@ -224,6 +228,42 @@ def cached(config: ViTConfig) -> bool:
     made one at a time and let go."""
 
     return sizes(config)[0] < 1e6
+
+
+# A small config's given cases' error models, by content (``held_models``), the last few kept.
+_HELD: OrderedDict[tuple, CaseModel] = OrderedDict()
+HELD_MODELS = 8
+
+
+def _digest(case: Case) -> str:
+    """The case's images and weights, names, dtypes, shapes and bytes, as one digest."""
+    h = hashlib.blake2b(digest_size=20)
+    for name, a in (("", case.images), *sorted(case.state.items())):
+        a = np.ascontiguousarray(a)
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.data if a.size else b"")
+    return h.hexdigest()
+
+
+def held_models(config: ViTConfig, cases, dtype: str) -> tuple[tuple[Case, CaseModel], ...]:
+    """A small config's given cases, each with its error model held as a seeded case's is: looked
+    up by content, so the same weights and images verified again (the next port, the next check)
+    reuse its oracle and noisy runs instead of computing them afresh. A model is built on copies
+    (read-only): what a caller does to its arrays afterwards cannot reach it."""
+    from conformance.numerics.error_model import CaseModel
+
+    out = []
+    for case in cases:
+        key = (config, dtype, _digest(case))
+        model = _HELD.pop(key, None)
+        if model is None:
+            state = {k: read_only(v) for k, v in case.state.items()}
+            model = CaseModel(config, state, read_only(case.images), dtype)
+        _HELD[key] = model
+        while len(_HELD) > HELD_MODELS:
+            _HELD.popitem(last=False)
+        out.append((case, model))
+    return tuple(out)
 
 
 @lru_cache(maxsize=8)

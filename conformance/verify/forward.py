@@ -19,7 +19,7 @@ from conformance.sandbox.heap import return_freed_memory
 from conformance.sandbox.portside import PortSide, port_side
 from conformance.support import Unsupported
 from conformance.verify.budget import ahead
-from conformance.verify.cases import Case, cached, iter_plan, seeded_cases, verify_plan
+from conformance.verify.cases import Case, cached, held_models, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.packed import PackedModel, nonfinite_outside, packed_plan, packed_shape, unpack
 from conformance.verify.report import Report, finding
@@ -242,17 +242,20 @@ def verify(
     a process of its own). ``progress``: a bar of cases and stages on standard error. ``scan``:
     the ``conformance.diagnosis.scan.Scan`` to pool into below float32 (its calibration's)."""
     side = port_side(make, port)
-    packed, small = _packed(side, config), cached(config)  # a small config's given cases are streamed too
+    packed, small = _packed(side, config), cached(config)  # a small config's given cases are held too
     plan = None
-    if cases is None and state is None and small and not packed:
+    seeded = cases is None and state is None and small and not packed
+    if seeded:
         pairs = seeded_cases(config, seed, dtype)
+    elif cases is not None and small and not packed:  # by content: a repeated case's oracle is reused
+        pairs = held_models(config, cases, dtype)
     else:  # one case in memory at a time (two where the next fits): weights, images, oracle, outputs
         if cases is None:
             plan = packed_plan(config, state, seed) if packed else verify_plan(config, state, seed)
         pairs = _one_at_a_time(iter_plan(plan, ahead(config)) if cases is None else cases)
     report = Report(port, config, cases=[], dtype=dtype)
     variant = (Packed if packed else Forward)(side, config, dtype, policy)
-    variant.scan = _scan(scan, dtype, isinstance(pairs, tuple), small)
+    variant.scan = _scan(scan, dtype, seeded, small)
 
     total = len(pairs) if isinstance(pairs, tuple) else len(cases if cases is not None else plan)
     bar = _progress(total, len(variant.names), report.port, progress)
