@@ -18,7 +18,9 @@ TIMM = "test_port_equals_timm_at_every_stage"
 GIVEN = ("correct", "shared_norm", "logits_only", "single_config", "single_config_shared_norm")
 KINDS = "test_a_packed_or_quantized_port_conforms_on_drawn_configs"
 # a correct port of packed batches and a quantized mutant: what the image properties cannot feed or bound
-VERIFIED = ("conformance.examples.naflex_ports:port", "conformance.zoo.quantized_mutants:bits_order_reversed")
+# (the MLX model's packed port: timm's NaFlexVit, conformance.examples.naflex_ports, verifies the same
+# way in tests/test_naflex.py, and its process imports torch and timm)
+VERIFIED = ("impls.mlx_vit:make_naflex", "conformance.zoo.quantized_mutants:bits_order_reversed")
 
 
 def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}", suite=("conformance.tests",)):
@@ -317,7 +319,7 @@ def test_packed_and_quantized_ports_are_judged_by_verify_on_drawn_configs(given_
     """A port of packed batches and a quantized port are given the property verify's own judgement
     is (conformance/tests/test_port_kinds.py), on configs drawn inside what each declares (grids of
     their own; widths the quantizer's groups of 64 divide), never images or a 2-wide model: the
-    correct NaFlexVit passes, the quantized mutant fails at its stage, and neither is given the
+    correct packed port passes, the quantized mutant fails at its stage, and neither is given the
     image properties; the image ports are not given theirs."""
     _, _, out, outcome = given_only
     assert outcome[f"{KINDS}[{VERIFIED[0]}]"] == "passed", out[-3000:]
