@@ -40,3 +40,16 @@ def test_a_port_verified_on_other_weights_is_judged_on_those_not_on_a_model_held
     assert verify(torch_vit.make, CONFIG, cases=second).conformant
     stale = verify(lambda config, state: torch_vit.make(config, first[0].state), CONFIG, cases=second)
     assert not stale.conformant and stale.first_divergence == "logits"
+
+
+def test_a_given_case_larger_than_a_seeded_one_is_streamed_not_held():
+    """A batch above the seeded cases' (3) is streamed as before, its oracle let go as it is read;
+    the companion, the same images three at a time, is held."""
+    from conformance.verify import cases as C
+
+    case = quick_cases(CONFIG, seed=5)[0]
+    images = np.concatenate([case.images, case.images[:2]])  # 5 images
+    large = Case("five images", images, case.state)
+    C._HELD.clear()
+    assert verify(torch_vit.make, CONFIG, cases=[large]).conformant and not C._HELD
+    assert verify(torch_vit.make, CONFIG, cases=[case]).conformant and len(C._HELD) == 1

@@ -245,6 +245,13 @@ def _digest(case: Case) -> str:
     return h.hexdigest()
 
 
+def holdable(cases) -> bool:
+    """Whether a small config's given cases are held as its seeded cases are: batches no larger
+    than theirs (a larger one is streamed, its oracle let go as it is read: held, a case of 64
+    images and eight models of them would keep gigabytes)."""
+    return all(np.shape(case.images)[0] <= max(BATCHES) for case in cases)
+
+
 def held_models(config: ViTConfig, cases, dtype: str) -> tuple[tuple[Case, CaseModel], ...]:
     """A small config's given cases, each with its error model held as a seeded case's is: looked
     up by content, so the same weights and images verified again (the next port, the next check)

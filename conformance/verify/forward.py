@@ -19,7 +19,7 @@ from conformance.sandbox.heap import return_freed_memory
 from conformance.sandbox.portside import PortSide, port_side
 from conformance.support import Unsupported
 from conformance.verify.budget import ahead
-from conformance.verify.cases import Case, cached, held_models, iter_plan, seeded_cases, verify_plan
+from conformance.verify.cases import Case, cached, held_models, holdable, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
 from conformance.verify.packed import PackedModel, nonfinite_outside, packed_plan, packed_shape, unpack
 from conformance.verify.report import Report, finding
@@ -247,7 +247,7 @@ def verify(
     seeded = cases is None and state is None and small and not packed
     if seeded:
         pairs = seeded_cases(config, seed, dtype)
-    elif cases is not None and small and not packed:  # by content: a repeated case's oracle is reused
+    elif cases is not None and small and not packed and holdable(cases):  # by content: a repeated case's oracle reused
         pairs = held_models(config, cases, dtype)
     else:  # one case in memory at a time (two where the next fits): weights, images, oracle, outputs
         if cases is None:
