@@ -11,7 +11,9 @@ from conformance.numerics.error_model import CaseModel
 from conformance.profiles import heavy
 from conformance.strategies import WeightCase, make_images
 from conformance.tests.helpers import factory
-from impls import get_config
+from impls import get_config, numpy_vit
+from impls.stages import stage_kind
+from weights import init_state
 
 PRESETS = (
     "vit_test_token",
@@ -541,3 +543,33 @@ def test_at_full_size_a_correct_float16_port_passes_the_scan():
     from impls.torch_vit import make
 
     assert verify(make, get_config("vit_small_patch16_224"), dtype="float16").conformant
+
+
+# the classes that differ from the oracle only past the dtype's range, at an attention's weights
+OVERFLOW = [c.name for c in CLASSES if c.overflow and {"attn.weights", "attn_pool.weights"} & set(c.kinds)]
+# windows cut at the edge (Qwen2.5-VL) and padded (SAM, with its decomposed bias), BEiT's bias,
+# SigLIP's pooling query, rotary, registers, NaFlex's preset
+ATTENTIONS = ["vit_test_qwen2_5_vl", "vit_test_sam", "vit_test_beit", "vit_test_siglip", "vit_test_rope"]
+ATTENTIONS += ["vit_test_registers_avg", "vit_test_naflex"]
+
+
+@pytest.mark.parametrize("preset", ATTENTIONS)
+def test_an_overflow_class_in_range_is_the_oracles_attention_whatever_the_attention_holds(preset):
+    """A class that differs from the oracle only past the dtype's range (the softmax without its
+    maximum, q kᵀ scaled after the product in float16), on ordinary inputs, is the oracle's
+    attention weights at every stage that has them, within a few roundings of float16 (its unit
+    roundoff 2⁻¹¹, weights at most 1): whatever the preset's attention holds, the class holds it too.
+    One that dropped it (the windows, before: a tower ignoring its windows was named "softmax
+    without max") is as far off as what it dropped; the companion, windows_ignored on Qwen's preset."""
+    config = get_config(preset)
+    state, images = init_state(config, seed=2), make_images(config, 2, "ordinary", 2)
+    taps = numpy_vit.make(config, state)(images)
+    stages = [n for n in taps if stage_kind(n) in ("attn.weights", "attn_pool.weights")]
+    assert len(OVERFLOW) == 3 and stages
+    for bug in OVERFLOW:
+        off = max(float(np.abs(evaluate_variant(BY_NAME[bug], n, taps, images, state, config)[0] - taps[n]).max())
+                  for n in stages)  # fmt: skip
+        assert off < 4 * 2.0**-11, (bug, off)
+    if preset == "vit_test_qwen2_5_vl":
+        ignored = evaluate_variant(BY_NAME["windows_ignored"], stages[0], taps, images, state, config)[0]
+        assert np.abs(ignored - taps[stages[0]]).max() > 0.05
