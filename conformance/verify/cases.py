@@ -241,7 +241,7 @@ def _digest(case: Case) -> str:
     for name, a in (("", case.images), *sorted(case.state.items())):
         a = np.ascontiguousarray(a)
         h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.data if a.size else b"")
+        h.update(a.reshape(-1).view(np.uint8).data)  # as bytes: a buffer of bfloat16 is refused
     return h.hexdigest()
 
 
