@@ -307,11 +307,12 @@ def verify(
     return report
 
 
-def _scan(given, dtype: str, held: bool, small: bool):
-    """The scan of errors below the dtype's rounding, pooled over the cases: a small config's held
-    ones, a full-size model's streamed ones (block 0's stages and the model's); ``given``: the
-    calibration's. None in float32, where every class the zoo has is located per element."""
-    if dtype == "float32" or not (given is not None or held or not small):
+def _scan(given, dtype: str, seeded: bool, small: bool):
+    """The scan of errors below the dtype's rounding, pooled over the cases: a small config's seeded
+    ones (its given cases, held or not, are not scanned), a full-size model's streamed ones (block
+    0's stages and the model's); ``given``: the calibration's. None in float32, where every class
+    the zoo has is located per element."""
+    if dtype == "float32" or not (given is not None or seeded or not small):
         return None
     return given if given is not None else Scan(None if small else {0})
 
