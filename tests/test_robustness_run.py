@@ -134,28 +134,74 @@ def test_a_config_too_deep_to_verify_is_refused_with_the_figure_before_any_work(
     assert time.monotonic() - start < 60
 
 
-def test_a_deep_config_s_stages_cross_without_a_descriptor_each():
-    """The wire reads small arrays and maps large ones: a descriptor per tap ran out at the soft
+def test_a_deep_config_s_stages_cross_without_a_descriptor_each(monkeypatch):
+    """The wire packs small arrays and maps large ones: a descriptor per tap ran out at the soft
     limit (1024 on many machines) with one per tap of a deep config. The companion: a mapped
-    array does hold one."""
+    array (each its own file, as every array is with ``MAP_AT_LEAST`` at 0) does hold one."""
     import resource
     import tempfile
 
     from conformance.sandbox import wire
 
+    taps = {f"t{i}": np.full((3, 7), i, np.float32) for i in range(300)}
     with tempfile.TemporaryDirectory() as root:
-        tree = wire.Writer(root, 1).encode({f"t{i}": np.full((3, 7), i, np.float32) for i in range(300)})
+        tree = wire.Writer(root, 1).encode(taps)
+        assert os.listdir(os.path.join(root, "1")) == ["p1.bin"]  # 300 arrays, one file
+        monkeypatch.setattr(wire, "MAP_AT_LEAST", 0)
+        wire.Writer(root, 2).encode(taps)
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
         try:
             read = wire.Reader(root, mmap=True).decode(tree)
             with pytest.raises(OSError):
-                [np.load(os.path.join(root, "1", f"{i + 1}.npy"), mmap_mode="r") for i in range(300)]
+                [np.load(os.path.join(root, "2", f"{i + 1}.npy"), mmap_mode="r") for i in range(300)]
         finally:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert [float(read[f"t{i}"][0, 0]) for i in (0, 299)] == [0.0, 299.0] and not read["t5"].flags.writeable
     with pytest.raises(ValueError):  # read-only for good, as a mapped array is: the port cannot flip it
         read["t5"].flags.writeable = True
+
+
+def test_packed_arrays_come_back_as_written_and_a_reference_a_pack_cannot_hold_is_refused(tmp_path, monkeypatch):
+    """Small arrays share pack files (a new one past ``PACK_BYTES``), each read back with its dtype,
+    shape (a 0-d array stays 0-d), values and order; a reference whose offset or shape the pack
+    cannot hold, or that is not a number, is a ``WireError`` naming it, never an array of
+    whatever bytes lie there."""
+    import ml_dtypes
+
+    from conformance.sandbox import wire
+
+    monkeypatch.setattr(wire, "PACK_BYTES", 4096)
+    rng = np.random.default_rng(0)
+    arrays = {
+        "loss": np.float32(1.5),
+        "empty": np.zeros((0, 3), np.float64),
+        "bf16": rng.normal(size=(5, 7)).astype(ml_dtypes.bfloat16),
+        "transposed": rng.normal(size=(6, 9)).T,
+        "mask": rng.normal(size=11) > 0,
+        **{f"w{i}": rng.normal(size=(17, 13)).astype(np.float32) for i in range(8)},  # 884 bytes each
+    }
+    tree = wire.Writer(tmp_path, 1).encode(arrays)
+    assert sorted(os.listdir(tmp_path / "1")) == ["p1.bin", "p2.bin"]  # about 8 kB
+    for mmap in (True, False):
+        read = wire.Reader(tmp_path, mmap=mmap).decode(tree)
+        for k, a in arrays.items():
+            a = np.asarray(a)
+            assert read[k].dtype == a.dtype and read[k].shape == a.shape and np.array_equal(read[k], a), k
+            assert read[k].flags.writeable is not mmap
+    ref = tree["w7"]
+    size = (tmp_path / ref["__array__"]).stat().st_size
+    for bad, why in [
+        ({**ref, "offset": size - 4}, "ends past the pack's"),
+        ({**ref, "shape": [17, 14000]}, "ends past the pack's"),
+        ({**ref, "offset": -64}, "non-negative integers"),
+        ({**ref, "shape": [17, "13"]}, "non-negative integers"),
+        ({**ref, "offset": None}, "non-negative integers"),
+        ({**ref, "__array__": "1/p1.npy"}, "not one"),
+    ]:
+        with pytest.raises(wire.WireError, match=why):
+            wire.Reader(tmp_path, mmap=True).decode({"x": bad})
+    assert np.array_equal(wire.Reader(tmp_path).decode({"x": ref})["x"], arrays["w7"])  # the companion
 
 
 # ----------------------------------------------------------------------------- cancellation

@@ -2,7 +2,7 @@
 
 It reads one JSON request per line from the file descriptor REQUESTS and writes JSON lines to
 ANSWERS: ``{"step": ...}`` before each call into the port (so verify knows where a port that
-kills its process was), then the answer. Arrays come and go as ``.npy`` files in directories
+kills its process was), then the answer. Arrays come and go as files (``.npy``, packs of small ones) in directories
 verify created (``conformance.sandbox.wire``). The port's own output (print, logging) goes to
 standard output and error, never to ANSWERS. Requests:
 

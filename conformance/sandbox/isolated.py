@@ -2,7 +2,7 @@
 every port this way.
 
 The oracle, the error model and the verdict stay in verify's process; the port's module,
-factory, model and capture run in the child, which gets each case as ``.npy`` files in a
+factory, model and capture run in the child, which gets each case as array files in a
 directory verify owns and answers with its outputs there (``conformance.sandbox.wire``: read
 as numbers, never unpickled). Whatever the port does to its interpreter (NumPy patched,
 ``np.seterr``, threads, ``os.chdir``) stays there. A child that exits, is killed by a signal
