@@ -1,11 +1,17 @@
 """What a port returns, as one declared type: ``Taps``, stage -> array, with what capture knows
-about the run beside them. capture builds it whole, the sandbox carries it across processes
-(conformance.sandbox.wire), and the checks read it by attribute; a factory port's plain dict (or
-bare logits) is read through ``as_taps``, with nothing beside its arrays."""
+about the run beside them (a quantized port's weights as ``Quantized``). capture builds it
+whole, the sandbox carries it across processes (conformance.sandbox.wire), and the checks read
+it by attribute; a factory port's plain dict (or bare logits) is read through ``as_taps``, with
+nothing beside its arrays."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Taps(dict):
@@ -22,8 +28,7 @@ class Taps(dict):
         # mode moves it onto another path): judged too, its stages named in ``sources``.
         self.second: Taps | None = None
         self.from_second: set[str] = set()  # stages here that only the second pass showed
-        # a quantized port's weights as its kernels compute with them (conformance.capture.quantized)
-        self.quantized = None
+        self.quantized: Quantized | None = None  # a quantized port's weights as its kernels compute with them
         self.path: str | None = None  # how a compiled model's call ran (compiled, compiled again, eager)
 
     def own_pass(self) -> "Taps":
@@ -48,3 +53,21 @@ def as_taps(out) -> Taps:
     if isinstance(out, Taps):
         return out
     return Taps(out) if isinstance(out, Mapping) else Taps({"logits": out})
+
+
+@dataclass
+class Quantized:
+    """A quantized port's weights in the canonical names and layouts (``ModelPort(quantize=)``):
+    ``values`` each quantized parameter as its kernel computes with it (float64), ``steps`` each
+    entry's half step (0 where the entry is not quantized), ``reach`` each entry's
+    ``QuantizedWeight.reach`` (its |value| where not quantized), ``what`` how, in words."""
+
+    values: dict[str, np.ndarray]
+    steps: dict[str, np.ndarray]
+    reach: dict[str, np.ndarray]
+    what: str
+    named: dict[str, str] = field(default_factory=dict)  # key -> the bug its stored weight shows (explain)
+    input_levels: dict[str, int] = field(default_factory=dict)  # key -> QuantizedWeight.input_levels, where set
+    coarse: dict[str, float] = field(default_factory=dict)  # key -> its grid's scale over the format's, where above 1
+
+    PARTS = ("values", "steps", "reach")

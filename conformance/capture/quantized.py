@@ -11,11 +11,12 @@ its half step (and the dtype's rounding); the cost's error model draws noise of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from conformance.numerics.precision import SMALLEST_NORMAL, UNIT_ROUNDOFF
+from conformance.returned import Quantized
 from conformance.support import Unsupported
 
 # the quantization bugs ``QuantizedWeight.explain`` names (conformance.diagnosis.classes.OBSERVED)
@@ -257,24 +258,6 @@ def torch_weight(qweight) -> QuantizedWeight:
     # torch's observers clamp a scale to float32's eps (torch.ao.quantization.observer)
     eps = float(np.finfo(np.float32).eps)
     return QuantizedWeight(value, codes - info.min, grid, scale, -scale * zero, what, 8, group, scale_floor=eps)
-
-
-@dataclass
-class Quantized:
-    """A quantized port's weights in the canonical names and layouts (``ModelPort(quantize=)``):
-    ``values`` each quantized parameter as its kernel computes with it (float64), ``steps`` each
-    entry's half step (0 where the entry is not quantized), ``reach`` each entry's
-    ``QuantizedWeight.reach`` (its |value| where not quantized), ``what`` how, in words."""
-
-    values: dict[str, np.ndarray]
-    steps: dict[str, np.ndarray]
-    reach: dict[str, np.ndarray]
-    what: str
-    named: dict[str, str] = field(default_factory=dict)  # key -> the bug its stored weight shows (explain)
-    input_levels: dict[str, int] = field(default_factory=dict)  # key -> QuantizedWeight.input_levels, where set
-    coarse: dict[str, float] = field(default_factory=dict)  # key -> its grid's scale over the format's, where above 1
-
-    PARTS = ("values", "steps", "reach")
 
 
 def canonical(read: dict[str, QuantizedWeight], where: dict, state, arrays, dtype: str) -> Quantized:

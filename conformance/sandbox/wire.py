@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.returned import Taps
-from conformance.capture.quantized import Quantized
+from conformance.returned import Quantized, Taps
 
 # dtypes an array may cross in (the numeric ones a port may emit)
 DTYPES = frozenset(

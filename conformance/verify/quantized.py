@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.capture.quantized import Quantized, slack
+from conformance.capture.quantized import slack
+from conformance.returned import Quantized
 from conformance.numerics.error_model import CaseModel
 from conformance.numerics.roundings import Precision
 from impls import numpy_vit
