@@ -23,8 +23,8 @@ KINDS = "test_a_packed_or_quantized_port_conforms_on_drawn_configs"
 VERIFIED = ("impls.mlx_vit:make_naflex", "conformance.zoo.quantized_mutants:bits_order_reversed")
 
 
-def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}", suite=("conformance.tests",)):
-    env = dict(os.environ, PYTHONPATH=str(cwd))
+def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}", suite=("conformance.tests",), **env_vars):
+    env = dict(os.environ, PYTHONPATH=str(cwd), **env_vars)
     env.pop("HYPOTHESIS_PROFILE", None)
     cmd = [
         sys.executable,
@@ -34,6 +34,8 @@ def run_pytest(cwd, *args, select=f"{MAIN} or {NORMS}", suite=("conformance.test
         *suite,
         "-p",
         "no:cacheprovider",
+        "-p",
+        "conformance.quick_exit",  # the report is all these tests read: no teardown after it
         "-q",
         "--hypothesis-profile=zoo",
         *(["-k", select] if select else []),
@@ -51,6 +53,20 @@ port = ModelPort(lambda config: Transformed(), rename={})
 """
 
 
+# What conformance.quick_exit has to end, seen at the session's end before it runs: the given ports'
+# processes and their directories in TMPDIR
+WITNESS = """import json, os
+
+from conformance import plugin
+
+
+def pytest_sessionfinish(session):
+    pids = [r.isolated.proc.pid for r in plugin._REMOTES.values() if r.isolated and r.isolated.proc]
+    with open("witness.json", "w") as f:
+        json.dump({"pids": pids, "tmp": os.listdir(os.environ["TMPDIR"])}, f)
+"""
+
+
 @pytest.fixture(scope="module")
 def given_only(tmp_path_factory):
     """One run from a directory outside the project, of five user ports and no built-in one: two
@@ -58,8 +74,12 @@ def given_only(tmp_path_factory):
     d = tmp_path_factory.mktemp("elsewhere")
     shutil.copy(DATA, d / "user_ports.py")
     (d / "haiku_like.py").write_text(HAIKU_LIKE)
+    (d / "witness.py").write_text(WITNESS)
+    (d / "tmp").mkdir()
     code, out = run_pytest(
         d,
+        "-p",
+        "witness",
         "--only-given-ports",
         "-rs",
         f"--junitxml={d / 'r.xml'}",
@@ -75,6 +95,7 @@ def given_only(tmp_path_factory):
             "conformance.tests.test_timm_reference",
             "conformance.tests.test_port_kinds",
         ),
+        TMPDIR=str(d / "tmp"),
     )
     outcome = {}
     for case in ET.parse(d / "r.xml").getroot().iter("testcase"):
@@ -109,6 +130,32 @@ def test_a_logits_only_port_is_checked_end_to_end_and_tap_properties_are_skipped
     assert outcome[f"{MAIN}[user_ports:logits_only]"] == "passed", out
     assert outcome[f"{NORMS}[user_ports:logits_only]"] == "skipped", out
     assert "does not apply to user_ports:logits_only" in out
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its (new) parent to read it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_run_ends_once_reported_and_leaves_no_port_process_or_directory(given_only):
+    """The run above ends at its report (``-p conformance.quick_exit``: no teardown after it) with
+    its exit status and JUnit XML (the tests around this one read them); the given ports'
+    processes and directories, there at the session's end (the companion: what a quick exit
+    without closing them would leave), are gone."""
+    import json
+
+    d, code, _, outcome = given_only
+    witness = json.loads((d / "witness.json").read_text())
+    ours = "vit-conformance-"  # (torch and MLX keep caches of their own there)
+    assert len(witness["pids"]) >= 6 and len([n for n in witness["tmp"] if n.startswith(ours)]) >= 6
+    assert not [pid for pid in witness["pids"] if _running(pid)]
+    assert not [p.name for p in (d / "tmp").iterdir() if p.name.startswith(ours)]
+    assert code == 1 and outcome
 
 
 def test_only_given_ports_leaves_the_builtin_ones_out(given_only):
