@@ -194,6 +194,7 @@ def test_packed_arrays_come_back_as_written_and_a_reference_a_pack_cannot_hold_i
     for bad, why in [
         ({**ref, "offset": size - 4}, "ends past the pack's"),
         ({**ref, "shape": [17, 14000]}, "ends past the pack's"),
+        ({**ref, "shape": [2**32, 2**32, 2**32]}, "ends past the pack's"),  # 2**96 elements, no wrap to 0
         ({**ref, "offset": -64}, "non-negative integers"),
         ({**ref, "shape": [17, "13"]}, "non-negative integers"),
         ({**ref, "offset": None}, "non-negative integers"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -181,7 +182,7 @@ class Reader:
             raise WireError(f"a packed array's offset and shape must be non-negative integers: {dict(tree)!r:.200}")
         if path not in self._packs:
             self._packs[path] = path.read_bytes()
-        data, count = self._packs[path], int(np.prod(shape, dtype=np.int64))
+        data, count = self._packs[path], math.prod(shape)  # exact: a shape of huge sizes cannot wrap around
         if offset + count * dtype.itemsize > len(data):
             raise WireError(
                 f"{path.name}: an array of {count} x {dtype} at {offset} ends past the pack's {len(data)} bytes"
