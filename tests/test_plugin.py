@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conformance.tests.helpers import DATA_DIR
+from tests.processes import running
 
 DATA = DATA_DIR / "user_ports.py"
 MAIN = "test_every_tap_of_every_port_matches_the_oracle"
@@ -132,15 +133,6 @@ def test_a_logits_only_port_is_checked_end_to_end_and_tap_properties_are_skipped
     assert "does not apply to user_ports:logits_only" in out
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie waiting for its (new) parent to read it."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_run_ends_once_reported_and_leaves_no_port_process_or_directory(given_only):
     """The run above ends at its report (``-p conformance.quick_exit``: no teardown after it) with
@@ -153,7 +145,7 @@ def test_the_run_ends_once_reported_and_leaves_no_port_process_or_directory(give
     witness = json.loads((d / "witness.json").read_text())
     ours = "vit-conformance-"  # (torch and MLX keep caches of their own there)
     assert len(witness["pids"]) >= 6 and len([n for n in witness["tmp"] if n.startswith(ours)]) >= 6
-    assert not [pid for pid in witness["pids"] if _running(pid)]
+    assert not [pid for pid in witness["pids"] if running(pid)]
     assert not [p.name for p in (d / "tmp").iterdir() if p.name.startswith(ours)]
     assert code == 1 and outcome
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from conformance.tests.helpers import budget
 from impls import get_config
+from tests.processes import running
 from weights import init_state, save_state
 
 H = "tests.data.hostile_ports"
@@ -208,15 +209,6 @@ def test_packed_arrays_come_back_as_written_and_a_reference_a_pack_cannot_hold_i
 # ----------------------------------------------------------------------------- cancellation
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie waiting for its (new) parent to read it."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
@@ -251,15 +243,15 @@ def test_a_cancelled_verify_leaves_no_process_and_no_temporary_behind(tmp_path, 
         time.sleep(0.05)
     grandchild = int(pid_file.read_text())
     port = _parent(grandchild)  # the port's process, mid-forward
-    assert _running(grandchild) and _running(port) and any(tmp.iterdir())
+    assert running(grandchild) and running(port) and any(tmp.iterdir())
     sent = time.monotonic()
     verify.send_signal(getattr(signal, signame))
     out, err = verify.communicate(timeout=5)
-    while (_running(grandchild) or _running(port)) and time.monotonic() - sent < 5:
+    while (running(grandchild) or running(port)) and time.monotonic() - sent < 5:
         time.sleep(0.05)
     assert verify.returncode == 128 + getattr(signal, signame), err
     assert err.strip().splitlines() == [f"verify: cancelled by {signame}"] and "Traceback" not in out + err
-    assert not _running(port) and not _running(grandchild) and list(tmp.iterdir()) == []
+    assert not running(port) and not running(grandchild) and list(tmp.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- the machine's resources
