@@ -1,6 +1,7 @@
 """`pytest --port`: the suite runs against a user's port from any directory, through the
 pytest11 entry point, beside or instead of the built-in ports."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -139,8 +140,6 @@ def test_the_run_ends_once_reported_and_leaves_no_port_process_or_directory(give
     its exit status and JUnit XML (the tests around this one read them); the given ports'
     processes and directories, there at the session's end (the companion: what a quick exit
     without closing them would leave), are gone."""
-    import json
-
     d, code, _, outcome = given_only
     witness = json.loads((d / "witness.json").read_text())
     ours = "vit-conformance-"  # (torch and MLX keep caches of their own there)
