@@ -12,7 +12,8 @@ from tests.capture_cases import quick_cases
 
 CONFIG = get_config("vit_test_token_square")
 HEAVY = (
-    "thorough profile: JAX compiles each op of the eager forward anew; in ci its gelu companion reads the same stages"
+    "thorough profile: JAX compiles each op of Equimo's eager forward anew; in ci the eqx.nn.MultiheadAttention "
+    "ViT below reads every stage through the same Equinox adapter and its eps-1e-5 companion is located"
 )
 
 
