@@ -209,10 +209,27 @@ def test_transformers_qwen2_5_vl_tower_is_conformant_in_its_merge_order(dtype):
     report = verify(port, QWEN2_5_VL, cases=quick_cases(QWEN2_5_VL), dtype=dtype)
     assert report.conformant, format_report(report)
     assert {"patch_embed", "blocks.0.attn.v", "blocks.1.attn.q_rope", "blocks.1"} <= {r.name for r in report.stages}
+    # its merger, left in the model, after the tower: its parameters out of scope, and said so
+    assert "parameter(s) there" in report.unseen["pooled"] and "visual.merger.ln_q.weight" in report.unseen["pooled"]
     # q before its rotation: timm reads it at a weightless q_norm, which this model has not
     assert report.unseen["blocks.0.attn.q"].startswith(
         "timm shows it at blocks.0.attn.q_norm, a module without weights"
     )
+
+
+def test_a_parameter_no_canonical_key_fills_before_the_towers_output_stays_a_finding():
+    """The companion of the merger's parameters left out of scope: the same tower under a wrapper
+    that scales its patches by a parameter of its own (at 1, so no stage moves) is not conformant at
+    load, naming that parameter alone; the merger's, one module at a time, still out of scope."""
+    from tests.data.hf_qwen2_5_vl_port import gained
+
+    report = verify(gained, QWEN2_5_VL, cases=quick_cases(QWEN2_5_VL)[:1])
+    assert report.first_divergence == "load", format_report(report)
+    (load,) = [f["reason"] for f in report.failures if f["stage"] == "load"]
+    assert load.endswith(
+        "the model has 1 parameter(s) the canonical weights do not fill, left at the model's initial values: gain"
+    ), load
+    assert "visual.merger.ln_q.weight" in report.unseen["pooled"] and "gain" not in report.unseen["pooled"]
 
 
 def test_transformers_qwen2_5_vl_tower_read_in_row_major_order_is_located_and_named():
@@ -359,7 +376,7 @@ SAM = ViTConfig(
 def test_transformers_sam_image_encoder_is_conformant_up_to_its_neck(dtype):
     """Its blocks' (B, h, w, D) tokens and its windows' (B nW, w, w, D) read as the taps; q, k, v and
     the decomposed bias from its fused attention call's arguments, in windows and globally; the
-    neck (replaced by an identity: no option expresses it) after the tower."""
+    neck (no option expresses it), left in the model, after the tower: its parameters out of scope."""
     from tests.data.hf_sam_port import port
 
     report = verify(port, SAM, cases=quick_cases(SAM), dtype=dtype)
@@ -367,6 +384,7 @@ def test_transformers_sam_image_encoder_is_conformant_up_to_its_neck(dtype):
     checked = {r.name for r in report.stages}
     assert {"blocks.0.attn.rel_pos", "blocks.0.attn", "blocks.1.attn.rel_pos", "blocks.2"} <= checked
     assert report.unseen["pooled"].startswith("out of scope: after the tower's output, blocks.2")
+    assert "the model's 6 parameter(s) there" in report.unseen["pooled"], report.unseen["pooled"]
 
 
 def test_transformers_sam_with_its_rel_pos_tables_swapped_is_located_and_named():
@@ -379,14 +397,16 @@ def test_transformers_sam_with_its_rel_pos_tables_swapped_is_located_and_named()
     assert "rel_pos_h and rel_pos_w swapped" in format_report(report)
 
 
-def test_transformers_sam_with_its_neck_is_exit_2_naming_the_neck_alone(cli):
-    """The model's neck left in: the config cannot express it, and that is the answer's one line
-    (not a finding about the port: its parameters are the neck's, filled by no canonical key)."""
+def test_transformers_sam_with_no_tower_declared_is_exit_2_naming_the_neck_alone(cli):
+    """The same encoder with no ModelPort(tower=...): the config cannot express its neck, and that is
+    the answer's one line, with the option that checks the tower up to it (not a finding about the
+    port: its parameters are the neck's, filled by no canonical key)."""
     config = ["--config", json.dumps(SAM.to_dict())]
-    code, _, err = cli("verify", "tests.data.hf_sam_port:with_neck", *config, "--in-process")
+    code, _, err = cli("verify", "tests.data.hf_sam_port:without_tower", *config, "--in-process")
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.startswith("  ")]
     assert len(lines) == 1 and "convolutional neck after its blocks (vision_encoder.neck" in lines[0], err
+    assert "ModelPort(tower='blocks.{last}') checks the tower up to it" in lines[0], err
 
 
 TOWER_PORTS = ("hf_aimv2_port", "hf_internvl_port", "hf_pixtral_port", "hf_qwen2_5_vl_port", "hf_sam_port")

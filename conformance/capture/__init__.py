@@ -14,7 +14,8 @@ the ``--port`` plugin and the zoo take it as they take any other. What it adds:
   Flax ``Linear`` kernels, size-1 axes); ``convert`` returns native layouts. Loading is strict:
   a key the model lacks, a shape that does not fit or a canonical key the mapping drops is a
   load error naming it; model parameters the mapping leaves unfilled keep the model's own
-  values and are reported, so a port with an extra layer is still located.
+  values and are reported, so a port with an extra layer is still located (but for those after
+  a declared ``tower``'s output, out of scope: ``conformance.capture.scope``).
 * **Taps inferred from the mapping.** The module that receives ``blocks.3.norm1.weight`` is the
   tap ``blocks.3.norm1``; ``attn`` and ``mlp`` are the outputs of the modules holding
   ``attn.proj`` and ``mlp.fc2``, ``mlp.act`` and ``pooled`` the inputs of ``mlp.fc2`` and

@@ -187,8 +187,13 @@ def optional_parts(keys) -> bool:
 
 NECK = (
     "it has a convolutional neck after its blocks ({module}: SAM's): no option yet; ModelPort(tower='blocks.{{last}}') "
-    "with the neck replaced by an identity in build checks the tower up to it"
+    "checks the tower up to it"
 )
+
+
+def is_neck(line: str) -> bool:
+    """Whether an ``extra_parts`` line is the neck's (after the blocks: a declared tower leaves it out)."""
+    return line.startswith(NECK.partition("(")[0])
 
 
 def _neck(extra, shapes, width: int) -> list[str]:

@@ -84,6 +84,9 @@ def _override(spec: str) -> Source:
 CONTAINERS = ("ModuleList", "ModuleDict")  # torch's containers of modules, never called themselves
 
 
+AFTER_TOWER = "out of scope: after the tower's output"  # a stage's unseen reason (capture.port reads it)
+
+
 def infer_plan(
     config: ViTConfig,
     key_map: Mapping[str, list[str]],
@@ -104,7 +107,7 @@ def infer_plan(
     after = names[names.index(end) + 1 :] if tower else []
     for name in names:
         if name in after:  # what the model adds after the tower (a merger, a projector, a head)
-            plan.unseen[name] = f"out of scope: after the tower's output, {end} (ModelPort(tower={tower!r}))"
+            plan.unseen[name] = f"{AFTER_TOWER}, {end} (ModelPort(tower={tower!r}))"
             continue
         found = planner.source(name)
         if found is not None and name not in plan.unseen:

@@ -15,6 +15,7 @@ from conformance.capture.expressible import (
     NotExpressible,
     extra_parts,
     hierarchical,
+    is_neck,
     not_expressible,
     optional_parts,
     options_read,
@@ -34,6 +35,7 @@ from conformance.capture.mapping import (
     unit_axes,
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
+from conformance.capture.scope import after_tower
 from conformance.capture.sequence import SEQUENCES, heads_first, unpack_sequence
 from conformance.capture.quantize import quantized_port
 from conformance.capture.reading import Never, Unseen, read_attention, to_tap_shape, windowed_blocks
@@ -68,7 +70,8 @@ class ModelPort:
     over raw patches): "p1 p2 c" (einops' channels last) or "c p1 p2" (a conv kernel reshaped);
     rename= lays out the conv kernel and the patch norm's weights in it.
     tower: the stage whose output is the tower's (``"norm"``, ``"blocks.{last}"``: a VLM's encoder
-    before its merger or projector); the stages after it are out of scope, unseen as such.
+    before its merger or projector); the stages after it are out of scope, unseen as such, and so
+    are the parameters no canonical key fills that none of the tower's stages depend on (scope.py).
     sequence: "one" for a tower that packs a batch into one sequence (Pixtral; capture/sequence.py).
     quantize: ``model -> model or None``, applied once the float weights are loaded (MLX's
     ``nn.quantize``, in place): the port is judged on its own quantized weights, read back from
@@ -262,10 +265,12 @@ class ModelPort:
         if dropped or schemes(adapter.kinds(), params, config):
             raise self._unexpressed(dropped, key_map, adapter, config)
         arrays, unfilled = self.mapped(state, adapter, config)
-        if extra_parts(unfilled, params, config):  # the model has parts the config does not name
+        parts = extra_parts(unfilled, params, config)  # the model has parts the config does not name
+        if parts and (self.tower is None or not all(map(is_neck, parts))):  # a neck after a tower: scope.after_tower
             raise self._unexpressed([], key_map, adapter, config)
         mixed = self.autocast and dtype != "float32"
-        adapter.load(arrays, dtype, cast=not (chosen or self.autocast))
+        cast = not (chosen or self.autocast)
+        adapter.load(arrays, dtype, cast=cast)
         if mixed:
             adapter.autocast = dtype
         quantized = None
@@ -279,6 +284,12 @@ class ModelPort:
         except Exception as e:  # noqa: BLE001 - the plan is the tool's
             raise ToolError(f"capture could not plan the taps: {describe_exception(e)}") from e
         findings = []
+        forward = CapturedForward(self, adapter, plan, config, dtype, findings)
+        forward.quantized = quantized
+        forward.k_bias = {i: state[f"blocks.{i}.attn.qkv.bias"] for i in self._k_bias_free(state, config)}
+        forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
+        if unfilled and quantized is None:  # a tower's merger, projector or neck: out of scope
+            unfilled = after_tower(self.build, forward, lambda a: adapter.load(a, dtype, cast=cast), arrays, unfilled)
         if unfilled:
             findings.append(
                 (
@@ -288,10 +299,6 @@ class ModelPort:
                     + (" ..." if len(unfilled) > 6 else ""),
                 )
             )
-        forward = CapturedForward(self, adapter, plan, config, dtype, findings)
-        forward.quantized = quantized
-        forward.k_bias = {i: state[f"blocks.{i}.attn.qkv.bias"] for i in self._k_bias_free(state, config)}
-        forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
         return forward
 
     def make_grad(self, config: ViTConfig, state: Mapping[str, np.ndarray], dtype: str = "float32"):

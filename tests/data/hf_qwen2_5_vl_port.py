@@ -4,8 +4,8 @@ Qwen2-VL's image processor makes of the images, done here by a wrapper: each ima
 frames, flattened into patches of (C, T, p, p) in 2 x 2 merge groups, every image in one sequence with
 ``grid_thw``; its attention one call per image or window (cu_seqlens); RMSNorm, Qwen2-VL's rotation
 (timm's 'cat' bands laid out as halves), SwiGLU with biases, no final norm; its merger, after the tower,
-replaced by an identity (as a headless open_clip tower drops its proj). Its windows here cover the whole
-image (``window_size`` the image's side): window attention is not exercised."""
+left in place: its parameters out of scope, as the stages after the tower are. Its windows here cover the
+whole image (``window_size`` the image's side): window attention is not exercised."""
 
 from dataclasses import replace
 
@@ -23,9 +23,10 @@ def mergeable(config) -> None:
         raise Unsupported(f"Qwen2-VL merges {MERGE} x {MERGE} patches: grid {config.grid_size} must have even sides")
 
 
-def build(config, window=None, full=None):
+def build(config, window=None, full=None, gain=False):
     """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window); ``full``:
-    its fullatt_block_indexes (default the config's global_attn_indexes, or the last block)."""
+    its fullatt_block_indexes (default the config's global_attn_indexes, or the last block); ``gain``:
+    the wrapper scales the patches by a parameter of its own, at 1 (a part no option names)."""
     import torch
 
     mergeable(config)
@@ -50,18 +51,17 @@ def build(config, window=None, full=None):
         )
     )
 
-    visual.merger = torch.nn.Identity()  # the merger after the tower: out of scope, its weights not ours
-
     class Processed(torch.nn.Module):
         """Images (B, C, H, W) as Qwen2-VL's processor gives them to the tower."""
 
         def __init__(self):
             super().__init__()
             self.visual = visual
+            self.gain = torch.nn.Parameter(torch.ones(())) if gain else None
 
         def forward(self, images):
             B, gh, gw = images.shape[0], H // p, W // p
-            x = images[:, None].expand(B, T, C, H, W)
+            x = images[:, None].expand(B, T, C, H, W) * (1 if self.gain is None else self.gain)
             x = x.reshape(B, T, C, gh // MERGE, MERGE, p, gw // MERGE, MERGE, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
             x = x.reshape(B * gh * gw, C * T * p * p)
             return self.visual(x, torch.tensor([[1, gh, gw]] * B))
@@ -109,6 +109,8 @@ SUPPORTS = {
 port = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="merge2x2", supports=SUPPORTS)
 # the port that reads its merge-grouped sequence as row-major: every token in another place
 row_major = ModelPort(build, convert=convert, tower="blocks.{last}", sequence="one", supports=SUPPORTS)
+# a parameter no canonical key fills before the tower's output: unlike the merger's, a finding
+gained = replace(port, build=lambda config: build(config, gain=True))
 
 
 def _window(config) -> int:

@@ -2,7 +2,8 @@
 relative positions, the global ones at ``global_attn_indexes``, no class token, no final norm, its
 position table and every block's tokens on the (gh, gw) grid (NHWC). Its neck (two convolutions,
 each followed by a channels-first LayerNorm) is after the tower: ``port`` reads the tower up to its
-last block, the neck replaced by an identity (no option expresses it); ``with_neck`` keeps it."""
+last block, the neck's parameters out of scope with the stages after it (no option expresses the neck);
+``without_tower`` does not say where the tower ends."""
 
 import numpy as np
 
@@ -30,18 +31,10 @@ def _settings(config) -> dict:
     )
 
 
-def build_with_neck(config):
+def build(config):
     from transformers import SamVisionConfig, SamVisionModel
 
     return SamVisionModel(SamVisionConfig(**_settings(config))).eval()
-
-
-def build(config):
-    import torch
-
-    model = build_with_neck(config)
-    model.vision_encoder.neck = torch.nn.Identity()  # after the tower: out of scope, its weights not ours
-    return model
 
 
 # timm's names -> transformers' SAM's (segments)
@@ -76,7 +69,7 @@ SUPPORTS = {
     "square_patches": True,
 }
 port = ModelPort(build, convert=convert, tower="blocks.{last}", supports=SUPPORTS)
-with_neck = ModelPort(build_with_neck, convert=convert, tower="blocks.{last}", supports=SUPPORTS)
+without_tower = ModelPort(build, convert=convert, supports=SUPPORTS)
 
 
 def _swapped(state, config):

@@ -1,7 +1,8 @@
 """mlx-vlm 0.7's Qwen2.5-VL vision tower (mlx_vlm/models/qwen2_5_vl/vision.py), unmodified, as
 tests/data/hf_qwen2_5_vl_port.py reads transformers': MLX, Qwen2-VL's processing of the images done by
 a wrapper, its tokens in 2 x 2 merge groups in one sequence (``sequence="merge2x2"``), its attention
-one mx.fast call per image or window, its merger replaced by an identity; windows covering the image."""
+one mx.fast call per image or window, its merger after the tower left in place (out of scope);
+windows covering the image."""
 
 from dataclasses import replace
 
@@ -39,7 +40,6 @@ def build(config, window=None, full=None):
             or (list(config.global_attn_indexes) if config.window_size else [config.depth - 1]),
         )
     )
-    visual.merger = nn.Identity()  # the merger after the tower: out of scope
 
     class Processed(nn.Module):
         """Images (B, C, H, W) as Qwen2-VL's processor gives them to the tower."""
