@@ -189,6 +189,40 @@ def test_mlx_vlm_pixtral_tower_with_its_norms_eps_is_located_and_named():
     assert "eps 1e-6" in format_report(report)
 
 
+# mlx-vlm's Idefics3 (SmolVLM) vision tower: SigLIP's encoder, q, k and v apart, the tanh GELU, its final
+# norm on every token, no head
+IDEFICS3 = ViTConfig(
+    img_size=16, patch_size=4, num_classes=0, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, class_token=False,
+    global_pool="avg", fc_norm=False, qkv_fused=False, act_layer="gelu_tanh", norm_eps=1e-6,
+)  # fmt: skip
+
+
+def test_mlx_vlm_idefics3_tower_as_shipped_is_located_at_its_final_norms_eps():
+    """A finding about mlx-vlm 0.7.10 as shipped: the tower's post_layernorm is built with MLX's
+    default eps (1e-5) where its blocks' norms, and all three of transformers' Idefics3, take the
+    config's 1e-6; every stage before it within its tolerance."""
+    from tests.data.mlx_vlm_idefics3_port import port
+
+    report = verify(port, IDEFICS3, cases=quick_cases(IDEFICS3)[:1])
+    assert report.first_divergence == "norm", format_report(report)
+    assert report.diagnosis.named == "layernorm_eps_1e-5", report.diagnosis
+    assert all(s.ok for s in report.stages if s.name != "norm") and not report.unseen.keys() - {
+        "pooled",
+        "logits",
+        "blocks.0.attn.weights",
+        "blocks.1.attn.weights",
+    }
+
+
+def test_mlx_vlm_idefics3_tower_with_its_final_norm_at_the_configs_eps_is_conformant():
+    """The companion: the same tower with that one norm's eps set as transformers builds it."""
+    from tests.data.mlx_vlm_idefics3_port import eps_as_configured
+
+    report = verify(eps_as_configured, IDEFICS3, cases=quick_cases(IDEFICS3))
+    assert report.conformant, format_report(report)
+    assert {"patch_embed", "blocks.1.attn.q", "norm"} <= {r.name for r in report.stages}
+
+
 # transformers' Qwen2.5-VL vision tower: a bias-free patch projection over two identical frames, RMSNorm,
 # Qwen2-VL's rotation (timm's 'cat' bands as halves), SwiGLU with biases, no final norm
 QWEN2_5_VL = ViTConfig(
