@@ -468,6 +468,26 @@ def test_a_model_without_a_final_norm_is_exit_2_naming_final_norm_and_conformant
     assert verify(no_final_norm, config, cases=quick_cases(config)).conformant
 
 
+def test_a_final_norm_on_every_token_under_a_config_that_norms_after_the_pooling_is_exit_2_naming_fc_norm(cli):
+    """global_pool='avg' takes timm's fc_norm by default (the norm after the pooling); a tower whose
+    final norm acts on every token before it (SigLIP's, Idefics3's post_layernorm) is one line naming
+    fc_norm=false and the module, never "it has no final norm" (the advice it had). The companion:
+    fc_norm=false makes the same model conformant."""
+    config = get_config("vit_test_token").replace(global_pool="avg", class_token=False)
+    given = ["--config", json.dumps(config.to_dict())]
+    code, out, err = cli("verify", "tests.data.unexpressed_ports:norm_before_pooling", *given, "--in-process")
+    lines = err.strip().splitlines()
+    assert code == 2 and lines[0].startswith("the config cannot express this model:"), err
+    assert lines[1:] == [
+        "  its final norm acts on every token, before the pooling (norm): fc_norm=false expresses it "
+        "(fc_norm.bias, fc_norm.weight)"
+    ], err
+    from tests.data.unexpressed_ports import norm_before_pooling
+
+    fixed = config.replace(fc_norm=False)
+    assert verify(norm_before_pooling, fixed, cases=quick_cases(fixed)).conformant
+
+
 def test_a_model_with_rmsnorm_is_exit_2_naming_norm_layer_and_conformant_with_it(cli):
     """timm's model with RmsNorm for its norms (AIMv2's) against the default config: one line naming
     norm_layer='rmsnorm' and the modules that show it, never a bias-free LayerNorm's advice (issue

@@ -262,13 +262,14 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
 
 
 def not_expressible(
-    dropped: list[str], extra: list[str] = (), shapes=None, config=None, reads=None, kinds=None
+    dropped: list[str], extra: list[str] = (), shapes=None, config=None, reads=None, kinds=None, norm_at=None
 ) -> NotExpressible:
     """The answer for canonical keys with nowhere to go in the model: one line per part the model
     lacks, naming its keys (blocks folded) and the option that expresses it; ``extra``, the
     model's parameters no canonical key fills: the parts an option adds named (``extra_parts``,
     from the parameters' ``shapes``), the rest in a line of their own; what the config has no
-    word for (``schemes``, from the modules' class names ``kinds``) first."""
+    word for (``schemes``, from the modules' class names ``kinds``) first; ``norm_at``: the module
+    where the mapping sends the final norm on every token, ``norm``, where the model has one."""
     lines: dict[str, list[str]] = schemes(kinds or {}, list(shapes or {}), config)
     shown = {k for keys in lines.values() for k in keys}
     extra = [k for k in extra if _fold(k) not in shown]
@@ -282,7 +283,7 @@ def not_expressible(
         )
         dropped = [k for k in dropped if k not in biases]
     lines.update(reads or {})
-    dropped, extra = _paired(lines, dropped, extra)
+    dropped, extra = _paired(lines, dropped, extra, norm_at)
     for key in dropped:
         # a module whose weight is gone too is missing whole, not bias-free: the weight's line
         part = key.removesuffix(".bias") + ".weight" if f"{key.removesuffix('.bias')}.weight" in dropped else key
@@ -304,7 +305,7 @@ def not_expressible(
     return NotExpressible(f"canonical keys have nowhere to go in the model (or the mapping forgot them):\n{body}")
 
 
-def _paired(lines: dict, dropped: list[str], extra: list[str]) -> tuple[list[str], list[str]]:
+def _paired(lines: dict, dropped: list[str], extra: list[str], norm_at=None) -> tuple[list[str], list[str]]:
     """Dropped keys whose part the model holds another way, told as one line each (the attention
     output's and the MLP's biases, the final norm after the pooling), or left to the line of the
     part it holds instead (q and v biases apart, LayerScale as gamma_1)."""
@@ -321,6 +322,14 @@ def _paired(lines: dict, dropped: list[str], extra: list[str]) -> tuple[list[str
         lines[what] = [k for k in dropped if k.startswith("norm.")]
         dropped = [k for k in dropped if not k.startswith("norm.")]
         extra = [k for k in extra if not k.startswith("fc_norm.")]
+    fc = [k for k in dropped if k.startswith("fc_norm.")]
+    if fc and norm_at and any(k.startswith(norm_at + ".") for k in extra):
+        # and back: the config's norm after the pooling (global_pool='avg' takes fc_norm by default),
+        # the model's on every token before it, where the mapping sends norm
+        what = f"its final norm acts on every token, before the pooling ({norm_at}): fc_norm=false expresses it"
+        lines[what] = fc
+        dropped = [k for k in dropped if k not in fc]
+        extra = [k for k in extra if not k.startswith(norm_at + ".")]
     if split_qv_bias(extra):
         dropped = [k for k in dropped if not re.fullmatch(r"blocks\.\d+\.attn\.qkv\.bias", k)]
     if any(re.fullmatch(HELD_LAYERSCALE, k) for k in extra):

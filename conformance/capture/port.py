@@ -232,7 +232,10 @@ class ModelPort:
         proj = key_map.get("patch_embed.proj.weight")
         if proj:  # the module that takes the patch kernel: an embed norm sits beside it
             shapes["patch_embed.proj"] = module_of(adapter.resolve(proj[0], params))
-        return not_expressible(dropped, extra, shapes, config, reads, adapter.kinds())
+        # where the rename sends the final norm on every token (the config may hold it after the pooling)
+        norm = rename_function(self.rename)("norm.weight") if self.rename is not None else None
+        norm_at = module_of(adapter.resolve(norm, params)) if norm else None
+        return not_expressible(dropped, extra, shapes, config, reads, adapter.kinds(), norm_at)
 
     # -- the factory
 

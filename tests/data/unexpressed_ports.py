@@ -16,6 +16,12 @@ port = ModelPort(
 # timm's final_norm=False (InternViT, Pixtral): the last block's tokens pooled as they are
 no_final_norm = ModelPort(lambda config: build(config.replace(final_norm=False)), rename={}, supports=VIT_FAMILY)
 
+# timm's model pooling the patch tokens' mean after its final norm on every token (fc_norm=False: an
+# Idefics3 or SigLIP tower's post_layernorm), where global_pool='avg' puts the norm after the pooling
+norm_before_pooling = ModelPort(
+    lambda config: build(config.replace(fc_norm=False)), rename={}, supports={**VIT_FAMILY, "fc_norm": (None, False)}
+)
+
 # timm's model with RMSNorm for its norms (AIMv2's): no mean subtracted, no bias
 rms_norm = ModelPort(lambda config: build(config.replace(norm_layer="rmsnorm")), rename={}, supports=VIT_FAMILY)
 
