@@ -137,10 +137,18 @@ def unsupported_option(supports, config: ViTConfig) -> str | None:
     return None
 
 
+def not_supported(why: str) -> Unsupported:
+    """The answer for a config outside what the port declares, with where a port declares it."""
+    return Unsupported(
+        f"config not supported by the port: {why}; a port declares the configs it takes: "
+        "ModelPort(supports={...}), a factory's supports attribute (docs/verify.md)"
+    )
+
+
 def check_supported(supports, config: ViTConfig) -> None:
     why = unsupported_option(supports, config)
     if why:
-        raise Unsupported(f"config not supported by the port: {why}")
+        raise not_supported(why)
 
 
 def project(supports, values: dict[str, Any]) -> dict[str, Any] | ViTConfig | None:

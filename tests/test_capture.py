@@ -454,14 +454,21 @@ def test_a_parameter_with_no_elements_is_not_a_weight_left_unfilled():
     assert stage == "load" and "left at the model's initial values: cls_like" in reason
 
 
+def _unexpressed(cli, port: str, *args) -> list[str]:
+    """verify's answer for tests/data/unexpressed_ports.py's ``port``: exit 2, the config cannot
+    express the model; its lines after the first (one a part)."""
+    code, out, err = cli("verify", f"tests.data.unexpressed_ports:{port}", *args, "--in-process")
+    lines = err.strip().splitlines()
+    assert code == 2 and lines[0].startswith("the config cannot express this model:"), err
+    return lines[1:]
+
+
 def test_a_model_without_a_final_norm_is_exit_2_naming_final_norm_and_conformant_with_it(cli):
     """A tower that ends at its last block (timm's final_norm=False: InternViT, Pixtral) against
     the default config: one line, the final norm's weight and bias together, never a bias-free
     norm's advice (issue 60). The companion: final_norm=false makes the same model conformant."""
-    code, out, err = cli("verify", "tests.data.unexpressed_ports:no_final_norm", "--in-process")
-    lines = err.strip().splitlines()
-    assert code == 2 and lines[0].startswith("the config cannot express this model:"), err
-    assert lines[1:] == ["  it has no final norm: final_norm=false expresses it (norm.bias, norm.weight)"], err
+    lines = _unexpressed(cli, "no_final_norm")
+    assert lines == ["  it has no final norm: final_norm=false expresses it (norm.bias, norm.weight)"]
     from tests.data.unexpressed_ports import no_final_norm
 
     config = get_config("vit_test_token").replace(final_norm=False)
@@ -474,18 +481,28 @@ def test_a_final_norm_on_every_token_under_a_config_that_norms_after_the_pooling
     fc_norm=false and the module, never "it has no final norm" (the advice it had). The companion:
     fc_norm=false makes the same model conformant."""
     config = get_config("vit_test_token").replace(global_pool="avg", class_token=False)
-    given = ["--config", json.dumps(config.to_dict())]
-    code, out, err = cli("verify", "tests.data.unexpressed_ports:norm_before_pooling", *given, "--in-process")
-    lines = err.strip().splitlines()
-    assert code == 2 and lines[0].startswith("the config cannot express this model:"), err
-    assert lines[1:] == [
+    assert _unexpressed(cli, "norm_before_pooling", "--config", json.dumps(config.to_dict())) == [
         "  its final norm acts on every token, before the pooling (norm): fc_norm=false expresses it "
         "(fc_norm.bias, fc_norm.weight)"
-    ], err
+    ]
     from tests.data.unexpressed_ports import norm_before_pooling
 
     fixed = config.replace(fc_norm=False)
     assert verify(norm_before_pooling, fixed, cases=quick_cases(fixed)).conformant
+
+
+def test_q_k_and_v_projected_apart_under_a_config_that_fuses_them_is_exit_2_naming_qkv_fused(cli):
+    """A model with three projections where the rename sends them (attn.q_proj, k_proj, v_proj) under
+    the default config's one attn.qkv: one line naming qkv_fused=false, not a load finding (the
+    mapping gives keys the model does not have). The companion: qkv_fused=false makes it conformant."""
+    assert _unexpressed(cli, "qkv_apart") == [
+        "  its q, k and v are projected apart (blocks.0.attn.q_proj, ...): qkv_fused=false expresses it "
+        "(blocks.{i}.attn.qkv.bias, blocks.{i}.attn.qkv.weight)"
+    ]
+    from tests.data.unexpressed_ports import qkv_apart
+
+    config = get_config("vit_test_token").replace(qkv_fused=False)
+    assert verify(qkv_apart, config, cases=quick_cases(config)).conformant
 
 
 def test_a_model_with_rmsnorm_is_exit_2_naming_norm_layer_and_conformant_with_it(cli):

@@ -185,6 +185,9 @@ def optional_parts(keys) -> bool:
     return all(any(re.fullmatch(pattern, k) for pattern, _, _ in PARTS) for k in keys)
 
 
+FUSED_QKV = r"blocks\.\d+\.attn\.qkv\.(weight|bias)"  # the config's one projection of q, k and v
+
+
 NECK = (
     "it has a convolutional neck after its blocks ({module}: SAM's): no option yet; ModelPort(tower='blocks.{{last}}') "
     "checks the tower up to it"
@@ -262,14 +265,15 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
 
 
 def not_expressible(
-    dropped: list[str], extra: list[str] = (), shapes=None, config=None, reads=None, kinds=None, norm_at=None
+    dropped: list[str], extra: list[str] = (), shapes=None, config=None, reads=None, kinds=None, norm_at=None, apart=()
 ) -> NotExpressible:
     """The answer for canonical keys with nowhere to go in the model: one line per part the model
     lacks, naming its keys (blocks folded) and the option that expresses it; ``extra``, the
     model's parameters no canonical key fills: the parts an option adds named (``extra_parts``,
     from the parameters' ``shapes``), the rest in a line of their own; what the config has no
     word for (``schemes``, from the modules' class names ``kinds``) first; ``norm_at``: the module
-    where the mapping sends the final norm on every token, ``norm``, where the model has one."""
+    where the mapping sends the final norm on every token, ``norm``, where the model has one; ``apart``:
+    the model's keys where it sends q, k and v projected apart, where the model has every one."""
     lines: dict[str, list[str]] = schemes(kinds or {}, list(shapes or {}), config)
     shown = {k for keys in lines.values() for k in keys}
     extra = [k for k in extra if _fold(k) not in shown]
@@ -284,6 +288,12 @@ def not_expressible(
         dropped = [k for k in dropped if k not in biases]
     lines.update(reads or {})
     dropped, extra = _paired(lines, dropped, extra, norm_at)
+    fused = [k for k in dropped if re.fullmatch(FUSED_QKV, k)]
+    if fused and apart:  # the config's one projection, the model's three
+        what = f"its q, k and v are projected apart ({module_of(apart[0])}, ...): qkv_fused=false expresses it"
+        lines[what] = [_fold(k) for k in fused]
+        dropped = [k for k in dropped if k not in fused]
+        extra = [k for k in extra if k not in set(apart)]
     for key in dropped:
         # a module whose weight is gone too is missing whole, not bias-free: the weight's line
         part = key.removesuffix(".bias") + ".weight" if f"{key.removesuffix('.bias')}.weight" in dropped else key

@@ -12,6 +12,7 @@ import numpy as np
 
 from conformance.capture.adapters import ADAPTERS, BaseAdapter, check_not_quantized, framework_of
 from conformance.capture.expressible import (
+    FUSED_QKV,
     NotExpressible,
     extra_parts,
     hierarchical,
@@ -188,7 +189,8 @@ class ModelPort:
             arrays = {k: unit_axes(np.asarray(v), params.get(k)) for k, v in converted.items()}
         unknown = sorted(set(arrays) - set(params))
         homeless = [source.get(k, k) for k in unknown]
-        if unknown and optional_parts(homeless):  # the model lacks parts the config names
+        fused = [k for k in homeless if re.fullmatch(FUSED_QKV, k)] if self._apart(adapter, params, config) else []
+        if unknown and optional_parts([k for k in homeless if k not in fused]):  # parts the config names, or fused
             raise self._unexpressed(homeless, self.key_map(state, config), adapter, config)
         if unknown:
             near = difflib.get_close_matches(unknown[0], sorted(set(params) - set(arrays)), n=3, cutoff=0.5)
@@ -235,7 +237,22 @@ class ModelPort:
         # where the rename sends the final norm on every token (the config may hold it after the pooling)
         norm = rename_function(self.rename)("norm.weight") if self.rename is not None else None
         norm_at = module_of(adapter.resolve(norm, params)) if norm else None
-        return not_expressible(dropped, extra, shapes, config, reads, adapter.kinds(), norm_at)
+        apart = self._apart(adapter, params, config)
+        return not_expressible(dropped, extra, shapes, config, reads, adapter.kinds(), norm_at, apart)
+
+    def _apart(self, adapter: BaseAdapter, params, config: ViTConfig) -> list[str]:
+        """The model's keys where the rename sends q, k and v projected apart (``qkv_fused=False``'s
+        attn.q_proj, k_proj, v_proj), when the config fuses them and the model holds every one."""
+        if self.rename is None or not config.qkv_fused:
+            return []
+        rename = rename_function(self.rename)
+        leaves = ("weight", "bias") if config.qkv_bias else ("weight",)
+        keys = [f"blocks.{i}.attn.{p}_proj.{leaf}" for i in range(config.depth) for p in "qkv" for leaf in leaves]
+        targets = [rename(k) for k in keys]
+        if not all(targets):
+            return []
+        targets = [adapter.resolve(t, params) for t in targets]
+        return targets if all(t in params for t in targets) else []
 
     # -- the factory
 

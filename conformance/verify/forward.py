@@ -17,7 +17,7 @@ from conformance.numerics.precision import UNIT_ROUNDOFF
 from conformance.returned import as_taps
 from conformance.sandbox.heap import return_freed_memory
 from conformance.sandbox.portside import PortSide, port_side
-from conformance.support import Unsupported
+from conformance.support import Unsupported, not_supported
 from conformance.verify.budget import ahead
 from conformance.verify.cases import Case, cached, held_models, holdable, iter_plan, seeded_cases, verify_plan
 from conformance.verify.loop import Outcome, run_cases
@@ -216,7 +216,7 @@ def _packed(side: PortSide, config: ViTConfig) -> bool:
 
     why = side.unsupported(config)
     if why:
-        raise Unsupported(f"config not supported by the port: {why}")
+        raise not_supported(why)
     if side.inputs == "naflex" and not config.dynamic_img_size:
         raise Unsupported(
             "config not supported by a port of packed batches: its images are on several grids, "

@@ -22,6 +22,9 @@ norm_before_pooling = ModelPort(
     lambda config: build(config.replace(fc_norm=False)), rename={}, supports={**VIT_FAMILY, "fc_norm": (None, False)}
 )
 
+# timm's Eva with q, k and v projected apart (EVA02-B's, transformers' SigLIP's q_proj, k_proj, v_proj)
+qkv_apart = ModelPort(lambda config: build(config.replace(qkv_fused=False)), rename={}, supports=VIT_FAMILY)
+
 # timm's model with RMSNorm for its norms (AIMv2's): no mean subtracted, no bias
 rms_norm = ModelPort(lambda config: build(config.replace(norm_layer="rmsnorm")), rename={}, supports=VIT_FAMILY)
 
