@@ -189,7 +189,8 @@ class ModelPort:
             arrays = {k: unit_axes(np.asarray(v), params.get(k)) for k, v in converted.items()}
         unknown = sorted(set(arrays) - set(params))
         homeless = [source.get(k, k) for k in unknown]
-        fused = [k for k in homeless if re.fullmatch(FUSED_QKV, k)] if self._apart(adapter, params, config) else []
+        apart = unknown and self._apart(adapter, params, config)
+        fused = [k for k in homeless if re.fullmatch(FUSED_QKV, k)] if apart else []
         if unknown and optional_parts([k for k in homeless if k not in fused]):  # parts the config names, or fused
             raise self._unexpressed(homeless, self.key_map(state, config), adapter, config)
         if unknown:

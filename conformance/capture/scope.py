@@ -63,9 +63,11 @@ def after_output(
         for k in keys:
             v = np.asarray(loaded[k], np.float32)
             moved[k] = v + _MOVE * (float(np.abs(v).max(initial=0.0)) + 1.0) * rng.standard_normal(v.shape, np.float32)
-        load(moved)
         try:
+            load(moved)
             return _same(base, _returned(run, images))
+        except Exception:  # noqa: BLE001 - a model that refuses the moved values: read as reached
+            return False
         finally:
             load(loaded)
 
