@@ -251,6 +251,19 @@ def test_transformers_qwen2_5_vl_tower_is_conformant_in_its_merge_order(dtype):
     )
 
 
+def test_a_mergers_parameter_shaped_as_an_options_part_is_not_read_as_one():
+    """At 48 wide with 8 x 8 patches the merger's first bias, (4 D,), has a raw patch's size (3 x 8 x 8):
+    the parts the config does not name are asked of the parameters left once those after the tower
+    are set apart (it was exit 2, "patch_norm=true", in the property suite's draws)."""
+    from tests.data.hf_qwen2_5_vl_port import port
+
+    config = QWEN2_5_VL.replace(embed_dim=48, patch_size=8, img_size=32)
+    assert config.patch_dim == 4 * config.embed_dim
+    report = verify(port, config, cases=quick_cases(config)[:1])
+    assert report.conformant, format_report(report)
+    assert "visual.merger.mlp.0.bias" in report.unseen["pooled"]
+
+
 def test_a_parameter_no_canonical_key_fills_before_the_towers_output_stays_a_finding():
     """The companion of the merger's parameters left out of scope: the same tower under a wrapper
     that scales its patches by a parameter of its own (at 1, so no stage moves) is not conformant at

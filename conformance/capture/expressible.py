@@ -194,11 +194,6 @@ NECK = (
 )
 
 
-def is_neck(line: str) -> bool:
-    """Whether an ``extra_parts`` line is the neck's (after the blocks: a declared tower leaves it out)."""
-    return line.startswith(NECK.partition("(")[0])
-
-
 def _neck(extra, shapes, width: int) -> list[str]:
     """The model's unfilled parameters that make a convolutional neck over the blocks' tokens: a
     convolution reading ``width`` channels (in any framework's kernel layout) and every unfilled

@@ -16,7 +16,6 @@ from conformance.capture.expressible import (
     NotExpressible,
     extra_parts,
     hierarchical,
-    is_neck,
     not_expressible,
     optional_parts,
     options_read,
@@ -225,12 +224,13 @@ class ModelPort:
             return []
         return k_bias_free(lambda s: self._convert(s, config), state, config)
 
-    def _unexpressed(self, dropped, key_map, adapter: BaseAdapter, config: ViTConfig, reads=None):
+    def _unexpressed(self, dropped, key_map, adapter: BaseAdapter, config: ViTConfig, reads=None, besides=()):
         """The answer for a model the config does not describe: the canonical keys it has no place
-        for, and its parameters no canonical key fills (those an option adds named)."""
+        for, and its parameters no canonical key fills (those an option adds named; ``besides``:
+        those after a tower's output, not told)."""
         params = adapter.params()
         targets = {adapter.resolve(m, params) for ms in key_map.values() for m in ms}
-        extra = sorted(k for k in set(params) - targets if int(np.prod(params[k])) > 0)
+        extra = sorted(k for k in set(params) - targets - set(besides) if int(np.prod(params[k])) > 0)
         shapes = dict(params)
         proj = key_map.get("patch_embed.proj.weight")
         if proj:  # the module that takes the patch kernel: an embed norm sits beside it
@@ -286,8 +286,10 @@ class ModelPort:
         if dropped or schemes(adapter.kinds(), params, config):
             raise self._unexpressed(dropped, key_map, adapter, config)
         arrays, unfilled = self.mapped(state, adapter, config)
-        parts = extra_parts(unfilled, params, config)  # the model has parts the config does not name
-        if parts and (self.tower is None or not all(map(is_neck, parts))):  # a neck after a tower: scope.after_tower
+        # the model has parts the config does not name; under a tower, asked once those after its
+        # output are set apart (a merger's bias can have a patch norm's shape): below
+        deferred = bool(extra_parts(unfilled, params, config))
+        if deferred and self.tower is None:
             raise self._unexpressed([], key_map, adapter, config)
         mixed = self.autocast and dtype != "float32"
         cast = not (chosen or self.autocast)
@@ -303,14 +305,20 @@ class ModelPort:
         except (TapOverrideError, CannotJudge):  # the port's own word (its taps, its tower), not the tool's
             raise
         except Exception as e:  # noqa: BLE001 - the plan is the tool's
+            if deferred:  # a model with parts the config does not name: that answer first
+                raise self._unexpressed([], key_map, adapter, config) from None
             raise ToolError(f"capture could not plan the taps: {describe_exception(e)}") from e
         findings = []
         forward = CapturedForward(self, adapter, plan, config, dtype, findings)
         forward.quantized = quantized
         forward.k_bias = {i: state[f"blocks.{i}.attn.qkv.bias"] for i in self._k_bias_free(state, config)}
         forward.input_dtype = "float32" if mixed else dtype  # autocast casts the model's inputs itself
+        kept = unfilled
         if unfilled and quantized is None:  # a tower's merger, projector or neck: out of scope
-            unfilled = after_tower(self.build, forward, lambda a: adapter.load(a, dtype, cast=cast), arrays, unfilled)
+            kept = after_tower(self.build, forward, lambda a: adapter.load(a, dtype, cast=cast), arrays, unfilled)
+        if deferred and extra_parts(kept, params, config):  # parts before the tower's output
+            raise self._unexpressed([], key_map, adapter, config, besides=set(unfilled) - set(kept))
+        unfilled = kept
         if unfilled:
             findings.append(
                 (
