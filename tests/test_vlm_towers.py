@@ -264,6 +264,28 @@ def test_a_mergers_parameter_shaped_as_an_options_part_is_not_read_as_one():
     assert "visual.merger.mlp.0.bias" in report.unseen["pooled"]
 
 
+# transformers' Qwen3-VL vision tower: a learned table and Qwen2-VL's rotation, LayerNorm, a GELU MLP, no
+# final norm; its merger and a deepstack merger (called after block 0) left in the model
+QWEN3_VL = ViTConfig(
+    img_size=16, patch_size=4, num_classes=0, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, class_token=False,
+    global_pool="avg", rope_type="cat", rope_rotate_half=True, final_norm=False, act_layer="gelu_tanh",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_transformers_qwen3_vl_tower_is_conformant_with_its_mergers_in_place(dtype):
+    """Its deepstack merger runs between its blocks on block 0's tokens, its merger after the last:
+    neither changes a stage of the tower, so their parameters are out of scope, named; every stage to
+    the last block checked."""
+    from tests.data.hf_qwen3_vl_port import port
+
+    report = verify(port, QWEN3_VL, cases=quick_cases(QWEN3_VL), dtype=dtype)
+    assert report.conformant, format_report(report)
+    assert {"embed", "blocks.0.attn.q_rope", "blocks.1"} <= {r.name for r in report.stages}
+    assert "the model's 12 parameter(s) there" in report.unseen["pooled"], report.unseen["pooled"]
+    assert "visual.deepstack_merger_list.0.linear_fc1.weight" in report.unseen["pooled"]
+
+
 def test_a_parameter_no_canonical_key_fills_before_the_towers_output_stays_a_finding():
     """The companion of the merger's parameters left out of scope: the same tower under a wrapper
     that scales its patches by a parameter of its own (at 1, so no stage moves) is not conformant at

@@ -23,37 +23,52 @@ def mergeable(config) -> None:
         raise Unsupported(f"Qwen2-VL merges {MERGE} x {MERGE} patches: grid {config.grid_size} must have even sides")
 
 
+def settings(config) -> dict:
+    """The tower's sizes in Qwen2-VL's vision config names (transformers' and mlx-vlm's, Qwen2.5-VL's
+    and Qwen3-VL's alike), the merger's output as wide as the tower."""
+    return dict(
+        depth=config.depth,
+        hidden_size=config.embed_dim,
+        intermediate_size=config.mlp_hidden_dim,
+        num_heads=config.num_heads,
+        in_channels=config.in_chans,
+        patch_size=config.patch_size[0],
+        spatial_merge_size=MERGE,
+        temporal_patch_size=T,
+        out_hidden_size=config.embed_dim,
+    )
+
+
+def windows(config, window=None, full=None) -> dict:
+    """Qwen2.5-VL's window settings: ``window`` its window_size in pixels (default the image's side: one
+    window), ``full`` its fullatt_block_indexes (default the config's global_attn_indexes, or the last block)."""
+    every = list(config.global_attn_indexes) if config.window_size else [config.depth - 1]
+    return dict(window_size=window or config.img_size[0], fullatt_block_indexes=full or every)
+
+
 def build(config, window=None, full=None, gain=False):
     """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window); ``full``:
     its fullatt_block_indexes (default the config's global_attn_indexes, or the last block); ``gain``:
     the wrapper scales the patches by a parameter of its own, at 1 (a part no option names)."""
-    import torch
-
     mergeable(config)
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    p, (H, W), C = config.patch_size[0], config.img_size, config.in_chans
     visual = Qwen2_5_VisionTransformerPretrainedModel._from_config(
-        Qwen2_5_VLVisionConfig(
-            depth=config.depth,
-            hidden_size=config.embed_dim,
-            intermediate_size=config.mlp_hidden_dim,
-            num_heads=config.num_heads,
-            in_channels=C,
-            patch_size=p,
-            spatial_merge_size=MERGE,
-            temporal_patch_size=T,
-            window_size=window or H,
-            fullatt_block_indexes=full
-            or (list(config.global_attn_indexes) if config.window_size else [config.depth - 1]),
-            out_hidden_size=config.embed_dim,
-        )
+        Qwen2_5_VLVisionConfig(**settings(config), **windows(config, window, full))
     )
 
-    class Processed(torch.nn.Module):
-        """Images (B, C, H, W) as Qwen2-VL's processor gives them to the tower."""
+    return processed(visual, config, gain)
 
+
+def processed(visual, config, gain=False):
+    """``visual`` (a Qwen2-VL-style tower: flattened patches and ``grid_thw``) under a wrapper that
+    takes images (B, C, H, W) and gives it what Qwen2-VL's processor makes of them."""
+    import torch
+
+    p, (H, W), C = config.patch_size[0], config.img_size, config.in_chans
+
+    class Processed(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.visual = visual

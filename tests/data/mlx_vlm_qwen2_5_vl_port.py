@@ -24,22 +24,7 @@ def build(config, window=None, full=None):
 
     hf.mergeable(config)
     p, (H, W), C = config.patch_size[0], config.img_size, config.in_chans
-    visual = VisionModel(
-        VisionConfig(
-            depth=config.depth,
-            hidden_size=config.embed_dim,
-            intermediate_size=config.mlp_hidden_dim,
-            out_hidden_size=config.embed_dim,
-            num_heads=config.num_heads,
-            patch_size=p,
-            in_channels=C,
-            spatial_merge_size=MERGE,
-            temporal_patch_size=T,
-            window_size=window or H,
-            fullatt_block_indexes=full
-            or (list(config.global_attn_indexes) if config.window_size else [config.depth - 1]),
-        )
-    )
+    visual = VisionModel(VisionConfig(**hf.settings(config), **hf.windows(config, window, full)))
 
     class Processed(nn.Module):
         """Images (B, C, H, W) as Qwen2-VL's processor gives them to the tower."""
