@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from impls import get_config
+from tests.data import hf_towers
 from tests.test_vlm_towers import AIMV2, INTERNVIT, PIXTRAL
 from weights import hf, init_state
 from weights.canonical import WeightError
@@ -15,16 +16,8 @@ from weights.hf import towers
 def _theirs(model_type, config):
     """transformers' own model for the config.json this project writes, every parameter drawn."""
     import torch
-    from transformers import Aimv2VisionConfig, Aimv2VisionModel, InternVLVisionConfig, InternVLVisionModel
-    from transformers import PixtralVisionConfig, PixtralVisionModel
 
-    settings = towers.hf_settings(config, model_type)
-    classes = {
-        towers.AIMV2: (Aimv2VisionConfig, Aimv2VisionModel),
-        towers.INTERNVL: (InternVLVisionConfig, InternVLVisionModel),
-        towers.PIXTRAL: (PixtralVisionConfig, PixtralVisionModel),
-    }
-    model = classes[model_type][1](classes[model_type][0](**settings))
+    model = hf_towers.tower(config, model_type)
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
             p.copy_(torch.from_numpy(np.random.default_rng(i).normal(size=p.shape).astype(np.float32)))

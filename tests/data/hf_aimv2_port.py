@@ -4,15 +4,12 @@ config says AIMv2's parts (norm_layer='rmsnorm', embed_norm, SwiGLU, q, k and v 
 but the patch projection's, no class token); the port says where the tower ends (``tower='norm'``)."""
 
 from conformance.capture import ModelPort
+from tests.data import hf_towers
 from weights.hf import towers
 
 
 def build(config):
-    from transformers import Aimv2VisionConfig, Aimv2VisionModel
-
-    return Aimv2VisionModel(
-        Aimv2VisionConfig(**towers.hf_settings(config, towers.AIMV2))
-    ).eval()  # as its importer writes it
+    return hf_towers.tower(config, towers.AIMV2)  # as its importer writes it
 
 
 # timm's names -> transformers' (segments, in order): the table its importer reads too

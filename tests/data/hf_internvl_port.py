@@ -4,15 +4,12 @@ scope. The config says its parts (final_norm=False, LayerScale, q, k and v apart
 class token); LayerScale is held as bare parameters of each layer (``lambda_1``, ``lambda_2``)."""
 
 from conformance.capture import ModelPort
+from tests.data import hf_towers
 from weights.hf import towers
 
 
 def build(config):
-    from transformers import InternVLVisionConfig, InternVLVisionModel
-
-    return InternVLVisionModel(
-        InternVLVisionConfig(**towers.hf_settings(config, towers.INTERNVL))
-    ).eval()  # as its importer writes it
+    return hf_towers.tower(config, towers.INTERNVL)  # as its importer writes it
 
 
 # timm's names -> transformers' (segments, in order): the table its importer reads too

@@ -4,15 +4,12 @@ one sequence with a block-diagonal mask between them (``sequence="one"``), RMSNo
 at its last block, the adapter after it out of scope."""
 
 from conformance.capture import ModelPort
+from tests.data import hf_towers
 from weights.hf import towers
 
 
 def build(config):
-    from transformers import PixtralVisionConfig, PixtralVisionModel
-
-    return PixtralVisionModel(
-        PixtralVisionConfig(**towers.hf_settings(config, towers.PIXTRAL))
-    ).eval()  # as its importer writes it
+    return hf_towers.tower(config, towers.PIXTRAL)  # as its importer writes it
 
 
 # timm's names -> transformers' (segments, in order): the table its importer reads too
