@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from conformance.tests.helpers import budget
 from impls import get_config
-from tests.processes import running
+from tests.processes import parent, running
 from weights import init_state, save_state
 
 H = "tests.data.hostile_ports"
@@ -209,11 +209,6 @@ def test_packed_arrays_come_back_as_written_and_a_reference_a_pack_cannot_hold_i
 # ----------------------------------------------------------------------------- cancellation
 
 
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the processes from /proc (Linux)")
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_cancelled_verify_leaves_no_process_and_no_temporary_behind(tmp_path, signame):
@@ -242,7 +237,7 @@ def test_a_cancelled_verify_leaves_no_process_and_no_temporary_behind(tmp_path, 
     while not pid_file.exists() and verify.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     grandchild = int(pid_file.read_text())
-    port = _parent(grandchild)  # the port's process, mid-forward
+    port = parent(grandchild)  # the port's process, mid-forward
     assert running(grandchild) and running(port) and any(tmp.iterdir())
     sent = time.monotonic()
     verify.send_signal(getattr(signal, signame))

@@ -282,13 +282,7 @@ def not_expressible(
         )
         dropped = [k for k in dropped if k not in biases]
     lines.update(reads or {})
-    dropped, extra = _paired(lines, dropped, extra, norm_at)
-    fused = [k for k in dropped if re.fullmatch(FUSED_QKV, k)]
-    if fused and apart:  # the config's one projection, the model's three
-        what = f"its q, k and v are projected apart ({module_of(apart[0])}, ...): qkv_fused=false expresses it"
-        lines[what] = [_fold(k) for k in fused]
-        dropped = [k for k in dropped if k not in fused]
-        extra = [k for k in extra if k not in set(apart)]
+    dropped, extra = _paired(lines, dropped, extra, norm_at, apart)
     for key in dropped:
         # a module whose weight is gone too is missing whole, not bias-free: the weight's line
         part = key.removesuffix(".bias") + ".weight" if f"{key.removesuffix('.bias')}.weight" in dropped else key
@@ -310,10 +304,11 @@ def not_expressible(
     return NotExpressible(f"canonical keys have nowhere to go in the model (or the mapping forgot them):\n{body}")
 
 
-def _paired(lines: dict, dropped: list[str], extra: list[str], norm_at=None) -> tuple[list[str], list[str]]:
+def _paired(lines: dict, dropped: list[str], extra: list[str], norm_at=None, apart=()) -> tuple[list[str], list[str]]:
     """Dropped keys whose part the model holds another way, told as one line each (the attention
-    output's and the MLP's biases, the final norm after the pooling), or left to the line of the
-    part it holds instead (q and v biases apart, LayerScale as gamma_1)."""
+    output's and the MLP's biases, the final norm after the pooling or on every token, q, k and v
+    projected apart), or left to the line of the part it holds instead (q and v biases apart,
+    LayerScale as gamma_1)."""
     attn_out, mlp = (any(re.fullmatch(p, k) for k in dropped) for p in (ATTN_OUT_BIAS, MLP_BIAS))
     if attn_out and not mlp:  # timm's proj_bias drops both; the MLP's kept on their own
         lines["its attention output has no bias, its MLP has: proj_bias=false with mlp_bias=true expresses it"] = []
@@ -339,6 +334,12 @@ def _paired(lines: dict, dropped: list[str], extra: list[str], norm_at=None) -> 
         dropped = [k for k in dropped if not re.fullmatch(r"blocks\.\d+\.attn\.qkv\.bias", k)]
     if any(re.fullmatch(HELD_LAYERSCALE, k) for k in extra):
         dropped = [k for k in dropped if not re.fullmatch(r"blocks\.\d+\.ls[12]\.gamma", k)]
+    fused = [k for k in dropped if re.fullmatch(FUSED_QKV, k)]
+    if fused and apart:  # the config's one projection, the model's three
+        what = f"its q, k and v are projected apart ({module_of(apart[0])}, ...): qkv_fused=false expresses it"
+        lines[what] = [_fold(k) for k in fused]
+        dropped = [k for k in dropped if k not in fused]
+        extra = [k for k in extra if k not in set(apart)]
     return dropped, extra
 
 

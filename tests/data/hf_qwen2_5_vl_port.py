@@ -47,9 +47,8 @@ def windows(config, window=None, full=None) -> dict:
 
 
 def build(config, window=None, full=None, gain=False):
-    """``window``: Qwen2.5-VL's window_size in pixels (default the image's side: one window); ``full``:
-    its fullatt_block_indexes (default the config's global_attn_indexes, or the last block); ``gain``:
-    the wrapper scales the patches by a parameter of its own, at 1 (a part no option names)."""
+    """``window``, ``full``: as ``windows`` takes them; ``gain``: the wrapper scales the patches by a
+    parameter of its own, at 1 (a part no option names)."""
     mergeable(config)
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
