@@ -43,14 +43,16 @@ def test_torchvision_vit_is_conformant_unmodified_on_its_native_mha_path(dtype, 
     calls = []
     monkeypatch.setattr(torch, "_native_multi_head_attention", lambda *a, **k: calls.append(1) or native(*a, **k))
     port = example("torchvision_vit:port")
-    # ci: three cases in one batch shape (ordinary, trained-like, offset 1000); thorough: all ten
-    cases = None if heavy() else quick_cases(VIT_TI_SIZED)
-    report = verify(port, VIT_TI_SIZED, port="torchvision", cases=cases, dtype=dtype)
+    # ci: three cases in one batch shape (ordinary, trained-like, offset 1000) on four of its blocks
+    # (the path is each block's); thorough: all ten cases on all twelve
+    config = VIT_TI_SIZED if heavy() else VIT_TI_SIZED.replace(depth=4)
+    cases = None if heavy() else quick_cases(config)
+    report = verify(port, config, port="torchvision", cases=cases, dtype=dtype)
     assert report.conformant, report.failures[:3] or [s for s in report.stages if not s.ok][:3]
-    assert len(report.stages) >= 75 and len(report.stages) + len(report.unseen) == len(tap_names(VIT_TI_SIZED))
+    assert len(report.stages) == len(tap_names(config)) - config.depth, [s.name for s in report.stages]
     # the kernel judged is the one users run: once per block per case on the model's own path
-    assert len(calls) >= VIT_TI_SIZED.depth * len(report.cases), len(calls)
-    assert set(report.unseen) == {f"blocks.{i}.attn.weights" for i in range(12)}
+    assert len(calls) >= config.depth * len(report.cases), len(calls)
+    assert set(report.unseen) == {f"blocks.{i}.attn.weights" for i in range(config.depth)}
     assert "native fast path" in report.unseen["blocks.0.attn.weights"]
     assert "second pass" in report.sources["blocks.0.attn.q"]  # which stage came from which pass
 
