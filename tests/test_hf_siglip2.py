@@ -2,6 +2,8 @@
 ways through weights.hf, and Siglip2VisionModel, unmodified, CONFORMANT on packed batches (three
 grids in one batch, every row padded) as it takes its inputs: patches, a mask, each row's grid."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -94,16 +96,17 @@ def test_big_visions_naflex_layout_round_trips_bitwise_and_resizes_as_the_config
     assert config == SIGLIP2.replace(act_layer="gelu") and all(back[k].tobytes() == state[k].tobytes() for k in state)
     with pytest.raises(WeightError, match="write flavour 'big_vision'"):
         write(state, SIGLIP2, str(tmp_path / "vit.npz"), "big_vision", npz_flavour="vit")
+
+    # jitted, as big_vision's model runs it (and one program each, not one per op)
+    @partial(jax.jit, static_argnums=(0, 1, 2))
+    def resize(n_in, n_out, aa):
+        return jax.image.scale_and_translate(
+            jnp.eye(n_in, dtype=jnp.float32)[:, :, None], (n_in, n_out, 1), (1,), jnp.asarray([n_out / n_in]),
+            jnp.asarray([0.0]), method="bilinear", antialias=aa,
+        )[:, :, 0]  # fmt: skip
+
     for n_in, n_out in ((16, 7), (4, 6)):  # down, up
-        resized = {
-            aa: np.asarray(
-                jax.image.scale_and_translate(
-                    jnp.eye(n_in, dtype=jnp.float32)[:, :, None], (n_in, n_out, 1), (1,), jnp.asarray([n_out / n_in]),
-                    jnp.asarray([0.0]), method="bilinear", antialias=aa,
-                )[:, :, 0]
-            ).T
-            for aa in (True, False)
-        }  # fmt: skip
+        resized = {aa: np.asarray(resize(n_in, n_out, aa)).T for aa in (True, False)}
         assert np.abs(resized[True] - aa_matrix(n_in, n_out, "bilinear")).max() < 1e-6
         if n_out < n_in:
             assert np.abs(resized[False] - aa_matrix(n_in, n_out, "bilinear")).max() > 1e-2
