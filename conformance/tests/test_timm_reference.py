@@ -117,22 +117,25 @@ def test_timm_comparison_fails_on_a_port_fed_swapped_norms(framework_port):
     assert failing and failing[0] == "blocks.0.norm1"
 
 
-def test_a_tower_without_a_final_norm_equals_timms_final_norm_false(port):
+@pytest.mark.parametrize("pool", ["avg", "token"])
+def test_a_tower_without_a_final_norm_equals_timms_final_norm_false(port, pool):
     """InternViT's and Pixtral's towers end at the last block: timm's ``final_norm=False`` (no
-    ``norm``, no ``fc_norm``), the class token and the patch tokens' mean pooled as they are.
+    ``norm``, no ``fc_norm``), the patch tokens' mean or the class token pooled as they are.
     The companion: a port that keeps the final norm (its config's final_norm=True, a unit norm
     loaded) disagrees with timm first at the head's input."""
-    for pool in ("token", "avg"):
-        config = get_config("vit_test_token").replace(final_norm=False, global_pool=pool)
-        model = timm_vit(config, init_state(config, seed=4))
-        state, x = timm_state(model), images_for(config, seed=1)
-        assert "norm.weight" not in state and "fc_norm.weight" not in state
-        ref, out = timm_taps(model, x), run(port, config, state, x)
-        assert disagreeing_stages(port, CaseModel(config, state, x), out, ref) == [], pool
-    normed = config.replace(final_norm=True)  # global_pool='avg': fc_norm after the pooling
+    jax_runs_the_first(port, pool == "avg", "global_pool='avg'")
+    config = get_config("vit_test_token").replace(final_norm=False, global_pool=pool)
+    model = timm_vit(config, init_state(config, seed=4))
+    state, x = timm_state(model), images_for(config, seed=1)
+    assert "norm.weight" not in state and "fc_norm.weight" not in state
+    ref, out = timm_taps(model, x), run(port, config, state, x)
+    assert disagreeing_stages(port, CaseModel(config, state, x), out, ref) == [], pool
+    # the final norm a timm model of this pooling would have: fc_norm after the mean, norm before the token's
+    normed = config.replace(final_norm=True)
+    where = "fc_norm" if pool == "avg" else "norm"
     unit = {
-        "fc_norm.weight": np.ones(config.embed_dim, np.float32),
-        "fc_norm.bias": np.zeros(config.embed_dim, np.float32),
+        f"{where}.weight": np.ones(config.embed_dim, np.float32),
+        f"{where}.bias": np.zeros(config.embed_dim, np.float32),
     }
     out = run(port, normed, {**state, **unit}, x)
-    assert disagreeing_stages(port, CaseModel(config, state, x), out, ref)[0] == "pooled"
+    assert disagreeing_stages(port, CaseModel(config, state, x), out, ref)[0] == "pooled"  # (timm's has no norm stage)
