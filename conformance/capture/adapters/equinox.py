@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from conformance.capture.adapters.base import SwapAdapter
-from conformance.capture.adapters.jax_arrays import JAXArrays
+from conformance.capture.adapters.jax_arrays import JAXArrays, on_device
 from conformance.capture.recorder import callbacks, map_arrays, wrapped
 
 
@@ -55,7 +55,7 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
         leaves = self._leaves()
         keys = list(arrays)
         target = {k: (getattr(jnp, dtype) if cast else leaves[k].dtype) for k in keys}
-        values = [jnp.asarray(np.asarray(arrays[k], np.float32)).astype(target[k]) for k in keys]
+        values = [on_device(arrays[k], target[k]) for k in keys]
         where = [_getter(k) for k in keys]
         self.model = eqx.tree_at(lambda m: [get(m) for get in where], self.model, values)
         self._modules = dict(_walk(self.model, ""))  # a new pytree: new module objects

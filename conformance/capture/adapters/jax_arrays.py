@@ -9,6 +9,15 @@ import numpy as np
 from conformance.capture.recorder import callbacks, wrapped
 
 
+def on_device(value, dtype):
+    """``value`` as a JAX array of ``dtype``: cast in NumPy (ml_dtypes rounds to nearest even, as
+    XLA does) and device_put, which, unlike jnp.asarray or astype, compiles no program per shape
+    (as impls/jax_vit.py loads its weights)."""
+    import jax
+
+    return jax.device_put(np.asarray(value, np.float32).astype(dtype))
+
+
 class JAXArrays:
     """What Flax NNX and linen share: JAX arrays, Flax's layouts and names, and the wrapped JAX
     functions (jax.nn's softmax and fused attention, jnp's matmul and einsum)."""
@@ -31,7 +40,7 @@ class JAXArrays:
     def to_input(self, images, dtype):
         import jax.numpy as jnp
 
-        return jnp.asarray(images).astype(getattr(jnp, dtype))
+        return on_device(images, getattr(jnp, dtype))
 
     def numpy(self, x):
         return np.asarray(x, np.float32) if str(x.dtype) == "bfloat16" else np.asarray(x)

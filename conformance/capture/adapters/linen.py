@@ -3,10 +3,9 @@ nn.intercept_methods; no gradients yet."""
 
 from __future__ import annotations
 
-import numpy as np
 
 from conformance.capture.adapters.base import BaseAdapter
-from conformance.capture.adapters.jax_arrays import JAXArrays, flatten
+from conformance.capture.adapters.jax_arrays import JAXArrays, flatten, on_device
 from conformance.capture.mapping import LoadError
 from conformance.capture.recorder import first_array, patched
 
@@ -68,7 +67,7 @@ class LinenAdapter(JAXArrays, BaseAdapter):
             for p in parents:
                 node = node.setdefault(p, {})
             target = getattr(jnp, dtype) if cast else self._dtypes.get(key, jnp.float32)
-            node[leaf] = jnp.asarray(np.asarray(value, np.float32)).astype(target)
+            node[leaf] = on_device(value, target)
         self.variables = {"params": tree}
 
     def run(self, inputs, recorder, watch, functions: bool = True):

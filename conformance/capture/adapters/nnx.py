@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.capture.adapters.base import Captured, SwapAdapter
-from conformance.capture.adapters.jax_arrays import JAXArrays
+from conformance.capture.adapters.jax_arrays import JAXArrays, on_device
 from conformance.capture.mapping import LoadError
 from impls.protocol import Loss
 
@@ -71,4 +71,4 @@ class NNXAdapter(JAXArrays, SwapAdapter):
         params = self._params()
         for key, value in arrays.items():
             target = getattr(jnp, dtype) if cast else params[key].get_value().dtype
-            params[key].set_value(jnp.asarray(np.asarray(value, np.float32)).astype(target))
+            params[key].set_value(on_device(value, target))
