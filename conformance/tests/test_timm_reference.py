@@ -138,4 +138,5 @@ def test_a_tower_without_a_final_norm_equals_timms_final_norm_false(port, pool):
         f"{where}.bias": np.zeros(config.embed_dim, np.float32),
     }
     out = run(port, normed, {**state, **unit}, x)
-    assert disagreeing_stages(port, CaseModel(config, state, x), out, ref)[0] == "pooled"  # (timm's has no norm stage)
+    # (the reference has no norm stage to disagree at: the first stage after the norm is compared)
+    assert disagreeing_stages(port, CaseModel(config, state, x), out, ref)[0] == "pooled"

@@ -3,7 +3,6 @@ nn.intercept_methods; no gradients yet."""
 
 from __future__ import annotations
 
-
 from conformance.capture.adapters.base import BaseAdapter
 from conformance.capture.adapters.jax_arrays import JAXArrays, flatten, on_device
 from conformance.capture.mapping import LoadError
