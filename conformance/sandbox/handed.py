@@ -115,6 +115,14 @@ class Handed:
     def changed_state(self) -> list[str]:
         return state_changes(self.state, self.case.state)
 
+    def state_kept(self, report, stage: str) -> bool:
+        """Whether the port left the state it was handed as it was; if not, a finding at ``stage``."""
+        changed = self.changed_state()
+        if changed:
+            shown = ", ".join(changed[:4])
+            finding(report, self.case.name, stage, f"the port changed the state it was handed: {shown}")
+        return not changed
+
     def wrote_images(self) -> bool:
         """Whether the port wrote to the images (or an attention port's context)."""
         return (

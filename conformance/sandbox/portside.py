@@ -120,9 +120,7 @@ class InProcess:
             built, forward = self._build(sink, handed, config, dtype)
             if not built:
                 return None, sink.findings()
-            changed = handed.changed_state()
-            if changed:
-                finding(sink, case.name, "load", f"the port changed the state it was handed: {', '.join(changed[:4])}")
+            if not handed.state_kept(sink, "load"):
                 return None, sink.findings()
             ran, out = handed.call(sink, "forward", forward, handed.inputs)
         if not ran:
@@ -165,9 +163,7 @@ class InProcess:
             ran, out = handed.call(sink, "backward", backward)
         if not ran:
             return None, sink.findings()
-        changed = handed.changed_state()
-        if changed:
-            finding(sink, case.name, "backward", f"the port changed the state it was handed: {', '.join(changed[:4])}")
+        if not handed.state_kept(sink, "backward"):
             return None, sink.findings()
         if handed.wrote_images():
             finding(sink, case.name, "backward", "the port wrote to the images it was handed")

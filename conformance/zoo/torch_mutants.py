@@ -47,19 +47,19 @@ def _attend(self, x, qkv, taps, name, weights=None):
     return x
 
 
-class AttentionScaleAfterSoftmax(T.Attention):
-    """`att = F.softmax(energy, dim=-1) / scaling` with scaling = sqrt(emb_size) (seed post 002)."""
+class _AttentionWeightsBy(T.Attention):
+    """timm's attention but for its weights, ``self.weights(q, k)``: what each mutant below changes."""
 
     def forward(self, x, taps=None, name="attn"):
-        emb_size = x.shape[-1]
-        return _attend(
-            self,
-            x,
-            _timm_qkv(self, x),
-            taps,
-            name,
-            lambda q, k: (q @ k.transpose(-2, -1)).softmax(dim=-1) / emb_size**0.5,
-        )
+        return _attend(self, x, _timm_qkv(self, x), taps, name, self.weights)
+
+
+class AttentionScaleAfterSoftmax(_AttentionWeightsBy):
+    """`att = F.softmax(energy, dim=-1) / scaling` with scaling = sqrt(emb_size) (seed post 002)."""
+
+    def weights(self, q, k):
+        emb_size = q.shape[1] * q.shape[-1]  # heads x head_dim: the block's width
+        return (q @ k.transpose(-2, -1)).softmax(dim=-1) / emb_size**0.5
 
 
 class AttentionScaleByEmbedDim(T.Attention):
@@ -184,18 +184,11 @@ class MultiHeadAttentionMaskNotAssigned(T.MultiHeadAttention):
 mask_ignored = partial(T.make_attention, model_cls=MultiHeadAttentionMaskNotAssigned)
 
 
-class AttentionSoftmaxOverBatch(T.Attention):
+class AttentionSoftmaxOverBatch(_AttentionWeightsBy):
     """softmax(dim=0): the axis counted from the front, normalising across the batch."""
 
-    def forward(self, x, taps=None, name="attn"):
-        return _attend(
-            self,
-            x,
-            _timm_qkv(self, x),
-            taps,
-            name,
-            lambda q, k: ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=0),
-        )
+    def weights(self, q, k):
+        return ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=0)
 
 
 class AttentionCausal(T.Attention):
@@ -251,29 +244,20 @@ def _naive_softmax(logits):
     return logits.exp() / logits.exp().sum(dim=-1, keepdim=True)
 
 
-class AttentionNaiveSoftmax(T.Attention):
+class AttentionNaiveSoftmax(_AttentionWeightsBy):
     """exp(l) / sum(exp(l)), without subtracting the row maximum, in the model's dtype: inf / inf
     = NaN once a logit passes 88 in float32, 11 in float16 (facebookresearch/deit#109)."""
 
-    def forward(self, x, taps=None, name="attn"):
-        return _attend(
-            self, x, _timm_qkv(self, x), taps, name, lambda q, k: _naive_softmax((q * self.scale) @ k.transpose(-2, -1))
-        )
+    def weights(self, q, k):
+        return _naive_softmax((q * self.scale) @ k.transpose(-2, -1))
 
 
-class AttentionScaledAfterProduct(T.Attention):
+class AttentionScaledAfterProduct(_AttentionWeightsBy):
     """(q @ k^T) * scale in float16: the unscaled product overflows (65504) before the scale
     would have brought it back into range."""
 
-    def forward(self, x, taps=None, name="attn"):
-        return _attend(
-            self,
-            x,
-            _timm_qkv(self, x),
-            taps,
-            name,
-            lambda q, k: ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1, dtype=torch.float32).to(q.dtype),
-        )
+    def weights(self, q, k):
+        return ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1, dtype=torch.float32).to(q.dtype)
 
 
 class LayerNormStatsInInputDtype(torch.nn.LayerNorm):

@@ -36,6 +36,26 @@ def _open_clip_holds(config: ViTConfig) -> None:
         )
 
 
+def _names(config: ViTConfig) -> dict[str, str]:
+    """Canonical key -> open_clip's (without ``visual.``), for every tensor that is only renamed."""
+    names = {
+        "patch_embed.proj.weight": "conv1.weight",
+        "norm_pre.weight": "ln_pre.weight",
+        "norm_pre.bias": "ln_pre.bias",
+        "norm.weight": "ln_post.weight",
+        "norm.bias": "ln_post.bias",
+    }
+    for i in range(config.depth):
+        r, b = f"transformer.resblocks.{i}.", f"blocks.{i}."
+        for ours, theirs in _OPEN_CLIP_BLOCK.items():
+            suffix = "_" if ours == "attn.qkv" else "."  # in_proj_weight: a bare parameter of nn.MultiheadAttention
+            for p in ("weight", "bias"):
+                names[f"{b}{ours}.{p}"] = f"{r}{theirs}{suffix}{p}"
+        if config.init_values is not None:
+            names[b + "ls1.gamma"], names[b + "ls2.gamma"] = r + "ls_1.gamma", r + "ls_2.gamma"
+    return names
+
+
 def from_open_clip(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str, np.ndarray]:
     """open_clip's visual tower (``visual.`` prefix optional; the text tower's keys are not read).
     The state dict does not record the activation: OpenAI's weights need QuickGELU, LAION's GELU
@@ -46,17 +66,7 @@ def from_open_clip(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[s
     try:
         out["cls_token"] = s["class_embedding"].reshape(1, 1, -1)
         out["pos_embed"] = s["positional_embedding"][None]
-        out["patch_embed.proj.weight"] = s["conv1.weight"]
-        out["norm_pre.weight"], out["norm_pre.bias"] = s["ln_pre.weight"], s["ln_pre.bias"]
-        for i in range(config.depth):
-            r, b = f"transformer.resblocks.{i}.", f"blocks.{i}."
-            for ours, theirs in _OPEN_CLIP_BLOCK.items():
-                suffix = "_" if ours == "attn.qkv" else "."
-                out[f"{b}{ours}.weight"] = s[f"{r}{theirs}{suffix}weight"]
-                out[f"{b}{ours}.bias"] = s[f"{r}{theirs}{suffix}bias"]
-            if config.init_values is not None:
-                out[b + "ls1.gamma"], out[b + "ls2.gamma"] = s[r + "ls_1.gamma"], s[r + "ls_2.gamma"]
-        out["norm.weight"], out["norm.bias"] = s["ln_post.weight"], s["ln_post.bias"]
+        out.update({ours: s[theirs] for ours, theirs in _names(config).items()})
         if config.num_classes:
             out["head.weight"] = s["proj"].T  # pooled @ proj: (D, out), no bias
             out["head.bias"] = np.zeros(config.num_classes, np.float32)
@@ -73,20 +83,8 @@ def to_open_clip(state: Mapping[str, np.ndarray], config: ViTConfig) -> dict[str
     out = {
         "class_embedding": state["cls_token"].reshape(-1),
         "positional_embedding": state["pos_embed"][0],
-        "conv1.weight": state["patch_embed.proj.weight"],
-        "ln_pre.weight": state["norm_pre.weight"],
-        "ln_pre.bias": state["norm_pre.bias"],
-        "ln_post.weight": state["norm.weight"],
-        "ln_post.bias": state["norm.bias"],
+        **{theirs: state[ours] for ours, theirs in _names(config).items()},
     }
-    for i in range(config.depth):
-        r, b = f"transformer.resblocks.{i}.", f"blocks.{i}."
-        for ours, theirs in _OPEN_CLIP_BLOCK.items():
-            suffix = "_" if ours == "attn.qkv" else "."
-            out[f"{r}{theirs}{suffix}weight"] = state[f"{b}{ours}.weight"]
-            out[f"{r}{theirs}{suffix}bias"] = state[f"{b}{ours}.bias"]
-        if config.init_values is not None:
-            out[r + "ls_1.gamma"], out[r + "ls_2.gamma"] = state[b + "ls1.gamma"], state[b + "ls2.gamma"]
     if config.num_classes:
         out["proj"] = state["head.weight"].T
     return {f"visual.{k}": np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
