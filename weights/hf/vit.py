@@ -12,6 +12,7 @@ import numpy as np
 
 from weights.canonical import WeightError, expected_shapes
 from weights.config import ViTConfig
+from weights.hf.common import sizes_from_hf, sizes_to_hf
 from weights.hf.fields import Fields
 
 
@@ -41,18 +42,10 @@ def hf_config_to_vit(hf: Mapping) -> ViTConfig:
         )
     if f.text("hidden_act", "gelu") != "gelu":
         raise WeightError(f"hidden_act {hf['hidden_act']!r} is not supported: the ports use exact GELU ('gelu')")
-    D = f.integer("hidden_size")
     return ViTConfig(
-        img_size=f.size("image_size", 224),
-        patch_size=f.size("patch_size", 16),
-        in_chans=f.integer("num_channels", 3),
-        num_classes=f.num_labels(2),
+        **(sizes_from_hf(f) | {"num_classes": f.num_labels(2)}),  # a classifier: its labels' count
         global_pool="token",
         class_token=True,
-        embed_dim=D,
-        depth=f.depth(),
-        num_heads=f.integer("num_attention_heads"),
-        mlp_ratio=f.mlp_ratio("intermediate_size", D, 4 * D),
         qkv_bias=f.flag("qkv_bias", True),
         norm_eps=f.number("layer_norm_eps", 1e-12),
         distilled=distilled,
@@ -83,15 +76,7 @@ def vit_config_to_hf(config: ViTConfig) -> dict:
     return {
         "architectures": [DEIT if distilled else "ViTForImageClassification"],
         "model_type": "deit" if distilled else "vit",
-        "hidden_size": config.embed_dim,
-        "num_hidden_layers": config.depth,
-        "num_attention_heads": config.num_heads,
-        "intermediate_size": config.mlp_hidden_dim,
-        "hidden_act": "gelu",
-        "layer_norm_eps": config.norm_eps,
-        "image_size": list(config.img_size),
-        "patch_size": list(config.patch_size),
-        "num_channels": config.in_chans,
+        **sizes_to_hf(config),
         "qkv_bias": config.qkv_bias,
         "id2label": {str(i): f"LABEL_{i}" for i in range(config.num_classes)},
         "label2id": {f"LABEL_{i}": i for i in range(config.num_classes)},
