@@ -82,6 +82,24 @@ def test_a_linear_patch_embedding_without_its_order_is_a_usage_error_naming_patc
         patch_layout("patch_embed.proj.weight", kernel, (config.embed_dim, 48), config, None)
 
 
+def test_a_linear_patch_embedding_without_its_order_is_exit_2_through_verify_not_a_finding():
+    """The same raised inside the port's build as verify runs it: the port's declaration (passed
+    through the port's call as CannotJudge, exit 2), not 'the port raised UsageError' at load, exit 1.
+    The companion: vit-pytorch's ViT declaring its order is judged, and conformant."""
+    from dataclasses import replace
+
+    import conformance.examples.vit_pytorch_port as V
+    from conformance.report import CannotJudge
+    from conformance.verify import verify
+    from tests.capture_cases import quick_cases
+
+    config = get_config("vit_test_token").replace(**V.VIT_CLS)
+    cases = quick_cases(config)[:1]
+    with pytest.raises(CannotJudge, match="patch_order='p1 p2 c'"):
+        verify(replace(V.vit_cls, patch_order=None), config, cases=cases)
+    assert verify(V.vit_cls, config, cases=cases).conformant
+
+
 def test_the_distillation_tokens_features_are_held_to_one_rounding():
     """pooled_dist is a selection: no correct port errs on it, so its tolerance is its bound itself
     (one rounding of its input), not a calibrated multiple of nothing. The built-in port passes

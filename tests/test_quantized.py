@@ -244,6 +244,8 @@ def test_a_quantize_step_that_returns_no_model_is_exit_2_naming_quantize(returne
     port = replace(examples.mlx_image_4bit, quantize=quantize)
     with pytest.raises(UsageError, match=r"ModelPort\(quantize=\.\.\.\) returned a (tuple|str)"):
         port(CONFIG, default_cases(CONFIG)[0].state)
+    with pytest.raises(UsageError, match=r"returned a (tuple|str)"):  # through verify: exit 2, not a finding
+        verify(port, CONFIG, cases=default_cases(CONFIG)[:1])
 
 
 @pytest.mark.parametrize(

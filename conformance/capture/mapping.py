@@ -9,7 +9,7 @@ from functools import cache, lru_cache
 
 import numpy as np
 
-from conformance.report import UsageError
+from conformance.report import CannotJudge
 import inspect
 
 
@@ -91,15 +91,16 @@ PATCH_ORDERS = ("c p1 p2", "p1 p2 c")  # a flattened patch: the conv kernel's or
 def patch_layout(key: str, value, shape, config, order: str | None):
     """A canonical patch weight in the model's flattened-patch ``order``: the conv kernel
     (D, C, ph, pw) for a Linear (D, C * ph * pw), and the patch norm's (C * ph * pw,) vectors,
-    which are in (c p1 p2) canonically. Without an order where one is needed, a usage error:
-    no shape tells the two apart."""
+    which are in (c p1 p2) canonically. Without an order where one is needed, exit 2 (``CannotJudge``,
+    raised inside the port's build: the port's declaration, never a finding about it): no shape tells
+    the two apart."""
 
     to_linear = key == "patch_embed.proj.weight" and value.ndim == 4 and shape is not None and len(shape) == 2
     if not (to_linear or key.startswith("patch_embed.patch_norm.")):
         return value
     if order is None:
         where = "takes the patch kernel as a Linear" if to_linear else "normalises the raw patches"
-        raise UsageError(
+        raise CannotJudge(
             f"the model {where} ({key!r} into {tuple(shape) if shape is not None else '?'}): say how it flattens "
             "a patch, ModelPort(patch_order='p1 p2 c') (einops' 'b c (h p1) (w p2) -> b (h w) (p1 p2 c)') or "
             "patch_order='c p1 p2' (a conv kernel reshaped)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from conformance.capture.adapters import ADAPTERS, ModuleSystemNotTaken, framework_of
 from conformance.capture.mapping import LoadError
 from conformance.capture.quantized import canonical
-from conformance.report import ToolError, UsageError, describe_exception
+from conformance.report import CannotJudge, ToolError, describe_exception
 from conformance.support import Unsupported
 
 
@@ -16,8 +16,8 @@ def quantized_port(port, model, adapter, state, config, arrays, dtype: str):
     where = port.entry_map(state, adapter, config)  # the float model's names and layouts
     out = port.quantize(model)  # the port's own step: what it raises is the port's
     framework = framework_of(model)
-    if out is not None and framework_of_or_none(out) != framework:
-        raise UsageError(
+    if out is not None and framework_of_or_none(out) != framework:  # the declaration's misuse: exit 2, not a finding
+        raise CannotJudge(
             f"ModelPort(quantize=...) returned a {type(out).__name__}: the step must quantize the model it is "
             f"given in place and return None, or return the quantized model (a {framework} module)"
         )
