@@ -176,6 +176,22 @@ def test_a_gross_backward_bug_is_caught_in_bfloat16_too():
     assert failure is not None and failure.name == "pos_embed"
 
 
+def test_a_headless_models_gradient_weighs_its_features_and_a_frozen_table_is_found():
+    """num_classes=0 (a tower: its pooled features are its output): the linear loss draws a weight
+    per feature, (B, D), where one per class, (B, 0), made verify --grad exit 3. The built-in
+    PyTorch port's gradients are within tolerance; the companion: the frozen position table's is not."""
+    from conformance.zoo.torch_mutants import pos_embed_frozen
+
+    config = get_config("vit_test_token").replace(num_classes=0)
+    state, images = init_state(config, seed=1), S.make_images(config, 2, "ordinary", 1)
+    model = GradModel(config, state, images, draw_loss(config, 2, "linear", 3))
+    assert model.loss.weights.shape == (2, config.embed_dim)
+    make_grad = load_factory("impls.torch_vit:make_grad")
+    assert first_failure(compare_gradients(make_grad(config, state)(images, model.loss), model)) is None
+    failure = first_failure(compare_gradients(pos_embed_frozen(config, state)(images, model.loss), model))
+    assert failure is not None and failure.name == "pos_embed"
+
+
 @pytest.mark.parametrize("mutant", BACKWARD, ids=lambda m: m.name)
 def test_a_backward_mutant_passes_every_forward_check_and_is_located_by_the_gradient_check(mutant):
     """The zoo's meta-test locates each through verify --grad; here its forward is shown correct,

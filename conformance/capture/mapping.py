@@ -112,6 +112,15 @@ def patch_layout(key: str, value, shape, config, order: str | None):
     return grid.reshape(value.shape[0], -1) if to_linear else grid.reshape(-1)
 
 
+def prefix_rows(key: str, value, config, prefix: str):
+    """The position table as a model that keeps its prefix tokens after the patches holds it
+    (``ModelPort(prefix="last")``): the class and register tokens' rows after the patches'."""
+    n = config.num_prefix_tokens
+    if prefix != "last" or key != "pos_embed" or config.no_embed_class or not n:
+        return value
+    return np.roll(value, -n, axis=-2)
+
+
 def patches_to_canonical(x, config, order: str | None):
     """A tap over flattened patches (..., C * ph * pw) from the model's ``order`` to (c p1 p2)."""
     if order != "p1 p2 c":

@@ -31,18 +31,20 @@ from conformance.capture.mapping import (
     module_of,
     patch_layout,
     patches_to_canonical,
+    prefix_rows,
     rename_function,
     unit_axes,
 )
 from conformance.capture.plan import Plan, Source, TapOverrideError, infer_plan
-from conformance.capture.scope import after_tower
-from conformance.capture.sequence import SEQUENCES, heads_first, unpack_sequence
+from conformance.capture.scope import after_tower, no_gradient_past_tower
+from conformance.capture.sequence import PREFIXES, SEQUENCES, heads_first, prefix_first, unpack_sequence
 from conformance.capture.quantize import quantized_port
 from conformance.capture.reading import Never, Unseen, read_attention, to_tap_shape, windowed_blocks
 from conformance.capture.recorder import Recorder, Taps, arrays_in, merge_second
 from conformance.report import CannotJudge, ToolError, describe_exception
 from conformance.support import check_supported, supports_of
 from impls.protocol import ViTConfig, tap_names, tap_shapes
+from impls.stages import stage_of
 import difflib
 from dataclasses import replace
 
@@ -73,6 +75,8 @@ class ModelPort:
     before its merger or projector); the stages after it are out of scope, unseen as such, and so
     are the parameters no canonical key fills that none of the tower's stages depend on (scope.py).
     sequence: "one" for a tower that packs a batch into one sequence (Pixtral; capture/sequence.py).
+    prefix: "last" for a model that keeps its class (and register) tokens after the patches (Llama 4's
+    vision tower): its taps read in the canonical order, rename= moves the table's prefix rows last.
     quantize: ``model -> model or None``, applied once the float weights are loaded (MLX's
     ``nn.quantize``, in place): the port is judged on its own quantized weights, read back from
     its packed tensors, and its cost against the float model is measured (docs/quantization.md).
@@ -97,15 +101,17 @@ class ModelPort:
     quantize: Callable[[Any], Any] | None = None
     tower: str | None = None
     sequence: str = "batch"
+    prefix: str = "first"
 
     def __post_init__(self):
         if (self.rename is None) == (self.convert is None):
             raise TypeError("ModelPort needs exactly one of rename= (names) or convert= (a state -> state function)")
         if self.patch_order not in (None, *PATCH_ORDERS):
             raise ValueError(f"patch_order must be one of {PATCH_ORDERS} (or None), got {self.patch_order!r}")
-        if self.images not in ("NCHW", "NHWC") or self.sequence not in SEQUENCES:
+        if self.images not in ("NCHW", "NHWC") or self.sequence not in SEQUENCES or self.prefix not in PREFIXES:
             raise ValueError(
-                f"images must be 'NCHW' or 'NHWC', sequence one of {SEQUENCES}: {self.images!r}, {self.sequence!r}"
+                f"images must be 'NCHW' or 'NHWC', sequence one of {SEQUENCES}, prefix one of {PREFIXES}: "
+                f"{self.images!r}, {self.sequence!r}, {self.prefix!r}"
             )
 
     def with_taps(self, taps: Mapping[str, str]) -> "ModelPort":
@@ -181,7 +187,8 @@ class ModelPort:
                 if mk in arrays:
                     raise LoadError(f"the rename sends two canonical keys to {mk!r} (the second is {k!r})")
                 shape = params.get(mk, np.shape(v))
-                arrays[mk] = adapter.native(mk, patch_layout(k, np.asarray(v), shape, config, self.patch_order), shape)
+                laid = patch_layout(k, np.asarray(v), shape, config, self.patch_order)
+                arrays[mk] = adapter.native(mk, prefix_rows(k, laid, config, self.prefix), shape)
         else:
             # in the model's own layouts, but for size-1 axes (a (1, 1, D) class token for a (1, D) one)
             converted = {adapter.resolve(k, params): v for k, v in self._convert(dict(state), config).items()}
@@ -339,6 +346,7 @@ class ModelPort:
         at every stage its forward is read at a module boundary (docs/gradients.md); a Flax NNX
         one is located at the first wrong parameter gradient in backward order."""
         forward = self(config, state, dtype)  # loaded strictly, as the forward is
+        no_gradient_past_tower(forward.plan, self.tower)
         adapter = forward.adapter
         if not adapter.supports_gradients:
             adapter.gradients(None, None, forward)  # raises Unsupported, naming the framework
@@ -499,6 +507,9 @@ class CapturedForward:
                     value, batch, c.num_tokens, c.grid_size, merge, stage.endswith("weights"), window
                 )
             value = to_tap_shape(value, shapes.get(stage))
+            if self.port.prefix == "last":
+                c = self.config
+                value = prefix_first(value, stage_of(stage)[0].shape, c.num_prefix_tokens, c.num_tokens)
             block = int(stage.split(".")[1]) if stage.endswith(".attn.k") else None
             if block in self.k_bias:
                 value, where = self._k_bias_added(value, block), f"{where}, plus the k bias its model has not"

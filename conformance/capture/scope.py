@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from conformance.capture.plan import AFTER_TOWER
+from conformance.report import CannotJudge
 from conformance.returned import Taps
 
 # (build, config, dtype, unfilled keys) -> those after the tower's output: probed once per model, not per case
@@ -109,3 +110,16 @@ def after_tower(
         for s in after:
             plan.unseen[s] += note
     return [k for k in unfilled if k not in beyond]
+
+
+def no_gradient_past_tower(plan, tower: str | None) -> None:
+    """A tower's gradient: its model's own loss differentiates what the model returns, after the
+    tower's output (a merger, an adapter), which the canonical model has no part for. Exit 2 naming
+    it (the reference's gradient is the headless model's), never a finding about the port."""
+    after = [s for s, why in plan.unseen.items() if why.startswith(AFTER_TOWER)]
+    if after:
+        raise CannotJudge(
+            f"ModelPort(tower={tower!r}): the model's loss differentiates what it returns, after its tower's "
+            f"output ({', '.join(after)} out of scope): the tower's gradient alone is not checked yet; its "
+            "forward is (verify without --grad)"
+        )

@@ -11,6 +11,21 @@ import numpy as np
 # ModelPort(sequence=...): a batch axis; one sequence of every image's tokens, row-major; or one
 # sequence with each image's tokens in 2 x 2 merge groups (Qwen2-VL's: (h/2, w/2, 2, 2))
 SEQUENCES = ("batch", "one", "merge2x2")
+# ModelPort(prefix=...): the class and register tokens before the patches (timm's), or after them
+# (Llama 4's vision tower appends its class token)
+PREFIXES = ("first", "last")
+
+
+def prefix_first(x: np.ndarray, symbols: str, prefix: int, tokens: int) -> np.ndarray:
+    """A tap of a model that keeps its ``prefix`` tokens after the patches, in the canonical order
+    (prefix first) on each axis of its ``tokens`` (``N``, or ``Nw`` outside windows, of the stage's
+    shape ``symbols``); a tap not of that shape as it is (a mismatch is the comparison's to report)."""
+    if not prefix or x.ndim != len(symbols.split()):
+        return x
+    axes = [a for a, s in enumerate(symbols.split()) if s in ("N", "Nw") and x.shape[a] == tokens]
+    for axis in axes:
+        x = np.roll(x, prefix, axis=axis)
+    return x
 
 
 def merge_order(grid, merge: int, window: int = 0) -> np.ndarray:

@@ -29,6 +29,25 @@ def _class_token_without_pos_embed(name, t, images, s, config):
     return np.concatenate([cls, x], 1)
 
 
+def _prefix_tokens_last(name, t, images, s, config, precision=QUIET):
+    """The class and register tokens after the patches, the table (where it has their rows) added
+    in its canonical order: a model that keeps them last (Llama 4's tower) verified as timm's. Its
+    bound: the sum's rounding and the table's storage, at each token where they land."""
+    if name != "embed":
+        return None
+    x = t[stage_inputs("embed", config)[0]]
+    prefix, pos = prefix_tokens(s, x.shape[0]), np.asarray(s.get("pos_embed", 0.0))
+    if config.no_embed_class:
+        y = np.concatenate([x + pos] + prefix, 1)
+        pos = np.concatenate([np.broadcast_to(pos, x.shape)] + [np.zeros_like(p) for p in prefix], 1)
+    else:
+        y = np.concatenate([x] + prefix, 1) + pos
+    return y, (precision.output * np.abs(y) + precision.storage * np.abs(pos) if precision.bounds else None)
+
+
+_prefix_tokens_last.bounded = True
+
+
 def _pos_embed_not_offset(name, t, images, s, config):
     """The patch tokens given the position embedding's first entries (``pos_embed[:, :num_patches]``,
     the prefix tokens' included) and the prefix tokens none: a layout where the table covers the
@@ -299,6 +318,12 @@ TABLE_CLASSES: tuple[BugClass, ...] = (
              "the registers take pos_embed[:, 1:1 + reg_tokens]",
              stage=_registers_without_pos_embed,
              when=lambda c: c.reg_tokens > 0 and c.class_token and c.prefix_pos),
+    BugClass("prefix_tokens_last", ("embed",),
+             "the class and register tokens after the patches (Llama 4's vision tower appends its class token)",
+             "timm's come first; a model that keeps them last by design says so, ModelPort(prefix='last'): its "
+             "taps are read in the canonical order, rename= lays the table's prefix rows last",
+             stage=_prefix_tokens_last,
+             when=lambda c: c.num_prefix_tokens > 0 and c.pos_embed in ("learn", "none") and not c.dynamic_img_size),
     BugClass("pos_embed_resampled_without_antialias", ("embed",),
              "the position grid resampled without antialias (bicubic, or bilinear with pos_embed_interp_mode)",
              "timm's resample_abs_pos_embed uses F.interpolate(mode='bicubic', antialias=True); NaFlex's and "

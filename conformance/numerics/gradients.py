@@ -385,4 +385,5 @@ def draw_loss(config, batch: int, kind: str, seed: int) -> Loss:
     rng = np.random.default_rng(seed)
     if kind == "cross_entropy" and config.num_classes > 1:  # over one class it is identically 0
         return Loss(kind, labels=rng.integers(0, config.num_classes, batch))
-    return Loss("linear", weights=rng.standard_normal((batch, config.num_classes)))
+    # a headless model's (a tower's) output is its pooled features: a linear functional of those
+    return Loss("linear", weights=rng.standard_normal((batch, config.num_features)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import warnings
 
 import numpy as np
 
@@ -24,10 +25,14 @@ def cast_as_loaded(model, dtype) -> None:
     frequencies, tables the model computes as it is built), which keep the dtype they were built
     in, as ``from_pretrained(dtype=...)`` leaves them. Cast too, Qwen2-VL's ``inv_freq`` turns its
     angles, position x frequency, into the dtype's: wrong by |angle| x 2^-9 in bfloat16, 6 % of a
-    rotation at 32 patches (NVIDIA-NeMo/Automodel#3856), a bug of the cast, not of the model."""
+    rotation at 32 patches (NVIDIA-NeMo/Automodel#3856), a bug of the cast, not of the model. A
+    complex buffer keeps its dtype whatever holds it: cast to a real dtype it loses its imaginary
+    part (Llama 4's vision tower's freqs_ci would turn each pair by cos alone)."""
     held = set(model.state_dict())
-    built = {k: b for k, b in model.named_buffers() if k not in held and b.is_floating_point()}
-    model.to(dtype)
+    built = {k: b for k, b in model.named_buffers() if (k not in held and b.is_floating_point()) or b.is_complex()}
+    with warnings.catch_warnings():  # a complex buffer's cast, put back below
+        warnings.filterwarnings("ignore", "Casting complex values to real discards the imaginary part")
+        model.to(dtype)
     for key, buffer in built.items():
         owner, _, name = key.rpartition(".")
         setattr(model.get_submodule(owner), name, buffer)
