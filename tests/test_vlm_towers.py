@@ -544,10 +544,17 @@ def test_transformers_sam_with_no_tower_declared_is_exit_2_naming_the_neck_alone
     assert "ModelPort(tower='blocks.{last}') checks the tower up to it" in lines[0], err
 
 
-TOWER_PORTS = ("hf_aimv2_port", "hf_internvl_port", "hf_pixtral_port", "hf_qwen2_5_vl_port", "hf_sam_port")
+TOWER_PORTS = (
+    "hf_aimv2_port",
+    "hf_internvl_port",
+    "hf_pixtral_port",
+    "hf_qwen2_5_vl_port",
+    "hf_sam_port",
+    "hf_llama4_port",
+)
 
 
-@pytest.mark.skipif(not heavy(), reason="thorough profile: the property suite on five tower ports (about 2 minutes)")
+@pytest.mark.skipif(not heavy(), reason="thorough profile: the property suite on six tower ports (about 2 minutes)")
 def test_the_property_suite_passes_on_the_tower_ports_as_shipped():
     """The plugin's properties on each tower as its VLM reads it (tower=, sequence=), where their
     declared configs reach; the companion: InternViT's swapped LayerScales fail the same run."""

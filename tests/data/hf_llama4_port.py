@@ -9,9 +9,12 @@ timm's 'cat' bands, x first, offset 1. ``prefix_unsaid`` does not say where the 
 from dataclasses import replace
 
 from conformance.capture import ModelPort
+from impls.protocol import Unsupported
 
 
 def build(config):
+    if any(g % 2 for g in config.grid_size):  # its model runs the shuffle on every call
+        raise Unsupported(f"Llama 4's pixel shuffle halves each side of the grid: grid {config.grid_size} must be even")
     from transformers import Llama4VisionConfig, Llama4VisionModel
 
     side, width = config.img_size[0], config.embed_dim
@@ -59,6 +62,10 @@ SUPPORTS = {
     "rope_grid_indexing": "xy",
     "rope_grid_offset": 1.0,
     "mlp_ratio": 4.0,  # the adapter's pixel shuffle reads 4 x the width: its MLP's input is the blocks' hidden width
+    "norm_eps": 1e-5,  # nn.LayerNorm's default in each of its norms, whatever its config's norm_eps
+    "qkv_bias": True,
+    "proj_bias": True,
+    "act_layer": "gelu",  # nn.GELU() whatever its config's hidden_act
     "square_images": True,
     "square_patches": True,
 }
