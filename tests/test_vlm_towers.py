@@ -442,6 +442,24 @@ def test_a_towers_gradient_is_exit_2_naming_what_lies_after_it():
         port.make_grad(LLAMA4, quick_cases(LLAMA4)[0].state)
 
 
+def test_a_tower_the_config_cannot_express_says_its_parameters_after_the_tower_wait_for_the_rest():
+    """Llama 4's tower under a config without its rotation: exit 2 naming rope_type, and its adapter's
+    parameters (after the tower: set apart only once the model runs) said to be so, not told as a part
+    the tower lacks. With the rotation declared it is conformant, the adapter out of scope (above)."""
+    from dataclasses import replace
+
+    from conformance.capture.expressible import NotExpressible
+    from tests.data.hf_llama4_port import SUPPORTS, port
+
+    config = LLAMA4.replace(rope_type=None, rope_grid_indexing="ij", rope_grid_offset=0.0)
+    unrotated = replace(port, supports={k: v for k, v in SUPPORTS.items() if not k.startswith("rope")})
+    with pytest.raises(NotExpressible) as e:
+        unrotated(config, quick_cases(config)[0].state)
+    lines = str(e.value).splitlines()[1:]
+    assert len(lines) == 2 and "rope_type" in lines[0], str(e.value)
+    assert "set apart once the rest is expressed) (vision_adapter.mlp.fc1.weight" in lines[1]
+
+
 def test_the_tools_cast_keeps_a_complex_buffer_complex():
     """Llama 4's rotation, freqs_ci (complex64, persistent=False), through the tool's cast to bfloat16:
     as the model built it (cast to a real dtype it kept the cosines alone, and the correct tower was

@@ -260,7 +260,15 @@ def extra_parts(extra, shapes, config) -> dict[str, list[str]]:
 
 
 def not_expressible(
-    dropped: list[str], extra: list[str] = (), shapes=None, config=None, reads=None, kinds=None, norm_at=None, apart=()
+    dropped: list[str],
+    extra: list[str] = (),
+    shapes=None,
+    config=None,
+    reads=None,
+    kinds=None,
+    norm_at=None,
+    apart=(),
+    tower=None,
 ) -> NotExpressible:
     """The answer for canonical keys with nowhere to go in the model: one line per part the model
     lacks, naming its keys (blocks folded) and the option that expresses it; ``extra``, the
@@ -268,7 +276,9 @@ def not_expressible(
     from the parameters' ``shapes``), the rest in a line of their own; what the config has no
     word for (``schemes``, from the modules' class names ``kinds``) first; ``norm_at``: the module
     where the mapping sends the final norm on every token, ``norm``, where the model has one; ``apart``:
-    the model's keys where it sends q, k and v projected apart, where the model has every one."""
+    the model's keys where it sends q, k and v projected apart, where the model has every one;
+    ``tower``: the port's ``tower=``, whose parameters after it are set apart only once the rest is
+    expressed (the model must run for that), said so on their line."""
     lines: dict[str, list[str]] = schemes(kinds or {}, list(shapes or {}), config)
     shown = {k for keys in lines.values() for k in keys}
     extra = [k for k in extra if _fold(k) not in shown]
@@ -297,7 +307,10 @@ def not_expressible(
         lines[what] = [_fold(k) for k in keys]
         extra = [k for k in extra if k not in keys]
     if extra:
-        lines["and it has parameters no canonical key fills"] = [_fold(k) for k in extra]
+        what = "and it has parameters no canonical key fills"
+        if tower is not None:  # a merger's, an adapter's: out of scope once the model runs
+            what += f" (those after the tower's output, ModelPort(tower={tower!r}), are set apart once the rest is expressed)"
+        lines[what] = [_fold(k) for k in extra]
     body = "\n".join(
         f"  {what}" + (f" ({', '.join(dict.fromkeys(keys))})" if keys else "") for what, keys in lines.items()
     )

@@ -246,7 +246,7 @@ class ModelPort:
         norm = rename_function(self.rename)("norm.weight") if self.rename is not None else None
         norm_at = module_of(adapter.resolve(norm, params)) if norm else None
         apart = self._apart(adapter, params, config)
-        return not_expressible(dropped, extra, shapes, config, reads, adapter.kinds(), norm_at, apart)
+        return not_expressible(dropped, extra, shapes, config, reads, adapter.kinds(), norm_at, apart, self.tower)
 
     def _apart(self, adapter: BaseAdapter, params, config: ViTConfig) -> list[str]:
         """The model's keys where the rename sends q, k and v projected apart (``qkv_fused=False``'s
