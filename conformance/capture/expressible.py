@@ -129,8 +129,9 @@ SCHEMES = (
 )
 # how the option that expresses a scheme is named to the user
 EXPRESSED_BY = {
-    "rope_type": "rope_type ('cat': EVA02 and the axial rope ViTs, 'dinov3'; with rope_temperature, "
-    "rope_grid_indexing, rope_grid_offset, rope_rotate_half, ref_feat_shape) expresses it",
+    "rope_type": "rope_type ('cat': EVA02, the axial rope ViTs and Llama 4's tower; 'dinov3'; 'pixtral': Pixtral's "
+    "bands; with rope_temperature, rope_grid_indexing, rope_grid_offset, rope_rotate_half, ref_feat_shape) "
+    "expresses it",
     "rope_type='mixed'": "rope_type='mixed' (its frequencies the canonical rope.freqs, (2, depth, heads, "
     "head_dim / 2); with rope_grid_indexing) expresses it",
     "norm_layer='rmsnorm'": "norm_layer='rmsnorm' (the model's norms; qk-norm's and the attention pool's stay "
