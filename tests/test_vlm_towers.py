@@ -431,6 +431,29 @@ def test_a_llama4_tower_not_saying_where_its_class_token_is_is_located_and_named
     assert report.diagnosis.named == "prefix_tokens_last" and "ModelPort(prefix='last')" in format_report(report)
 
 
+def test_mlx_vlm_llama4_tower_as_shipped_is_located_at_its_quickgelu():
+    """A finding about mlx-vlm 0.7.10 as shipped: its Llama 4 tower's MLPs take nn.GELU(approx="fast"),
+    x sigmoid(1.702 x), where transformers' take the exact GELU; located at the first MLP's activation
+    and named, every stage before it (its own unfold, the class token last, its rotation a complex
+    array no module holds) within its tolerance."""
+    from tests.data.mlx_vlm_llama4_port import port
+
+    report = verify(port, LLAMA4, cases=quick_cases(LLAMA4))
+    assert report.first_divergence == "blocks.0.mlp.act", format_report(report)
+    assert report.diagnosis.named == "quick_gelu", format_report(report)
+    before = [s.name for s in report.stages][: [s.name for s in report.stages].index("blocks.0.mlp.act")]
+    assert len(before) == 11 and all(s.ok for s in report.stages if s.name in before), format_report(report)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mlx_vlm_llama4_tower_with_transformers_gelu_is_conformant(dtype):
+    """The companion: the same tower with the exact GELU in each block, as transformers builds it."""
+    from tests.data.mlx_vlm_llama4_port import gelu_as_transformers
+
+    report = verify(gelu_as_transformers, LLAMA4, cases=quick_cases(LLAMA4), dtype=dtype)
+    assert report.conformant and len(report.stages) == 26, format_report(report)
+
+
 def test_a_towers_gradient_is_exit_2_naming_what_lies_after_it():
     """verify --grad on a tower port: the model's loss differentiates what it returns, after its tower
     (Llama 4's pixel shuffle and adapter), which the reference has no part for: exit 2 naming it, not

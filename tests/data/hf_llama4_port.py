@@ -12,9 +12,14 @@ from conformance.capture import ModelPort
 from impls.protocol import Unsupported
 
 
-def build(config):
-    if any(g % 2 for g in config.grid_size):  # its model runs the shuffle on every call
+def even_grid(config) -> None:
+    """Llama 4's pixel shuffle halves each side of the grid, on every call: an odd side is no input of it."""
+    if any(g % 2 for g in config.grid_size):
         raise Unsupported(f"Llama 4's pixel shuffle halves each side of the grid: grid {config.grid_size} must be even")
+
+
+def build(config):
+    even_grid(config)
     from transformers import Llama4VisionConfig, Llama4VisionModel
 
     side, width = config.img_size[0], config.embed_dim
