@@ -103,6 +103,28 @@ def test_transformers_internvit_tower_with_its_layerscales_swapped_is_located_an
     assert "ls1's gamma and ls2's swapped" in format_report(report)
 
 
+def test_mlx_vlm_internvit_tower_as_shipped_is_located_at_its_tanh_gelu():
+    """A finding about mlx-vlm 0.7.10 as shipped: its InternViT's MLPs take nn.GELU(approx="precise"),
+    the tanh approximation, where InternViT's config says the exact GELU; located at the first MLP's
+    activation and named, every stage before it within its tolerance (in bfloat16 the difference, 5e-4
+    at most, is below the dtype's rounding)."""
+    from tests.data.mlx_vlm_internvl_port import port
+
+    config = INTERNVIT.replace(qkv_fused=True)
+    report = verify(port, config, cases=quick_cases(config))
+    assert report.first_divergence == "blocks.0.mlp.act", format_report(report)
+    assert report.diagnosis.named == "gelu_tanh", format_report(report)
+
+
+def test_mlx_vlm_internvit_tower_with_the_configs_gelu_is_conformant():
+    """The companion: the same tower with the exact GELU in each block, as its config says."""
+    from tests.data.mlx_vlm_internvl_port import gelu_as_configured
+
+    config = INTERNVIT.replace(qkv_fused=True)
+    report = verify(gelu_as_configured, config, cases=quick_cases(config))
+    assert report.conformant and "blocks.1" in {r.name for r in report.stages}, format_report(report)
+
+
 # transformers' PixtralVisionModel: RMSNorm before the blocks, Pixtral's rotary bands, SwiGLU with GELU
 PIXTRAL = ViTConfig(
     img_size=16, patch_size=4, num_classes=0, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, class_token=False,
