@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from conformance.capture import ModelPort
 from impls.protocol import Unsupported
+from weights.hf.common import sizes_to_hf
 
 
 def even_grid(config) -> None:
@@ -18,26 +19,21 @@ def even_grid(config) -> None:
         raise Unsupported(f"Llama 4's pixel shuffle halves each side of the grid: grid {config.grid_size} must be even")
 
 
-def build(config):
+def settings(config) -> dict:
+    """Llama4VisionConfig's settings for ``config``: its sizes in config.json's names (its norms' eps
+    as ``norm_eps``), its adapter as wide as the tower, its pixel shuffle halving each side."""
     even_grid(config)
+    sizes, width = sizes_to_hf(config), config.embed_dim
+    eps = sizes.pop("layer_norm_eps")
+    adapter = dict(vision_output_dim=width, projector_input_dim=width, projector_output_dim=width)
+    return sizes | adapter | dict(norm_eps=eps, pixel_shuffle_ratio=0.5)
+
+
+def build(config):
     from transformers import Llama4VisionConfig, Llama4VisionModel
 
-    side, width = config.img_size[0], config.embed_dim
-    hf = Llama4VisionConfig(
-        hidden_size=width,
-        num_hidden_layers=config.depth,
-        num_attention_heads=config.num_heads,
-        num_channels=config.in_chans,
-        intermediate_size=config.mlp_hidden_dim,
-        image_size=side,
-        patch_size=config.patch_size[0],
-        norm_eps=config.norm_eps,
-        vision_output_dim=width,
-        projector_input_dim=width,
-        projector_output_dim=width,
-        rope_parameters={"rope_type": "default", "rope_theta": config.rope_temperature},
-    )
-    return Llama4VisionModel(hf).eval()
+    rope = {"rope_type": "default", "rope_theta": config.rope_temperature}
+    return Llama4VisionModel(Llama4VisionConfig(**settings(config), rope_parameters=rope)).eval()
 
 
 # timm's names -> transformers' Llama 4's (segments)

@@ -6,25 +6,15 @@ default eps, 1e-5, where its blocks' take the config's ``layer_norm_eps`` (1e-6,
 ``eps_as_configured`` sets it to the config's, as transformers has it."""
 
 from conformance.capture import ModelPort
+from weights.hf.common import sizes_to_hf
 
 
 def build(config):
     from mlx_vlm.models.idefics3.config import VisionConfig
     from mlx_vlm.models.idefics3.vision import VisionModel
 
-    return VisionModel(
-        VisionConfig(
-            model_type="idefics3_vision",
-            hidden_size=config.embed_dim,
-            num_attention_heads=config.num_heads,
-            patch_size=config.patch_size[0],
-            num_hidden_layers=config.depth,
-            intermediate_size=config.mlp_hidden_dim,
-            image_size=config.img_size[0],
-            num_channels=config.in_chans,
-            layer_norm_eps=config.norm_eps,
-        )
-    )
+    # as its loader reads a checkpoint's vision_config (from_dict takes the fields it knows)
+    return VisionModel(VisionConfig.from_dict(sizes_to_hf(config) | {"model_type": "idefics3_vision"}))
 
 
 def build_eps_as_configured(config):

@@ -8,24 +8,16 @@ OpenGVLab's own): a finding about mlx-vlm, located at ``blocks.0.mlp.act``. ``ge
 sets the exact GELU in each block."""
 
 from conformance.capture import ModelPort
+from weights.hf.common import sizes_to_hf
 
 
 def build(config):
     from mlx_vlm.models.internvl_chat.config import VisionConfig
     from mlx_vlm.models.internvl_chat.vision import VisionModel
 
-    vision = VisionConfig(
-        model_type="intern_vit_6b",
-        hidden_size=config.embed_dim,
-        num_attention_heads=config.num_heads,
-        patch_size=config.patch_size[0],
-        num_hidden_layers=config.depth,
-        intermediate_size=config.mlp_hidden_dim,
-        image_size=config.img_size[0],
-        layer_norm_eps=config.norm_eps,
-        qkv_bias=config.qkv_bias,
-    )
-    model = VisionModel(vision)
+    # as its loader reads a checkpoint's vision_config (from_dict takes the fields it knows)
+    settings = {**sizes_to_hf(config), "model_type": "intern_vit_6b", "qkv_bias": config.qkv_bias}
+    model = VisionModel(VisionConfig.from_dict(settings))
     model.eval()  # as mlx_vlm.utils.load_model leaves it
     return model
 

@@ -11,32 +11,13 @@ from tests.data import hf_llama4_port
 
 
 def build(config):
-    hf_llama4_port.even_grid(config)
     from mlx_vlm.models.llama4.config import VisionConfig
     from mlx_vlm.models.llama4.vision import VisionModel
 
-    width = config.embed_dim
-    vision = VisionConfig(
-        model_type="llama4_vision_model",
-        hidden_size=width,
-        image_size=config.img_size[0],
-        initializer_range=0.02,
-        intermediate_size=config.mlp_hidden_dim,
-        norm_eps=config.norm_eps,
-        num_attention_heads=config.num_heads,
-        num_channels=config.in_chans,
-        num_hidden_layers=config.depth,
-        patch_size=config.patch_size[0],
-        pixel_shuffle_ratio=0.5,
-        projector_dropout=0.0,
-        projector_input_dim=width,
-        projector_output_dim=width,
-        rope_theta=config.rope_temperature,
-        vision_feature_layer=-1,
-        vision_feature_select_strategy="default",
-        vision_output_dim=width,
-    )
-    return VisionModel(vision)
+    # as its loader reads a checkpoint's vision_config (from_dict takes the fields it knows)
+    settings = hf_llama4_port.settings(config) | {"model_type": "llama4_vision_model", "initializer_range": 0.02}
+    settings |= {"rope_theta": config.rope_temperature, "vision_feature_layer": -1, "projector_dropout": 0.0}
+    return VisionModel(VisionConfig.from_dict(settings | {"vision_feature_select_strategy": "default"}))
 
 
 def build_gelu_as_transformers(config):

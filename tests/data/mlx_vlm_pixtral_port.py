@@ -6,27 +6,16 @@ block."""
 
 from conformance.capture import ModelPort
 from tests.data import hf_pixtral_port
+from weights.hf.common import sizes_to_hf
 
 
 def build(config):
     from mlx_vlm.models.pixtral.config import VisionConfig
     from mlx_vlm.models.pixtral.vision import VisionModel
 
-    return VisionModel(
-        VisionConfig(
-            model_type="pixtral",
-            num_hidden_layers=config.depth,
-            hidden_size=config.embed_dim,
-            head_dim=config.head_dim,
-            intermediate_size=config.mlp_hidden_dim,
-            num_attention_heads=config.num_heads,
-            image_size=config.img_size[0],
-            patch_size=config.patch_size[0],
-            num_channels=config.in_chans,
-            rms_norm_eps=config.norm_eps,
-            rope_theta=config.rope_temperature,
-        )
-    )
+    # as its loader reads a checkpoint's vision_config (from_dict takes the fields it knows)
+    own = dict(model_type="pixtral", head_dim=config.head_dim, rms_norm_eps=config.norm_eps)
+    return VisionModel(VisionConfig.from_dict(sizes_to_hf(config) | own | dict(rope_theta=config.rope_temperature)))
 
 
 # transformers' Pixtral's names, its outer modules under vision_model
