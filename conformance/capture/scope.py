@@ -42,6 +42,11 @@ def _same(a: dict | None, b: dict | None) -> bool:
     )
 
 
+def _after_tower(plan) -> list[str]:
+    """The stages the plan leaves out of scope as after the tower's output."""
+    return [s for s, why in plan.unseen.items() if why.startswith(AFTER_TOWER)]
+
+
 def after_output(
     run: Callable[[np.ndarray], Taps],
     load: Callable[[Mapping[str, np.ndarray]], None],
@@ -87,7 +92,7 @@ def after_tower(
     captured forward of the model ``build`` made, loaded), named in the unseen reason of the stages
     after it. A model is probed once: its structure is its build's, whatever a case's weights."""
     plan, config = forward.plan, forward.config
-    after = [s for s, why in plan.unseen.items() if why.startswith(AFTER_TOWER)]
+    after = _after_tower(plan)
     if not after:
         return unfilled
     key = (build, config, forward.dtype, tuple(unfilled))  # the build held: never another's by a reused id
@@ -116,7 +121,7 @@ def no_gradient_past_tower(plan, tower: str | None) -> None:
     """A tower's gradient: its model's own loss differentiates what the model returns, after the
     tower's output (a merger, an adapter), which the canonical model has no part for. Exit 2 naming
     it (the reference's gradient is the headless model's), never a finding about the port."""
-    after = [s for s, why in plan.unseen.items() if why.startswith(AFTER_TOWER)]
+    after = _after_tower(plan)
     if after:
         raise CannotJudge(
             f"ModelPort(tower={tower!r}): the model's loss differentiates what it returns, after its tower's "

@@ -14,10 +14,17 @@ def build(config):
     from mlx_vlm.models.llama4.config import VisionConfig
     from mlx_vlm.models.llama4.vision import VisionModel
 
-    # as its loader reads a checkpoint's vision_config (from_dict takes the fields it knows)
-    settings = hf_llama4_port.settings(config) | {"model_type": "llama4_vision_model", "initializer_range": 0.02}
-    settings |= {"rope_theta": config.rope_temperature, "vision_feature_layer": -1, "projector_dropout": 0.0}
-    return VisionModel(VisionConfig.from_dict(settings | {"vision_feature_select_strategy": "default"}))
+    # as its loader reads a checkpoint's vision_config (from_dict takes the fields it knows), with the
+    # fields mlx-vlm's VisionConfig requires that transformers' does not name so
+    own = dict(
+        model_type="llama4_vision_model",
+        initializer_range=0.02,
+        rope_theta=config.rope_temperature,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="default",
+        projector_dropout=0.0,
+    )
+    return VisionModel(VisionConfig.from_dict(hf_llama4_port.settings(config) | own))
 
 
 def build_gelu_as_transformers(config):
