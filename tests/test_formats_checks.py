@@ -150,16 +150,13 @@ def test_hf_family_checkpoint_imports_and_the_oracle_and_a_port_match_transforme
     errors = CaseModel(config, state, x)
     for name in ("numpy", port):
         got = factory(name)(config, state)(x)[stage]
-        P.check_close(
+        P.check_stage(
             name,
             f"{stage} vs transformers {kind}",
             got,
             ref,
-            errors.spread(stage),
-            errors.kind(stage),
-            pair=True,
-            mode="end-to-end",
-            stage=stage,
+            errors,
+            stage,
         )
 
 
@@ -191,16 +188,13 @@ def test_hf_family_export_loads_strictly_in_transformers_and_round_trips_bitwise
         "vit_test_siglip": ("pooler_output", "pooled"),
     }[preset]
     errors = CaseModel(config, state, x)
-    P.check_close(
+    P.check_stage(
         "numpy",
         f"our {preset} export in transformers",
         factory("numpy")(config, state)(x)[stage],
         getattr(out, attr).numpy(),
-        errors.spread(stage),
-        errors.kind(stage),
-        pair=True,
-        mode="end-to-end",
-        stage=stage,
+        errors,
+        stage,
     )
 
 
@@ -242,16 +236,13 @@ def test_open_clip_visual_tower_imports_exports_and_matches_open_clip(tmp_path):
     with torch.no_grad():
         ref = tower(torch.from_numpy(x)).numpy()
     errors = CaseModel(config, state, x)
-    P.check_close(
+    P.check_stage(
         "numpy",
         "logits vs open_clip",
         factory("numpy")(config, state)(x)["logits"],
         ref,
-        errors.spread("logits"),
+        errors,
         "logits",
-        pair=True,
-        mode="end-to-end",
-        stage="logits",
     )
     back = formats.to_open_clip(state, config)
     assert all(back[k].tobytes() == theirs[k].tobytes() for k in theirs) and set(back) == set(theirs)

@@ -61,9 +61,10 @@ model_port = ModelPort(
 )
 
 
-def _family(model_type: str, classes: tuple[str, str]):
+def _family(model_type: str, classes: tuple[str, str], supports: dict) -> ModelPort:
     """transformers' CLIP or SigLIP vision tower, unmodified, headless: built from the Hugging Face
-    config of the canonical one, loaded through this project's exporter (weights.hf)."""
+    config of the canonical one, loaded through this project's exporter (weights.hf), its
+    pooler_output the output; ``supports``: what the family adds to what both towers hold."""
     import importlib
 
     def build(config):
@@ -78,42 +79,22 @@ def _family(model_type: str, classes: tuple[str, str]):
     def convert(state, config):  # the tower's own state dict has no "vision_model." prefix
         return {k.removeprefix("vision_model."): v for k, v in hf.to_family_hf(state, config, model_type).items()}
 
-    return build, convert
+    both = {"qkv_bias": True, "num_classes": 0, "square_images": True, "square_patches": True}  # qkv: the layout's
+    return ModelPort(build, convert=convert, output=lambda out: out.pooler_output, supports=both | supports)
 
 
 # CLIPVisionModel applies post_layernorm to the class token alone (a (B, D) norm: compared on
 # that token) and returns it as pooler_output; SiglipVisionModel's MAP head is an
 # nn.MultiheadAttention (so capture runs two passes) and its pooler_output is the pooled feature.
-_CLIP = _family("clip_vision_model", ("CLIPVisionConfig", "CLIPVisionModel"))
-clip_port = ModelPort(
-    _CLIP[0],
-    convert=_CLIP[1],
-    output=lambda out: out.pooler_output,
-    supports={
-        "pre_norm": True,
-        "qkv_bias": True,  # the layout holds q, k and v biases
-        "num_classes": 0,
-        "global_pool": "token",
-        "act_layer": ("quick_gelu", "gelu"),
-        "norm_eps": 1e-5,
-        "square_images": True,
-        "square_patches": True,
-    },
+clip_port = _family(
+    "clip_vision_model",
+    ("CLIPVisionConfig", "CLIPVisionModel"),
+    {"pre_norm": True, "global_pool": "token", "act_layer": ("quick_gelu", "gelu"), "norm_eps": 1e-5},
 )
-_SIGLIP = _family("siglip_vision_model", ("SiglipVisionConfig", "SiglipVisionModel"))
-siglip_port = ModelPort(
-    _SIGLIP[0],
-    convert=_SIGLIP[1],
-    output=lambda out: out.pooler_output,
-    supports={
-        "qkv_bias": True,  # the layout holds q, k and v biases
-        "num_classes": 0,
-        "global_pool": "map",
-        "class_token": False,
-        "act_layer": "gelu_tanh",
-        "square_images": True,
-        "square_patches": True,
-    },
+siglip_port = _family(
+    "siglip_vision_model",
+    ("SiglipVisionConfig", "SiglipVisionModel"),
+    {"global_pool": "map", "class_token": False, "act_layer": "gelu_tanh"},
 )
 
 

@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
+from conformance.examples.torchvision_vit import encoder_sizes
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -66,12 +67,9 @@ def build(config):
     return keras_hub.models.ViTBackbone(
         image_shape=(*config.img_size, config.in_chans),
         patch_size=config.patch_size,
-        num_layers=config.depth,
-        num_heads=config.num_heads,
-        hidden_dim=config.embed_dim,
-        mlp_dim=config.mlp_hidden_dim,
         layer_norm_epsilon=config.norm_eps,
         use_class_token=True,
+        **encoder_sizes(config),  # keras-hub's ViT takes torchvision's names for them
     )
 
 

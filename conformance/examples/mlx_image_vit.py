@@ -7,6 +7,7 @@ from functools import partial
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
+from conformance.examples.torchvision_vit import encoder_sizes
 
 RENAME = {
     "patch_embed.proj": "conv_proj",
@@ -44,12 +45,9 @@ def build(config):
     return VisionTransformer(
         image_size=config.img_size[0],
         patch_size=config.patch_size[0],
-        num_layers=config.depth,
-        num_heads=config.num_heads,
-        hidden_dim=config.embed_dim,
-        mlp_dim=config.mlp_hidden_dim,
         num_classes=config.num_classes,
         norm_layer=partial(nn.LayerNorm, eps=config.norm_eps),
+        **encoder_sizes(config),  # mlx-image's ViT is torchvision's, its arguments too
     )
 
 

@@ -39,17 +39,21 @@ SUPPORTS = {
 }
 
 
+def encoder_sizes(config) -> dict:
+    """torchvision's names for the encoder's sizes (mlx-image's and keras-hub's ViTs take them too)."""
+    return dict(
+        num_layers=config.depth, num_heads=config.num_heads, hidden_dim=config.embed_dim, mlp_dim=config.mlp_hidden_dim
+    )
+
+
 def build(config):
     from torchvision.models.vision_transformer import VisionTransformer
 
     return VisionTransformer(
         image_size=config.img_size[0],
         patch_size=config.patch_size[0],
-        num_layers=config.depth,
-        num_heads=config.num_heads,
-        hidden_dim=config.embed_dim,
-        mlp_dim=config.mlp_hidden_dim,
         num_classes=config.num_classes,
+        **encoder_sizes(config),
     ).eval()
 
 

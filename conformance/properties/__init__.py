@@ -22,6 +22,7 @@ from conformance.properties.core import (  # noqa: F401
     check_fully_masked_row,
     run_model,
     check_close,
+    check_stage,
 )
 from conformance.properties.model import (  # noqa: F401
     check_matches_oracle,

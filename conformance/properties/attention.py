@@ -18,7 +18,7 @@ from conformance.properties.core import (
     AttentionCase,
     _fail,
     _call,
-    _within,
+    within,
 )
 
 
@@ -61,7 +61,7 @@ def check_query_constant_changes_nothing(port: str, make_attention: Callable, ca
     bias = np.broadcast_to(shift.reshape(1, 1, nq, 1), (1, 1, nq, nk)).astype(np.float32)
     base, _ = run_attention(port, make_attention, case)
     moved, _ = run_attention(port, make_attention, case, mask=np.ascontiguousarray(bias))
-    _within(port, "adding a constant to a query's logits changed the output", case, "attn", moved, base)
+    within(port, "adding a constant to a query's logits changed the output", case, "attn", moved, base)
 
 
 def check_key_value_permutation_invariant(port: str, make_attention: Callable, case: AttentionCase, perm) -> None:
@@ -69,7 +69,7 @@ def check_key_value_permutation_invariant(port: str, make_attention: Callable, c
     ctx = case.context if case.context is not None else case.x
     base, _ = run_attention(port, make_attention, case, context=ctx)
     permuted, _ = run_attention(port, make_attention, case, context=np.ascontiguousarray(ctx[:, perm]))
-    _within(port, "permuting keys and values together changed the output", case, "attn", permuted, base)
+    within(port, "permuting keys and values together changed the output", case, "attn", permuted, base)
 
 
 def check_query_permutation_equivariant(port: str, make_attention: Callable, case: AttentionCase, perm) -> None:
@@ -78,7 +78,7 @@ def check_query_permutation_equivariant(port: str, make_attention: Callable, cas
         raise NotApplicable("needs a separate context")
     base, _ = run_attention(port, make_attention, case)
     permuted, _ = run_attention(port, make_attention, case, x=np.ascontiguousarray(case.x[:, perm]))
-    _within(port, "permuting queries did not permute the output", case, "attn", permuted, base[:, perm])
+    within(port, "permuting queries did not permute the output", case, "attn", permuted, base[:, perm])
 
 
 def check_multihead_is_single_heads_concatenated(port: str, make_attention: Callable, case: AttentionCase) -> None:
@@ -102,7 +102,7 @@ def check_multihead_is_single_heads_concatenated(port: str, make_attention: Call
         sl = slice(h * hd, (h + 1) * hd)
         k, v = kv[..., :inner][..., sl], kv[..., inner:][..., sl]
         heads.append(oracle_impl.scaled_dot_product_attention(q[..., sl], k, v)[0])
-    _within(
+    within(
         port,
         "multi-head attention is not its single heads concatenated head-major",
         case,
@@ -123,9 +123,9 @@ def check_large_logits_finite_and_match_oracle(port: str, make_attention: Callab
     ref, ref_w = _oracle_attention(big)
     if not np.isfinite(out).all():
         raise _fail(port, "large logits gave non-finite outputs", big, non_finite=int((~np.isfinite(out)).sum()))
-    _within(port, "attention with large logits differs from the oracle", big, "attn", out, ref, pair=False)
+    within(port, "attention with large logits differs from the oracle", big, "attn", out, ref, pair=False)
     if w is not None:
-        _within(
+        within(
             port,
             "attention weights with large logits differ from the oracle",
             big,

@@ -74,6 +74,7 @@ class AttentionCase:
     x: np.ndarray = field(repr=False)
     context: np.ndarray | None = field(repr=False)
     info: dict = field(default_factory=dict)
+    dtype = "float32"  # (not a field) the attention properties run in float32
 
     def describe(self) -> dict:
         return {
@@ -222,25 +223,34 @@ def check_close(
         )
 
 
-def _within(port, what, case, name, actual, expected, model=None, pair=True) -> None:
-    """Two outputs of a stage agree within the propagated bound of ``model`` (default: the case's)."""
-    model = case.error_model() if model is None else model
+def check_stage(port: str, what: str, actual, expected, errors, stage: str, *, pair=True, case=None) -> None:
+    """``actual`` and ``expected``, two computations of ``stage``, agree within the end-to-end bound
+    the error model ``errors`` propagates to it (``pair``: both sides carry rounding)."""
+    dtype = "float32" if case is None else case.dtype
+    kind = errors.kind(stage)
     check_close(
         port,
         what,
         actual,
         expected,
-        model.spread(name),
-        model.kind(name),
+        errors.spread(stage),
+        kind,
         pair=pair,
         mode="end-to-end",
-        dtype=getattr(case, "dtype", "float32"),
+        dtype=dtype,
         case=case,
-        stage=name,
+        stage=stage,
     )
 
 
-def _local(port, what, case, out, name, model=None) -> None:
+def within(port, what, case, name, actual, expected, model=None, pair=True) -> None:
+    """Two outputs of a stage agree within the propagated bound of ``model`` (default: the case's)."""
+    check_stage(
+        port, what, actual, expected, case.error_model() if model is None else model, name, pair=pair, case=case
+    )
+
+
+def local(port, what, case, out, name, model=None) -> None:
     """Stage ``name`` of the port equals the oracle's computed from the port's own inputs to it."""
     model = case.error_model() if model is None else model
     _needs(out, name, *model.inputs(name))

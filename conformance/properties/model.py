@@ -25,8 +25,8 @@ from conformance.properties.core import (
     run_model,
     _needs,
     check_close,
-    _within,
-    _local,
+    within,
+    local,
 )
 
 
@@ -103,7 +103,7 @@ def check_layerscale_scales_only_its_branch(port: str, make: Callable, case: Mod
         )
     expected = np.asarray(out["blocks.0"], np.float64).copy()
     expected[..., c] += (float(gamma[c]) - old) * np.asarray(out["blocks.0.mlp"], np.float64)[..., c]
-    _within(
+    within(
         port,
         f"changing channel {c} of ls2's gamma should move the block output by the change times the "
         "MLP branch in that channel only",
@@ -122,11 +122,11 @@ def check_prefix_tokens_as_timm(port: str, make: Callable, case: ModelCase) -> N
     if not c.reg_tokens and not c.no_embed_class:
         raise NotApplicable("needs register tokens or no_embed_class")
     out = run_model(port, make, case)
-    _local(port, "the prefix tokens and position embedding are not assembled as timm's", case, out, "embed")
+    local(port, "the prefix tokens and position embedding are not assembled as timm's", case, out, "embed")
     if c.global_pool in ("avg", "avgmax", "max"):
-        _local(port, "the pooled tokens are not the patch tokens alone", case, out, "pooled")
+        local(port, "the pooled tokens are not the patch tokens alone", case, out, "pooled")
     elif c.global_pool == "map":
-        _local(port, "the attention pool's keys are not the patch tokens alone", case, out, "attn_pool.k")
+        local(port, "the attention pool's keys are not the patch tokens alone", case, out, "attn_pool.k")
 
 
 def check_qk_norm_per_head(port: str, make: Callable, case: ModelCase) -> None:
@@ -136,7 +136,7 @@ def check_qk_norm_per_head(port: str, make: Callable, case: ModelCase) -> None:
     out = run_model(port, make, case)
     for i in range(case.config.depth):
         for part in ("q_norm", "k_norm"):
-            _local(
+            local(
                 port, f"attn.{part} is not a LayerNorm over head_dim of each head", case, out, f"blocks.{i}.attn.{part}"
             )
 
@@ -148,8 +148,8 @@ def check_map_head_queries_with_the_latent(port: str, make: Callable, case: Mode
         raise NotApplicable("needs global_pool='map'")
     out = run_model(port, make, case)
     _needs(out, "attn_pool.q")
-    _local(port, "the attention pool's query is not q(latent)", case, out, "attn_pool.q")
-    _local(
+    local(port, "the attention pool's query is not q(latent)", case, out, "attn_pool.q")
+    local(
         port,
         "the attention pool's weights are not softmax(q k^T) over the patch tokens",
         case,
@@ -165,7 +165,7 @@ def check_activation_is_the_named_one(port: str, make: Callable, case: ModelCase
     stages = [f"blocks.{i}.mlp.act" for i in range(case.config.depth)]
     stages += ["attn_pool.mlp.act"] if case.config.global_pool == "map" else []
     for stage in stages:
-        _local(port, f"the MLP's activation is not {case.config.act_layer}", case, out, stage)
+        local(port, f"the MLP's activation is not {case.config.act_layer}", case, out, stage)
 
 
 def check_batch_elements_independent(port: str, make: Callable, case: ModelCase, other_images: np.ndarray) -> None:
@@ -178,7 +178,7 @@ def check_batch_elements_independent(port: str, make: Callable, case: ModelCase,
     b = run_model(port, make, case, images=changed)
     for name in a:
         if name in b:
-            _within(
+            within(
                 port,
                 "element 0 changed when the other batch elements changed",
                 case,
@@ -195,7 +195,7 @@ def check_batch_size_invariant(port: str, make: Callable, case: ModelCase) -> No
         alone = run_model(port, make, case, images=case.images[i : i + 1])
         for name in full:
             if name in alone:
-                _within(
+                within(
                     port,
                     f"element {i} run alone differs from element {i} in a batch of {case.images.shape[0]}",
                     case,
@@ -225,8 +225,8 @@ def check_layernorms_in_place(port: str, make: Callable, case: ModelCase) -> Non
     out = run_model(port, make, case)
     for i in range(case.config.depth):
         b = f"blocks.{i}"
-        _local(port, "norm1 is not LayerNorm(block input; norm1 weights)", case, out, f"{b}.norm1")
-        _local(port, "norm2 is not LayerNorm(x + attn; norm2 weights)", case, out, f"{b}.norm2")
+        local(port, "norm1 is not LayerNorm(block input; norm1 weights)", case, out, f"{b}.norm1")
+        local(port, "norm2 is not LayerNorm(x + attn; norm2 weights)", case, out, f"{b}.norm2")
 
 
 def check_attention_weights_are_softmax_over_keys(port: str, make: Callable, case: ModelCase) -> None:
@@ -240,7 +240,7 @@ def check_attention_weights_are_softmax_over_keys(port: str, make: Callable, cas
         _, bound = model.local(f"{b}.weights", out)
         where = dict(dtype=case.dtype, case=case, stage=f"{b}.weights")
         check_sums_to_one_over_keys(port, out[f"{b}.weights"], bound.sum(-1), "attn.weights", **where)
-        _local(port, "attention weights are not softmax(q k^T / sqrt(head_dim)) over keys", case, out, f"{b}.weights")
+        local(port, "attention weights are not softmax(q k^T / sqrt(head_dim)) over keys", case, out, f"{b}.weights")
 
 
 def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, head: int) -> None:
@@ -267,7 +267,7 @@ def check_heads_merge_head_major(port: str, make: Callable, case: ModelCase, hea
     inside = np.zeros(D, bool)
     inside[head * hd : (head + 1) * hd] = True
     model = case.error_model(state=state)
-    _within(
+    within(
         port,
         f"perturbing head {head}'s value weights changed other heads' slices of the merged output",
         case,

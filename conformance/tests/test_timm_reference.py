@@ -30,16 +30,13 @@ def disagreeing_stages(port, model: CaseModel, out, ref) -> list[str]:
     failing = []
     for stage in [s for s in tap_names(model.config) if s in out]:
         try:
-            P.check_close(
+            P.check_stage(
                 port,
                 f"{stage} vs timm",
                 out[stage],
                 ref[stage],
-                model.spread(stage),
-                model.kind(stage),
-                pair=True,
-                mode="end-to-end",
-                stage=stage,
+                model,
+                stage,
             )
         except P.PropertyFailure:
             failing.append(stage)
@@ -88,16 +85,13 @@ def test_port_logits_equal_timm_on_a_full_size_model(framework_port, name):
     state = timm_state(model)
     out = run(framework_port, config, state, x, taps=False)
     model = CaseModel(config, state, x)
-    P.check_close(
+    P.check_stage(
         framework_port,
         "logits vs timm",
         out,
         ref,
-        model.spread("logits"),
+        model,
         "logits",
-        pair=True,
-        mode="end-to-end",
-        stage="logits",
     )
 
 

@@ -6,23 +6,12 @@ lambda_1 and lambda_2, qkv split and its k bias dropped."""
 
 from conformance.capture import ModelPort
 from conformance.examples.hf_vit import convert as vit_convert
+from weights.hf.common import sizes_to_hf
 
 
 def _settings(config, **beit) -> dict:
-    """BeitConfig's names for the config's sizes, and ``beit``'s own settings."""
-    return dict(
-        image_size=config.img_size[0],
-        patch_size=config.patch_size[0],
-        num_channels=config.in_chans,
-        hidden_size=config.embed_dim,
-        num_hidden_layers=config.depth,
-        num_attention_heads=config.num_heads,
-        intermediate_size=config.mlp_hidden_dim,
-        num_labels=config.num_classes,
-        layer_norm_eps=config.norm_eps,
-        layer_scale_init_value=config.init_values,
-        **beit,
-    )
+    """BeitConfig: config.json's names for the config's sizes, and ``beit``'s own settings."""
+    return sizes_to_hf(config) | dict(num_labels=config.num_classes, layer_scale_init_value=config.init_values, **beit)
 
 
 def build(config):

@@ -8,20 +8,15 @@ last block, the neck's parameters out of scope with the stages after it (no opti
 import numpy as np
 
 from conformance.capture import ModelPort, rename_function
+from weights.hf.common import sizes_to_hf
 
 
 def _settings(config) -> dict:
     """SamVisionConfig's names for the config's sizes and options."""
-    (size, _), (patch, _) = config.img_size, config.patch_size
-    return dict(
-        image_size=size,
-        patch_size=patch,
-        num_channels=config.in_chans,
-        hidden_size=config.embed_dim,
-        num_hidden_layers=config.depth,
-        num_attention_heads=config.num_heads,
+    sizes = sizes_to_hf(config)
+    del sizes["intermediate_size"]  # SAM's is mlp_ratio's
+    return sizes | dict(
         mlp_ratio=config.mlp_ratio,
-        layer_norm_eps=config.norm_eps,
         qkv_bias=config.qkv_bias,
         use_abs_pos=config.pos_embed == "learn",
         use_rel_pos=config.use_rel_pos,

@@ -186,8 +186,7 @@ def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None, act_laye
     blocks = _Blocks(w, p)
     if w[f"{p}embedding/kernel"].ndim == 2:  # big_vision's NaFlex ViT (SigLIP 2)
         return _infer_naflex_config(w, p, blocks, norm_eps, img_size, act_layer)
-    ph, pw, C, D = w[f"{p}embedding/kernel"].shape
-    _, H, hd = blocks(0, f"{n['mha']}/query/kernel").shape
+    ph, pw, C, _ = w[f"{p}embedding/kernel"].shape
     class_token = f"{p}cls" in w
     pool = "map" if f"{p}MAPHead_0/probe" in w else ("token" if class_token else "avg")
     n_pos = w[f"{p}{n['pos']}"].shape[1] - (1 if flavour == "vit" else 0)
@@ -200,17 +199,26 @@ def infer_npz_config(w: Mapping, norm_eps: float = 1e-6, img_size=None, act_laye
         img_size=img_size,
         patch_size=(ph, pw),
         in_chans=C,
+        class_token=class_token,
+        qkv_bias=any(np.any(w[k]) for k in w if re.search(r"encoderblock.*/(query|key|value)/bias$", k)),
+        **_encoder(w, p, blocks, (n["mha"], n["mlp"]), pool, norm_eps=norm_eps, act_layer=act_layer),
+    )
+
+
+def _encoder(w: Mapping, p: str, blocks, names: tuple[str, str], pool: str, **defaults) -> dict:
+    """What both flavours read alike: the head, the pooling's norm, the blocks' sizes (``names``:
+    the attention's and the MLP's modules), and ``defaults``, what is not stored."""
+    mha, mlp = names
+    D, H, _ = blocks(0, f"{mha}/query/kernel").shape
+    return dict(
         num_classes=w[f"{p}head/bias"].shape[0] if f"{p}head/bias" in w else 0,
         global_pool=pool,
-        class_token=class_token,
         fc_norm=False if pool == "avg" else None,
         embed_dim=D,
         depth=blocks.depth(),
         num_heads=H,
-        mlp_ratio=blocks(0, f"{n['mlp']}/Dense_0/kernel").shape[1] / D,
-        qkv_bias=any(np.any(w[k]) for k in w if re.search(r"encoderblock.*/(query|key|value)/bias$", k)),
-        norm_eps=norm_eps,
-        act_layer=act_layer,
+        mlp_ratio=blocks(0, f"{mlp}/Dense_0/kernel").shape[1] / D,
+        **defaults,
     )
 
 
@@ -219,26 +227,19 @@ def _infer_naflex_config(w: Mapping, p: str, blocks, norm_eps: float, img_size, 
     flattened (h w c), read as 3 channels of a square patch; a square (n, n, D) table resized
     bilinearly with antialias (jax.image.scale_and_translate: torch's bilinear antialiased
     resampling, aa_matrix)."""
-    k, D = w[f"{p}embedding/kernel"].shape
+    k, _ = w[f"{p}embedding/kernel"].shape
     side = int(round((k / 3) ** 0.5))
     if 3 * side * side != k:
         raise WeightError(f"embedding/kernel reads {k} values a patch, not 3 channels of a square patch: pass a config")
     n = w[f"{p}pos_embedding"].shape[0]
-    _, H, _ = blocks(0, "MultiHeadDotProductAttention_0/query/kernel").shape
     pool = "map" if f"{p}MAPHead_0/probe" in w else "avg"
     return ViTConfig(
         img_size=img_size or n * side,
         patch_size=side,
-        num_classes=w[f"{p}head/bias"].shape[0] if f"{p}head/bias" in w else 0,
-        global_pool=pool,
         class_token=False,
-        fc_norm=False if pool == "avg" else None,
-        embed_dim=D,
-        depth=blocks.depth(),
-        num_heads=H,
-        mlp_ratio=blocks(0, "MlpBlock_0/Dense_0/kernel").shape[1] / D,
-        norm_eps=norm_eps,
-        act_layer=act_layer,
+        **_encoder(
+            w, p, blocks, ("MultiHeadDotProductAttention_0", "MlpBlock_0"), pool, norm_eps=norm_eps, act_layer=act_layer
+        ),
         no_embed_class=True,
         dynamic_img_size=True,
         pos_embed_grid_size=n,

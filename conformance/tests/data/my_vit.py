@@ -40,6 +40,7 @@ class MyViT(nn.Module):
         return self.classifier(self.ln_out(x)[:, 0])
 
 
+# timm's names -> yours (a segment or a dotted path; {i} for a block index); layouts follow your modules
 RENAME = {
     "cls_token": "cls",
     "pos_embed": "pos",
