@@ -317,13 +317,13 @@ def _timm_naflex(config: ViTConfig, state, dtype, rates: dict):
     return (model if dtype is None else model.to(dtype)).eval()
 
 
-_SIZES = ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads")
+_SHAPE = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads")  # timm's keywords, our names
+_SIZES = (*_SHAPE, "num_classes")
 
 
 def _sizes(config: ViTConfig) -> dict:
     """The keywords timm's Eva and Beit share with the config's fields, by the same names."""
-    fields = ("img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth", "num_heads")
-    return {k: getattr(config, k) for k in (*fields, "qkv_bias")}
+    return {k: getattr(config, k) for k in (*_SIZES, "global_pool", "qkv_bias")}
 
 
 def eva_key(key: str, back: bool = False) -> str:
@@ -376,12 +376,7 @@ def _timm_model(VisionTransformer, config: ViTConfig, mlp_layer, skip_init: bool
     if any(getattr(config, f) != BY_FIELD[f].default for f in unread):
         raise NotInTimm(f"timm's VisionTransformer has no keyword for {', '.join(unread)}")
     return VisionTransformer(
-        img_size=config.img_size,
-        patch_size=config.patch_size,
-        in_chans=config.in_chans,
-        embed_dim=config.embed_dim,
-        depth=config.depth,
-        num_heads=config.num_heads,
+        **{k: getattr(config, k) for k in _SHAPE},
         mlp_ratio=config.mlp_ratio,
         **same,
         embed_norm_layer=(norm if config.embed_norm else None),

@@ -16,6 +16,12 @@ from tests.data import position_scheme_ports as P
 # width as EVA02's ratio gives it (8/3 of the width, doubled in the packed SwiGLU's fc1)
 CONFIG = get_config("vit_test_token").replace(img_size=(32, 32), patch_size=(8, 8), num_heads=2)
 SIZES = {"eva02_tiny": (P.EVA02_TINY, 16 / 3), "eva02_base": (P.EVA02_BASE, 8 / 3)}
+# the stages each must show judged: k from the base's own projection and its normed SwiGLU's norm;
+# the tiny one's k inside its fused qkv (unseen, with the reason) and no norm in its MLP
+JUDGED = {
+    "eva02_base": {"blocks.0.attn.k", "blocks.0.attn.k_rope", "blocks.1.mlp.norm"},
+    "eva02_tiny": {"blocks.0.attn.v", "blocks.0.attn.k_rope", "blocks.1.mlp"},
+}
 
 
 @pytest.mark.parametrize("name", ["eva02_base", "eva02_tiny"] if heavy() else ["eva02_base"])
@@ -27,7 +33,11 @@ def test_timms_eva02_unmodified_is_conformant_with_its_block_declared(name):
     report = verify(getattr(P, name), config, port=name)
     assert report.conformant, report.failures[:2] or [s.name for s in report.stages if not s.ok]
     judged = {s.name for s in report.stages if s.ok}
-    assert {"blocks.0.attn.k", "blocks.0.attn.k_rope", "blocks.1.mlp.norm"} <= judged, sorted(judged)
+    assert JUDGED[name] <= judged, sorted(judged)
+    unseen = {f"blocks.{i}.attn.weights" for i in (0, 1)}  # inside the fused attention kernel
+    if name == "eva02_tiny":
+        unseen |= {f"blocks.{i}.attn.{s}" for i in (0, 1) for s in "qk"}  # inside the fused qkv, before the rotation
+    assert set(report.unseen) == unseen
 
 
 def test_eva02_declared_with_a_k_bias_is_told_it_has_none():

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from conformance.capture import ModelPort
 from tests.data import x_transformers_port
+from weights.hf.common import sizes_to_hf
 
 SQUARE = {"square_images": True, "square_patches": True}
 GAMMAS = {"blocks.{i}.ls1.gamma": "blocks.{i}.gamma_1", "blocks.{i}.ls2.gamma": "blocks.{i}.gamma_2"}
@@ -56,29 +57,17 @@ BEIT_ON = {"rel_pos_bias": True, "pos_embed": "none", "k_bias": False, "init_val
 beit_declared = ModelPort(_timm("beit_base_patch16_224"), rename=GAMMAS, supports={**SQUARE, **BEIT_ON})
 
 
-def _hf_sizes(config) -> dict:
-    """transformers' names for the config's sizes."""
-    return dict(
-        hidden_size=config.embed_dim,
-        num_hidden_layers=config.depth,
-        num_attention_heads=config.num_heads,
-        intermediate_size=config.mlp_hidden_dim,
-        image_size=config.img_size[0],
-        patch_size=config.patch_size[0],
-    )
-
-
 def _hf_dinov3(config):
     from transformers import DINOv3ViTConfig, DINOv3ViTModel
 
-    return DINOv3ViTModel(DINOv3ViTConfig(**_hf_sizes(config), num_register_tokens=2)).eval()
+    return DINOv3ViTModel(DINOv3ViTConfig(**sizes_to_hf(config), num_register_tokens=2)).eval()
 
 
 def _hf_beit(config):
     from transformers import BeitConfig, BeitModel
 
     settings = dict(use_relative_position_bias=True, use_absolute_position_embeddings=False)
-    return BeitModel(BeitConfig(**_hf_sizes(config), **settings)).eval()
+    return BeitModel(BeitConfig(**sizes_to_hf(config), **settings)).eval()
 
 
 hf_dinov3 = ModelPort(_hf_dinov3, rename={}, output=lambda out: out.pooler_output, supports=SQUARE)
