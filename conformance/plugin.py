@@ -19,6 +19,7 @@ import os
 
 import pytest
 
+from conformance.numerics.precision import PORT_DTYPES
 from conformance import profiles
 from conformance.capture import ModelPort
 from conformance.home import shadowing
@@ -68,7 +69,7 @@ def pytest_addoption(parser):
     group.addoption(
         "--dtype",
         default="float32",
-        choices=["float32", "bfloat16", "float16"],
+        choices=PORT_DTYPES,
         help="what the whole-model cases ask every port to compute in (passed to factories as dtype= unless float32)",
     )
     group.addoption(

@@ -255,7 +255,7 @@ def test_open_clip_visual_tower_imports_exports_and_matches_open_clip(tmp_path):
 
 @pytest.mark.parametrize("flavour", ["vit", "big_vision"])
 def test_npz_export_loads_in_timms_load_weights_and_matches_the_ports(flavour, tmp_path):
-    from timm.models.vision_transformer import VisionTransformer, _load_weights
+    from timm.models.vision_transformer import _load_weights
 
     config = get_config("vit_test_token").replace(img_size=(16, 16))
     state = init_state(config, seed=3)
@@ -263,16 +263,7 @@ def test_npz_export_loads_in_timms_load_weights_and_matches_the_ports(flavour, t
         state["pos_embed"][:, 0] = 0.0  # big_vision gives the class token no position
     path = tmp_path / "w.npz"
     formats.write_npz(state, config, path, flavour)
-    model = VisionTransformer(
-        img_size=16,
-        patch_size=4,
-        in_chans=3,
-        num_classes=7,
-        embed_dim=24,
-        depth=2,
-        num_heads=3,
-        no_embed_class=flavour == "big_vision",
-    ).eval()
+    model = timm_vit(config.replace(no_embed_class=flavour == "big_vision"))  # timm's own init, then the file
     _load_weights(model, str(path))
     x = images(config)
     with torch.no_grad():

@@ -11,6 +11,7 @@ import itertools
 import json
 from pathlib import Path
 
+from conformance.numerics.precision import PORT_DTYPES
 from conformance.examples import quantized as q
 from conformance.verify.cases import default_cases
 from conformance.verify.quantized import beyond_half_step, quantization_cost
@@ -22,13 +23,12 @@ SETTINGS = [("affine", bits, group) for bits in (2, 3, 4, 5, 6, 8) for group in 
     ("mxfp8", 8, 32),
     ("nvfp4", 4, 16),
 ]
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def ports():
     """(name, port, dtype) of every correct quantization calibrated."""
 
-    for (mode, bits, group), dtype in itertools.product(SETTINGS, DTYPES):
+    for (mode, bits, group), dtype in itertools.product(SETTINGS, PORT_DTYPES):
         yield f"{mode} {bits} bits, groups of {group}, {dtype}", q.mlx_image(bits, group, mode), dtype
     yield "torch.ao dynamic int8, float32", q.timm_int8, "float32"
     yield "torchao int8 weight-only, float32", q.timm_torchao_int8, "float32"

@@ -11,6 +11,7 @@ import sys
 import time
 
 
+from conformance.numerics.precision import PORT_DTYPES
 from conformance.numerics.compare import compare_outputs, first_divergence
 from conformance.numerics.error_model import CaseModel
 from conformance.report import table
@@ -83,7 +84,7 @@ def _add_agree(parser, sub) -> None:
         target.add_argument("--seed", type=int, default=0)
         target.add_argument("--batch", type=int, default=2)
         target.add_argument("--ports", nargs="+", default=list(FRAMEWORK_PORTS), choices=list(FRAMEWORK_PORTS))
-        target.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+        target.add_argument("--dtype", default="float32", choices=PORT_DTYPES)
 
 
 def _add_verify(sub) -> None:
@@ -141,7 +142,7 @@ def _add_verify(sub) -> None:
     v.add_argument(
         "--dtype",
         default="float32",
-        choices=["float32", "bfloat16", "float16"],
+        choices=PORT_DTYPES,
         help="what the port computes in: passed to the factory as dtype= unless float32",
     )
     v.add_argument(

@@ -17,6 +17,7 @@ import re
 import sys
 from pathlib import Path
 
+from conformance.numerics.precision import PORT_DTYPES
 from conformance.diagnosis.classes import ATTENTION_CLASSES, CLASSES, GRADIENT_CLASSES, OBSERVED
 from conformance.diagnosis.scan import calibration as scan_calibration
 from conformance.numerics.tolerances import CHAOTIC_KIND, CHAOTIC_MODE, MARGIN, MODES, calibration, measured
@@ -85,7 +86,7 @@ def zoo_table(measured: dict | None = None) -> str:
             cell(by_dtype.get(d) if by_dtype else (own if d == m.dtype else None), m.first_divergence, m.bug_class)
             if r
             else "not measured"
-            for d in ("float32", "bfloat16", "float16")
+            for d in PORT_DTYPES
         ]
         if m.level in ("attention", "gradient"):
             dtypes[1:] = ["-", "-"]  # attention factories take no dtype; gradients are checked in float32

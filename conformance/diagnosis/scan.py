@@ -48,7 +48,7 @@ from conformance.diagnosis.classes import BY_NAME, NORM_KINDS, classes_for
 from conformance.diagnosis.fit import FLOOR, RESOLVED, SIGMAS, Diagnosis, Fit, _Values, well_formed
 from conformance.numerics.compare import compare_outputs, stored_as
 from conformance.numerics.kinds.activation import activation
-from conformance.numerics.precision import UNIT_ROUNDOFF, rounded
+from conformance.numerics.precision import PORT_DTYPES, UNIT_ROUNDOFF, rounded
 from conformance.numerics.provenance import collect
 from conformance.verify.cases import seeded_cases
 from impls import FRAMEWORK_PORTS, get_config, load_factory
@@ -330,7 +330,7 @@ def calibrate(
     cases (``held_out``: seed 1, none may exist)."""
 
     record: dict = {"configs": list(configs), "provenance": collect(), "dtypes": {}, "bands": {}, "replayed": {}}
-    for dtype in ("float32", "bfloat16", "float16"):
+    for dtype in PORT_DTYPES:
         worst = {"alpha": 0.0, "where": None, "alarms": [], "named": [], "held_out": []}
         bands, replayed = record["bands"].setdefault(dtype, {}), record["replayed"].setdefault(dtype, {})
         for where, scan in _correct_scans(configs, dtype, seed=0):

@@ -23,6 +23,7 @@ LARGEST = {
 }
 # What a port may be asked to compute in (float64: the oracle's own, for the numpy port).
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+PORT_DTYPES = DTYPES[:3]  # what verify, the plugin and the zoo offer a port (float64 is the oracle's)
 
 
 def coarsest(dtypes) -> str:

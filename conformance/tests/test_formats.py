@@ -11,6 +11,7 @@ from conformance import properties as P
 from conformance.numerics.error_model import CaseModel
 from impls import get_config
 from weights.convert import detect, read
+from weights.hf.common import sizes_to_hf
 
 TIMM_CONFIGS = ["vit_test_token", "vit_test_avg", "vit_test_avg_nocls", "vit_test_deep"]
 
@@ -58,18 +59,8 @@ def hf_model(eps, seed=0):
     from transformers import ViTConfig as HFConfig, ViTForImageClassification
 
     torch.manual_seed(seed)
-    cfg = HFConfig(
-        hidden_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        intermediate_size=96,
-        image_size=16,
-        patch_size=4,
-        num_channels=3,
-        num_labels=5,
-        layer_norm_eps=eps,
-        qkv_bias=True,
-    )
+    sizes = sizes_to_hf(get_config("vit_test_token").replace(img_size=(16, 16), norm_eps=eps))
+    cfg = HFConfig(**sizes, num_labels=5, qkv_bias=True)
     model = ViTForImageClassification(cfg).eval()
     with torch.no_grad():  # transformers' init leaves norms at ones/zeros and biases at zero: draw them
         for name, p in model.named_parameters():

@@ -15,7 +15,7 @@ import sys
 
 from conformance.verify.cases import FULL_SIZE_BATCH, case_plan, default_cases
 from conformance.zoo.catalogue import MUTANTS
-from conformance.zoo.run import DTYPES
+from conformance.numerics.precision import PORT_DTYPES
 from impls import get_config, load_factory
 from conformance.verify import verify
 
@@ -40,7 +40,7 @@ def _row(mutant, config, make, cases, dtype: str, **key) -> dict:
     }
 
 
-def matrix(dtypes=DTYPES) -> list[dict]:
+def matrix(dtypes=PORT_DTYPES) -> list[dict]:
     """One row per (mutant, dtype, case): located alone, and its separation."""
     rows = []
     for mutant, config, make in _model_mutants():
@@ -84,7 +84,7 @@ def cover(rows: list[dict]) -> list[str]:
     return chosen
 
 
-def batches(dtypes=DTYPES, sizes=(3, FULL_SIZE_BATCH)) -> list[dict]:
+def batches(dtypes=PORT_DTYPES, sizes=(3, FULL_SIZE_BATCH)) -> list[dict]:
     """One row per (mutant, dtype, batch): the full-size plan run whole in cases of at most that
     many images, located and its separation."""
     rows = []

@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance.numerics.precision import PORT_DTYPES
 from conformance.report import table
 from conformance.verify import verify, verify_attention
 from conformance.verify.grad import verify_grad
@@ -58,9 +59,6 @@ class ZooRow:
     @property
     def caught(self) -> bool:
         return bool(self.caught_by) and not self.missed
-
-
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def verify_mutant(mutant: Mutant, dtype: str | None = None):
@@ -183,7 +181,7 @@ def run_zoo(
                 (f["case"] for f in report.failures if f["stage"] == row.found), None
             )
             if all_dtypes and m.level in ("model", "packed", "quantized"):  # gradients: float32 only
-                for dtype in DTYPES:
+                for dtype in PORT_DTYPES:
                     r = report if dtype == m.dtype else verify_mutant(m, dtype)
                     found = r.located()
                     row.by_dtype[dtype] = {
