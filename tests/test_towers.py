@@ -6,6 +6,7 @@ tests/test_rope.py's and tests/test_beit.py's; the shapes of each preset's keys 
 
 import pytest
 
+from conformance.numerics.precision import PORT_DTYPES
 from conformance.profiles import heavy
 from conformance.references import timm_named_port
 from conformance.tests.helpers import factory
@@ -27,7 +28,6 @@ TOWERS = (
 # in the thorough profile
 CI = {"eva02_tiny_patch14_224": ("mlx", "float32")}
 PORTS = ("timm", "torch", "mlx", "jax")
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def shrunk(name: str):
@@ -38,7 +38,7 @@ def shrunk(name: str):
 
 def runs():
     for name in TOWERS:
-        every = [(p, d) for p in PORTS for d in DTYPES]
+        every = [(p, d) for p in PORTS for d in PORT_DTYPES]
         for runner, dtype in every if heavy() else [CI[name]] if name in CI else []:
             yield pytest.param(name, runner, dtype, id=f"{name}-{runner}-{dtype}")
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 import pytest
 
+from conformance.numerics.precision import PORT_DTYPES
 from conformance.tests.helpers import DATA_DIR
 from hypothesis import given, settings
 from conformance import strategies as S
@@ -73,9 +74,6 @@ def _python_blocks(path: Path) -> list[str]:
 REFERENCES = {"timm": "conformance.references:timm_port", "transformers": "conformance.references:transformers_port"}
 
 
-DTYPES = ("float32", "bfloat16", "float16")
-
-
 # Every port in every dtype in the thorough profile; in ci every port but the built-in JAX one in
 # float32, and torch in bf16 and fp16: conformance/tests/test_verify.py verifies the built-in ports
 # on seeded weights, whose cases include the offset and x64 ones (JAX too; a file's path to the
@@ -84,7 +82,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_FILE_PORTS = [
     (p, d)
     for p in ("torch", "mlx", "jax", "timm", "transformers")
-    for d in DTYPES
+    for d in PORT_DTYPES
     if heavy() or (d == "float32" and p != "jax") or p == "torch"
 ]
 
@@ -222,7 +220,7 @@ def test_the_readme_example_verifies_an_unmodified_model_and_locates_its_shared_
         sys.modules.pop(name, None)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", PORT_DTYPES)
 @pytest.mark.parametrize("reference", sorted(REFERENCES))
 @settings(max_examples=budget(5, minimum=1))
 @given(weights=S.trained_like_weights())

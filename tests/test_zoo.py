@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.numerics.precision import PORT_DTYPES
 from conformance.profiles import heavy
 from conformance.verify.cases import verify_plan
 from conformance.verify.forward import verify
@@ -164,12 +165,11 @@ def test_the_full_size_batch_locates_every_mutant_the_batches_of_three_do():
     from conformance.verify.cases import FULL_SIZE_BATCH
     from conformance.zoo.catalogue import MUTANTS
     from conformance.zoo.cover import lost
-    from conformance.zoo.run import DTYPES
 
     rows = json.loads((Path(__file__).parent.parent / "docs" / "data" / "case_cover.json").read_text())["batches"]
     models = {m.name for m in MUTANTS.values() if m.level == "model"}
     assert {(r["mutant"], r["dtype"], r["batch"]) for r in rows} == {
-        (m, d, b) for m in models for d in DTYPES for b in (3, FULL_SIZE_BATCH)
+        (m, d, b) for m in models for d in PORT_DTYPES for b in (3, FULL_SIZE_BATCH)
     }
     assert lost(rows) == []
     # each full-size batch at half of what it must reach (10x, or the batch of 3's, where that is less)
