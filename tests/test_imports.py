@@ -8,6 +8,8 @@ import ast
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("impls", "weights", "conformance")
 
@@ -104,16 +106,6 @@ def test_the_cycle_check_finds_a_cycle():
     assert any({"conformance.numerics.compare", "conformance.verify.forward"} <= set(c) for c in cycles(graph))
 
 
-def test_no_library_module_imports_a_test_module():
-    tests = "conformance.tests"
-    bad = {
-        m: sorted(d for d in deps if d == tests or d.startswith(tests + "."))
-        for m, deps in import_graph().items()
-        if not (m == tests or m.startswith(tests + "."))
-    }
-    assert {m: d for m, d in bad.items() if d} == {}
-
-
 COMMANDS = "conformance.commands"  # the floor of every command (python -m conformance's subcommands)
 
 
@@ -133,41 +125,40 @@ def crossing(graph: dict[str, set[str]], above, below=None) -> dict[str, list[st
 
 # the commands' floor, the package's entry point (conformance.__main__) its own door
 FLOOR = (COMMANDS, "conformance.__main__")
-
-
-def upward(graph: dict[str, set[str]]) -> dict[str, list[str]]:
-    """The modules below the commands' floor that import a command."""
-    return crossing(graph, FLOOR)
-
-
-def test_no_library_module_imports_a_command():
-    assert upward(import_graph(typing=True)) == {}
-
-
-def test_the_floor_check_finds_a_library_importing_a_command():
-    """The companion: zoo.run importing the docs command (as it did before the move) is found."""
-    graph = import_graph(typing=True)
-    graph["conformance.zoo.run"] = graph["conformance.zoo.run"] | {"conformance.commands.docs"}
-    assert upward(graph) == {"conformance.zoo.run": ["conformance.commands.docs"]}
-
-
 SANDBOX = "conformance.sandbox"  # the port's side: below every check
+TESTS = ("conformance.tests",)
+# each layering rule: the imports that break it, and the companion's edge (module, import) it must find
+LAYERS = {
+    "no library module imports a command": (
+        lambda graph: crossing(graph, FLOOR),
+        ("conformance.zoo.run", "conformance.commands.docs"),  # as zoo.run did before the move
+    ),
+    "the sandbox imports no check, command, plugin or zoo": (
+        lambda graph: crossing(
+            graph, ("conformance.verify", COMMANDS, "conformance.plugin", "conformance.zoo"), (SANDBOX,)
+        ),
+        ("conformance.sandbox.portside", "conformance.verify.report"),  # as portside did before the split
+    ),
+    "no library module imports a test module": (
+        lambda graph: crossing(graph, TESTS),
+        ("conformance.verify.forward", "conformance.tests.helpers"),
+    ),
+}
 
 
-def into_checks(graph: dict[str, set[str]]) -> dict[str, list[str]]:
-    """The sandbox's modules that import a check (conformance.verify), a command, the plugin or the zoo."""
-    return crossing(graph, ("conformance.verify", COMMANDS, "conformance.plugin", "conformance.zoo"), (SANDBOX,))
+@pytest.mark.parametrize("rule", LAYERS)
+def test_the_layering_holds(rule):
+    breaking, _ = LAYERS[rule]
+    assert breaking(import_graph(typing=True)) == {}
 
 
-def test_the_sandbox_imports_no_check():
-    assert into_checks(import_graph(typing=True)) == {}
-
-
-def test_the_sandbox_check_finds_a_sandbox_module_importing_the_report():
-    """The companion: portside reading verify's report (as it did before the split) is found."""
+@pytest.mark.parametrize("rule", LAYERS)
+def test_the_layering_check_finds_an_import_across_it(rule):
+    """The companion: the graph with one import across the rule's line added is found breaking it."""
+    breaking, (module, imported) = LAYERS[rule]
     graph = import_graph(typing=True)
-    graph["conformance.sandbox.portside"] = graph["conformance.sandbox.portside"] | {"conformance.verify.report"}
-    assert into_checks(graph) == {"conformance.sandbox.portside": ["conformance.verify.report"]}
+    graph[module] = graph[module] | {imported}
+    assert breaking(graph) == {module: [imported]}
 
 
 _PORT_PROCESS = """
