@@ -195,8 +195,8 @@ class _Planner:
         if len(found) == 1 and found[0] in self.modules:
             return found[0]
         self.plan.unseen[stage] = (
-            f"timm shows it at {canonical_module}, a module without weights in this config: the model has no "
-            "module there, it computes the stage inside another"
+            f"timm shows it at {canonical_module}, a module without weights in this config: no weights say "
+            "which of the model's modules computes the stage, if any does"
             if not found and not any(module_of(k) == canonical_module for k in self.key_map)
             else f"no module of its own holds {canonical_module}'s weights"
             if not found

@@ -226,18 +226,16 @@ def check_close(
 def check_stage(port: str, what: str, actual, expected, errors, stage: str, *, pair=True, case=None) -> None:
     """``actual`` and ``expected``, two computations of ``stage``, agree within the end-to-end bound
     the error model ``errors`` propagates to it (``pair``: both sides carry rounding)."""
-    dtype = "float32" if case is None else case.dtype
-    kind = errors.kind(stage)
     check_close(
         port,
         what,
         actual,
         expected,
         errors.spread(stage),
-        kind,
+        errors.kind(stage),
         pair=pair,
         mode="end-to-end",
-        dtype=dtype,
+        dtype="float32" if case is None else case.dtype,
         case=case,
         stage=stage,
     )
