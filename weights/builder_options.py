@@ -5,7 +5,7 @@ decomposed relative positions."""
 
 from __future__ import annotations
 
-from weights.checks import count, flag, grid, indexes, number, one_of
+from weights.checks import count, grid, indexes, number, one_of
 from weights.option import BEIT, DINOV3, EXACT_GRID, SIGLIP2, Option, only
 
 ROPE_TYPES = ("cat", "dinov3", "mixed", "pixtral")  # timm's rope_type, and Pixtral's; 'mrope' not yet
@@ -62,7 +62,6 @@ BUILDER_OPTIONS: tuple[Option, ...] = (
         holds=only(False, {DINOV3: (True,)}),
         timm_name="rope_rotate_half (Eva)",
         draws=(False, True),
-        check=flag(),
     ),
     Option(
         "ref_feat_shape",
@@ -83,7 +82,6 @@ BUILDER_OPTIONS: tuple[Option, ...] = (
         holds=only(True, {DINOV3: None, BEIT: (False,)}),
         timm_name="qkv_bias (Eva's attention: q and v only)",
         draws=(True, True, False),
-        check=flag(),
         lacks=(
             (
                 r"blocks\.\d+\.attn\.[qv]_bias",
@@ -102,7 +100,6 @@ BUILDER_OPTIONS: tuple[Option, ...] = (
         holds=only(True, {DINOV3: (False,)}),
         timm_name="qkv_fused (Eva)",
         draws=(True, True, False),
-        check=flag(),
         adds=("qkv_fused=false", dict(qkv_fused=False)),
     ),
     Option(
@@ -113,7 +110,6 @@ BUILDER_OPTIONS: tuple[Option, ...] = (
         holds=only(False),
         timm_name="scale_mlp (Eva)",
         draws=(False, True),
-        check=flag(),
         lacks=((r"blocks\.\d+\.mlp\.norm\.(weight|bias)", "its MLP has no norm before fc2", "scale_mlp=false"),),
         adds=("scale_mlp=true", dict(scale_mlp=True)),
     ),
@@ -161,7 +157,6 @@ BUILDER_OPTIONS: tuple[Option, ...] = (
         hf="use_relative_position_bias",
         timm_name="use_rel_pos_bias (Beit)",
         draws=(False, False, False, True),
-        check=flag(),
     ),
     # timm's VisionTransformerSAM (SAM's image encoder, ViTDet): windows and decomposed relative positions
     Option(
@@ -212,7 +207,6 @@ BUILDER_OPTIONS: tuple[Option, ...] = (
         hf="use_rel_pos",
         timm_name="use_rel_pos (VisionTransformerSAM)",
         draws=(False, False, False, False, False, False, False, True),
-        check=flag(),
         lacks=(
             (
                 r"blocks\.\d+\.attn\.rel_pos_[hw]",

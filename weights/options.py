@@ -74,7 +74,6 @@ OPTIONS: tuple[Option, ...] = (
             SIGLIP2: (False,),
         },
         family=False,
-        check=flag(),
         lacks=((r"cls_token", "it has no class token", "class_token=false (with global_pool='avg')"),),
         adds=("class_token=true", dict(class_token=True)),
     ),
@@ -99,7 +98,6 @@ OPTIONS: tuple[Option, ...] = (
         holds=every((True,), "open_clip", "hf:clip_vision_model", "hf:siglip_vision_model", BEIT, SIGLIP2),
         hf="qkv_bias",
         family=False,
-        check=flag(),
         lacks=((r"blocks\.\d+\.attn\.qkv\.bias", "its q, k and v projections have no bias", "qkv_bias=false"),),
         adds=("qkv_bias=true", dict(qkv_bias=True)),
     ),
@@ -142,7 +140,6 @@ OPTIONS: tuple[Option, ...] = (
             SIGLIP2: (False, True),  # no prefix token: the same table either way
         },
         draws=(False, True),
-        check=flag(),
     ),
     Option(
         "pre_norm",
@@ -161,7 +158,6 @@ OPTIONS: tuple[Option, ...] = (
         },
         open_clip="no_ln_pre (its negation)",
         draws=(False, True),
-        check=flag(),
         adds=("pre_norm=true", dict(pre_norm=True)),
     ),
     Option(
@@ -194,7 +190,6 @@ OPTIONS: tuple[Option, ...] = (
         "are (InternViT, Pixtral, Qwen2-VL, timm's final_norm=False)",
         holds=only(True),
         draws=(True, True, True, False),
-        check=flag(),
         lacks=((r"(norm|fc_norm)\.weight", "it has no final norm", "final_norm=false"),),
         adds=("final_norm=true", dict(final_norm=True)),
     ),
@@ -218,7 +213,6 @@ OPTIONS: tuple[Option, ...] = (
         "a LayerNorm over head_dim on q and on k",
         holds=only(False),
         draws=(False, True),
-        check=flag(),
         lacks=((r"blocks\.\d+\.attn\.[qk]_norm\.(weight|bias)", "it normalises neither q nor k", "qk_norm=false"),),
         adds=("qk_norm=true", dict(qk_norm=True)),
     ),
@@ -239,7 +233,6 @@ OPTIONS: tuple[Option, ...] = (
         "the biases of the attention output and the MLP's projections",
         holds=only(True, {DINOV3: None}),
         draws=(False, True),
-        check=flag(),
         lacks=((ATTN_OUT_BIAS, "its attention output has no bias", "proj_bias=false"),),
         adds=("proj_bias=true", dict(proj_bias=True, mlp_bias=False)),
     ),
@@ -263,7 +256,6 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "images of any size divisible by the patch, the position table resampled to their grid",
         draws=(False, True),
-        check=flag(),
     ),
     Option(
         "pos_embed",
@@ -293,7 +285,6 @@ OPTIONS: tuple[Option, ...] = (
         holds=only(False),
         timm_name=None,
         draws=(False, True),
-        check=flag(),
         adds=("patch_norm=true", dict(patch_norm=True)),
     ),
     Option(
@@ -304,7 +295,6 @@ OPTIONS: tuple[Option, ...] = (
         holds=only(False),
         timm_name="embed_norm_layer",
         draws=(False, True),
-        check=flag(),
         adds=("embed_norm=true", dict(embed_norm=True)),
     ),
     Option(
@@ -314,7 +304,6 @@ OPTIONS: tuple[Option, ...] = (
         "the pools read the class and register tokens too (vit-pytorch's 'mean'; the attention pool of timm's Eva)",
         holds=only(False),
         draws=(False, True),
-        check=flag(),
     ),
     Option(
         "distilled",
@@ -325,7 +314,6 @@ OPTIONS: tuple[Option, ...] = (
         holds=only(False),
         timm_name="VisionTransformerDistilled (a class)",
         draws=(False, True),
-        check=flag(),
         lacks=((r"dist_token|head_dist\.(weight|bias)", "it has no distillation token and head", "distilled=false"),),
         adds=("distilled=true", dict(distilled=True, global_pool="token", class_token=True, reg_tokens=0)),
     ),
@@ -337,7 +325,6 @@ OPTIONS: tuple[Option, ...] = (
         holds=only(True),
         timm_name="norm_layer",
         draws=(True, True, False),
-        check=flag(),
         lacks=(
             (
                 r"(blocks\.\d+\.norm[12]|norm|fc_norm|norm_pre|patch_embed\.(patch_)?norm)\.bias",
