@@ -1,6 +1,7 @@
 """The companions of conformance/tests/test_family_components.py: each of its properties fails on a deliberately
 broken port (and the project's checks that take no port). Not shipped."""
 
+from functools import partial
 import numpy as np
 import torch
 from conformance import properties as P
@@ -81,26 +82,20 @@ def test_prefix_token_check_fails_on_registers_in_the_patch_mean():
 
 
 def test_qk_norm_check_fails_on_a_norm_over_the_embedding():
-    def make(config, state, **kw):
-        return T.make(config, state, attn_layer=AttentionNormOverEmbedDim, **kw)
-
     expect_failure(
         P.check_qk_norm_per_head,
         "qk_norm_over_embed_dim",
-        make,
+        partial(T.make, attn_layer=AttentionNormOverEmbedDim),
         _case("vit_test_token", qk_norm=True),
         match="attn.q_norm",
     )
 
 
 def test_map_head_check_fails_on_a_query_that_is_not_the_latent():
-    def make(config, state, **kw):
-        return T.make(config, state, model_cls=VisionTransformerMeanQueryPool, **kw)
-
     expect_failure(
         P.check_map_head_queries_with_the_latent,
         "mean_token_query",
-        make,
+        partial(T.make, model_cls=VisionTransformerMeanQueryPool),
         _case("vit_test_siglip"),
         match="attn_pool.q",
     )
