@@ -22,6 +22,10 @@ class JAXArrays:
     """What Flax NNX and linen share: JAX arrays, Flax's layouts and names, and the wrapped JAX
     functions (jax.nn's softmax and fused attention, jnp's matmul and einsum)."""
 
+    # what the wrapped functions' hooks are handed in place of (args, kwargs, out), where a model's
+    # arrays are not what it passes them (Equinox's: tracers under its vmaps); None: as passed
+    seen = None
+
     def by_type(self, kind, leaf, value):
         if kind == "Conv" and leaf == "kernel" and value.ndim == 4:
             return np.ascontiguousarray(value.transpose(2, 3, 1, 0))  # OIHW -> HWIO
@@ -69,7 +73,7 @@ class JAXArrays:
         import jax.numpy as jnp
         from flax import nnx
 
-        on = callbacks(recorder, getattr(self, "seen", None))
+        on = callbacks(recorder, self.seen)
         softmax = wrapped(jax.nn.softmax, on.softmax)
         return [
             (
