@@ -21,9 +21,10 @@ LARGEST = {
     "float16": float(np.finfo(np.float16).max),
     "bfloat16": float(np.finfo(np.float32).max),
 }
-# What a port may be asked to compute in (float64: the oracle's own, for the numpy port).
-DTYPES = ("float32", "bfloat16", "float16", "float64")
-PORT_DTYPES = DTYPES[:3]  # what verify, the plugin and the zoo offer a port (float64 is the oracle's)
+# What verify, the plugin and the zoo offer a port; and what a port may be asked to compute in
+# (float64 besides: the oracle's own, for the numpy port).
+PORT_DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = (*PORT_DTYPES, "float64")
 
 
 def coarsest(dtypes) -> str:
