@@ -40,7 +40,9 @@ against the ``adapters.base.Adapter`` protocol), ``recorder`` (what a call recor
 from conformance.capture.adapters import ADAPTERS, Adapter, framework_of
 from conformance.capture.mapping import LoadError, rename_function
 from conformance.capture.plan import ATTENTION_MODULES, Plan, Source, TapOverrideError, infer_plan
-from conformance.capture.port import CapturedForward, ModelPort, Taps
+from conformance.capture.captured import CapturedForward
+from conformance.capture.port import ModelPort
+from conformance.capture.recorder import Taps
 
 __all__ = [
     "ADAPTERS",

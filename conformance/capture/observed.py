@@ -13,7 +13,7 @@ import numpy as np
 from conformance.capture.recorder import Recorder, arrays_in
 
 if TYPE_CHECKING:
-    from conformance.capture.port import CapturedForward
+    from conformance.capture.captured import CapturedForward
 
 
 def _float64(adapter, arrays) -> list[np.ndarray]:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from conformance.capture import ModelPort
 from conformance.capture.observed import unobserved
-from conformance.capture.port import CapturedForward
+from conformance.capture.captured import CapturedForward
 from conformance.guard import process_state
 from conformance.numerics.mapped import let_go
 from conformance.report import UsageError, describe_exception
