@@ -2,8 +2,14 @@
 class token after the patches (``ModelPort(prefix="last")``), its rotation a complex buffer, read up to
 its final norm (its pixel shuffle and adapter after it out of scope)."""
 
+import warnings
+from dataclasses import replace
+
 import pytest
 
+from conformance.capture.adapters.torch import cast_as_loaded
+from conformance.capture.expressible import NotExpressible
+from conformance.report import CannotJudge
 from conformance.verify import verify
 from conformance.verify.report import format_report
 from impls import ViTConfig
@@ -68,7 +74,6 @@ def test_a_towers_gradient_is_exit_2_naming_what_lies_after_it():
     """verify --grad on a tower port: the model's loss differentiates what it returns, after its tower
     (Llama 4's pixel shuffle and adapter), which the reference has no part for: exit 2 naming it, not
     NOT CONFORMANT at the cotangent of norm (as it was). Its forward is judged, above."""
-    from conformance.report import CannotJudge
     from tests.data.hf_llama4_port import port
 
     with pytest.raises(CannotJudge, match=r"tower='norm'.*\(pooled, logits out of scope\)"):
@@ -79,9 +84,6 @@ def test_a_tower_the_config_cannot_express_says_its_parameters_after_the_tower_w
     """Llama 4's tower under a config without its rotation: exit 2 naming rope_type, and its adapter's
     parameters (after the tower: set apart only once the model runs) said to be so, not told as a part
     the tower lacks. With the rotation declared it is conformant, the adapter out of scope (above)."""
-    from dataclasses import replace
-
-    from conformance.capture.expressible import NotExpressible
     from tests.data.hf_llama4_port import SUPPORTS, port
 
     config = LLAMA4.replace(rope_type=None, rope_grid_indexing="ij", rope_grid_offset=0.0)
@@ -98,11 +100,8 @@ def test_the_tools_cast_keeps_a_complex_buffer_complex():
     as the model built it (cast to a real dtype it kept the cosines alone, and the correct tower was
     NOT CONFORMANT at blocks.0.attn.q_rope, 1e6 x the tolerance, for the tool's cast). The companion:
     the model's own .to(dtype) drops the imaginary part."""
-    import warnings
-
     import torch
 
-    from conformance.capture.adapters.torch import cast_as_loaded
     from tests.data.hf_llama4_port import build
 
     model = build(LLAMA4)
