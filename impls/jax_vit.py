@@ -441,85 +441,66 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
-def mlp_out(mlp, x, taps, name):
-    """The MLP's output from its activation ``x``, each stage tapped: fc2, of the hidden features
-    normalised first under timm's scale_mlp (EVA02's normed SwiGLU)."""
-    x = record_tap(taps, f"{name}.act", x)
-    if mlp.norm is not None:
-        x = record_tap(taps, f"{name}.norm", mlp.norm(x))
-    return record_tap(taps, name, mlp.fc2(x))
-
-
 class Mlp(nnx.Module):
+    """timm's Mlp: fc1, act, fc2; with timm's scale_mlp, the hidden features normalised before fc2
+    (EVA02's normed SwiGLU). The gated MLPs below differ only in fc1 and what the activation reads."""
+
+    default_act = "gelu"
+
     def __init__(
         self,
         in_features: int,
         hidden_features: int,
-        act_layer: str = "gelu",
+        act_layer: str | None = None,
         bias: bool = True,
         norm_eps: float | None = None,
         *,
         rngs,
     ):
+        width = self.init_fc1(in_features, hidden_features, bias, rngs=rngs)  # what fc2 reads
+        self.act = ACT_LAYERS[act_layer or self.default_act]()
+        self.fc2 = Linear(width, in_features, use_bias=bias, rngs=rngs)
+        self.norm = LayerNorm(width, epsilon=norm_eps, rngs=rngs) if norm_eps is not None else None  # scale_mlp
+
+    def init_fc1(self, in_features, hidden_features, bias, *, rngs) -> int:
         self.fc1 = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
-        self.act = ACT_LAYERS[act_layer]()
-        self.fc2 = Linear(hidden_features, in_features, use_bias=bias, rngs=rngs)
-        self.norm = (
-            LayerNorm(hidden_features, epsilon=norm_eps, rngs=rngs) if norm_eps is not None else None
-        )  # scale_mlp
+        return hidden_features
+
+    def hidden(self, x):
+        return self.act(self.fc1(x))
 
     def __call__(self, x, taps=None, name="mlp"):
-        return mlp_out(self, self.act(self.fc1(x)), taps, name)
+        x = record_tap(taps, f"{name}.act", self.hidden(x))
+        if self.norm is not None:
+            x = record_tap(taps, f"{name}.norm", self.norm(x))
+        return record_tap(taps, name, self.fc2(x))
 
 
-class SwiGLUPacked(nnx.Module):
+class SwiGLUPacked(Mlp):
     """timm's SwiGLUPacked (GluMlp, gate first): fc1 rows are the gate, then the value."""
 
-    def __init__(
-        self,
-        in_features: int,
-        hidden_features: int,
-        act_layer: str = "silu",
-        bias: bool = True,
-        norm_eps: float | None = None,
-        *,
-        rngs,
-    ):
-        self.fc1 = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
-        self.act = ACT_LAYERS[act_layer]()
-        self.fc2 = Linear(hidden_features // 2, in_features, use_bias=bias, rngs=rngs)
-        self.norm = (
-            LayerNorm(hidden_features // 2, epsilon=norm_eps, rngs=rngs) if norm_eps is not None else None
-        )  # scale_mlp
+    default_act = "silu"
 
-    def __call__(self, x, taps=None, name="mlp"):
+    def init_fc1(self, in_features, hidden_features, bias, *, rngs) -> int:
+        return super().init_fc1(in_features, hidden_features, bias, rngs=rngs) // 2
+
+    def hidden(self, x):
         gate, x = jnp.split(self.fc1(x), 2, axis=-1)
-        return mlp_out(self, self.act(gate) * x, taps, name)
+        return self.act(gate) * x
 
 
-class SwiGLU(nnx.Module):
+class SwiGLU(Mlp):
     """timm's SwiGLU: separate gate (fc1_g) and value (fc1_x) projections."""
 
-    def __init__(
-        self,
-        in_features: int,
-        hidden_features: int,
-        act_layer: str = "silu",
-        bias: bool = True,
-        norm_eps: float | None = None,
-        *,
-        rngs,
-    ):
+    default_act = "silu"
+
+    def init_fc1(self, in_features, hidden_features, bias, *, rngs) -> int:
         self.fc1_g = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
         self.fc1_x = Linear(in_features, hidden_features, use_bias=bias, rngs=rngs)
-        self.act = ACT_LAYERS[act_layer]()
-        self.fc2 = Linear(hidden_features, in_features, use_bias=bias, rngs=rngs)
-        self.norm = (
-            LayerNorm(hidden_features, epsilon=norm_eps, rngs=rngs) if norm_eps is not None else None
-        )  # scale_mlp
+        return hidden_features
 
-    def __call__(self, x, taps=None, name="mlp"):
-        return mlp_out(self, self.act(self.fc1_g(x)) * self.fc1_x(x), taps, name)
+    def hidden(self, x):
+        return self.act(self.fc1_g(x)) * self.fc1_x(x)
 
 
 MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}
@@ -939,6 +920,17 @@ def _compiled_grad(config: ViTConfig, fused_attn: bool, kind: str, layers: tuple
     return jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2))), used
 
 
+def _gradients(config: ViTConfig, fused_attn: bool, layers: tuple, params, images, loss: Loss, dtype: str):
+    """The jitted value and gradients (of the params, the images and a zero at each tap) for
+    ``images``, and the taps its trace reached."""
+    images = np.asarray(images)
+    check_images(images.shape, str(images.dtype), config)
+    apply, used = _compiled_grad(config, fused_attn, loss.kind, layers)
+    shapes = tap_shapes(config, len(images), images.shape[-2:])
+    zeros = {k: np.zeros(shape, DTYPES[dtype]) for k, shape in shapes.items()}
+    return apply(params, images, zeros, loss.labels, loss.weights), used
+
+
 def make_grad(
     config: ViTConfig,
     state: dict[str, np.ndarray],
@@ -956,13 +948,9 @@ def make_grad(
     params = _params(_graph(config, fused_attn, layers)[1], to_native(state, FRAMEWORK), DTYPES[dtype])
 
     def grad(images: np.ndarray, loss: Loss):
-        images = np.asarray(images)
-        check_images(images.shape, str(images.dtype), config)
-        apply, used = _compiled_grad(config, fused_attn, loss.kind, layers)
-        zeros = {
-            k: np.zeros(shape, DTYPES[dtype]) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()
-        }
-        value, (g_params, g_images, g_taps) = apply(params, images, zeros, loss.labels, loss.weights)
+        (value, (g_params, g_images, g_taps)), used = _gradients(
+            config, fused_attn, layers, params, images, loss, dtype
+        )
         return {
             "loss": float(value),
             "params": _canonical(g_params),
@@ -1006,13 +994,7 @@ def adamw_step(
 
     layers = tuple(sorted(layers.items())) + (("model_cls", model_cls or VisionTransformer),)
     params = _params(_graph(config, fused_attn, layers)[1], to_native(state, FRAMEWORK), DTYPES[dtype])
-    images = np.asarray(images)
-    check_images(images.shape, str(images.dtype), config)
-    apply, _ = _compiled_grad(config, fused_attn, loss.kind, layers)
-    zeros = {
-        k: np.zeros(shape, DTYPES[dtype]) for k, shape in tap_shapes(config, len(images), images.shape[-2:]).items()
-    }
-    _, (grads, _, _) = apply(params, images, zeros, loss.labels, loss.weights)
+    (_, (grads, _, _)), _ = _gradients(config, fused_attn, layers, params, images, loss, dtype)
     tx = optimizer(hp)
 
     @jax.jit  # one program, not an eager compile per operation and parameter shape

@@ -402,79 +402,66 @@ class AttentionPoolLatent(MultiHeadAttention):
         return x
 
 
-def mlp_out(mlp, x, taps, name):
-    """The MLP's output from its activation ``x``, each stage tapped: fc2, of the hidden features
-    normalised first under timm's scale_mlp (EVA02's normed SwiGLU)."""
-    x = record_tap(taps, f"{name}.act", x)
-    if "norm" in mlp:
-        x = record_tap(taps, f"{name}.norm", mlp.norm(x))
-    return record_tap(taps, name, mlp.fc2(x))
-
-
 class Mlp(nn.Module):
+    """timm's Mlp: fc1, act, fc2; with timm's scale_mlp, the hidden features normalised before fc2
+    (EVA02's normed SwiGLU). The gated MLPs below differ only in fc1 and what the activation reads."""
+
+    default_act = "gelu"
+
     def __init__(
         self,
         in_features: int,
         hidden_features: int,
-        act_layer: str = "gelu",
+        act_layer: str | None = None,
         bias: bool = True,
         norm_eps: float | None = None,
     ):
         super().__init__()
-        self.fc1 = Linear(in_features, hidden_features, bias=bias)
-        self.act = ACT_LAYERS[act_layer]()
-        self.fc2 = Linear(hidden_features, in_features, bias=bias)
+        width = self.init_fc1(in_features, hidden_features, bias)  # what fc2 reads
+        self.act = ACT_LAYERS[act_layer or self.default_act]()
+        self.fc2 = Linear(width, in_features, bias=bias)
         if norm_eps is not None:  # timm's scale_mlp
-            self.norm = LayerNorm(hidden_features, eps=norm_eps)
+            self.norm = LayerNorm(width, eps=norm_eps)
+
+    def init_fc1(self, in_features, hidden_features, bias) -> int:
+        self.fc1 = Linear(in_features, hidden_features, bias=bias)
+        return hidden_features
+
+    def hidden(self, x):
+        return self.act(self.fc1(x))
 
     def __call__(self, x, taps=None, name="mlp"):
-        return mlp_out(self, self.act(self.fc1(x)), taps, name)
+        x = record_tap(taps, f"{name}.act", self.hidden(x))
+        if "norm" in self:
+            x = record_tap(taps, f"{name}.norm", self.norm(x))
+        return record_tap(taps, name, self.fc2(x))
 
 
-class SwiGLUPacked(nn.Module):
+class SwiGLUPacked(Mlp):
     """timm's SwiGLUPacked (GluMlp, gate first): fc1 rows are the gate, then the value."""
 
-    def __init__(
-        self,
-        in_features: int,
-        hidden_features: int,
-        act_layer: str = "silu",
-        bias: bool = True,
-        norm_eps: float | None = None,
-    ):
-        super().__init__()
-        self.fc1 = Linear(in_features, hidden_features, bias=bias)
-        self.act = ACT_LAYERS[act_layer]()
-        self.fc2 = Linear(hidden_features // 2, in_features, bias=bias)
-        if norm_eps is not None:  # timm's scale_mlp
-            self.norm = LayerNorm(hidden_features // 2, eps=norm_eps)
+    default_act = "silu"
 
-    def __call__(self, x, taps=None, name="mlp"):
+    def init_fc1(self, in_features, hidden_features, bias) -> int:
+        return super().init_fc1(in_features, hidden_features, bias) // 2
+
+    def hidden(self, x):
         gate, x = mx.split(self.fc1(x), 2, axis=-1)
-        return mlp_out(self, self.act(gate) * x, taps, name)
+        return self.act(gate) * x
 
 
-class SwiGLU(nn.Module):
+class SwiGLU(Mlp):
     """timm's SwiGLU: separate gate (fc1_g) and value (fc1_x) projections."""
 
-    def __init__(
-        self,
-        in_features: int,
-        hidden_features: int,
-        act_layer: str = "silu",
-        bias: bool = True,
-        norm_eps: float | None = None,
-    ):
-        super().__init__()
+    default_act = "silu"
+
+    def init_fc1(self, in_features, hidden_features, bias) -> int:
         self.fc1_g = Linear(in_features, hidden_features, bias=bias)
         self.fc1_x = Linear(in_features, hidden_features, bias=bias)
-        self.act = ACT_LAYERS[act_layer]()
-        self.fc2 = Linear(hidden_features, in_features, bias=bias)
-        if norm_eps is not None:  # timm's scale_mlp
-            self.norm = LayerNorm(hidden_features, eps=norm_eps)
+        return hidden_features
 
-    def __call__(self, x, taps=None, name="mlp"):
-        return mlp_out(self, self.act(self.fc1_g(x)) * self.fc1_x(x), taps, name)
+    def hidden(self, x):
+        return self.act(self.fc1_g(x)) * self.fc1_x(x)
 
 
 MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked, "swiglu": SwiGLU}

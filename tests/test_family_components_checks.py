@@ -3,6 +3,7 @@ broken port (and the project's checks that take no port). Not shipped."""
 
 from functools import partial
 import numpy as np
+import pytest
 import torch
 from conformance import properties as P
 from conformance import strategies as S
@@ -60,55 +61,58 @@ class VisionTransformerMeanQueryPool(T.VisionTransformer):
         self.attn_pool.__class__ = PoolQueryFromTheMeanToken
 
 
-def test_layerscale_check_fails_on_gammas_left_unloaded():
-    expect_failure(
+def _torch(**layers):
+    """The torch port with a module of its own swapped in, declaring every config the port takes (a
+    bare partial declares none, and the plugin would skip the companion as unsupported)."""
+    make = partial(T.make, **layers)
+    make.supports = T.make.supports
+    return make
+
+
+# Each family property, the broken port that must fail it, the case and the stage its failure names
+COMPANIONS = {
+    "layerscale_fails_on_gammas_left_unloaded": (
         P.check_layerscale_scales_only_its_branch,
         "mlx_layerscale_not_loaded",
         mutant("mlx_layerscale_not_loaded"),
-        _case("vit_test_dinov2"),
-        5,
-        match="blocks.0",
-    )
-
-
-def test_prefix_token_check_fails_on_registers_in_the_patch_mean():
-    expect_failure(
+        ("vit_test_dinov2", {}, 5),
+        "blocks.0",
+    ),
+    "prefix_tokens_fail_on_registers_in_the_patch_mean": (
         P.check_prefix_tokens_as_timm,
         "torch_registers_in_patch_mean",
         mutant("torch_registers_in_patch_mean"),
-        _case("vit_test_registers_avg"),
-        match="pooled",
-    )
-
-
-def test_qk_norm_check_fails_on_a_norm_over_the_embedding():
-    expect_failure(
+        ("vit_test_registers_avg", {}),
+        "pooled",
+    ),
+    "qk_norm_fails_on_a_norm_over_the_embedding": (
         P.check_qk_norm_per_head,
         "qk_norm_over_embed_dim",
-        partial(T.make, attn_layer=AttentionNormOverEmbedDim),
-        _case("vit_test_token", qk_norm=True),
-        match="attn.q_norm",
-    )
-
-
-def test_map_head_check_fails_on_a_query_that_is_not_the_latent():
-    expect_failure(
+        _torch(attn_layer=AttentionNormOverEmbedDim),
+        ("vit_test_token", {"qk_norm": True}),
+        "attn.q_norm",
+    ),
+    "map_head_fails_on_a_query_that_is_not_the_latent": (
         P.check_map_head_queries_with_the_latent,
         "mean_token_query",
-        partial(T.make, model_cls=VisionTransformerMeanQueryPool),
-        _case("vit_test_siglip"),
-        match="attn_pool.q",
-    )
-
-
-def test_activation_check_fails_on_gelu_for_quick_gelu():
-    expect_failure(
+        _torch(model_cls=VisionTransformerMeanQueryPool),
+        ("vit_test_siglip", {}),
+        "attn_pool.q",
+    ),
+    "activation_fails_on_gelu_for_quick_gelu": (
         P.check_activation_is_the_named_one,
         "torch_gelu_for_quick_gelu",
         mutant("torch_gelu_for_quick_gelu"),
-        _case("vit_test_clip"),
-        match="mlp.act",
-    )
+        ("vit_test_clip", {}),
+        "mlp.act",
+    ),
+}
+
+
+@pytest.mark.parametrize("companion", COMPANIONS)
+def test_each_family_property_fails_on_its_broken_port(companion):
+    check, name, make, (preset, options, *args), stage = COMPANIONS[companion]
+    expect_failure(check, name, make, _case(preset, **options), *args, match=stage)
 
 
 def test_family_properties_do_not_apply_without_their_option():

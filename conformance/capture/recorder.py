@@ -211,6 +211,11 @@ def patched(patches):
             setattr(owner, attr, old)
 
 
+def hooked(owner, attr: str, on_call):
+    """A patch for ``patched``: ``owner.attr`` replaced by its wrapper calling ``on_call``."""
+    return owner, attr, wrapped(getattr(owner, attr), on_call)
+
+
 def wrapped(fn, on_call):
     def wrapper(*args, **kwargs):
         out = fn(*args, **kwargs)

@@ -14,7 +14,7 @@ import numpy as np
 
 from conformance.capture.adapters.base import SwapAdapter
 from conformance.capture.adapters.jax_arrays import JAXArrays, on_device
-from conformance.capture.recorder import callbacks, map_arrays, wrapped
+from conformance.capture.recorder import callbacks, hooked, map_arrays
 
 
 class EquinoxAdapter(JAXArrays, SwapAdapter):
@@ -118,9 +118,7 @@ class EquinoxAdapter(JAXArrays, SwapAdapter):
 
         on = callbacks(recorder, self.seen)
         Tracer = jax.core.Tracer
-        return super().patches(recorder) + [
-            (Tracer, name, wrapped(getattr(Tracer, name), on.scale)) for name in ("__mul__", "__truediv__")
-        ]
+        return super().patches(recorder) + [hooked(Tracer, name, on.scale) for name in ("__mul__", "__truediv__")]
 
 
 def _dotted(path) -> str:

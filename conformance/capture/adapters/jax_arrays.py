@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from conformance.capture.recorder import callbacks, wrapped
+from conformance.capture.recorder import callbacks, hooked, wrapped
 
 
 def on_device(value, dtype):
@@ -75,19 +75,13 @@ class JAXArrays:
 
         on = callbacks(recorder, self.seen)
         softmax = wrapped(jax.nn.softmax, on.softmax)
+        fused = on.fused("jax.nn.dot_product_attention", False, ("query", "key", "value", "bias"))
         return [
-            (
-                jax.nn,
-                "dot_product_attention",
-                wrapped(
-                    jax.nn.dot_product_attention,
-                    on.fused("jax.nn.dot_product_attention", False, ("query", "key", "value", "bias")),
-                ),
-            ),
+            hooked(jax.nn, "dot_product_attention", fused),
             (jax.nn, "softmax", softmax),
             (nnx, "softmax", softmax),
-            (jnp, "matmul", wrapped(jnp.matmul, on.product)),
-            (jnp, "einsum", wrapped(jnp.einsum, on.einsum)),
+            hooked(jnp, "matmul", on.product),
+            hooked(jnp, "einsum", on.einsum),
         ]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from conformance.capture.adapters.base import SwapAdapter
-from conformance.capture.recorder import callbacks, wrapped
+from conformance.capture.recorder import callbacks, hooked
 from conformance.support import Unsupported
 
 
@@ -106,18 +106,12 @@ class KerasAdapter(SwapAdapter):
         from keras.src import ops
 
         on = callbacks(recorder)
+        fused = on.fused("keras.ops.dot_product_attention", False, ("query", "key", "value", "bias"))
         return [
-            (
-                ops,
-                "dot_product_attention",
-                wrapped(
-                    ops.dot_product_attention,
-                    on.fused("keras.ops.dot_product_attention", False, ("query", "key", "value", "bias")),
-                ),
-            ),
-            (ops, "softmax", wrapped(ops.softmax, on.softmax)),
-            (ops, "einsum", wrapped(ops.einsum, on.einsum)),
-            (ops, "matmul", wrapped(ops.matmul, on.product)),
+            hooked(ops, "dot_product_attention", fused),
+            hooked(ops, "softmax", on.softmax),
+            hooked(ops, "einsum", on.einsum),
+            hooked(ops, "matmul", on.product),
         ]
 
 

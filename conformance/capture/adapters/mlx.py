@@ -10,7 +10,7 @@ import numpy as np
 
 from conformance.capture.adapters.base import Captured, SwapAdapter
 from conformance.capture.quantized import mlx_weight
-from conformance.capture.recorder import Recorder, callbacks, wrapped
+from conformance.capture.recorder import Recorder, callbacks, hooked, wrapped
 
 
 class MLXAdapter(SwapAdapter):
@@ -183,22 +183,16 @@ class MLXAdapter(SwapAdapter):
 
         on = callbacks(recorder)
         softmax = wrapped(mx.softmax, on.softmax)
+        fused = on.fused("mx.fast.scaled_dot_product_attention", True, ("q", "k", "v", "mask"))
         return [
-            (
-                mx.fast,
-                "scaled_dot_product_attention",
-                wrapped(
-                    mx.fast.scaled_dot_product_attention,
-                    on.fused("mx.fast.scaled_dot_product_attention", True, ("q", "k", "v", "mask")),
-                ),
-            ),
+            hooked(mx.fast, "scaled_dot_product_attention", fused),
             (mx, "softmax", softmax),
             # nn.softmax is mx.softmax under mx.compile, whose tracing would hand the wrapper a
             # placeholder: called directly for the capture (the same single kernel).
             (nn, "softmax", lambda x, axis=-1: softmax(x, axis=axis)),
-            (mx, "matmul", wrapped(mx.matmul, on.product)),
-            (mx, "einsum", wrapped(mx.einsum, on.einsum)),
-            (mx.array, "__matmul__", wrapped(mx.array.__matmul__, on.product)),
-            (mx.array, "__mul__", wrapped(mx.array.__mul__, on.scale)),
-            (mx.array, "__truediv__", wrapped(mx.array.__truediv__, on.scale)),
+            hooked(mx, "matmul", on.product),
+            hooked(mx, "einsum", on.einsum),
+            hooked(mx.array, "__matmul__", on.product),
+            hooked(mx.array, "__mul__", on.scale),
+            hooked(mx.array, "__truediv__", on.scale),
         ]

@@ -12,7 +12,7 @@ import numpy as np
 
 from conformance.capture.adapters.base import BaseAdapter, Captured
 from conformance.capture.quantized import torch_weight, torchao_weight
-from conformance.capture.recorder import Recorder, callbacks, first_array, map_arrays, patched, wrapped
+from conformance.capture.recorder import Recorder, callbacks, first_array, hooked, map_arrays, patched
 from conformance.support import Unsupported
 
 # PyTorch modules with a native fast path that a TorchFunctionMode switches off.
@@ -228,10 +228,10 @@ class TorchAdapter(BaseAdapter):
         # handler): its internals are recorded by wrapping the functions it calls for that call.
         mha = F.multi_head_attention_forward
         inside_mha = [
-            (F, "scaled_dot_product_attention", wrapped(sdpa, on_sdpa)),
-            (F, "softmax", wrapped(F.softmax, on.softmax)),
-            (torch, "bmm", wrapped(torch.bmm, on.product)),
-            (torch, "baddbmm", wrapped(torch.baddbmm, lambda a, k, out: on.product(a[1:], k, out))),
+            hooked(F, "scaled_dot_product_attention", on_sdpa),
+            hooked(F, "softmax", on.softmax),
+            hooked(torch, "bmm", on.product),
+            hooked(torch, "baddbmm", lambda a, k, out: on.product(a[1:], k, out)),
         ]
 
         def intercept(func, args, kwargs):
