@@ -14,7 +14,7 @@ from impls import get_config, numpy_vit
 from weights import hf, init_state
 from weights.canonical import WeightError
 from weights.hf import qwen2_5_vl
-from tests.hf_layouts import written_read_and_loaded
+from tests.hf_layouts import drawn, refused_with_its_part_after_the_tower, written_read_and_loaded
 
 # 4-pixel patches in windows of 16 pixels (4 x 4 patches: 2 x 2 merge groups), on a 6 x 6 grid those at the
 # bottom and right cut to 2 patches; the last block global
@@ -27,15 +27,10 @@ SETTINGS = dict(
 def _tower(seed: int = 0):
     """transformers' tower for SETTINGS, every parameter drawn (its two frames' kernels apart), its merger
     an identity (what verify's ModelPort(tower=...) leaves out of scope)."""
-    import torch
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
-    model = Qwen2_5_VisionTransformerPretrainedModel._from_config(Qwen2_5_VLVisionConfig(**SETTINGS))
-    with torch.no_grad():
-        for i, p in enumerate(model.parameters()):
-            p.copy_(torch.from_numpy(np.random.default_rng(seed + i).normal(0, 0.2, size=p.shape).astype(np.float32)))
-    return model.eval()
+    return drawn(Qwen2_5_VisionTransformerPretrainedModel._from_config(Qwen2_5_VLVisionConfig(**SETTINGS)), seed)
 
 
 def _last_block(model, images: np.ndarray) -> np.ndarray:
@@ -93,12 +88,8 @@ def test_the_canonical_state_is_written_as_transformers_holds_it_and_read_back_b
 
 
 def test_its_merger_and_what_the_layout_cannot_hold_are_refused_by_name(tmp_path):
-    _tower().save_pretrained(tmp_path / "with_merger", safe_serialization=True)
-    with pytest.raises(
-        WeightError,
-        match=r"merger\.ln_q\.weight.*merger \(its projector.*after the tower.*model\.merger = torch\.nn\.Identity",
-    ):
-        hf.read_hf(tmp_path / "with_merger")
+    merger = r"merger\.ln_q\.weight.*merger \(its projector.*after the tower.*model\.merger = torch\.nn\.Identity"
+    refused_with_its_part_after_the_tower(_tower(), tmp_path / "with_merger", merger)
     with pytest.raises(WeightError, match="window_size 12 is not a whole number of 2 x 2 merge groups"):
         qwen2_5_vl.qwen2_5_vl_config_to_vit({**SETTINGS, "window_size": 12})
     config = get_config("vit_test_qwen2_5_vl").replace(num_classes=0)

@@ -12,7 +12,7 @@ from impls import get_config, numpy_vit
 from weights import hf, init_state
 from weights.canonical import WeightError
 from weights.hf import sam
-from tests.hf_layouts import written_read_and_loaded
+from tests.hf_layouts import drawn, refused_with_its_part_after_the_tower, written_read_and_loaded
 
 # a 10 x 10 grid of 4-pixel patches in 4 x 4 windows (padded to 12 x 12), the last block global
 SETTINGS = dict(
@@ -23,14 +23,9 @@ SETTINGS = dict(
 
 def _encoder(seed: int = 0):
     """transformers' encoder for SETTINGS, every parameter drawn."""
-    import torch
     from transformers import SamVisionConfig, SamVisionModel
 
-    model = SamVisionModel(SamVisionConfig(**SETTINGS))
-    with torch.no_grad():
-        for i, p in enumerate(model.parameters()):
-            p.copy_(torch.from_numpy(np.random.default_rng(seed + i).normal(0, 0.2, size=p.shape).astype(np.float32)))
-    return model.eval()
+    return drawn(SamVisionModel(SamVisionConfig(**SETTINGS)), seed)
 
 
 def _last_block(model, images: np.ndarray) -> np.ndarray:
@@ -79,12 +74,8 @@ def test_the_canonical_state_is_written_as_transformers_holds_it_and_read_back_b
 
 
 def test_its_neck_and_what_the_layout_cannot_hold_are_refused_by_name(tmp_path):
-    _encoder().save_pretrained(tmp_path / "with_neck", safe_serialization=True)
-    with pytest.raises(
-        WeightError,
-        match=r"vision_encoder\.neck\.conv1\.weight.*neck \(two convolutions.*after the tower.*neck = torch\.nn\.Identity",
-    ):
-        hf.read_hf(tmp_path / "with_neck")
+    neck = r"vision_encoder\.neck\.conv1\.weight.*neck \(two convolutions.*after the tower.*neck = torch\.nn\.Identity"
+    refused_with_its_part_after_the_tower(_encoder(), tmp_path / "with_neck", neck)
     config = get_config("vit_test_sam").replace(num_classes=0, final_norm=False, img_size=24)
     with pytest.raises(WeightError, match="cannot hold img_size=\\(16, 24\\)"):
         sam.vit_config_to_sam(config.replace(img_size=(16, 24)))

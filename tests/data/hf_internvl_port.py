@@ -8,8 +8,7 @@ from tests.data import hf_towers
 from weights.hf import towers
 
 
-def build(config):
-    return hf_towers.tower(config, towers.INTERNVL)  # as its importer writes it
+build = hf_towers.builder(towers.INTERNVL)
 
 
 # timm's names -> transformers' (segments, in order): the table its importer reads too
