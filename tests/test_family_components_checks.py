@@ -130,3 +130,10 @@ def test_family_properties_do_not_apply_without_their_option():
             continue
         raise AssertionError(f"{check.__name__} applied to a config without its option")
     assert np.isfinite(factory("torch")(case.config, case.state)(case.images)["logits"]).all()
+
+
+def test_a_companion_whose_broken_port_does_not_take_its_case_fails_and_is_not_skipped():
+    """The two companions above were once skips: a bare partial declares no supports, the original ViT."""
+    bare = partial(T.make, attn_layer=AttentionNormOverEmbedDim)
+    with pytest.raises(AssertionError, match="does not take the companion's case: .*qk_norm=True"):
+        expect_failure(P.check_qk_norm_per_head, "bare", bare, _case("vit_test_token", qk_norm=True))
