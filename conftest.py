@@ -10,15 +10,25 @@ import os
 import sys
 
 
+# XLA compiles every program of the suite anew, and its programs are small: at its default -O3 the
+# compiles were a sixth of the ci run's CPU. Below the thorough profile they are compiled at -O0
+# (a float32 result moves by a few units in the last place, a reduction's order; measured in
+# docs/properties.md, "Speed"); the thorough profile and tests/test_harness.py's JAX port compile
+# at XLA's defaults, as users do. A user's own XLA_FLAGS are left alone.
+XLA_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ.get("XLA_FLAGS") in (None, XLA_FAST_COMPILE):  # unset, or set by this file in xdist's controller
+    flags = [XLA_FAST_COMPILE] if os.environ.get("HYPOTHESIS_PROFILE") != "thorough" else []
+    os.environ["XLA_FLAGS"] = " ".join(flags + [XLA_ONE_THREAD] * bool(os.environ.get("PYTEST_XDIST_WORKER")))
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # pytest-xdist's workers already fill the cores: one thread each for torch, XLA and the
+    # pytest-xdist's workers already fill the cores: one thread each for torch, XLA (above) and the
     # OpenBLAS MLX binds to, instead of a pool per worker contending for the same cores (the
     # suite's models are small: 87.5 s against 103.9 s side by side, docs/properties.md).
     # Set before any framework is imported.
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
-    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     # A worker holds about a million long-lived objects (torch, JAX, hypothesis): at the default
     # thresholds each of its ~15 full collections walks them all. Collected less often, the
     # same cycles are freed later (docs/properties.md, "Speed").
