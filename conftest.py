@@ -21,7 +21,9 @@ XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_thread
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ.get("XLA_FLAGS") in (None, XLA_FAST_COMPILE):  # unset, or set by this file in xdist's controller
     flags = [XLA_FAST_COMPILE] if os.environ.get("HYPOTHESIS_PROFILE") != "thorough" else []
-    os.environ["XLA_FLAGS"] = " ".join(flags + [XLA_ONE_THREAD] * bool(os.environ.get("PYTEST_XDIST_WORKER")))
+    flags += [XLA_ONE_THREAD] if os.environ.get("PYTEST_XDIST_WORKER") else []
+    if flags:
+        os.environ["XLA_FLAGS"] = " ".join(flags)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist's workers already fill the cores: one thread each for torch, XLA (above) and the
     # OpenBLAS MLX binds to, instead of a pool per worker contending for the same cores (the
