@@ -45,11 +45,9 @@ for dtype in ("float32", "bfloat16"):
 """
 
 
-def test_the_jax_port_compiled_at_xlas_defaults_is_conformant_and_the_suite_compiles_at_o0():
+def test_the_jax_port_compiled_at_xlas_defaults_is_conformant():
     """The root conftest.py has XLA compile the suite's programs at -O0 below the thorough profile:
     here the built-in JAX port compiled as users compile it (no XLA_FLAGS), in a process of its own."""
-    suite = os.environ.get("XLA_FLAGS", "")
-    assert ("--xla_backend_optimization_level=0" in suite) == (os.environ.get("HYPOTHESIS_PROFILE") != "thorough")
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTEST_XDIST_WORKER")}
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(
